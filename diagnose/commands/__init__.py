@@ -1,0 +1,1 @@
+"""One small module per subcommand; each has add_arguments(parser) and execute(args) -> int."""

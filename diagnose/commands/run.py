@@ -1,0 +1,105 @@
+"""The main job: ``memdiag --pid N | --cgroup PATH`` (or no target: the whole system) samples the
+counters over a window, writes report.md and report.json, prints the verdict and the path."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from ..errors import PermissionNeeded, UsageError
+from ..progress import Progress
+from ..render.jsonout import render_json
+from ..render.markdown import render_markdown
+from ..target import Target, cgroup_target, pid_target, system_target
+from ..workflow import DEFAULT_BUDGET_PERCENT, diagnose
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--pid", type=int, help="diagnose this process")
+    group.add_argument(
+        "--cgroup", metavar="PATH", help="diagnose this memory cgroup (a path in the hierarchy or under /sys/fs/cgroup)"
+    )
+    parser.add_argument(
+        "--duration", type=float, default=30.0, metavar="S", help="seconds to watch the counters (default 30)"
+    )
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=None,
+        metavar="S",
+        help="seconds between samples (default: about 1, at least 10 samples)",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="folder for the report (default: a new timestamped folder here)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=DEFAULT_BUDGET_PERCENT,
+        metavar="PERCENT",
+        help="how much the diagnosis may slow the target (default 2)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="print only the verdict and the report's path")
+
+
+def _target(args: argparse.Namespace) -> Target:
+    if args.pid is not None:
+        target = pid_target(args.pid)
+        smaps = Path(f"/proc/{args.pid}/smaps_rollup")
+        try:
+            smaps.open().close()
+        except PermissionError:
+            raise PermissionNeeded(f"cannot read {smaps}: run as root or as the process's user") from None
+        except FileNotFoundError:
+            pass  # kernels before 4.14 have no smaps_rollup; status still gives RSS
+        return target
+    if args.cgroup is not None:
+        return cgroup_target(args.cgroup)
+    return system_target()
+
+
+def _output_dir(args: argparse.Namespace, target: Target) -> Path:
+    """Create (and prove writable) the report folder before the window, not after it."""
+    if args.output is not None:
+        out = args.output
+    else:
+        suffix = f"-pid{target.pid}" if target.pid else ""
+        out = Path.cwd() / f"memdiag-{time.strftime('%Y%m%d-%H%M%S')}{suffix}"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out):
+            pass
+    except OSError as e:
+        raise UsageError(f"--output {out}: cannot write there ({e.strerror or e})") from None
+    return out
+
+
+def execute(args: argparse.Namespace) -> int:
+    if args.duration <= 0:
+        raise UsageError("--duration must be more than 0 seconds")
+    if args.interval is not None and args.interval <= 0:
+        raise UsageError("--interval must be more than 0 seconds")
+    if not 0 < args.budget <= 100:
+        raise UsageError("--budget must be a percentage between 0 and 100")
+    target = _target(args)
+    out = _output_dir(args, target)
+    progress = Progress(args.duration, enabled=not args.quiet and sys.stderr.isatty())
+    progress.step(f"diagnosing {target.describe()}")
+    report = diagnose(target, args.duration, args.interval, args.budget, on_sample=progress.on_sample)
+    progress.done()
+    for name, text in (("report.md", render_markdown(report)), ("report.json", render_json(report))):
+        tmp = out / f".{name}.tmp"
+        tmp.write_text(text)
+        os.replace(tmp, out / name)
+    print(f"{report.verdict.kind}: {report.verdict.summary}")
+    print(f"report: {out / 'report.md'}")
+    return 0

@@ -1,0 +1,223 @@
+"""Turn an Observation into the report's counters: the table, trends, series and OOM records."""
+
+from __future__ import annotations
+
+from .facts.kmsg import OomKill
+from .observe import Observation
+from .report import CounterRow, Counters, SlabGrowth
+from .trends import Trend, counter_rate, growth_trend
+
+# vmstat counters shown as rates, with their unit
+_VMSTAT_RATES = {
+    "pswpin": "pages_per_s",
+    "pswpout": "pages_per_s",
+    "pgfault": "per_s",
+    "pgmajfault": "per_s",
+    "pgscan_kswapd": "pages_per_s",
+    "pgscan_direct": "pages_per_s",
+    "pgsteal_kswapd": "pages_per_s",
+    "pgsteal_direct": "pages_per_s",
+    "allocstall": "per_s",
+    "oom_kill": "per_s",
+    "workingset_refault_anon": "pages_per_s",
+    "workingset_refault_file": "pages_per_s",
+}
+_MEMINFO_ROWS = (
+    "mem_total",
+    "mem_available",
+    "mem_free",
+    "cached",
+    "buffers",
+    "anon_pages",
+    "shmem",
+    "slab",
+    "sreclaimable",
+    "sunreclaim",
+    "swap_total",
+    "swap_free",
+    "committed_as",
+    "commit_limit",
+)
+_PROCESS_BYTES = ("rss", "rss_anon", "rss_file", "rss_shmem", "vm_swap", "vm_hwm", "vm_size", "pss")
+_CGROUP_BYTES = ("usage", "effective_limit", "high", "max_usage", "swap_usage", "swap_limit")
+_CGROUP_COUNTS = ("failcnt", "oom", "oom_kill")
+
+
+def window_seconds(obs: Observation) -> float:
+    s = obs.snapshots
+    return s[-1].t - s[0].t if len(s) >= 2 else 0.0
+
+
+def series(obs: Observation) -> dict[str, list[tuple[float, float]]]:
+    out: dict[str, list[tuple[float, float]]] = {}
+    if not obs.snapshots:
+        return out
+    t0 = obs.snapshots[0].t
+
+    def add(name: str, t: float, value: float | None) -> None:
+        if value is not None:
+            out.setdefault(name, []).append((round(t - t0, 3), float(value)))
+
+    for s in obs.snapshots:
+        if s.process is not None:
+            add("process.rss", s.t, s.process.rss)
+            add("process.rss_anon", s.t, s.process.rss_anon)
+            add("process.vm_swap", s.t, s.process.vm_swap)
+        if s.cgroup is not None:
+            add("cgroup.usage", s.t, s.cgroup.usage)
+        add("system.mem_available", s.t, s.meminfo.mem_available)
+    return out
+
+
+def trends(named_series: dict[str, list[tuple[float, float]]]) -> dict[str, Trend]:
+    return {name: growth_trend(points) for name, points in named_series.items()}
+
+
+def psi_stall_percent(obs: Observation, kind: str) -> float | None:
+    """Share of the window (percent) during which some/all tasks stalled on memory, from the
+    PSI totals at both ends: exact for the window, unlike the kernel's 10 s average."""
+    s = obs.snapshots
+    if len(s) < 2 or s[0].psi is None or s[-1].psi is None:
+        return None
+    a, b = getattr(s[0].psi, kind), getattr(s[-1].psi, kind)
+    secs = window_seconds(obs)
+    if a is None or b is None or secs <= 0:
+        return None
+    return min(100.0, 100.0 * (b.total_us - a.total_us) / (secs * 1e6))
+
+
+def _rows(obs: Observation) -> list[CounterRow]:
+    s = obs.snapshots
+    if not s:
+        return []
+    first, last, secs = s[0], s[-1], window_seconds(obs)
+    rows: list[CounterRow] = []
+    if first.process is not None and last.process is not None:
+        for name in _PROCESS_BYTES:
+            rows.append(
+                CounterRow(
+                    scope="process",
+                    name=name,
+                    unit="bytes",
+                    first=getattr(first.process, name),
+                    last=getattr(last.process, name),
+                )
+            )
+        rows.append(
+            CounterRow(
+                scope="process", name="threads", unit="count", first=first.process.threads, last=last.process.threads
+            )
+        )
+        for name in ("minflt", "majflt"):
+            rows.append(
+                CounterRow(
+                    scope="process",
+                    name=name,
+                    unit="per_s",
+                    first=getattr(first.process, name),
+                    last=getattr(last.process, name),
+                    rate_per_s=counter_rate(getattr(first.process, name), getattr(last.process, name), secs),
+                )
+            )
+    if first.cgroup is not None and last.cgroup is not None:
+        for name in _CGROUP_BYTES:
+            rows.append(
+                CounterRow(
+                    scope="cgroup",
+                    name=name,
+                    unit="bytes",
+                    first=getattr(first.cgroup, name),
+                    last=getattr(last.cgroup, name),
+                )
+            )
+        for name in _CGROUP_COUNTS:
+            rows.append(
+                CounterRow(
+                    scope="cgroup",
+                    name=name,
+                    unit="count",
+                    first=getattr(first.cgroup, name),
+                    last=getattr(last.cgroup, name),
+                )
+            )
+    for name in _MEMINFO_ROWS:
+        rows.append(
+            CounterRow(
+                scope="system",
+                name=name,
+                unit="bytes",
+                first=getattr(first.meminfo, name),
+                last=getattr(last.meminfo, name),
+            )
+        )
+    for name, unit in _VMSTAT_RATES.items():
+        a, b = first.vmstat.get(name), last.vmstat.get(name)
+        if a is None and b is None:
+            continue
+        rows.append(
+            CounterRow(
+                scope="system",
+                name=name,
+                unit=unit,
+                first=a,
+                last=b,  # type: ignore[arg-type]
+                rate_per_s=counter_rate(a, b, secs),
+            )
+        )
+    for kind in ("some", "full"):
+        line = last.psi and getattr(last.psi, kind)
+        if line is not None:
+            rows.append(CounterRow(scope="system", name=f"psi_{kind}_avg10", unit="percent", last=line.avg10))
+            rows.append(CounterRow(scope="system", name=f"psi_{kind}_avg60", unit="percent", last=line.avg60))
+        stall = psi_stall_percent(obs, kind)
+        if stall is not None:
+            rows.append(CounterRow(scope="system", name=f"psi_{kind}_window", unit="percent", last=stall))
+    return rows
+
+
+def memcg_matches(memcg: str | None, cgroup_path: str) -> bool:
+    if memcg is None:
+        return False
+    return memcg == cgroup_path or memcg.startswith(cgroup_path.rstrip("/") + "/")
+
+
+def _in_cgroup(kill: OomKill, cgroup_path: str) -> bool:
+    return memcg_matches(kill.task_memcg, cgroup_path) or memcg_matches(kill.oom_memcg, cgroup_path)
+
+
+def relevant_oom_kills(obs: Observation) -> list[OomKill]:
+    """Kills that concern the target: of its pid, in its cgroup (for a cgroup target, at any time
+    the kernel log still remembers), or anywhere during the window (system target)."""
+    kills = obs.oom_kills or []
+    target = obs.target
+    in_window = [k for k in kills if k.when is not None and k.when >= obs.started - 1.0]
+    if target.kind == "pid":
+        # A kill of this pid before the window was another process: the target was alive then.
+        own = [k for k in in_window if k.victim_pid == target.pid]
+        if own or target.cgroup is None or target.cgroup.path == "/":
+            return own
+        return [k for k in in_window if _in_cgroup(k, target.cgroup.path)]
+    if target.kind == "cgroup" and target.cgroup is not None:
+        return [k for k in kills if _in_cgroup(k, target.cgroup.path)]
+    return in_window
+
+
+def slab_top(obs: Observation, n: int = 5) -> list[SlabGrowth]:
+    if obs.slab_first is None or obs.slab_last is None:
+        return []
+    before = {c.name: c.size_bytes for c in obs.slab_first}
+    rows = [SlabGrowth(name=c.name, first_bytes=before.get(c.name, 0), last_bytes=c.size_bytes) for c in obs.slab_last]
+    rows.sort(key=lambda r: (r.last_bytes - r.first_bytes, r.last_bytes), reverse=True)
+    return rows[:n]
+
+
+def build_counters(obs: Observation) -> Counters:
+    named = series(obs)
+    return Counters(
+        rows=_rows(obs),
+        trends=trends(named),
+        series=named,
+        oom_kills=relevant_oom_kills(obs),
+        slab_top=slab_top(obs),
+        swap_devices=[d.model_dump() for d in obs.swaps or []],
+    )

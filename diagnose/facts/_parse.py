@@ -1,0 +1,58 @@
+"""Small parsing helpers shared by the fact readers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+
+class Fact(BaseModel):
+    """Base of every fact model: immutable, unknown keys refused."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def read_text(path: Path) -> str | None:
+    """The file's text, or None when it does not exist or cannot be read."""
+    try:
+        return path.read_text()
+    except (FileNotFoundError, NotADirectoryError, PermissionError, ProcessLookupError):
+        return None
+
+
+def kv_lines(text: str, sep: str | None = None) -> dict[str, str]:
+    """``key value...`` lines (``key: value`` when sep=':') into a dict of raw value strings."""
+    out: dict[str, str] = {}
+    for line in text.splitlines():
+        if sep is not None:
+            key, found, value = line.partition(sep)
+            if not found:
+                continue
+        else:
+            parts = line.split(None, 1)
+            if len(parts) != 2:
+                continue
+            key, value = parts
+        out[key.strip()] = value.strip()
+    return out
+
+
+def kib_to_bytes(value: str | None) -> int | None:
+    """'123 kB' (the unit /proc uses for KiB) or '123' into bytes."""
+    if value is None:
+        return None
+    number = value.split()[0]
+    try:
+        return int(number) * 1024
+    except ValueError:
+        return None
+
+
+def int_or_none(value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return int(value)
+    except ValueError:
+        return None

@@ -1,0 +1,99 @@
+"""One process's memory from /proc/PID/{status,stat,smaps_rollup,cmdline}: RSS split into
+anon/file/shmem (RSS, not VSZ, is what the process holds), swap, high-water mark, faults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ._parse import Fact, int_or_none, kib_to_bytes, kv_lines, read_text
+
+
+class ProcessGone(Exception):
+    """The process does not exist (or exited between two reads)."""
+
+    def __init__(self, pid: int):
+        super().__init__(f"process {pid} does not exist")
+        self.pid = pid
+
+
+class ProcessMemory(Fact):
+    pid: int
+    comm: str
+    cmdline: list[str]
+    state: str | None = None
+    rss: int | None = None
+    rss_anon: int | None = None
+    rss_file: int | None = None
+    rss_shmem: int | None = None
+    vm_swap: int | None = None
+    vm_hwm: int | None = None
+    vm_size: int | None = None
+    pss: int | None = None
+    threads: int | None = None
+    minflt: int | None = None
+    majflt: int | None = None
+    start_ticks: int | None = None  # field 22 of stat: tells a reused pid from the original
+
+
+def _parse_stat(text: str) -> dict[str, int | str | None]:
+    # comm is in parentheses and may itself contain spaces and ')': split at the LAST ')'.
+    lpar, rpar = text.find("("), text.rfind(")")
+    if lpar < 0 or rpar < 0:
+        return {}
+    comm = text[lpar + 1 : rpar]
+    rest = text[rpar + 2 :].split()
+
+    # rest[0] is field 3 (state); field N is rest[N - 3]
+    def field(n: int) -> int | None:
+        return int_or_none(rest[n - 3]) if len(rest) > n - 3 else None
+
+    return {
+        "comm": comm,
+        "state": rest[0] if rest else None,
+        "minflt": field(10),
+        "majflt": field(12),
+        "threads": field(20),
+        "start_ticks": field(22),
+    }
+
+
+def parse_process(
+    pid: int, status: str, stat: str | None, smaps_rollup: str | None, cmdline: str | None
+) -> ProcessMemory:
+    st = kv_lines(status, sep=":")
+    parsed = _parse_stat(stat) if stat else {}
+    rollup = kv_lines(smaps_rollup, sep=":") if smaps_rollup else {}
+    argv = [a for a in (cmdline or "").split("\0") if a]
+    return ProcessMemory(
+        pid=pid,
+        comm=st.get("Name") or str(parsed.get("comm") or ""),
+        cmdline=argv,
+        state=(st.get("State") or "").split(" ")[0] or None,
+        rss=kib_to_bytes(st.get("VmRSS")),
+        rss_anon=kib_to_bytes(st.get("RssAnon")),
+        rss_file=kib_to_bytes(st.get("RssFile")),
+        rss_shmem=kib_to_bytes(st.get("RssShmem")),
+        vm_swap=kib_to_bytes(st.get("VmSwap")),
+        vm_hwm=kib_to_bytes(st.get("VmHWM")),
+        vm_size=kib_to_bytes(st.get("VmSize")),
+        pss=kib_to_bytes(rollup.get("Pss")),
+        threads=int_or_none(st.get("Threads")) or parsed.get("threads"),  # type: ignore[arg-type]
+        minflt=parsed.get("minflt"),  # type: ignore[arg-type]
+        majflt=parsed.get("majflt"),  # type: ignore[arg-type]
+        start_ticks=parsed.get("start_ticks"),  # type: ignore[arg-type]
+    )
+
+
+def read_process(pid: int, root: Path = Path("/proc")) -> ProcessMemory:
+    """Raise ProcessGone if the process does not exist. A zombie has no memory lines: its RSS is None."""
+    base = root / str(pid)
+    status = read_text(base / "status")
+    if status is None:
+        raise ProcessGone(pid)
+    return parse_process(
+        pid,
+        status,
+        read_text(base / "stat"),
+        read_text(base / "smaps_rollup"),
+        read_text(base / "cmdline"),
+    )

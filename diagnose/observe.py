@@ -1,0 +1,101 @@
+"""Sample a target's counters over a window: the raw material of the counters triage."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from .facts.kmsg import OomKill, read_oom_kills
+from .facts.process import ProcessMemory
+from .facts.processes import read_all_processes
+from .facts.slab import SlabCache, read_slabinfo
+from .facts.swaps import SwapDevice, read_swaps
+from .snapshot import Snapshot, TargetExited, take_snapshot
+from .target import Target
+
+
+class Observation(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    target: Target
+    requested_s: float
+    started: float
+    ended: float
+    snapshots: list[Snapshot]
+    exited_at: float | None = None
+    interrupted: bool = False
+    oom_kills: list[OomKill] | None = None  # everything still in the kernel log at the end
+    slab_first: list[SlabCache] | None = None
+    slab_last: list[SlabCache] | None = None
+    swaps: list[SwapDevice] | None = None
+    processes_first: dict[int, ProcessMemory] = {}
+    processes_last: dict[int, ProcessMemory] = {}
+
+
+def default_interval(duration: float) -> float:
+    """About one sample a second; at least ten samples in a short window."""
+    return max(0.1, min(1.0, duration / 10))
+
+
+def _processes_of(target: Target, snapshot: Snapshot | None, root: Path) -> dict[int, ProcessMemory]:
+    if target.kind == "system":
+        return read_all_processes(root)
+    if target.kind == "cgroup" and snapshot is not None and snapshot.cgroup is not None:
+        return read_all_processes(root, snapshot.cgroup.procs)
+    return {}
+
+
+def observe(
+    target: Target,
+    duration: float,
+    interval: float | None = None,
+    on_sample: Callable[[Snapshot, float], None] | None = None,
+    proc_root: Path = Path("/proc"),
+) -> Observation:
+    """Sample until the window ends, the target exits, or the user interrupts (Ctrl-C)."""
+    interval = interval or default_interval(duration)
+    started_mono, started = time.monotonic(), time.time()
+    snapshots: list[Snapshot] = []
+    exited_at = None
+    interrupted = False
+    slab_first = read_slabinfo(proc_root)
+    processes_first: dict[int, ProcessMemory] = {}
+    try:
+        while True:
+            try:
+                snap = take_snapshot(target, proc_root)
+            except TargetExited:
+                exited_at = time.time()
+                break
+            snapshots.append(snap)
+            if len(snapshots) == 1:
+                processes_first = _processes_of(target, snap, proc_root)
+            elapsed = time.monotonic() - started_mono
+            if on_sample is not None:
+                on_sample(snap, elapsed)
+            if elapsed >= duration:
+                break
+            # Sleep to the next tick of the schedule, so sampling does not drift.
+            next_tick = started_mono + interval * (int(elapsed / interval) + 1)
+            time.sleep(max(0.0, min(next_tick, started_mono + duration) - time.monotonic()))
+    except KeyboardInterrupt:
+        interrupted = True
+    last = snapshots[-1] if snapshots else None
+    return Observation(
+        target=target,
+        requested_s=duration,
+        started=started,
+        ended=time.time(),
+        snapshots=snapshots,
+        exited_at=exited_at,
+        interrupted=interrupted,
+        oom_kills=read_oom_kills(),
+        slab_first=slab_first,
+        slab_last=read_slabinfo(proc_root),
+        swaps=read_swaps(proc_root),
+        processes_first=processes_first,
+        processes_last=_processes_of(target, last, proc_root),
+    )

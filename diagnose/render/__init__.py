@@ -1,0 +1,1 @@
+"""Renderers: each takes a Report and returns text. None of them reads /proc."""

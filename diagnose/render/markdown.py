@@ -1,0 +1,178 @@
+"""report.md: the verdict first, then the evidence, what to run next, probes, overhead, caveats."""
+
+from __future__ import annotations
+
+import time
+
+from ..report import CounterRow, Report
+from ..units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
+from .sparkline import sparkline
+
+_SERIES_LABELS = {
+    "process.rss": "process RSS",
+    "process.rss_anon": "process anon RSS",
+    "process.vm_swap": "process swap",
+    "cgroup.usage": "cgroup usage",
+    "system.mem_available": "system MemAvailable",
+}
+
+
+def _utc(ts: float | None) -> str:
+    if ts is None:
+        return "unknown"
+    return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(ts))
+
+
+def _cell(row: CounterRow, value: float | None) -> str:
+    if value is None:
+        return "–"
+    if row.unit == "bytes":
+        return fmt_bytes(value)
+    if row.unit == "percent":
+        return f"{value:.1f}%"
+    return fmt_number(value)
+
+
+def _rate(row: CounterRow) -> str:
+    if row.rate_per_s is None:
+        if row.unit == "bytes" and row.first is not None and row.last is not None and row.last != row.first:
+            return f"{'+' if row.last > row.first else ''}{fmt_bytes(row.last - row.first)}"
+        return ""
+    suffix = {"pages_per_s": " pages/s", "bytes_per_s": " B/s"}.get(row.unit, "/s")
+    return f"{fmt_number(row.rate_per_s)}{suffix}"
+
+
+def _table(header: list[str], rows: list[list[str]]) -> list[str]:
+    out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    return out
+
+
+def render_markdown(report: Report) -> str:
+    v, t, w = report.verdict, report.target, report.window
+    lines = [f"# memdiag: {v.kind} — {t.description}", ""]
+    lines += [f"**Verdict ({v.kind}, confidence {v.confidence:.0%}):** {v.summary}", ""]
+    culprit = v.culprit
+    who = []
+    if culprit.pid is not None:
+        who.append(f"PID {culprit.pid}" + (f" ({culprit.comm})" if culprit.comm else ""))
+    if culprit.cgroup:
+        who.append(f"cgroup `{culprit.cgroup}`")
+    if culprit.stack:
+        who.append("stack " + " ← ".join(f"`{f}`" for f in culprit.stack[:5]))
+    if who:
+        lines += [f"- Culprit: {', '.join(who)}"]
+    target_line = f"- Target: {t.description}"
+    if t.cmdline:
+        target_line += f" — `{' '.join(t.cmdline)[:200]}`"
+    if t.cgroup and t.kind == "pid":
+        target_line += f" — memory cgroup `{t.cgroup}` (v{t.cgroup_version})"
+    lines += [target_line]
+    lines += [
+        f"- Window: {_utc(w.started)} to {_utc(w.ended)} ({fmt_duration(w.ended - w.started)} of "
+        f"{fmt_duration(w.requested_s)} asked, {w.samples} samples)"
+    ]
+    if w.target_exited_at is not None:
+        lines += [f"- Target exited at {_utc(w.target_exited_at)}"]
+    lines += ["", "## Evidence", ""]
+
+    if report.findings:
+        lines += ["### Findings", ""]
+        lines += [f"- **{f.id}**: {f.summary}" for f in report.findings]
+        lines += [""]
+
+    trends = report.counters.trends
+    if trends:
+        lines += ["### Trends", ""]
+        rows = []
+        for name, tr in trends.items():
+            values = [value for _, value in report.counters.series.get(name, [])]
+            rows.append(
+                [
+                    _SERIES_LABELS.get(name, name),
+                    fmt_bytes(tr.first),
+                    fmt_bytes(tr.last),
+                    fmt_bytes(tr.delta) if tr.delta is not None else "–",
+                    fmt_rate(tr.rate_per_s) if tr.rate_per_s is not None else "–",
+                    tr.shape,
+                    f"`{sparkline(values)}`" if values else "",
+                ]
+            )
+        lines += _table(["series", "first", "last", "change", "rate", "shape", "trend"], rows) + [""]
+
+    for scope, title in (("process", "Process"), ("cgroup", "Memory cgroup"), ("system", "System")):
+        scoped = [r for r in report.counters.rows if r.scope == scope]
+        if not scoped:
+            continue
+        lines += [f"### {title} counters", ""]
+        lines += _table(
+            ["counter", "first", "last", "change / rate"],
+            [[r.name, _cell(r, r.first), _cell(r, r.last), _rate(r)] for r in scoped],
+        ) + [""]
+
+    if report.counters.oom_kills:
+        lines += ["### OOM kills", ""]
+        lines += _table(
+            ["time", "victim", "constraint", "memory cgroup", "trigger", "anon RSS", "file RSS"],
+            [
+                [
+                    _utc(k.when),
+                    f"PID {k.victim_pid} ({k.victim_comm})",
+                    k.constraint or "–",
+                    k.oom_memcg or k.task_memcg or "–",
+                    f"{k.trigger_comm} (PID {k.trigger_pid})" if k.trigger_pid else (k.trigger_comm or "–"),
+                    fmt_bytes(k.anon_rss),
+                    fmt_bytes(k.file_rss),
+                ]
+                for k in report.counters.oom_kills
+            ],
+        ) + [""]
+
+    if report.counters.slab_top:
+        lines += ["### Kernel slab caches (top growth)", ""]
+        lines += _table(
+            ["cache", "first", "last", "change"],
+            [
+                [s.name, fmt_bytes(s.first_bytes), fmt_bytes(s.last_bytes), fmt_bytes(s.last_bytes - s.first_bytes)]
+                for s in report.counters.slab_top
+            ],
+        ) + [""]
+
+    lines += ["### Swap devices", ""]
+    if report.counters.swap_devices:
+        lines += _table(
+            ["device", "type", "size", "used"],
+            [
+                [d["filename"], d["type"], fmt_bytes(d["size"]), fmt_bytes(d["used"])]
+                for d in report.counters.swap_devices
+            ],
+        ) + [""]
+    else:
+        lines += ["No swap is configured.", ""]
+
+    lines += ["## What to run next", ""]
+    lines += [f"{i}. {step}" for i, step in enumerate(report.next_steps, 1)] or ["Nothing: no further step is needed."]
+    lines += [""]
+
+    lines += ["## Probes", ""]
+    lines += _table(
+        ["probe", "status", "method", "reason"], [[p.name, p.status, p.method or "–", p.reason] for p in report.probes]
+    ) + [""]
+
+    o = report.overhead
+    lines += ["## Overhead", ""]
+    lines += [f"- Budget: {o.budget_percent:g}% of the target's time"]
+    lines += [f"- Estimated: {o.estimated_percent:g}%" if o.estimated_percent is not None else "- Estimated: unknown"]
+    lines += [
+        f"- Measured: {o.measured_percent:g}%"
+        if o.measured_percent is not None
+        else "- Measured: nothing to measure (no probe attached; counters read from /proc)"
+    ]
+    lines += [""]
+
+    if report.caveats:
+        lines += ["## Caveats", ""]
+        lines += [f"- {c}" for c in report.caveats] + [""]
+
+    lines += ["---", f"memdiag {report.memdiag_version}", ""]
+    return "\n".join(lines)

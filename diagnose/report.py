@@ -1,0 +1,108 @@
+"""The data of one diagnosis: target, verdict, findings, probes, overhead and the counters behind
+them. Renderers take a Report and write it; report.json is this model dumped."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from .facts.kmsg import OomKill
+from .trends import Trend
+
+VerdictKind = Literal["leak", "cache", "growth", "pressure", "oom", "healthy", "inconclusive"]
+ProbeState = Literal["ok", "partial", "unavailable", "error", "not-run"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class TargetInfo(_Model):
+    kind: Literal["pid", "cgroup", "system"]
+    description: str
+    pid: int | None = None
+    comm: str | None = None
+    cmdline: list[str] = []
+    cgroup: str | None = None
+    cgroup_version: int | None = None
+
+
+class Culprit(_Model):
+    pid: int | None = None
+    comm: str | None = None
+    cgroup: str | None = None
+    stack: list[str] = []
+
+
+class Verdict(_Model):
+    kind: VerdictKind
+    summary: str
+    confidence: float = Field(ge=0.0, le=1.0)
+    culprit: Culprit = Culprit()
+
+
+class Finding(_Model):
+    id: str
+    summary: str
+    evidence: dict[str, Any] = {}
+
+
+class ProbeStatus(_Model):
+    name: str
+    status: ProbeState
+    reason: str
+    method: str | None = None
+
+
+class Overhead(_Model):
+    budget_percent: float
+    estimated_percent: float | None = None
+    measured_percent: float | None = None
+
+
+class CounterRow(_Model):
+    """One line of the evidence table. Values in the unit named; None = unknown."""
+
+    scope: Literal["process", "cgroup", "system"]
+    name: str
+    unit: Literal["bytes", "count", "percent", "per_s", "bytes_per_s", "pages_per_s"]
+    first: float | None = None
+    last: float | None = None
+    rate_per_s: float | None = None
+
+
+class SlabGrowth(_Model):
+    name: str
+    first_bytes: int
+    last_bytes: int
+
+
+class Window(_Model):
+    started: float  # seconds since the epoch
+    ended: float
+    requested_s: float
+    samples: int
+    target_exited_at: float | None = None
+
+
+class Counters(_Model):
+    rows: list[CounterRow] = []
+    trends: dict[str, Trend] = {}
+    series: dict[str, list[tuple[float, float]]] = {}  # name -> [(seconds into window, value)]
+    oom_kills: list[OomKill] = []
+    slab_top: list[SlabGrowth] = []
+    swap_devices: list[dict[str, Any]] = []
+
+
+class Report(_Model):
+    memdiag_version: str
+    target: TargetInfo
+    window: Window
+    verdict: Verdict
+    findings: list[Finding] = []
+    next_steps: list[str] = []
+    caveats: list[str] = []
+    probes: list[ProbeStatus] = []
+    overhead: Overhead
+    counters: Counters

@@ -1,0 +1,61 @@
+"""One reading of every counter that concerns a target, taken at one moment."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from .facts.cgroup import BadCgroup, CgroupMemory, read_cgroup_memory
+from .facts.meminfo import MemInfo, read_meminfo
+from .facts.process import ProcessGone, ProcessMemory, read_process
+from .facts.psi import Psi, read_memory_pressure
+from .facts.vmstat import VmStat, read_vmstat
+from .target import Target
+
+
+class Snapshot(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    t: float  # CLOCK_MONOTONIC seconds
+    wall: float  # seconds since the epoch
+    meminfo: MemInfo
+    vmstat: VmStat
+    psi: Psi | None = None
+    process: ProcessMemory | None = None
+    cgroup: CgroupMemory | None = None
+
+
+class TargetExited(Exception):
+    def __init__(self, pid: int):
+        super().__init__(f"process {pid} exited")
+        self.pid = pid
+
+
+def take_snapshot(target: Target, proc_root: Path = Path("/proc")) -> Snapshot:
+    """Raise TargetExited when the target process is gone (or its pid was reused)."""
+    process = None
+    if target.kind == "pid" and target.pid is not None:
+        try:
+            process = read_process(target.pid, proc_root)
+        except ProcessGone:
+            raise TargetExited(target.pid) from None
+        reused = target.start_ticks is not None and process.start_ticks != target.start_ticks
+        if reused or process.state == "Z" or process.rss is None:
+            raise TargetExited(target.pid)
+    cgroup = None
+    if target.cgroup is not None:
+        try:
+            cgroup = read_cgroup_memory(target.cgroup)
+        except BadCgroup:
+            cgroup = None
+    return Snapshot(
+        t=time.monotonic(),
+        wall=time.time(),
+        meminfo=read_meminfo(proc_root),
+        vmstat=read_vmstat(proc_root),
+        psi=read_memory_pressure(proc_root),
+        process=process,
+        cgroup=cgroup,
+    )

@@ -1,0 +1,62 @@
+"""What a diagnosis looks at: one process, one memory cgroup, or the whole system."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from .errors import UsageError
+from .facts.cgroup import BadCgroup, CgroupLocation, locate_memory_cgroup, resolve_cgroup
+from .facts.process import ProcessGone, read_process
+
+
+class Target(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["pid", "cgroup", "system"]
+    pid: int | None = None
+    comm: str | None = None
+    cmdline: list[str] = []
+    start_ticks: int | None = None
+    cgroup: CgroupLocation | None = None
+
+    def describe(self) -> str:
+        if self.kind == "pid":
+            return f"PID {self.pid} ({self.comm})"
+        if self.kind == "cgroup" and self.cgroup is not None:
+            return f"cgroup {self.cgroup.path} (v{self.cgroup.version})"
+        return "the whole system"
+
+
+def pid_target(pid: int, proc_root: Path = Path("/proc")) -> Target:
+    if pid <= 0:
+        raise UsageError(f"--pid {pid}: not a process id")
+    try:
+        proc = read_process(pid, proc_root)
+    except ProcessGone:
+        raise UsageError(f"--pid {pid}: no such process") from None
+    if proc.state == "Z":
+        raise UsageError(f"--pid {pid}: process is a zombie (it has exited; its memory is gone)")
+    if proc.rss is None:
+        raise UsageError(f"--pid {pid}: {proc.comm} is a kernel thread; it has no user memory to diagnose")
+    return Target(
+        kind="pid",
+        pid=pid,
+        comm=proc.comm,
+        cmdline=proc.cmdline,
+        start_ticks=proc.start_ticks,
+        cgroup=locate_memory_cgroup(pid, proc_root),
+    )
+
+
+def cgroup_target(arg: str, proc_root: Path = Path("/proc")) -> Target:
+    try:
+        return Target(kind="cgroup", cgroup=resolve_cgroup(arg, proc_root))
+    except BadCgroup as e:
+        raise UsageError(f"--cgroup: {e}") from None
+
+
+def system_target() -> Target:
+    return Target(kind="system")

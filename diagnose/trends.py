@@ -1,0 +1,122 @@
+"""Trends from a series of readings: growth rate, whether growth is still going on or has
+levelled off, and counter rates. Pure functions of numbers; no /proc here.
+
+"Still climbing" is decided on the latest third of the window against the earlier growth: a
+leak keeps its pace, a cache filling to its bound slows to nothing. A segment counts as
+growing only when its growth stands out of the series' own noise (twice the residual spread
+around the fitted line) and exceeds a floor of a few pages, so allocator jitter is not growth."""
+
+from __future__ import annotations
+
+import math
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+# Below this, a change in resident memory is allocator and page-cache jitter, not growth.
+MIN_GROWTH_BYTES = 256 * 1024
+# A segment growing at under this share of the fastest earlier pace has "levelled off".
+LEVEL_OFF_RATIO = 0.25
+
+Shape = Literal["climbing", "levelled", "flat", "shrinking", "unknown"]
+
+
+class Trend(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    shape: Shape
+    first: float | None = None
+    last: float | None = None
+    low: float | None = None
+    peak: float | None = None
+    delta: float | None = None
+    seconds: float | None = None
+    rate_per_s: float | None = None  # least-squares slope over the whole window
+    recent_rate_per_s: float | None = None  # slope over the latest third
+    peak_rate_per_s: float | None = None  # fastest slope over any third of the window
+    levelled_for_s: float | None = None  # how long the end of the series has stayed level
+
+
+def slope(points: list[tuple[float, float]]) -> float:
+    """Least-squares slope (units per second) of (t, value) points."""
+    n = len(points)
+    if n < 2:
+        return 0.0
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    den = sum((t - mt) ** 2 for t, _ in points)
+    if den == 0:
+        return 0.0
+    return sum((t - mt) * (v - mv) for t, v in points) / den
+
+
+def _residual_spread(points: list[tuple[float, float]]) -> float:
+    n = len(points)
+    if n < 3:
+        return 0.0
+    k = slope(points)
+    mt = sum(t for t, _ in points) / n
+    mv = sum(v for _, v in points) / n
+    residuals = [v - (mv + k * (t - mt)) for t, v in points]
+    return math.sqrt(sum(r * r for r in residuals) / (n - 2))
+
+
+def _grows(points: list[tuple[float, float]], floor: float) -> bool:
+    if len(points) < 2:
+        return False
+    rise = slope(points) * (points[-1][0] - points[0][0])
+    return rise > max(floor, 2 * _residual_spread(points))
+
+
+def growth_trend(points: list[tuple[float, float]], floor: float = MIN_GROWTH_BYTES) -> Trend:
+    """Classify a series of (t, bytes): climbing, levelled (grew, then stopped), flat, shrinking."""
+    if len(points) < 3:
+        return Trend(shape="unknown", first=points[0][1] if points else None, last=points[-1][1] if points else None)
+    values = [v for _, v in points]
+    seconds = points[-1][0] - points[0][0]
+    third = max(3, len(points) // 3)
+    windows = [points[i : i + third] for i in range(0, len(points) - third + 1)]
+    peak_rate = max(slope(w) for w in windows)
+    recent = points[-third:]
+    recent_rate = slope(recent)
+    delta = values[-1] - values[0]
+    base = dict(
+        first=values[0],
+        last=values[-1],
+        low=min(values),
+        peak=max(values),
+        delta=delta,
+        seconds=seconds,
+        rate_per_s=slope(points),
+        recent_rate_per_s=recent_rate,
+        peak_rate_per_s=peak_rate,
+    )
+    spread = max(values) - min(values)
+    if spread <= floor:
+        return Trend(shape="flat", levelled_for_s=seconds, **base)
+    if _grows(recent, floor) and recent_rate >= LEVEL_OFF_RATIO * peak_rate:
+        return Trend(shape="climbing", **base)
+    if delta > floor:
+        return Trend(shape="levelled", levelled_for_s=_level_duration(points, floor), **base)
+    if delta < -floor:
+        return Trend(shape="shrinking", **base)
+    return Trend(shape="flat", levelled_for_s=seconds, **base)
+
+
+def _level_duration(points: list[tuple[float, float]], floor: float) -> float:
+    """Seconds at the end of the series during which the value stayed within the floor of its last."""
+    last_t, last_v = points[-1]
+    start = last_t
+    for t, v in reversed(points):
+        if abs(v - last_v) > floor:
+            break
+        start = t
+    return last_t - start
+
+
+def counter_rate(first: int | None, last: int | None, seconds: float) -> float | None:
+    """Per-second rate of a cumulative counter; None when unknown. A reset counts from zero."""
+    if first is None or last is None or seconds <= 0:
+        return None
+    delta = last - first if last >= first else last
+    return delta / seconds

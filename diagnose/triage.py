@@ -1,0 +1,455 @@
+"""The counters-only diagnosis: from an Observation and its Counters to findings and a verdict.
+
+Order of precedence, most specific first: an OOM kill that concerns the target; memory pressure
+(stalls, swap-in, direct reclaim, a cgroup pinned at its limit); growth that is still climbing;
+growth that levelled off (a bounded cache); stable memory (healthy). Counters tell the shape of
+the growth, never its cause: every growth verdict says which probe would name the code."""
+
+from __future__ import annotations
+
+import time
+
+from .evidence import psi_stall_percent, window_seconds
+from .facts.kmsg import OomKill
+from .facts.process import ProcessMemory
+from .observe import Observation
+from .report import Counters, Culprit, Finding, Verdict
+from .trends import Trend, counter_rate
+from .units import fmt_bytes, fmt_duration, fmt_rate
+
+# Documented thresholds (general, not tuned to any workload):
+PSI_SOME_PERCENT = 10.0  # tasks stalled on memory >10% of the window: the stall is felt
+PSI_FULL_PERCENT = 5.0  # all tasks stalled >5%: the workload is losing throughput
+SWAPIN_PAGES_PER_S = 64.0  # sustained swap-in of 256 KiB/s (4 KiB pages) means the working set is out
+LOW_AVAILABLE_PERCENT = 10.0  # MemAvailable under 10% of MemTotal: reclaim is near
+CGROUP_FULL_PERCENT = 90.0  # usage within 10% of the cgroup limit: the limit is about to bite
+
+
+class Triage:
+    def __init__(self, verdict: Verdict, findings: list[Finding], next_steps: list[str], caveats: list[str]):
+        self.verdict, self.findings, self.next_steps, self.caveats = verdict, findings, next_steps, caveats
+
+
+def _who(obs: Observation) -> str:
+    t = obs.target
+    if t.kind == "pid":
+        return f"PID {t.pid} ({t.comm})"
+    if t.kind == "cgroup" and t.cgroup is not None:
+        return f"cgroup {t.cgroup.path}"
+    return "the system"
+
+
+def _cgroup_path(obs: Observation) -> str | None:
+    return obs.target.cgroup.path if obs.target.cgroup is not None else None
+
+
+def _growth_series(obs: Observation, counters: Counters) -> tuple[str, Trend] | None:
+    for name in ("process.rss", "cgroup.usage"):
+        if name in counters.trends:
+            return name, counters.trends[name]
+    return None
+
+
+def _top_growers(obs: Observation, n: int = 3) -> list[tuple[ProcessMemory, int]]:
+    """Processes by RSS growth over the window (in the target cgroup for a cgroup target)."""
+    members = set(obs.processes_last)
+    last_cg = obs.snapshots[-1].cgroup if obs.snapshots else None
+    if obs.target.kind == "cgroup" and last_cg is not None:
+        members &= set(last_cg.procs)
+    out = []
+    for pid in members:
+        after, before = obs.processes_last[pid], obs.processes_first.get(pid)
+        if before is None or before.start_ticks != after.start_ticks:
+            before = None
+        growth = (after.rss or 0) - ((before.rss or 0) if before else 0)
+        out.append((after, growth))
+    out.sort(key=lambda pg: (pg[1], pg[0].rss or 0), reverse=True)
+    return out[:n]
+
+
+def _biggest(obs: Observation, n: int = 3) -> list[ProcessMemory]:
+    return sorted(obs.processes_last.values(), key=lambda p: p.rss or 0, reverse=True)[:n]
+
+
+def _limit_and_usage(obs: Observation) -> tuple[int | None, int | None]:
+    cg = obs.snapshots[-1].cgroup if obs.snapshots else None
+    if cg is None or cg.effective_limit is None:
+        return None, None
+    return cg.effective_limit, cg.usage
+
+
+def _projection(obs: Observation, rate: float) -> str | None:
+    if rate <= 0 or not obs.snapshots:
+        return None
+    limit, usage = _limit_and_usage(obs)
+    if limit is not None and usage is not None:
+        left = max(0, limit - usage)
+        return f"cgroup limit {fmt_bytes(limit)} reached in ~{fmt_duration(left / rate)}"
+    avail = obs.snapshots[-1].meminfo.mem_available
+    if avail is not None:
+        return f"system MemAvailable ({fmt_bytes(avail)}) exhausted in ~{fmt_duration(avail / rate)}"
+    return None
+
+
+def _oom_findings(obs: Observation, kills: list[OomKill]) -> list[Finding]:
+    findings = []
+    avail = obs.snapshots[-1].meminfo if obs.snapshots else None
+    for k in kills:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(k.when)) if k.when else "unknown time"
+        scope = f"cgroup OOM in {k.oom_memcg}" if k.cgroup_oom else "system OOM"
+        trigger = f"{k.trigger_comm} (PID {k.trigger_pid})" if k.trigger_pid else (k.trigger_comm or "unknown")
+        findings.append(
+            Finding(
+                id="oom-kill",
+                summary=(
+                    f"OOM killer killed PID {k.victim_pid} ({k.victim_comm}) at {when}: {scope}, "
+                    f"anon RSS {fmt_bytes(k.anon_rss)}, triggered by {trigger}"
+                ),
+                evidence={
+                    "victim_pid": k.victim_pid,
+                    "victim_comm": k.victim_comm,
+                    "when": k.when,
+                    "constraint": k.constraint,
+                    "oom_memcg": k.oom_memcg,
+                    "task_memcg": k.task_memcg,
+                    "trigger_comm": k.trigger_comm,
+                    "trigger_pid": k.trigger_pid,
+                    "anon_rss": k.anon_rss,
+                    "file_rss": k.file_rss,
+                    "shmem_rss": k.shmem_rss,
+                    "host_mem_available_now": avail.mem_available if avail else None,
+                    "source": "kernel log (/dev/kmsg)",
+                },
+            )
+        )
+    return findings
+
+
+def _oom_verdict(obs: Observation, kills: list[OomKill], cg_kills: int | None) -> Verdict | None:
+    target = obs.target
+    last_cg = obs.snapshots[-1].cgroup if obs.snapshots else None
+    limit = last_cg.effective_limit if last_cg else None
+    meminfo = obs.snapshots[-1].meminfo if obs.snapshots else None
+    if not kills and not (target.kind == "cgroup" and cg_kills):
+        return None
+    victim = kills[-1] if kills else None
+    cgroup_killed = victim.cgroup_oom if victim else target.kind == "cgroup"
+    parts = []
+    if victim is not None:
+        parts.append(f"OOM killer killed PID {victim.victim_pid} ({victim.victim_comm})")
+        if len(kills) > 1:
+            parts[-1] += f" ({len(kills)} kills recorded)"
+    else:
+        parts.append(f"{_who(obs)} has recorded {cg_kills} OOM kill(s) (memory.oom_control/events)")
+    if cgroup_killed:
+        memcg = (victim.oom_memcg if victim and victim.oom_memcg else _cgroup_path(obs)) or "its cgroup"
+        where = f"at its cgroup limit ({memcg}, limit {fmt_bytes(limit)})" if limit else f"in cgroup {memcg}"
+        parts.append(where)
+        if (
+            meminfo
+            and meminfo.mem_available is not None
+            and meminfo.available_percent is not None
+            and meminfo.available_percent > LOW_AVAILABLE_PERCENT
+        ):
+            parts.append(
+                f"while the host has {fmt_bytes(meminfo.mem_available)} available "
+                "(the limit killed it, not host memory)"
+            )
+    else:
+        parts.append("system out of memory")
+    culprit = Culprit(
+        pid=victim.victim_pid if victim else None,
+        comm=victim.victim_comm if victim else None,
+        cgroup=(victim.task_memcg if victim else None) or _cgroup_path(obs),
+    )
+    confidence = 0.95 if victim is not None else 0.8
+    return Verdict(
+        kind="oom", summary="; ".join(parts[:1]) + " " + ", ".join(parts[1:]), confidence=confidence, culprit=culprit
+    )
+
+
+def _pressure(obs: Observation, counters: Counters) -> tuple[list[Finding], list[str]]:
+    """Findings of pressure, and the short reasons for the verdict line."""
+    findings: list[Finding] = []
+    reasons: list[str] = []
+    secs = window_seconds(obs)
+    first, last = obs.snapshots[0], obs.snapshots[-1]
+    some, full = psi_stall_percent(obs, "some"), psi_stall_percent(obs, "full")
+    if (some is not None and some >= PSI_SOME_PERCENT) or (full is not None and full >= PSI_FULL_PERCENT):
+        reasons.append(f"tasks stalled on memory {some:.0f}% of the window (PSI some; full {full:.0f}%)")
+        findings.append(
+            Finding(id="psi-stall", summary=reasons[-1], evidence={"psi_some_percent": some, "psi_full_percent": full})
+        )
+    swapin = counter_rate(first.vmstat.get("pswpin"), last.vmstat.get("pswpin"), secs)
+    if swapin is not None and swapin >= SWAPIN_PAGES_PER_S:
+        swapout = counter_rate(first.vmstat.get("pswpout"), last.vmstat.get("pswpout"), secs)
+        reasons.append(f"swap-in {swapin:.0f} pages/s")
+        findings.append(
+            Finding(
+                id="swap-in",
+                summary=(
+                    f"swapping in {swapin:.0f} pages/s (out {swapout or 0:.0f} pages/s): the working set "
+                    "no longer fits in memory; swap is the symptom, growth is the cause"
+                ),
+                evidence={"pswpin_per_s": swapin, "pswpout_per_s": swapout},
+            )
+        )
+    stalls = counter_rate(first.vmstat.get("allocstall"), last.vmstat.get("allocstall"), secs)
+    if stalls:
+        reasons.append(f"direct reclaim {stalls:.1f} stalls/s")
+        findings.append(
+            Finding(
+                id="direct-reclaim",
+                summary=f"allocations stalled in direct reclaim {stalls:.1f} times/s",
+                evidence={"allocstall_per_s": stalls},
+            )
+        )
+    pct = last.meminfo.available_percent
+    if pct is not None and pct < LOW_AVAILABLE_PERCENT:
+        reasons.append(f"MemAvailable {pct:.0f}% of RAM")
+        findings.append(
+            Finding(
+                id="low-available",
+                summary=f"MemAvailable is {fmt_bytes(last.meminfo.mem_available)} ({pct:.1f}% of RAM)",
+                evidence={"mem_available": last.meminfo.mem_available, "percent": pct},
+            )
+        )
+    cg = last.cgroup
+    if cg is not None and cg.effective_limit and cg.usage is not None:
+        used = 100.0 * cg.usage / cg.effective_limit
+        fails = (cg.failcnt or 0) - (first.cgroup.failcnt or 0) if first.cgroup else 0
+        if used >= CGROUP_FULL_PERCENT and fails > 0:
+            reasons.append(f"cgroup {cg.path} at {used:.0f}% of its {fmt_bytes(cg.effective_limit)} limit")
+            findings.append(
+                Finding(
+                    id="cgroup-at-limit",
+                    summary=(
+                        f"cgroup {cg.path} uses {fmt_bytes(cg.usage)} of {fmt_bytes(cg.effective_limit)} "
+                        f"({used:.0f}%) and hit its limit {fails} times in the window: it reclaims "
+                        "(or swaps) its own memory to stay under it"
+                    ),
+                    evidence={"usage": cg.usage, "limit": cg.effective_limit, "failcnt_delta": fails},
+                )
+            )
+    return findings, reasons
+
+
+def _pressure_culprits(obs: Observation) -> str:
+    """Who pays (major faults, swap) and who is biggest: the counters' view of a pressure culprit."""
+    payers = []
+    for pid, after in obs.processes_last.items():
+        before = obs.processes_first.get(pid)
+        if before and after.majflt is not None and before.majflt is not None and after.majflt > before.majflt:
+            payers.append((after.majflt - before.majflt, after))
+    payers.sort(key=lambda x: x[0], reverse=True)
+    text = []
+    if payers:
+        text.append(
+            "paying in major faults: " + ", ".join(f"PID {p.pid} ({p.comm}, {n} faults)" for n, p in payers[:3])
+        )
+    big = _biggest(obs)
+    if big:
+        text.append("largest: " + ", ".join(f"PID {p.pid} ({p.comm}, {fmt_bytes(p.rss)})" for p in big))
+    return "; ".join(text)
+
+
+def triage(obs: Observation, counters: Counters) -> Triage:
+    findings: list[Finding] = []
+    caveats: list[str] = []
+    next_steps: list[str] = []
+    who = _who(obs)
+    target = obs.target
+
+    if obs.exited_at is not None:
+        at = obs.exited_at - obs.started
+        caveats.append(
+            f"{who} exited {fmt_duration(at)} into the {fmt_duration(obs.requested_s)} window "
+            f"({time.strftime('%H:%M:%S', time.localtime(obs.exited_at))}); "
+            "the evidence covers the time it ran"
+        )
+    if obs.interrupted:
+        caveats.append("the window was cut short by an interrupt; trends cover less time than asked")
+
+    if len(obs.snapshots) < 3 and not counters.oom_kills:
+        summary = (
+            f"{who} exited before enough samples were taken ({len(obs.snapshots)})"
+            if obs.exited_at
+            else f"too few samples ({len(obs.snapshots)}) to tell a trend"
+        )
+        verdict = Verdict(
+            kind="inconclusive",
+            summary=summary,
+            confidence=0.2,
+            culprit=Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs)),
+        )
+        return Triage(verdict, findings, ["run again with a longer --duration"], caveats)
+
+    # --- OOM kills ---------------------------------------------------------------------------
+    last_cg = obs.snapshots[-1].cgroup if obs.snapshots else None
+    cg_kills = last_cg.oom_kill if last_cg else None
+    findings += _oom_findings(obs, counters.oom_kills)
+    if last_cg is not None and cg_kills:
+        findings.append(
+            Finding(
+                id="cgroup-oom-count",
+                summary=(
+                    f"cgroup {last_cg.path} has OOM-killed {cg_kills} process(es) since it was created "
+                    f"(limit {fmt_bytes(last_cg.effective_limit)})"
+                ),
+                evidence={"oom_kill": cg_kills, "limit": last_cg.effective_limit, "cgroup": last_cg.path},
+            )
+        )
+    oom = _oom_verdict(obs, counters.oom_kills, cg_kills) if obs.snapshots else None
+
+    # --- pressure --------------------------------------------------------------------------
+    pressure_findings, pressure_reasons = _pressure(obs, counters) if obs.snapshots else ([], [])
+    findings += pressure_findings
+
+    # --- growth ------------------------------------------------------------------------------
+    growth = _growth_series(obs, counters)
+    growth_verdict = None
+    if growth is not None:
+        name, tr = growth
+        what = "RSS" if name == "process.rss" else "memory usage"
+        culprit = Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs))
+        if target.kind == "cgroup":
+            top = _top_growers(obs, 1)
+            if top:
+                culprit = Culprit(pid=top[0][0].pid, comm=top[0][0].comm, cgroup=_cgroup_path(obs))
+        if tr.shape == "climbing":
+            rate = tr.recent_rate_per_s or tr.rate_per_s or 0.0
+            proj = _projection(obs, rate)
+            summary = (
+                f"{what} of {who} grew {fmt_rate(rate)} for {fmt_duration(tr.seconds)} "
+                f"({fmt_bytes(tr.first)} to {fmt_bytes(tr.last)}) and is still climbing"
+            )
+            if proj:
+                summary += f"; {proj}"
+            summary += "; escalation needed: page-fault stacks / memleak"
+            findings.append(
+                Finding(
+                    id="growth-climbing",
+                    summary=summary.split("; escalation")[0],
+                    evidence={"series": name, **tr.model_dump()},
+                )
+            )
+            growth_verdict = Verdict(kind="growth", summary=summary, confidence=0.7, culprit=culprit)
+            next_steps += [
+                "trace page faults by stack to see which code touches the new pages (faults probe)",
+                "track outstanding allocations by stack and watch which never levels off (memleak probe)",
+                "trace brk/mmap by stack to see which code reserves the memory (brkstack, mmapsnoop)",
+            ]
+        elif tr.shape == "levelled":
+            summary = (
+                f"{what} of {who} grew {fmt_bytes(tr.delta)} then levelled off at {fmt_bytes(tr.last)} "
+                f"for the last {fmt_duration(tr.levelled_for_s)}: a plateau, consistent with a bounded "
+                "cache filling to its size, not a leak"
+            )
+            findings.append(Finding(id="growth-plateau", summary=summary, evidence={"series": name, **tr.model_dump()}))
+            growth_verdict = Verdict(kind="cache", summary=summary, confidence=0.5, culprit=culprit)
+            next_steps.append(
+                "confirm with memleak's per-stack trend: a cache's outstanding bytes stay "
+                "bounded and it frees as much as it allocates"
+            )
+            caveats.append(
+                "counters show the shape of growth, not its cause: a leak that paused also "
+                "looks like a plateau for a while"
+            )
+        elif tr.shape == "shrinking":
+            findings.append(
+                Finding(
+                    id="shrinking",
+                    summary=f"{what} of {who} shrank by {fmt_bytes(-(tr.delta or 0))}",
+                    evidence={"series": name, **tr.model_dump()},
+                )
+            )
+    elif target.kind == "system" and "system.mem_available" in counters.trends:
+        tr = counters.trends["system.mem_available"]
+        top = _top_growers(obs, 3)
+        if tr.shape == "shrinking" and top and top[0][1] > 0:
+            p, g = top[0]
+            rate = -(tr.rate_per_s or 0.0)
+            summary = (
+                f"MemAvailable fell {fmt_rate(rate)} for {fmt_duration(tr.seconds)}; the fastest "
+                f"growing process is PID {p.pid} ({p.comm}, +{fmt_bytes(g)} RSS)"
+            )
+            proj = _projection(obs, rate)
+            if proj:
+                summary += f"; {proj}"
+            findings.append(
+                Finding(
+                    id="system-growth",
+                    summary=summary,
+                    evidence={
+                        "top_growers": [{"pid": q.pid, "comm": q.comm, "rss": q.rss, "growth": gg} for q, gg in top]
+                    },
+                )
+            )
+            growth_verdict = Verdict(
+                kind="growth",
+                summary=summary + "; escalation needed: page-fault stacks",
+                confidence=0.6,
+                culprit=Culprit(pid=p.pid, comm=p.comm),
+            )
+            next_steps.append(f"diagnose the grower: memdiag --pid {p.pid}")
+
+    # VSZ is not RSS: a reservation that grows without pages behind it is not memory used.
+    if obs.snapshots and obs.snapshots[0].process and obs.snapshots[-1].process:
+        a, b = obs.snapshots[0].process, obs.snapshots[-1].process
+        if a.vm_size and b.vm_size and a.rss is not None and b.rss is not None:
+            vsz_growth, rss_growth = b.vm_size - a.vm_size, b.rss - a.rss
+            if vsz_growth > 4 * max(rss_growth, 1 << 20):
+                caveats.append(
+                    f"VSZ grew {fmt_bytes(vsz_growth)} but RSS only {fmt_bytes(rss_growth)}: "
+                    "address space reserved, not memory used (VSZ is not RSS)"
+                )
+
+    # --- the verdict ---------------------------------------------------------------------------
+    if oom is not None:
+        verdict = oom
+        next_steps.insert(0, "keep an OOM watch running (oomkill probe) to catch the next kill with its trigger stack")
+        if oom.culprit.cgroup:
+            next_steps.insert(
+                1,
+                "compare the cgroup limit with the workload's real peak; look at what grows "
+                "inside it (faults / memleak probes on the restarted process)",
+            )
+    elif pressure_reasons:
+        culprits = _pressure_culprits(obs)
+        summary = f"memory pressure on {who}: " + ", ".join(pressure_reasons)
+        if growth_verdict is not None and growth_verdict.kind == "growth":
+            summary += f"; caused by growth: {growth_verdict.summary.split('; escalation')[0]}"
+        if culprits:
+            summary += f"; {culprits}"
+        verdict = Verdict(
+            kind="pressure",
+            summary=summary,
+            confidence=0.7,
+            culprit=growth_verdict.culprit
+            if growth_verdict
+            else Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs)),
+        )
+        next_steps += [
+            "see reclaim and swap as latency: vmscan, drsnoop and swapin probes",
+            "find what grows: page-fault stacks of the largest consumers",
+        ]
+    elif growth_verdict is not None:
+        verdict = growth_verdict
+    elif obs.exited_at is not None:
+        verdict = Verdict(
+            kind="inconclusive",
+            summary=f"{who} exited during the window and the kernel log shows no OOM kill of it",
+            confidence=0.3,
+            culprit=Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs)),
+        )
+    else:
+        tr = growth[1] if growth else counters.trends.get("system.mem_available")
+        level = f" at {fmt_bytes(tr.last)}" if tr and tr.last is not None else ""
+        verdict = Verdict(
+            kind="healthy",
+            summary=f"memory of {who} is stable{level} over {fmt_duration(window_seconds(obs))}; "
+            "no pressure, no OOM kill",
+            confidence=0.6,
+            culprit=Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs)),
+        )
+    return Triage(verdict, findings, next_steps, caveats)

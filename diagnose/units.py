@@ -1,0 +1,42 @@
+"""Human units for reports and the terminal: bytes in IEC units, rates, durations."""
+
+from __future__ import annotations
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "unknown"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            value = n / size
+            return f"{sign}{value:.1f} {unit}" if value < 100 else f"{sign}{value:.0f} {unit}"
+    return f"{sign}{n:.0f} B"
+
+
+def fmt_rate(bytes_per_s: float | None) -> str:
+    """Memory growth reads best per minute (leaks are slow; a per-second figure hides them)."""
+    if bytes_per_s is None:
+        return "unknown"
+    return f"{fmt_bytes(bytes_per_s * 60)}/min"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def fmt_number(x: float | None, digits: int = 1) -> str:
+    if x is None:
+        return "unknown"
+    if abs(x) >= 100 or float(x).is_integer():
+        return f"{x:,.0f}"
+    return f"{x:,.{digits}f}"

@@ -1,0 +1,27 @@
+/* Shared bits of the workload kit: argument parsing and a ready line on stdout so the
+ * harness knows the workload is running before it starts measuring. */
+#ifndef WORKLOAD_COMMON_H
+#define WORKLOAD_COMMON_H
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+static long arg_long(int argc, char **argv, int i, long dflt)
+{
+	return argc > i ? strtol(argv[i], NULL, 10) : dflt;
+}
+
+static void ready(void)
+{
+	printf("ready %d\n", (int)getpid());
+	fflush(stdout);
+}
+
+static void sleep_ms(long ms)
+{
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+	nanosleep(&ts, NULL);
+}
+#endif
