@@ -40,14 +40,6 @@ def default_interval(duration: float) -> float:
     return max(0.1, min(1.0, duration / 10))
 
 
-def _processes_of(target: Target, snapshot: Snapshot | None, root: Path) -> dict[int, ProcessMemory]:
-    if target.kind == "system":
-        return read_all_processes(root)
-    if target.kind == "cgroup" and snapshot is not None and snapshot.cgroup is not None:
-        return read_all_processes(root, snapshot.cgroup.procs)
-    return {}
-
-
 def observe(
     target: Target,
     duration: float,
@@ -72,7 +64,8 @@ def observe(
                 break
             snapshots.append(snap)
             if len(snapshots) == 1:
-                processes_first = _processes_of(target, snap, proc_root)
+                # Every process, whatever the target: pressure is paid and caused host-wide.
+                processes_first = read_all_processes(proc_root)
             elapsed = time.monotonic() - started_mono
             if on_sample is not None:
                 on_sample(snap, elapsed)
@@ -83,7 +76,6 @@ def observe(
             time.sleep(max(0.0, min(next_tick, started_mono + duration) - time.monotonic()))
     except KeyboardInterrupt:
         interrupted = True
-    last = snapshots[-1] if snapshots else None
     return Observation(
         target=target,
         requested_s=duration,
@@ -97,5 +89,5 @@ def observe(
         slab_last=read_slabinfo(proc_root),
         swaps=read_swaps(proc_root),
         processes_first=processes_first,
-        processes_last=_processes_of(target, last, proc_root),
+        processes_last=read_all_processes(proc_root) if snapshots else {},
     )

@@ -58,7 +58,13 @@ def _target(args: argparse.Namespace) -> Target:
         try:
             smaps.open().close()
         except PermissionError:
-            raise PermissionNeeded(f"cannot read {smaps}: run as root or as the process's user") from None
+            hint = (
+                "the kernel refused even root (the process holds capabilities this one lacks, or lives in "
+                "another user namespace)"
+                if os.geteuid() == 0
+                else "run as root or as the process's user"
+            )
+            raise PermissionNeeded(f"cannot read {smaps}: permission denied; {hint}") from None
         except FileNotFoundError:
             pass  # kernels before 4.14 have no smaps_rollup; status still gives RSS
         return target

@@ -1,0 +1,148 @@
+"""What this kernel offers BPF probes, checked before anything is loaded, and the environment bcc
+needs to compile against it (kernel headers, tracefs).
+
+Each check returns an Availability with the reason, so a probe that cannot run says why
+("kprobes not compiled into this kernel") and the diagnosis goes on without it."""
+
+from __future__ import annotations
+
+import functools
+import gzip
+import os
+import platform
+import subprocess
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+PRIVATE_HEADERS = Path("/var/lib/memdiag/kernel-headers")
+
+
+class Availability(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    available: bool
+    reason: str
+
+
+def _config_option(option: str, proc_root: Path) -> str | None:
+    """'y', 'm', 'n' for CONFIG_<option> from /proc/config.gz, None when the config is not exposed."""
+    try:
+        with gzip.open(proc_root / "config.gz", "rt") as f:
+            for line in f:
+                if line.startswith(f"CONFIG_{option}="):
+                    return line.strip().split("=", 1)[1]
+                if line.startswith(f"# CONFIG_{option} is not set"):
+                    return "n"
+    except OSError:
+        return None
+    return "n"
+
+
+def tracefs_root(sys_root: Path = Path("/sys")) -> Path | None:
+    for candidate in (sys_root / "kernel" / "tracing", sys_root / "kernel" / "debug" / "tracing"):
+        if (candidate / "events").is_dir():
+            return candidate
+    return None
+
+
+def ensure_tracefs() -> Path | None:
+    """bcc reads tracepoints under /sys/kernel/debug/tracing; mount debugfs/tracefs when missing
+    (root only). Returns the tracefs root in use, or None."""
+    debug_tracing = Path("/sys/kernel/debug/tracing")
+    if not (debug_tracing / "events").is_dir() and os.geteuid() == 0:
+        subprocess.run(["mount", "-t", "debugfs", "debugfs", "/sys/kernel/debug"], capture_output=True)
+        if not (debug_tracing / "events").is_dir():
+            subprocess.run(["mount", "-t", "tracefs", "tracefs", str(debug_tracing)], capture_output=True)
+    return tracefs_root()
+
+
+def kernel_headers(release: str | None = None) -> Path | None:
+    """The header tree bcc will compile against: the running kernel's own, else the generic
+    fallback the set-up prepared (custom kernels have no distro headers)."""
+    release = release or platform.release()
+    own = Path("/lib/modules") / release / "build"
+    if (own / "include").is_dir():
+        return own
+    private = PRIVATE_HEADERS / release
+    if (private / "include").is_dir():
+        return private
+    return None
+
+
+def prepare_bcc_environment() -> Availability:
+    """Point bcc at usable headers (BCC_KERNEL_SOURCE) before it is imported; check tracefs."""
+    headers = kernel_headers()
+    if "BCC_KERNEL_SOURCE" not in os.environ and headers is not None and not str(headers).startswith("/lib/modules"):
+        os.environ["BCC_KERNEL_SOURCE"] = str(headers)
+    if ensure_tracefs() is None:
+        return Availability(available=False, reason="tracefs is not mounted and could not be mounted")
+    if headers is None and "BCC_KERNEL_SOURCE" not in os.environ and not Path("/sys/kernel/kheaders.tar.xz").exists():
+        return Availability(
+            available=False,
+            reason=f"no kernel headers for {platform.release()} (run scripts/setup.sh, or install "
+            f"linux-headers-{platform.release()})",
+        )
+    try:
+        import bcc  # noqa: F401  (the distro's python3-bpfcc)
+    except ImportError:
+        return Availability(available=False, reason="bcc's Python module is not importable (install python3-bpfcc)")
+    return Availability(available=True, reason="bcc ready")
+
+
+def tracepoint(category: str, name: str, sys_root: Path = Path("/sys")) -> Availability:
+    root = tracefs_root(sys_root)
+    if root is None:
+        return Availability(available=False, reason="tracefs is not mounted")
+    if (root / "events" / category / name / "id").exists():
+        return Availability(available=True, reason=f"tracepoint {category}:{name}")
+    return Availability(available=False, reason=f"tracepoint {category}:{name} does not exist in this kernel")
+
+
+def kprobes(sys_root: Path = Path("/sys"), proc_root: Path = Path("/proc")) -> Availability:
+    # bcc attaches kprobes through the kprobe PMU (4.17+) or, before it, tracefs kprobe_events.
+    if (sys_root / "bus" / "event_source" / "devices" / "kprobe" / "type").exists():
+        return Availability(available=True, reason="kprobe PMU")
+    root = tracefs_root(sys_root)
+    if root is not None and (root / "kprobe_events").exists():
+        return Availability(available=True, reason="tracefs kprobe_events")
+    config = _config_option("KPROBES", proc_root)
+    why = "CONFIG_KPROBES is not set" if config == "n" else "no kprobe PMU and no kprobe_events"
+    return Availability(available=False, reason=f"kprobes not compiled into this kernel ({why})")
+
+
+def uprobes(sys_root: Path = Path("/sys")) -> Availability:
+    if (sys_root / "bus" / "event_source" / "devices" / "uprobe" / "type").exists():
+        return Availability(available=True, reason="uprobe PMU")
+    root = tracefs_root(sys_root)
+    if root is not None and (root / "uprobe_events").exists():
+        return Availability(available=True, reason="tracefs uprobe_events")
+    return Availability(available=False, reason="uprobes not compiled into this kernel (CONFIG_UPROBE_EVENTS)")
+
+
+def perf_events(proc_root: Path = Path("/proc")) -> Availability:
+    if (proc_root / "sys" / "kernel" / "perf_event_paranoid").exists():
+        return Availability(available=True, reason="perf_event_open")
+    return Availability(available=False, reason="perf events not compiled into this kernel (CONFIG_PERF_EVENTS)")
+
+
+@functools.lru_cache(maxsize=1)
+def fentry() -> Availability:
+    """fentry needs BTF and BPF trampolines. Config and symbols can say yes while the kernel still
+    refuses (lockdown, ftrace disabled: seen on 6.18 here, EPERM), so load a tiny program to know."""
+    if not Path("/sys/kernel/btf/vmlinux").exists():
+        return Availability(
+            available=False, reason="fentry unavailable: the kernel has no BTF (/sys/kernel/btf/vmlinux)"
+        )
+    if platform.machine() not in ("x86_64", "aarch64"):
+        return Availability(available=False, reason=f"fentry unavailable: no BPF trampolines on {platform.machine()}")
+    ready = prepare_bcc_environment()
+    if not ready.available:
+        return Availability(available=False, reason=f"fentry not checked: {ready.reason}")
+    from bcc import BPF
+
+    try:
+        BPF(text="KFUNC_PROBE(do_nanosleep) { return 0; }").cleanup()
+    except Exception as e:  # bcc raises bare Exception on a refused load
+        return Availability(available=False, reason=f"fentry unavailable: the kernel refused an fentry program ({e})")
+    return Availability(available=True, reason="fentry program loaded")

@@ -1,0 +1,197 @@
+"""`memdiag --pid/--cgroup` end to end on real workloads: the verdict from counters, the report
+files, and the one-line errors for bad input."""
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+MiB = 1 << 20
+
+
+def _report(out: Path) -> dict:
+    return json.loads((out / "report.json").read_text())
+
+
+def _ok(result: subprocess.CompletedProcess) -> None:
+    assert result.returncode == 0, result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_leak_reports_growth_still_climbing(memdiag, workload, tmp_path):
+    w = workload("leak", "2048")
+    r = memdiag("--pid", str(w.pid), "--duration", "10", "--output", str(tmp_path))
+    _ok(r)
+    lines = r.stdout.strip().splitlines()
+    assert len(lines) == 2  # not a terminal: the verdict line and the path, nothing else
+    assert lines[0].startswith("growth: RSS of PID %d (leak) grew" % w.pid)
+    assert "still climbing" in lines[0] and "escalation needed" in lines[0]
+    assert lines[1] == f"report: {tmp_path / 'report.md'}"
+    rep = _report(tmp_path)
+    assert rep["verdict"]["kind"] == "growth"
+    assert rep["verdict"]["culprit"]["pid"] == w.pid and rep["verdict"]["culprit"]["comm"] == "leak"
+    assert rep["counters"]["trends"]["process.rss"]["shape"] == "climbing"
+    rate = rep["counters"]["trends"]["process.rss"]["rate_per_s"]
+    assert 1.2 * MiB < rate < 3 * MiB  # the workload leaks 2 MiB/s
+    assert set(rep) >= {"target", "verdict", "findings", "probes", "overhead", "counters"}
+    assert rep["overhead"]["budget_percent"] == 2.0
+    assert {p["name"] for p in rep["probes"]} >= {"faults", "memleak", "oomkill"}
+    md = (tmp_path / "report.md").read_text()
+    assert md.splitlines()[0] == f"# memdiag: growth — PID {w.pid} (leak)"
+    assert "## Evidence" in md and "## What to run next" in md and "## Probes" in md
+
+
+def test_cache_reports_a_plateau(memdiag, workload, tmp_path):
+    w = workload("cache", "48", "3")  # 48 MiB in 3 s, then churn at the bound
+    r = memdiag("--pid", str(w.pid), "--duration", "12", "--output", str(tmp_path))
+    _ok(r)
+    rep = _report(tmp_path)
+    assert rep["verdict"]["kind"] == "cache", rep["verdict"]["summary"]
+    assert "levelled off" in rep["verdict"]["summary"]
+    tr = rep["counters"]["trends"]["process.rss"]
+    assert tr["shape"] == "levelled" and tr["levelled_for_s"] >= 5
+    assert 40 * MiB < tr["last"] < 70 * MiB
+
+
+def test_churn_is_healthy(memdiag, workload, tmp_path):
+    w = workload("churn", "200000")
+    time.sleep(1)  # let the allocator's arenas settle
+    r = memdiag("--pid", str(w.pid), "--duration", "6", "--output", str(tmp_path))
+    _ok(r)
+    rep = _report(tmp_path)
+    assert rep["verdict"]["kind"] == "healthy", rep["verdict"]["summary"]
+    assert rep["counters"]["trends"]["process.rss"]["shape"] == "flat"
+
+
+def test_oom_killed_cgroup_reports_the_kill(memdiag, workload, memcg, tmp_path):
+    cg = memcg(64 * MiB, swap=False)
+    w = workload("hog", "512", "8", "20", cgroup=cg)
+    assert w.wait_exit(30) == -9
+    r = memdiag("--cgroup", cg.path, "--duration", "3", "--output", str(tmp_path))
+    _ok(r)
+    rep = _report(tmp_path)
+    v = rep["verdict"]
+    assert v["kind"] == "oom"
+    assert v["culprit"]["pid"] == w.pid and v["culprit"]["comm"] == "hog"
+    assert v["culprit"]["cgroup"] == cg.path
+    assert f"PID {w.pid} (hog)" in v["summary"] and "64.0 MiB" in v["summary"]
+    assert "while the host has" in v["summary"]  # the limit killed it, not host memory
+    kills = rep["counters"]["oom_kills"]
+    assert [k["victim_pid"] for k in kills] == [w.pid]
+    assert kills[0]["constraint"] == "CONSTRAINT_MEMCG"
+    assert any(f["id"] == "cgroup-oom-count" and f["evidence"]["oom_kill"] == 1 for f in rep["findings"])
+
+
+def test_pid_killed_during_the_window(memdiag, workload, memcg, tmp_path):
+    cg = memcg(64 * MiB, swap=False)
+    w = workload("hog", "512", "4", "300", cgroup=cg)  # reaches the limit after ~5 s
+    r = memdiag("--pid", str(w.pid), "--duration", "30", "--output", str(tmp_path))
+    _ok(r)
+    rep = _report(tmp_path)
+    assert rep["verdict"]["kind"] == "oom"
+    assert rep["verdict"]["culprit"]["pid"] == w.pid
+    assert rep["window"]["target_exited_at"] is not None
+    assert rep["window"]["target_exited_at"] - rep["window"]["started"] < 20  # stopped early, not at 30 s
+    assert any("exited" in c for c in rep["caveats"])
+    assert "Target exited at" in (tmp_path / "report.md").read_text()
+
+
+def test_swap_pressure(swap, memdiag, workload, memcg, tmp_path):
+    # swap first: it is torn down last, after the workload and its cgroup are gone
+    cg = memcg(96 * MiB)
+    w = workload("hog", "256", "8", "10", cgroup=cg)
+    time.sleep(3)  # the working set is built and spilling into swap
+    r = memdiag("--pid", str(w.pid), "--duration", "8", "--output", str(tmp_path))
+    _ok(r)
+    rep = _report(tmp_path)
+    v = rep["verdict"]
+    assert v["kind"] == "pressure", v["summary"]
+    assert "swap-in" in v["summary"]
+    assert f"PID {w.pid} (hog" in v["summary"]  # the process paying in major faults
+    ids = {f["id"] for f in rep["findings"]}
+    assert {"swap-in", "cgroup-at-limit"} <= ids
+    assert rep["counters"]["trends"]["process.vm_swap"]["last"] > 32 * MiB
+
+
+def test_system_target(memdiag, workload, tmp_path):
+    workload("leak", "4096")
+    r = memdiag("--duration", "4", "--output", str(tmp_path))
+    _ok(r)
+    rep = _report(tmp_path)
+    assert rep["target"]["kind"] == "system" and rep["target"]["description"] == "the whole system"
+    assert rep["verdict"]["kind"] in {"growth", "healthy", "pressure"}
+    assert any(row["name"] == "mem_available" for row in rep["counters"]["rows"])
+
+
+def test_pid_that_exits_normally_during_the_window(memdiag, workload, tmp_path):
+    w = workload("churn", "1000")
+    proc = subprocess.Popen(
+        [*_cmd(memdiag), "--pid", str(w.pid), "--duration", "20", "--output", str(tmp_path)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(3)
+    w.stop()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    rep = _report(tmp_path)
+    assert rep["window"]["target_exited_at"] is not None
+    assert rep["verdict"]["kind"] == "inconclusive"
+    assert "exited" in rep["verdict"]["summary"]
+
+
+def _cmd(memdiag_fixture):
+    from conftest import MEMDIAG
+
+    return [MEMDIAG]
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["--pid", "999999999"], 2, "--pid 999999999: no such process"),
+        (["--pid", "-4"], 2, "not a process id"),
+        (["--pid", "2"], 2, "kernel thread"),
+        (["--cgroup", "/no/such/cgroup"], 2, "is not a memory cgroup"),
+        (["--cgroup", "/etc"], 2, "is not a memory cgroup"),
+        (["--duration", "0"], 2, "--duration must be more than 0"),
+        (["--pid", str(os.getpid()), "--output", "/proc/memdiag-cannot-write"], 2, "cannot write there"),
+        (["--pid", "abc"], 2, "invalid int value"),
+        (["--bogus"], 2, "unrecognized arguments"),
+    ],
+)
+def test_bad_input_one_line_error(memdiag, root_required, args, code, message):
+    r = memdiag(*args, "--quiet")
+    assert r.returncode == code
+    assert message in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert "Traceback" not in r.stderr and r.stdout == ""
+
+
+def test_no_permission_as_unprivileged_user(memdiag, workload, tmp_path):
+    w = workload("churn", "1000")  # a root process
+    tmp_path.chmod(0o777)
+    r = memdiag("--pid", str(w.pid), "--duration", "1", "--output", str(tmp_path), user="65534")
+    assert r.returncode == 1
+    assert "run as root" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and "Traceback" not in r.stderr
+
+
+def test_progress_on_a_terminal(root_required, workload, tmp_path):
+    from conftest import MEMDIAG
+
+    w = workload("leak", "2048")
+    r = subprocess.run(
+        ["script", "-qec", f"{MEMDIAG} --pid {w.pid} --duration 3 --output {tmp_path}", "/dev/null"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "TERM": "xterm"},
+    )
+    assert r.returncode == 0
+    assert "sampling counters" in r.stdout and "left" in r.stdout and "RSS" in r.stdout
+    assert "growth: RSS of PID" in r.stdout

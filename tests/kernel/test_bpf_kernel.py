@@ -1,0 +1,124 @@
+"""What this kernel offers BPF: tracepoints, uprobes and perf events attach for real; kprobes and
+fentry are detected as missing with their reason (this 6.18 kernel has neither)."""
+
+import time
+from pathlib import Path
+
+import pytest
+from memdiag.probes import kernel
+
+
+@pytest.fixture(scope="module")
+def bcc_ready():
+    ready = kernel.prepare_bcc_environment()
+    if not ready.available:
+        pytest.skip(f"BPF toolchain not ready: {ready.reason}")
+    from bcc import BPF
+
+    return BPF
+
+
+def test_tracepoint_counts_faults_of_the_workload(root_required, bcc_ready, workload):
+    w = workload("leak", "4096")
+    b = bcc_ready(
+        text="""
+        BPF_ARRAY(faults, u64, 1);
+        TRACEPOINT_PROBE(exceptions, page_fault_user) {
+            if ((bpf_get_current_pid_tgid() >> 32) != TARGET) return 0;
+            faults.increment(0);
+            return 0;
+        }""",
+        cflags=[f"-DTARGET={w.pid}"],
+    )
+    try:
+        time.sleep(1.0)
+        assert b["faults"][0].value > 100  # 4 MiB/s of fresh pages: ~1000 faults/s
+    finally:
+        b.cleanup()
+
+
+def test_uprobe_on_malloc_in_the_workload(root_required, bcc_ready, workload):
+    w = workload("churn", "50000")
+    b = bcc_ready(text="BPF_ARRAY(calls, u64, 1); int on_malloc(void *ctx) { calls.increment(0); return 0; }")
+    try:
+        b.attach_uprobe(name="c", sym="malloc", fn_name="on_malloc", pid=w.pid)
+        time.sleep(1.0)
+        assert b["calls"][0].value > 5000
+    finally:
+        b.cleanup()
+
+
+def test_perf_event_software_page_faults(root_required, bcc_ready, workload):
+    from bcc import PerfSWConfig, PerfType
+
+    w = workload("leak", "4096")
+    b = bcc_ready(
+        text="""
+        #include <uapi/linux/bpf_perf_event.h>
+        BPF_HASH(seen, u32, u64);
+        int on_fault(struct bpf_perf_event_data *ctx) {
+            u32 pid = bpf_get_current_pid_tgid() >> 32;
+            seen.increment(pid);
+            return 0;
+        }"""
+    )
+    try:
+        b.attach_perf_event(
+            ev_type=PerfType.SOFTWARE,
+            ev_config=PerfSWConfig.PAGE_FAULTS,
+            fn_name="on_fault",
+            sample_period=1,
+            pid=w.pid,
+        )
+        time.sleep(1.0)
+        counts = {k.value: v.value for k, v in b["seen"].items()}
+        assert counts.get(w.pid, 0) > 100
+    finally:
+        b.cleanup()
+
+
+def test_detects_missing_kprobes_with_reason():
+    k = kernel.kprobes()
+    assert not k.available
+    assert "kprobes not compiled into this kernel" in k.reason
+    assert "CONFIG_KPROBES is not set" in k.reason
+
+
+def test_detects_refused_fentry_with_reason(root_required):
+    f = kernel.fentry()
+    assert not f.available
+    assert f.reason.startswith("fentry unavailable")
+
+
+def test_kprobe_detection_on_a_kernel_that_has_them(tmp_path):
+    # The other branch, on a fixture sysfs shaped like a kernel with the kprobe PMU (4.17+).
+    pmu = tmp_path / "bus" / "event_source" / "devices" / "kprobe"
+    pmu.mkdir(parents=True)
+    (pmu / "type").write_text("8\n")
+    assert kernel.kprobes(sys_root=tmp_path).available
+    legacy = tmp_path / "legacy" / "kernel" / "tracing"
+    (legacy / "events").mkdir(parents=True)
+    (legacy / "kprobe_events").write_text("")
+    assert kernel.kprobes(sys_root=tmp_path / "legacy").reason == "tracefs kprobe_events"
+
+
+def test_uprobes_tracepoints_and_perf_are_offered():
+    assert kernel.uprobes().available
+    assert kernel.perf_events().available
+    for cat, name in [
+        ("exceptions", "page_fault_user"),
+        ("oom", "mark_victim"),
+        ("vmscan", "mm_vmscan_direct_reclaim_begin"),
+        ("syscalls", "sys_enter_brk"),
+        ("kmem", "kmalloc"),
+    ]:
+        assert kernel.tracepoint(cat, name).available, (cat, name)
+    missing = kernel.tracepoint("exceptions", "no_such_event")
+    assert not missing.available and "does not exist" in missing.reason
+
+
+def test_headers_fallback_is_private():
+    headers = kernel.kernel_headers()
+    assert headers is not None and (headers / "include" / "linux").is_dir()
+    if not Path("/lib/modules").joinpath(__import__("platform").release(), "build").exists():
+        assert str(headers).startswith("/var/lib/memdiag/kernel-headers/")

@@ -1,0 +1,76 @@
+"""Fact readers on this machine's real /proc and cgroups, against real workloads."""
+
+import time
+
+import psutil
+from memdiag.diagnose.facts.cgroup import locate_memory_cgroup, read_cgroup_memory, resolve_cgroup
+from memdiag.diagnose.facts.kmsg import read_oom_kills
+from memdiag.diagnose.facts.meminfo import read_meminfo
+from memdiag.diagnose.facts.process import read_process
+from memdiag.diagnose.facts.psi import read_memory_pressure
+from memdiag.diagnose.facts.slab import read_slabinfo
+from memdiag.diagnose.facts.swaps import read_swaps
+from memdiag.diagnose.facts.vmstat import read_vmstat
+
+MiB = 1 << 20
+
+
+def test_meminfo_agrees_with_psutil():
+    m = read_meminfo()
+    vm = psutil.virtual_memory()
+    assert m.mem_total == vm.total
+    assert abs(m.mem_available - vm.available) < 0.05 * vm.total
+
+
+def test_vmstat_and_psi_are_read():
+    v = read_vmstat()
+    assert v.get("pgfault") > 0
+    assert v.get("allocstall") is not None
+    psi = read_memory_pressure()
+    assert psi is not None and psi.some is not None and psi.some.total_us >= 0
+
+
+def test_process_rss_grows_under_a_leak(workload):
+    w = workload("leak", "4096")
+    first = read_process(w.pid)
+    time.sleep(1.5)
+    second = read_process(w.pid)
+    assert first.comm == "leak" and first.cmdline[1:] == ["4096"]
+    assert second.rss - first.rss > 2 * MiB
+    assert second.rss_anon - first.rss_anon > 2 * MiB
+    assert second.minflt > first.minflt
+    assert second.rss == psutil.Process(w.pid).memory_info().rss
+
+
+def test_process_in_a_limited_cgroup(workload, memcg):
+    cg = memcg(96 * MiB)
+    w = workload("cache", "16", "1", cgroup=cg)
+    loc = locate_memory_cgroup(w.pid)
+    assert loc.path == cg.path and loc.version == cg.version
+    m = read_cgroup_memory(loc)
+    assert m.limit == 96 * MiB and m.effective_limit == 96 * MiB
+    assert m.procs == [w.pid]
+    assert m.oom_kill == 0
+    assert m.usage > 0
+
+
+def test_slabinfo_and_swaps(swap):
+    # no workload here, so swapoff has nothing to read back
+    caches = read_slabinfo()
+    assert caches and any(c.name.startswith("kmalloc") for c in caches)
+    assert sum(c.size_bytes for c in caches) > MiB
+    devices = read_swaps()
+    assert str(swap) in [d.filename for d in devices]
+
+
+def test_real_oom_kill_is_read_from_the_kernel_log(workload, memcg):
+    cg = memcg(48 * MiB, swap=False)
+    w = workload("hog", "256", "8", "20", cgroup=cg)
+    assert w.wait_exit(30) == -9
+    kills = [k for k in read_oom_kills() if k.victim_pid == w.pid]
+    assert len(kills) == 1
+    (kill,) = kills
+    assert kill.victim_comm == "hog" and kill.cgroup_oom
+    assert kill.oom_memcg == cg.path
+    assert abs(kill.when - time.time()) < 60
+    assert read_cgroup_memory(resolve_cgroup(cg.path)).oom_kill == 1

@@ -1,0 +1,185 @@
+"""The workload kit: small C programs built with frame pointers and debug info, run as real
+processes, optionally inside a real memory cgroup with a real limit, optionally with a real swap
+file. Every helper cleans up after itself, also when the test using it fails.
+
+Later issues reuse it: probes and end-to-end scenarios run on the same workloads."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import os
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = ROOT / "tests" / "workloads"
+BUILD = ROOT / ".build" / "workloads"
+CFLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Werror"]
+
+
+def build(name: str, extra_flags: list[str] | None = None) -> Path:
+    """Compile tests/workloads/NAME.c (once per source content and flags) and return the binary."""
+    src = SOURCES / f"{name}.c"
+    flags = CFLAGS + (extra_flags or [])
+    digest = hashlib.sha256(src.read_bytes() + (SOURCES / "common.h").read_bytes() + " ".join(flags).encode())
+    # One folder per build, so the binary keeps its own name (and comm) for the tests to look for.
+    out = BUILD / digest.hexdigest()[:12] / name
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        subprocess.run(["cc", *flags, "-o", str(tmp), str(src)], check=True)
+        tmp.rename(out)
+    return out
+
+
+class Workload:
+    """A running workload process. ``with Workload("leak", "2048") as w: w.pid``."""
+
+    def __init__(self, name: str, *args: str, cgroup: MemoryCgroup | None = None, env: dict | None = None):
+        self.binary = build(name)
+        self.argv = [str(self.binary), *args]
+        self.cgroup = cgroup
+        self.env = env
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self) -> Workload:
+        procs_file = self.cgroup.procs_file if self.cgroup else None
+
+        def enter_cgroup() -> None:  # runs in the child between fork and exec
+            if procs_file is not None:
+                with open(procs_file, "w") as f:
+                    f.write(str(os.getpid()))
+
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            preexec_fn=enter_cgroup,
+            env={**os.environ, **(self.env or {})},
+        )
+        line = self.proc.stdout.readline().decode()  # type: ignore[union-attr]
+        if not line.startswith("ready"):
+            self.stop()
+            raise RuntimeError(f"workload {self.argv} did not start: {line!r}")
+        return self
+
+    def wait_exit(self, timeout: float) -> int | None:
+        assert self.proc is not None
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            return None
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        if self.proc is not None and self.proc.stdout:
+            self.proc.stdout.close()
+
+    def __enter__(self) -> Workload:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def memory_cgroup_root() -> tuple[int, Path]:
+    """(version, mount point) of the hierarchy that carries the memory controller here."""
+    v1 = Path("/sys/fs/cgroup/memory")
+    if (v1 / "memory.limit_in_bytes").exists() or (v1 / "memory.usage_in_bytes").exists():
+        return 1, v1
+    for candidate in (Path("/sys/fs/cgroup"), Path("/sys/fs/cgroup/unified")):
+        controllers = candidate / "cgroup.controllers"
+        if controllers.exists() and "memory" in controllers.read_text().split():
+            return 2, candidate
+    raise RuntimeError("no memory cgroup controller mounted")
+
+
+class MemoryCgroup:
+    """A real memory cgroup with a limit; removed on exit after killing whatever is left in it."""
+
+    def __init__(self, limit_bytes: int | None, swap: bool = True):
+        self.version, self.mount = memory_cgroup_root()
+        self.name = f"memdiag-test-{uuid.uuid4().hex[:8]}"
+        self.fs_path = self.mount / self.name
+        self.path = "/" + self.name  # path inside the hierarchy, as /proc/PID/cgroup shows it
+        self.limit = limit_bytes
+        self.swap = swap
+
+    @property
+    def procs_file(self) -> Path:
+        return self.fs_path / "cgroup.procs"
+
+    def __enter__(self) -> MemoryCgroup:
+        self.fs_path.mkdir()
+        try:
+            if self.limit is not None:
+                if self.version == 1:
+                    (self.fs_path / "memory.limit_in_bytes").write_text(str(self.limit))
+                else:
+                    (self.fs_path / "memory.max").write_text(str(self.limit))
+                    if not self.swap:
+                        (self.fs_path / "memory.swap.max").write_text("0")
+            if self.version == 1 and not self.swap:
+                (self.fs_path / "memory.swappiness").write_text("0")
+        except BaseException:
+            self.__exit__()
+            raise
+        return self
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in self.procs_file.read_text().split()]
+        except FileNotFoundError:
+            return []
+
+    def __exit__(self, *exc) -> None:
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            for pid in self.pids():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            try:
+                self.fs_path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"could not remove test cgroup {self.fs_path}")
+
+
+@contextlib.contextmanager
+def swapfile(size_bytes: int, directory: Path = Path("/var/tmp")) -> Iterator[Path]:
+    """A real swap file, swapped on for the duration; swapped off and deleted after, always."""
+    path = directory / f"memdiag-test-{uuid.uuid4().hex[:8]}.swap"
+    active = False
+    try:
+        subprocess.run(["fallocate", "-l", str(size_bytes), str(path)], check=True)
+        path.chmod(0o600)
+        subprocess.run(["mkswap", "-q", str(path)], check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(["swapon", str(path)], check=True)
+        active = True
+        yield path
+    finally:
+        # swapoff must read every swapped page back in; it fails (ENOMEM) while a process still
+        # holds them under a cgroup limit, so retry while the caller's other cleanups finish.
+        deadline = time.monotonic() + 60
+        while active:
+            active = subprocess.run(["swapoff", str(path)], capture_output=True).returncode != 0
+            if active and time.monotonic() > deadline:
+                raise RuntimeError(f"could not swapoff test swap file {path}")
+            if active:
+                time.sleep(0.5)
+        path.unlink(missing_ok=True)

@@ -1,0 +1,59 @@
+"""Trend shapes on synthetic series: what 'still climbing' and 'levelled off' mean."""
+
+import random
+
+from memdiag.diagnose.trends import counter_rate, growth_trend
+
+MiB = 1 << 20
+
+
+def _noise(seed):
+    rng = random.Random(seed)
+    return lambda: rng.uniform(-64 * 1024, 64 * 1024)
+
+
+def test_steady_leak_is_climbing():
+    n = _noise(1)
+    tr = growth_trend([(t, 10 * MiB + 2 * MiB * t + n()) for t in range(31)])
+    assert tr.shape == "climbing"
+    assert abs(tr.rate_per_s - 2 * MiB) < 0.05 * MiB
+
+
+def test_slow_leak_above_the_noise_is_climbing():
+    tr = growth_trend([(t, 100 * MiB + 40 * 1024 * t) for t in range(31)])  # 40 KiB/s
+    assert tr.shape == "climbing"
+
+
+def test_fill_then_plateau_is_levelled():
+    n = _noise(2)
+    tr = growth_trend([(t, 5 * MiB + min(t, 8) * 8 * MiB + n()) for t in range(31)])
+    assert tr.shape == "levelled"
+    assert tr.levelled_for_s >= 20
+
+
+def test_decelerating_growth_levels_off():
+    # growth slowing to a trickle (a cache's last entries) counts as levelled once under a quarter of its pace
+    tr = growth_trend([(t, 64 * MiB * (1 - 0.7**t)) for t in range(31)])
+    assert tr.shape == "levelled"
+
+
+def test_jitter_is_flat():
+    n = _noise(3)
+    tr = growth_trend([(t, 50 * MiB + n()) for t in range(31)])
+    assert tr.shape == "flat"
+
+
+def test_release_is_shrinking():
+    tr = growth_trend([(t, 100 * MiB - 2 * MiB * t) for t in range(31)])
+    assert tr.shape == "shrinking"
+
+
+def test_too_few_points_is_unknown():
+    assert growth_trend([(0, 1.0), (1, 2.0)]).shape == "unknown"
+    assert growth_trend([]).shape == "unknown"
+
+
+def test_counter_rate():
+    assert counter_rate(100, 400, 3.0) == 100.0
+    assert counter_rate(None, 5, 1.0) is None
+    assert counter_rate(1000, 10, 2.0) == 5.0  # counter reset: count from zero
