@@ -27,7 +27,7 @@ def test_leak_reports_growth_still_climbing(memdiag, workload, tmp_path):
     _ok(r)
     lines = r.stdout.strip().splitlines()
     assert len(lines) == 2  # not a terminal: the verdict line and the path, nothing else
-    assert lines[0].startswith("growth: RSS of PID %d (leak) grew" % w.pid)
+    assert lines[0].startswith(f"growth: RSS of PID {w.pid} (leak) grew")
     assert "still climbing" in lines[0] and "escalation needed" in lines[0]
     assert lines[1] == f"report: {tmp_path / 'report.md'}"
     rep = _report(tmp_path)
