@@ -16,6 +16,50 @@ _SERIES_LABELS = {
     "system.mem_available": "system MemAvailable",
 }
 
+# Counter names as the kernel files and tools call them.
+_COUNTER_LABELS = {
+    "rss": "RSS (VmRSS)",
+    "rss_anon": "RSS anon (RssAnon)",
+    "rss_file": "RSS file (RssFile)",
+    "rss_shmem": "RSS shmem (RssShmem)",
+    "vm_swap": "swapped out (VmSwap)",
+    "vm_hwm": "peak RSS (VmHWM)",
+    "vm_size": "VSZ (VmSize)",
+    "pss": "PSS",
+    "threads": "threads",
+    "minflt": "minor faults",
+    "majflt": "major faults",
+    "usage": "usage",
+    "effective_limit": "limit (lowest up the tree)",
+    "high": "high",
+    "max_usage": "peak usage",
+    "swap_usage": "swap usage",
+    "swap_limit": "swap limit",
+    "failcnt": "limit hits (failcnt / events max)",
+    "oom": "OOM events",
+    "oom_kill": "OOM kills",
+    "mem_total": "MemTotal",
+    "mem_available": "MemAvailable",
+    "mem_free": "MemFree",
+    "cached": "Cached",
+    "buffers": "Buffers",
+    "anon_pages": "AnonPages",
+    "shmem": "Shmem",
+    "slab": "Slab",
+    "sreclaimable": "SReclaimable",
+    "sunreclaim": "SUnreclaim",
+    "swap_total": "SwapTotal",
+    "swap_free": "SwapFree",
+    "committed_as": "Committed_AS",
+    "commit_limit": "CommitLimit",
+    "psi_some_avg10": "PSI some avg10",
+    "psi_some_avg60": "PSI some avg60",
+    "psi_full_avg10": "PSI full avg10",
+    "psi_full_avg60": "PSI full avg60",
+    "psi_some_window": "PSI some over the window",
+    "psi_full_window": "PSI full over the window",
+}
+
 
 def _utc(ts: float | None) -> str:
     if ts is None:
@@ -107,7 +151,7 @@ def render_markdown(report: Report) -> str:
         lines += [f"### {title} counters", ""]
         lines += _table(
             ["counter", "first", "last", "change / rate"],
-            [[r.name, _cell(r, r.first), _cell(r, r.last), _rate(r)] for r in scoped],
+            [[_COUNTER_LABELS.get(r.name, r.name), _cell(r, r.first), _cell(r, r.last), _rate(r)] for r in scoped],
         ) + [""]
 
     if report.counters.oom_kills:

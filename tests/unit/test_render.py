@@ -1,0 +1,124 @@
+"""Renderers on their whole output: a fixed Report, rendered, compared with the golden file.
+Regenerate after an intended change with MEMDIAG_REGEN_GOLDEN=1 and review the diff."""
+
+import os
+from pathlib import Path
+
+from memdiag.diagnose.facts.kmsg import OomKill
+from memdiag.diagnose.render.jsonout import render_json
+from memdiag.diagnose.render.markdown import render_markdown
+from memdiag.diagnose.render.sparkline import sparkline
+from memdiag.diagnose.report import (
+    CounterRow,
+    Counters,
+    Culprit,
+    Finding,
+    Overhead,
+    ProbeStatus,
+    Report,
+    SlabGrowth,
+    TargetInfo,
+    Verdict,
+    Window,
+)
+from memdiag.diagnose.trends import growth_trend
+
+GOLDEN = Path(__file__).parent / "golden"
+MiB = 1 << 20
+T0 = 1796020000.0  # 2026-11-30 06:26:40 UTC
+
+
+def fixture_report() -> Report:
+    rss = [(float(t), 100 * MiB + 0.8 * MiB * t) for t in range(0, 31, 3)]
+    return Report(
+        memdiag_version="0.1.0",
+        target=TargetInfo(
+            kind="pid",
+            description="PID 123 (orderd)",
+            pid=123,
+            comm="orderd",
+            cmdline=["/usr/bin/orderd", "--port", "80"],
+            cgroup="/system.slice/orderd.service",
+            cgroup_version=2,
+        ),
+        window=Window(started=T0, ended=T0 + 30, requested_s=30, samples=31),
+        verdict=Verdict(
+            kind="growth",
+            summary="RSS of PID 123 (orderd) grew 48.0 MiB/min for 30 s (100 MiB to 124 MiB) and is still "
+            "climbing; cgroup limit 512 MiB reached in ~8 min; escalation needed: page-fault stacks / memleak",
+            confidence=0.7,
+            culprit=Culprit(pid=123, comm="orderd", cgroup="/system.slice/orderd.service"),
+        ),
+        findings=[
+            Finding(
+                id="growth-climbing",
+                summary="RSS of PID 123 (orderd) grew 48.0 MiB/min",
+                evidence={"series": "process.rss"},
+            )
+        ],
+        next_steps=["trace page faults by stack (faults probe)", "track outstanding allocations (memleak probe)"],
+        caveats=["VSZ grew 1.0 GiB but RSS only 24.0 MiB: address space reserved, not memory used (VSZ is not RSS)"],
+        probes=[
+            ProbeStatus(name="faults", status="not-run", reason="counters-only diagnosis"),
+            ProbeStatus(
+                name="swapin",
+                status="unavailable",
+                reason="kprobes not compiled into this kernel",
+                method="major faults on anonymous memory",
+            ),
+        ],
+        overhead=Overhead(budget_percent=2.0, estimated_percent=0.0),
+        counters=Counters(
+            rows=[
+                CounterRow(scope="process", name="rss", unit="bytes", first=100 * MiB, last=124 * MiB),
+                CounterRow(scope="process", name="majflt", unit="per_s", first=3, last=9, rate_per_s=0.2),
+                CounterRow(scope="cgroup", name="effective_limit", unit="bytes", first=512 * MiB, last=512 * MiB),
+                CounterRow(
+                    scope="system", name="mem_available", unit="bytes", first=20 << 30, last=(20 << 30) - 24 * MiB
+                ),
+                CounterRow(scope="system", name="pswpin", unit="pages_per_s", first=0, last=0, rate_per_s=0.0),
+                CounterRow(scope="system", name="psi_some_window", unit="percent", last=0.5),
+            ],
+            trends={"process.rss": growth_trend(rss)},
+            series={"process.rss": rss},
+            oom_kills=[
+                OomKill(
+                    when=T0 - 3600,
+                    victim_pid=99,
+                    victim_comm="orderd",
+                    constraint="CONSTRAINT_MEMCG",
+                    oom_memcg="/system.slice/orderd.service",
+                    task_memcg="/system.slice/orderd.service",
+                    trigger_comm="orderd",
+                    trigger_pid=99,
+                    anon_rss=500 * MiB,
+                    file_rss=2 * MiB,
+                )
+            ],
+            slab_top=[SlabGrowth(name="dentry", first_bytes=10 * MiB, last_bytes=11 * MiB)],
+            swap_devices=[],
+        ),
+    )
+
+
+def _check(name: str, text: str) -> None:
+    path = GOLDEN / name
+    if os.environ.get("MEMDIAG_REGEN_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text()
+
+
+def test_markdown_whole_output():
+    _check("report_growth.md", render_markdown(fixture_report()))
+
+
+def test_json_round_trips():
+    report = fixture_report()
+    assert Report.model_validate_json(render_json(report)) == report
+
+
+def test_sparkline():
+    assert sparkline([1, 2, 3, 4, 5, 6, 7, 8]) == "▁▂▃▄▅▆▇█"
+    assert sparkline([5, 5, 5]) == "▁▁▁"
+    assert len(sparkline(list(range(100)), width=40)) == 40
+    assert sparkline([]) == ""
