@@ -17,7 +17,8 @@ fi
 # --- distro packages -------------------------------------------------------------------
 # PyPI's "bcc" is an unrelated project: bcc's Python bindings come from the distro.
 need=()
-for pkg in bpfcc-tools python3-bpfcc python3-venv gcc libc6-dev make libjemalloc2; do
+# libc6-dbg: glibc's symbols by build-id, so frames inside malloc are named, not [unknown]
+for pkg in bpfcc-tools python3-bpfcc python3-venv gcc libc6-dev libc6-dbg make libjemalloc2 util-linux; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 headers_pkg="linux-headers-$release"
@@ -89,7 +90,13 @@ if [ ! -x "$venv/bin/python" ] || ! "$venv/bin/python" -c "import bcc" 2>/dev/nu
 fi
 stamp="$venv/.memdiag-installed"
 if [ ! -e "$stamp" ] || [ "$here/pyproject.toml" -nt "$stamp" ]; then
-    "$venv/bin/pip" install -q --disable-pip-version-check -e "$here[test]" >/dev/null
+    log=$(mktemp)
+    if ! "$venv/bin/pip" install -q --disable-pip-version-check -e "$here[test]" >"$log" 2>&1; then
+        cat "$log" >&2
+        rm -f "$log"
+        exit 1
+    fi
+    rm -f "$log"
     touch "$stamp"
     say "installed memdiag into $venv"
 fi

@@ -72,11 +72,11 @@ def swap(root_required):
         yield path
 
 
-def run_memdiag(*args: str, timeout: float = 180, user: str | None = None) -> subprocess.CompletedProcess:
-    """Run the installed console script as a user would."""
+def run_memdiag(*args: str, timeout: float = 180, caps: bool = True) -> subprocess.CompletedProcess:
+    """Run the installed console script as a user would; caps=False drops every capability."""
     cmd = [MEMDIAG, *args]
-    if user is not None:
-        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *cmd]
+    if not caps:
+        cmd = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", *cmd]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
 
 

@@ -1,0 +1,84 @@
+/* faults: page faults by user stack, i.e. where RSS grows.
+ *
+ * On the raw tracepoint exceptions:page_fault_user (its arguments carry the user pt_regs, which
+ * the classic tracepoint does not expose). Counts aggregate in the kernel per (tgid, frame-pointer
+ * stack, ip, word at sp); the first event of each key also saves registers and a copy of the user
+ * stack so user space can unwind frameless library code with .eh_frame.
+ * Without a target (TARGET_MODE 0 and PER_PROCESS 1) it only counts faults per process. */
+#include <linux/sched.h>
+#include "memdiag.h"
+
+#ifndef PER_PROCESS
+#define PER_PROCESS 0
+#endif
+#ifndef MAX_KEYS
+#define MAX_KEYS 10240
+#endif
+#ifndef MAX_SAMPLES
+#define MAX_SAMPLES 1024
+#endif
+
+struct fault_key {
+	u32 tgid;
+	s32 stack_id;
+	u64 ip;
+	u64 at_sp; /* the word at sp: the caller of a frameless leaf */
+};
+
+struct proc_key {
+	u32 tgid;
+	char comm[TASK_COMM_LEN];
+};
+
+BPF_HASH(targets, u32, u8, 4096);
+BPF_STACK_TRACE(stacks, MAX_KEYS);
+BPF_HASH(counts, struct fault_key, u64, MAX_KEYS);
+BPF_HASH(per_process, struct proc_key, u64, MAX_KEYS);
+/* Grows with use: a sample is 8 KiB, so only what is seen is paid for. */
+BPF_F_TABLE("hash", struct fault_key, struct stack_sample, samples, MAX_SAMPLES, BPF_F_NO_PREALLOC);
+BPF_PERCPU_ARRAY(scratch, struct stack_sample, 1);
+/* 0 events, 1 stack errors, 2 samples dropped (table full), 3 counts dropped (table full) */
+BPF_ARRAY(stats, u64, 4);
+
+RAW_TRACEPOINT_PROBE(page_fault_user)
+{
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+#if TARGET_MODE == 1
+	if (!targets.lookup(&tgid))
+		return 0;
+#endif
+	stats.increment(0);
+#if PER_PROCESS
+	struct proc_key pk = { .tgid = tgid };
+	bpf_get_current_comm(&pk.comm, sizeof(pk.comm));
+	u64 zero64 = 0, *n = per_process.lookup_or_try_init(&pk, &zero64);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	return 0;
+#else
+	int zero = 0;
+	struct stack_sample *s = scratch.lookup(&zero);
+	if (!s)
+		return 0;
+	read_user_regs(&s->regs, (struct pt_regs *)ctx->args[1]);
+	struct fault_key key = { .tgid = tgid, .ip = s->regs.ip };
+	key.stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+	if (key.stack_id < 0)
+		stats.increment(1);
+	bpf_probe_read_user(&key.at_sp, sizeof(key.at_sp), (void *)s->regs.sp);
+
+	u64 one = 1, *count = counts.lookup(&key);
+	if (count) {
+		__sync_fetch_and_add(count, 1);
+		return 0;
+	}
+	if (counts.insert(&key, &one) != 0) {
+		stats.increment(3);
+		return 0;
+	}
+	copy_user_stack(s);
+	if (samples.insert(&key, s) != 0)
+		stats.increment(2);
+	return 0;
+#endif
+}

@@ -1,0 +1,61 @@
+/* Shared between memdiag's BPF programs and their loaders: the structs both sides read and the
+ * helpers that touch no map (bcc rewrites map calls only in the main file, so maps and their
+ * lookups stay in each probe's .c).
+ *
+ * Options arrive as -D defines from the loader (cflags):
+ *   TARGET_MODE    0 = every process, 1 = only the tgids in the probe's `targets` map
+ *   STACK_CHUNKS   user stack copied per sampled stack, in 512-byte chunks (default 16 = 8 KiB)
+ */
+#ifndef MEMDIAG_H
+#define MEMDIAG_H
+
+#include <uapi/linux/ptrace.h>
+
+#ifndef TARGET_MODE
+#define TARGET_MODE 0
+#endif
+#ifndef STACK_CHUNKS
+#define STACK_CHUNKS 16
+#endif
+#define STACK_CHUNK 512
+#define STACK_BYTES (STACK_CHUNKS * STACK_CHUNK)
+
+struct user_regs {
+	u64 ip;
+	u64 sp;
+	u64 bp;
+};
+
+/* Registers and a copy of the user stack from sp, taken once per new stack key, so user space
+ * can unwind frameless code (glibc, libstdc++) with .eh_frame. */
+struct stack_sample {
+	struct user_regs regs;
+	u32 len; /* bytes of data[] that were readable */
+	u32 pad;
+	u8 data[STACK_BYTES];
+};
+
+/* Copy as much of the user stack from sp as is mapped: stop at the first chunk that cannot be
+ * read (the top of the stack mapping is often only a few KiB above sp). */
+static __always_inline void copy_user_stack(struct stack_sample *s)
+{
+	s->len = 0;
+#pragma unroll
+	for (int i = 0; i < STACK_CHUNKS; i++) {
+		if (bpf_probe_read_user(&s->data[i * STACK_CHUNK], STACK_CHUNK,
+					(void *)(s->regs.sp + i * STACK_CHUNK)) != 0)
+			break;
+		s->len += STACK_CHUNK;
+	}
+}
+
+/* User registers from a struct pt_regs in kernel memory (raw tracepoint arguments). ip, sp and
+ * bp sit at the same offsets in every x86-64 kernel's pt_regs (FRED in 6.9 changed only cs/ss). */
+static __always_inline void read_user_regs(struct user_regs *r, struct pt_regs *regs)
+{
+	bpf_probe_read_kernel(&r->ip, sizeof(r->ip), &regs->ip);
+	bpf_probe_read_kernel(&r->sp, sizeof(r->sp), &regs->sp);
+	bpf_probe_read_kernel(&r->bp, sizeof(r->bp), &regs->bp);
+}
+
+#endif

@@ -1,0 +1,235 @@
+"""What every probe shares: its target, its typed result, loading a bpf/<name>.c with options as
+cflags, a bounded run that stops on timeout, SIGINT/SIGTERM or the target's exit, and its cost
+(events, BPF run time where kernel.bpf_stats_enabled offers it, kernel memory of its maps)."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import os
+import signal
+import time
+from collections.abc import Callable
+from contextlib import contextmanager
+from importlib.resources import files
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from . import kernel
+from .kernel import Availability
+
+ProbeState = Literal["ok", "partial", "unavailable", "error"]
+
+
+class ProbeUnavailable(Exception):
+    """The kernel lacks what the probe needs; the reason says what."""
+
+
+class ProbeTarget(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    kind: Literal["pid", "cgroup", "system"]
+    pid: int | None = None
+    cgroup_fs: str | None = None  # the cgroup's directory (v1 or v2)
+    description: str = "the whole system"
+
+    @classmethod
+    def for_pid(cls, pid: int) -> ProbeTarget:
+        return cls(kind="pid", pid=pid, description=f"PID {pid}")
+
+    @classmethod
+    def for_cgroup(cls, fs_path: str, label: str | None = None) -> ProbeTarget:
+        return cls(kind="cgroup", cgroup_fs=fs_path, description=f"cgroup {label or fs_path}")
+
+    def pids(self) -> set[int]:
+        if self.kind == "pid" and self.pid is not None:
+            return {self.pid}
+        if self.kind == "cgroup" and self.cgroup_fs is not None:
+            try:
+                return {int(p) for p in Path(self.cgroup_fs, "cgroup.procs").read_text().split()}
+            except OSError:
+                return set()
+        return set()
+
+    def alive(self) -> bool:
+        if self.kind == "pid":
+            return self.pid is not None and _pid_alive(self.pid)
+        if self.kind == "cgroup":
+            return self.cgroup_fs is not None and Path(self.cgroup_fs).is_dir()
+        return True
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            state = f.read().rsplit(")", 1)[1].split()[0]
+        return state not in ("Z", "X")
+    except (OSError, IndexError):
+        return False
+
+
+class Cost(BaseModel):
+    events: int = 0
+    bpf_run_ns: int | None = None  # None: kernel.bpf_stats_enabled not available
+    bpf_run_count: int | None = None
+    map_bytes: int | None = None  # kernel memory held by the probe's maps (fdinfo memlock)
+
+
+class ProbeResult(BaseModel):
+    """Fields every probe reports; each probe's result adds its own data."""
+
+    name: str
+    status: ProbeState
+    reason: str = ""
+    method: str = ""
+    target: str = ""
+    started: float = 0.0
+    duration_s: float = 0.0
+    target_exited_at: float | None = None
+    interrupted: bool = False
+    lost: dict[str, int] = {}
+    cost: Cost = Cost()
+
+
+def bpf_source(name: str) -> Path:
+    """Absolute path of bpf/<name>.c in the installed package."""
+    return Path(str(files("memdiag.bpf").joinpath(f"{name}.c")))
+
+
+def require(*checks: Availability) -> None:
+    for check in checks:
+        if not check.available:
+            raise ProbeUnavailable(check.reason)
+
+
+def load(name: str, defines: dict[str, int | str]):
+    """Compile and load bpf/<name>.c with its options as -D defines."""
+    ready = kernel.prepare_bcc_environment()
+    if not ready.available:
+        raise ProbeUnavailable(ready.reason)
+    from bcc import BPF
+
+    src = bpf_source(name)
+    cflags = [f"-I{src.parent}", *(f"-D{k}={v}" for k, v in defines.items()), "-Wno-macro-redefined"]
+    return BPF(src_file=str(src).encode(), cflags=cflags)
+
+
+def set_targets(bpf, pids: set[int], table: str = "targets") -> None:
+    t = bpf[table]
+    for pid in pids:
+        t[ct.c_uint(pid)] = ct.c_ubyte(1)
+
+
+def _fdinfo(fd: int) -> dict[str, str]:
+    try:
+        text = Path(f"/proc/self/fdinfo/{fd}").read_text()
+    except OSError:
+        return {}
+    return {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
+
+
+def measure_cost(bpf, events: int) -> Cost:
+    run_ns = run_cnt = None
+    for fn in getattr(bpf, "funcs", {}).values():
+        info = _fdinfo(fn.fd)
+        if "run_time_ns" in info:
+            run_ns = (run_ns or 0) + int(info["run_time_ns"])
+            run_cnt = (run_cnt or 0) + int(info.get("run_cnt", 0))
+    memlock = 0
+    for table in getattr(bpf, "tables", {}).values():
+        memlock += int(_fdinfo(table.map_fd).get("memlock", 0) or 0)
+    if not _stats_enabled():
+        run_ns = run_cnt = None
+    return Cost(events=events, bpf_run_ns=run_ns, bpf_run_count=run_cnt, map_bytes=memlock or None)
+
+
+_STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+
+
+def _stats_enabled() -> bool:
+    try:
+        return _STATS.read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+@contextmanager
+def bpf_stats():
+    """Turn on BPF run-time accounting for the run (it costs two clock reads per program run)
+    and put the setting back afterwards."""
+    try:
+        before = _STATS.read_text().strip()
+    except OSError:
+        yield
+        return
+    changed = False
+    if before != "1":
+        try:
+            _STATS.write_text("1")
+            changed = True
+        except OSError:
+            pass
+    try:
+        yield
+    finally:
+        if changed:
+            try:
+                _STATS.write_text(before)
+            except OSError:
+                pass
+
+
+class Stop:
+    """Why a run ended, and when the target exited if it did."""
+
+    def __init__(self) -> None:
+        self.interrupted = False
+        self.target_exited_at: float | None = None
+
+
+@contextmanager
+def stop_on_signals():
+    """SIGINT/SIGTERM end the run cleanly (the caller still detaches and reports)."""
+    stop = Stop()
+
+    def handler(signum, frame):
+        stop.interrupted = True
+
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        signal.signal(s, handler)
+    try:
+        yield stop
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def run_for(
+    duration: float,
+    target: ProbeTarget,
+    stop: Stop,
+    tick: float = 0.5,
+    on_tick: Callable[[float], None] | None = None,
+) -> float:
+    """Wait out the window; end early on a signal or when the target is gone. Returns seconds run."""
+    start = time.monotonic()
+    while True:
+        elapsed = time.monotonic() - start
+        if elapsed >= duration or stop.interrupted:
+            return elapsed
+        if not target.alive():
+            stop.target_exited_at = time.time()
+            return elapsed
+        if on_tick is not None:
+            on_tick(elapsed)
+        time.sleep(min(tick, max(0.0, duration - elapsed)))
+
+
+def unavailable(name: str, target: ProbeTarget, reason: str) -> dict:
+    return dict(name=name, status="unavailable", reason=reason, target=target.description, started=time.time())
+
+
+def is_root() -> bool:
+    return os.geteuid() == 0

@@ -1,0 +1,170 @@
+"""ELF files as the symbolizer and the unwinder need them: function symbols, load bias, and the
+.eh_frame call-frame table. Parsed once per file (cached); pyelftools does the ELF and DWARF work."""
+
+from __future__ import annotations
+
+import bisect
+import functools
+import os
+from dataclasses import dataclass
+
+from elftools.common.exceptions import ELFError
+from elftools.dwarf.callframe import FDE
+from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
+
+from .procmaps import Mapping
+
+DEBUG_ROOT = "/usr/lib/debug"
+
+
+@dataclass(frozen=True)
+class Symbol:
+    address: int
+    size: int
+    name: str
+
+
+class ElfInfo:
+    def __init__(self, path: str):
+        self.path = path
+        self._file = open(path, "rb")  # noqa: SIM115  (kept open: pyelftools reads lazily)
+        self.elf = ELFFile(self._file)
+        self.loads = [s for s in self.elf.iter_segments() if s["p_type"] == "PT_LOAD"]
+        self._symbols: list[Symbol] | None = None
+        self._addresses: list[int] = []
+        self._fdes: list[tuple[int, int, FDE]] | None = None
+        self._fde_starts: list[int] = []
+
+    # --- addresses --------------------------------------------------------------------------
+    def bias(self, mapping: Mapping) -> int | None:
+        """Runtime address minus ELF virtual address, for a mapping of this file."""
+        for seg in self.loads:
+            if seg["p_offset"] <= mapping.offset < seg["p_offset"] + max(seg["p_filesz"], 1):
+                vaddr = seg["p_vaddr"] + (mapping.offset - seg["p_offset"])
+                return mapping.start - vaddr
+        return None
+
+    def file_offset(self, vaddr: int) -> int | None:
+        for seg in self.loads:
+            if seg["p_vaddr"] <= vaddr < seg["p_vaddr"] + seg["p_filesz"]:
+                return seg["p_offset"] + (vaddr - seg["p_vaddr"])
+        return None
+
+    def read_at(self, vaddr: int, size: int) -> bytes | None:
+        off = self.file_offset(vaddr)
+        if off is None:
+            return None
+        self._file.seek(off)
+        return self._file.read(size)
+
+    # --- symbols ------------------------------------------------------------------------------
+    def build_id(self) -> str | None:
+        sec = self.elf.get_section_by_name(".note.gnu.build-id")
+        if sec is None:
+            return None
+        for note in sec.iter_notes():
+            if note["n_type"] == "NT_GNU_BUILD_ID":
+                return note["n_desc"]
+        return None
+
+    def debug_file(self) -> ElfInfo | None:
+        """The detached debug symbols (distro -dbg/-dbgsym packages), found by build id."""
+        bid = self.build_id()
+        if not bid or len(bid) < 3:
+            return None
+        path = os.path.join(DEBUG_ROOT, ".build-id", bid[:2], bid[2:] + ".debug")
+        return elf_info(path) if os.path.exists(path) else None
+
+    def symbols(self) -> list[Symbol]:
+        if self._symbols is None:
+            found: dict[int, Symbol] = {}
+            sources = [self]
+            if not isinstance(self.elf.get_section_by_name(".symtab"), SymbolTableSection):
+                debug = self.debug_file()  # stripped: static functions (_int_malloc) live there
+                if debug is not None:
+                    sources.append(debug)
+            for source in sources:
+                for name in (".dynsym", ".symtab"):  # .symtab wins on a tie: it names static functions
+                    sec = source.elf.get_section_by_name(name)
+                    if not isinstance(sec, SymbolTableSection):
+                        continue
+                    for sym in sec.iter_symbols():
+                        if sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and sym["st_value"] and sym.name:
+                            found[sym["st_value"]] = Symbol(sym["st_value"], sym["st_size"], sym.name)
+            self._symbols = sorted(found.values(), key=lambda s: s.address)
+            self._addresses = [s.address for s in self._symbols]
+        return self._symbols
+
+    def symbol_named(self, name: str) -> Symbol | None:
+        """The exported function, versioned names included (malloc@@GLIBC_2.2.5)."""
+        best = None
+        for s in self.symbols():
+            base = s.name.split("@")[0]
+            if base == name and (best is None or s.size > best.size):
+                best = s
+        return best
+
+    def lookup(self, vaddr: int) -> tuple[Symbol, int] | None:
+        syms = self.symbols()
+        i = bisect.bisect_right(self._addresses, vaddr) - 1 if syms else -1
+        if i < 0:
+            return None
+        s = syms[i]
+        if s.size and vaddr >= s.address + s.size:
+            return None
+        return s, vaddr - s.address
+
+    # --- call frame information -----------------------------------------------------------
+    def _fde_index(self) -> list[tuple[int, int, FDE]]:
+        if self._fdes is None:
+            fdes: list[tuple[int, int, FDE]] = []
+            try:
+                if self.elf.has_dwarf_info():
+                    dwarf = self.elf.get_dwarf_info()
+                    if dwarf.has_EH_CFI():
+                        for entry in dwarf.EH_CFI_entries():
+                            if isinstance(entry, FDE):
+                                lo = entry.header["initial_location"]
+                                fdes.append((lo, lo + entry.header["address_range"], entry))
+            except (ELFError, Exception):  # a malformed .eh_frame must not abort a probe
+                fdes = []
+            fdes.sort(key=lambda f: f[0])
+            self._fdes, self._fde_starts = fdes, [f[0] for f in fdes]
+        return self._fdes
+
+    def cfi_row(self, vaddr: int) -> dict | None:
+        """The decoded CFA row that applies at vaddr, or None when no FDE covers it."""
+        fdes = self._fde_index()
+        i = bisect.bisect_right(self._fde_starts, vaddr) - 1
+        if i < 0 or vaddr >= fdes[i][1]:
+            return None
+        table = _decoded(fdes[i][2])
+        row = None
+        for r in table:
+            if r["pc"] <= vaddr:
+                row = r
+            else:
+                break
+        return row
+
+
+@functools.lru_cache(maxsize=4096)
+def _decoded(fde: FDE) -> list[dict]:
+    return fde.get_decoded().table
+
+
+@functools.lru_cache(maxsize=256)
+def _open(path: str, mtime_ns: int) -> ElfInfo | None:
+    try:
+        return ElfInfo(path)
+    except (OSError, ELFError):
+        return None
+
+
+def elf_info(path: str) -> ElfInfo | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return _open(path, st.st_mtime_ns)

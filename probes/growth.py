@@ -1,0 +1,86 @@
+"""The part shared by the probes that attribute memory growth to user stacks (faults, brkstack,
+mmapsnoop): address spaces kept fresh while the target runs, and the post-processing of
+(key -> count, bytes, stack id, saved sample) into symbolized, merged stacks."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from pydantic import BaseModel
+
+from .procmaps import AddressSpace
+from .stacks import Frame, Symbolizer, folded, recover
+
+
+class StackGrowth(BaseModel):
+    """One user stack with what it accounts for (pages faulted in, bytes reserved ...)."""
+
+    frames: list[str]  # leaf first: "function+0x1a [module]", "[unknown] [module]"
+    functions: list[str | None]  # the same frames' function names, None where unknown
+    count: int
+    bytes: int
+    pid: int
+    method: str  # how the stack was recovered: eh_frame, frame pointers, ...
+    unknown_frames: int = 0
+
+
+class Spaces:
+    """Address spaces of the traced processes, refreshed while they live so that libraries
+    loaded late are known, and kept after they exit so their stacks can still be symbolized."""
+
+    def __init__(self) -> None:
+        self.by_pid: dict[int, AddressSpace] = {}
+
+    def refresh(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            space = AddressSpace.of(pid)
+            if space is not None:
+                self.by_pid[pid] = space
+
+    def get(self, pid: int) -> AddressSpace | None:
+        if pid not in self.by_pid:
+            self.refresh([pid])
+        return self.by_pid.get(pid)
+
+
+class RawStack(BaseModel):
+    pid: int
+    fp_stack: list[int]
+    regs: tuple[int, int, int] | None = None
+    stack: bytes | None = None
+    count: int
+    bytes: int
+
+
+def merge_stacks(raw: Iterable[RawStack], spaces: Spaces) -> tuple[list[StackGrowth], int]:
+    """Recover, symbolize and merge stacks; returns them heaviest first and the failed look-ups."""
+    merged: dict[tuple, StackGrowth] = {}
+    failed = 0
+    symbolizers: dict[int, Symbolizer] = {}
+    for r in raw:
+        space = spaces.get(r.pid)
+        addresses, method = recover(space, r.fp_stack, r.regs, r.stack)
+        sym = symbolizers.setdefault(r.pid, Symbolizer(space))
+        frames: list[Frame] = sym.frames(addresses)
+        key = (r.pid, tuple(str(f) for f in frames))
+        if key in merged:
+            m = merged[key]
+            merged[key] = m.model_copy(update={"count": m.count + r.count, "bytes": m.bytes + r.bytes})
+            continue
+        merged[key] = StackGrowth(
+            frames=[str(f) for f in frames],
+            functions=[f.function for f in frames],
+            count=r.count,
+            bytes=r.bytes,
+            pid=r.pid,
+            method=method,
+            unknown_frames=sum(1 for f in frames if not f.known),
+        )
+    failed = sum(s.failed for s in symbolizers.values())
+    return sorted(merged.values(), key=lambda s: s.bytes, reverse=True), failed
+
+
+def folded_lines(stacks: Iterable[StackGrowth], weight: str = "count") -> list[str]:
+    return folded(
+        ([Frame(address=0, function=f, module=None) for f in s.functions], getattr(s, weight)) for s in stacks
+    )

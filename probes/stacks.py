@@ -1,0 +1,115 @@
+"""User stacks: symbolization (function+offset and module; unknown frames kept and counted),
+recovery of the frames that a frame-pointer walk loses, and folded output for flame graphs."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from collections.abc import Iterable
+
+from pydantic import BaseModel, ConfigDict
+
+from .elf import elf_info
+from .procmaps import AddressSpace
+from .unwind import StackSlice, unwind
+
+
+class Frame(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    address: int
+    function: str | None = None
+    offset: int | None = None
+    module: str | None = None
+
+    @property
+    def known(self) -> bool:
+        return self.function is not None
+
+    def __str__(self) -> str:
+        mod = f" [{os.path.basename(self.module)}]" if self.module else ""
+        if self.function is None:
+            return f"[unknown]{mod}"
+        return f"{self.function}+0x{self.offset:x}{mod}"
+
+
+class Symbolizer:
+    """Addresses of one process to frames. Failed look-ups are counted, not hidden."""
+
+    def __init__(self, space: AddressSpace | None):
+        self.space = space
+        self.failed = 0
+
+    def frame(self, address: int) -> Frame:
+        mapping = self.space.find(address) if self.space else None
+        if mapping is None:
+            self.failed += 1
+            return Frame(address=address)
+        if not mapping.is_file:
+            self.failed += 1
+            return Frame(address=address, module=mapping.path or "[anon]")
+        elf = elf_info(self.space.file_path(mapping))
+        bias = elf.bias(mapping) if elf else None
+        hit = elf.lookup(address - bias) if elf and bias is not None else None
+        if hit is None:
+            self.failed += 1
+            return Frame(address=address, module=mapping.path)
+        sym, off = hit
+        return Frame(address=address, function=sym.name.split("@")[0], offset=off, module=mapping.path)
+
+    def frames(self, addresses: Iterable[int]) -> list[Frame]:
+        return [self.frame(a) for a in addresses]
+
+
+def _executable(space: AddressSpace, address: int) -> bool:
+    m = space.find(address)
+    return m is not None and m.executable and m.is_file
+
+
+def recover(
+    space: AddressSpace | None,
+    fp_stack: list[int],
+    regs: tuple[int, int, int] | None,
+    stack: bytes | None,
+) -> tuple[list[int], str]:
+    """The best stack for one event and the method that produced it.
+
+    fp_stack: the kernel's frame-pointer walk (ip first). regs: (ip, sp, bp) at the event.
+    stack: the copy of user stack from sp. Order of preference: a complete .eh_frame unwind; a
+    partial unwind joined to the frame-pointer walk where they meet; the frame-pointer walk with
+    the return address at sp restored as the caller of a frameless leaf."""
+    if space is None or regs is None or stack is None:
+        return fp_stack, "frame pointers"
+    ip, sp, bp = regs
+    result = unwind(space, ip, sp, bp, StackSlice(sp, stack))
+    if result.complete:
+        return result.addresses, "eh_frame"
+    if len(result.addresses) > 1:
+        tail = fp_stack[1:]
+        joined = next((i for i, a in enumerate(tail) if a in result.addresses), None)
+        extra = tail[joined + 1 :] if joined is not None else []
+        extra = _while_executable(space, extra)
+        return result.addresses + extra, "eh_frame+frame pointers" if extra else "eh_frame (partial)"
+    # No rules for the leaf: a frameless leaf's return address sits at sp.
+    ra = StackSlice(sp, stack).read_u64(sp)
+    if ra is not None and _executable(space, ra) and ra not in fp_stack[:2]:
+        return [fp_stack[0] if fp_stack else ip, ra, *fp_stack[1:]], "frame pointers+leaf return address"
+    return fp_stack or [ip], "frame pointers"
+
+
+def _while_executable(space: AddressSpace, addresses: list[int]) -> list[int]:
+    out = []
+    for a in addresses:
+        if not _executable(space, a):
+            break
+        out.append(a)
+    return out
+
+
+def folded(stacks: Iterable[tuple[list[Frame], int]]) -> list[str]:
+    """'root;...;leaf count' lines (Brendan Gregg's folded format), heaviest first."""
+    counts: Counter[str] = Counter()
+    for frames, count in stacks:
+        names = [(f.function or f"[unknown {os.path.basename(f.module or '')}]".replace(" ]", "]")) for f in frames]
+        counts[";".join(reversed(names)).replace(" ", "_")] += count
+    return [f"{stack} {n}" for stack, n in counts.most_common()]
