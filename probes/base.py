@@ -4,6 +4,7 @@ cflags, a bounded run that stops on timeout, SIGINT/SIGTERM or the target's exit
 
 from __future__ import annotations
 
+import contextlib
 import ctypes as ct
 import os
 import signal
@@ -174,10 +175,8 @@ def bpf_stats():
         yield
     finally:
         if changed:
-            try:
+            with contextlib.suppress(OSError):
                 _STATS.write_text(before)
-            except OSError:
-                pass
 
 
 class Stop:
