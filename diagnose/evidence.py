@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .facts.cgroup import memcg_matches
 from .facts.kmsg import OomKill
 from .observe import Observation
 from .report import CounterRow, Counters, SlabGrowth
@@ -173,12 +174,6 @@ def _rows(obs: Observation) -> list[CounterRow]:
         if stall is not None:
             rows.append(CounterRow(scope="system", name=f"psi_{kind}_window", unit="percent", last=stall))
     return rows
-
-
-def memcg_matches(memcg: str | None, cgroup_path: str) -> bool:
-    if memcg is None:
-        return False
-    return memcg == cgroup_path or memcg.startswith(cgroup_path.rstrip("/") + "/")
 
 
 def _in_cgroup(kill: OomKill, cgroup_path: str) -> bool:

@@ -8,6 +8,7 @@ import contextlib
 import ctypes as ct
 import os
 import signal
+import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
@@ -33,6 +34,7 @@ class ProbeTarget(BaseModel):
     kind: Literal["pid", "cgroup", "system"]
     pid: int | None = None
     cgroup_fs: str | None = None  # the cgroup's directory (v1 or v2)
+    cgroup_path: str | None = None  # its path in the hierarchy, as /proc/PID/cgroup and the kernel log say
     description: str = "the whole system"
 
     @classmethod
@@ -40,8 +42,8 @@ class ProbeTarget(BaseModel):
         return cls(kind="pid", pid=pid, description=f"PID {pid}")
 
     @classmethod
-    def for_cgroup(cls, fs_path: str, label: str | None = None) -> ProbeTarget:
-        return cls(kind="cgroup", cgroup_fs=fs_path, description=f"cgroup {label or fs_path}")
+    def for_cgroup(cls, fs_path: str, path: str) -> ProbeTarget:
+        return cls(kind="cgroup", cgroup_fs=fs_path, cgroup_path=path, description=f"cgroup {path}")
 
     def pids(self) -> set[int]:
         if self.kind == "pid" and self.pid is not None:
@@ -189,8 +191,12 @@ class Stop:
 
 @contextmanager
 def stop_on_signals():
-    """SIGINT/SIGTERM end the run cleanly (the caller still detaches and reports)."""
+    """SIGINT/SIGTERM end the run cleanly (the caller still detaches and reports). Signal handlers
+    belong to the main thread; in a worker thread (memdiag serve) the run ends by its deadline."""
     stop = Stop()
+    if threading.current_thread() is not threading.main_thread():
+        yield stop
+        return
 
     def handler(signum, frame):
         stop.interrupted = True
@@ -232,3 +238,76 @@ def unavailable(name: str, target: ProbeTarget, reason: str) -> dict:
 
 def is_root() -> bool:
     return os.geteuid() == 0
+
+
+def run_probe(
+    result_cls: type[ProbeResult],
+    name: str,
+    target: ProbeTarget,
+    duration: float,
+    requirements: list[Availability],
+    defines: dict[str, int | str],
+    collect: Callable[..., dict],
+    method: str,
+    spaces=None,
+    filtered: bool = True,
+    attach: Callable[..., None] | None = None,
+) -> ProbeResult:
+    """The life of one probe run: check, load, aim at the target, wait, collect, detach.
+
+    collect(bpf, elapsed) returns the result's own fields, plus optionally "lost", "status",
+    "reason" and "events". spaces (a growth.Spaces) is kept fresh while the target runs.
+    filtered: the program keeps a `targets` map of tgids (TARGET_MODE 1) unless the target is
+    the whole system. attach(bpf, pids) attaches what bcc does not attach by itself."""
+    started = time.time()
+    try:
+        require(*requirements)
+    except ProbeUnavailable as e:
+        return result_cls(**unavailable(name, target, str(e)))
+    mode = 1 if filtered and target.kind != "system" else 0
+    try:
+        bpf = load(name, {"TARGET_MODE": mode, **defines})
+    except ProbeUnavailable as e:
+        return result_cls(**unavailable(name, target, str(e)))
+    except Exception as e:  # bcc raises bare Exception when compiling or loading fails
+        return result_cls(
+            name=name, status="error", reason=f"loading failed: {e}", target=target.description, started=started
+        )
+    try:
+        pids = target.pids()
+        if mode == 1:
+            set_targets(bpf, pids)
+        if spaces is not None:
+            spaces.refresh(pids)
+        if attach is not None:
+            attach(bpf, pids)
+        with bpf_stats(), stop_on_signals() as stop:
+
+            def tick(_elapsed: float) -> None:
+                if target.kind == "cgroup":  # processes come and go in a cgroup
+                    now = target.pids()
+                    if mode == 1:
+                        set_targets(bpf, now - pids)
+                    pids.update(now)
+                if spaces is not None:
+                    spaces.refresh(pids)
+
+            elapsed = run_for(duration, target, stop, on_tick=tick)
+            fields = collect(bpf, elapsed)
+            cost = measure_cost(bpf, events=fields.pop("events", 0))
+    finally:
+        bpf.cleanup()
+    return result_cls(
+        name=name,
+        status=fields.pop("status", "ok"),
+        reason=fields.pop("reason", ""),
+        method=fields.pop("method", method),
+        target=target.description,
+        started=started,
+        duration_s=elapsed,
+        target_exited_at=stop.target_exited_at,
+        interrupted=stop.interrupted,
+        lost=fields.pop("lost", {}),
+        cost=cost,
+        **fields,
+    )

@@ -84,3 +84,19 @@ def folded_lines(stacks: Iterable[StackGrowth], weight: str = "count") -> list[s
     return folded(
         ([Frame(address=0, function=f, module=None) for f in s.functions], getattr(s, weight)) for s in stacks
     )
+
+
+def read_samples(bpf, counts_table):
+    """(key, value, frame-pointer stack, regs, stack bytes) for each counted key; the key has
+    tgid, stack_id and ip, and the program keeps its first sample in `samples`."""
+    stack_table, samples = bpf["stacks"], bpf["samples"]
+    for key, value in counts_table.items():
+        fp = list(stack_table.walk(key.stack_id)) if key.stack_id >= 0 else [key.ip]
+        regs = data = None
+        try:
+            s = samples[key]
+            regs = (s.regs.ip, s.regs.sp, s.regs.bp)
+            data = bytes(bytearray(s.data)[: s.len])
+        except KeyError:
+            pass
+        yield key, value, fp, regs, data

@@ -173,6 +173,13 @@ def resolve_cgroup(arg: str, proc_root: Path = Path("/proc")) -> CgroupLocation:
     raise BadCgroup(f"{arg!r} is not a memory cgroup (looked for {where})")
 
 
+def memcg_matches(memcg: str | None, cgroup_path: str) -> bool:
+    """Whether memcg (a path in the hierarchy) is cgroup_path or below it."""
+    if memcg is None:
+        return False
+    return memcg == cgroup_path or memcg.startswith(cgroup_path.rstrip("/") + "/")
+
+
 def _bytes_or_unlimited(value: str | None) -> int | None:
     if value is None or value.strip() == "max":
         return None

@@ -1,0 +1,57 @@
+"""drsnoop: the tasks that had to stop and reclaim memory inside their allocation — how often,
+for how long, how many pages — per process (direct and memcg reclaim tracepoints)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from . import kernel
+from .base import ProbeResult, ProbeTarget, run_probe
+from .vmscan import TRACEPOINTS
+
+
+class ProcessReclaim(BaseModel):
+    pid: int
+    comm: str
+    count: int
+    memcg_count: int
+    total_ms: float
+    max_ms: float
+    pages_reclaimed: int
+
+
+class DrsnoopResult(ProbeResult):
+    processes: list[ProcessReclaim] = []
+
+
+def requirements() -> list[kernel.Availability]:
+    return [kernel.tracepoint("vmscan", tp) for tp in TRACEPOINTS[:4]]
+
+
+def run(target: ProbeTarget, duration: float) -> DrsnoopResult:
+    def collect(bpf, _elapsed: float) -> dict:
+        procs = [
+            ProcessReclaim(
+                pid=k.tgid,
+                comm=k.comm.decode(errors="replace"),
+                count=v.count,
+                memcg_count=v.memcg_count,
+                total_ms=v.total_ns / 1e6,
+                max_ms=v.max_ns / 1e6,
+                pages_reclaimed=v.pages,
+            )
+            for k, v in bpf["per_process"].items()
+        ]
+        procs.sort(key=lambda p: p.total_ms, reverse=True)
+        return {"processes": procs, "events": bpf["stats"][0].value, "lost": {"table_full": bpf["stats"][1].value}}
+
+    return run_probe(
+        DrsnoopResult,
+        "drsnoop",
+        target,
+        duration,
+        requirements(),
+        {},
+        collect,
+        "vmscan direct/memcg reclaim tracepoints",
+    )  # type: ignore[return-value]

@@ -1,0 +1,235 @@
+"""oomkill: every OOM kill while it runs — victim, trigger (and its stacks), memory cgroup and
+its limit, cgroup OOM or system OOM, host MemAvailable at that moment.
+
+On the oom:mark_victim tracepoint (near-zero cost: it fires only on a kill). Where kprobes exist
+oom_kill_process would add the OOM control structure; this probe needs only the tracepoint, and
+completes each kill from the kernel log (constraint, oom_memcg) and the victim's cgroup files."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable
+
+from memdiag.diagnose.facts.cgroup import (
+    BadCgroup,
+    locate_memory_cgroup,
+    memcg_matches,
+    read_cgroup_memory,
+    resolve_cgroup,
+)
+from memdiag.diagnose.facts.kmsg import OomKill, read_oom_kills
+from memdiag.diagnose.facts.meminfo import read_meminfo
+from pydantic import BaseModel
+
+from . import kernel
+from .base import (
+    ProbeResult,
+    ProbeTarget,
+    ProbeUnavailable,
+    bpf_stats,
+    load,
+    measure_cost,
+    require,
+    stop_on_signals,
+    unavailable,
+)
+from .procmaps import AddressSpace
+from .stacks import Symbolizer
+
+FORMAT = "events/oom/mark_victim/format"
+
+
+class OomEvent(BaseModel):
+    when: float
+    victim_pid: int
+    victim_comm: str
+    trigger_pid: int
+    trigger_comm: str
+    cgroup_oom: bool | None = None  # None: the kernel log did not say
+    constraint: str | None = None
+    memcg: str | None = None  # the cgroup whose limit was hit (memcg OOM) or the victim's
+    victim_cgroup: str | None = None
+    limit: int | None = None
+    mem_available: int | None = None  # host, read when the event arrived
+    mem_total: int | None = None
+    anon_rss: int | None = None
+    file_rss: int | None = None
+    shmem_rss: int | None = None
+    total_vm: int | None = None
+    oom_score_adj: int | None = None
+    trigger_user_stack: list[str] = []
+    trigger_kernel_stack: list[str] = []
+
+
+class OomKillResult(ProbeResult):
+    kills: list[OomEvent] = []
+
+
+def requirements() -> list[kernel.Availability]:
+    return [kernel.tracepoint("oom", "mark_victim")]
+
+
+def _format_fields() -> str:
+    root = kernel.tracefs_root()
+    try:
+        return (root / FORMAT).read_text() if root else ""
+    except OSError:
+        return ""
+
+
+def _ksym(bpf, address: int) -> str:
+    return bpf.ksym(address, show_offset=True).decode(errors="replace")
+
+
+class OomWatch:
+    """The loaded probe; poll() delivers OomEvents to a callback. Used by run() for a bounded
+    window and by `memdiag serve` for an always-on watch."""
+
+    def __init__(self) -> None:
+        require(*requirements())
+        fmt = _format_fields()
+        defines: dict[str, int | str] = {}
+        if "anon_rss" in fmt:
+            defines["HAVE_VICTIM_RSS"] = 1
+        if "__data_loc char[] comm" in fmt:
+            defines["HAVE_VICTIM_COMM"] = 1
+        self.bpf = load("oomkill", defines)
+        self.lost = 0
+        self.pending: list[OomEvent] = []
+        self.spaces: dict[int, AddressSpace] = {}
+        self._boot_offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+        self.bpf["events"].open_perf_buffer(self._on_event, lost_cb=self._on_lost)
+
+    def _on_lost(self, count: int) -> None:
+        self.lost += count
+
+    def _on_event(self, cpu, data, size) -> None:
+        e = self.bpf["events"].event(data)
+        meminfo = read_meminfo()
+        victim_cgroup = limit = None
+        loc = locate_memory_cgroup(e.victim_pid)  # the victim is often still there for a moment
+        if loc is not None:
+            victim_cgroup = loc.path
+            with contextlib.suppress(BadCgroup, OSError):
+                limit = read_cgroup_memory(loc).effective_limit
+        # A trigger that is also the victim may be gone already: use the maps kept while it ran.
+        space = AddressSpace.of(e.trigger_pid) or self.spaces.get(e.trigger_pid)
+        user_stack = []
+        if e.user_stack_id >= 0:
+            sym = Symbolizer(space)
+            user_stack = [str(f) for f in sym.frames(self.bpf["stacks"].walk(e.user_stack_id))]
+        kernel_stack = []
+        if e.kernel_stack_id >= 0:
+            kernel_stack = [_ksym(self.bpf, a) for a in self.bpf["stacks"].walk(e.kernel_stack_id)]
+        victim_comm = e.victim_comm.decode(errors="replace")
+        # The tracepoint's sizes are in KiB (mm/oom_kill.c stores K(get_mm_counter(...))), 6.2+.
+        rss = 1024 if e.total_vm or e.anon_rss else None
+        self.pending.append(
+            OomEvent(
+                when=self._boot_offset + e.ts_ns / 1e9,
+                victim_pid=e.victim_pid,
+                victim_comm=victim_comm or "",
+                trigger_pid=e.trigger_pid,
+                trigger_comm=e.trigger_comm.decode(errors="replace"),
+                victim_cgroup=victim_cgroup,
+                limit=limit,
+                mem_available=meminfo.mem_available,
+                mem_total=meminfo.mem_total,
+                anon_rss=e.anon_rss * rss if rss else None,
+                file_rss=e.file_rss * rss if rss else None,
+                shmem_rss=e.shmem_rss * rss if rss else None,
+                total_vm=e.total_vm * rss if rss else None,
+                oom_score_adj=e.oom_score_adj if rss else None,
+                trigger_user_stack=user_stack,
+                trigger_kernel_stack=kernel_stack,
+            )
+        )
+
+    def poll(self, timeout_ms: int = 200) -> list[OomEvent]:
+        """Events that arrived, completed from the kernel log (which the kernel writes as it kills)."""
+        self.bpf.perf_buffer_poll(timeout=timeout_ms)
+        if not self.pending:
+            return []
+        time.sleep(0.05)  # the log lines follow the tracepoint by microseconds
+        logged = {k.victim_pid: k for k in (read_oom_kills() or [])}
+        done, self.pending = [_complete(e, logged.get(e.victim_pid)) for e in self.pending], []
+        return done
+
+    def keep_maps(self, pids: set[int]) -> None:
+        """Remember the address spaces of these processes, to symbolize them if they die first."""
+        for pid in pids:
+            space = AddressSpace.of(pid)
+            if space is not None:
+                self.spaces[pid] = space
+
+    def stats(self) -> tuple[int, int]:
+        return self.bpf["stats"][0].value, self.bpf["stats"][1].value
+
+    def close(self) -> None:
+        self.bpf.cleanup()
+
+
+def _complete(e: OomEvent, log: OomKill | None) -> OomEvent:
+    update: dict = {}
+    if log is not None:
+        update.update(
+            constraint=log.constraint,
+            cgroup_oom=log.cgroup_oom,
+            memcg=log.oom_memcg if log.cgroup_oom else log.task_memcg,
+        )
+        if e.victim_cgroup is None:
+            update["victim_cgroup"] = log.task_memcg
+        if not e.victim_comm:
+            update["victim_comm"] = log.victim_comm
+        if e.anon_rss is None:
+            update.update(anon_rss=log.anon_rss, file_rss=log.file_rss, shmem_rss=log.shmem_rss, total_vm=log.total_vm)
+        if e.limit is None and update.get("memcg"):
+            with contextlib.suppress(BadCgroup, OSError):
+                update["limit"] = read_cgroup_memory(resolve_cgroup(update["memcg"])).effective_limit
+    return e.model_copy(update=update)
+
+
+def _concerns(target: ProbeTarget, e: OomEvent) -> bool:
+    if target.kind == "system":
+        return True
+    if target.kind == "pid":
+        return target.pid in (e.victim_pid, e.trigger_pid)
+    return any(memcg_matches(cg, target.cgroup_path or "") for cg in (e.victim_cgroup, e.memcg))
+
+
+def run(target: ProbeTarget, duration: float, on_kill: Callable[[OomEvent], None] | None = None) -> OomKillResult:
+    started = time.time()
+    try:
+        watch = OomWatch()
+    except ProbeUnavailable as e:
+        return OomKillResult(**unavailable("oomkill", target, str(e)))
+    except Exception as e:
+        return OomKillResult(name="oomkill", status="error", reason=f"loading failed: {e}", target=target.description)
+    kills: list[OomEvent] = []
+    try:
+        with bpf_stats(), stop_on_signals() as stop:
+            deadline = time.monotonic() + duration
+            while time.monotonic() < deadline and not stop.interrupted:
+                watch.keep_maps(target.pids())
+                for e in watch.poll(200):
+                    if _concerns(target, e):
+                        kills.append(e)
+                        if on_kill:
+                            on_kill(e)
+            events, stack_errors = watch.stats()
+            cost = measure_cost(watch.bpf, events)
+    finally:
+        watch.close()
+    return OomKillResult(
+        name="oomkill",
+        status="ok",
+        method="tracepoint oom:mark_victim + kernel log + cgroup files",
+        target=target.description,
+        started=started,
+        duration_s=time.time() - started,
+        interrupted=stop.interrupted,
+        lost={"events_lost": watch.lost, "stack_errors": stack_errors},
+        cost=cost,
+        kills=kills,
+    )

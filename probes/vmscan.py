@@ -1,0 +1,78 @@
+"""vmscan: page reclaim as latency — direct reclaim, memcg reclaim, slab shrinking and kswapd,
+with latency histograms and pages reclaimed, from the vmscan tracepoints (system-wide: reclaim
+is a property of the machine or the cgroup, not of one process)."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from . import kernel
+from .base import ProbeResult, ProbeTarget, run_probe
+
+KINDS = ("direct", "memcg", "slab", "kswapd")
+TRACEPOINTS = (
+    "mm_vmscan_direct_reclaim_begin",
+    "mm_vmscan_direct_reclaim_end",
+    "mm_vmscan_memcg_reclaim_begin",
+    "mm_vmscan_memcg_reclaim_end",
+    "mm_shrink_slab_start",
+    "mm_shrink_slab_end",
+    "mm_vmscan_kswapd_wake",
+    "mm_vmscan_kswapd_sleep",
+)
+
+
+class ReclaimLatency(BaseModel):
+    kind: str
+    events: int
+    total_ms: float
+    pages_reclaimed: int
+    histogram_us: dict[str, int]  # "lo-hi" microseconds -> count (log2 buckets)
+
+
+class VmscanResult(ProbeResult):
+    reclaim: list[ReclaimLatency] = []
+    kswapd_wakeups: int = 0
+
+
+def requirements() -> list[kernel.Availability]:
+    return [kernel.tracepoint("vmscan", tp) for tp in TRACEPOINTS]
+
+
+def bucket_label(slot: int) -> str:
+    lo = 0 if slot == 0 else 1 << (slot - 1)
+    return f"{lo}-{(1 << slot) - 1}"
+
+
+def run(target: ProbeTarget, duration: float) -> VmscanResult:
+    def collect(bpf, _elapsed: float) -> dict:
+        hist: dict[int, dict[str, int]] = {i: {} for i in range(len(KINDS))}
+        for k, v in sorted(bpf["hist"].items(), key=lambda kv: (kv[0].kind, kv[0].slot)):
+            hist[k.kind][bucket_label(k.slot)] = v.value
+        reclaim = [
+            ReclaimLatency(
+                kind=kind,
+                events=bpf["events"][i].value,
+                total_ms=bpf["totals_ns"][i].value / 1e6,
+                pages_reclaimed=bpf["reclaimed"][i].value,
+                histogram_us=hist[i],
+            )
+            for i, kind in enumerate(KINDS)
+        ]
+        return {
+            "reclaim": reclaim,
+            "kswapd_wakeups": bpf["kswapd_wakes"][0].value,
+            "events": sum(r.events for r in reclaim),
+        }
+
+    return run_probe(
+        VmscanResult,
+        "vmscan",
+        target,
+        duration,
+        requirements(),
+        {},
+        collect,
+        "vmscan tracepoints (system-wide)",
+        filtered=False,
+    )  # type: ignore[return-value]
