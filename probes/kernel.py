@@ -146,3 +146,24 @@ def fentry() -> Availability:
     except Exception as e:  # bcc raises bare Exception on a refused load
         return Availability(available=False, reason=f"fentry unavailable: the kernel refused an fentry program ({e})")
     return Availability(available=True, reason="fentry program loaded")
+
+
+# Syscall numbers the raw-syscall probes filter on, by architecture (arch/*/entry/syscalls).
+SYSCALLS = {
+    "x86_64": {"NR_BRK": 12, "NR_MMAP": 9, "NR_MUNMAP": 11},
+}
+
+
+def raw_syscall_tracepoints(sys_root: Path = Path("/sys")) -> Availability:
+    """Raw tracepoints on sys_enter/sys_exit (4.17+), with x86-64 pt_regs to read arguments from."""
+    if platform.machine() not in SYSCALLS:
+        return Availability(available=False, reason=f"syscall argument layout not known for {platform.machine()}")
+    for name in ("sys_enter", "sys_exit"):
+        tp = tracepoint("raw_syscalls", name, sys_root)
+        if not tp.available:
+            return tp
+    return Availability(available=True, reason="raw tracepoints raw_syscalls:sys_enter/sys_exit")
+
+
+def syscall_numbers() -> dict[str, int]:
+    return SYSCALLS.get(platform.machine(), {})

@@ -1,0 +1,89 @@
+/* mmapsnoop: mmap() calls by user stack, with length and the kind of mapping (anonymous or
+ * file-backed, private or shared, writable or not), and munmap() per process, so reservations can
+ * be told from what becomes resident. Raw syscall tracepoints carry the user pt_regs: the syscall
+ * arguments (di, si, dx, r10, r8 on x86-64) and the registers for .eh_frame unwinding.
+ * The loader passes NR_MMAP and NR_MUNMAP. */
+#include <linux/sched.h>
+#include <uapi/linux/mman.h>
+#include "memdiag.h"
+
+struct map_key {
+	u32 tgid;
+	s32 stack_id;
+	u64 ip;
+	u64 at_sp;
+	u32 kind; /* bit 0 file-backed, bit 1 shared, bit 2 writable */
+	u32 pad;
+};
+
+struct map_val {
+	u64 calls;
+	u64 bytes;
+};
+
+struct unmap_val {
+	u64 calls;
+	u64 bytes;
+};
+
+BPF_HASH(targets, u32, u8, 4096);
+BPF_STACK_TRACE(stacks, 4096);
+BPF_HASH(counts, struct map_key, struct map_val, 4096);
+BPF_HASH(unmaps, u32, struct unmap_val, 4096);
+BPF_F_TABLE("hash", struct map_key, struct stack_sample, samples, 512, BPF_F_NO_PREALLOC);
+BPF_PERCPU_ARRAY(scratch, struct stack_sample, 1);
+BPF_ARRAY(stats, u64, 4); /* 0 calls, 1 stack errors, 2 samples dropped, 3 keys dropped */
+
+RAW_TRACEPOINT_PROBE(sys_enter)
+{
+	u64 nr = ctx->args[1];
+	if (nr != NR_MMAP && nr != NR_MUNMAP)
+		return 0;
+	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+#if TARGET_MODE == 1
+	if (!targets.lookup(&tgid))
+		return 0;
+#endif
+	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
+	u64 len = 0;
+	bpf_probe_read_kernel(&len, sizeof(len), &regs->si);
+	if (nr == NR_MUNMAP) {
+		struct unmap_val zero = {}, *u = unmaps.lookup_or_try_init(&tgid, &zero);
+		if (u) {
+			__sync_fetch_and_add(&u->calls, 1);
+			__sync_fetch_and_add(&u->bytes, len);
+		}
+		return 0;
+	}
+	u64 prot = 0, flags = 0;
+	bpf_probe_read_kernel(&prot, sizeof(prot), &regs->dx);
+	bpf_probe_read_kernel(&flags, sizeof(flags), &regs->r10);
+	int zero_i = 0;
+	struct stack_sample *s = scratch.lookup(&zero_i);
+	if (!s)
+		return 0;
+	read_user_regs(&s->regs, regs);
+	struct map_key key = { .tgid = tgid, .ip = s->regs.ip };
+	key.kind = ((flags & MAP_ANONYMOUS) ? 0 : 1) | ((flags & MAP_SHARED) ? 2 : 0) | ((prot & PROT_WRITE) ? 4 : 0);
+	key.stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+	if (key.stack_id < 0)
+		stats.increment(1);
+	bpf_probe_read_user(&key.at_sp, sizeof(key.at_sp), (void *)s->regs.sp);
+	stats.increment(0);
+	struct map_val zero = {}, *v = counts.lookup(&key);
+	if (!v) {
+		if (counts.insert(&key, &zero) != 0) {
+			stats.increment(3);
+			return 0;
+		}
+		v = counts.lookup(&key);
+		if (!v)
+			return 0;
+		copy_user_stack(s);
+		if (samples.insert(&key, s) != 0)
+			stats.increment(2);
+	}
+	__sync_fetch_and_add(&v->calls, 1);
+	__sync_fetch_and_add(&v->bytes, len);
+	return 0;
+}

@@ -1,0 +1,85 @@
+"""brkstack: heap growth — brk() calls by user stack with the bytes of growth each caused.
+
+Raw syscall tracepoints give the user registers at the call, so the stack is unwound through
+glibc's frameless sbrk/sysmalloc with .eh_frame and names the code whose allocations grew the heap."""
+
+from __future__ import annotations
+
+import ctypes as ct
+from pathlib import Path
+
+from . import kernel
+from .base import ProbeResult, ProbeTarget, run_probe
+from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples
+from .procmaps import AddressSpace
+
+METHOD = "raw tracepoints sys_enter/sys_exit (brk), kernel stacks + .eh_frame unwinding"
+
+
+class BrkResult(ProbeResult):
+    stacks: list[StackGrowth] = []
+    folded: list[str] = []
+    calls: int = 0
+    heap_growth: int = 0
+
+
+def requirements() -> list[kernel.Availability]:
+    return [kernel.raw_syscall_tracepoints()]
+
+
+def current_break(pid: int) -> int | None:
+    """The program break now: the end of [heap], or start_brk (stat field 47) before any heap."""
+    space = AddressSpace.of(pid)
+    heap = space.first_mapping_of("[heap]") if space else None
+    if heap is not None:
+        return heap.end
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return int(fields[47 - 3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def run(target: ProbeTarget, duration: float, top: int = 50) -> BrkResult:
+    spaces = Spaces()
+
+    def seed(bpf, pids: set[int]) -> None:
+        table = bpf["last_brk"]
+        for pid in pids:
+            brk = current_break(pid)
+            if brk is not None:
+                table[ct.c_uint(pid)] = ct.c_ulonglong(brk)
+
+    def collect(bpf, _elapsed: float) -> dict:
+        stats = [bpf["stats"][i].value for i in range(4)]
+        raw = [
+            RawStack(pid=key.tgid, fp_stack=fp, regs=regs, stack=data, count=v.calls, bytes=v.bytes)
+            for key, v, fp, regs, data in read_samples(bpf, bpf["counts"])
+        ]
+        stacks, failed = merge_stacks(raw, spaces)
+        return {
+            "events": stats[0],
+            "calls": stats[0],
+            "heap_growth": sum(s.bytes for s in stacks),
+            "stacks": stacks[:top],
+            "folded": folded_lines(stacks, weight="bytes"),
+            "lost": {
+                "stack_errors": stats[1],
+                "samples_dropped": stats[2],
+                "keys_dropped": stats[3],
+                "symbol_lookups_failed": failed,
+            },
+        }
+
+    return run_probe(
+        BrkResult,
+        "brkstack",
+        target,
+        duration,
+        requirements(),
+        kernel.syscall_numbers(),
+        collect,
+        METHOD,
+        spaces=spaces,
+        attach=seed,
+    )  # type: ignore[return-value]

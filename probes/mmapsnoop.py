@@ -1,0 +1,84 @@
+"""mmapsnoop: mmap() calls by user stack with length and kind (anonymous or file-backed, private
+or shared, writable), and munmap() per process: the reservations that precede resident memory."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel
+
+from . import kernel
+from .base import ProbeResult, ProbeTarget, run_probe
+from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples
+
+METHOD = "raw tracepoint sys_enter (mmap/munmap), kernel stacks + .eh_frame unwinding"
+
+
+class MapStack(StackGrowth):
+    kind: str  # "anon private rw", "file shared ro", ...
+
+
+class Unmaps(BaseModel):
+    pid: int
+    calls: int
+    bytes: int
+
+
+class MmapResult(ProbeResult):
+    stacks: list[MapStack] = []
+    folded: list[str] = []
+    unmaps: list[Unmaps] = []
+    mapped_bytes: int = 0
+    unmapped_bytes: int = 0
+
+
+def kind_name(kind: int) -> str:
+    return " ".join(("file" if kind & 1 else "anon", "shared" if kind & 2 else "private", "rw" if kind & 4 else "ro"))
+
+
+def requirements() -> list[kernel.Availability]:
+    return [kernel.raw_syscall_tracepoints()]
+
+
+def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
+    spaces = Spaces()
+
+    def collect(bpf, _elapsed: float) -> dict:
+        stats = [bpf["stats"][i].value for i in range(4)]
+        by_kind: dict[int, list[RawStack]] = {}
+        for key, v, fp, regs, data in read_samples(bpf, bpf["counts"]):
+            by_kind.setdefault(key.kind, []).append(
+                RawStack(pid=key.tgid, fp_stack=fp, regs=regs, stack=data, count=v.calls, bytes=v.bytes)
+            )
+        stacks: list[MapStack] = []
+        failed = 0
+        for kind, raw in by_kind.items():
+            merged, f = merge_stacks(raw, spaces)
+            failed += f
+            stacks += [MapStack(kind=kind_name(kind), **s.model_dump()) for s in merged]
+        stacks.sort(key=lambda s: s.bytes, reverse=True)
+        unmaps = [Unmaps(pid=k.value, calls=v.calls, bytes=v.bytes) for k, v in bpf["unmaps"].items()]
+        return {
+            "events": stats[0],
+            "stacks": stacks[:top],
+            "folded": folded_lines(stacks, weight="bytes"),
+            "unmaps": unmaps,
+            "mapped_bytes": sum(s.bytes for s in stacks),
+            "unmapped_bytes": sum(u.bytes for u in unmaps),
+            "lost": {
+                "stack_errors": stats[1],
+                "samples_dropped": stats[2],
+                "keys_dropped": stats[3],
+                "symbol_lookups_failed": failed,
+            },
+        }
+
+    return run_probe(
+        MmapResult,
+        "mmapsnoop",
+        target,
+        duration,
+        requirements(),
+        kernel.syscall_numbers(),
+        collect,
+        METHOD,
+        spaces=spaces,
+    )  # type: ignore[return-value]
