@@ -1,0 +1,138 @@
+"""swapin: swap-ins by process (and cgroup), with the address ranges touched, plus swap devices
+and swapon/swapoff calls while it runs.
+
+Two methods, chosen by what the kernel offers: a kprobe on the kernel's swap read function (as
+bcc's swapin), or, without kprobes (this project's 6.18 test kernel), major page faults from a
+perf software event with their addresses: a major fault on anonymous memory can only be served
+from swap, one on a file mapping is a page-cache miss and is reported apart."""
+
+from __future__ import annotations
+
+from memdiag.diagnose.facts.cgroup import locate_memory_cgroup
+from memdiag.diagnose.facts.swaps import SwapDevice, read_swaps
+from pydantic import BaseModel
+
+from . import kernel
+from .base import ProbeResult, ProbeTarget, run_probe
+from .growth import Spaces
+
+REGION_SHIFT = 21
+# The kernel's swap read entry point, newest name first (swap_read_folio since 6.10).
+SWAP_READ_FUNCTIONS = ("swap_read_folio", "swap_readpage")
+
+
+class Region(BaseModel):
+    start: int
+    end: int
+    faults: int
+    mapping: str  # "anon", "[heap]", a file path
+
+
+class ProcessSwapins(BaseModel):
+    pid: int
+    comm: str
+    cgroup: str | None = None
+    swapins: int  # anonymous major faults (fault method) or kernel swap reads (kprobe method)
+    file_major_faults: int = 0  # page-cache misses, not swap
+    regions: list[Region] = []
+
+
+class SwapCall(BaseModel):
+    pid: int
+    comm: str
+    call: str
+    path: str
+
+
+class SwapinResult(ProbeResult):
+    processes: list[ProcessSwapins] = []
+    swap_devices: list[SwapDevice] = []
+    swap_calls: list[SwapCall] = []
+
+
+def requirements() -> list[kernel.Availability]:
+    return [kernel.perf_events()]
+
+
+def run(target: ProbeTarget, duration: float, top: int = 20) -> SwapinResult:
+    from bcc import PerfSWConfig, PerfType  # only after the requirements hold
+
+    use_kprobe = kernel.kprobes().available
+    spaces = Spaces()
+    calls: list[SwapCall] = []
+
+    def attach(bpf, _pids: set[int]) -> None:
+        bpf.attach_perf_event(
+            ev_type=PerfType.SOFTWARE,
+            ev_config=PerfSWConfig.PAGE_FAULTS_MAJ,
+            fn_name=b"on_major_fault",
+            sample_period=1,
+        )
+        if use_kprobe:
+            for fn in SWAP_READ_FUNCTIONS:
+                if _kernel_has(bpf, fn):
+                    bpf.attach_kprobe(event=fn, fn_name=b"count_swap_read")
+                    break
+
+        def on_call(cpu, data, size):
+            c = bpf["swap_calls"].event(data)
+            calls.append(
+                SwapCall(
+                    pid=c.pid,
+                    comm=c.comm.decode(errors="replace"),
+                    call="swapon" if c.on else "swapoff",
+                    path=c.path.decode(errors="replace"),
+                )
+            )
+
+        bpf["swap_calls"].open_perf_buffer(on_call)
+
+    def collect(bpf, _elapsed: float) -> dict:
+        bpf.perf_buffer_poll(timeout=0)
+        kprobe_reads = {k.value: v.value for k, v in bpf["swap_reads"].items()} if use_kprobe else {}
+        procs: dict[int, ProcessSwapins] = {}
+        regions: dict[int, list[Region]] = {}
+        for key, count in bpf["faults"].items():
+            pid = key.tgid
+            p = procs.setdefault(pid, ProcessSwapins(pid=pid, comm=key.comm.decode(errors="replace"), swapins=0))
+            start = key.region << REGION_SHIFT
+            space = spaces.get(pid)
+            mapping = space.find(start) if space else None
+            label = mapping.path if mapping and mapping.path else "anon"
+            if mapping is not None and mapping.is_file:
+                p.file_major_faults += count.value
+            else:
+                p.swapins += count.value
+                regions.setdefault(pid, []).append(
+                    Region(start=start, end=start + (1 << REGION_SHIFT), faults=count.value, mapping=label)
+                )
+        for pid, reads in kprobe_reads.items():
+            procs.setdefault(pid, ProcessSwapins(pid=pid, comm="", swapins=0)).swapins = reads
+        out = []
+        for pid, p in procs.items():
+            loc = locate_memory_cgroup(pid)
+            p.cgroup = loc.path if loc else None
+            p.regions = sorted(regions.get(pid, []), key=lambda r: r.faults, reverse=True)[:10]
+            out.append(p)
+        out.sort(key=lambda p: p.swapins, reverse=True)
+        return {
+            "processes": out[:top],
+            "swap_devices": read_swaps() or [],
+            "swap_calls": calls,
+            "events": bpf["stats"][0].value,
+            "lost": {"table_full": bpf["stats"][1].value},
+            "method": ("kprobe on the kernel's swap read, " if use_kprobe else "")
+            + "major page faults on anonymous memory (perf software event)"
+            + ("" if use_kprobe else f"; kprobes unavailable: {kernel.kprobes().reason}"),
+        }
+
+    defines = {"REGION_SHIFT": REGION_SHIFT}
+    if use_kprobe:
+        defines["USE_KPROBE"] = 1
+    return run_probe(
+        SwapinResult, "swapin", target, duration, requirements(), defines, collect, "", spaces=spaces, attach=attach
+    )  # type: ignore[return-value]
+
+
+def _kernel_has(bpf, name: str) -> bool:
+    return bpf.ksymname(name) != -1
