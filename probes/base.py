@@ -252,13 +252,16 @@ def run_probe(
     spaces=None,
     filtered: bool = True,
     attach: Callable[..., None] | None = None,
+    on_tick: Callable[..., None] | None = None,
 ) -> ProbeResult:
     """The life of one probe run: check, load, aim at the target, wait, collect, detach.
 
     collect(bpf, elapsed) returns the result's own fields, plus optionally "lost", "status",
     "reason" and "events". spaces (a growth.Spaces) is kept fresh while the target runs.
     filtered: the program keeps a `targets` map of tgids (TARGET_MODE 1) unless the target is
-    the whole system. attach(bpf, pids) attaches what bcc does not attach by itself."""
+    the whole system. attach(bpf, pids) attaches what bcc does not attach by itself, at the start
+    and again for processes that join a cgroup target. on_tick(bpf, elapsed) runs about twice a
+    second while the probe is attached."""
     started = time.time()
     try:
         require(*requirements)
@@ -283,14 +286,18 @@ def run_probe(
             attach(bpf, pids)
         with bpf_stats(), stop_on_signals() as stop:
 
-            def tick(_elapsed: float) -> None:
+            def tick(elapsed: float) -> None:
                 if target.kind == "cgroup":  # processes come and go in a cgroup
-                    now = target.pids()
+                    new = target.pids() - pids
                     if mode == 1:
-                        set_targets(bpf, now - pids)
-                    pids.update(now)
+                        set_targets(bpf, new)
+                    if attach is not None and new:
+                        attach(bpf, new)
+                    pids.update(new)
                 if spaces is not None:
                     spaces.refresh(pids)
+                if on_tick is not None:
+                    on_tick(bpf, elapsed)
 
             elapsed = run_for(duration, target, stop, on_tick=tick)
             fields = collect(bpf, elapsed)

@@ -33,6 +33,8 @@ class ElfInfo:
         self.loads = [s for s in self.elf.iter_segments() if s["p_type"] == "PT_LOAD"]
         self._symbols: list[Symbol] | None = None
         self._addresses: list[int] = []
+        self._by_name: dict[str, Symbol] = {}
+        self._exported: set[str] = set()
         self._fdes: list[tuple[int, int, FDE]] | None = None
         self._fde_starts: list[int] = []
 
@@ -76,34 +78,51 @@ class ElfInfo:
         path = os.path.join(DEBUG_ROOT, ".build-id", bid[:2], bid[2:] + ".debug")
         return elf_info(path) if os.path.exists(path) else None
 
+    def _load_symbols(self) -> None:
+        by_address: dict[int, Symbol] = {}
+        by_name: dict[str, Symbol] = {}
+        exported: set[str] = set()
+        sources = [self]
+        if not isinstance(self.elf.get_section_by_name(".symtab"), SymbolTableSection):
+            debug = self.debug_file()  # stripped: static functions (_int_malloc) live there
+            if debug is not None:
+                sources.append(debug)
+        # Exported names (.dynsym) first: an address shows as "malloc", not "__libc_malloc".
+        for section in (".dynsym", ".symtab"):
+            for source in sources:
+                sec = source.elf.get_section_by_name(section)
+                if not isinstance(sec, SymbolTableSection):
+                    continue
+                for sym in sec.iter_symbols():
+                    if sym["st_info"]["type"] not in ("STT_FUNC", "STT_GNU_IFUNC") or not sym["st_value"]:
+                        continue
+                    if not sym.name or sym["st_shndx"] == "SHN_UNDEF":
+                        continue
+                    entry = Symbol(sym["st_value"], sym["st_size"], sym.name.split("@")[0])
+                    # Of aliases at one address, show the public name (calloc, not __libc_calloc).
+                    known = by_address.get(entry.address)
+                    if known is None or _underscores(entry.name) < _underscores(known.name):
+                        by_address[entry.address] = entry
+                    by_name.setdefault(entry.name, entry)
+                    if section == ".dynsym" and sym["st_info"]["bind"] in ("STB_GLOBAL", "STB_WEAK"):
+                        exported.add(entry.name)
+        self._symbols = sorted(by_address.values(), key=lambda s: s.address)
+        self._addresses = [s.address for s in self._symbols]
+        self._by_name = by_name
+        self._exported = exported
+
     def symbols(self) -> list[Symbol]:
         if self._symbols is None:
-            found: dict[int, Symbol] = {}
-            sources = [self]
-            if not isinstance(self.elf.get_section_by_name(".symtab"), SymbolTableSection):
-                debug = self.debug_file()  # stripped: static functions (_int_malloc) live there
-                if debug is not None:
-                    sources.append(debug)
-            for source in sources:
-                for name in (".dynsym", ".symtab"):  # .symtab wins on a tie: it names static functions
-                    sec = source.elf.get_section_by_name(name)
-                    if not isinstance(sec, SymbolTableSection):
-                        continue
-                    for sym in sec.iter_symbols():
-                        if sym["st_info"]["type"] in ("STT_FUNC", "STT_GNU_IFUNC") and sym["st_value"] and sym.name:
-                            found[sym["st_value"]] = Symbol(sym["st_value"], sym["st_size"], sym.name)
-            self._symbols = sorted(found.values(), key=lambda s: s.address)
-            self._addresses = [s.address for s in self._symbols]
-        return self._symbols
+            self._load_symbols()
+        return self._symbols  # type: ignore[return-value]
 
-    def symbol_named(self, name: str) -> Symbol | None:
-        """The exported function, versioned names included (malloc@@GLIBC_2.2.5)."""
-        best = None
-        for s in self.symbols():
-            base = s.name.split("@")[0]
-            if base == name and (best is None or s.size > best.size):
-                best = s
-        return best
+    def symbol_named(self, name: str, exported_only: bool = False) -> Symbol | None:
+        """A defined function by name (versioned names such as malloc@@GLIBC_2.2.5 included);
+        exported_only: only what the dynamic linker can bind other modules to."""
+        self.symbols()
+        if exported_only and name not in self._exported:
+            return None
+        return self._by_name.get(name)
 
     def lookup(self, vaddr: int) -> tuple[Symbol, int] | None:
         syms = self.symbols()
@@ -147,6 +166,10 @@ class ElfInfo:
             else:
                 break
         return row
+
+
+def _underscores(name: str) -> int:
+    return len(name) - len(name.lstrip("_"))
 
 
 @functools.lru_cache(maxsize=4096)

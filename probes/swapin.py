@@ -61,7 +61,12 @@ def run(target: ProbeTarget, duration: float, top: int = 20) -> SwapinResult:
     spaces = Spaces()
     calls: list[SwapCall] = []
 
+    attached: list[bool] = []
+
     def attach(bpf, _pids: set[int]) -> None:
+        if attached:  # system-wide events: once, whoever joins the target later
+            return
+        attached.append(True)
         bpf.attach_perf_event(
             ev_type=PerfType.SOFTWARE,
             ev_config=PerfSWConfig.PAGE_FAULTS_MAJ,

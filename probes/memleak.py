@@ -1,0 +1,363 @@
+"""memleak: outstanding allocations by stack, and how they evolve — the raw material of leak
+versus cache.
+
+User mode: uprobes on the allocator the target really uses (probes/allocator.py), per pid, on
+emulated instructions where the prologue has one. Kernel mode: the kmem tracepoints. Per stack:
+outstanding bytes and count, allocations and frees, the age of the oldest outstanding allocation,
+and a series of outstanding bytes sampled every few seconds. Sampling (1 in N), size filters and
+a snoop mode for single large allocations. Every map is bounded or grows with use; what did not
+fit is counted and reported."""
+
+from __future__ import annotations
+
+import ctypes as ct
+import os
+import time
+
+from pydantic import BaseModel
+
+from . import kernel
+from .allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
+from .base import ProbeResult, ProbeTarget, run_probe
+from .growth import Spaces
+from .stacks import Symbolizer, folded, recover
+
+STAT_NAMES = (
+    "allocs",
+    "frees",
+    "stack_errors",
+    "allocs_dropped",
+    "unknown_frees",
+    "failed_allocs",
+    "samples_dropped",
+    "stacks_dropped",
+    "sampled_out",
+    "nested",
+)
+MAX_ALLOCS = 262144
+MAX_STACKS = 16384
+KMEM_TRACEPOINTS = ("kmalloc", "kfree", "kmem_cache_alloc", "kmem_cache_free", "mm_page_alloc", "mm_page_free")
+
+
+class _StackKey(ct.Structure):
+    _fields_ = [("tgid", ct.c_uint32), ("stack_id", ct.c_int32), ("ip", ct.c_uint64), ("at_sp", ct.c_uint64)]
+
+
+class _BigAllocEvent(ct.Structure):  # struct big_alloc in bpf/memleak.c
+    _fields_ = [
+        ("ts_ns", ct.c_uint64),
+        ("size", ct.c_uint64),
+        ("addr", ct.c_uint64),
+        ("key", _StackKey),
+        ("comm", ct.c_char * 16),
+    ]
+
+
+class LeakStack(BaseModel):
+    frames: list[str]
+    functions: list[str | None]
+    pid: int
+    method: str
+    unknown_frames: int = 0
+    outstanding_bytes: int
+    outstanding_count: int
+    allocs: int
+    frees: int
+    alloc_bytes: int
+    freed_bytes: int
+    oldest_age_s: float | None = None
+    series: list[int] = []  # outstanding bytes at each of MemleakResult.series_times
+
+
+class BigAlloc(BaseModel):
+    pid: int
+    comm: str
+    size: int
+    address: int
+    when: float
+    frames: list[str] = []
+
+
+class MemleakResult(ProbeResult):
+    mode: str = "user"
+    allocator: str | None = None
+    allocator_module: str | None = None
+    placements: list[str] = []
+    missing_entry_points: list[str] = []
+    attach_errors: list[str] = []
+    sample_every: int = 1
+    min_size: int = 0
+    max_size: int | None = None
+    series_times: list[float] = []  # seconds since the probe attached
+    stacks: list[LeakStack] = []
+    folded: list[str] = []
+    big_allocations: list[BigAlloc] = []
+    outstanding_allocations: int = 0
+
+
+def requirements(kernel_mode: bool) -> list[kernel.Availability]:
+    if kernel_mode:
+        return [kernel.tracepoint("kmem", tp) for tp in KMEM_TRACEPOINTS]
+    return [kernel.uprobes()]
+
+
+def _key_tuple(k) -> tuple:
+    return (k.tgid, k.stack_id, k.ip, k.at_sp)
+
+
+def run(
+    target: ProbeTarget,
+    duration: float,
+    *,
+    kernel_mode: bool = False,
+    sample_every: int = 1,
+    min_size: int = 0,
+    max_size: int | None = None,
+    snoop_min: int = 0,
+    series_interval: float = 2.0,
+    functions: list[str] | None = None,
+    top: int = 20,
+) -> MemleakResult:
+    """functions: attach only these entry points (a narrower, cheaper set), default all."""
+    if target.kind == "system" and not kernel_mode:
+        return MemleakResult(
+            name="memleak",
+            status="unavailable",
+            target=target.description,
+            started=time.time(),
+            reason="user-space allocation tracing needs a process or cgroup target "
+            "(use the kernel mode for system-wide kernel allocations)",
+        )
+    wanted = [f for f in ENTRY_POINTS if functions is None or f in functions]
+    spaces = Spaces()
+    info: dict = {"placements": [], "missing": [], "errors": [], "allocator": None, "module": None}
+    series_times: list[float] = []
+    series: dict[tuple, list[int]] = {}
+    big: list = []
+    last_sample = [-series_interval]
+
+    def attach(bpf, pids: set[int]) -> None:
+        if kernel_mode:
+            return
+        if not big and snoop_min:
+            # bcc cannot build a ctypes class for a struct holding a struct: declared here.
+            bpf["big"].open_perf_buffer(
+                lambda cpu, data, size: big.append(_BigAllocEvent.from_buffer_copy(ct.string_at(data, size)))
+            )
+            big.append(None)  # marker: buffer opened
+        for pid in pids:
+            space = spaces.get(pid)
+            alloc = find_allocator(pid, space)
+            if alloc is None or space is None:
+                info["errors"].append(f"PID {pid}: no allocator found in its mappings")
+                continue
+            info["allocator"], info["module"] = alloc.name, alloc.module
+            info["missing"] = sorted(set(info["missing"]) | set(alloc.missing))
+            for p in alloc.placements:
+                if p.function not in wanted:
+                    continue
+                path = space.file_path(space.first_mapping_of(p.module))
+                try:
+                    bpf.attach_uprobe(
+                        name=path.encode(),
+                        sym=p.function.encode(),
+                        sym_off=p.offset,
+                        fn_name=BPF_FUNCTION[p.function].encode(),
+                        pid=pid,
+                    )
+                    if p.return_probe:
+                        bpf.attach_uretprobe(
+                            name=path.encode(), sym=p.function.encode(), fn_name=b"alloc_return", pid=pid
+                        )
+                except Exception as e:  # bcc: bare Exception; one entry point is not worth the run
+                    info["errors"].append(f"{p.function}: {e}")
+                    continue
+                if p.describe() not in info["placements"]:
+                    info["placements"].append(p.describe())
+
+    def on_tick(bpf, elapsed: float) -> None:
+        if snoop_min:
+            bpf.perf_buffer_poll(timeout=0)
+        if elapsed - last_sample[0] >= series_interval:
+            last_sample[0] = elapsed
+            _sample_series(bpf, elapsed, series_times, series)
+
+    def collect(bpf, elapsed: float) -> dict:
+        if snoop_min:
+            bpf.perf_buffer_poll(timeout=0)
+        _sample_series(bpf, elapsed, series_times, series)
+        stats = dict(zip(STAT_NAMES, (bpf["stats"][i].value for i in range(len(STAT_NAMES))), strict=True))
+        oldest: dict[tuple, int] = {}
+        outstanding = 0
+        now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        for _addr, a in bpf["allocs"].items():
+            outstanding += 1
+            k = _key_tuple(a.key)
+            oldest[k] = min(oldest.get(k, a.ts_ns), a.ts_ns)
+        stacks = _stacks(bpf, kernel_mode, spaces, series, oldest, now_ns)
+        bigs = [_big(bpf, b, spaces, kernel_mode) for b in big if b is not None][:200]
+        lost = {k: v for k, v in stats.items() if k not in ("allocs", "frees", "sampled_out", "nested")}
+        lost["symbol_lookups_failed"] = sum(s.unknown_frames for s in stacks)
+        status, reason = "ok", ""
+        if stats["allocs_dropped"] or stats["stacks_dropped"]:
+            status, reason = "partial", "a table filled up: some allocations were not tracked (see lost)"
+        if not kernel_mode and not info["placements"]:
+            status, reason = "error", "no allocator entry point could be attached: " + "; ".join(info["errors"])
+        return {
+            "events": stats["allocs"] + stats["frees"],
+            "status": status,
+            "reason": reason,
+            "lost": lost,
+            "mode": "kernel" if kernel_mode else "user",
+            "allocator": "kernel (kmem tracepoints)" if kernel_mode else info["allocator"],
+            "allocator_module": info["module"],
+            "placements": info["placements"],
+            "missing_entry_points": info["missing"],
+            "attach_errors": info["errors"],
+            "sample_every": sample_every,
+            "min_size": min_size,
+            "max_size": max_size,
+            "series_times": series_times,
+            "stacks": stacks[:top],
+            "folded": folded((([_frame_like(f) for f in s.functions]), s.outstanding_bytes) for s in stacks),
+            "big_allocations": bigs,
+            "outstanding_allocations": outstanding,
+        }
+
+    defines: dict[str, int | str] = {
+        "KERNEL_MODE": int(kernel_mode),
+        "SAMPLE_EVERY": max(1, sample_every),
+        "MIN_SIZE": min_size,
+        "SNOOP_MIN": snoop_min,
+        "MAX_ALLOCS": MAX_ALLOCS,
+        "MAX_STACKS": MAX_STACKS,
+        "PAGE_BYTES": os.sysconf("SC_PAGE_SIZE"),
+    }
+    if max_size is not None:
+        defines["MAX_SIZE"] = f"{max_size}ULL"
+    method = (
+        "kmem tracepoints, kernel stacks"
+        if kernel_mode
+        else "uprobes on the target's allocator (per pid), user stacks + .eh_frame unwinding"
+    )
+    return run_probe(
+        MemleakResult,
+        "memleak",
+        target,
+        duration,
+        requirements(kernel_mode),
+        defines,
+        collect,
+        method,
+        spaces=spaces,
+        attach=attach,
+        on_tick=on_tick,
+    )  # type: ignore[return-value]
+
+
+def _sample_series(bpf, elapsed: float, times: list[float], series: dict[tuple, list[int]]) -> None:
+    index = len(times)
+    times.append(round(elapsed, 3))
+    for k, v in bpf["per_stack"].items():
+        points = series.setdefault(_key_tuple(k), [])
+        points.extend([0] * (index - len(points)))  # a stack first seen now had nothing before
+        points.append(v.outstanding_bytes)
+    for points in series.values():
+        points.extend([points[-1] if points else 0] * (index + 1 - len(points)))
+
+
+def _frame_like(function: str | None):
+    from .stacks import Frame
+
+    return Frame(address=0, function=function)
+
+
+def _stacks(bpf, kernel_mode: bool, spaces: Spaces, series: dict, oldest: dict, now_ns: int) -> list[LeakStack]:
+    stack_table, samples = bpf["stacks"], bpf["samples"]
+    merged: dict[tuple, LeakStack] = {}
+    symbolizers: dict[int, Symbolizer] = {}
+    for k, v in bpf["per_stack"].items():
+        key = _key_tuple(k)
+        fp = list(stack_table.walk(k.stack_id)) if k.stack_id >= 0 else ([k.ip] if k.ip else [])
+        if kernel_mode:
+            frames = [bpf.ksym(a, show_offset=True).decode(errors="replace") for a in fp]
+            functions = [f.split("+")[0] for f in frames]
+            method, unknown = "kernel frame pointers / ORC", sum(1 for f in frames if f.startswith("[unknown]"))
+        else:
+            regs = data = None
+            try:
+                s = samples[k]
+                regs, data = (s.regs.ip, s.regs.sp, s.regs.bp), bytes(bytearray(s.data)[: s.len])
+            except KeyError:
+                pass
+            space = spaces.get(k.tgid)
+            addresses, method = recover(space, fp, regs, data)
+            sym = symbolizers.setdefault(k.tgid, Symbolizer(space))
+            fr = sym.frames(addresses)
+            frames, functions = [str(f) for f in fr], [f.function for f in fr]
+            unknown = sum(1 for f in fr if not f.known)
+        age = (now_ns - oldest[key]) / 1e9 if key in oldest else None
+        group = (k.tgid, tuple(frames))
+        item = LeakStack(
+            frames=frames,
+            functions=functions,
+            pid=k.tgid,
+            method=method,
+            unknown_frames=unknown,
+            outstanding_bytes=v.outstanding_bytes,
+            outstanding_count=v.outstanding_count,
+            allocs=v.allocs,
+            frees=v.frees,
+            alloc_bytes=v.alloc_bytes,
+            freed_bytes=v.freed_bytes,
+            oldest_age_s=age,
+            series=series.get(key, []),
+        )
+        if group in merged:
+            m = merged[group]
+            ages = [a for a in (m.oldest_age_s, age) if a is not None]
+            item = m.model_copy(
+                update={
+                    "outstanding_bytes": m.outstanding_bytes + item.outstanding_bytes,
+                    "outstanding_count": m.outstanding_count + item.outstanding_count,
+                    "allocs": m.allocs + item.allocs,
+                    "frees": m.frees + item.frees,
+                    "alloc_bytes": m.alloc_bytes + item.alloc_bytes,
+                    "freed_bytes": m.freed_bytes + item.freed_bytes,
+                    "oldest_age_s": max(ages) if ages else None,
+                    "series": [a + b for a, b in zip(m.series, item.series, strict=False)] or item.series,
+                }
+            )
+        merged[group] = item
+    return sorted(merged.values(), key=lambda s: s.outstanding_bytes, reverse=True)
+
+
+def _big(bpf, b, spaces: Spaces, kernel_mode: bool) -> BigAlloc:
+    frames: list[str] = []
+    if b.key.stack_id >= 0:
+        addresses = list(bpf["stacks"].walk(b.key.stack_id))
+        if kernel_mode:
+            frames = [bpf.ksym(a, show_offset=True).decode(errors="replace") for a in addresses]
+        else:
+            try:
+                samples = bpf["samples"]
+                key = samples.Key(tgid=b.key.tgid, stack_id=b.key.stack_id, ip=b.key.ip, at_sp=b.key.at_sp)
+                s = samples[key]
+                addresses, _ = recover(
+                    spaces.get(b.key.tgid),
+                    addresses,
+                    (s.regs.ip, s.regs.sp, s.regs.bp),
+                    bytes(bytearray(s.data)[: s.len]),
+                )
+            except KeyError:
+                pass
+            frames = [str(f) for f in Symbolizer(spaces.get(b.key.tgid)).frames(addresses)]
+    boot = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+    return BigAlloc(
+        pid=b.key.tgid,
+        comm=b.comm.decode(errors="replace"),
+        size=b.size,
+        address=b.addr,
+        when=boot + b.ts_ns / 1e9,
+        frames=frames,
+    )
