@@ -14,6 +14,9 @@
 #ifndef MAX_KEYS
 #define MAX_KEYS 10240
 #endif
+#ifndef MAX_STACKS
+#define MAX_STACKS 2048
+#endif
 #ifndef MAX_SAMPLES
 #define MAX_SAMPLES 1024
 #endif
@@ -31,7 +34,7 @@ struct proc_key {
 };
 
 BPF_HASH(targets, u32, u8, 4096);
-BPF_STACK_TRACE(stacks, MAX_KEYS);
+BPF_STACK_TRACE(stacks, MAX_STACKS); /* preallocated: ~1 KiB a slot */
 BPF_HASH(counts, struct fault_key, u64, MAX_KEYS);
 BPF_HASH(per_process, struct proc_key, u64, MAX_KEYS);
 /* Grows with use: a sample is 8 KiB, so only what is seen is paid for. */

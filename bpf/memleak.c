@@ -36,7 +36,7 @@
 #define MAX_ALLOCS 262144
 #endif
 #ifndef MAX_STACKS
-#define MAX_STACKS 16384
+#define MAX_STACKS 4096
 #endif
 
 enum kind { K_MALLOC, K_REALLOC, K_MEMALIGN_PTR, K_MMAP, K_MREMAP };

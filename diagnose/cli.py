@@ -7,10 +7,10 @@ import argparse
 import os
 import sys
 
-from .commands import run, top
+from .commands import probe, run, top
 from .errors import MemdiagError
 
-_SUBCOMMANDS = {"top": top}
+_SUBCOMMANDS = {"top": top, "probe": probe}
 
 
 class _Parser(argparse.ArgumentParser):

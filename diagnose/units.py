@@ -40,3 +40,37 @@ def fmt_number(x: float | None, digits: int = 1) -> str:
     if abs(x) >= 100 or float(x).is_integer():
         return f"{x:,.0f}"
     return f"{x:,.{digits}f}"
+
+
+_SIZE_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1 << 10,
+    "kb": 1000,
+    "kib": 1 << 10,
+    "m": 1 << 20,
+    "mb": 1000**2,
+    "mib": 1 << 20,
+    "g": 1 << 30,
+    "gb": 1000**3,
+    "gib": 1 << 30,
+    "t": 1 << 40,
+    "tb": 1000**4,
+    "tib": 1 << 40,
+}
+
+
+def parse_size(text: str) -> int:
+    """'64MiB', '1m', '4096', '1.5GiB' -> bytes. ValueError with the reason otherwise."""
+    raw = text.strip().lower().replace(" ", "")
+    number = raw.rstrip("abcdefghijklmnopqrstuvwxyz")
+    unit = raw[len(number) :]
+    if unit not in _SIZE_UNITS or not number:
+        raise ValueError(f"{text!r} is not a size (examples: 4096, 64KiB, 1MiB, 2GiB)")
+    try:
+        value = float(number)
+    except ValueError:
+        raise ValueError(f"{text!r} is not a size (examples: 4096, 64KiB, 1MiB, 2GiB)") from None
+    if value < 0:
+        raise ValueError(f"{text!r}: a size cannot be negative")
+    return int(value * _SIZE_UNITS[unit])

@@ -35,7 +35,7 @@ STAT_NAMES = (
     "nested",
 )
 MAX_ALLOCS = 262144
-MAX_STACKS = 16384
+MAX_STACKS = 4096  # the stack map is preallocated: about 1 KiB a slot
 KMEM_TRACEPOINTS = ("kmalloc", "kfree", "kmem_cache_alloc", "kmem_cache_free", "mm_page_alloc", "mm_page_free")
 
 

@@ -3,10 +3,12 @@ recovery of the frames that a frame-pointer walk loses, and folded output for fl
 
 from __future__ import annotations
 
+import functools
 import os
 from collections import Counter
 from collections.abc import Iterable
 
+import cxxfilt
 from pydantic import BaseModel, ConfigDict
 
 from .elf import elf_info
@@ -33,6 +35,17 @@ class Frame(BaseModel):
         return f"{self.function}+0x{self.offset:x}{mod}"
 
 
+@functools.lru_cache(maxsize=65536)
+def demangle(name: str) -> str:
+    """C++ (Itanium ABI) names as people read them: OrderBook::record(long)."""
+    if not name.startswith("_Z"):
+        return name
+    try:
+        return cxxfilt.demangle(name)
+    except (cxxfilt.InvalidName, OSError):
+        return name
+
+
 class Symbolizer:
     """Addresses of one process to frames. Failed look-ups are counted, not hidden."""
 
@@ -55,7 +68,7 @@ class Symbolizer:
             self.failed += 1
             return Frame(address=address, module=mapping.path)
         sym, off = hit
-        return Frame(address=address, function=sym.name.split("@")[0], offset=off, module=mapping.path)
+        return Frame(address=address, function=demangle(sym.name), offset=off, module=mapping.path)
 
     def frames(self, addresses: Iterable[int]) -> list[Frame]:
         return [self.frame(a) for a in addresses]

@@ -18,7 +18,7 @@ fi
 # PyPI's "bcc" is an unrelated project: bcc's Python bindings come from the distro.
 need=()
 # libc6-dbg: glibc's symbols by build-id, so frames inside malloc are named, not [unknown]
-for pkg in bpfcc-tools python3-bpfcc python3-venv gcc libc6-dev libc6-dbg make libjemalloc2 util-linux; do
+for pkg in bpfcc-tools python3-bpfcc python3-venv gcc g++ libc6-dev libc6-dbg make libjemalloc2 util-linux; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 headers_pkg="linux-headers-$release"

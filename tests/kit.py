@@ -23,8 +23,11 @@ CFLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Werror"]
 
 
 def build(name: str, extra_flags: list[str] | None = None) -> Path:
-    """Compile tests/workloads/NAME.c (once per source content and flags) and return the binary."""
+    """Compile tests/workloads/NAME.c or NAME.cc (once per source content and flags); the binary."""
     src = SOURCES / f"{name}.c"
+    compiler = "cc"
+    if not src.exists():
+        src, compiler = SOURCES / f"{name}.cc", "c++"
     flags = CFLAGS + (extra_flags or [])
     digest = hashlib.sha256(src.read_bytes() + (SOURCES / "common.h").read_bytes() + " ".join(flags).encode())
     # One folder per build, so the binary keeps its own name (and comm) for the tests to look for.
@@ -32,7 +35,7 @@ def build(name: str, extra_flags: list[str] | None = None) -> Path:
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
         tmp = out.with_suffix(".tmp")
-        subprocess.run(["cc", *flags, "-o", str(tmp), str(src)], check=True)
+        subprocess.run([compiler, *flags, "-o", str(tmp), str(src)], check=True)
         tmp.rename(out)
     return out
 

@@ -1,0 +1,101 @@
+"""Run one BPF probe alone: ``memdiag probe NAME [--pid N | --cgroup PATH] --duration S [--json]``."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, swapin, vmscan
+from memdiag.probes.base import ProbeTarget
+
+from ..errors import PermissionNeeded, UsageError
+from ..render.probe_text import render_probe
+from ..target import cgroup_target, pid_target
+from ..units import parse_size
+
+PROBES = {
+    "faults": faults,
+    "memleak": memleak,
+    "oomkill": oomkill,
+    "swapin": swapin,
+    "vmscan": vmscan,
+    "drsnoop": drsnoop,
+    "brkstack": brkstack,
+    "mmapsnoop": mmapsnoop,
+}
+
+
+def _size(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", choices=sorted(PROBES), help="the probe to run")
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--pid", type=int, help="trace this process")
+    group.add_argument("--cgroup", metavar="PATH", help="trace the processes of this memory cgroup")
+    parser.add_argument("--duration", type=float, default=10.0, metavar="S", help="seconds to trace (default 10)")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--folded", type=Path, metavar="FILE", help="write folded stacks (flame graph input)")
+    parser.add_argument("--top", type=int, default=10, metavar="N", help="stacks or processes to show (default 10)")
+    mem = parser.add_argument_group("memleak")
+    mem.add_argument("--sample-every", type=int, default=1, metavar="N", help="trace 1 in N allocations")
+    mem.add_argument("--min-size", type=_size, default=0, metavar="SIZE", help="ignore smaller allocations")
+    mem.add_argument("--max-size", type=_size, default=None, metavar="SIZE", help="ignore larger allocations")
+    mem.add_argument(
+        "--snoop",
+        type=_size,
+        default=0,
+        metavar="SIZE",
+        help="also list single allocations of at least SIZE (e.g. 1MiB)",
+    )
+    mem.add_argument("--kernel", action="store_true", help="kernel allocations (kmem tracepoints)")
+
+
+def execute(args: argparse.Namespace) -> int:
+    if args.duration <= 0:
+        raise UsageError("--duration must be more than 0 seconds")
+    if args.sample_every < 1:
+        raise UsageError("--sample-every must be at least 1")
+    if args.max_size is not None and args.max_size < args.min_size:
+        raise UsageError("--max-size is smaller than --min-size")
+    if os.geteuid() != 0:
+        raise PermissionNeeded("BPF probes need root (CAP_BPF and CAP_PERFMON)")
+    if args.pid is not None:
+        pid_target(args.pid)  # validates: exists, not a zombie or kernel thread
+        target = ProbeTarget.for_pid(args.pid)
+    elif args.cgroup is not None:
+        loc = cgroup_target(args.cgroup).cgroup
+        target = ProbeTarget.for_cgroup(loc.fs_path, loc.path)
+    else:
+        target = ProbeTarget(kind="system")
+    module = PROBES[args.name]
+    if args.name == "memleak":
+        result = module.run(
+            target,
+            args.duration,
+            kernel_mode=args.kernel,
+            sample_every=args.sample_every,
+            min_size=args.min_size,
+            max_size=args.max_size,
+            snoop_min=args.snoop,
+            top=args.top,
+        )
+    else:
+        result = module.run(target, args.duration)
+    if args.folded is not None:
+        lines = getattr(result, "folded", [])
+        try:
+            args.folded.write_text("".join(f"{line}\n" for line in lines))
+        except OSError as e:
+            raise UsageError(f"--folded {args.folded}: cannot write ({e.strerror or e})") from None
+    if args.json:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+    else:
+        sys.stdout.write(render_probe(result, top=args.top))
+    return 0 if result.status in ("ok", "partial", "unavailable") else 1
