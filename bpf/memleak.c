@@ -93,6 +93,16 @@ BPF_F_TABLE("hash", struct stack_key, struct stack_sample, samples, 1024, BPF_F_
 BPF_PERCPU_ARRAY(scratch, struct stack_sample, 1);
 BPF_PERF_OUTPUT(big);
 BPF_ARRAY(stats, u64, S_COUNT);
+/* Armed by the loader once every uprobe is attached and disarmed before the maps are read, so
+ * attaching and detaching one probe after another never leaves half a call on the books. */
+BPF_ARRAY(control, u32, 1);
+
+static __always_inline int armed(void)
+{
+	int zero = 0;
+	u32 *on = control.lookup(&zero);
+	return on && *on;
+}
 
 static __always_inline void record_alloc(void *ctx, u64 addr, u64 size, struct stack_key *key)
 {
@@ -156,7 +166,7 @@ static __always_inline int enter(struct pt_regs *ctx, u64 size, u64 ptr_arg, u32
 {
 	u64 id = bpf_get_current_pid_tgid();
 	u32 tgid = id >> 32;
-	if (!wanted(tgid))
+	if (!armed() || !wanted(tgid))
 		return 0;
 	struct inflight *outer = inflight_map.lookup(&id);
 	if (outer) {
@@ -203,6 +213,10 @@ static __always_inline int leave(struct pt_regs *ctx)
 	struct inflight *p = inflight_map.lookup(&id);
 	if (!p)
 		return 0;
+	if (!armed()) {
+		inflight_map.delete(&id);
+		return 0;
+	}
 	if (p->depth > 1) {
 		p->depth--; /* a nested call returning */
 		return 0;
@@ -280,7 +294,7 @@ int alloc_return(struct pt_regs *ctx) { return leave(ctx); }
 int free_enter(struct pt_regs *ctx)
 {
 	u64 addr = PT_REGS_PARM1(ctx);
-	if (addr == 0 || !wanted(bpf_get_current_pid_tgid() >> 32))
+	if (addr == 0 || !armed() || !wanted(bpf_get_current_pid_tgid() >> 32))
 		return 0;
 	if (!record_free(addr))
 		stats.increment(S_UNKNOWN_FREES);
@@ -290,7 +304,7 @@ int free_enter(struct pt_regs *ctx)
 int munmap_enter(struct pt_regs *ctx)
 {
 	/* the allocator unmapping its own chunks is not a free of ours: no unknown-free count */
-	if (wanted(bpf_get_current_pid_tgid() >> 32))
+	if (armed() && wanted(bpf_get_current_pid_tgid() >> 32))
 		record_free(PT_REGS_PARM1(ctx));
 	return 0;
 }
@@ -309,7 +323,7 @@ static __always_inline int wanted_kernel(void)
 
 static __always_inline void kalloc(void *ctx, u64 addr, u64 size)
 {
-	if (!wanted_kernel() || size < MIN_SIZE || size > MAX_SIZE)
+	if (!armed() || !wanted_kernel() || size < MIN_SIZE || size > MAX_SIZE)
 		return;
 	struct stack_key key = { .tgid = bpf_get_current_pid_tgid() >> 32 };
 	key.stack_id = stacks.get_stackid(ctx, 0);
@@ -323,9 +337,9 @@ static __always_inline void kalloc(void *ctx, u64 addr, u64 size)
 
 TRACEPOINT_PROBE(kmem, kmalloc) { kalloc(args, (u64)args->ptr, args->bytes_alloc); return 0; }
 TRACEPOINT_PROBE(kmem, kmem_cache_alloc) { kalloc(args, (u64)args->ptr, args->bytes_alloc); return 0; }
-TRACEPOINT_PROBE(kmem, kfree) { record_free((u64)args->ptr); return 0; }
-TRACEPOINT_PROBE(kmem, kmem_cache_free) { record_free((u64)args->ptr); return 0; }
+TRACEPOINT_PROBE(kmem, kfree) { if (armed()) record_free((u64)args->ptr); return 0; }
+TRACEPOINT_PROBE(kmem, kmem_cache_free) { if (armed()) record_free((u64)args->ptr); return 0; }
 TRACEPOINT_PROBE(kmem, mm_page_alloc) { kalloc(args, PAGE_KEY(args->pfn), (u64)PAGE_BYTES << args->order); return 0; }
-TRACEPOINT_PROBE(kmem, mm_page_free) { record_free(PAGE_KEY(args->pfn)); return 0; }
+TRACEPOINT_PROBE(kmem, mm_page_free) { if (armed()) record_free(PAGE_KEY(args->pfn)); return 0; }
 
 #endif

@@ -240,6 +240,31 @@ def is_root() -> bool:
     return os.geteuid() == 0
 
 
+def _control(bpf, value: int) -> None:
+    """Arm (1) or disarm (0) a program that has a `control` array: it ignores events while
+    disarmed, so its books stay consistent while probes attach and detach one by one."""
+    try:
+        control = bpf[b"control"]
+    except KeyError:  # this program has none
+        return
+    control[ct.c_int(0)] = ct.c_uint(value)
+
+
+def detach_all(bpf) -> None:
+    """Detach every program (as BPF.cleanup does) but keep the maps open for reading."""
+    _control(bpf, 0)
+    for k in list(bpf.uprobe_fds):
+        bpf.detach_uprobe_event(k)
+    for k in list(bpf.kprobe_fds):
+        bpf.detach_kprobe_event(k)
+    for k in list(bpf.tracepoint_fds):
+        bpf.detach_tracepoint(k)
+    for k in list(bpf.raw_tracepoint_fds):
+        bpf.detach_raw_tracepoint(k)
+    for ev_type, ev_config in list(bpf.open_perf_events):
+        bpf.detach_perf_event(ev_type, ev_config)
+
+
 def run_probe(
     result_cls: type[ProbeResult],
     name: str,
@@ -253,6 +278,7 @@ def run_probe(
     filtered: bool = True,
     attach: Callable[..., None] | None = None,
     on_tick: Callable[..., None] | None = None,
+    ready: threading.Event | None = None,
 ) -> ProbeResult:
     """The life of one probe run: check, load, aim at the target, wait, collect, detach.
 
@@ -261,7 +287,7 @@ def run_probe(
     filtered: the program keeps a `targets` map of tgids (TARGET_MODE 1) unless the target is
     the whole system. attach(bpf, pids) attaches what bcc does not attach by itself, at the start
     and again for processes that join a cgroup target. on_tick(bpf, elapsed) runs about twice a
-    second while the probe is attached."""
+    second while the probe is attached. ready is set once everything is attached."""
     started = time.time()
     try:
         require(*requirements)
@@ -284,6 +310,9 @@ def run_probe(
             spaces.refresh(pids)
         if attach is not None:
             attach(bpf, pids)
+        _control(bpf, 1)
+        if ready is not None:
+            ready.set()
         with bpf_stats(), stop_on_signals() as stop:
 
             def tick(elapsed: float) -> None:
@@ -300,6 +329,7 @@ def run_probe(
                     on_tick(bpf, elapsed)
 
             elapsed = run_for(duration, target, stop, on_tick=tick)
+            detach_all(bpf)  # the counts stop moving before they are read: tables agree
             fields = collect(bpf, elapsed)
             cost = measure_cost(bpf, events=fields.pop("events", 0))
     finally:

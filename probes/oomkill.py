@@ -8,6 +8,7 @@ completes each kill from the kernel log (constraint, oom_memcg) and the victim's
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from collections.abc import Callable
 
@@ -198,7 +199,12 @@ def _concerns(target: ProbeTarget, e: OomEvent) -> bool:
     return any(memcg_matches(cg, target.cgroup_path or "") for cg in (e.victim_cgroup, e.memcg))
 
 
-def run(target: ProbeTarget, duration: float, on_kill: Callable[[OomEvent], None] | None = None) -> OomKillResult:
+def run(
+    target: ProbeTarget,
+    duration: float,
+    on_kill: Callable[[OomEvent], None] | None = None,
+    ready: threading.Event | None = None,
+) -> OomKillResult:
     started = time.time()
     try:
         watch = OomWatch()
@@ -207,6 +213,8 @@ def run(target: ProbeTarget, duration: float, on_kill: Callable[[OomEvent], None
     except Exception as e:
         return OomKillResult(name="oomkill", status="error", reason=f"loading failed: {e}", target=target.description)
     kills: list[OomEvent] = []
+    if ready is not None:
+        ready.set()
     try:
         with bpf_stats(), stop_on_signals() as stop:
             deadline = time.monotonic() + duration

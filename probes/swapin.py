@@ -8,6 +8,8 @@ from swap, one on a file mapping is a page-cache miss and is reported apart."""
 
 from __future__ import annotations
 
+import threading
+
 from memdiag.diagnose.facts.cgroup import locate_memory_cgroup
 from memdiag.diagnose.facts.swaps import SwapDevice, read_swaps
 from pydantic import BaseModel
@@ -54,7 +56,7 @@ def requirements() -> list[kernel.Availability]:
     return [kernel.perf_events()]
 
 
-def run(target: ProbeTarget, duration: float, top: int = 20) -> SwapinResult:
+def run(target: ProbeTarget, duration: float, top: int = 20, ready: threading.Event | None = None) -> SwapinResult:
     from bcc import PerfSWConfig, PerfType  # only after the requirements hold
 
     use_kprobe = kernel.kprobes().available
@@ -135,7 +137,17 @@ def run(target: ProbeTarget, duration: float, top: int = 20) -> SwapinResult:
     if use_kprobe:
         defines["USE_KPROBE"] = 1
     return run_probe(
-        SwapinResult, "swapin", target, duration, requirements(), defines, collect, "", spaces=spaces, attach=attach
+        SwapinResult,
+        "swapin",
+        target,
+        duration,
+        requirements(),
+        defines,
+        collect,
+        "",
+        spaces=spaces,
+        attach=attach,
+        ready=ready,
     )  # type: ignore[return-value]
 
 

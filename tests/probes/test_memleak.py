@@ -1,0 +1,124 @@
+"""memleak on the real kernel: the leaking function on top, churn not listed as outstanding,
+every allocator entry point, jemalloc, C++, the cache's series levelling off."""
+
+from memdiag.probes import memleak
+from memdiag.probes.base import ProbeTarget
+
+MiB = 1 << 20
+
+
+def _by_function(result, name):
+    return [s for s in result.stacks if name in s.functions]
+
+
+def test_names_the_leak_and_not_the_churn(workload):
+    w = workload("leak", "2048")
+    r = memleak.run(ProbeTarget.for_pid(w.pid), 5, series_interval=1.0)
+    assert r.status == "ok", r.reason
+    assert r.allocator == "glibc"
+    top = r.stacks[0]
+    assert "leak_order_history" in top.functions
+    assert top.frees == 0 and top.outstanding_count == top.allocs > 1000
+    assert top.outstanding_bytes > 5 * MiB
+    assert top.oldest_age_s is not None and top.oldest_age_s > 3
+    series = top.series
+    assert len(series) == len(r.series_times) >= 5
+    assert all(b >= a for a, b in zip(series, series[1:], strict=False)) and series[-1] > series[1]
+    churn = _by_function(r, "handle_request")
+    assert churn and churn[0].frees >= churn[0].allocs - 100  # freed: not a leak
+    assert churn[0].outstanding_bytes < 0.01 * top.outstanding_bytes
+    # free's probe sits after its NULL check, on the push the kernel emulates
+    assert any(p.startswith("free+") and "emulated" in p and not p.startswith("free+0") for p in r.placements)
+    assert r.lost["allocs_dropped"] == 0 and r.cost.map_bytes > 0
+
+
+def test_cache_series_levels_off(workload):
+    w = workload("cache", "16", "2")  # 16 MiB in 2 s, then evicts as it inserts
+    r = memleak.run(ProbeTarget.for_pid(w.pid), 7, series_interval=1.0)
+    cache = _by_function(r, "cache_insert")[0]
+    assert cache.frees > 1000  # it frees as it inserts once full
+    s = cache.series
+    assert s[-1] - s[-3] < 0.05 * s[-1]  # flat at the end
+    assert 10 * MiB < s[-1] < 20 * MiB
+
+
+def test_every_entry_point(workload):
+    w = workload("bigalloc", "20")
+    r = memleak.run(ProbeTarget.for_pid(w.pid), 3, snoop_min=1 << 20)
+    assert r.status == "ok", r.reason
+    named = {fn for s in r.stacks for fn in s.functions if fn and fn.startswith("via_")}
+    assert named == {
+        "via_malloc",
+        "via_calloc",
+        "via_realloc",
+        "via_reallocarray",
+        "via_posix_memalign",
+        "via_aligned_alloc",
+        "via_memalign",
+        "via_valloc",
+        "via_pvalloc",
+        "via_mmap",
+    }
+    sizes = {
+        next(f for f in s.functions if f and f.startswith("via_")): s
+        for s in r.stacks
+        if any(f and f.startswith("via_") for f in s.functions)
+    }
+    assert sizes["via_calloc"].outstanding_bytes == 2000 * sizes["via_calloc"].outstanding_count
+    assert sizes["via_posix_memalign"].outstanding_bytes == 4000 * sizes["via_posix_memalign"].outstanding_count
+    assert sizes["via_mmap"].outstanding_bytes == 65536 * sizes["via_mmap"].outstanding_count
+    moved = sizes["via_realloc"]
+    assert moved.outstanding_count == 1 and moved.allocs > 20  # realloc moves; it never duplicates
+    assert r.lost["failed_allocs"] == 0
+    bigs = [b for b in r.big_allocations if "big_buffer" in " ".join(b.frames)]
+    assert bigs and all(b.size == 2 << 20 and b.comm == "bigalloc" for b in bigs)
+
+
+def test_size_filter_and_sampling(workload):
+    w = workload("bigalloc", "20")
+    r = memleak.run(ProbeTarget.for_pid(w.pid), 3, min_size=6000, max_size=8000)
+    seen = {f for s in r.stacks for f in s.functions if f and f.startswith("via_")}
+    assert seen == {"via_memalign", "via_valloc", "via_pvalloc"}  # 6000, 7000, 8000 bytes
+    w2 = workload("leak", "4096")
+    r2 = memleak.run(ProbeTarget.for_pid(w2.pid), 3, sample_every=10)
+    top = r2.stacks[0]
+    assert "leak_order_history" in top.functions
+    assert r2.lost["allocs_dropped"] == 0 and r2.sample_every == 10
+    assert 100 < top.allocs < 600  # ~3000 allocations, one in ten kept
+
+
+def test_jemalloc_target(root_required):
+    from kit import Workload
+
+    w = Workload("leak", "2048", env={"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}).start()
+    try:
+        r = memleak.run(ProbeTarget.for_pid(w.pid), 3)
+    finally:
+        w.stop()
+    assert r.status == "ok", r.reason
+    assert r.allocator == "jemalloc" and r.allocator_module.endswith("libjemalloc.so.2")
+    assert "leak_order_history" in r.stacks[0].functions
+    assert r.stacks[0].frames[0].startswith("malloc+0x0 [libjemalloc.so.2]")
+    assert not r.attach_errors
+
+
+def test_cpp_operator_new(workload):
+    w = workload("cppleak", "2048")
+    r = memleak.run(ProbeTarget.for_pid(w.pid), 3)
+    top = r.stacks[0]
+    assert top.functions[1] == "operator new(unsigned long)"
+    assert top.functions[2] == "OrderBook::record(long)"  # the caller of new, not skipped
+    quote = _by_function(r, "OrderBook::quote(long)")
+    assert quote and quote[0].frees >= quote[0].allocs - 50
+
+
+def test_kernel_mode(workload):
+    r = memleak.run(ProbeTarget(kind="system"), 2, kernel_mode=True)
+    assert r.status in ("ok", "partial"), r.reason
+    assert r.mode == "kernel" and r.cost.events > 0
+    assert any(f and ("alloc" in f or "kmem" in f or "page" in f) for s in r.stacks for f in s.functions)
+
+
+def test_user_mode_needs_a_target():
+    r = memleak.run(ProbeTarget(kind="system"), 1)
+    assert r.status == "unavailable" and "needs a process or cgroup" in r.reason

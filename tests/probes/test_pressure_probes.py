@@ -1,0 +1,84 @@
+"""oomkill, swapin, vmscan and drsnoop on real OOM kills and real swap pressure; a requirement the
+kernel lacks (kprobes here) reports unavailable with its reason, and the fallback method runs."""
+
+import threading
+import time
+
+from memdiag.probes import drsnoop, kernel, oomkill, swapin, vmscan
+from memdiag.probes.base import ProbeResult, ProbeTarget, run_probe
+
+MiB = 1 << 20
+
+
+def test_oomkill_catches_a_cgroup_oom(workload, memcg):
+    cg = memcg(48 * MiB, swap=False)
+    box, armed = {}, threading.Event()
+    t = threading.Thread(target=lambda: box.setdefault("r", oomkill.run(ProbeTarget(kind="system"), 10, ready=armed)))
+    t.start()
+    assert armed.wait(60)
+    w = workload("hog", "512", "8", "20", cgroup=cg)
+    assert w.wait_exit(30) == -9
+    t.join()
+    r = box["r"]
+    assert r.status == "ok", r.reason
+    kills = [k for k in r.kills if k.victim_pid == w.pid]
+    assert len(kills) == 1
+    k = kills[0]
+    assert k.victim_comm == "hog" and k.trigger_pid == w.pid
+    assert k.cgroup_oom is True and k.constraint == "CONSTRAINT_MEMCG"
+    assert k.memcg == cg.path and k.limit == 48 * MiB
+    assert 30 * MiB < k.anon_rss <= 48 * MiB
+    assert k.mem_available > 1 << 30  # the host had memory to spare
+    assert any("out_of_memory" in f for f in k.trigger_kernel_stack)
+
+
+def test_swap_pressure_seen_by_swapin_vmscan_drsnoop(swap, workload, memcg):
+    cg = memcg(96 * MiB)
+    w = workload("hog", "256", "8", "10", cgroup=cg)
+    time.sleep(2)
+    s = swapin.run(ProbeTarget.for_pid(w.pid), 3)
+    assert s.status == "ok", s.reason
+    assert "major page faults on anonymous memory" in s.method
+    assert "kprobes unavailable" in s.method  # this kernel: the fallback, and it says so
+    hog = [p for p in s.processes if p.pid == w.pid][0]
+    assert hog.comm == "hog" and hog.swapins > 500 and hog.cgroup == cg.path
+    assert hog.regions and hog.regions[0].mapping in ("anon", "[heap]")
+    assert str(swap) in [d.filename for d in s.swap_devices]
+
+    v = vmscan.run(ProbeTarget(kind="system"), 3)
+    memcg_reclaim = [x for x in v.reclaim if x.kind == "memcg"][0]
+    assert memcg_reclaim.events > 50 and memcg_reclaim.pages_reclaimed > 1000
+    assert sum(memcg_reclaim.histogram_us.values()) == memcg_reclaim.events  # read after detaching
+
+    d = drsnoop.run(ProbeTarget.for_cgroup(str(cg.fs_path), cg.path), 3)
+    mine = [p for p in d.processes if p.pid == w.pid]
+    assert mine and mine[0].comm == "hog" and mine[0].memcg_count > 50 and mine[0].total_ms > 0
+
+
+def test_swapon_calls_are_seen(root_required):
+    from kit import swapfile
+
+    box, armed = {}, threading.Event()
+    t = threading.Thread(target=lambda: box.setdefault("r", swapin.run(ProbeTarget(kind="system"), 4, ready=armed)))
+    t.start()
+    assert armed.wait(60)
+    with swapfile(64 * MiB) as path:
+        pass
+    t.join()
+    calls = [(c.call, c.path) for c in box["r"].swap_calls]
+    assert ("swapon", str(path)) in calls and ("swapoff", str(path)) in calls
+
+
+def test_a_missing_requirement_is_unavailable_with_its_reason():
+    r = run_probe(
+        ProbeResult,
+        "needs-kprobes",
+        ProbeTarget(kind="system"),
+        1,
+        [kernel.kprobes()],
+        {},
+        lambda bpf, elapsed: {},
+        "kprobe",
+    )
+    assert r.status == "unavailable"
+    assert "kprobes not compiled into this kernel" in r.reason
