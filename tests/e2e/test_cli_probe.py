@@ -1,0 +1,54 @@
+"""`memdiag probe NAME`: one probe alone from the command line, text and JSON, interrupted
+cleanly, bad input refused in one line."""
+
+import json
+import signal
+import subprocess
+import time
+
+from conftest import MEMDIAG
+
+
+def test_probe_memleak_json(memdiag, workload, tmp_path):
+    w = workload("leak", "2048")
+    folded = tmp_path / "leak.folded"
+    r = memdiag("probe", "memleak", "--pid", str(w.pid), "--duration", "3", "--json", "--folded", str(folded))
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["name"] == "memleak" and data["status"] == "ok"
+    assert "leak_order_history" in data["stacks"][0]["functions"]
+    assert data["cost"]["events"] > 0
+    lines = folded.read_text().splitlines()
+    assert lines and "leak_order_history" in lines[0] and lines[0].rsplit(" ", 1)[1].isdigit()
+
+
+def test_probe_faults_text(memdiag, workload):
+    w = workload("leak", "4096")
+    r = memdiag("probe", "faults", "--pid", str(w.pid), "--duration", "2", "--top", "1")
+    assert r.returncode == 0, r.stderr
+    out = r.stdout.splitlines()
+    assert out[0] == "faults: ok"
+    assert any("leak_order_history+0x" in line and "[leak]" in line for line in out)
+
+
+def test_probe_interrupted_by_sigint_still_reports(root_required, workload):
+    w = workload("leak", "4096")
+    p = subprocess.Popen([MEMDIAG, "probe", "faults", "--pid", str(w.pid), "--duration", "60"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(8)  # compiled and attached
+    started = time.monotonic()
+    p.send_signal(signal.SIGINT)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0, err
+    assert time.monotonic() - started < 30
+    assert out.startswith("faults: ok") and "leak_order_history" in out
+    assert "Traceback" not in err
+
+
+def test_probe_bad_input(memdiag, root_required):
+    r = memdiag("probe", "memleak", "--pid", "999999999", "--duration", "1")
+    assert r.returncode == 2 and "no such process" in r.stderr and "Traceback" not in r.stderr
+    r = memdiag("probe", "memleak", "--pid", "1", "--min-size", "lots")
+    assert r.returncode == 2 and "is not a size" in r.stderr
+    r = memdiag("probe", "swapin", "--cgroup", "/not/a/cgroup")
+    assert r.returncode == 2 and "is not a memory cgroup" in r.stderr

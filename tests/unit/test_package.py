@@ -1,0 +1,29 @@
+"""The built wheel: one import namespace, BPF sources and playbooks shipped as package data."""
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_wheel_layout(tmp_path):
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                    str(tmp_path), str(ROOT)], check=True, capture_output=True)
+    (wheel,) = tmp_path.glob("memdiag-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    top = {n.split("/")[0] for n in names}
+    assert top == {"memdiag", next(t for t in top if t.endswith(".dist-info"))}  # nothing else at the top
+    for probe in ("faults", "memleak", "oomkill", "swapin", "vmscan", "drsnoop", "brkstack", "mmapsnoop"):
+        assert f"memdiag/bpf/{probe}.c" in names
+        assert f"memdiag/probes/{probe}.py" in names
+    assert "memdiag/bpf/memdiag.h" in names
+    assert "memdiag/diagnose/cli.py" in names
+
+
+def test_bpf_sources_load_from_the_installed_package():
+    from memdiag.probes.base import bpf_source
+
+    src = bpf_source("faults")
+    assert src.is_absolute() and src.exists() and (src.parent / "memdiag.h").exists()
