@@ -33,8 +33,12 @@ def test_probe_faults_text(memdiag, workload):
 
 def test_probe_interrupted_by_sigint_still_reports(root_required, workload):
     w = workload("leak", "4096")
-    p = subprocess.Popen([MEMDIAG, "probe", "faults", "--pid", str(w.pid), "--duration", "60"],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p = subprocess.Popen(
+        [MEMDIAG, "probe", "faults", "--pid", str(w.pid), "--duration", "60"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(8)  # compiled and attached
     started = time.monotonic()
     p.send_signal(signal.SIGINT)

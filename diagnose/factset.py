@@ -1,0 +1,153 @@
+"""The facts rules read: a flat {name: value} computed from the counters and from each probe's
+result, in the units the catalog (memdiag.rules.catalog) gives. Unknown stays None."""
+
+from __future__ import annotations
+
+import re
+
+from .evidence import psi_stall_percent, window_seconds
+from .leakcache import classify
+from .observe import Observation
+from .report import Counters
+from .trends import counter_rate
+
+# Frames in these modules belong to the language runtime or the allocator, not to the application.
+_RUNTIME = re.compile(
+    r"^(libc\.so|libc-|ld-linux|ld-musl|libstdc\+\+|libgcc_s|libjemalloc|libtcmalloc|libmimalloc"
+    r"|libpthread|libm\.so|libdl|\[vdso\])"
+)
+_FRAME = re.compile(r"^(?P<fn>.*?)\+0x[0-9a-f]+ \[(?P<mod>[^\]]+)\]$")
+
+
+def app_function(frames: list[str]) -> str | None:
+    """The first frame (from the leaf) in application code, by name."""
+    for frame in frames:
+        m = _FRAME.match(frame)
+        if m and not _RUNTIME.match(m["mod"]):
+            return m["fn"]
+    return None
+
+
+def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -> dict:
+    f: dict = {
+        "target.kind": obs.target.kind,
+        "target.exited": obs.exited_at is not None,
+        "budget.percent": budget_percent,
+        "window.seconds": window_seconds(obs),
+    }
+    if not obs.snapshots:
+        return f
+    first, last, secs = obs.snapshots[0], obs.snapshots[-1], window_seconds(obs)
+    m = last.meminfo
+    f.update(
+        {
+            "system.mem_total": m.mem_total,
+            "system.mem_available": m.mem_available,
+            "system.mem_available_percent": m.available_percent,
+            "system.swap_total": m.swap_total,
+            "system.swap_used": m.swap_used,
+            "system.swapin_rate": counter_rate(first.vmstat.get("pswpin"), last.vmstat.get("pswpin"), secs),
+            "system.swapout_rate": counter_rate(first.vmstat.get("pswpout"), last.vmstat.get("pswpout"), secs),
+            "system.majfault_rate": counter_rate(first.vmstat.get("pgmajfault"), last.vmstat.get("pgmajfault"), secs),
+            "system.direct_reclaim_rate": counter_rate(
+                first.vmstat.get("allocstall"), last.vmstat.get("allocstall"), secs
+            ),
+            "system.psi_some": psi_stall_percent(obs, "some"),
+            "system.psi_full": psi_stall_percent(obs, "full"),
+        }
+    )
+    a, b = first.vmstat.get("oom_kill"), last.vmstat.get("oom_kill")
+    f["system.oom_kills"] = (b - a) if a is not None and b is not None else None
+    if first.meminfo.sunreclaim is not None and m.sunreclaim is not None:
+        f["system.sunreclaim_growth"] = m.sunreclaim - first.meminfo.sunreclaim
+    avail = counters.trends.get("system.mem_available")
+    f["system.mem_available_rate"] = avail.rate_per_s if avail else None
+    growth = [
+        (p.rss or 0) - (obs.processes_first[pid].rss or 0)
+        for pid, p in obs.processes_last.items()
+        if pid in obs.processes_first and obs.processes_first[pid].start_ticks == p.start_ticks
+    ]
+    f["system.top_grower_growth"] = max(growth) if growth else None
+
+    rss = counters.trends.get("process.rss")
+    if rss is not None and last.process is not None:
+        p0, p1 = first.process, last.process
+        f.update(
+            {
+                "process.rss": p1.rss,
+                "process.rss_anon": p1.rss_anon,
+                "process.rss_growth": rss.delta,
+                "process.rss_rate": rss.recent_rate_per_s if rss.shape == "climbing" else rss.rate_per_s,
+                "process.rss_shape": rss.shape,
+                "process.swap": p1.vm_swap,
+                "process.vsz_growth": (p1.vm_size - p0.vm_size) if p1.vm_size and p0 and p0.vm_size else None,
+                "process.majfault_rate": counter_rate(p0.majflt if p0 else None, p1.majflt, secs),
+            }
+        )
+    elif obs.target.kind == "pid":
+        f["process.rss_shape"] = rss.shape if rss else "unknown"
+    f["process.oom_killed"] = (
+        any(k.victim_pid == obs.target.pid for k in counters.oom_kills) if (obs.target.kind == "pid") else None
+    )
+
+    cg = last.cgroup
+    if cg is not None:
+        f.update({"cgroup.usage": cg.usage, "cgroup.limit": cg.effective_limit, "cgroup.oom_kills": cg.oom_kill})
+        if cg.effective_limit and cg.usage is not None:
+            f["cgroup.usage_percent"] = 100.0 * cg.usage / cg.effective_limit
+        if first.cgroup is not None and cg.failcnt is not None and first.cgroup.failcnt is not None:
+            f["cgroup.limit_hits"] = cg.failcnt - first.cgroup.failcnt
+        usage = counters.trends.get("cgroup.usage")
+        if usage is not None:
+            f["cgroup.usage_rate"] = usage.recent_rate_per_s if usage.shape == "climbing" else usage.rate_per_s
+            f["cgroup.usage_shape"] = usage.shape
+    f["oom.kills"] = len(counters.oom_kills)
+    f["oom.cgroup_limit"] = counters.oom_kills[-1].cgroup_oom if counters.oom_kills else None
+    return f
+
+
+def probe_facts(results: dict, process_shape: str | None) -> dict:
+    """Facts from the probes that ran (name -> result)."""
+    f: dict = {}
+    faults = results.get("faults")
+    if faults is not None and faults.status in ("ok", "partial") and faults.stacks:
+        f["faults.top_bytes"] = faults.stacks[0].bytes
+        f["faults.top_function"] = _heaviest_app(faults.stacks, "bytes")
+    brk = results.get("brkstack")
+    if brk is not None and brk.status in ("ok", "partial"):
+        f["brk.growth"] = brk.heap_growth
+        f["brk.top_function"] = _heaviest_app(brk.stacks, "bytes") if brk.stacks else None
+    mm = results.get("mmapsnoop")
+    if mm is not None and mm.status in ("ok", "partial"):
+        f["mmap.anon_bytes"] = sum(s.bytes for s in mm.stacks if s.kind.startswith("anon"))
+        f["mmap.top_function"] = _heaviest_app(mm.stacks, "bytes") if mm.stacks else None
+    ml = results.get("memleak")
+    if ml is not None and ml.status in ("ok", "partial") and ml.stacks:
+        top = ml.stacks[0]
+        trend = classify(ml.series_times, top.series, top.alloc_bytes, top.freed_bytes, process_shape)
+        f.update(
+            {
+                "memleak.top_shape": trend.shape,
+                "memleak.top_outstanding": top.outstanding_bytes,
+                "memleak.top_rate": trend.rate_per_s,
+                "memleak.top_free_ratio": 100 * trend.free_ratio if trend.free_ratio is not None else None,
+                "memleak.top_function": app_function(top.frames),
+            }
+        )
+    sw = results.get("swapin")
+    if sw is not None and sw.status == "ok" and sw.processes and sw.duration_s:
+        f["swapin.top_rate"] = sw.processes[0].swapins / sw.duration_s
+    dr = results.get("drsnoop")
+    if dr is not None and dr.status == "ok":
+        f["reclaim.stall_time"] = sum(p.total_ms for p in dr.processes) / 1000.0
+    return f
+
+
+def _heaviest_app(stacks, weight: str) -> str | None:
+    """The application function that accounts for the most, summed over stacks."""
+    totals: dict[str, int] = {}
+    for s in stacks:
+        fn = app_function(s.frames)
+        if fn:
+            totals[fn] = totals.get(fn, 0) + getattr(s, weight)
+    return max(totals, key=totals.get) if totals else None  # type: ignore[arg-type]

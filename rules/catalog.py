@@ -1,0 +1,80 @@
+"""Every fact a rule may name: its kind of unit and what it means. Rule files are checked against
+this list when they are loaded, so a misspelt fact is an error with a suggestion, never a rule
+that silently never fires. The values are computed by memdiag.diagnose.factset."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .units import Kind
+
+
+@dataclass(frozen=True)
+class FactDef:
+    name: str
+    kind: Kind
+    help: str
+
+
+_DEFS = [
+    # the target
+    ("target.kind", "string", "pid, cgroup or system"),
+    ("target.exited", "bool", "the target process exited during the window"),
+    ("window.seconds", "seconds", "how long the counters were watched"),
+    # system
+    ("system.mem_total", "bytes", "MemTotal"),
+    ("system.mem_available", "bytes", "MemAvailable at the end of the window"),
+    ("system.mem_available_percent", "percent", "MemAvailable as a share of MemTotal"),
+    ("system.mem_available_rate", "bytes_per_s", "change of MemAvailable (negative: falling)"),
+    ("system.swap_total", "bytes", "SwapTotal"),
+    ("system.swap_used", "bytes", "swap in use"),
+    ("system.swapin_rate", "per_s", "pages swapped in per second (pswpin)"),
+    ("system.swapout_rate", "per_s", "pages swapped out per second (pswpout)"),
+    ("system.majfault_rate", "per_s", "major faults per second"),
+    ("system.direct_reclaim_rate", "per_s", "allocation stalls in direct reclaim per second"),
+    ("system.oom_kills", "number", "OOM kills during the window (vmstat oom_kill)"),
+    ("system.psi_some", "percent", "share of the window some task stalled on memory (PSI)"),
+    ("system.psi_full", "percent", "share of the window all tasks stalled on memory (PSI)"),
+    ("system.sunreclaim_growth", "bytes", "growth of unreclaimable slab over the window"),
+    ("system.top_grower_growth", "bytes", "RSS growth of the fastest-growing process"),
+    # process
+    ("process.rss", "bytes", "RSS at the end of the window"),
+    ("process.rss_anon", "bytes", "anonymous RSS"),
+    ("process.rss_growth", "bytes", "RSS change over the window"),
+    ("process.rss_rate", "bytes_per_s", "RSS growth rate over the latest part of the window"),
+    ("process.rss_shape", "string", "climbing, levelled, flat, shrinking or unknown"),
+    ("process.vsz_growth", "bytes", "VSZ change over the window"),
+    ("process.swap", "bytes", "VmSwap"),
+    ("process.majfault_rate", "per_s", "major faults per second of the process"),
+    ("process.oom_killed", "bool", "the kernel log shows the OOM killer took the target"),
+    # memory cgroup
+    ("cgroup.usage", "bytes", "memory usage of the target's cgroup"),
+    ("cgroup.limit", "bytes", "the lowest memory limit up the cgroup tree"),
+    ("cgroup.usage_percent", "percent", "usage as a share of the limit"),
+    ("cgroup.limit_hits", "number", "times the limit was hit during the window"),
+    ("cgroup.oom_kills", "number", "OOM kills the cgroup has recorded since it was created"),
+    ("cgroup.usage_rate", "bytes_per_s", "growth rate of the cgroup's usage"),
+    ("cgroup.usage_shape", "string", "climbing, levelled, flat, shrinking or unknown"),
+    ("oom.kills", "number", "OOM kills that concern the target (kernel log)"),
+    ("oom.cgroup_limit", "bool", "the latest of them was a cgroup limit's (not the host's)"),
+    # the budget
+    ("budget.percent", "percent", "how much the diagnosis may slow the target"),
+    ("alloc.rate", "per_s", "allocator calls per second, estimated by a bounded count"),
+    ("alloc.tracing_percent", "percent", "estimated slowdown from tracing every allocation"),
+    # probe findings
+    ("faults.top_bytes", "bytes", "pages faulted in by the heaviest stack"),
+    ("faults.top_function", "string", "the application function of the heaviest fault stack"),
+    ("brk.growth", "bytes", "heap growth by brk() during the probe"),
+    ("brk.top_function", "string", "the function whose brk() calls grew the heap most"),
+    ("mmap.anon_bytes", "bytes", "anonymous memory mapped during the probe"),
+    ("mmap.top_function", "string", "the function that mapped the most"),
+    ("memleak.top_shape", "string", "leak, cache, growth or none: the heaviest stack's trend"),
+    ("memleak.top_outstanding", "bytes", "outstanding bytes of the heaviest stack"),
+    ("memleak.top_rate", "bytes_per_s", "growth of the heaviest stack's outstanding bytes"),
+    ("memleak.top_free_ratio", "percent", "share of its allocated bytes the heaviest stack freed"),
+    ("memleak.top_function", "string", "the application function of the heaviest stack"),
+    ("swapin.top_rate", "per_s", "swap-ins per second of the process paying most"),
+    ("reclaim.stall_time", "seconds", "time tasks spent in direct or memcg reclaim during the probe"),
+]
+
+FACTS: dict[str, FactDef] = {name: FactDef(name, kind, help) for name, kind, help in _DEFS}  # type: ignore[arg-type]

@@ -1,0 +1,105 @@
+"""Evaluate rules against facts. Three-valued: a condition over a fact nobody could measure is
+neither true nor false, and the rule is `skipped` with the missing facts named. Outcomes are a
+closed set — fired, not-fired, skipped, error — each with its evidence; one broken rule never
+stops the others."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict
+
+from .catalog import FACTS
+from .model import AllOf, AnyOf, Comparison, Condition, NotOf, Present, Rule, template_facts
+from .units import format_quantity
+
+State = Literal["fired", "not-fired", "skipped", "error"]
+
+
+class Outcome(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    rule: str
+    source: str
+    state: State
+    reason: str  # why: the facts and values that decided, what was missing, or the error
+    evidence: dict[str, str] = {}
+
+
+class _Missing(Exception):
+    pass
+
+
+def _cmp(op: str, a, b) -> bool:
+    return {
+        ">": lambda: a > b,
+        ">=": lambda: a >= b,
+        "<": lambda: a < b,
+        "<=": lambda: a <= b,
+        "==": lambda: a == b,
+        "!=": lambda: a != b,
+    }[op]()
+
+
+def evaluate(cond: Condition, facts: dict, used: dict[str, object], missing: set[str]) -> bool | None:
+    """True, False, or None when it depends on a missing fact."""
+    if isinstance(cond, Comparison):
+        value = facts.get(cond.fact)
+        used[cond.fact] = value
+        if value is None:
+            missing.add(cond.fact)
+            return None
+        return _cmp(cond.op, value, cond.value)
+    if isinstance(cond, Present):
+        used[cond.present] = facts.get(cond.present)
+        return facts.get(cond.present) is not None
+    if isinstance(cond, NotOf):
+        inner = evaluate(cond.not_, facts, used, missing)
+        return None if inner is None else not inner
+    parts = [evaluate(c, facts, used, missing) for c in (cond.all if isinstance(cond, AllOf) else cond.any)]
+    if isinstance(cond, AllOf):
+        if any(p is False for p in parts):
+            return False
+        return None if any(p is None for p in parts) else True
+    if isinstance(cond, AnyOf):
+        if any(p is True for p in parts):
+            return True
+        return None if any(p is None for p in parts) else False
+    raise TypeError(cond)
+
+
+def show(name: str, facts: dict) -> str:
+    return format_quantity(facts.get(name), FACTS[name].kind)
+
+
+def render(text: str, facts: dict) -> str:
+    """A template with {fact} placeholders, each shown in its unit."""
+    for name in set(template_facts(text)):
+        text = text.replace("{" + name + "}", show(name, facts))
+    return text
+
+
+def run_rule(rule: Rule, facts: dict) -> Outcome:
+    used: dict[str, object] = {}
+    missing: set[str] = set()
+    try:
+        result = evaluate(rule.when, facts, used, missing)
+    except Exception as e:  # a rule must never abort the diagnosis
+        return Outcome(rule=rule.id, source=rule.source, state="error", reason=f"{type(e).__name__}: {e}")
+    evidence = {name: show(name, facts) for name in used}
+    if result is None:
+        return Outcome(
+            rule=rule.id,
+            source=rule.source,
+            state="skipped",
+            reason="missing " + ", ".join(sorted(missing)),
+            evidence=evidence,
+        )
+    shown = ", ".join(f"{k} = {v}" for k, v in evidence.items())
+    return Outcome(
+        rule=rule.id, source=rule.source, state="fired" if result else "not-fired", reason=shown, evidence=evidence
+    )
+
+
+def run_rules(rules: list[Rule], facts: dict) -> list[tuple[Rule, Outcome]]:
+    return [(rule, run_rule(rule, facts)) for rule in rules]

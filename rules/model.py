@@ -1,0 +1,189 @@
+"""The rule file format, as strict data: unknown keys are refused, facts are resolved against the
+catalog and literals checked against the fact's unit when the file is loaded.
+
+A playbook file:
+
+    rules:
+      - id: rss-climbing                     # unique across every loaded file
+        description: RSS still climbing
+        when: process.rss_rate > 256KiB/s    # or {all: [...]}, {any: [...]}, {not: ...}, {present: fact}
+        then:
+          finding: RSS grows {process.rss_rate}
+          probes: [{name: faults, duration: 10s}]
+          verdict: {kind: growth, summary: "...", confidence: 0.6, priority: 20}
+          advice: ["..."]
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from .catalog import FACTS
+from .units import KIND_NAMES, Kind, parse_quantity
+
+PROBE_NAMES = ("faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop")
+VERDICT_KINDS = ("leak", "cache", "growth", "pressure", "oom", "healthy", "inconclusive")
+_OPS = (">=", "<=", "==", "!=", ">", "<")
+_COMPARISON = re.compile(r"^\s*([a-z_][a-z0-9_.]*)\s*(>=|<=|==|!=|>|<)\s*(.+?)\s*$")
+_TEMPLATE = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+def known_fact(name: str) -> str:
+    if name not in FACTS:
+        close = difflib.get_close_matches(name, FACTS, n=1)
+        hint = f"; did you mean `{close[0]}`?" if close else ""
+        raise ValueError(f"unknown fact `{name}`{hint}")
+    return name
+
+
+def _compatible(fact_kind: Kind, literal_kind: Kind) -> bool:
+    if fact_kind == literal_kind:
+        return True
+    # a bare number compares with counts and with anything numeric written without a unit
+    return literal_kind == "number" and fact_kind not in ("string", "bool")
+
+
+class Comparison(_Strict):
+    fact: str
+    op: Literal[">", ">=", "<", "<=", "==", "!="]
+    value: float | str | bool
+    text: str
+
+    @classmethod
+    def parse(cls, text: str) -> Comparison:
+        m = _COMPARISON.match(text)
+        if not m:
+            name = text.strip()
+            known_fact(name)
+            if FACTS[name].kind != "bool":
+                raise ValueError(f"`{text}` is not a comparison (write: FACT OP VALUE, e.g. process.rss > 1GiB)")
+            return cls(fact=name, op="==", value=True, text=text)
+        name, op, raw = m.groups()
+        known_fact(name)
+        kind = FACTS[name].kind
+        value, literal_kind = parse_quantity(raw.strip("'\""))
+        if raw.lower() in ("true", "false") and kind == "bool":
+            value, literal_kind = raw.lower() == "true", "bool"
+        if not _compatible(kind, literal_kind):
+            raise ValueError(f"fact `{name}` is {KIND_NAMES[kind]}; {raw!r} is {KIND_NAMES[literal_kind]}")
+        if kind in ("string", "bool") and op not in ("==", "!="):
+            raise ValueError(f"fact `{name}` is {KIND_NAMES[kind]}: only == and != apply")
+        return cls(fact=name, op=op, value=value, text=text)  # type: ignore[arg-type]
+
+
+class AllOf(_Strict):
+    all: list[Condition] = Field(min_length=1)
+
+
+class AnyOf(_Strict):
+    any: list[Condition] = Field(min_length=1)
+
+
+class NotOf(_Strict):
+    not_: Condition = Field(alias="not")
+
+
+class Present(_Strict):
+    present: str
+
+    @field_validator("present")
+    @classmethod
+    def _known(cls, v: str) -> str:
+        return known_fact(v)
+
+
+Condition = Comparison | AllOf | AnyOf | NotOf | Present
+
+
+def parse_condition(raw: object) -> Condition:
+    """YAML into a condition: a comparison string, or one of all/any/not/present."""
+    if isinstance(raw, str):
+        return Comparison.parse(raw)
+    if isinstance(raw, dict) and len(raw) == 1:
+        ((key, value),) = raw.items()
+        if key == "all" and isinstance(value, list):
+            return AllOf(all=[parse_condition(v) for v in value])
+        if key == "any" and isinstance(value, list):
+            return AnyOf(any=[parse_condition(v) for v in value])
+        if key == "not":
+            return NotOf(**{"not": parse_condition(value)})
+        if key == "present":
+            return Present(present=value)
+    raise ValueError(
+        "a condition is a comparison string or one of {all: [...]}, {any: [...]}, {not: ...}, {present: FACT}"
+    )
+
+
+def template_facts(text: str) -> list[str]:
+    return _TEMPLATE.findall(text)
+
+
+class ProbeRequest(_Strict):
+    name: Literal["faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop"]
+    duration: str | None = None  # e.g. 15s; default: what is left of the window
+
+    @field_validator("duration")
+    @classmethod
+    def _seconds(cls, v: str | None) -> str | None:
+        if v is not None and parse_quantity(v)[1] != "seconds":
+            raise ValueError(f"duration {v!r} is not a duration (e.g. 15s)")
+        return v
+
+    @property
+    def seconds(self) -> float | None:
+        return float(parse_quantity(self.duration)[0]) if self.duration else None  # type: ignore[arg-type]
+
+
+class VerdictAction(_Strict):
+    kind: Literal["leak", "cache", "growth", "pressure", "oom", "healthy", "inconclusive"]
+    summary: str
+    confidence: float = Field(ge=0, le=1)
+    priority: int = 0  # the highest-priority verdict that fires wins
+
+
+class Then(_Strict):
+    finding: str | None = None
+    probes: list[ProbeRequest] = []
+    verdict: VerdictAction | None = None
+    advice: list[str] = []
+
+    @model_validator(mode="after")
+    def _templates(self) -> Then:
+        texts = [self.finding or "", *self.advice, self.verdict.summary if self.verdict else ""]
+        for text in texts:
+            for name in template_facts(text):
+                known_fact(name)
+        if not (self.finding or self.probes or self.verdict or self.advice):
+            raise ValueError("`then` needs at least one of finding, probes, verdict, advice")
+        return self
+
+
+class Rule(_Strict):
+    id: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    description: str = ""
+    when: Condition
+    then: Then
+    source: str = ""  # file:line, filled by the loader
+
+    @field_validator("when", mode="before")
+    @classmethod
+    def _condition(cls, v: object) -> object:
+        if isinstance(v, (Comparison, AllOf, AnyOf, NotOf, Present)):
+            return v
+        return parse_condition(v)
+
+
+class Playbook(_Strict):
+    rules: list[Rule]
+
+
+for _m in (AllOf, AnyOf, NotOf):
+    _m.model_rebuild()
