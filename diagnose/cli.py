@@ -7,10 +7,10 @@ import argparse
 import os
 import sys
 
-from .commands import probe, run, top
+from .commands import probe, rules, run, top
 from .errors import MemdiagError
 
-_SUBCOMMANDS = {"top": top, "probe": probe}
+_SUBCOMMANDS = {"top": top, "probe": probe, "rules": rules}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
         print(str(e), file=sys.stderr)
         return 2
     except MemdiagError as e:
-        print(f"memdiag: {e}", file=sys.stderr)
+        lines = str(e).splitlines() or [""]
+        print("\n".join([f"memdiag: {lines[0]}", *lines[1:]]), file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         print("memdiag: interrupted", file=sys.stderr)

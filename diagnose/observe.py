@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -46,8 +47,11 @@ def observe(
     interval: float | None = None,
     on_sample: Callable[[Snapshot, float], None] | None = None,
     proc_root: Path = Path("/proc"),
+    sink: list[Snapshot] | None = None,
+    stop: threading.Event | None = None,
 ) -> Observation:
-    """Sample until the window ends, the target exits, or the user interrupts (Ctrl-C)."""
+    """Sample until the window ends, the target exits, the user interrupts (Ctrl-C) or stop is
+    set. sink, when given, receives each snapshot as it is taken (for a caller in another thread)."""
     interval = interval or default_interval(duration)
     started_mono, started = time.monotonic(), time.time()
     snapshots: list[Snapshot] = []
@@ -63,17 +67,23 @@ def observe(
                 exited_at = time.time()
                 break
             snapshots.append(snap)
+            if sink is not None:
+                sink.append(snap)
             if len(snapshots) == 1:
                 # Every process, whatever the target: pressure is paid and caused host-wide.
                 processes_first = read_all_processes(proc_root)
             elapsed = time.monotonic() - started_mono
             if on_sample is not None:
                 on_sample(snap, elapsed)
-            if elapsed >= duration:
+            if elapsed >= duration or (stop is not None and stop.is_set()):
                 break
             # Sleep to the next tick of the schedule, so sampling does not drift.
             next_tick = started_mono + interval * (int(elapsed / interval) + 1)
-            time.sleep(max(0.0, min(next_tick, started_mono + duration) - time.monotonic()))
+            pause = max(0.0, min(next_tick, started_mono + duration) - time.monotonic())
+            if stop is not None:
+                stop.wait(pause)
+            else:
+                time.sleep(pause)
     except KeyboardInterrupt:
         interrupted = True
     return Observation(

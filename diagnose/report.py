@@ -53,6 +53,30 @@ class ProbeStatus(_Model):
     status: ProbeState
     reason: str
     method: str | None = None
+    duration_s: float | None = None
+    events: int | None = None
+    overhead_percent: float | None = None  # measured: what it cost the target over the window
+
+
+class TrailItem(_Model):
+    """One step of what the engine did and why: a rule's outcome, a budget decision, a probe run."""
+
+    kind: Literal["rule", "probe", "budget"]
+    name: str
+    state: str
+    reason: str
+    source: str = ""
+    at_s: float = 0.0
+
+
+class StackReport(_Model):
+    """A stack the verdict rests on, with what it accounts for."""
+
+    probe: str
+    frames: list[str]
+    bytes: int
+    detail: str  # "2,040 allocations outstanding, 0 frees" / "989 page faults" ...
+    series: list[int] = []  # outstanding bytes over time (memleak)
 
 
 class Overhead(_Model):
@@ -105,4 +129,8 @@ class Report(_Model):
     caveats: list[str] = []
     probes: list[ProbeStatus] = []
     overhead: Overhead
+    budget_decision: str | None = None
+    trail: list[TrailItem] = []
+    stacks: list[StackReport] = []
+    folded: list[str] = []  # memory-growth flame graph input (growth.folded)
     counters: Counters

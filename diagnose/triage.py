@@ -26,8 +26,19 @@ CGROUP_FULL_PERCENT = 90.0  # usage within 10% of the cgroup limit: the limit is
 
 
 class Triage:
-    def __init__(self, verdict: Verdict, findings: list[Finding], next_steps: list[str], caveats: list[str]):
+    """Findings, caveats and next steps from the counters, and candidate verdicts by name (oom,
+    pressure, growth, plateau, exited, stable, too_few) for the playbook to choose from."""
+
+    def __init__(
+        self,
+        verdict: Verdict,
+        findings: list[Finding],
+        next_steps: list[str],
+        caveats: list[str],
+        candidates: dict[str, Verdict] | None = None,
+    ):
         self.verdict, self.findings, self.next_steps, self.caveats = verdict, findings, next_steps, caveats
+        self.candidates = candidates if candidates is not None else {}
 
 
 def _who(obs: Observation) -> str:
@@ -282,7 +293,7 @@ def triage(obs: Observation, counters: Counters) -> Triage:
             confidence=0.2,
             culprit=Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs)),
         )
-        return Triage(verdict, findings, ["run again with a longer --duration"], caveats)
+        return Triage(verdict, findings, ["run again with a longer --duration"], caveats, {"too_few": verdict})
 
     # --- OOM kills ---------------------------------------------------------------------------
     last_cg = obs.snapshots[-1].cgroup if obs.snapshots else None
@@ -325,11 +336,10 @@ def triage(obs: Observation, counters: Counters) -> Triage:
             )
             if proj:
                 summary += f"; {proj}"
-            summary += "; escalation needed: page-fault stacks / memleak"
             findings.append(
                 Finding(
                     id="growth-climbing",
-                    summary=summary.split("; escalation")[0],
+                    summary=summary,
                     evidence={"series": name, **tr.model_dump()},
                 )
             )
@@ -404,9 +414,10 @@ def triage(obs: Observation, counters: Counters) -> Triage:
                     "address space reserved, not memory used (VSZ is not RSS)"
                 )
 
-    # --- the verdict ---------------------------------------------------------------------------
+    # --- candidate verdicts: the playbook decides which applies; the code only describes ------
+    candidates: dict[str, Verdict] = {}
     if oom is not None:
-        verdict = oom
+        candidates["oom"] = oom
         next_steps.insert(0, "keep an OOM watch running (oomkill probe) to catch the next kill with its trigger stack")
         if oom.culprit.cgroup:
             next_steps.insert(
@@ -414,14 +425,14 @@ def triage(obs: Observation, counters: Counters) -> Triage:
                 "compare the cgroup limit with the workload's real peak; look at what grows "
                 "inside it (faults / memleak probes on the restarted process)",
             )
-    elif pressure_reasons:
+    if pressure_reasons:
         culprits = _pressure_culprits(obs)
         summary = f"memory pressure on {who}: " + ", ".join(pressure_reasons)
         if growth_verdict is not None and growth_verdict.kind == "growth":
             summary += f"; caused by growth: {growth_verdict.summary.split('; escalation')[0]}"
         if culprits:
             summary += f"; {culprits}"
-        verdict = Verdict(
+        candidates["pressure"] = Verdict(
             kind="pressure",
             summary=summary,
             confidence=0.7,
@@ -433,23 +444,28 @@ def triage(obs: Observation, counters: Counters) -> Triage:
             "see reclaim and swap as latency: vmscan, drsnoop and swapin probes",
             "find what grows: page-fault stacks of the largest consumers",
         ]
-    elif growth_verdict is not None:
-        verdict = growth_verdict
-    elif obs.exited_at is not None:
-        verdict = Verdict(
+    if growth_verdict is not None:
+        candidates["growth" if growth_verdict.kind == "growth" else "plateau"] = growth_verdict
+    if obs.exited_at is not None:
+        candidates["exited"] = Verdict(
             kind="inconclusive",
             summary=f"{who} exited during the window and the kernel log shows no OOM kill of it",
             confidence=0.3,
             culprit=Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs)),
         )
-    else:
-        tr = growth[1] if growth else counters.trends.get("system.mem_available")
-        level = f" at {fmt_bytes(tr.last)}" if tr and tr.last is not None else ""
-        verdict = Verdict(
+    tr = growth[1] if growth else counters.trends.get("system.mem_available")
+    level = f" at {fmt_bytes(tr.last)}" if tr and tr.last is not None else ""
+    if not candidates:
+        candidates["stable"] = Verdict(
             kind="healthy",
             summary=f"memory of {who} is stable{level} over {fmt_duration(window_seconds(obs))}; "
             "no pressure, no OOM kill",
             confidence=0.6,
             culprit=Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs)),
         )
-    return Triage(verdict, findings, next_steps, caveats)
+    # The same precedence the shipped playbook encodes, used only when no playbook verdict fires.
+    for name in ("oom", "pressure", "growth", "plateau", "exited", "stable"):
+        if name in candidates:
+            verdict = candidates[name]
+            break
+    return Triage(verdict, findings, next_steps, caveats, candidates)

@@ -1,4 +1,4 @@
-"""One diagnosis end to end: observe the counters, triage them, assemble the Report."""
+"""One diagnosis end to end: the engine (counters, rules, probes), then the Report."""
 
 from __future__ import annotations
 
@@ -6,18 +6,17 @@ from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from .evidence import build_counters
-from .observe import Observation, observe
-from .report import Overhead, ProbeStatus, Report, TargetInfo, Window
+from memdiag.probes.base import ProbeResult
+from memdiag.rules.loader import load_playbooks, playbook_paths
+from memdiag.rules.model import Rule
+
+from .engine import PROBE_ORDER, Engine
+from .report import Finding, Overhead, ProbeStatus, Report, StackReport, TargetInfo, TrailItem, Window
 from .snapshot import Snapshot
 from .target import Target
-from .triage import triage
+from .units import fmt_number
 
 DEFAULT_BUDGET_PERCENT = 2.0
-
-# The probes the full workflow escalates to. Until they are built, the report lists each as
-# not run and says why, so a reader knows what the verdict does not rest on.
-PLANNED_PROBES = ("faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop")
 
 
 def memdiag_version() -> str:
@@ -39,9 +38,96 @@ def target_info(target: Target) -> TargetInfo:
     )
 
 
-def report_from(obs: Observation, budget_percent: float = DEFAULT_BUDGET_PERCENT) -> Report:
-    counters = build_counters(obs)
-    result = triage(obs, counters)
+def load_rules(extra: list[Path] | None = None) -> list[Rule]:
+    return load_playbooks(playbook_paths(extra))
+
+
+def _overhead_percent(r: ProbeResult, trap_ns: float | None, window_s: float) -> float | None:
+    """What a probe cost the target over the whole window: BPF run time, plus a trap per uprobe hit."""
+    if window_s <= 0 or r.cost.events == 0 and not r.cost.bpf_run_ns:
+        return 0.0 if r.status in ("ok", "partial") else None
+    ns = float(r.cost.bpf_run_ns or 0)
+    if r.name == "memleak" and trap_ns:
+        ns += (r.cost.bpf_run_count or r.cost.events) * trap_ns
+    return 100.0 * ns / (window_s * 1e9)
+
+
+def _stacks(results: dict[str, ProbeResult]) -> tuple[list[StackReport], list[str]]:
+    out: list[StackReport] = []
+    folded: list[str] = []
+    ml = results.get("memleak")
+    if ml is not None and getattr(ml, "stacks", None):
+        for s in ml.stacks[:5]:
+            out.append(
+                StackReport(
+                    probe="memleak",
+                    frames=s.frames,
+                    bytes=s.outstanding_bytes,
+                    series=s.series,
+                    detail=f"{fmt_number(s.outstanding_count)} allocations outstanding, "
+                    f"{fmt_number(s.allocs)} allocs, {fmt_number(s.frees)} frees",
+                )
+            )
+        folded = ml.folded
+    for name, what in (("faults", "page faults"), ("brkstack", "brk() calls"), ("mmapsnoop", "mmap() calls")):
+        r = results.get(name)
+        if r is None or not getattr(r, "stacks", None):
+            continue
+        for s in r.stacks[:3]:
+            out.append(StackReport(probe=name, frames=s.frames, bytes=s.bytes, detail=f"{fmt_number(s.count)} {what}"))
+        if not folded:
+            folded = r.folded  # faults: pages actually touched, the classic memory-growth flame graph
+    return out, folded
+
+
+def diagnose(
+    target: Target,
+    duration: float,
+    interval: float | None = None,
+    budget_percent: float = DEFAULT_BUDGET_PERCENT,
+    on_sample: Callable[[Snapshot, float], None] | None = None,
+    rules: list[Rule] | None = None,
+    on_step: Callable[[str], None] | None = None,
+    proc_root: Path = Path("/proc"),
+) -> Report:
+    engine = Engine(
+        rules if rules is not None else load_rules(),
+        target,
+        duration,
+        budget_percent,
+        interval,
+        on_sample=on_sample,
+        on_step=on_step,
+    )
+    obs, counters, tri, _facts, verdict, rule_findings, advice = engine.run()
+    window_s = max(obs.ended - obs.started, 1e-9)
+    d = engine.budget_decision
+    trap_ns = d.cost_ns / 2 if d and d.cost_ns else None
+    probes = []
+    for name in PROBE_ORDER:
+        r = engine.results.get(name)
+        if r is None:
+            asked = [t for t in engine.trail if t.kind == "probe" and t.name == name]
+            why = asked[-1].reason if asked else "no rule asked for it"
+            if name == "memleak" and d is not None and d.choice != "full":
+                why = f"not attached: {d.reason}"
+            probes.append(ProbeStatus(name=name, status="not-run", reason=why))
+            continue
+        probes.append(
+            ProbeStatus(
+                name=name,
+                status=r.status,
+                reason=r.reason or "ran",
+                method=r.method,
+                duration_s=r.duration_s,
+                events=r.cost.events,
+                overhead_percent=_overhead_percent(r, trap_ns, window_s),
+            )
+        )
+    measured = [p.overhead_percent for p in probes if p.overhead_percent is not None]
+    stacks, folded = _stacks(engine.results)
+    findings = list(tri.findings)
+    findings += [Finding(id="playbook", summary=text) for text in rule_findings if text]
     return Report(
         memdiag_version=memdiag_version(),
         target=target_info(obs.target),
@@ -52,31 +138,29 @@ def report_from(obs: Observation, budget_percent: float = DEFAULT_BUDGET_PERCENT
             samples=len(obs.snapshots),
             target_exited_at=obs.exited_at,
         ),
-        verdict=result.verdict,
-        findings=result.findings,
-        next_steps=result.next_steps,
-        caveats=result.caveats,
-        probes=[
-            ProbeStatus(
-                name=name,
-                status="not-run",
-                reason="counters-only diagnosis: BPF probes are not part of this version yet",
-            )
-            for name in PLANNED_PROBES
-        ],
-        # Reading /proc once a second costs the target nothing measurable; no probe ran.
-        overhead=Overhead(budget_percent=budget_percent, estimated_percent=0.0, measured_percent=None),
+        verdict=verdict,
+        findings=findings,
+        next_steps=list(dict.fromkeys(advice + tri.next_steps)),
+        caveats=tri.caveats + _stack_caveats(stacks),
+        probes=probes,
+        overhead=Overhead(
+            budget_percent=budget_percent,
+            estimated_percent=d.estimated_percent if d and d.choice == "full" else 0.0,
+            measured_percent=sum(measured) if engine.results else None,
+        ),
+        budget_decision=d.reason if d else None,
+        trail=[TrailItem(**t.model_dump()) for t in engine.trail],
+        stacks=stacks,
+        folded=folded,
         counters=counters,
     )
 
 
-def diagnose(
-    target: Target,
-    duration: float,
-    interval: float | None = None,
-    budget_percent: float = DEFAULT_BUDGET_PERCENT,
-    on_sample: Callable[[Snapshot, float], None] | None = None,
-    proc_root: Path = Path("/proc"),
-) -> Report:
-    obs = observe(target, duration, interval, on_sample=on_sample, proc_root=proc_root)
-    return report_from(obs, budget_percent)
+def _stack_caveats(stacks: list[StackReport]) -> list[str]:
+    unknown = sum(f.startswith("[unknown]") for s in stacks for f in s.frames)
+    if not unknown:
+        return []
+    return [
+        f"{unknown} stack frame(s) are [unknown]: frames without symbols or frame pointers; build with "
+        "-fno-omit-frame-pointer and install debug info (-dbg/-dbgsym packages) to name them"
+    ]

@@ -91,6 +91,7 @@ class ProbeResult(BaseModel):
     duration_s: float = 0.0
     target_exited_at: float | None = None
     interrupted: bool = False
+    backed_off: bool = False  # stopped early because it cost more than allowed
     lost: dict[str, int] = {}
     cost: Cost = Cost()
 
@@ -186,6 +187,7 @@ class Stop:
 
     def __init__(self) -> None:
         self.interrupted = False
+        self.backed_off = False
         self.target_exited_at: float | None = None
 
 
@@ -227,8 +229,9 @@ def run_for(
         if not target.alive():
             stop.target_exited_at = time.time()
             return elapsed
-        if on_tick is not None:
-            on_tick(elapsed)
+        if on_tick is not None and on_tick(elapsed):
+            stop.backed_off = True  # the caller asked to stop early (over its overhead budget)
+            return elapsed
         time.sleep(min(tick, max(0.0, duration - elapsed)))
 
 
@@ -287,7 +290,8 @@ def run_probe(
     filtered: the program keeps a `targets` map of tgids (TARGET_MODE 1) unless the target is
     the whole system. attach(bpf, pids) attaches what bcc does not attach by itself, at the start
     and again for processes that join a cgroup target. on_tick(bpf, elapsed) runs about twice a
-    second while the probe is attached. ready is set once everything is attached."""
+    second while the probe is attached; returning True ends the run early (backed off, e.g. over
+    budget). ready is set once everything is attached."""
     started = time.time()
     try:
         require(*requirements)
@@ -325,8 +329,7 @@ def run_probe(
                     pids.update(new)
                 if spaces is not None:
                     spaces.refresh(pids)
-                if on_tick is not None:
-                    on_tick(bpf, elapsed)
+                return bool(on_tick(bpf, elapsed)) if on_tick is not None else False
 
             elapsed = run_for(duration, target, stop, on_tick=tick)
             detach_all(bpf)  # the counts stop moving before they are read: tables agree
@@ -344,6 +347,7 @@ def run_probe(
         duration_s=elapsed,
         target_exited_at=stop.target_exited_at,
         interrupted=stop.interrupted,
+        backed_off=stop.backed_off,
         lost=fields.pop("lost", {}),
         cost=cost,
         **fields,

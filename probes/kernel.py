@@ -72,6 +72,8 @@ def kernel_headers(release: str | None = None) -> Path | None:
 
 def prepare_bcc_environment() -> Availability:
     """Point bcc at usable headers (BCC_KERNEL_SOURCE) before it is imported; check tracefs."""
+    if os.geteuid() != 0:
+        return Availability(available=False, reason="BPF probes need root (CAP_BPF and CAP_PERFMON)")
     headers = kernel_headers()
     if "BCC_KERNEL_SOURCE" not in os.environ and headers is not None and not str(headers).startswith("/lib/modules"):
         os.environ["BCC_KERNEL_SOURCE"] = str(headers)

@@ -18,7 +18,7 @@ from pydantic import BaseModel
 
 from . import kernel
 from .allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
-from .base import ProbeResult, ProbeTarget, run_probe
+from .base import ProbeResult, ProbeTarget, measure_cost, run_probe
 from .growth import Spaces
 from .stacks import Symbolizer, folded, recover
 
@@ -117,8 +117,12 @@ def run(
     series_interval: float = 2.0,
     functions: list[str] | None = None,
     top: int = 20,
+    max_overhead_percent: float | None = None,
+    cost_per_event_ns: float | None = None,
 ) -> MemleakResult:
-    """functions: attach only these entry points (a narrower, cheaper set), default all."""
+    """functions: attach only these entry points (a narrower, cheaper set), default all.
+    max_overhead_percent with cost_per_event_ns: detach early when events x cost over the time
+    attached exceeds that share of the target's time (measured as it runs, not estimated)."""
     if target.kind == "system" and not kernel_mode:
         return MemleakResult(
             name="memleak",
@@ -175,12 +179,20 @@ def run(
                 if p.describe() not in info["placements"]:
                     info["placements"].append(p.describe())
 
-    def on_tick(bpf, elapsed: float) -> None:
+    def on_tick(bpf, elapsed: float) -> bool:
         if snoop_min:
             bpf.perf_buffer_poll(timeout=0)
         if elapsed - last_sample[0] >= series_interval:
             last_sample[0] = elapsed
             _sample_series(bpf, elapsed, series_times, series)
+        if max_overhead_percent is not None and cost_per_event_ns and elapsed > 1.0:
+            # every probe hit is a trap: the kernel's own count of program runs, where it keeps one
+            hits = measure_cost(bpf, 0).bpf_run_count
+            if hits is None:
+                hits = sum(bpf["stats"][i].value for i in (0, 1, 8, 9))
+            if hits * cost_per_event_ns / (elapsed * 1e9) * 100 > max_overhead_percent:
+                return True
+        return False
 
     def collect(bpf, elapsed: float) -> dict:
         if snoop_min:

@@ -20,6 +20,7 @@ _DEFS = [
     # the target
     ("target.kind", "string", "pid, cgroup or system"),
     ("target.exited", "bool", "the target process exited during the window"),
+    ("target.name", "string", "the target as a person reads it: PID 123 (orderd), cgroup /x, the system"),
     ("window.seconds", "seconds", "how long the counters were watched"),
     # system
     ("system.mem_total", "bytes", "MemTotal"),
@@ -57,6 +58,14 @@ _DEFS = [
     ("cgroup.usage_shape", "string", "climbing, levelled, flat, shrinking or unknown"),
     ("oom.kills", "number", "OOM kills that concern the target (kernel log)"),
     ("oom.cgroup_limit", "bool", "the latest of them was a cgroup limit's (not the host's)"),
+    # what the counters say, in words, per candidate verdict (present when the counters support it)
+    ("summary.oom", "string", "the OOM kill: victim, trigger, cgroup limit, host memory"),
+    ("summary.pressure", "string", "the pressure: stalls, swap-in, reclaim, who pays, who is biggest"),
+    ("summary.growth", "string", "the growth: rate, duration, projection to the limit"),
+    ("summary.plateau", "string", "growth that levelled off"),
+    ("summary.exited", "string", "the target exited, not by the OOM killer"),
+    ("summary.stable", "string", "memory stable, no pressure"),
+    ("summary.too_few", "string", "too few samples to tell"),
     # the budget
     ("budget.percent", "percent", "how much the diagnosis may slow the target"),
     ("alloc.rate", "per_s", "allocator calls per second, estimated by a bounded count"),

@@ -10,12 +10,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from memdiag.rules.loader import RuleFileError
+
 from ..errors import PermissionNeeded, UsageError
 from ..progress import Progress
-from ..render.jsonout import render_json
-from ..render.markdown import render_markdown
+from ..render import render_all
 from ..target import Target, cgroup_target, pid_target, system_target
-from ..workflow import DEFAULT_BUDGET_PERCENT, diagnose
+from ..workflow import DEFAULT_BUDGET_PERCENT, diagnose, load_rules
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -49,6 +50,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="how much the diagnosis may slow the target (default 2)",
     )
     parser.add_argument("--quiet", action="store_true", help="print only the verdict and the report's path")
+    parser.add_argument(
+        "--playbook",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also load this rule file (or folder of *.yaml); repeatable",
+    )
 
 
 def _target(args: argparse.Namespace) -> Target:
@@ -96,13 +105,25 @@ def execute(args: argparse.Namespace) -> int:
         raise UsageError("--interval must be more than 0 seconds")
     if not 0 < args.budget <= 100:
         raise UsageError("--budget must be a percentage between 0 and 100")
+    try:
+        rules = load_rules(args.playbook)
+    except RuleFileError as e:
+        raise UsageError("bad rule file:\n" + "\n".join(f"  {line}" for line in e.errors)) from None
     target = _target(args)
     out = _output_dir(args, target)
     progress = Progress(args.duration, enabled=not args.quiet and sys.stderr.isatty())
     progress.step(f"diagnosing {target.describe()}")
-    report = diagnose(target, args.duration, args.interval, args.budget, on_sample=progress.on_sample)
+    report = diagnose(
+        target,
+        args.duration,
+        args.interval,
+        args.budget,
+        on_sample=progress.on_sample,
+        rules=rules,
+        on_step=progress.step,
+    )
     progress.done()
-    for name, text in (("report.md", render_markdown(report)), ("report.json", render_json(report))):
+    for name, text in render_all(report).items():
         tmp = out / f".{name}.tmp"
         tmp.write_text(text)
         os.replace(tmp, out / name)

@@ -1,1 +1,22 @@
 """Renderers: each takes a Report and returns text. None of them reads /proc."""
+
+from __future__ import annotations
+
+from ..report import Report
+from .flamegraph import render_flamegraph
+from .html import render_html
+from .jsonout import render_json
+from .markdown import render_markdown
+
+
+def render_all(report: Report) -> dict[str, str]:
+    """Every file of a report folder, by name."""
+    md = render_markdown(report)
+    files = {
+        "report.md": md,
+        "report.json": render_json(report),
+        "report.html": render_html(md, title=f"memdiag: {report.verdict.kind} — {report.target.description}"),
+        "growth.folded": "".join(f"{line}\n" for line in report.folded),
+        "growth.svg": render_flamegraph(report.folded, title=f"memory growth — {report.target.description}"),
+    }
+    return files

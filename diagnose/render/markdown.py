@@ -125,6 +125,16 @@ def render_markdown(report: Report) -> str:
         lines += [f"- **{f.id}**: {f.summary}" for f in report.findings]
         lines += [""]
 
+    if report.stacks:
+        lines += ["### Stacks", ""]
+        for st in report.stacks:
+            trend = f" — outstanding `{sparkline([float(v) for v in st.series])}`" if st.series else ""
+            lines += [f"- **{fmt_bytes(st.bytes)}** ({st.probe}: {st.detail}){trend}"]
+            lines += [f"  {i}. `{frame}`" for i, frame in enumerate(st.frames[:8], 1)]
+            if len(st.frames) > 8:
+                lines += [f"  - … {len(st.frames) - 8} more frames"]
+        lines += [""]
+
     trends = report.counters.trends
     if trends:
         lines += ["### Trends", ""]
@@ -198,20 +208,42 @@ def render_markdown(report: Report) -> str:
     lines += [f"{i}. {step}" for i, step in enumerate(report.next_steps, 1)] or ["Nothing: no further step is needed."]
     lines += [""]
 
+    if report.trail:
+        lines += ["## What memdiag ran and why", ""]
+        shown = [t for t in report.trail if t.kind != "rule" or t.state in ("fired", "skipped", "error")]
+        lines += _table(
+            ["at", "step", "name", "outcome", "why"],
+            [[f"{t.at_s:.0f} s", t.kind, t.name, t.state, t.reason] for t in shown],
+        ) + [""]
+
     lines += ["## Probes", ""]
     lines += _table(
-        ["probe", "status", "method", "reason"], [[p.name, p.status, p.method or "–", p.reason] for p in report.probes]
+        ["probe", "status", "method", "time", "events", "overhead", "reason"],
+        [
+            [
+                p.name,
+                p.status,
+                p.method or "–",
+                fmt_duration(p.duration_s) if p.duration_s is not None else "–",
+                fmt_number(p.events) if p.events is not None else "–",
+                f"{p.overhead_percent:.2f}%" if p.overhead_percent is not None else "–",
+                p.reason,
+            ]
+            for p in report.probes
+        ],
     ) + [""]
 
     o = report.overhead
     lines += ["## Overhead", ""]
     lines += [f"- Budget: {o.budget_percent:g}% of the target's time"]
-    lines += [f"- Estimated: {o.estimated_percent:g}%" if o.estimated_percent is not None else "- Estimated: unknown"]
+    lines += [f"- Estimated: {o.estimated_percent:.2f}%" if o.estimated_percent is not None else "- Estimated: unknown"]
     lines += [
-        f"- Measured: {o.measured_percent:g}%"
+        f"- Measured: {o.measured_percent:.2f}% (probe run time and traps over the window)"
         if o.measured_percent is not None
         else "- Measured: nothing to measure (no probe attached; counters read from /proc)"
     ]
+    if report.budget_decision:
+        lines += [f"- Allocation tracing: {report.budget_decision}"]
     lines += [""]
 
     if report.caveats:

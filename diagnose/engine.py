@@ -1,0 +1,308 @@
+"""The diagnosis engine: counters -> rules -> probes -> findings -> rules again, within the window
+and under the overhead budget, then the verdict the playbook reaches.
+
+The counters are sampled for the whole window in a background thread. After a first stretch
+(a third of the window, at least 5 s) the rules run on what the counters say; the probes they ask
+for run one after another in the time left (probes are never run twice); their results become
+facts and the rules run again, until nothing new is asked or the window is spent. Allocation
+tracing (memleak) is priced first: a bounded count of allocator calls times the per-call cost
+measured on this host; over budget, page faults and brk/mmap are traced instead, and memleak
+also detaches itself if what it really costs goes over."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Literal
+
+from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, swapin, vmscan
+from memdiag.probes.base import ProbeResult, ProbeTarget
+from memdiag.rules.engine import Outcome, render, run_rules
+from memdiag.rules.model import Rule
+from pydantic import BaseModel
+
+from .evidence import build_counters
+from .facts.kmsg import read_oom_kills
+from .factset import counter_facts, probe_facts
+from .observe import Observation, observe
+from .report import Counters, Culprit, Verdict
+from .snapshot import Snapshot
+from .target import Target
+from .triage import Triage, triage
+
+PROBE_ORDER = ("faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop")
+FIRST_LOOK_SHARE = 0.3
+FIRST_LOOK_MIN_S = 5.0
+MIN_PROBE_S = 3.0
+ALLOCATOR_ENTRY = {"malloc", "calloc", "realloc", "free", "operator new(unsigned long)", "operator delete(void*)"}
+
+
+class TrailEntry(BaseModel):
+    kind: Literal["rule", "probe", "budget"]
+    name: str
+    state: str
+    reason: str
+    source: str = ""
+    at_s: float = 0.0  # seconds into the window
+
+
+class BudgetDecision(BaseModel):
+    choice: Literal["full", "fallback", "unknown"]
+    reason: str
+    estimated_percent: float | None = None
+    call_rate: float | None = None
+    cost_ns: float | None = None
+
+
+def probe_target(target: Target) -> ProbeTarget:
+    if target.kind == "pid" and target.pid is not None:
+        return ProbeTarget.for_pid(target.pid)
+    if target.kind == "cgroup" and target.cgroup is not None:
+        return ProbeTarget.for_cgroup(target.cgroup.fs_path, target.cgroup.path)
+    return ProbeTarget(kind="system")
+
+
+class Engine:
+    def __init__(
+        self,
+        rules: list[Rule],
+        target: Target,
+        duration: float,
+        budget_percent: float,
+        interval: float | None = None,
+        on_sample: Callable[[Snapshot, float], None] | None = None,
+        on_step: Callable[[str], None] | None = None,
+    ):
+        self.rules, self.target, self.duration, self.budget = rules, target, duration, budget_percent
+        self.interval, self.on_sample, self.on_step = interval, on_sample, on_step or (lambda _s: None)
+        self.trail: list[TrailEntry] = []
+        self.results: dict[str, ProbeResult] = {}
+        self.budget_decision: BudgetDecision | None = None
+        self.started = time.monotonic()
+        self.outcomes: list[tuple[Rule, Outcome]] = []
+
+    # --- time ---------------------------------------------------------------------------
+    def elapsed(self) -> float:
+        return time.monotonic() - self.started
+
+    def left(self) -> float:
+        return self.duration - self.elapsed()
+
+    # --- facts ----------------------------------------------------------------------------
+    def facts_of(self, obs: Observation) -> tuple[dict, Counters, Triage]:
+        counters = build_counters(obs)
+        tri = triage(obs, counters)
+        f = counter_facts(obs, counters, self.budget)
+        f["target.name"] = self.target.describe()
+        for name, verdict in tri.candidates.items():
+            f[f"summary.{name}"] = verdict.summary
+        f.update(probe_facts(self.results, f.get("process.rss_shape")))
+        if self.budget_decision is not None:
+            f["alloc.rate"] = self.budget_decision.call_rate
+            f["alloc.tracing_percent"] = self.budget_decision.estimated_percent
+        return f, counters, tri
+
+    # --- probes ---------------------------------------------------------------------------
+    def _price_memleak(self) -> BudgetDecision:
+        from memdiag.probes.calibrate import host_costs
+        from memdiag.probes.ratecount import estimate_call_rate
+
+        if self.target.kind != "pid" or self.target.pid is None:
+            return BudgetDecision(
+                choice="fallback",
+                reason="allocation tracing is priced per process; a cgroup or "
+                "the whole system gets page faults and brk/mmap instead",
+            )
+        costs = host_costs()
+        rate = estimate_call_rate(self.target.pid)
+        if costs is None or rate is None:
+            return BudgetDecision(
+                choice="unknown",
+                reason="could not price allocation tracing (no allocator "
+                "found or the count failed): tracing page faults and brk/mmap instead",
+            )
+        # each malloc pays an entry and a return probe, each free an entry probe
+        per_pair = costs.entry_return_ns + costs.entry_ns
+        estimated = rate.per_s * per_pair / 1e9 * 100
+        common = dict(estimated_percent=estimated, call_rate=rate.per_s, cost_ns=per_pair)
+        if estimated <= self.budget:
+            return BudgetDecision(
+                choice="full",
+                reason=f"{rate.per_s:,.0f} allocations/s x {per_pair:,.0f} ns "
+                f"(measured here) = {estimated:.2f}% <= budget {self.budget:g}%",
+                **common,
+            )
+        return BudgetDecision(
+            choice="fallback",
+            reason=f"{rate.per_s:,.0f} allocations/s x {per_pair:,.0f} ns (measured here) = {estimated:.1f}% > "
+            f"budget {self.budget:g}%: every uprobe hit is a trap whatever the program does, so sampling or a size "
+            "filter would not make it cheaper; tracing page faults and brk/mmap instead (far fewer events)",
+            **common,
+        )
+
+    def _run_probe(self, name: str, seconds: float) -> ProbeResult:
+        t = probe_target(self.target)
+        self.on_step(f"probe {name} for {seconds:.0f} s")
+        if name == "memleak":
+            d = self.budget_decision
+            return memleak.run(
+                t,
+                seconds,
+                series_interval=max(1.0, seconds / 10),
+                max_overhead_percent=self.budget * 1.5 if d and d.cost_ns else None,
+                cost_per_event_ns=d.cost_ns / 2 if d and d.cost_ns else None,
+            )
+        module = {
+            "faults": faults,
+            "brkstack": brkstack,
+            "mmapsnoop": mmapsnoop,
+            "oomkill": oomkill,
+            "swapin": swapin,
+            "vmscan": vmscan,
+            "drsnoop": drsnoop,
+        }[name]
+        return module.run(t, seconds)
+
+    def run_requests(self, requests: list[tuple[str, float | None, str]]) -> None:
+        """Run each requested probe once, in order, sharing the time left."""
+        queue: list[tuple[str, float | None, str]] = []
+        for name, seconds, rule in requests:
+            if name in self.results or any(q[0] == name for q in queue):
+                continue
+            if name == "memleak":
+                self.budget_decision = self._price_memleak()
+                d = self.budget_decision
+                self.trail.append(
+                    TrailEntry(kind="budget", name="memleak", state=d.choice, reason=d.reason, at_s=self.elapsed())
+                )
+                if d.choice != "full":
+                    for alt in ("faults", "brkstack", "mmapsnoop"):
+                        if alt not in self.results and all(q[0] != alt for q in queue):
+                            queue.append((alt, None, f"budget (instead of memleak, asked by {rule})"))
+                    continue
+            queue.append((name, seconds, rule))
+        for i, (name, seconds, rule) in enumerate(queue):
+            left = self.left() - 1.0
+            share = left / (len(queue) - i)
+            run_for = min(seconds, left) if seconds else share
+            if run_for < MIN_PROBE_S:
+                self.trail.append(
+                    TrailEntry(
+                        kind="probe",
+                        name=name,
+                        state="not-run",
+                        at_s=self.elapsed(),
+                        reason=f"asked by {rule}, but only {max(left, 0):.0f} s of the window were left",
+                    )
+                )
+                continue
+            result = self._run_probe(name, run_for)
+            self.results[name] = result
+            why = f"asked by {rule}; {result.status}" + (f": {result.reason}" if result.reason else "")
+            if result.backed_off:
+                why += "; detached early: its measured cost went over the budget"
+            self.trail.append(TrailEntry(kind="probe", name=name, state=result.status, reason=why, at_s=self.elapsed()))
+
+    # --- rules -----------------------------------------------------------------------------
+    def evaluate(self, facts: dict) -> list[tuple[str, float | None, str]]:
+        self.outcomes = run_rules(self.rules, facts)
+        requests = []
+        for rule, outcome in self.outcomes:
+            if outcome.state == "fired":
+                requests += [(p.name, p.seconds, rule.id) for p in rule.then.probes]
+        return requests
+
+    def run(self) -> tuple[Observation, Counters, Triage, dict, Verdict, list[str], list[str]]:
+        sink: list[Snapshot] = []
+        stop = threading.Event()
+        box: dict = {}
+        sampler = threading.Thread(
+            target=lambda: box.setdefault(
+                "obs",
+                observe(self.target, self.duration, self.interval, on_sample=self.on_sample, sink=sink, stop=stop),
+            ),
+            daemon=True,
+        )
+        sampler.start()
+        first_look = min(self.duration, max(FIRST_LOOK_MIN_S, FIRST_LOOK_SHARE * self.duration))
+        sampler.join(timeout=first_look)
+        rounds = 0
+        try:
+            while sampler.is_alive() and self.left() > MIN_PROBE_S and rounds < 4:
+                rounds += 1
+                partial = Observation(
+                    target=self.target,
+                    requested_s=self.duration,
+                    started=time.time() - self.elapsed(),
+                    ended=time.time(),
+                    snapshots=list(sink),
+                    oom_kills=read_oom_kills(),
+                )
+                facts, _c, _t = self.facts_of(partial)
+                requests = [r for r in self.evaluate(facts) if r[0] not in self.results]
+                if not requests:
+                    break
+                self.run_requests(requests)
+        except KeyboardInterrupt:
+            stop.set()
+        sampler.join()  # the counters cover the whole window, probes or not
+        obs: Observation = box["obs"]
+        facts, counters, tri = self.facts_of(obs)
+        self.evaluate(facts)
+        for rule, outcome in self.outcomes:
+            self.trail.append(
+                TrailEntry(
+                    kind="rule",
+                    name=rule.id,
+                    state=outcome.state,
+                    reason=outcome.reason,
+                    source=rule.source,
+                    at_s=self.elapsed(),
+                )
+            )
+        verdict, findings, advice = self._conclude(facts, tri)
+        return obs, counters, tri, facts, verdict, findings, advice
+
+    def _conclude(self, facts: dict, tri: Triage) -> tuple[Verdict, list[str], list[str]]:
+        fired = [rule for rule, o in self.outcomes if o.state == "fired"]
+        findings = [render(r.then.finding, facts) for r in fired if r.then.finding]
+        advice = [render(a, facts) for r in fired for a in r.then.advice]
+        verdicts = [r for r in fired if r.then.verdict is not None]
+        if not verdicts:
+            v = tri.verdict  # no playbook verdict fired: the counters' own reading, said as such
+            return v.model_copy(update={"summary": v.summary + " (no playbook rule concluded)"}), findings, advice
+        best = max(verdicts, key=lambda r: r.then.verdict.priority)  # type: ignore[union-attr]
+        action = best.then.verdict
+        assert action is not None
+        return (
+            Verdict(
+                kind=action.kind,
+                summary=render(action.summary, facts),
+                confidence=action.confidence,
+                culprit=self._culprit(action.kind, tri),
+            ),
+            findings,
+            advice,
+        )
+
+    def _culprit(self, kind: str, tri: Triage) -> Culprit:
+        t = self.target
+        base = Culprit(pid=t.pid, comm=t.comm, cgroup=t.cgroup.path if t.cgroup else None)
+        if kind == "oom" and "oom" in tri.candidates:
+            return tri.candidates["oom"].culprit
+        candidate = tri.candidates.get("growth") or tri.candidates.get("plateau")
+        if candidate is not None and t.kind != "pid":
+            base = candidate.culprit
+        stack = self._stack_for(kind)
+        return base.model_copy(update={"stack": stack}) if stack else base
+
+    def _stack_for(self, kind: str) -> list[str]:
+        ml = self.results.get("memleak")
+        if kind in ("leak", "cache", "growth") and ml is not None and ml.stacks:
+            return ml.stacks[0].frames
+        for name in ("faults", "brkstack", "mmapsnoop"):
+            r = self.results.get(name)
+            if r is not None and getattr(r, "stacks", None):
+                return r.stacks[0].frames
+        return []
