@@ -81,6 +81,7 @@ class Engine:
         self.budget_decision: BudgetDecision | None = None
         self.started = time.monotonic()
         self.outcomes: list[tuple[Rule, Outcome]] = []
+        self.decided: set[str] = set()
 
     # --- time ---------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -115,12 +116,20 @@ class Engine:
                 "the whole system gets page faults and brk/mmap instead",
             )
         costs = host_costs()
-        rate = estimate_call_rate(self.target.pid)
+        rate = estimate_call_rate(self.target.pid, trap_ns=costs.entry_ns if costs else None)
         if costs is None or rate is None:
             return BudgetDecision(
                 choice="unknown",
                 reason="could not price allocation tracing (no allocator "
                 "found or the count failed): tracing page faults and brk/mmap instead",
+            )
+        if rate.calls == 0:
+            return BudgetDecision(
+                choice="fallback",
+                call_rate=0.0,
+                reason=f"no call to {rate.function} in {rate.seconds:.2f} s: the memory does not come through "
+                f"{rate.module.rsplit('/', 1)[-1]} (direct brk/mmap, or a runtime with its own allocator); tracing "
+                "page faults and brk/mmap instead",
             )
         # each malloc pays an entry and a return probe, each free an entry probe
         per_pair = costs.entry_return_ns + costs.entry_ns
@@ -168,8 +177,9 @@ class Engine:
         """Run each requested probe once, in order, sharing the time left."""
         queue: list[tuple[str, float | None, str]] = []
         for name, seconds, rule in requests:
-            if name in self.results or any(q[0] == name for q in queue):
+            if name in self.results or name in self.decided or any(q[0] == name for q in queue):
                 continue
+            self.decided.add(name)  # a probe is priced, run or refused once per diagnosis
             if name == "memleak":
                 self.budget_decision = self._price_memleak()
                 d = self.budget_decision
@@ -178,7 +188,8 @@ class Engine:
                 )
                 if d.choice != "full":
                     for alt in ("faults", "brkstack", "mmapsnoop"):
-                        if alt not in self.results and all(q[0] != alt for q in queue):
+                        if alt not in self.decided and all(q[0] != alt for q in queue):
+                            self.decided.add(alt)
                             queue.append((alt, None, f"budget (instead of memleak, asked by {rule})"))
                     continue
             queue.append((name, seconds, rule))
@@ -240,7 +251,7 @@ class Engine:
                     oom_kills=read_oom_kills(),
                 )
                 facts, _c, _t = self.facts_of(partial)
-                requests = [r for r in self.evaluate(facts) if r[0] not in self.results]
+                requests = [r for r in self.evaluate(facts) if r[0] not in self.results and r[0] not in self.decided]
                 if not requests:
                     break
                 self.run_requests(requests)

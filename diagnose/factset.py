@@ -122,6 +122,8 @@ def probe_facts(results: dict, process_shape: str | None) -> dict:
         f["mmap.anon_bytes"] = sum(s.bytes for s in mm.stacks if s.kind.startswith("anon"))
         f["mmap.top_function"] = _heaviest_app(mm.stacks, "bytes") if mm.stacks else None
     ml = results.get("memleak")
+    if ml is not None and ml.status in ("ok", "partial") and not ml.stacks:
+        f["memleak.top_shape"] = "none"  # it ran and saw nothing outstanding
     if ml is not None and ml.status in ("ok", "partial") and ml.stacks:
         top = ml.stacks[0]
         trend = classify(ml.series_times, top.series, top.alloc_bytes, top.freed_bytes, process_shape)
@@ -132,6 +134,7 @@ def probe_facts(results: dict, process_shape: str | None) -> dict:
                 "memleak.top_rate": trend.rate_per_s,
                 "memleak.top_free_ratio": 100 * trend.free_ratio if trend.free_ratio is not None else None,
                 "memleak.top_function": app_function(top.frames),
+                "memleak.top_entry": _entry(top.functions),
             }
         )
     sw = results.get("swapin")
@@ -141,6 +144,15 @@ def probe_facts(results: dict, process_shape: str | None) -> dict:
     if dr is not None and dr.status == "ok":
         f["reclaim.stall_time"] = sum(p.total_ms for p in dr.processes) / 1000.0
     return f
+
+
+_MAPPING_CALLS = {"mmap", "mmap64", "__mmap", "mremap", "__mremap"}
+
+
+def _entry(functions: list[str | None]) -> str | None:
+    """The allocator entry point of a stack (its leaf); every mmap alias reads as mmap."""
+    leaf = functions[0] if functions else None
+    return "mmap" if leaf in _MAPPING_CALLS else leaf
 
 
 def _heaviest_app(stacks, weight: str) -> str | None:

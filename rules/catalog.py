@@ -82,6 +82,7 @@ _DEFS = [
     ("memleak.top_rate", "bytes_per_s", "growth of the heaviest stack's outstanding bytes"),
     ("memleak.top_free_ratio", "percent", "share of its allocated bytes the heaviest stack freed"),
     ("memleak.top_function", "string", "the application function of the heaviest stack"),
+    ("memleak.top_entry", "string", "how the heaviest stack allocates: malloc, calloc, ... or mmap (mappings)"),
     ("swapin.top_rate", "per_s", "swap-ins per second of the process paying most"),
     ("reclaim.stall_time", "seconds", "time tasks spent in direct or memcg reclaim during the probe"),
 ]

@@ -1,8 +1,10 @@
-"""`memdiag --pid/--cgroup` end to end on real workloads: the verdict from counters, the report
-files, and the one-line errors for bad input."""
+"""`memdiag --pid/--cgroup` on real workloads, the short cases: an OOM-killed cgroup, the whole
+system, a target that exits, progress on a terminal, and the one-line errors for bad input.
+The full scenarios with probes are in test_scenarios.py."""
 
 import json
 import os
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -19,51 +21,6 @@ def _report(out: Path) -> dict:
 def _ok(result: subprocess.CompletedProcess) -> None:
     assert result.returncode == 0, result.stderr
     assert "Traceback" not in result.stderr
-
-
-def test_leak_reports_growth_still_climbing(memdiag, workload, tmp_path):
-    w = workload("leak", "2048")
-    r = memdiag("--pid", str(w.pid), "--duration", "10", "--output", str(tmp_path))
-    _ok(r)
-    lines = r.stdout.strip().splitlines()
-    assert len(lines) == 2  # not a terminal: the verdict line and the path, nothing else
-    assert lines[0].startswith(f"growth: RSS of PID {w.pid} (leak) grew")
-    assert "still climbing" in lines[0] and "escalation needed" in lines[0]
-    assert lines[1] == f"report: {tmp_path / 'report.md'}"
-    rep = _report(tmp_path)
-    assert rep["verdict"]["kind"] == "growth"
-    assert rep["verdict"]["culprit"]["pid"] == w.pid and rep["verdict"]["culprit"]["comm"] == "leak"
-    assert rep["counters"]["trends"]["process.rss"]["shape"] == "climbing"
-    rate = rep["counters"]["trends"]["process.rss"]["rate_per_s"]
-    assert 1.2 * MiB < rate < 3 * MiB  # the workload leaks 2 MiB/s
-    assert set(rep) >= {"target", "verdict", "findings", "probes", "overhead", "counters"}
-    assert rep["overhead"]["budget_percent"] == 2.0
-    assert {p["name"] for p in rep["probes"]} >= {"faults", "memleak", "oomkill"}
-    md = (tmp_path / "report.md").read_text()
-    assert md.splitlines()[0] == f"# memdiag: growth — PID {w.pid} (leak)"
-    assert "## Evidence" in md and "## What to run next" in md and "## Probes" in md
-
-
-def test_cache_reports_a_plateau(memdiag, workload, tmp_path):
-    w = workload("cache", "48", "3")  # 48 MiB in 3 s, then churn at the bound
-    r = memdiag("--pid", str(w.pid), "--duration", "12", "--output", str(tmp_path))
-    _ok(r)
-    rep = _report(tmp_path)
-    assert rep["verdict"]["kind"] == "cache", rep["verdict"]["summary"]
-    assert "levelled off" in rep["verdict"]["summary"]
-    tr = rep["counters"]["trends"]["process.rss"]
-    assert tr["shape"] == "levelled" and tr["levelled_for_s"] >= 5
-    assert 40 * MiB < tr["last"] < 70 * MiB
-
-
-def test_churn_is_healthy(memdiag, workload, tmp_path):
-    w = workload("churn", "200000")
-    time.sleep(1)  # let the allocator's arenas settle
-    r = memdiag("--pid", str(w.pid), "--duration", "6", "--output", str(tmp_path))
-    _ok(r)
-    rep = _report(tmp_path)
-    assert rep["verdict"]["kind"] == "healthy", rep["verdict"]["summary"]
-    assert rep["counters"]["trends"]["process.rss"]["shape"] == "flat"
 
 
 def test_oom_killed_cgroup_reports_the_kill(memdiag, workload, memcg, tmp_path):
@@ -83,37 +40,6 @@ def test_oom_killed_cgroup_reports_the_kill(memdiag, workload, memcg, tmp_path):
     assert [k["victim_pid"] for k in kills] == [w.pid]
     assert kills[0]["constraint"] == "CONSTRAINT_MEMCG"
     assert any(f["id"] == "cgroup-oom-count" and f["evidence"]["oom_kill"] == 1 for f in rep["findings"])
-
-
-def test_pid_killed_during_the_window(memdiag, workload, memcg, tmp_path):
-    cg = memcg(64 * MiB, swap=False)
-    w = workload("hog", "512", "4", "300", cgroup=cg)  # reaches the limit after ~5 s
-    r = memdiag("--pid", str(w.pid), "--duration", "30", "--output", str(tmp_path))
-    _ok(r)
-    rep = _report(tmp_path)
-    assert rep["verdict"]["kind"] == "oom"
-    assert rep["verdict"]["culprit"]["pid"] == w.pid
-    assert rep["window"]["target_exited_at"] is not None
-    assert rep["window"]["target_exited_at"] - rep["window"]["started"] < 20  # stopped early, not at 30 s
-    assert any("exited" in c for c in rep["caveats"])
-    assert "Target exited at" in (tmp_path / "report.md").read_text()
-
-
-def test_swap_pressure(swap, memdiag, workload, memcg, tmp_path):
-    # swap first: it is torn down last, after the workload and its cgroup are gone
-    cg = memcg(96 * MiB)
-    w = workload("hog", "256", "8", "10", cgroup=cg)
-    time.sleep(3)  # the working set is built and spilling into swap
-    r = memdiag("--pid", str(w.pid), "--duration", "8", "--output", str(tmp_path))
-    _ok(r)
-    rep = _report(tmp_path)
-    v = rep["verdict"]
-    assert v["kind"] == "pressure", v["summary"]
-    assert "swap-in" in v["summary"]
-    assert f"PID {w.pid} (hog" in v["summary"]  # the process paying in major faults
-    ids = {f["id"] for f in rep["findings"]}
-    assert {"swap-in", "cgroup-at-limit"} <= ids
-    assert rep["counters"]["trends"]["process.vm_swap"]["last"] > 32 * MiB
 
 
 def test_system_target(memdiag, workload, tmp_path):
@@ -213,4 +139,4 @@ def test_progress_on_a_terminal(root_required, workload, tmp_path):
     )
     assert r.returncode == 0
     assert "sampling counters" in r.stdout and "left" in r.stdout and "RSS" in r.stdout
-    assert "growth: RSS of PID" in r.stdout
+    assert re.search(r"(leak|growth): .*PID \d+ \(leak\)", r.stdout)

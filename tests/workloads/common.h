@@ -8,18 +8,18 @@
 #include <time.h>
 #include <unistd.h>
 
-static long arg_long(int argc, char **argv, int i, long dflt)
+static inline long arg_long(int argc, char **argv, int i, long dflt)
 {
 	return argc > i ? strtol(argv[i], NULL, 10) : dflt;
 }
 
-static void ready(void)
+static inline void ready(void)
 {
 	printf("ready %d\n", (int)getpid());
 	fflush(stdout);
 }
 
-static void sleep_ms(long ms)
+static inline void sleep_ms(long ms)
 {
 	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
 	nanosleep(&ts, NULL);

@@ -1,0 +1,144 @@
+"""The whole workflow on the real kernel, one scenario each, at the default 30 s window and 2%
+budget: counters -> playbook -> probes -> verdict. Each asserts the verdict's kind and culprit."""
+
+import json
+import time
+from pathlib import Path
+
+MiB = 1 << 20
+REPORT_FILES = {"report.md", "report.json", "report.html", "growth.svg", "growth.folded"}
+
+
+def _diagnose(memdiag, out: Path, *args: str) -> dict:
+    r = memdiag(*args, "--output", str(out), timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    rep = json.loads((out / "report.json").read_text())
+    assert rep["window"]["ended"] - rep["window"]["started"] <= 30 + 10  # within the window (+ probe teardown)
+    return rep
+
+
+def _trail(rep: dict, kind: str, name: str) -> list[dict]:
+    return [t for t in rep["trail"] if t["kind"] == kind and t["name"] == name]
+
+
+def test_leak(memdiag, workload, tmp_path):
+    w = workload("leak", "2048")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "leak", v["summary"]
+    assert "leak_order_history" in v["summary"]
+    assert any("leak_order_history+0x" in f for f in v["culprit"]["stack"])
+    assert v["culprit"]["pid"] == w.pid and v["culprit"]["comm"] == "leak"
+    assert {f.name for f in tmp_path.iterdir()} >= REPORT_FILES
+    assert _trail(rep, "budget", "memleak")[0]["state"] == "full"
+    assert any(t["state"] == "fired" for t in _trail(rep, "rule", "leak-confirmed"))
+    assert rep["overhead"]["measured_percent"] <= rep["overhead"]["budget_percent"]
+    md = (tmp_path / "report.md").read_text()
+    assert md.startswith(f"# memdiag: leak — PID {w.pid} (leak)")
+    assert "## What memdiag ran and why" in md and "### Stacks" in md
+    html = (tmp_path / "report.html").read_text()
+    assert "<table>" in html and "leak_order_history" in html
+    assert "leak_order_history" in (tmp_path / "growth.folded").read_text()
+    svg = (tmp_path / "growth.svg").read_text()
+    assert svg.startswith("<svg") and "leak_order_history" in svg
+
+
+def test_bounded_cache_is_not_a_leak(memdiag, workload, tmp_path):
+    w = workload("cache", "64", "6")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "cache", v["summary"]
+    assert "cache_insert" in v["summary"] or "levelled off" in v["summary"]
+
+
+def test_churn_is_healthy(memdiag, workload, tmp_path):
+    w = workload("churn", "200000")
+    time.sleep(1)
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    assert rep["verdict"]["kind"] == "healthy", rep["verdict"]["summary"]
+    assert not [p for p in rep["probes"] if p["status"] != "not-run"]  # nothing to escalate to
+
+
+def test_heap_growth_by_brk(memdiag, workload, tmp_path):
+    w = workload("mapper", "256", "0")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "growth", v["summary"]
+    assert "grow_heap_with_brk" in v["summary"]
+
+
+def test_growth_by_anonymous_mmap(memdiag, workload, tmp_path):
+    w = workload("mapper", "0", "512")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "growth", v["summary"]
+    assert "map_buffers" in v["summary"]
+
+
+def test_oom_kill_in_a_limited_cgroup(memdiag, workload, memcg, tmp_path):
+    cg = memcg(64 * MiB, swap=False)
+    w = workload("hog", "512", "4", "300", cgroup=cg)  # reaches the limit after ~5 s
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "oom", v["summary"]
+    assert v["culprit"]["pid"] == w.pid and v["culprit"]["cgroup"] == cg.path
+    assert f"PID {w.pid} (hog)" in v["summary"] and "64.0 MiB" in v["summary"]
+    assert rep["window"]["target_exited_at"] is not None
+
+
+def test_swap_pressure(swap, memdiag, workload, memcg, tmp_path):
+    cg = memcg(96 * MiB)
+    w = workload("hog", "256", "8", "10", cgroup=cg)
+    time.sleep(3)
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "pressure", v["summary"]
+    assert "swap-in" in v["summary"]
+    assert f"PID {w.pid} (hog" in v["summary"]  # the process paying in major faults
+    ran = {p["name"]: p for p in rep["probes"]}
+    assert ran["swapin"]["status"] == "ok" and "anonymous memory" in ran["swapin"]["method"]
+
+
+def test_hot_allocator_stays_in_budget_and_names_the_growth(memdiag, workload, tmp_path):
+    w = workload("hot", "1024")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    budget = _trail(rep, "budget", "memleak")
+    assert budget and budget[0]["state"] == "fallback" and "> budget 2%" in budget[0]["reason"]
+    ran = {p["name"]: p for p in rep["probes"]}
+    assert ran["memleak"]["status"] == "not-run"
+    assert ran["faults"]["status"] == "ok"
+    v = rep["verdict"]
+    assert v["kind"] == "growth", v["summary"]
+    assert "leak_session_cache" in v["summary"]
+    assert rep["overhead"]["measured_percent"] <= rep["overhead"]["budget_percent"]
+
+
+def test_a_playbook_rule_changes_the_diagnosis(memdiag, workload, tmp_path):
+    w = workload("churn", "1000")
+    rules = tmp_path / "site.yaml"
+    rules.write_text(
+        "rules:\n"
+        "  - id: site-rss-ceiling\n"
+        "    description: our services must stay under 1 MiB of anonymous memory\n"
+        "    when: process.rss_anon > 256KiB\n"
+        "    then:\n"
+        "      verdict: {kind: growth, summary: 'over the site ceiling: {process.rss_anon} anonymous', "
+        "confidence: 0.9, priority: 500}\n"
+    )
+    out = tmp_path / "out"
+    rep = _diagnose(memdiag, out, "--pid", str(w.pid), "--duration", "6", "--playbook", str(rules))
+    assert rep["verdict"]["kind"] == "growth"
+    assert rep["verdict"]["summary"].startswith("over the site ceiling: ")
+    assert any(t["name"] == "site-rss-ceiling" and t["source"] == f"{rules}:2" for t in rep["trail"])
+
+
+def test_bad_rule_file_is_refused_with_file_and_line(memdiag, root_required, tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rules:\n  - id: typo\n    when: proces.rss > 1GiB\n    then: {finding: x}\n")
+    r = memdiag("--pid", "1", "--playbook", str(bad), "--duration", "1")
+    assert r.returncode == 2
+    assert f"{bad}:3: rule typo when: unknown fact `proces.rss`; did you mean `process.rss`?" in r.stderr
+    assert "Traceback" not in r.stderr
+    r = memdiag("rules", "check", str(bad))
+    assert r.returncode == 2 and "did you mean `process.rss`" in r.stderr
