@@ -51,9 +51,12 @@ def load_file(path: Path) -> list[Rule]:
     try:
         node = yaml.compose(text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
+        mark, context = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
         line = mark.line + 1 if mark else 1
-        raise RuleFileError([f"{path}:{line}: not valid YAML: {getattr(e, 'problem', e)}"]) from None
+        where = ""
+        if context is not None and getattr(e, "context", None):
+            where = f" ({e.context.removeprefix('while parsing ')} on line {context.line + 1})"
+        raise RuleFileError([f"{path}:{line}: not valid YAML: {getattr(e, 'problem', e)}{where}"]) from None
     if node is None:
         raise RuleFileError([f"{path}:1: empty file (expected `rules:` with a list of rules)"])
     lines: dict[tuple, int] = {}

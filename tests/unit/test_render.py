@@ -17,7 +17,9 @@ from memdiag.diagnose.report import (
     ProbeStatus,
     Report,
     SlabGrowth,
+    StackReport,
     TargetInfo,
+    TrailItem,
     Verdict,
     Window,
 )
@@ -67,7 +69,31 @@ def fixture_report() -> Report:
                 method="major faults on anonymous memory",
             ),
         ],
-        overhead=Overhead(budget_percent=2.0, estimated_percent=0.0),
+        overhead=Overhead(budget_percent=2.0, estimated_percent=0.5, measured_percent=0.61),
+        budget_decision="2,000 allocations/s x 2,500 ns (measured here) = 0.50% <= budget 2%",
+        trail=[
+            TrailItem(
+                kind="rule",
+                name="rss-climbing",
+                state="fired",
+                reason="process.rss_shape = climbing",
+                source="playbooks/default.yaml:48",
+                at_s=9.0,
+            ),
+            TrailItem(kind="rule", name="oom-kill", state="not-fired", reason="oom.kills = 0", at_s=9.0),
+            TrailItem(kind="budget", name="memleak", state="full", reason="0.50% <= budget 2%", at_s=9.5),
+            TrailItem(kind="probe", name="memleak", state="ok", reason="asked by rss-climbing; ok", at_s=24.0),
+        ],
+        stacks=[
+            StackReport(
+                probe="memleak",
+                frames=["malloc+0x0 [libc.so.6]", "Orders::add(long)+0x1c [orderd]", "main+0x10d [orderd]"],
+                bytes=24 * MiB,
+                detail="6,144 allocations outstanding, 6,144 allocs, 0 frees",
+                series=[0, 4 * MiB, 8 * MiB, 12 * MiB, 16 * MiB, 20 * MiB, 24 * MiB],
+            )
+        ],
+        folded=["main;Orders::add(long);malloc 25165824"],
         counters=Counters(
             rows=[
                 CounterRow(scope="process", name="rss", unit="bytes", first=100 * MiB, last=124 * MiB),

@@ -1,0 +1,154 @@
+"""The rule language and the shipped playbook, on fixture facts (no kernel)."""
+
+from pathlib import Path
+
+import pytest
+from memdiag.rules.engine import render, run_rule, run_rules
+from memdiag.rules.loader import RuleFileError, load_file, load_playbooks, shipped_playbooks
+from memdiag.rules.units import parse_quantity
+
+MiB = 1 << 20
+
+
+def _file(tmp_path: Path, text: str, name: str = "r.yaml") -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+def _errors(tmp_path, text) -> list[str]:
+    with pytest.raises(RuleFileError) as e:
+        load_file(_file(tmp_path, text))
+    return e.value.errors
+
+
+def test_quantities():
+    assert parse_quantity("64MiB") == (64 * MiB, "bytes")
+    assert parse_quantity("1MiB/s") == (MiB, "bytes_per_s")
+    assert parse_quantity("60MiB/min") == (MiB, "bytes_per_s")
+    assert parse_quantity("1000/s") == (1000, "per_s")
+    assert parse_quantity("5%") == (5, "percent")
+    assert parse_quantity("2m") == (2 * MiB, "bytes")  # m alone is a size, as in free -m
+    assert parse_quantity("30s") == (30, "seconds")
+    assert parse_quantity("climbing") == ("climbing", "string")
+    with pytest.raises(ValueError, match="unknown unit"):
+        parse_quantity("5parsecs")
+
+
+def test_shipped_playbook_loads_with_sources():
+    rules = load_playbooks(shipped_playbooks())
+    assert {"oom-kill", "memory-pressure", "rss-climbing", "leak-confirmed", "cache-confirmed", "stable"} <= {
+        r.id for r in rules
+    }
+    assert all(r.source.split(":")[-1].isdigit() for r in rules)
+
+
+def test_unknown_fact_with_suggestion_and_line(tmp_path):
+    errs = _errors(tmp_path, "rules:\n  - id: a\n    when: proces.rss > 1GiB\n    then: {finding: x}\n")
+    assert errs == [f"{tmp_path / 'r.yaml'}:3: rule a when: unknown fact `proces.rss`; did you mean `process.rss`?"]
+
+
+def test_unit_mismatch_unknown_key_missing_then(tmp_path):
+    errs = _errors(tmp_path, "rules:\n  - id: b\n    when: process.rss > 5%\n    thne: {finding: x}\n")
+    text = "\n".join(errs)
+    assert ":3: rule b when: fact `process.rss` is a size (e.g. 64MiB); '5%' is a percentage" in text
+    assert ":4: rule b: unknown key `thne`" in text
+    assert "rule b then: Field required" in text
+
+
+def test_bad_yaml_and_empty_and_wrong_shape(tmp_path):
+    err = _errors(tmp_path, "rules:\n  - id: c\n    when: [unclosed\n")[0]
+    assert ":4: not valid YAML: expected ',' or ']'" in err and "flow sequence on line 3" in err
+    assert ":1: empty file" in _errors(tmp_path, "")[0]
+    assert "one key, `rules`" in _errors(tmp_path, "- id: d\n")[0]
+    assert (
+        "`then` needs at least one of"
+        in _errors(tmp_path, "rules:\n  - id: e\n    when: process.rss > 1\n    then: {}\n")[0]
+    )
+
+
+def test_template_and_string_facts_are_checked(tmp_path):
+    errs = _errors(tmp_path, "rules:\n  - id: f\n    when: process.rss_shape > climbing\n    then: {finding: x}\n")
+    text = "\n".join(errs)
+    assert "only == and != apply" in text
+
+
+def test_duplicate_ids_across_files(tmp_path):
+    a = _file(tmp_path, "rules:\n  - id: same\n    when: process.rss > 1\n    then: {finding: a}\n", "a.yaml")
+    b = _file(tmp_path, "rules:\n  - id: same\n    when: process.rss > 2\n    then: {finding: b}\n", "b.yaml")
+    with pytest.raises(RuleFileError) as e:
+        load_playbooks([a, b])
+    assert e.value.errors == [f"{b}:2: duplicate rule id `same` (first defined at {a}:2)"]
+
+
+def test_three_valued_outcomes(tmp_path):
+    (rule,) = load_file(
+        _file(
+            tmp_path,
+            "rules:\n  - id: g\n    when: {all: ['process.rss > 1MiB', "
+            "'process.swap > 0']}\n    then: {finding: 'rss {process.rss}'}\n",
+        )
+    )
+    assert run_rule(rule, {"process.rss": 2 * MiB, "process.swap": 4096}).state == "fired"
+    assert run_rule(rule, {"process.rss": 512, "process.swap": None}).state == "not-fired"  # false decides
+    skipped = run_rule(rule, {"process.rss": 2 * MiB, "process.swap": None})
+    assert skipped.state == "skipped" and skipped.reason == "missing process.swap"
+    broken = run_rule(rule, {"process.rss": "not a number", "process.swap": 1})
+    assert broken.state == "error" and "TypeError" in broken.reason
+    assert render(rule.then.finding, {"process.rss": 3 * MiB}) == "rss 3.0 MiB"
+
+
+def _verdicts(facts: dict) -> list[str]:
+    rules = load_playbooks(shipped_playbooks())
+    fired = [r for r, o in run_rules(rules, facts) if o.state == "fired" and r.then.verdict]
+    fired.sort(key=lambda r: r.then.verdict.priority, reverse=True)
+    return [r.then.verdict.kind for r in fired]
+
+
+BASE = {"target.kind": "pid", "budget.percent": 2.0, "summary.growth": "grows", "target.name": "PID 1 (x)"}
+
+
+def test_playbook_leak_beats_growth():
+    facts = {
+        **BASE,
+        "process.rss_shape": "climbing",
+        "memleak.top_shape": "leak",
+        "memleak.top_entry": "malloc",
+        "memleak.top_function": "f",
+        "memleak.top_rate": 1.0,
+        "memleak.top_outstanding": 1,
+        "memleak.top_free_ratio": 0.0,
+    }
+    assert _verdicts(facts)[0] == "leak"
+
+
+def test_playbook_cache_and_mappings():
+    facts = {
+        **BASE,
+        "process.rss_shape": "levelled",
+        "summary.plateau": "p",
+        "memleak.top_shape": "cache",
+        "memleak.top_function": "c",
+        "memleak.top_outstanding": 1,
+    }
+    assert _verdicts(facts)[0] == "cache"
+    facts = {
+        **BASE,
+        "process.rss_shape": "climbing",
+        "memleak.top_shape": "leak",
+        "memleak.top_entry": "mmap",
+        "memleak.top_function": "m",
+        "memleak.top_rate": 1.0,
+        "memleak.top_outstanding": 1,
+    }
+    assert _verdicts(facts)[0] == "growth"
+
+
+def test_playbook_oom_and_pressure_precedence():
+    facts = {**BASE, "oom.kills": 1, "summary.oom": "killed", "system.psi_some": 50.0, "summary.pressure": "p"}
+    assert _verdicts(facts)[:2] == ["oom", "pressure"]
+    assert _verdicts({**BASE, "system.swapin_rate": 500.0, "summary.pressure": "p"})[0] == "pressure"
+
+
+def test_playbook_healthy_when_stable():
+    assert _verdicts({**BASE, "process.rss_shape": "flat", "summary.stable": "stable"}) == ["healthy"]
