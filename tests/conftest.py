@@ -4,7 +4,6 @@ silent skips in CI (MEMDIAG_NO_SKIP=1 turns a skip into a failure)."""
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from kit import MemoryCgroup, Workload, swapfile  # noqa: E402
-
-MEMDIAG = shutil.which("memdiag", path=str(Path(sys.executable).parent)) or "memdiag"
+from kit import MEMDIAG, MemoryCgroup, Workload, swapfile  # noqa: E402
 
 
 def pytest_runtest_makereport(item, call):

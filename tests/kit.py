@@ -9,14 +9,18 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# The installed console script, as users run it (beside the interpreter running the tests).
+MEMDIAG = shutil.which("memdiag", path=str(Path(sys.executable).parent)) or "memdiag"
 SOURCES = ROOT / "tests" / "workloads"
 BUILD = ROOT / ".build" / "workloads"
 CFLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Werror"]

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from kit import MEMDIAG
 
 MiB = 1 << 20
 
@@ -52,10 +53,10 @@ def test_system_target(memdiag, workload, tmp_path):
     assert any(row["name"] == "mem_available" for row in rep["counters"]["rows"])
 
 
-def test_pid_that_exits_normally_during_the_window(memdiag, workload, tmp_path):
+def test_pid_that_exits_normally_during_the_window(workload, tmp_path):
     w = workload("churn", "1000")
     proc = subprocess.Popen(
-        [*_cmd(memdiag), "--pid", str(w.pid), "--duration", "20", "--output", str(tmp_path)],
+        [MEMDIAG, "--pid", str(w.pid), "--duration", "20", "--output", str(tmp_path)],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -68,12 +69,6 @@ def test_pid_that_exits_normally_during_the_window(memdiag, workload, tmp_path):
     assert rep["window"]["target_exited_at"] is not None
     assert rep["verdict"]["kind"] == "inconclusive"
     assert "exited" in rep["verdict"]["summary"]
-
-
-def _cmd(memdiag_fixture):
-    from conftest import MEMDIAG
-
-    return [MEMDIAG]
 
 
 @pytest.mark.parametrize(
@@ -127,7 +122,7 @@ def test_no_permission_without_capabilities(memdiag, root_required, tmp_path):
 
 
 def test_progress_on_a_terminal(root_required, workload, tmp_path):
-    from conftest import MEMDIAG
+    from kit import MEMDIAG
 
     w = workload("leak", "2048")
     r = subprocess.run(

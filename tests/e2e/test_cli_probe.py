@@ -6,7 +6,7 @@ import signal
 import subprocess
 import time
 
-from conftest import MEMDIAG
+from kit import MEMDIAG
 
 
 def test_probe_memleak_json(memdiag, workload, tmp_path):
