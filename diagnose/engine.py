@@ -26,7 +26,7 @@ from .evidence import build_counters
 from .facts.kmsg import read_oom_kills
 from .factset import counter_facts, probe_facts
 from .observe import Observation, observe
-from .report import Counters, Culprit, Verdict
+from .report import Counters, Culprit, TrailItem, Verdict
 from .snapshot import Snapshot
 from .target import Target
 from .triage import Triage, triage
@@ -36,15 +36,6 @@ FIRST_LOOK_SHARE = 0.3
 FIRST_LOOK_MIN_S = 5.0
 MIN_PROBE_S = 3.0
 ALLOCATOR_ENTRY = {"malloc", "calloc", "realloc", "free", "operator new(unsigned long)", "operator delete(void*)"}
-
-
-class TrailEntry(BaseModel):
-    kind: Literal["rule", "probe", "budget"]
-    name: str
-    state: str
-    reason: str
-    source: str = ""
-    at_s: float = 0.0  # seconds into the window
 
 
 class BudgetDecision(BaseModel):
@@ -76,7 +67,7 @@ class Engine:
     ):
         self.rules, self.target, self.duration, self.budget = rules, target, duration, budget_percent
         self.interval, self.on_sample, self.on_step = interval, on_sample, on_step or (lambda _s: None)
-        self.trail: list[TrailEntry] = []
+        self.trail: list[TrailItem] = []
         self.results: dict[str, ProbeResult] = {}
         self.budget_decision: BudgetDecision | None = None
         self.started = time.monotonic()
@@ -184,7 +175,7 @@ class Engine:
                 self.budget_decision = self._price_memleak()
                 d = self.budget_decision
                 self.trail.append(
-                    TrailEntry(kind="budget", name="memleak", state=d.choice, reason=d.reason, at_s=self.elapsed())
+                    TrailItem(kind="budget", name="memleak", state=d.choice, reason=d.reason, at_s=self.elapsed())
                 )
                 if d.choice != "full":
                     for alt in ("faults", "brkstack", "mmapsnoop"):
@@ -199,7 +190,7 @@ class Engine:
             run_for = min(seconds, left) if seconds else share
             if run_for < MIN_PROBE_S:
                 self.trail.append(
-                    TrailEntry(
+                    TrailItem(
                         kind="probe",
                         name=name,
                         state="not-run",
@@ -213,7 +204,7 @@ class Engine:
             why = f"asked by {rule}; {result.status}" + (f": {result.reason}" if result.reason else "")
             if result.backed_off:
                 why += "; detached early: its measured cost went over the budget"
-            self.trail.append(TrailEntry(kind="probe", name=name, state=result.status, reason=why, at_s=self.elapsed()))
+            self.trail.append(TrailItem(kind="probe", name=name, state=result.status, reason=why, at_s=self.elapsed()))
 
     # --- rules -----------------------------------------------------------------------------
     def evaluate(self, facts: dict) -> list[tuple[str, float | None, str]]:
@@ -263,7 +254,7 @@ class Engine:
         self.evaluate(facts)
         for rule, outcome in self.outcomes:
             self.trail.append(
-                TrailEntry(
+                TrailItem(
                     kind="rule",
                     name=rule.id,
                     state=outcome.state,

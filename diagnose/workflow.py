@@ -11,7 +11,7 @@ from memdiag.rules.loader import load_playbooks, playbook_paths
 from memdiag.rules.model import Rule
 
 from .engine import PROBE_ORDER, Engine
-from .report import Finding, Overhead, ProbeStatus, Report, StackReport, TargetInfo, TrailItem, Window
+from .report import Finding, Overhead, ProbeStatus, Report, StackReport, TargetInfo, Window
 from .snapshot import Snapshot
 from .target import Target
 from .units import fmt_number
@@ -149,7 +149,7 @@ def diagnose(
             measured_percent=sum(measured) if engine.results else None,
         ),
         budget_decision=d.reason if d else None,
-        trail=[TrailItem(**t.model_dump()) for t in engine.trail],
+        trail=engine.trail,
         stacks=stacks,
         folded=folded,
         counters=counters,
