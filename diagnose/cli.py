@@ -7,10 +7,10 @@ import argparse
 import os
 import sys
 
-from .commands import probe, rules, run, top
+from .commands import probe, rules, run, serve, top
 from .errors import MemdiagError
 
-_SUBCOMMANDS = {"top": top, "probe": probe, "rules": rules}
+_SUBCOMMANDS = {"top": top, "probe": probe, "rules": rules, "serve": serve}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -18,7 +18,12 @@ fi
 # PyPI's "bcc" is an unrelated project: bcc's Python bindings come from the distro.
 need=()
 # libc6-dbg: glibc's symbols by build-id, so frames inside malloc are named, not [unknown]
-for pkg in bpfcc-tools python3-bpfcc python3-venv gcc g++ libc6-dev libc6-dbg make libjemalloc2 util-linux; do
+packages=(bpfcc-tools python3-bpfcc python3-venv gcc g++ libc6-dev libc6-dbg make libjemalloc2 util-linux)
+# --test: what only the test suite needs (a real Alertmanager to send webhooks)
+if [ "${1:-}" = "--test" ]; then
+    packages+=(prometheus-alertmanager curl)
+fi
+for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
 headers_pkg="linux-headers-$release"

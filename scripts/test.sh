@@ -3,7 +3,7 @@
 # Extra arguments go to pytest (e.g. scripts/test.sh -k cgroup).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-"$here/scripts/setup.sh"
+"$here/scripts/setup.sh" --test
 cd "$here"
 "$here/.venv/bin/ruff" check --quiet .
 # Nothing may skip on a machine that has what the tests need (root, BPF, cgroups).

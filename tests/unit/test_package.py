@@ -33,7 +33,17 @@ def test_wheel_layout(tmp_path):
         assert f"memdiag/bpf/{probe}.c" in names
         assert f"memdiag/probes/{probe}.py" in names
     assert "memdiag/bpf/memdiag.h" in names
-    assert "memdiag/diagnose/cli.py" in names
+    for module in (
+        "diagnose/cli.py",
+        "diagnose/commands/run.py",
+        "diagnose/commands/serve.py",
+        "diagnose/render/markdown.py",
+        "diagnose/facts/meminfo.py",
+        "diagnose/serve/app.py",
+        "rules/engine.py",
+        "playbooks/default.yaml",
+    ):
+        assert f"memdiag/{module}" in names, module
 
 
 def test_bpf_sources_load_from_the_installed_package():

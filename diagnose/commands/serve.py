@@ -1,0 +1,144 @@
+"""Long-running agent: ``memdiag serve [--listen ADDR:PORT] [--token-file F] [--data DIR]`` turns
+alerts (Alertmanager, Grafana, plain JSON) into diagnoses and records every OOM kill."""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import os
+from pathlib import Path
+
+from ..errors import PermissionNeeded, UsageError
+from ..workflow import DEFAULT_BUDGET_PERCENT, load_rules
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--listen", default="127.0.0.1:9797", metavar="ADDR:PORT", help="where to listen (default 127.0.0.1:9797)"
+    )
+    parser.add_argument(
+        "--token-file", type=Path, metavar="F", help="bearer token every POST must carry (required off loopback)"
+    )
+    parser.add_argument(
+        "--data",
+        type=Path,
+        default=Path("/var/lib/memdiag/serve"),
+        metavar="DIR",
+        help="incidents database and reports (default /var/lib/memdiag/serve)",
+    )
+    parser.add_argument("--duration", type=float, default=30.0, metavar="S", help="window of each diagnosis")
+    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_PERCENT, metavar="PERCENT")
+    parser.add_argument("--queue", type=int, default=16, metavar="N", help="diagnoses waiting at most (429 beyond)")
+    parser.add_argument(
+        "--grafana-secret-file",
+        type=Path,
+        metavar="F",
+        help="verify X-Grafana-Alerting-Signature with this HMAC secret",
+    )
+    parser.add_argument(
+        "--grafana-timestamp-header", metavar="NAME", help="the timestamp header Grafana signs with, when configured"
+    )
+    parser.add_argument("--no-oom-watch", action="store_true", help="do not watch for OOM kills")
+    parser.add_argument("--playbook", type=Path, action="append", default=[], metavar="PATH")
+
+
+def _secret(path: Path | None, what: str) -> str | None:
+    if path is None:
+        return None
+    try:
+        value = path.read_text().strip()
+    except OSError as e:
+        raise UsageError(f"{what} {path}: cannot read ({e.strerror or e})") from None
+    if not value:
+        raise UsageError(f"{what} {path}: empty")
+    return value
+
+
+def _listen(text: str) -> tuple[str, int]:
+    host, sep, port = text.rpartition(":")
+    if not sep or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--listen {text}: expected ADDR:PORT")
+    host = host.strip("[]")
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        if host != "localhost":
+            raise UsageError(f"--listen {text}: {host} is not an IP address") from None
+    return host, int(port)
+
+
+def _loopback(host: str) -> bool:
+    return host == "localhost" or ipaddress.ip_address(host).is_loopback
+
+
+def execute(args: argparse.Namespace) -> int:
+    import uvicorn
+    from memdiag.rules.loader import RuleFileError
+
+    from ..serve.app import Config, Metrics, create_app
+    from ..serve.oomwatch import OomWatcher, describe
+    from ..serve.security import RateLimiter
+    from ..serve.store import Store
+    from ..serve.targets import NotOnHost, target_from_labels
+    from ..serve.worker import QueueFull, Worker
+
+    host, port = _listen(args.listen)
+    token = _secret(args.token_file, "--token-file")
+    if token is None and not _loopback(host):
+        raise UsageError(f"--listen {args.listen}: refusing to listen off loopback without --token-file")
+    if os.geteuid() != 0:
+        raise PermissionNeeded("memdiag serve runs BPF probes: run it as root")
+    try:
+        rules = load_rules(args.playbook)
+    except RuleFileError as e:
+        raise UsageError("bad rule file:\n" + "\n".join(f"  {line}" for line in e.errors)) from None
+    try:
+        store = Store(args.data)
+    except OSError as e:
+        raise UsageError(f"--data {args.data}: {e.strerror or e}") from None
+    metrics = Metrics(store)
+
+    def done(elapsed: float, report) -> None:
+        metrics.durations.observe(elapsed)
+        if report.overhead.measured_percent is not None:
+            metrics.overhead.set(report.overhead.measured_percent)
+
+    worker = Worker(store, args.duration, args.budget, rules, maxsize=args.queue, on_done=done)
+
+    def on_kill(e) -> None:
+        metrics.oom_kills.inc()
+        cgroup = e.memcg or e.victim_cgroup
+        target = None
+        if cgroup and cgroup != "/":
+            try:
+                target = target_from_labels({"id": cgroup})
+            except (NotOnHost, ValueError, UsageError):
+                target = None  # the cgroup is gone
+            # the victim may linger in cgroup.procs while it dies: only a survivor is diagnosed
+            if target is not None and (target.kind != "pid" or target.pid == e.victim_pid):
+                target = None
+        record = e.model_dump()
+        state = "queued" if target is not None else "recorded"
+        incident, _ = store.create(
+            "oomwatch", state, {"kind": "cgroup", "cgroup": cgroup} if cgroup else None, record, summary=describe(e)
+        )
+        if target is not None:
+            try:
+                worker.submit(incident.id, target)
+            except QueueFull:
+                store.update(incident.id, state="recorded", error="queue full: recorded, not diagnosed")
+
+    if not args.no_oom_watch:
+        OomWatcher(on_kill)
+    cfg = Config(
+        store=store,
+        worker=worker,
+        token=token,
+        grafana_secret=_secret(args.grafana_secret_file, "--grafana-secret-file"),
+        grafana_timestamp_header=args.grafana_timestamp_header,
+        limiter=RateLimiter(),
+    )
+    app = create_app(cfg, metrics)
+    print(f"memdiag serve: listening on http://{args.listen} (data in {args.data})", flush=True)
+    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)).run()
+    return 0

@@ -1,0 +1,254 @@
+"""The HTTP side of `memdiag serve` (Starlette): alerts in, incidents out. Requests are answered
+at once; diagnoses run in the worker."""
+
+from __future__ import annotations
+
+import html
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from ..errors import UsageError
+from ..target import Target, cgroup_target, pid_target
+from .alerts import AlertmanagerPayload, DiagnoseRequest, GrafanaPayload
+from .security import RateLimiter, grafana_signature_ok, token_ok
+from .store import STATES, Store
+from .targets import BadLabel, NotOnHost, target_from_labels
+from .worker import QueueFull, Worker
+
+MAX_BODY = 1 << 20
+
+
+@dataclass
+class Config:
+    store: Store
+    worker: Worker
+    token: str | None
+    grafana_secret: str | None = None
+    grafana_timestamp_header: str | None = None
+    limiter: RateLimiter | None = None
+
+
+class Metrics:
+    def __init__(self, store: Store):
+        self.registry = CollectorRegistry()
+        self.incidents = Gauge("memdiag_incidents", "Incidents by state", ["state"], registry=self.registry)
+        self.durations = Histogram(
+            "memdiag_diagnosis_seconds",
+            "Time a diagnosis took",
+            buckets=(5, 10, 20, 30, 45, 60, 120, 300),
+            registry=self.registry,
+        )
+        self.overhead = Gauge(
+            "memdiag_probe_overhead_percent", "Measured overhead of the last diagnosis's probes", registry=self.registry
+        )
+        self.oom_kills = Counter("memdiag_oom_kills", "OOM kills seen by the OOM watch", registry=self.registry)
+        self.store = store
+
+    def render(self) -> bytes:
+        counts = self.store.counts()
+        for state in STATES:
+            self.incidents.labels(state=state).set(counts.get(state, 0))
+        return generate_latest(self.registry)
+
+
+def _error(status: int, reason: str) -> JSONResponse:
+    return JSONResponse({"error": reason}, status_code=status)
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, reason: str):
+        self.status, self.reason = status, reason
+
+
+async def _body(request: Request) -> bytes:
+    length = request.headers.get("content-length")
+    if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+        raise _Refused(413, f"body larger than {MAX_BODY} bytes")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise _Refused(413, f"body larger than {MAX_BODY} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _json(body: bytes):
+    try:
+        return json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise _Refused(400, f"malformed JSON: {e}") from None
+
+
+def _validation(e: ValidationError) -> str:
+    first = e.errors()[0]
+    where = ".".join(str(p) for p in first["loc"])
+    return f"wrong payload shape: {where}: {first['msg']}" if where else f"wrong payload shape: {first['msg']}"
+
+
+def _target_json(t: Target) -> dict:
+    return {
+        "kind": t.kind,
+        "pid": t.pid,
+        "comm": t.comm,
+        "cgroup": t.cgroup.path if t.cgroup else None,
+        "description": t.describe(),
+    }
+
+
+def create_app(cfg: Config, metrics: Metrics) -> Starlette:
+    store, worker = cfg.store, cfg.worker
+
+    def guard(request: Request) -> None:
+        if cfg.limiter is not None and not cfg.limiter.allow(request.client.host if request.client else "?"):
+            raise _Refused(429, "too many requests")
+        if not token_ok(request.headers.get("authorization"), cfg.token):
+            raise _Refused(401, "missing or wrong bearer token")
+
+    def enqueue(source: str, target: Target, alert: dict | None, dedup: str | None, duration=None) -> tuple[str, bool]:
+        incident, new = store.create(source, "queued", _target_json(target), alert, dedup_key=dedup)
+        if new:
+            try:
+                worker.submit(incident.id, target, duration)
+            except QueueFull:
+                store.update(incident.id, state="failed", error="queue full")
+                raise _Refused(429, "diagnosis queue is full") from None
+        return incident.id, new
+
+    async def alerts(request: Request, source: str) -> Response:
+        guard(request)
+        body = await _body(request)
+        if source == "grafana" and cfg.grafana_secret is not None:
+            ts = request.headers.get(cfg.grafana_timestamp_header) if cfg.grafana_timestamp_header else None
+            if not grafana_signature_ok(
+                body, request.headers.get("x-grafana-alerting-signature"), cfg.grafana_secret, ts
+            ):
+                raise _Refused(401, "bad X-Grafana-Alerting-Signature")
+        model = AlertmanagerPayload if source == "alertmanager" else GrafanaPayload
+        try:
+            payload = model.model_validate(_json(body))
+        except ValidationError as e:
+            raise _Refused(422, _validation(e)) from None
+        # Validate every alert before acting on any: nothing half-made.
+        plans = []
+        for alert in payload.alerts:  # per alert: a truncated group's top-level status can be wrong
+            if alert.status == "resolved":
+                plans.append((alert, None))
+                continue
+            try:
+                plans.append((alert, target_from_labels(alert.labels)))
+            except BadLabel as e:
+                raise _Refused(422, str(e)) from None
+            except (NotOnHost, UsageError) as e:
+                raise _Refused(404, str(e)) from None
+        out = []
+        for alert, target in plans:
+            record = alert.model_dump()
+            key = alert.dedup_key(source)
+            if target is None:
+                incident, new = store.create(
+                    source, "resolved", None, record, dedup_key=key, summary="alert resolved: recorded, not diagnosed"
+                )
+                out.append({"id": incident.id, "state": incident.state, "new": new})
+                continue
+            iid, new = enqueue(source, target, record, key)
+            out.append({"id": iid, "state": store.get(iid).state, "new": new})  # type: ignore[union-attr]
+        return JSONResponse({"incidents": out}, status_code=202)
+
+    async def alertmanager(request: Request) -> Response:
+        return await alerts(request, "alertmanager")
+
+    async def grafana(request: Request) -> Response:
+        return await alerts(request, "grafana")
+
+    async def diagnose_endpoint(request: Request) -> Response:
+        guard(request)
+        try:
+            req = DiagnoseRequest.model_validate(_json(await _body(request)))
+        except ValidationError as e:
+            raise _Refused(422, _validation(e)) from None
+        named = [k for k in ("pid", "cgroup", "container_id") if getattr(req, k) is not None]
+        if len(named) != 1:
+            raise _Refused(422, "name exactly one of pid, cgroup, container_id")
+        try:
+            if req.pid is not None:
+                target = pid_target(req.pid)
+            elif req.cgroup is not None:
+                target = (
+                    target_from_labels({"id": req.cgroup}) if req.cgroup.startswith("/") else cgroup_target(req.cgroup)
+                )
+            else:
+                target = target_from_labels({"container_id": req.container_id or ""})
+        except BadLabel as e:
+            raise _Refused(422, str(e)) from None
+        except (NotOnHost, UsageError) as e:
+            raise _Refused(404, str(e).removeprefix("--pid ").removeprefix("--cgroup: ")) from None
+        iid, _ = enqueue("api", target, None, None, req.duration)
+        return JSONResponse({"id": iid, "state": "queued"}, status_code=202)
+
+    async def incidents(request: Request) -> Response:
+        items = store.all()
+        if request.query_params.get("format") == "html" or "text/html" in request.headers.get("accept", ""):
+            rows = "".join(
+                f'<tr><td><a href="/incidents/{i.id}?format=html">{i.id}</a></td><td>{html.escape(i.source)}</td>'
+                f"<td>{html.escape(i.state)}</td><td>{html.escape(i.verdict_kind or '')}</td>"
+                f"<td>{html.escape(i.summary or i.error or '')}</td></tr>"
+                for i in items
+            )
+            return HTMLResponse(
+                '<!doctype html><html><head><meta charset="utf-8"><title>memdiag incidents</title></head><body>'
+                '<h1>memdiag incidents</h1><table id="incidents"><tr><th>id</th><th>source</th><th>state</th>'
+                f"<th>verdict</th><th>summary</th></tr>{rows}</table></body></html>"
+            )
+        return JSONResponse({"incidents": [i.model_dump() for i in items]})
+
+    async def incident(request: Request) -> Response:
+        iid = request.path_params["iid"]
+        if not iid.isalnum() or len(iid) > 32:
+            raise _Refused(404, "no such incident")
+        item = store.get(iid)
+        if item is None:
+            raise _Refused(404, "no such incident")
+        fmt = request.query_params.get("format")
+        if fmt in ("md", "json", "html"):
+            if item.report_dir is None:
+                raise _Refused(404, f"incident {iid} has no report ({item.state})")
+            name = {"md": "report.md", "json": "report.json", "html": "report.html"}[fmt]
+            text = (Path(item.report_dir) / name).read_text()
+            media = {"md": "text/markdown", "json": "application/json", "html": "text/html"}[fmt]
+            return Response(text, media_type=f"{media}; charset=utf-8")
+        if fmt is not None:
+            raise _Refused(400, "format is md, json or html")
+        return JSONResponse(item.model_dump())
+
+    async def healthz(request: Request) -> Response:
+        return JSONResponse({"ok": True, "queued": worker.queue.qsize()})
+
+    async def metrics_endpoint(request: Request) -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    async def refused(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, _Refused)
+        return _error(exc.status, exc.reason)
+
+    async def not_found(request: Request, exc: Exception) -> Response:
+        return _error(getattr(exc, "status_code", 404), getattr(exc, "detail", "not found") or "not found")
+
+    routes = [
+        Route("/alerts/alertmanager", alertmanager, methods=["POST"]),
+        Route("/alerts/grafana", grafana, methods=["POST"]),
+        Route("/diagnose", diagnose_endpoint, methods=["POST"]),
+        Route("/incidents", incidents, methods=["GET"]),
+        Route("/incidents/{iid}", incident, methods=["GET"]),
+        Route("/healthz", healthz, methods=["GET"]),
+        Route("/metrics", metrics_endpoint, methods=["GET"]),
+    ]
+    return Starlette(routes=routes, exception_handlers={_Refused: refused, 404: not_found, 405: not_found})

@@ -1,0 +1,50 @@
+"""The always-on OOM watch: the oomkill probe polled for as long as the server runs; each kill
+becomes an incident with victim, trigger, cgroup, limit and host memory at that moment, and the
+cgroup is diagnosed if anything in it still runs."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from memdiag.probes.oomkill import OomEvent, OomWatch
+
+from ..units import fmt_bytes
+
+
+def describe(e: OomEvent) -> str:
+    scope = "cgroup limit" if e.cgroup_oom else "system out of memory"
+    limit = f" (limit {fmt_bytes(e.limit)})" if e.limit else ""
+    return (
+        f"OOM killer killed PID {e.victim_pid} ({e.victim_comm}), anon RSS {fmt_bytes(e.anon_rss)}: {scope}"
+        f" in {e.memcg or e.victim_cgroup or 'unknown cgroup'}{limit}; triggered by PID {e.trigger_pid} "
+        f"({e.trigger_comm}); host MemAvailable {fmt_bytes(e.mem_available)}"
+    )
+
+
+class OomWatcher:
+    def __init__(self, on_kill: Callable[[OomEvent], None]):
+        self.on_kill = on_kill
+        self.stop = threading.Event()
+        self.ready = threading.Event()
+        self.error: str | None = None
+        self.thread = threading.Thread(target=self._loop, name="memdiag-oomwatch", daemon=True)
+        self.thread.start()
+
+    def _loop(self) -> None:
+        try:
+            watch = OomWatch()
+        except Exception as e:  # unavailable kernel features: the server runs on without the watch
+            self.error = str(e)
+            self.ready.set()
+            return
+        self.ready.set()
+        try:
+            while not self.stop.is_set():
+                for event in watch.poll(250):
+                    try:
+                        self.on_kill(event)
+                    except Exception:  # one bad record must not end the watch
+                        continue
+        finally:
+            watch.close()

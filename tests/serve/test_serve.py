@@ -1,0 +1,204 @@
+"""`memdiag serve` with real clients: a real Alertmanager (Debian's 0.25) sending webhooks with
+bearer auth, plain POST /diagnose, the OOM watch on a real OOM kill, hostile requests refused,
+incidents kept across a restart."""
+
+import datetime as dt
+import json
+import time
+
+from conftest import TOKEN, request
+
+MiB = 1 << 20
+
+
+def _now(offset_s: float = 0) -> str:
+    return (dt.datetime.now(dt.timezone.utc) + dt.timedelta(seconds=offset_s)).isoformat()
+
+
+def test_alertmanager_to_incident_end_to_end(server, alertmanager, workload):
+    srv = server()
+    am = alertmanager(srv.url + "/alerts/alertmanager")
+    w = workload("leak", "2048")
+    alert = [
+        {
+            "labels": {"alertname": "MemoryGrowth", "pid": str(w.pid), "severity": "page"},
+            "annotations": {"summary": "orders RSS climbing"},
+            "startsAt": _now(),
+            "endsAt": _now(600),
+        }
+    ]
+    status, _ = request(am + "/api/v2/alerts", "POST", json.dumps(alert).encode(), token=None)
+    assert status == 200
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not srv.incidents():
+        time.sleep(0.5)
+    (incident,) = srv.incidents()  # exactly one incident for the alert
+    assert incident["source"] == "alertmanager" and incident["target"]["pid"] == w.pid
+    done = srv.wait(incident["id"])
+    assert done["state"] == "done" and done["verdict_kind"] in ("leak", "growth")
+    assert "leak_order_history" in done["summary"]
+    md = srv.get(f"/incidents/{incident['id']}?format=md")[1].decode()
+    assert md.startswith(f"# memdiag: {done['verdict_kind']} — PID {w.pid} (leak)")
+    assert len(srv.incidents()) == 1  # no second incident from the same alert
+
+
+def test_repeated_delivery_makes_one_incident_and_resolved_is_recorded(server, workload):
+    srv = server()
+    w = workload("churn", "1000")
+    payload = {
+        "version": "4",
+        "status": "firing",
+        "receiver": "memdiag",
+        "groupKey": "{}:{}",
+        "truncatedAlerts": 0,
+        "groupLabels": {},
+        "commonLabels": {},
+        "commonAnnotations": {},
+        "externalURL": "http://am",
+        "someFutureField": {"x": 1},
+        "alerts": [
+            {
+                "status": "firing",
+                "labels": {"alertname": "M", "pid": str(w.pid)},
+                "annotations": {},
+                "startsAt": "2026-11-30T06:00:00Z",
+                "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "",
+                "fingerprint": "f00dbabe",
+            }
+        ],
+    }
+    s1, r1 = srv.post("/alerts/alertmanager", payload)
+    s2, r2 = srv.post("/alerts/alertmanager", payload)  # HA pair / retry: the same notification again
+    assert s1 == s2 == 202
+    assert r1["incidents"][0]["id"] == r2["incidents"][0]["id"] and r2["incidents"][0]["new"] is False
+    resolved = json.loads(json.dumps(payload))
+    resolved["alerts"][0].update(status="resolved", endsAt="2026-11-30T06:10:00Z")
+    resolved["status"] = "resolved"
+    s3, r3 = srv.post("/alerts/alertmanager", resolved)
+    assert s3 == 202 and r3["incidents"][0]["state"] == "resolved"
+    states = sorted(i["state"] for i in srv.incidents())
+    assert len(states) == 2 and "resolved" in states
+
+
+def test_hostile_requests_are_refused_and_leave_nothing(server, workload):
+    srv = server()
+    w = workload("churn", "1000")
+    ok_alert = {"alerts": [{"status": "firing", "labels": {"pid": str(w.pid)}}]}
+    assert srv.post("/alerts/alertmanager", ok_alert, token=None)[0] == 401
+    assert srv.post("/alerts/alertmanager", ok_alert, token="wrong")[0] == 401
+    status, body = srv.post("/diagnose", b"{" + b" " * (2 << 20) + b"}")
+    assert status == 413 and "larger than" in body["error"]
+    status, body = srv.post("/alerts/alertmanager", b'{"alerts": [')
+    assert status == 400 and body["error"].startswith("malformed JSON")
+    status, body = srv.post("/alerts/alertmanager", {"alerts": "nope"})
+    assert status == 422 and body["error"].startswith("wrong payload shape")
+    for labels in (
+        {"id": "/../../etc/passwd"},
+        {"container_id": "docker://$(reboot)"},
+        {"pid": "1; rm -rf /"},
+        {"uid": "../../x"},
+    ):
+        status, body = srv.post("/alerts/alertmanager", {"alerts": [{"status": "firing", "labels": labels}]})
+        assert status == 422, (labels, body)
+    status, body = srv.post(
+        "/alerts/alertmanager",
+        {"alerts": [{"status": "firing", "labels": {"container_id": "containerd://" + "ab" * 32}}]},
+    )
+    assert status == 404 and body["error"] == "no such container or pod on this host"
+    status, body = srv.post("/diagnose", {"pid": 4000000})
+    assert status == 404 and "no such process" in body["error"]
+    status, body = srv.post("/diagnose", {"pid": w.pid, "extra": 1})
+    assert status == 422
+    # one bad alert in a group: nothing is made for the good one either
+    mixed = {
+        "alerts": [{"status": "firing", "labels": {"pid": str(w.pid)}}, {"status": "firing", "labels": {"id": "/../x"}}]
+    }
+    assert srv.post("/alerts/alertmanager", mixed)[0] == 422
+    assert srv.incidents() == []
+    statuses = [srv.post("/diagnose", b"{", token="wrong")[0] for _ in range(60)]
+    assert 429 in statuses  # a flood is rate-limited
+
+
+def test_grafana_signature(server, workload, tmp_path):
+    import hashlib
+    import hmac
+
+    secret = tmp_path / "grafana-secret"
+    secret.write_text("hush\n")
+    srv = server(
+        extra=[
+            "--grafana-secret-file",
+            str(secret),
+            "--grafana-timestamp-header",
+            "X-Grafana-Alerting-Signature-Timestamp",
+        ]
+    )
+    w = workload("churn", "1000")
+    body = json.dumps(
+        {
+            "version": "1",
+            "state": "alerting",
+            "alerts": [
+                {
+                    "status": "firing",
+                    "labels": {"pid": str(w.pid)},
+                    "silenceURL": "http://g/s",
+                    "dashboardURL": "",
+                    "fingerprint": "abc",
+                    "startsAt": _now(),
+                    "endsAt": _now(300),
+                }
+            ],
+        }
+    ).encode()
+    ts = str(int(time.time()))
+    good = hmac.new(b"hush", f"{ts}:".encode() + body, hashlib.sha256).hexdigest()
+    headers = {"X-Grafana-Alerting-Signature-Timestamp": ts}
+    status, _ = request(
+        srv.url + "/alerts/grafana", "POST", body, headers={**headers, "X-Grafana-Alerting-Signature": "00" * 32}
+    )
+    assert status == 401
+    status, raw = request(
+        srv.url + "/alerts/grafana", "POST", body, headers={**headers, "X-Grafana-Alerting-Signature": good}
+    )
+    assert status == 202 and json.loads(raw)["incidents"][0]["new"] is True
+
+
+def test_oom_watch_records_a_real_kill(server, workload, memcg):
+    srv = server()
+    time.sleep(4)  # the watch compiles and attaches
+    cg = memcg(48 * MiB, swap=False)
+    w = workload("hog", "256", "8", "20", cgroup=cg)
+    assert w.wait_exit(30) == -9
+    deadline = time.monotonic() + 20
+    found = []
+    while time.monotonic() < deadline and not found:
+        found = [i for i in srv.incidents() if i["source"] == "oomwatch" and i["alert"]["victim_pid"] == w.pid]
+        time.sleep(0.5)
+    (incident,) = found
+    assert incident["alert"]["memcg"] == cg.path and incident["alert"]["limit"] == 48 * MiB
+    assert f"PID {w.pid} (hog)" in incident["summary"] and "cgroup limit" in incident["summary"]
+    assert incident["state"] == "recorded"  # nothing left running in the cgroup to diagnose
+    metrics = srv.get("/metrics")[1].decode()
+    assert "memdiag_oom_kills_total 1.0" in metrics
+
+
+def test_restart_keeps_incidents_and_marks_the_cut_off_one(server, workload):
+    srv = server(duration=20)
+    w = workload("churn", "1000")
+    status, body = srv.post("/diagnose", {"pid": w.pid})
+    assert status == 202
+    srv.wait(body["id"], states=("running",), timeout=30)
+    srv.stop(kill=True)
+    again = server()
+    item = json.loads(again.get(f"/incidents/{body['id']}")[1])
+    assert item["state"] == "interrupted" and "stopped during the diagnosis" in item["error"]
+    html = again.get("/incidents?format=html")[1].decode()
+    assert body["id"] in html and "<table" in html
+
+
+def test_refuses_to_listen_off_loopback_without_token(memdiag, root_required, tmp_path):
+    r = memdiag("serve", "--listen", "0.0.0.0:9", "--data", str(tmp_path))
+    assert r.returncode == 2 and "refusing to listen off loopback without --token-file" in r.stderr
+    assert TOKEN  # the fixtures' token is not used here
