@@ -56,6 +56,7 @@ class ProbeStatus(_Model):
     duration_s: float | None = None
     events: int | None = None
     overhead_percent: float | None = None  # measured: what it cost the target over the window
+    map_bytes: int | None = None  # kernel memory its BPF maps held
 
 
 class TrailItem(_Model):

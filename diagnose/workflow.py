@@ -122,6 +122,7 @@ def diagnose(
                 duration_s=r.duration_s,
                 events=r.cost.events,
                 overhead_percent=_overhead_percent(r, trap_ns, window_s),
+                map_bytes=r.cost.map_bytes,
             )
         )
     measured = [p.overhead_percent for p in probes if p.overhead_percent is not None]
