@@ -53,8 +53,8 @@ def memcg(root_required):
     """Make memory cgroups with limits; all removed at the end of the test."""
     made: list[MemoryCgroup] = []
 
-    def make(limit_bytes: int | None, swap: bool = True) -> MemoryCgroup:
-        cg = MemoryCgroup(limit_bytes, swap=swap).__enter__()
+    def make(limit_bytes: int | None, swap: bool = True, name: str | None = None) -> MemoryCgroup:
+        cg = MemoryCgroup(limit_bytes, swap=swap, name=name).__enter__()
         made.append(cg)
         return cg
 

@@ -116,9 +116,9 @@ def memory_cgroup_root() -> tuple[int, Path]:
 class MemoryCgroup:
     """A real memory cgroup with a limit; removed on exit after killing whatever is left in it."""
 
-    def __init__(self, limit_bytes: int | None, swap: bool = True):
+    def __init__(self, limit_bytes: int | None, swap: bool = True, name: str | None = None):
         self.version, self.mount = memory_cgroup_root()
-        self.name = f"memdiag-test-{uuid.uuid4().hex[:8]}"
+        self.name = name or f"memdiag-test-{uuid.uuid4().hex[:8]}"
         self.fs_path = self.mount / self.name
         self.path = "/" + self.name  # path inside the hierarchy, as /proc/PID/cgroup shows it
         self.limit = limit_bytes
