@@ -18,6 +18,8 @@ from ..render import render_all
 from ..target import Target, cgroup_target, pid_target, system_target
 from ..workflow import DEFAULT_BUDGET_PERCENT, diagnose, load_rules
 
+NICENESS = 10
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
@@ -111,6 +113,9 @@ def execute(args: argparse.Namespace) -> int:
         raise UsageError("bad rule file:\n" + "\n".join(f"  {line}" for line in e.errors)) from None
     target = _target(args)
     out = _output_dir(args, target)
+    # memdiag's own work (bcc's compiler, symbolization) must not compete with the target for CPU:
+    # on a small machine that costs the target more than the probes do (see BENCHMARKS.md).
+    os.nice(NICENESS)
     progress = Progress(args.duration, enabled=not args.quiet and sys.stderr.isatty())
     progress.step(f"diagnosing {target.describe()}")
     report = diagnose(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 import time
@@ -40,6 +41,7 @@ class Worker:
             raise QueueFull from None
 
     def _loop(self) -> None:
+        os.nice(10)  # per thread on Linux: the diagnoses yield the CPU to the services they watch
         while True:
             iid, target, duration = self.queue.get()
             self.store.update(iid, state="running")
