@@ -19,9 +19,9 @@ fi
 need=()
 # libc6-dbg: glibc's symbols by build-id, so frames inside malloc are named, not [unknown]
 packages=(bpfcc-tools python3-bpfcc python3-venv gcc g++ libc6-dev libc6-dbg make libjemalloc2 util-linux)
-# --test: what only the test suite needs (a real Alertmanager to send webhooks)
+# --test: what only the test suite needs (a real Alertmanager to send webhooks, a real browser)
 if [ "${1:-}" = "--test" ]; then
-    packages+=(prometheus-alertmanager curl)
+    packages+=(prometheus-alertmanager curl chromium)
 fi
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
