@@ -7,7 +7,7 @@ from pathlib import Path
 from ._parse import Fact, kib_to_bytes, kv_lines, read_text
 
 # model field -> /proc/meminfo key
-_FIELDS = {
+MEMINFO_KEYS = {
     "mem_total": "MemTotal",
     "mem_free": "MemFree",
     "mem_available": "MemAvailable",
@@ -58,7 +58,7 @@ class MemInfo(Fact):
 
 def parse_meminfo(text: str) -> MemInfo:
     raw = kv_lines(text, sep=":")
-    return MemInfo(**{field: kib_to_bytes(raw.get(key)) for field, key in _FIELDS.items()})
+    return MemInfo(**{field: kib_to_bytes(raw.get(key)) for field, key in MEMINFO_KEYS.items()})
 
 
 def read_meminfo(root: Path = Path("/proc")) -> MemInfo:

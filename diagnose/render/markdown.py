@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from ..facts.meminfo import MEMINFO_KEYS
 from ..report import CounterRow, Report
 from ..units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 from .sparkline import sparkline
@@ -38,20 +39,7 @@ _COUNTER_LABELS = {
     "failcnt": "limit hits (failcnt / events max)",
     "oom": "OOM events",
     "oom_kill": "OOM kills",
-    "mem_total": "MemTotal",
-    "mem_available": "MemAvailable",
-    "mem_free": "MemFree",
-    "cached": "Cached",
-    "buffers": "Buffers",
-    "anon_pages": "AnonPages",
-    "shmem": "Shmem",
-    "slab": "Slab",
-    "sreclaimable": "SReclaimable",
-    "sunreclaim": "SUnreclaim",
-    "swap_total": "SwapTotal",
-    "swap_free": "SwapFree",
-    "committed_as": "Committed_AS",
-    "commit_limit": "CommitLimit",
+    **MEMINFO_KEYS,  # system rows: the /proc/meminfo names themselves
     "psi_some_avg10": "PSI some avg10",
     "psi_some_avg60": "PSI some avg60",
     "psi_full_avg10": "PSI full avg10",
