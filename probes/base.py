@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
-import os
 import signal
 import threading
 import time
@@ -237,10 +236,6 @@ def run_for(
 
 def unavailable(name: str, target: ProbeTarget, reason: str) -> dict:
     return dict(name=name, status="unavailable", reason=reason, target=target.description, started=time.time())
-
-
-def is_root() -> bool:
-    return os.geteuid() == 0
 
 
 def _control(bpf, value: int) -> None:
