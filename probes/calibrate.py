@@ -29,7 +29,6 @@ class Costs(BaseModel):
     entry_ns: float  # uprobe on an emulated instruction
     entry_return_ns: float  # entry + return probe (what malloc pays)
     stepped_ns: float  # uprobe on an instruction the kernel single-steps
-    fault_ns: float = 250.0  # a page-fault tracepoint program: BPF only, no trap (run time measured apart)
     host: str
 
 
