@@ -370,7 +370,7 @@ def main() -> int:
     head = [
         "# memdiag benchmarks",
         "",
-        "Written by `sudo ./scripts/bench.sh` (scripts/bench.py); do not edit by hand.",
+        "Written by `./scripts/bench.sh` as root (scripts/bench.py); do not edit by hand.",
         "",
         f"- Date: {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime(started))}",
         f"- Machine: Linux {platform.release()}, {os.cpu_count()} cores ({cpu}), "
