@@ -10,7 +10,7 @@ from pathlib import Path
 
 from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
-from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples
+from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
 from .procmaps import AddressSpace
 
 METHOD = "raw tracepoints sys_enter/sys_exit (brk), kernel stacks + .eh_frame unwinding"
@@ -63,12 +63,7 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> BrkResult:
             "heap_growth": sum(s.bytes for s in stacks),
             "stacks": stacks[:top],
             "folded": folded_lines(stacks, weight="bytes"),
-            "lost": {
-                "stack_errors": stats[1],
-                "samples_dropped": stats[2],
-                "keys_dropped": stats[3],
-                "symbol_lookups_failed": failed,
-            },
+            "lost": stack_losses(stats, failed),
         }
 
     return run_probe(

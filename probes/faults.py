@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
-from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples
+from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 METHOD = "raw tracepoint exceptions:page_fault_user, kernel stacks + .eh_frame unwinding"
@@ -66,12 +66,7 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> FaultsResult:
         fields.update(
             stacks=stacks[:top],
             folded=folded_lines(stacks),
-            lost={
-                "stack_errors": stats[1],
-                "samples_dropped": stats[2],
-                "keys_dropped": stats[3],
-                "symbol_lookups_failed": failed,
-            },
+            lost=stack_losses(stats, failed),
         )
         return fields
 

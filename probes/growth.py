@@ -100,3 +100,14 @@ def read_samples(bpf, counts_table):
         except KeyError:
             pass
         yield key, value, fp, regs, data
+
+
+def stack_losses(stats: list[int], failed_lookups: int) -> dict[str, int]:
+    """What a stack-sampling probe could not record. Its `stats` array (faults.c, brkstack.c,
+    mmapsnoop.c alike): 0 events, 1 stack errors, 2 samples dropped, 3 keys dropped."""
+    return {
+        "stack_errors": stats[1],
+        "samples_dropped": stats[2],
+        "keys_dropped": stats[3],
+        "symbol_lookups_failed": failed_lookups,
+    }

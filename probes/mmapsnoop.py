@@ -7,7 +7,7 @@ from pydantic import BaseModel
 
 from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
-from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples
+from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
 
 METHOD = "raw tracepoint sys_enter (mmap/munmap), kernel stacks + .eh_frame unwinding"
 
@@ -63,12 +63,7 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
             "unmaps": unmaps,
             "mapped_bytes": sum(s.bytes for s in stacks),
             "unmapped_bytes": sum(u.bytes for u in unmaps),
-            "lost": {
-                "stack_errors": stats[1],
-                "samples_dropped": stats[2],
-                "keys_dropped": stats[3],
-                "symbol_lookups_failed": failed,
-            },
+            "lost": stack_losses(stats, failed),
         }
 
     return run_probe(
