@@ -4,7 +4,9 @@
 def test_top_sorts_the_grower_first(memdiag, workload):
     w = workload("leak", "8192")
     workload("churn", "1000")
-    r = memdiag("top", "--once", "-n", "10")
+    # -n smaller than the processes surely present (the test runner, memdiag, leak, churn): a clean CI
+    # machine may run fewer than ten processes in all.
+    r = memdiag("top", "--once", "-n", "3")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert lines[0].startswith("MemAvailable ") and "PSI some/full avg10" in lines[0]
@@ -12,7 +14,7 @@ def test_top_sorts_the_grower_first(memdiag, workload):
     first = lines[2].split()
     assert int(first[0]) == w.pid and first[1] == "leak"
     assert float(first[8]) > 4096  # GROW KiB/s: it leaks 8 MiB/s
-    assert len(lines) == 12
+    assert len(lines) == 2 + 3
 
 
 def test_top_bad_interval(memdiag):
