@@ -7,10 +7,10 @@ import argparse
 import os
 import sys
 
-from .commands import probe, rules, run, serve, top
+from .commands import prepare, probe, rules, run, serve, top
 from .errors import MemdiagError
 
-_SUBCOMMANDS = {"top": top, "probe": probe, "rules": rules, "serve": serve}
+_SUBCOMMANDS = {"top": top, "probe": probe, "rules": rules, "serve": serve, "prepare": prepare}
 
 
 class _Parser(argparse.ArgumentParser):

@@ -11,12 +11,13 @@ also detaches itself if what it really costs goes over."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
 from typing import Literal
 
-from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, swapin, vmscan
+from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, prepare, swapin, vmscan
 from memdiag.probes.base import ProbeResult, ProbeTarget
 from memdiag.rules.engine import Outcome, render, run_rules
 from memdiag.rules.model import Rule
@@ -44,6 +45,11 @@ class BudgetDecision(BaseModel):
     estimated_percent: float | None = None
     call_rate: float | None = None
     cost_ns: float | None = None
+
+
+def _warm_up(target_kind: str) -> None:
+    with contextlib.suppress(Exception):  # a probe that cannot load says why when it is run
+        prepare.prepare((target_kind,))
 
 
 def probe_target(target: Target) -> ProbeTarget:
@@ -227,6 +233,9 @@ class Engine:
             daemon=True,
         )
         sampler.start()
+        # Programs not compiled for this kernel yet are compiled while the counters are read, in
+        # a child process: the probes then load bytecode and keep their whole share of the window.
+        threading.Thread(target=_warm_up, args=(probe_target(self.target).kind,), daemon=True).start()
         first_look = min(self.duration, max(FIRST_LOOK_MIN_S, FIRST_LOOK_SHARE * self.duration))
         sampler.join(timeout=first_look)
         rounds = 0

@@ -6,18 +6,19 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
+import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
-from importlib.resources import files
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from . import kernel
+from . import compiler, kernel
+from .bpfobj import Program
 from .kernel import Availability
 
 ProbeState = Literal["ok", "partial", "unavailable", "error"]
@@ -95,9 +96,7 @@ class ProbeResult(BaseModel):
     cost: Cost = Cost()
 
 
-def bpf_source(name: str) -> Path:
-    """Absolute path of bpf/<name>.c in the installed package."""
-    return Path(str(files("memdiag.bpf").joinpath(f"{name}.c")))
+bpf_source = compiler.source
 
 
 def require(*checks: Availability) -> None:
@@ -106,16 +105,16 @@ def require(*checks: Availability) -> None:
             raise ProbeUnavailable(check.reason)
 
 
-def load(name: str, defines: dict[str, int | str]):
-    """Compile and load bpf/<name>.c with its options as -D defines."""
-    ready = kernel.prepare_bcc_environment()
-    if not ready.available:
-        raise ProbeUnavailable(ready.reason)
-    from bcc import BPF
-
-    src = bpf_source(name)
-    cflags = [f"-I{src.parent}", *(f"-D{k}={v}" for k, v in defines.items()), "-Wno-macro-redefined"]
-    return BPF(src_file=str(src).encode(), cflags=cflags)
+def load(name: str, defines: dict[str, int | str]) -> Program:
+    """Load bpf/<name>.c built with its options as -D defines (compiled once, then cached)."""
+    if os.geteuid() != 0:
+        raise ProbeUnavailable("BPF probes need root (CAP_BPF and CAP_PERFMON)")
+    if kernel.ensure_tracefs() is None:
+        raise ProbeUnavailable("tracefs is not mounted and could not be mounted")
+    try:
+        return Program(compiler.compiled(name, defines))
+    except compiler.CompilerUnavailable as e:
+        raise ProbeUnavailable(str(e)) from None
 
 
 def set_targets(bpf, pids: set[int], table: str = "targets") -> None:
@@ -248,19 +247,10 @@ def _control(bpf, value: int) -> None:
     control[ct.c_int(0)] = ct.c_uint(value)
 
 
-def detach_all(bpf) -> None:
-    """Detach every program (as BPF.cleanup does) but keep the maps open for reading."""
+def detach_all(bpf: Program) -> None:
+    """Detach every program but keep the maps open for reading."""
     _control(bpf, 0)
-    for k in list(bpf.uprobe_fds):
-        bpf.detach_uprobe_event(k)
-    for k in list(bpf.kprobe_fds):
-        bpf.detach_kprobe_event(k)
-    for k in list(bpf.tracepoint_fds):
-        bpf.detach_tracepoint(k)
-    for k in list(bpf.raw_tracepoint_fds):
-        bpf.detach_raw_tracepoint(k)
-    for ev_type, ev_config in list(bpf.open_perf_events):
-        bpf.detach_perf_event(ev_type, ev_config)
+    bpf.detach_all()
 
 
 def run_probe(
@@ -297,7 +287,7 @@ def run_probe(
         bpf = load(name, {"TARGET_MODE": mode, **defines})
     except ProbeUnavailable as e:
         return result_cls(**unavailable(name, target, str(e)))
-    except Exception as e:  # bcc raises bare Exception when compiling or loading fails
+    except (compiler.CompileError, OSError) as e:  # compiling, or the kernel refused a map or program
         return result_cls(
             name=name, status="error", reason=f"loading failed: {e}", target=target.description, started=started
         )

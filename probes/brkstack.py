@@ -40,6 +40,11 @@ def current_break(pid: int) -> int | None:
         return None
 
 
+def build_options() -> dict[str, int | str]:
+    """The syscall numbers the program compares the raw tracepoint's id with."""
+    return dict(kernel.syscall_numbers())
+
+
 def run(target: ProbeTarget, duration: float, top: int = 50) -> BrkResult:
     spaces = Spaces()
 
@@ -72,7 +77,7 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> BrkResult:
         target,
         duration,
         requirements(),
-        kernel.syscall_numbers(),
+        build_options(),
         collect,
         METHOD,
         spaces=spaces,

@@ -70,8 +70,7 @@ def _measure() -> Costs | None:
         entry = min(_loop(libc, CALLS) for _ in range(3)) - base
         bpf.attach_uretprobe(name=malloc.module.encode(), sym=b"malloc", fn_name=b"count_call", pid=pid)
         entry_return = min(_loop(libc, CALLS) for _ in range(3)) - base
-        for k in list(bpf.uprobe_fds):
-            bpf.detach_uprobe_event(k)
+        bpf.detach_all()
         # free+0 is single-stepped where its first instruction is not emulated (test %rdi in glibc)
         bpf.attach_uprobe(name=free.module.encode(), sym=b"free", sym_off=0, fn_name=b"count_call", pid=pid)
         stepped = min(_loop(libc, CALLS) for _ in range(3)) - base

@@ -36,6 +36,11 @@ def requirements() -> list[kernel.Availability]:
     return [kernel.tracepoint("exceptions", "page_fault_user")]
 
 
+def build_options(target_kind: str) -> dict[str, int | str]:
+    """Per-process counts only system-wide (the seeds' one-liner); per stack always."""
+    return {"PER_PROCESS": int(target_kind == "system")}
+
+
 def run(target: ProbeTarget, duration: float, top: int = 50) -> FaultsResult:
     per_process = target.kind == "system"
     spaces = Spaces()
@@ -76,7 +81,7 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> FaultsResult:
         target,
         duration,
         requirements(),
-        {"PER_PROCESS": int(per_process)},
+        build_options(target.kind),
         collect,
         METHOD,
         spaces=spaces,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import gzip
+import importlib.util
 import os
 import platform
 import subprocess
@@ -85,9 +86,8 @@ def prepare_bcc_environment() -> Availability:
             reason=f"no kernel headers for {platform.release()} (run scripts/setup.sh, or install "
             f"linux-headers-{platform.release()})",
         )
-    try:
-        import bcc  # noqa: F401  (the distro's python3-bpfcc)
-    except ImportError:
+    # Found, not imported: importing bcc maps LLVM (~64 MiB); only the compiler child imports it.
+    if importlib.util.find_spec("bcc") is None:
         return Availability(available=False, reason="bcc's Python module is not importable (install python3-bpfcc)")
     return Availability(available=True, reason="bcc ready")
 

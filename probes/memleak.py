@@ -105,6 +105,24 @@ def _key_tuple(k) -> tuple:
     return (k.tgid, k.stack_id, k.ip, k.at_sp)
 
 
+def build_options(
+    kernel_mode: bool = False, sample_every: int = 1, min_size: int = 0, max_size: int | None = None, snoop_min: int = 0
+) -> dict[str, int | str]:
+    """The -D options of bpf/memleak.c for these parameters."""
+    defines: dict[str, int | str] = {
+        "KERNEL_MODE": int(kernel_mode),
+        "SAMPLE_EVERY": max(1, sample_every),
+        "MIN_SIZE": min_size,
+        "SNOOP_MIN": snoop_min,
+        "MAX_ALLOCS": MAX_ALLOCS,
+        "MAX_STACKS": MAX_STACKS,
+        "PAGE_BYTES": os.sysconf("SC_PAGE_SIZE"),
+    }
+    if max_size is not None:
+        defines["MAX_SIZE"] = f"{max_size}ULL"
+    return defines
+
+
 def run(
     target: ProbeTarget,
     duration: float,
@@ -173,7 +191,7 @@ def run(
                         bpf.attach_uretprobe(
                             name=path.encode(), sym=p.function.encode(), fn_name=b"alloc_return", pid=pid
                         )
-                except Exception as e:  # bcc: bare Exception; one entry point is not worth the run
+                except OSError as e:  # one entry point is not worth the run
                     info["errors"].append(f"{p.function}: {e}")
                     continue
                 if p.describe() not in info["placements"]:
@@ -236,17 +254,7 @@ def run(
             "outstanding_allocations": outstanding,
         }
 
-    defines: dict[str, int | str] = {
-        "KERNEL_MODE": int(kernel_mode),
-        "SAMPLE_EVERY": max(1, sample_every),
-        "MIN_SIZE": min_size,
-        "SNOOP_MIN": snoop_min,
-        "MAX_ALLOCS": MAX_ALLOCS,
-        "MAX_STACKS": MAX_STACKS,
-        "PAGE_BYTES": os.sysconf("SC_PAGE_SIZE"),
-    }
-    if max_size is not None:
-        defines["MAX_SIZE"] = f"{max_size}ULL"
+    defines = build_options(kernel_mode, sample_every, min_size, max_size, snoop_min)
     method = (
         "kmem tracepoints, kernel stacks"
         if kernel_mode

@@ -38,6 +38,11 @@ def requirements() -> list[kernel.Availability]:
     return [kernel.raw_syscall_tracepoints()]
 
 
+def build_options() -> dict[str, int | str]:
+    """The syscall numbers the program compares the raw tracepoint's id with."""
+    return dict(kernel.syscall_numbers())
+
+
 def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
     spaces = Spaces()
 
@@ -72,7 +77,7 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
         target,
         duration,
         requirements(),
-        kernel.syscall_numbers(),
+        build_options(),
         collect,
         METHOD,
         spaces=spaces,

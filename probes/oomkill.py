@@ -83,19 +83,24 @@ def _ksym(bpf, address: int) -> str:
     return bpf.ksym(address, show_offset=True).decode(errors="replace")
 
 
+def build_options() -> dict[str, int | str]:
+    """What this kernel's oom:mark_victim carries beyond the pid (older kernels: the pid alone)."""
+    fmt = _format_fields()
+    defines: dict[str, int | str] = {}
+    if "anon_rss" in fmt:
+        defines["HAVE_VICTIM_RSS"] = 1
+    if "__data_loc char[] comm" in fmt:
+        defines["HAVE_VICTIM_COMM"] = 1
+    return defines
+
+
 class OomWatch:
     """The loaded probe; poll() delivers OomEvents to a callback. Used by run() for a bounded
     window and by `memdiag serve` for an always-on watch."""
 
     def __init__(self) -> None:
         require(*requirements())
-        fmt = _format_fields()
-        defines: dict[str, int | str] = {}
-        if "anon_rss" in fmt:
-            defines["HAVE_VICTIM_RSS"] = 1
-        if "__data_loc char[] comm" in fmt:
-            defines["HAVE_VICTIM_COMM"] = 1
-        self.bpf = load("oomkill", defines)
+        self.bpf = load("oomkill", build_options())
         self.lost = 0
         self.pending: list[OomEvent] = []
         self.spaces: dict[int, AddressSpace] = {}

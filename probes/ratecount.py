@@ -59,8 +59,7 @@ def estimate_call_rate(
                 break
         t1 = time.monotonic()
         n = calls[0].value
-        for k in list(bpf.uprobe_fds):
-            bpf.detach_uprobe_event(k)
+        bpf.detach_all()
     finally:
         bpf.cleanup()
     seconds = max(t1 - t0, 1e-6)

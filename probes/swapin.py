@@ -56,6 +56,10 @@ def requirements() -> list[kernel.Availability]:
     return [kernel.perf_events()]
 
 
+def build_options(use_kprobe: bool) -> dict[str, int | str]:
+    return {"REGION_SHIFT": REGION_SHIFT, **({"USE_KPROBE": 1} if use_kprobe else {})}
+
+
 def run(target: ProbeTarget, duration: float, top: int = 20, ready: threading.Event | None = None) -> SwapinResult:
     from bcc import PerfSWConfig, PerfType  # only after the requirements hold
 
@@ -133,9 +137,7 @@ def run(target: ProbeTarget, duration: float, top: int = 20, ready: threading.Ev
             + ("" if use_kprobe else f"; kprobes unavailable: {kernel.kprobes().reason}"),
         }
 
-    defines = {"REGION_SHIFT": REGION_SHIFT}
-    if use_kprobe:
-        defines["USE_KPROBE"] = 1
+    defines = build_options(use_kprobe)
     return run_probe(
         SwapinResult,
         "swapin",

@@ -1,0 +1,345 @@
+"""A compiled probe brought to life in this process: its maps created, its programs loaded and
+attached, its maps read as ctypes values. The compiled form (bytecode, map specs, key and value
+types) comes from probes.compiler; nothing here needs LLVM. The interface is the part of bcc's
+BPF object memdiag's probes use (tables by name, attach_uprobe and friends, perf buffers, ksym),
+so a probe reads the same whichever way its program was built."""
+
+from __future__ import annotations
+
+import bisect
+import ctypes as ct
+import os
+import struct
+from functools import cache
+from pathlib import Path
+
+from . import bpfsys as sys_
+from .elf import elf_info
+from .kernel import tracefs_root
+
+_TYPES = {
+    "_Bool": ct.c_bool,
+    "char": ct.c_char,
+    "unsigned char": ct.c_ubyte,
+    "short": ct.c_short,
+    "unsigned short": ct.c_ushort,
+    "int": ct.c_int,
+    "unsigned int": ct.c_uint,
+    "long": ct.c_long,
+    "unsigned long": ct.c_ulong,
+    "long long": ct.c_longlong,
+    "unsigned long long": ct.c_ulonglong,
+    "float": ct.c_float,
+    "double": ct.c_double,
+    "__int128": ct.c_int64 * 2,
+    "unsigned __int128": ct.c_uint64 * 2,
+    "signed char": ct.c_byte,
+    "void *": ct.c_void_p,
+    "char *": ct.c_char_p,
+}
+
+
+def ctype_of(desc) -> type:
+    """A ctypes type from the compiler's JSON type description (a C type name, or
+    [name, [fields], "struct"|"union"|"struct_packed"]; a field is [name, type], [name, type, [n]]
+    for an array or [name, type, bits] for a bit field)."""
+    if isinstance(desc, str):
+        return _TYPES[desc]
+    fields: list[tuple] = []
+    anonymous: list[str] = []
+    for f in desc[1]:
+        if len(f) == 2:
+            fields.append((f[0], ctype_of(f[1])))
+        elif isinstance(f[2], list):
+            fields.append((f[0], ctype_of(f[1]) * f[2][0]))
+        elif isinstance(f[2], int):
+            fields.append((f[0], ctype_of(f[1]), f[2]))
+        else:  # a nested struct or union
+            name = f[0] or f"__anon{len(anonymous)}"
+            if not f[0]:
+                anonymous.append(name)
+            fields.append((name, ctype_of(f)))
+    kind = desc[2] if len(desc) > 2 else "struct"
+    base = ct.Union if kind == "union" else ct.Structure
+    attrs: dict = {"_fields_": fields, "_anonymous_": anonymous}
+    if kind == "struct_packed":
+        attrs["_pack_"] = 1
+    return type(str(desc[0]) or "anon", (base,), attrs)
+
+
+class Table:
+    """One map: items(), [key], [key] = value, walk(stack_id) for stack maps, perf buffers."""
+
+    def __init__(self, program: Program, spec: dict, fd: int):
+        self.program, self.name, self.map_fd = program, spec["name"], fd
+        self.map_type = spec["type"]
+        self.Key = ctype_of(spec["key_desc"])
+        leaf = ctype_of(spec["leaf_desc"])
+        self.Leaf = leaf
+        self._percpu = self.map_type in (sys_.MAP_PERCPU_HASH, sys_.MAP_PERCPU_ARRAY, sys_.MAP_LRU_PERCPU_HASH)
+        if self._percpu:  # the kernel hands out one 8-byte-aligned value per possible CPU
+            size = (ct.sizeof(leaf) + 7) // 8 * 8
+            self._value_type = ct.c_ubyte * (size * len(sys_.possible_cpus()))
+        else:
+            self._value_type = leaf
+        self._perf: sys_.PerfBuffer | None = None
+
+    def _key(self, key):
+        return self.Key(key) if isinstance(key, int) else key
+
+    def _value(self, raw):
+        if not self._percpu:
+            return raw
+        size = len(raw) // len(sys_.possible_cpus())
+        return [self.Leaf.from_buffer_copy(bytes(raw)[i : i + ct.sizeof(self.Leaf)]) for i in range(0, len(raw), size)]
+
+    def __getitem__(self, key):
+        value = self._value_type()
+        if not sys_.lookup(self.map_fd, self._key(key), value):
+            raise KeyError(key)
+        return self._value(value)
+
+    def __setitem__(self, key, value) -> None:
+        sys_.update(self.map_fd, self._key(key), value)
+
+    def __delitem__(self, key) -> None:
+        if not sys_.delete(self.map_fd, self._key(key)):
+            raise KeyError(key)
+
+    def keys(self):
+        if self.map_type in sys_.MAP_ARRAY_TYPES:
+            # arrays have every index; no need to ask the kernel one key at a time
+            spec_max = self.program.spec_of(self.name)["max_entries"]
+            yield from (self.Key(i) for i in range(spec_max))
+            return
+        key, nxt = None, self.Key()
+        while sys_.next_key(self.map_fd, key, nxt):
+            key, nxt = nxt, self.Key()
+            yield key
+
+    __iter__ = keys
+
+    def items(self):
+        for key in list(self.keys()):
+            try:
+                yield key, self[key]
+            except KeyError:  # removed since the keys were listed
+                continue
+
+    def values(self):
+        return [v for _, v in self.items()]
+
+    def clear(self) -> None:
+        for key in list(self.keys()):
+            sys_.delete(self.map_fd, key)
+
+    def walk(self, stack_id: int):
+        """The addresses of one stack of a stack-trace map, innermost first."""
+        for address in self[stack_id].ip:
+            if not address:
+                return
+            yield address
+
+    def event(self, data):
+        return ct.cast(data, ct.POINTER(self.Leaf)).contents
+
+    def open_perf_buffer(self, callback, page_cnt: int = 8, lost_cb=None) -> None:
+        self._perf = sys_.PerfBuffer(self.map_fd, callback, lost_cb, page_cnt)
+        self.program.perf_buffers.append(self._perf)
+
+
+class Function:
+    def __init__(self, name: str, fd: int):
+        self.name, self.fd = name, fd
+
+
+class Program:
+    """The programs and maps of one compiled probe; cleanup() releases everything."""
+
+    def __init__(self, compiled: dict):
+        self.compiled = compiled
+        self.funcs: dict[str, Function] = {}
+        self.tables: dict[str, Table] = {}
+        self.perf_buffers: list[sys_.PerfBuffer] = []
+        self._attachments: list[int] = []  # perf-event and raw-tracepoint fds that hold attachments
+        self._specs = {m["name"]: m for m in compiled["maps"]}
+        self._fd_of: dict[int, int] = {}  # the compiler's map fd -> ours
+        try:
+            for m in compiled["maps"]:
+                entries = m["max_entries"]
+                if m["type"] == sys_.MAP_PERF_EVENT_ARRAY:
+                    entries = len(sys_.possible_cpus())
+                fd = sys_.map_create(m["type"], m["name"], m["key_size"], m["leaf_size"], entries, m["flags"])
+                self._fd_of[m["fd"]] = fd
+                self.tables[m["name"]] = Table(self, m, fd)
+            self._autoload()
+        except BaseException:
+            self.cleanup()
+            raise
+
+    def spec_of(self, name: str) -> dict:
+        return self._specs[name]
+
+    def __getitem__(self, name) -> Table:
+        if isinstance(name, bytes):
+            name = name.decode()
+        return self.tables[name]
+
+    # --- programs -------------------------------------------------------------------------
+    def _insns(self, name: str) -> bytes:
+        code = bytearray(bytes.fromhex(self.compiled["functions"][name]))
+        i = 0
+        while i + 16 <= len(code):
+            # ld_imm64 with src_reg 1 (BPF_PSEUDO_MAP_FD) or 2 (BPF_PSEUDO_MAP_VALUE): imm is a map fd
+            if code[i] == 0x18 and (code[i + 1] >> 4) in (1, 2):
+                (old,) = struct.unpack_from("<i", code, i + 4)
+                if old not in self._fd_of:
+                    raise sys_.BpfError(0, f"{name}: bytecode refers to a map the compiler did not describe")
+                struct.pack_into("<i", code, i + 4, self._fd_of[old])
+                i += 16
+            else:
+                i += 8
+        return bytes(code)
+
+    def load_func(self, name: str, prog_type: int) -> Function:
+        key = f"{name}/{prog_type}"
+        if key not in self.funcs:
+            if name not in self.compiled["functions"]:
+                raise sys_.BpfError(0, f"no function {name} in {self.compiled['name']}.c")
+            fd = sys_.prog_load(
+                prog_type, name, self._insns(name), self.compiled["license"], self.compiled["kern_version"]
+            )
+            self.funcs[key] = Function(name, fd)
+        return self.funcs[key]
+
+    def _autoload(self) -> None:
+        # bcc's naming: TRACEPOINT_PROBE(cat, ev) is tracepoint__cat__ev, RAW_TRACEPOINT_PROBE(ev) is
+        # raw_tracepoint__ev; both are attached as soon as the program is loaded.
+        for name in self.compiled["functions"]:
+            if name.startswith("tracepoint__"):
+                category, _, event = name[len("tracepoint__") :].partition("__")
+                self.attach_tracepoint(f"{category}:{event}", name)
+            elif name.startswith("raw_tracepoint__"):
+                fn = self.load_func(name, sys_.PROG_RAW_TRACEPOINT)
+                self._attachments.append(sys_.raw_tracepoint_open(name[len("raw_tracepoint__") :], fn.fd))
+
+    def attach_tracepoint(self, tp: str, fn_name: str) -> None:
+        category, _, event = tp.partition(":")
+        fn = self.load_func(fn_name, sys_.PROG_TRACEPOINT)
+        tracefs = tracefs_root() or Path("/sys/kernel/tracing")
+        try:
+            tp_id = int((tracefs / "events" / category / event / "id").read_text())
+        except (OSError, ValueError):
+            raise sys_.BpfError(0, f"no tracepoint {tp} under {tracefs}/events") from None
+        self._perf_attach(fn, sys_.PERF_TYPE_TRACEPOINT, tp_id)
+
+    def _perf_attach(self, fn: Function, type_: int, config: int, pid: int = -1, **kw) -> None:
+        fd = sys_.perf_event_open(type_, config, pid=pid, cpu=0 if pid == -1 else -1, **kw)
+        try:
+            sys_.set_bpf(fd, fn.fd)
+        except OSError:
+            os.close(fd)
+            raise
+        self._attachments.append(fd)
+
+    def _probe(self, pmu: str, fn_name: str, target: bytes, offset: int, ret: bool, pid: int) -> None:
+        type_, ret_bit = sys_.pmu(pmu)
+        fn = self.load_func(fn_name, sys_.PROG_KPROBE)
+        path = ct.create_string_buffer(target)
+        config = (1 << ret_bit) if ret else 0
+        self._perf_attach(fn, type_, config, pid=pid, config1=ct.addressof(path), config2=offset)
+
+    def attach_uprobe(self, name: bytes, fn_name: bytes, sym: bytes = b"", sym_off: int = 0, addr: int | None = None,
+                      pid: int = -1) -> None:  # fmt: skip
+        self._probe("uprobe", fn_name.decode(), name, _file_offset(name, sym, sym_off, addr), False, pid)
+
+    def attach_uretprobe(self, name: bytes, fn_name: bytes, sym: bytes = b"", addr: int | None = None,
+                         pid: int = -1) -> None:  # fmt: skip
+        self._probe("uprobe", fn_name.decode(), name, _file_offset(name, sym, 0, addr), True, pid)
+
+    def attach_kprobe(self, event: bytes, fn_name: bytes) -> None:
+        self._probe("kprobe", fn_name.decode(), event, 0, False, -1)
+
+    def attach_perf_event(self, ev_type: int, ev_config: int, fn_name: bytes, sample_period: int = 1) -> None:
+        fn = self.load_func(fn_name.decode(), sys_.PROG_PERF_EVENT)
+        for cpu in sys_.online_cpus():
+            fd = sys_.perf_event_open(ev_type, ev_config, pid=-1, cpu=cpu, period=sample_period)
+            try:
+                sys_.set_bpf(fd, fn.fd)
+            except OSError:
+                os.close(fd)
+                raise
+            self._attachments.append(fd)
+
+    def detach_all(self) -> None:
+        """Detach every program; maps stay readable until cleanup()."""
+        for fd in self._attachments:
+            os.close(fd)
+        self._attachments.clear()
+
+    def perf_buffer_poll(self, timeout: int = 0) -> None:
+        for pb in self.perf_buffers:
+            pb.poll(timeout)
+
+    # --- kernel symbols -------------------------------------------------------------------
+    @staticmethod
+    def ksym(address: int, show_offset: bool = False) -> bytes:
+        return kernel_symbol(address, show_offset).encode()
+
+    @staticmethod
+    def ksymname(name: bytes | str) -> int:
+        if isinstance(name, bytes):
+            name = name.decode()
+        return _kallsyms()[2].get(name, -1)
+
+    def cleanup(self) -> None:
+        self.detach_all()
+        for pb in self.perf_buffers:
+            pb.close()
+        self.perf_buffers.clear()
+        for fn in self.funcs.values():
+            os.close(fn.fd)
+        self.funcs.clear()
+        for t in self.tables.values():
+            os.close(t.map_fd)
+        self.tables.clear()
+
+
+def _file_offset(path: bytes, sym: bytes, sym_off: int, addr: int | None) -> int:
+    """Where a uprobe goes: the file offset of sym+sym_off (or of the virtual address addr)."""
+    info = elf_info(path.decode())
+    if info is None:
+        raise sys_.BpfError(0, f"{path.decode()}: not a readable ELF file")
+    if addr is None:
+        symbol = info.symbol_named(sym.decode(), exported_only=True) or info.symbol_named(sym.decode())
+        if symbol is None:
+            raise sys_.BpfError(0, f"{sym.decode()} not found in {path.decode()}")
+        addr = symbol.address + sym_off
+    offset = info.file_offset(addr)
+    if offset is None:
+        raise sys_.BpfError(0, f"{sym.decode() or hex(addr)} is outside the loadable segments of {path.decode()}")
+    return offset
+
+
+@cache
+def _kallsyms() -> tuple[list[int], list[str], dict[str, int]]:
+    entries: list[tuple[int, str]] = []
+    by_name: dict[str, int] = {}
+    with open("/proc/kallsyms") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) < 3 or parts[1] not in "tTwW":
+                continue
+            address = int(parts[0], 16)
+            entries.append((address, parts[2]))
+            by_name.setdefault(parts[2], address)
+    entries.sort()
+    return [a for a, _ in entries], [n for _, n in entries], by_name
+
+
+def kernel_symbol(address: int, show_offset: bool = False) -> str:
+    addresses, names, _ = _kallsyms()
+    i = bisect.bisect_right(addresses, address) - 1
+    if i < 0 or addresses[i] == 0:  # without root, kallsyms shows zeros
+        return "[unknown]"
+    return f"{names[i]}+{hex(address - addresses[i])}" if show_offset else names[i]
