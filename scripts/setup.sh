@@ -105,3 +105,8 @@ if [ ! -e "$stamp" ] || [ "$here/pyproject.toml" -nt "$stamp" ]; then
     touch "$stamp"
     say "installed memdiag into $venv"
 fi
+
+# --- BPF programs --------------------------------------------------------------------------
+# Compiled once per kernel (bcc's compiler peaks at 130-170 MiB); a diagnosis then loads cached
+# bytecode. Prints one line only when something was compiled.
+"$venv/bin/memdiag" prepare --quiet

@@ -1,5 +1,6 @@
-"""Compile memdiag's BPF programs for this kernel ahead of time (set-up runs this), so that a
-diagnosis loads cached bytecode and never starts a compiler on a machine short of memory."""
+"""Compile memdiag's BPF programs for this kernel ahead of time (set-up runs this).
+
+A diagnosis then loads cached bytecode and never starts a compiler on a machine short of memory."""
 
 from __future__ import annotations
 
