@@ -1,6 +1,6 @@
 """A short, bounded count of allocator calls: attach one uprobe on the target's malloc, count for
 at most a quarter of a second, and stop at once when the count passes a bound (a hot allocator
-then pays for a few thousand traps only). Returns calls per second."""
+then pays for about a thousand traps only). Returns calls per second."""
 
 from __future__ import annotations
 
@@ -23,10 +23,14 @@ class RateEstimate(BaseModel):
 
 
 def estimate_call_rate(
-    pid: int, function: str = "malloc", max_seconds: float = 0.25, max_calls: int = 5000, trap_ns: float | None = None
+    pid: int, function: str = "malloc", max_seconds: float = 0.25, max_calls: int = 1000, trap_ns: float | None = None
 ) -> RateEstimate | None:
     """trap_ns: what one probe hit costs on this host; the count itself slows the target by that
-    much per call, so the untraced rate is observed / (1 - observed x trap_ns)."""
+    much per call, so the untraced rate is observed / (1 - observed x trap_ns).
+
+    max_calls: a thousand calls put the rate within a few percent, enough to compare it with a
+    budget, and cost the target ~1.5 ms of traps (5,000 cost a throttled benchmark target 10% of
+    its allocation time over a 30 s window: scripts/bench.py, 10 thousand allocations/s)."""
     alloc = find_allocator(pid)
     if alloc is None:
         return None
