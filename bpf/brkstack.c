@@ -4,7 +4,6 @@
  * unwound through glibc's frameless sbrk/sysmalloc with .eh_frame in user space). The loader
  * passes the syscall number (NR_BRK) and seeds each target's current break in `last_brk`.
  * Map lookups stay in this file: bcc rewrites them only in the main source. */
-#include <linux/sched.h>
 #include "memdiag.h"
 
 struct grow_key {

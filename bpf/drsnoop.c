@@ -1,6 +1,5 @@
 /* drsnoop: which tasks had to stop and reclaim memory inside their own allocation, how often and
  * for how long (direct reclaim, global and memcg). Aggregated per process in the kernel. */
-#include <linux/sched.h>
 #include "memdiag.h"
 
 struct proc_key {

@@ -5,7 +5,6 @@
  * stack, ip, word at sp); the first event of each key also saves registers and a copy of the user
  * stack so user space can unwind frameless library code with .eh_frame.
  * Without a target (TARGET_MODE 0 and PER_PROCESS 1) it only counts faults per process. */
-#include <linux/sched.h>
 #include "memdiag.h"
 
 #ifndef PER_PROCESS

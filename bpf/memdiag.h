@@ -11,6 +11,12 @@
 
 #include <uapi/linux/ptrace.h>
 
+/* The kernel's comm size (include/linux/sched.h), without including that header: it pulls in
+ * most of the kernel's headers and costs bcc's compiler ~17 MiB and ~0.3 s per program. */
+#ifndef TASK_COMM_LEN
+#define TASK_COMM_LEN 16
+#endif
+
 #ifndef TARGET_MODE
 #define TARGET_MODE 0
 #endif

@@ -14,7 +14,6 @@
  * the full pid_tgid); realloc and mremap move an allocation instead of duplicating it; frees of
  * allocations made before attach are counted apart, not subtracted; mmap/mremap called from
  * inside the allocator (its own large chunks) are not counted twice. */
-#include <linux/sched.h>
 #include "memdiag.h"
 
 #ifndef KERNEL_MODE

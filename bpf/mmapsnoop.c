@@ -3,7 +3,6 @@
  * be told from what becomes resident. Raw syscall tracepoints carry the user pt_regs: the syscall
  * arguments (di, si, dx, r10, r8 on x86-64) and the registers for .eh_frame unwinding.
  * The loader passes NR_MMAP and NR_MUNMAP. */
-#include <linux/sched.h>
 #include <uapi/linux/mman.h>
 #include "memdiag.h"
 

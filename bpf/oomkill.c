@@ -4,7 +4,6 @@
  * trigger), with the victim's pid in its fields: the stacks taken here are the trigger's, never
  * the victim's. Kernels since 6.2 also carry the victim's RSS split (HAVE_VICTIM_RSS, set by the
  * loader from the tracepoint's format file). */
-#include <linux/sched.h>
 #include "memdiag.h"
 
 struct oom_event {

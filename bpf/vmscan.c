@@ -2,7 +2,6 @@
  * Latency histograms (log2 microseconds) for direct reclaim, memcg reclaim and slab shrinking,
  * the pages each reclaimed, and kswapd wake-ups with the time it stayed awake. Per-thread start
  * times are keyed by thread id, so concurrent reclaimers never collide. */
-#include <linux/sched.h>
 #include "memdiag.h"
 
 enum kind { DIRECT = 0, MEMCG = 1, SLAB = 2, KSWAPD = 3, KINDS = 4 };

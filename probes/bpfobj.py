@@ -249,12 +249,15 @@ class Program:
         config = (1 << ret_bit) if ret else 0
         self._perf_attach(fn, type_, config, pid=pid, config1=ct.addressof(path), config2=offset)
 
-    def attach_uprobe(self, name: bytes, fn_name: bytes, sym: bytes = b"", sym_off: int = 0, addr: int | None = None,
-                      pid: int = -1) -> None:  # fmt: skip
+    def attach_uprobe(
+        self, name: bytes, fn_name: bytes, sym: bytes = b"", sym_off: int = 0, addr: int | None = None, pid: int = -1
+    ) -> None:
+        """fn_name on entry to sym+sym_off (or the virtual address addr) of the ELF file name."""
         self._probe("uprobe", fn_name.decode(), name, _file_offset(name, sym, sym_off, addr), False, pid)
 
-    def attach_uretprobe(self, name: bytes, fn_name: bytes, sym: bytes = b"", addr: int | None = None,
-                         pid: int = -1) -> None:  # fmt: skip
+    def attach_uretprobe(
+        self, name: bytes, fn_name: bytes, sym: bytes = b"", addr: int | None = None, pid: int = -1
+    ) -> None:
         self._probe("uprobe", fn_name.decode(), name, _file_offset(name, sym, 0, addr), True, pid)
 
     def attach_kprobe(self, event: bytes, fn_name: bytes) -> None:

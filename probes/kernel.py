@@ -72,7 +72,8 @@ def kernel_headers(release: str | None = None) -> Path | None:
 
 
 def prepare_bcc_environment() -> Availability:
-    """Point bcc at usable headers (BCC_KERNEL_SOURCE) before it is imported; check tracefs."""
+    """Point bcc at usable headers (BCC_KERNEL_SOURCE, inherited by the compiler's child process);
+    check root, tracefs and that bcc is installed (found, not imported)."""
     if os.geteuid() != 0:
         return Availability(available=False, reason="BPF probes need root (CAP_BPF and CAP_PERFMON)")
     headers = kernel_headers()

@@ -12,9 +12,9 @@ def programs(target_kind: str) -> list[tuple[str, dict[str, int | str]]]:
     """(program, options) for each probe the engine may run on a target of this kind."""
     mode = 0 if target_kind == "system" else 1
     return [
+        ("ratecount", {}),  # first: pricing memleak is the engine's first BPF step
         ("faults", {"TARGET_MODE": mode, **faults.build_options(target_kind)}),
         ("memleak", {"TARGET_MODE": mode, **memleak.build_options()}),
-        ("ratecount", {}),
         ("brkstack", {"TARGET_MODE": mode, **brkstack.build_options()}),
         ("mmapsnoop", {"TARGET_MODE": mode, **mmapsnoop.build_options()}),
         ("oomkill", oomkill.build_options()),

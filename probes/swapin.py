@@ -14,7 +14,7 @@ from memdiag.diagnose.facts.cgroup import locate_memory_cgroup
 from memdiag.diagnose.facts.swaps import SwapDevice, read_swaps
 from pydantic import BaseModel
 
-from . import kernel
+from . import bpfsys, kernel
 from .base import ProbeResult, ProbeTarget, run_probe
 from .growth import Spaces
 
@@ -61,8 +61,6 @@ def build_options(use_kprobe: bool) -> dict[str, int | str]:
 
 
 def run(target: ProbeTarget, duration: float, top: int = 20, ready: threading.Event | None = None) -> SwapinResult:
-    from bcc import PerfSWConfig, PerfType  # only after the requirements hold
-
     use_kprobe = kernel.kprobes().available
     spaces = Spaces()
     calls: list[SwapCall] = []
@@ -74,8 +72,8 @@ def run(target: ProbeTarget, duration: float, top: int = 20, ready: threading.Ev
             return
         attached.append(True)
         bpf.attach_perf_event(
-            ev_type=PerfType.SOFTWARE,
-            ev_config=PerfSWConfig.PAGE_FAULTS_MAJ,
+            ev_type=bpfsys.PERF_TYPE_SOFTWARE,
+            ev_config=bpfsys.PERF_COUNT_SW_PAGE_FAULTS_MAJ,
             fn_name=b"on_major_fault",
             sample_period=1,
         )

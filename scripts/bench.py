@@ -266,7 +266,7 @@ def cost_section(results: dict) -> list[str]:
     for tool in ("memdiag", "memdiag, first run on this kernel", "memleak", "memleak -s 100"):
         runs = results.get((tool, 10_000), [])
         attach = [r["attached"] for r in runs if r["attached"] is not None]
-        verdict = [r["wall_s"] if tool == "memdiag" else r["first_report"] for r in runs]
+        verdict = [r["wall_s"] if tool.startswith("memdiag") else r["first_report"] for r in runs]
         verdict = [v for v in verdict if v is not None]
         lines.append(
             f"| {tool} | {median_range(attach, '{:.1f} s')} | {median_range(verdict, '{:.1f} s')} | "

@@ -5,6 +5,7 @@ diagnosis load. A compile error comes back as clang's own words."""
 import os
 import re
 import subprocess
+import sys
 
 import pytest
 from kit import MEMDIAG
@@ -50,3 +51,32 @@ def test_compile_error_carries_clangs_words(tmp_path, monkeypatch):
     with pytest.raises(compiler.CompileError, match=r"error"):
         compiler.compiled("faults", {"TARGET_MODE": "(", "PER_PROCESS": 0})
     assert list(tmp_path.glob("*.json")) == []
+
+
+def test_a_diagnosis_never_maps_the_compiler(workload):
+    """The probes of a diagnosis load cached bytecode: no bcc module, no LLVM in the process."""
+    w = workload("leak", "1024")
+    code = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "from memdiag.probes import faults, memleak, swapin\n"
+        "from memdiag.probes.base import ProbeTarget\n"
+        f"t = ProbeTarget.for_pid({w.pid})\n"
+        "print([m.run(t, 1).status for m in (faults, memleak, swapin)])\n"
+        "print('bcc' in sys.modules, 'LLVM' in Path('/proc/self/maps').read_text())\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split("\n")[:2] == ["['ok', 'ok', 'ok']", "False False"]
+
+
+def test_a_cache_others_can_write_is_not_trusted(tmp_path, monkeypatch):
+    """Cached bytecode is loaded into the kernel: a group- or world-writable cache is passed over."""
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    monkeypatch.setattr(compiler, "CACHE", open_dir)
+    private = compiler.cache_dir()
+    assert private != open_dir and private.stat().st_mode & 0o077 == 0
+    open_dir.chmod(0o755)
+    assert compiler.cache_dir() == open_dir
