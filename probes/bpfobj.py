@@ -233,8 +233,10 @@ class Program:
             raise sys_.BpfError(0, f"no tracepoint {tp} under {tracefs}/events") from None
         self._perf_attach(fn, sys_.PERF_TYPE_TRACEPOINT, tp_id)
 
-    def _perf_attach(self, fn: Function, type_: int, config: int, pid: int = -1, **kw) -> None:
-        fd = sys_.perf_event_open(type_, config, pid=pid, cpu=0 if pid == -1 else -1, **kw)
+    def _perf_attach(self, fn: Function, type_: int, config: int, pid: int = -1, cpu: int | None = None, **kw) -> None:
+        """A perf event running fn: for one process (pid), or on cpu (every process: cpu 0 is
+        enough for tracepoints and probes, which fire on whatever CPU the event happens)."""
+        fd = sys_.perf_event_open(type_, config, pid=pid, cpu=(0 if pid == -1 else -1) if cpu is None else cpu, **kw)
         try:
             sys_.set_bpf(fd, fn.fd)
         except OSError:
@@ -265,14 +267,8 @@ class Program:
 
     def attach_perf_event(self, ev_type: int, ev_config: int, fn_name: bytes, sample_period: int = 1) -> None:
         fn = self.load_func(fn_name.decode(), sys_.PROG_PERF_EVENT)
-        for cpu in sys_.online_cpus():
-            fd = sys_.perf_event_open(ev_type, ev_config, pid=-1, cpu=cpu, period=sample_period)
-            try:
-                sys_.set_bpf(fd, fn.fd)
-            except OSError:
-                os.close(fd)
-                raise
-            self._attachments.append(fd)
+        for cpu in sys_.online_cpus():  # a counting event counts on its own CPU only
+            self._perf_attach(fn, ev_type, ev_config, cpu=cpu, period=sample_period)
 
     def detach_all(self) -> None:
         """Detach every program; maps stay readable until cleanup()."""

@@ -16,7 +16,8 @@ from pathlib import Path
 _libc = ct.CDLL(None, use_errno=True)
 _libc.syscall.restype = ct.c_long
 
-# x86_64 and arm64 numbers; memdiag's syscall table (kernel.SYSCALLS) has the same two arches.
+# include/uapi/asm-generic/unistd.h for arm64. (The brk/mmap probes read x86-64 pt_regs and say
+# so on other machines: kernel.raw_syscall_tracepoints.)
 _NR = {"x86_64": {"bpf": 321, "perf_event_open": 298}, "aarch64": {"bpf": 280, "perf_event_open": 241}}
 
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM, MAP_GET_NEXT_KEY, PROG_LOAD = 0, 1, 2, 3, 4, 5
@@ -40,7 +41,10 @@ class BpfError(OSError):
 
 
 def _nr(name: str) -> int:
-    return _NR.get(os.uname().machine, _NR["x86_64"])[name]
+    machine = os.uname().machine
+    if machine not in _NR:
+        raise BpfError(0, f"memdiag does not know the {name} system call number on {machine}")
+    return _NR[machine][name]
 
 
 def _bpf(cmd: int, attr: ct.Structure, what: str) -> int:
