@@ -14,6 +14,10 @@ def _header(r: ProbeResult) -> list[str]:
     if r.method:
         lines.append(f"  method: {r.method}")
     lines.append(f"  target: {r.target}, {fmt_duration(r.duration_s)} traced")
+    if r.interrupted:
+        lines.append("  interrupted: stopped by a signal before the end of its window")
+    if r.backed_off:
+        lines.append("  stopped early: it cost more than its overhead budget allows")
     if r.target_exited_at:
         lines.append(f"  target exited at {time.strftime('%H:%M:%S', time.localtime(r.target_exited_at))}")
     cost = [f"{r.cost.events:,} events"]
