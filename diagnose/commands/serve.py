@@ -20,6 +20,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--token-file", type=Path, metavar="F", help="bearer token every POST must carry (required off loopback)"
     )
     parser.add_argument(
+        "--read-token-file",
+        type=Path,
+        metavar="F",
+        help="bearer token that GET /incidents and /metrics must carry (the POST token also works); "
+        "without it reads are open (/healthz always is)",
+    )
+    parser.add_argument(
         "--data",
         type=Path,
         default=Path("/var/lib/memdiag/serve"),
@@ -84,6 +91,7 @@ def execute(args: argparse.Namespace) -> int:
 
     host, port = _listen(args.listen)
     token = _secret(args.token_file, "--token-file")
+    read_token = _secret(args.read_token_file, "--read-token-file")
     if token is None and not _loopback(host):
         raise UsageError(f"--listen {args.listen}: refusing to listen off loopback without --token-file")
     if os.geteuid() != 0:
@@ -134,6 +142,7 @@ def execute(args: argparse.Namespace) -> int:
         store=store,
         worker=worker,
         token=token,
+        read_token=read_token,
         grafana_secret=_secret(args.grafana_secret_file, "--grafana-secret-file"),
         grafana_timestamp_header=args.grafana_timestamp_header,
         limiter=RateLimiter(),

@@ -34,6 +34,7 @@ class Config:
     grafana_secret: str | None = None
     grafana_timestamp_header: str | None = None
     limiter: RateLimiter | None = None
+    read_token: str | None = None  # when set, reads (incidents, reports, metrics) need it or `token`
 
 
 class Metrics:
@@ -112,6 +113,13 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
             raise _Refused(429, "too many requests")
         if not token_ok(request.headers.get("authorization"), cfg.token):
             raise _Refused(401, "missing or wrong bearer token")
+
+    def guard_read(request: Request) -> None:
+        if cfg.read_token is None:
+            return
+        header = request.headers.get("authorization")
+        if not (token_ok(header, cfg.read_token) or (cfg.token is not None and token_ok(header, cfg.token))):
+            raise _Refused(401, "missing or wrong bearer token (reads need the read token)")
 
     def enqueue(source: str, target: Target, alert: dict | None, dedup: str | None, duration=None) -> tuple[str, bool]:
         incident, new = store.create(source, "queued", _target_json(target), alert, dedup_key=dedup)
@@ -195,6 +203,7 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
         return JSONResponse({"id": iid, "state": "queued"}, status_code=202)
 
     async def incidents(request: Request) -> Response:
+        guard_read(request)
         items = store.all()
         if request.query_params.get("format") == "html" or "text/html" in request.headers.get("accept", ""):
             rows = "".join(
@@ -211,6 +220,7 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
         return JSONResponse({"incidents": [i.model_dump() for i in items]})
 
     async def incident(request: Request) -> Response:
+        guard_read(request)
         iid = request.path_params["iid"]
         if not iid.isalnum() or len(iid) > 32:
             raise _Refused(404, "no such incident")
@@ -233,6 +243,7 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
         return JSONResponse({"ok": True, "queued": worker.queue.qsize()})
 
     async def metrics_endpoint(request: Request) -> Response:
+        guard_read(request)
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def refused(request: Request, exc: Exception) -> Response:

@@ -212,3 +212,23 @@ def test_refuses_to_listen_off_loopback_without_token(memdiag, root_required, tm
     r = memdiag("serve", "--listen", "0.0.0.0:9", "--data", str(tmp_path))
     assert r.returncode == 2 and "refusing to listen off loopback without --token-file" in r.stderr
     assert TOKEN  # the fixtures' token is not used here
+
+
+def test_read_token_guards_incidents_and_metrics(server, workload, tmp_path):
+    read_file = tmp_path / "read-token"
+    read_file.write_text("reader-7d2e\n")
+    read_file.chmod(0o600)
+    srv = server(extra=["--read-token-file", str(read_file)])
+    w = workload("churn", "1000")
+    status, body = srv.post("/diagnose", {"pid": w.pid, "duration": 5})
+    assert status == 202
+    iid = body["id"]
+    for path in ("/incidents", f"/incidents/{iid}", "/metrics"):
+        assert request(srv.url + path, token=None)[0] == 401, path
+        assert request(srv.url + path, token="wrong")[0] == 401, path
+        assert request(srv.url + path, token="reader-7d2e")[0] == 200, path
+        assert request(srv.url + path)[0] == 200, path  # the POST token reads too
+    assert request(srv.url + "/healthz", token=None)[0] == 200  # liveness stays open
+    assert srv.post("/diagnose", {"pid": w.pid}, token="reader-7d2e")[0] == 401  # reading is not writing
+    (item,) = json.loads(request(srv.url + "/incidents", token="reader-7d2e")[1])["incidents"]
+    assert item["id"] == iid and item["target"]["pid"] == w.pid
