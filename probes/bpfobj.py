@@ -72,7 +72,7 @@ class Table:
 
     def __init__(self, program: Program, spec: dict, fd: int):
         self.program, self.name, self.map_fd = program, spec["name"], fd
-        self.map_type = spec["type"]
+        self.map_type, self.max_entries = spec["type"], spec["max_entries"]
         self.Key = ctype_of(spec["key_desc"])
         leaf = ctype_of(spec["leaf_desc"])
         self.Leaf = leaf
@@ -109,8 +109,7 @@ class Table:
     def keys(self):
         if self.map_type in sys_.MAP_ARRAY_TYPES:
             # arrays have every index; no need to ask the kernel one key at a time
-            spec_max = self.program.spec_of(self.name)["max_entries"]
-            yield from (self.Key(i) for i in range(spec_max))
+            yield from (self.Key(i) for i in range(self.max_entries))
             return
         key, nxt = None, self.Key()
         while sys_.next_key(self.map_fd, key, nxt):
@@ -162,7 +161,6 @@ class Program:
         self.tables: dict[str, Table] = {}
         self.perf_buffers: list[sys_.PerfBuffer] = []
         self._attachments: list[int] = []  # perf-event and raw-tracepoint fds that hold attachments
-        self._specs = {m["name"]: m for m in compiled["maps"]}
         self._fd_of: dict[int, int] = {}  # the compiler's map fd -> ours
         try:
             for m in compiled["maps"]:
@@ -176,9 +174,6 @@ class Program:
         except BaseException:
             self.cleanup()
             raise
-
-    def spec_of(self, name: str) -> dict:
-        return self._specs[name]
 
     def __getitem__(self, name) -> Table:
         if isinstance(name, bytes):
