@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
-import os
 import signal
 import threading
 import time
@@ -107,10 +106,7 @@ def require(*checks: Availability) -> None:
 
 def load(name: str, defines: dict[str, int | str]) -> Program:
     """Load bpf/<name>.c built with its options as -D defines (compiled once, then cached)."""
-    if os.geteuid() != 0:
-        raise ProbeUnavailable("BPF probes need root (CAP_BPF and CAP_PERFMON)")
-    if kernel.ensure_tracefs() is None:
-        raise ProbeUnavailable("tracefs is not mounted and could not be mounted")
+    require(kernel.bpf_runtime())
     try:
         return Program(compiler.compiled(name, defines))
     except compiler.CompilerUnavailable as e:
@@ -253,6 +249,11 @@ def detach_all(bpf: Program) -> None:
     bpf.detach_all()
 
 
+def target_mode(target_kind: str, filtered: bool = True) -> int:
+    """TARGET_MODE of a program: 1 keeps a `targets` map of tgids, 0 sees every process."""
+    return 1 if filtered and target_kind != "system" else 0
+
+
 def run_probe(
     result_cls: type[ProbeResult],
     name: str,
@@ -282,7 +283,7 @@ def run_probe(
         require(*requirements)
     except ProbeUnavailable as e:
         return result_cls(**unavailable(name, target, str(e)))
-    mode = 1 if filtered and target.kind != "system" else 0
+    mode = target_mode(target.kind, filtered)
     try:
         bpf = load(name, {"TARGET_MODE": mode, **defines})
     except ProbeUnavailable as e:

@@ -71,16 +71,24 @@ def kernel_headers(release: str | None = None) -> Path | None:
     return None
 
 
+def bpf_runtime() -> Availability:
+    """What loading and attaching any program needs: root and tracefs (tracepoint ids)."""
+    if os.geteuid() != 0:
+        return Availability(available=False, reason="BPF probes need root (CAP_BPF and CAP_PERFMON)")
+    if ensure_tracefs() is None:
+        return Availability(available=False, reason="tracefs is not mounted and could not be mounted")
+    return Availability(available=True, reason="root and tracefs")
+
+
 def prepare_bcc_environment() -> Availability:
     """Point bcc at usable headers (BCC_KERNEL_SOURCE, inherited by the compiler's child process);
     check root, tracefs and that bcc is installed (found, not imported)."""
-    if os.geteuid() != 0:
-        return Availability(available=False, reason="BPF probes need root (CAP_BPF and CAP_PERFMON)")
+    runtime = bpf_runtime()
+    if not runtime.available:
+        return runtime
     headers = kernel_headers()
     if "BCC_KERNEL_SOURCE" not in os.environ and headers is not None and not str(headers).startswith("/lib/modules"):
         os.environ["BCC_KERNEL_SOURCE"] = str(headers)
-    if ensure_tracefs() is None:
-        return Availability(available=False, reason="tracefs is not mounted and could not be mounted")
     if headers is None and "BCC_KERNEL_SOURCE" not in os.environ and not Path("/sys/kernel/kheaders.tar.xz").exists():
         return Availability(
             available=False,

@@ -10,6 +10,7 @@ from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
 
 KINDS = ("direct", "memcg", "slab", "kswapd")
+FILTERED = False  # reclaim is a host matter: counted for every process, whatever the target
 TRACEPOINTS = (
     "mm_vmscan_direct_reclaim_begin",
     "mm_vmscan_direct_reclaim_end",
@@ -74,5 +75,5 @@ def run(target: ProbeTarget, duration: float) -> VmscanResult:
         {},
         collect,
         "vmscan tracepoints (system-wide)",
-        filtered=False,
+        filtered=FILTERED,
     )  # type: ignore[return-value]
