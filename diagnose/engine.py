@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from .evidence import build_counters
 from .facts.kmsg import read_oom_kills
-from .factset import counter_facts, probe_facts
+from .factset import counter_facts, describe_scan, probe_facts
 from .observe import Observation, observe
 from .report import Counters, Culprit, TrailItem, Verdict
 from .snapshot import Snapshot
@@ -147,6 +147,13 @@ class Engine:
             **common,
         )
 
+    def _pause_allowed_ms(self, memleak_s: float) -> float:
+        """What the budget leaves for the reachability scan's pause: the budget's share of the
+        window, less what tracing allocations is estimated to cost while memleak is attached."""
+        d = self.budget_decision
+        tracing_ms = (d.estimated_percent or 0) / 100 * memleak_s * 1000 if d else 0.0
+        return max(0.0, self.budget / 100 * self.duration * 1000 - tracing_ms)
+
     def _run_probe(self, name: str, seconds: float) -> ProbeResult:
         t = probe_target(self.target)
         self.on_step(f"probe {name} for {seconds:.0f} s")
@@ -158,6 +165,8 @@ class Engine:
                 series_interval=max(1.0, seconds / 10),
                 max_overhead_percent=self.budget * 1.5 if d and d.cost_ns else None,
                 cost_per_event_ns=d.cost_ns / 2 if d and d.cost_ns else None,
+                scan_reach=True,
+                reach_allowed_ms=self._pause_allowed_ms(seconds),
             )
         module = {
             "faults": faults,
@@ -211,6 +220,13 @@ class Engine:
             if result.backed_off:
                 why += "; detached early: its measured cost went over the budget"
             self.trail.append(TrailItem(kind="probe", name=name, state=result.status, reason=why, at_s=self.elapsed()))
+            scan = getattr(result, "reach_scan", None)
+            if scan is not None:
+                self.trail.append(
+                    TrailItem(
+                        kind="scan", name="reach", state=scan.status, reason=describe_scan(scan), at_s=self.elapsed()
+                    )
+                )
 
     # --- rules -----------------------------------------------------------------------------
     def evaluate(self, facts: dict) -> list[tuple[str, float | None, str]]:
@@ -310,6 +326,9 @@ class Engine:
 
     def _stack_for(self, kind: str) -> list[str]:
         ml = self.results.get("memleak")
+        leak = ml.leak_stack() if ml is not None and kind == "leak" else None
+        if leak is not None:  # the stack whose blocks nothing points at, as the leak rule read it
+            return leak.frames
         if kind in ("leak", "cache", "growth") and ml is not None and ml.stacks:
             return ml.stacks[0].frames
         for name in ("faults", "brkstack", "mmapsnoop"):

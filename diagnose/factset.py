@@ -9,7 +9,8 @@ from .evidence import psi_stall_percent, window_seconds
 from .leakcache import classify
 from .observe import Observation
 from .report import Counters
-from .trends import counter_rate
+from .trends import counter_rate, growth_trend
+from .units import fmt_bytes
 
 # Frames in these modules belong to the language runtime or the allocator, not to the application.
 _RUNTIME = re.compile(
@@ -135,8 +136,11 @@ def probe_facts(results: dict, process_shape: str | None) -> dict:
                 "memleak.top_free_ratio": 100 * trend.free_ratio if trend.free_ratio is not None else None,
                 "memleak.top_function": app_function(top.frames),
                 "memleak.top_entry": _entry(top.functions),
+                "memleak.top_trend": growth_trend(list(zip(ml.series_times, top.series, strict=False))).shape,
             }
         )
+    if ml is not None and ml.status in ("ok", "partial"):
+        f.update(reach_facts(ml))
     sw = results.get("swapin")
     if sw is not None and sw.status == "ok" and sw.processes and sw.duration_s:
         f["swapin.top_rate"] = sw.processes[0].swapins / sw.duration_s
@@ -144,6 +148,72 @@ def probe_facts(results: dict, process_shape: str | None) -> dict:
     if dr is not None and dr.status == "ok":
         f["reclaim.stall_time"] = sum(p.total_ms for p in dr.processes) / 1000.0
     return f
+
+
+def _series_trend(times: list[float], series: list[int]):
+    return growth_trend(list(zip(times, series, strict=False))) if series else None
+
+
+def reach_facts(ml) -> dict:
+    """What the reachability scan says about the stack with the most leaked bytes (the leak) and
+    about the heaviest stack (what holds it)."""
+    scan = ml.reach_scan
+    if scan is None or scan.status != "ran":
+        return {"reach.scanned": False, "reach.not_run_reason": scan.reason if scan else "no scan was asked for"}
+    f: dict = {"reach.scanned": True, "reach.paused": (scan.paused_ms or 0) / 1000}
+    if ml.stacks:
+        top = ml.stacks[0]
+        if top.reach is not None:
+            held = top.reach.anchored_bytes + top.reach.leaked_bytes
+            f["reach.anchored_bytes"] = top.reach.anchored_bytes
+            f["reach.anchored_ratio"] = 100 * top.reach.anchored_bytes / held if held else None
+            f["reach.anchor"] = top.reach.anchor
+    leak = ml.leak_stack()
+    if leak is None:
+        f.update({"reach.leaked_bytes": 0, "reach.leaked_count": 0, "reach.leaked_ratio": 0.0})
+        return f
+    r = leak.reach
+    trend = _series_trend(ml.series_times, leak.series)
+    one_in = leak.allocs / r.leaked_count if r.leaked_count else None
+    f.update(
+        {
+            "reach.leaked_bytes": r.leaked_bytes,
+            "reach.leaked_count": r.leaked_count,
+            "reach.unreferenced_count": r.unreferenced_count,
+            "reach.leaked_ratio": 100 * r.leaked_bytes / (r.leaked_bytes + r.anchored_bytes),
+            "reach.leak_function": app_function(leak.frames),
+            "reach.leak_trend": trend.shape if trend else None,
+            "reach.leak_rate": (r.leaked_bytes / ml.duration_s) if ml.duration_s else None,
+            "reach.leak_share": _share(one_in, leak.allocs),
+        }
+    )
+    return f
+
+
+def describe_scan(scan) -> str:
+    """The reachability scan in one sentence: what it paused, read and checked, how it stayed
+    consistent; or why it did not run."""
+    if scan.status != "ran":
+        return f"{scan.status}: {scan.reason}"
+    if scan.reason:  # ran, nothing to check
+        return f"ran: {scan.reason}; paused the target {scan.paused_ms:.1f} ms"
+    priced = f"priced {scan.priced_ms:.0f} ms" if scan.priced_ms is not None else "not priced"
+    allowed = f", the budget allowed {scan.allowed_ms:.0f} ms" if scan.allowed_ms is not None else ""
+    speed = f" at {scan.speed_bytes_per_s / 2**30:.1f} GiB/s" if scan.speed_bytes_per_s else ""
+    swapped = f" ({fmt_bytes(scan.swapped_bytes)} of it paged in from swap)" if scan.swapped_bytes else ""
+    return (
+        f"ran {scan.at_s:.1f} s into memleak: paused the target {scan.paused_ms:.1f} ms ({priced}{allowed}) to read "
+        f"{fmt_bytes(scan.scanned_bytes)} of writable memory in {scan.regions} mappings{speed}{swapped}, "
+        f"{scan.threads} thread(s), {scan.blocks:,} outstanding blocks checked, {scan.references:,} references "
+        f"between them; {scan.consistency}"
+    )
+
+
+def _share(one_in: float | None, allocs: int) -> str | None:
+    """'1 in 7 allocations', or 'every allocation': how often the stack's allocations leak."""
+    if one_in is None or not allocs:
+        return None
+    return "every allocation" if round(one_in) <= 1 else f"1 in {round(one_in):,} allocations"
 
 
 _MAPPING_CALLS = {"mmap", "mmap64", "__mmap", "mremap", "__mremap"}

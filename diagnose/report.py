@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from memdiag.probes.reach import StackReach
 from pydantic import BaseModel, ConfigDict, Field
 
 from .facts.kmsg import OomKill
@@ -62,7 +63,7 @@ class ProbeStatus(_Model):
 class TrailItem(_Model):
     """One step of what the engine did and why: a rule's outcome, a budget decision, a probe run."""
 
-    kind: Literal["rule", "probe", "budget"]
+    kind: Literal["rule", "probe", "budget", "scan"]
     name: str
     state: str
     reason: str
@@ -78,6 +79,7 @@ class StackReport(_Model):
     bytes: int
     detail: str  # "2,040 allocations outstanding, 0 frees" / "989 page faults" ...
     series: list[int] = []  # outstanding bytes over time (memleak)
+    reach: StackReach | None = None  # leaked / anchored at the reachability scan (memleak)
 
 
 class Overhead(_Model):

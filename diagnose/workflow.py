@@ -11,6 +11,7 @@ from memdiag.rules.loader import load_playbooks, playbook_paths
 from memdiag.rules.model import Rule
 
 from .engine import PROBE_ORDER, Engine
+from .factset import describe_scan
 from .report import Finding, Overhead, ProbeStatus, Report, StackReport, TargetInfo, Window
 from .snapshot import Snapshot
 from .target import Target
@@ -52,6 +53,23 @@ def _overhead_percent(r: ProbeResult, trap_ns: float | None, window_s: float) ->
     return 100.0 * ns / (window_s * 1e9)
 
 
+def _scan_status(ml: ProbeResult | None, window_s: float) -> ProbeStatus | None:
+    """The reachability scan as a row of the probe table: its cost is the pause it caused."""
+    scan = getattr(ml, "reach_scan", None)
+    if scan is None:
+        return None
+    ran = scan.status == "ran"
+    return ProbeStatus(
+        name="reach",
+        status="ok" if ran else ("not-run" if scan.status == "skipped" else "error"),
+        reason=describe_scan(scan),
+        method="all threads stopped (ptrace), writable memory read and matched against memleak's blocks",
+        duration_s=(scan.paused_ms or 0) / 1000,
+        events=scan.blocks,
+        overhead_percent=100 * (scan.paused_ms or 0) / 1000 / window_s if ran else None,
+    )
+
+
 def _stacks(results: dict[str, ProbeResult]) -> tuple[list[StackReport], list[str]]:
     out: list[StackReport] = []
     folded: list[str] = []
@@ -66,6 +84,7 @@ def _stacks(results: dict[str, ProbeResult]) -> tuple[list[StackReport], list[st
                     series=s.series,
                     detail=f"{fmt_number(s.outstanding_count)} allocations outstanding, "
                     f"{fmt_number(s.allocs)} allocs, {fmt_number(s.frees)} frees",
+                    reach=s.reach,
                 )
             )
         folded = ml.folded
@@ -125,6 +144,9 @@ def diagnose(
                 map_bytes=r.cost.map_bytes,
             )
         )
+    scan_row = _scan_status(engine.results.get("memleak"), window_s)
+    if scan_row is not None:
+        probes.insert(next(i for i, p in enumerate(probes) if p.name == "memleak") + 1, scan_row)
     measured = [p.overhead_percent for p in probes if p.overhead_percent is not None]
     stacks, folded = _stacks(engine.results)
     findings = list(tri.findings)

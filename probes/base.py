@@ -243,6 +243,11 @@ def _control(bpf, value: int) -> None:
     control[ct.c_int(0)] = ct.c_uint(value)
 
 
+def disarm(bpf) -> None:
+    """Freeze a program's books where they are: it ignores events from now on."""
+    _control(bpf, 0)
+
+
 def detach_all(bpf: Program) -> None:
     """Detach every program but keep the maps open for reading."""
     _control(bpf, 0)
@@ -268,16 +273,18 @@ def run_probe(
     attach: Callable[..., None] | None = None,
     on_tick: Callable[..., None] | None = None,
     ready: threading.Event | None = None,
+    before_detach: Callable[..., None] | None = None,
 ) -> ProbeResult:
     """The life of one probe run: check, load, aim at the target, wait, collect, detach.
 
-    collect(bpf, elapsed) returns the result's own fields, plus optionally "lost", "status",
-    "reason" and "events". spaces (a growth.Spaces) is kept fresh while the target runs.
-    filtered: the program keeps a `targets` map of tgids (TARGET_MODE 1) unless the target is
-    the whole system. attach(bpf, pids) attaches what bcc does not attach by itself, at the start
-    and again for processes that join a cgroup target. on_tick(bpf, elapsed) runs about twice a
-    second while the probe is attached; returning True ends the run early (backed off, e.g. over
-    budget). ready is set once everything is attached."""
+        collect(bpf, elapsed) returns the result's own fields, plus optionally "lost", "status",
+        "reason" and "events". spaces (a growth.Spaces) is kept fresh while the target runs.
+        filtered: the program keeps a `targets` map of tgids (TARGET_MODE 1) unless the target is
+        the whole system. attach(bpf, pids) attaches what bcc does not attach by itself, at the start
+        and again for processes that join a cgroup target. on_tick(bpf, elapsed) runs about twice a
+        second while the probe is attached; returning True ends the run early (backed off, e.g. over
+        budget). ready is set once everything is attached. before_detach(bpf, elapsed) runs at the end
+    with everything still attached and armed (memleak's reachability scan reads its table there)."""
     started = time.time()
     try:
         require(*requirements)
@@ -318,6 +325,8 @@ def run_probe(
                 return bool(on_tick(bpf, elapsed)) if on_tick is not None else False
 
             elapsed = run_for(duration, target, stop, on_tick=tick)
+            if before_detach is not None and not stop.interrupted:
+                before_detach(bpf, elapsed)
             detach_all(bpf)  # the counts stop moving before they are read: tables agree
             fields = collect(bpf, elapsed)
             cost = measure_cost(bpf, events=fields.pop("events", 0))

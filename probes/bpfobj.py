@@ -128,6 +128,17 @@ class Table:
     def values(self):
         return [v for _, v in self.items()]
 
+    def dump(self) -> tuple[bytes, bytes, int]:
+        """Every key and value, raw and packed: (keys, values, count). One batch look-up where
+        the kernel offers it, else one element at a time."""
+        got = None
+        if not self._percpu and self.map_type not in sys_.MAP_ARRAY_TYPES:
+            got = sys_.lookup_batch(self.map_fd, ct.sizeof(self.Key), ct.sizeof(self.Leaf), self.max_entries)
+        if got is not None:
+            return got
+        pairs = list(self.items())
+        return b"".join(bytes(k) for k, _ in pairs), b"".join(bytes(v) for _, v in pairs), len(pairs)
+
     def clear(self) -> None:
         for key in list(self.keys()):
             sys_.delete(self.map_fd, key)

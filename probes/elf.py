@@ -39,6 +39,8 @@ class ElfInfo:
         self._fdes: list[tuple[int, int, int]] | None = None  # (start, end or -1, offset in .eh_frame)
         self._cfi: CallFrameInfo | None = None
         self._fde_starts: list[int] = []
+        self._objects: list[Symbol] | None = None
+        self._object_starts: list[int] = []
 
     # --- addresses --------------------------------------------------------------------------
     def bias(self, mapping: Mapping) -> int | None:
@@ -135,6 +137,42 @@ class ElfInfo:
         if s.size and vaddr >= s.address + s.size:
             return None
         return s, vaddr - s.address
+
+    def _symbol_sources(self) -> list[ElfInfo]:
+        if isinstance(self.elf.get_section_by_name(".symtab"), SymbolTableSection):
+            return [self]
+        debug = self.debug_file()  # stripped: static variables live in the debug file
+        return [self, debug] if debug is not None else [self]
+
+    def object_at(self, vaddr: int) -> tuple[Symbol, int] | None:
+        """The data symbol (a global or static variable) that holds vaddr, and the offset in it."""
+        if self._objects is None:
+            found: dict[int, Symbol] = {}
+            for source in self._symbol_sources():
+                for section in (".dynsym", ".symtab"):
+                    sec = source.elf.get_section_by_name(section)
+                    if not isinstance(sec, SymbolTableSection):
+                        continue
+                    for sym in sec.iter_symbols():
+                        if sym["st_info"]["type"] != "STT_OBJECT" or not sym["st_value"] or not sym.name:
+                            continue
+                        if sym["st_shndx"] == "SHN_UNDEF":
+                            continue
+                        found.setdefault(sym["st_value"], Symbol(sym["st_value"], sym["st_size"], sym.name))
+            self._objects = sorted(found.values(), key=lambda s: s.address)
+            self._object_starts = [s.address for s in self._objects]
+        i = bisect.bisect_right(self._object_starts, vaddr) - 1
+        if i < 0:
+            return None
+        sym = self._objects[i]
+        return (sym, vaddr - sym.address) if vaddr < sym.address + max(sym.size, 1) else None
+
+    def section_of(self, vaddr: int) -> str | None:
+        """The name of the allocated section that holds vaddr (.data, .bss, .got, ...)."""
+        for sec in self.elf.iter_sections():
+            if sec["sh_flags"] & 0x2 and sec["sh_addr"] <= vaddr < sec["sh_addr"] + sec["sh_size"]:  # SHF_ALLOC
+                return sec.name
+        return None
 
     # --- call frame information -----------------------------------------------------------
     def _fde_index(self) -> None:

@@ -17,9 +17,11 @@ import time
 from pydantic import BaseModel
 
 from . import kernel
+from . import reach as reachscan
 from .allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
-from .base import ProbeResult, ProbeTarget, measure_cost, run_probe
+from .base import ProbeResult, ProbeTarget, disarm, measure_cost, run_probe
 from .growth import Spaces
+from .reach import ReachScan, StackReach
 from .stacks import Symbolizer, folded, recover
 
 STAT_NAMES = (
@@ -67,6 +69,7 @@ class LeakStack(BaseModel):
     freed_bytes: int
     oldest_age_s: float | None = None
     series: list[int] = []  # outstanding bytes at each of MemleakResult.series_times
+    reach: StackReach | None = None  # what still points at its blocks (the scan ran)
 
 
 class BigAlloc(BaseModel):
@@ -93,6 +96,12 @@ class MemleakResult(ProbeResult):
     folded: list[str] = []
     big_allocations: list[BigAlloc] = []
     outstanding_allocations: int = 0
+    reach_scan: ReachScan | None = None  # None: no scan was asked for
+
+    def leak_stack(self) -> LeakStack | None:
+        """The stack with the most leaked bytes (nothing points at them), if the scan found any."""
+        scanned = [s for s in self.stacks if s.reach is not None and s.reach.leaked_bytes > 0]
+        return max(scanned, key=lambda s: s.reach.leaked_bytes) if scanned else None  # type: ignore[union-attr]
 
 
 def requirements(kernel_mode: bool) -> list[kernel.Availability]:
@@ -137,10 +146,15 @@ def run(
     top: int = 20,
     max_overhead_percent: float | None = None,
     cost_per_event_ns: float | None = None,
+    scan_reach: bool = False,
+    reach_allowed_ms: float | None = None,
 ) -> MemleakResult:
     """functions: attach only these entry points (a narrower, cheaper set), default all.
     max_overhead_percent with cost_per_event_ns: detach early when events x cost over the time
-    attached exceeds that share of the target's time (measured as it runs, not estimated)."""
+    attached exceeds that share of the target's time (measured as it runs, not estimated).
+    scan_reach: at the end, with the probes still attached, stop the target and scan its memory
+    for what points at the outstanding blocks (probes/reach.py), if the pause fits
+    reach_allowed_ms (None: no limit)."""
     if target.kind == "system" and not kernel_mode:
         return MemleakResult(
             name="memleak",
@@ -157,6 +171,7 @@ def run(
     series: dict[tuple, list[int]] = {}
     big: list = []
     last_sample = [-series_interval]
+    scanned: dict = {}
 
     def attach(bpf, pids: set[int]) -> None:
         if kernel_mode:
@@ -224,7 +239,7 @@ def run(
             outstanding += 1
             k = _key_tuple(a.key)
             oldest[k] = min(oldest.get(k, a.ts_ns), a.ts_ns)
-        stacks = _stacks(bpf, kernel_mode, spaces, series, oldest, now_ns)
+        stacks = _stacks(bpf, kernel_mode, spaces, series, oldest, now_ns, scanned.get("per_key", {}))
         bigs = [_big(bpf, b, spaces, kernel_mode) for b in big if b is not None][:200]
         lost = {k: v for k, v in stats.items() if k not in ("allocs", "frees", "sampled_out", "nested")}
         lost["symbol_lookups_failed"] = sum(s.unknown_frames for s in stacks)
@@ -252,7 +267,20 @@ def run(
             "folded": folded((([_frame_like(f) for f in s.functions]), s.outstanding_bytes) for s in stacks),
             "big_allocations": bigs,
             "outstanding_allocations": outstanding,
+            "reach_scan": scanned.get("scan"),
         }
+
+    def before_detach(bpf, elapsed: float) -> None:
+        if not scan_reach:
+            return
+        if kernel_mode or target.kind != "pid" or target.pid is None:
+            why = "the reachability scan needs a process target (user-space allocations of one pid)"
+            scanned["scan"] = ReachScan(status="skipped", reason=why)
+            return
+        keys: list[tuple] = []
+        info, per_group = reachscan.scan(target.pid, lambda: _blocks(bpf, target.pid, keys), reach_allowed_ms)
+        scanned["scan"] = info.model_copy(update={"at_s": round(elapsed, 3)})
+        scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
 
     defines = build_options(kernel_mode, sample_every, min_size, max_size, snoop_min)
     method = (
@@ -272,7 +300,37 @@ def run(
         spaces=spaces,
         attach=attach,
         on_tick=on_tick,
+        before_detach=before_detach,
     )  # type: ignore[return-value]
+
+
+def _blocks(bpf, pid: int, keys: list[tuple]) -> reachscan.Blocks:
+    """The outstanding blocks of pid from the allocs table (read with the target stopped), each
+    grouped by its stack key; keys receives the key of each group number."""
+    import numpy as np
+
+    table = bpf["allocs"]
+    raw_keys, raw_values, n = table.dump()
+    info = np.dtype(
+        [("size", "<u8"), ("ts", "<u8"), ("tgid", "<u4"), ("stack_id", "<i4"), ("ip", "<u8"), ("at_sp", "<u8")]
+    )
+    assert info.itemsize == ct.sizeof(table.Leaf), "struct alloc_info changed: update the dtype"
+    # The books stop here, with the target stopped: every figure of the result is this instant's,
+    # the same as the scan's (the probes stay attached until detach, but record nothing more).
+    disarm(bpf)
+    addrs = np.frombuffer(raw_keys, dtype="<u8", count=n)
+    values = np.frombuffer(raw_values, dtype=info, count=n)
+    mine = values["tgid"] == pid
+    addrs, values = addrs[mine], values[mine]
+    fields = np.stack(
+        [values["tgid"].astype(np.int64), values["stack_id"].astype(np.int64),
+         values["ip"].view(np.int64), values["at_sp"].view(np.int64)], axis=1,
+    )  # fmt: skip
+    if not len(addrs):
+        return reachscan.Blocks(addrs, values["size"], np.zeros(0, dtype=np.int64))
+    unique, groups = np.unique(fields, axis=0, return_inverse=True)
+    keys.extend((int(t), int(s), int(i) & (2**64 - 1), int(a) & (2**64 - 1)) for t, s, i, a in unique.tolist())
+    return reachscan.Blocks(addrs.copy(), values["size"].copy(), groups.reshape(-1).astype(np.int64))
 
 
 def _sample_series(bpf, elapsed: float, times: list[float], series: dict[tuple, list[int]]) -> None:
@@ -292,7 +350,9 @@ def _frame_like(function: str | None):
     return Frame(address=0, function=function)
 
 
-def _stacks(bpf, kernel_mode: bool, spaces: Spaces, series: dict, oldest: dict, now_ns: int) -> list[LeakStack]:
+def _stacks(
+    bpf, kernel_mode: bool, spaces: Spaces, series: dict, oldest: dict, now_ns: int, reached: dict
+) -> list[LeakStack]:
     stack_table, samples = bpf["stacks"], bpf["samples"]
     merged: dict[tuple, LeakStack] = {}
     symbolizers: dict[int, Symbolizer] = {}
@@ -332,6 +392,7 @@ def _stacks(bpf, kernel_mode: bool, spaces: Spaces, series: dict, oldest: dict, 
             freed_bytes=v.freed_bytes,
             oldest_age_s=age,
             series=series.get(key, []),
+            reach=reached.get(key),
         )
         if group in merged:
             m = merged[group]
@@ -346,6 +407,7 @@ def _stacks(bpf, kernel_mode: bool, spaces: Spaces, series: dict, oldest: dict, 
                     "freed_bytes": m.freed_bytes + item.freed_bytes,
                     "oldest_age_s": max(ages) if ages else None,
                     "series": [a + b for a, b in zip(m.series, item.series, strict=False)] or item.series,
+                    "reach": reachscan.merged(m.reach, item.reach),
                 }
             )
         merged[group] = item

@@ -24,6 +24,7 @@ class Unwound:
     addresses: list[int]
     complete: bool  # False when the walk stopped for lack of stack bytes or rules
     stopped: str  # why the walk stopped
+    cfas: tuple[int, ...] = ()  # frame i spans [cfas[i-1] (sp for the first), cfas[i])
 
 
 class StackSlice:
@@ -42,40 +43,46 @@ def unwind(space: AddressSpace, ip: int, sp: int, bp: int, stack: StackSlice) ->
     addresses = [ip]
     pc = ip
     first = True
+    cfas: list[int] = []
+
+    def done(complete: bool, why: str) -> Unwound:
+        return Unwound(addresses, complete, why, tuple(cfas))
+
     while len(addresses) < MAX_FRAMES:
         mapping = space.find(pc)
         if mapping is None or not mapping.is_file:
-            return Unwound(addresses, False, "address outside any file mapping (JIT or bad frame)")
+            return done(False, "address outside any file mapping (JIT or bad frame)")
         elf = elf_info(space.file_path(mapping))
         bias = elf.bias(mapping) if elf else None
         if elf is None or bias is None:
-            return Unwound(addresses, False, f"cannot read {mapping.path}")
+            return done(False, f"cannot read {mapping.path}")
         # A return address points after the call; look up the call itself (pc - 1).
         row = elf.cfi_row(pc - bias - (0 if first else 1))
         first = False
         if row is None:
-            return Unwound(addresses, False, f"no .eh_frame rule for this address in {mapping.path}")
+            return done(False, f"no .eh_frame rule for this address in {mapping.path}")
         cfa_rule = row["cfa"]
         if cfa_rule.expr is not None or cfa_rule.reg not in regs:
-            return Unwound(addresses, False, "CFA expression not supported (PLT stub or signal frame)")
+            return done(False, "CFA expression not supported (PLT stub or signal frame)")
         cfa = regs[cfa_rule.reg] + cfa_rule.offset
+        cfas.append(cfa)
         ra_rule = row.get(RA)
         if ra_rule is None or ra_rule.type == "UNDEFINED":  # the outermost frame (_start, clone)
-            return Unwound(addresses, True, "end of stack")
+            return done(True, "end of stack")
         if ra_rule.type != "OFFSET":
-            return Unwound(addresses, False, "return address rule not supported")
+            return done(False, "return address rule not supported")
         ra = stack.read_u64(cfa + ra_rule.arg)
         if ra is None:
-            return Unwound(addresses, False, "stack copy exhausted")
+            return done(False, "stack copy exhausted")
         bp_rule = row.get(RBP)
         if bp_rule is not None and bp_rule.type == "OFFSET":
             saved = stack.read_u64(cfa + bp_rule.arg)
             if saved is None:
-                return Unwound(addresses, False, "stack copy exhausted")
+                return done(False, "stack copy exhausted")
             regs[RBP] = saved
         regs[RSP] = cfa
         if ra == 0:
-            return Unwound(addresses, True, "end of stack")
+            return done(True, "end of stack")
         addresses.append(ra)
         pc = ra
-    return Unwound(addresses, False, f"more than {MAX_FRAMES} frames")
+    return done(False, f"more than {MAX_FRAMES} frames")

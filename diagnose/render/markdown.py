@@ -80,6 +80,16 @@ def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     return out
 
 
+def _reach_line(r) -> str:
+    """One stack's blocks at the reachability scan: leaked, anchored and by what."""
+    anchor = f", most of it ({fmt_bytes(r.anchor_bytes)}) reachable from {r.anchor}" if r.anchor else ""
+    return (
+        f"at the scan: **leaked** {fmt_number(r.leaked_count)} blocks ({fmt_bytes(r.leaked_bytes)}; "
+        f"{fmt_number(r.unreferenced_count)} not pointed at by another leaked block) · **anchored** "
+        f"{fmt_number(r.anchored_count)} blocks ({fmt_bytes(r.anchored_bytes)}){anchor}"
+    )
+
+
 def render_markdown(report: Report) -> str:
     v, t, w = report.verdict, report.target, report.window
     lines = [f"# memdiag: {v.kind} — {t.description}", ""]
@@ -118,6 +128,8 @@ def render_markdown(report: Report) -> str:
         for st in report.stacks:
             trend = f" — outstanding `{sparkline([float(v) for v in st.series])}`" if st.series else ""
             lines += [f"- **{fmt_bytes(st.bytes)}** ({st.probe}: {st.detail}){trend}"]
+            if st.reach is not None:
+                lines += [f"  - {_reach_line(st.reach)}"]
             lines += [f"  {i}. `{frame}`" for i, frame in enumerate(st.frames[:8], 1)]
             if len(st.frames) > 8:
                 lines += [f"  - … {len(st.frames) - 8} more frames"]

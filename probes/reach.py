@@ -1,0 +1,691 @@
+"""reach: is anything still pointing at memleak's outstanding blocks?
+
+A conservative reachability scan of a live process, the way vmware/chap classifies the
+allocations of a core file and LeakSanitizer the heap at exit, but on the running target with
+memleak's allocation stacks. A block is *anchored* when a root points into it (any pointer-sized,
+pointer-aligned word whose value falls inside [start, start + size)), or an anchored block does;
+*leaked* otherwise; *unreferenced* when leaked and no other block points at it either.
+
+Roots: every thread's registers; each thread's stack from its stack pointer (less the x86-64
+red zone) up, which holds its TLS too; modules' writable data (.data, .bss and the anonymous
+mapping after it); and every other readable, writable mapping outside the tracked blocks. That
+last part is the heap memdiag did not see allocated (before memleak attached) and memory the
+allocator holds free: it is counted as potentially live, so a block it points at is anchored. The
+scan can therefore miss a leak (a stale pointer in freed memory), never invent one. Pages neither
+resident nor swapped hold zeros or the file's own bytes and are not read (/proc/PID/pagemap);
+swapped pages are read (that pages them in: counted in the result); device mappings are skipped.
+
+Consistency: every thread is stopped (PTRACE_SEIZE + PTRACE_INTERRUPT, waited for) before
+memleak's block table is read and memory is scanned, and resumed right after: blocks, registers
+and pointers are one instant's. A thread stopped inside malloc or free is between two table
+updates that have not happened yet, so nothing half-done is a candidate. If memdiag dies while
+the target is stopped, the kernel detaches and the target runs on. The pause is priced before
+(bytes to read x this host's measured scan speed) and measured."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes as ct
+import errno
+import json
+import os
+import platform
+import signal
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel
+
+from .elf import elf_info
+from .procmaps import AddressSpace, Mapping, parse_maps
+from .stacks import Symbolizer
+from .unwind import StackSlice, unwind
+
+PAGE = os.sysconf("SC_PAGE_SIZE")
+CHUNK = 4 << 20  # bytes read and filtered at a time: the scan's buffer is bounded by this
+PAGEMAP_WINDOW = 1 << 16  # pages of /proc/PID/pagemap read at a time (512 KiB: 256 MiB of address space)
+MAX_EDGES = 4_000_000  # block-to-block references kept (8 bytes each); past it the scan gives up
+STOP_TIMEOUT_S = 1.0  # a thread that does not stop in this time (uninterruptible sleep) aborts the scan
+RED_ZONE = 128  # x86-64 SysV: a leaf function may keep data this far below the stack pointer
+SPEED_CACHE = Path("/var/lib/memdiag/scan-speed.json")
+SKIPPED_PATHS = ("[vvar]", "[vvar_vclock]", "[vsyscall]", "[vdso]")
+
+# Roots, in the order an anchor is credited: a named variable before a stack before memory memdiag
+# could not attribute (an anchor is what a reader can go and look at).
+TIER_STATIC, TIER_STACK, TIER_REGISTER, TIER_UNTRACKED, TIER_NONE = 0, 1, 2, 3, 9
+ANCHOR_KIND = {
+    TIER_STATIC: "static",
+    TIER_STACK: "stack",
+    TIER_REGISTER: "register",
+    TIER_UNTRACKED: "untracked",
+}
+ROOTS = (
+    "registers and stacks (from the stack pointer up) of every thread, modules' .data/.bss, and all other "
+    "readable writable memory outside the tracked blocks (heap allocated before memleak attached or held "
+    "free by the allocator counts as live: a leak can be missed, never invented)"
+)
+CONSISTENCY = (
+    "every thread stopped with ptrace (seize + interrupt) while memleak's table was read and memory scanned, "
+    "then resumed"
+)
+
+# ptrace(2) requests and the register set (NT_PRSTATUS): the stack pointer's index in user_regs_struct
+PTRACE_DETACH, PTRACE_GETREGSET, PTRACE_SEIZE, PTRACE_INTERRUPT = 17, 0x4204, 0x4206, 0x4207
+PTRACE_EVENT_STOP, NT_PRSTATUS, WALL = 128, 1, 0x40000000
+_ARCH = {  # machine: (stack pointer index, thread pointer index or None, instruction pointer, frame pointer)
+    "x86_64": (19, 21, 16, 4),
+    "aarch64": (31, None, 32, 29),
+}
+
+_libc = ct.CDLL(None, use_errno=True)
+_libc.ptrace.restype = ct.c_long
+_libc.ptrace.argtypes = [ct.c_long, ct.c_long, ct.c_void_p, ct.c_void_p]
+
+
+class StackReach(BaseModel):
+    """One allocation stack's outstanding blocks, by what still points at them."""
+
+    leaked_count: int = 0
+    leaked_bytes: int = 0
+    unreferenced_count: int = 0  # leaked, and no other block points at them either
+    anchored_count: int = 0
+    anchored_bytes: int = 0
+    anchor: str | None = None  # the root that holds most of the anchored bytes
+    anchor_kind: str | None = None  # static | stack | register | untracked
+    anchor_bytes: int = 0
+
+
+def merged(a: StackReach | None, b: StackReach | None) -> StackReach | None:
+    """One stack's figures from two stack keys that symbolize alike."""
+    if a is None or b is None:
+        return a or b
+    anchor = a if a.anchor_bytes >= b.anchor_bytes else b
+    return StackReach(
+        leaked_count=a.leaked_count + b.leaked_count,
+        leaked_bytes=a.leaked_bytes + b.leaked_bytes,
+        unreferenced_count=a.unreferenced_count + b.unreferenced_count,
+        anchored_count=a.anchored_count + b.anchored_count,
+        anchored_bytes=a.anchored_bytes + b.anchored_bytes,
+        anchor=anchor.anchor,
+        anchor_kind=anchor.anchor_kind,
+        anchor_bytes=a.anchor_bytes + b.anchor_bytes if a.anchor == b.anchor else anchor.anchor_bytes,
+    )
+
+
+class ReachScan(BaseModel):
+    """How the scan went: whether it ran, what it cost the target, how it was made consistent."""
+
+    status: Literal["ran", "skipped", "failed"]
+    reason: str = ""
+    at_s: float | None = None  # seconds after the probe attached
+    paused_ms: float | None = None  # measured: first thread stopped to last thread resumed
+    priced_ms: float | None = None  # the estimate the budget was checked against
+    allowed_ms: float | None = None
+    planned_bytes: int | None = None
+    scanned_bytes: int = 0
+    swapped_bytes: int = 0  # read from swap, so paged back in by the scan
+    unreadable_bytes: int = 0
+    regions: int = 0
+    threads: int = 0
+    blocks: int = 0
+    references: int = 0  # block-to-block references found
+    speed_bytes_per_s: float | None = None  # measured in this scan
+    buffer_bytes: int = CHUNK
+    consistency: str = CONSISTENCY
+    roots: str = ROOTS
+
+
+@dataclass
+class Blocks:
+    """Candidate blocks: start address, size and an integer group (the caller's stack) each."""
+
+    starts: object  # numpy uint64, sorted on return from sort()
+    sizes: object  # numpy uint64
+    groups: object  # numpy int64
+
+    def sort(self) -> Blocks:
+        order = self.starts.argsort(kind="stable")
+        return Blocks(self.starts[order], self.sizes[order], self.groups[order])
+
+
+@dataclass
+class Thread:
+    tid: int
+    regs: bytes
+    sp: int
+    ip: int
+    bp: int
+    pending_signal: int = 0
+    stack: bytes = b""  # its stack from sp - red zone up, copied while stopped (to name frames)
+    stack_base: int = 0
+
+
+@dataclass
+class Region:
+    start: int
+    end: int
+    tier: int
+    mapping: Mapping
+    tid: int | None = None  # a thread's stack
+    module: str | None = None  # a module's writable data (file path as the process sees it)
+
+
+@dataclass
+class Found:
+    """What the memory says about the blocks (indices into the sorted Blocks)."""
+
+    root_tier: object  # numpy int8 per block: the best root tier that points into it
+    root_addr: object  # numpy uint64 per block: that root word's address (0 for a register)
+    root_region: object  # numpy int32 per block: the region of that word (-1 for a register)
+    root_tid: object  # numpy int64 per block: the thread whose register it was
+    edges: list = field(default_factory=list)  # numpy (src block, dst block) int32 pairs per chunk
+    edge_count: int = 0
+    scanned: int = 0
+    swapped: int = 0
+    unreadable: int = 0
+
+
+class ScanAborted(Exception):
+    """The scan could not finish; the message says why."""
+
+
+# --- stopping the target -------------------------------------------------------------------
+
+
+def _ptrace(request: int, tid: int, addr: int = 0, data: int = 0) -> None:
+    if _libc.ptrace(request, tid, ct.c_void_p(addr), ct.c_void_p(data)) < 0:
+        err = ct.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+class _IoVec(ct.Structure):
+    _fields_ = [("base", ct.c_void_p), ("len", ct.c_size_t)]
+
+
+def _regs(tid: int) -> bytes:
+    buf = ct.create_string_buffer(1024)
+    iov = _IoVec(ct.cast(buf, ct.c_void_p), len(buf))
+    _ptrace(PTRACE_GETREGSET, tid, NT_PRSTATUS, ct.addressof(iov))
+    return buf.raw[: iov.len]
+
+
+def _tids(pid: int) -> set[int]:
+    try:
+        return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+    except OSError:
+        return set()
+
+
+def _wait_stopped(tid: int, deadline: float) -> int | None:
+    """Wait for a seized thread's stop; the signal to give back at detach (0 for none), or None
+    when the thread is gone."""
+    while True:
+        try:
+            got, status = os.waitpid(tid, os.WNOHANG | WALL)
+        except ChildProcessError:
+            return None
+        if got == tid:
+            if os.WIFEXITED(status) or os.WIFSIGNALED(status):
+                return None
+            if os.WIFSTOPPED(status):
+                sig = os.WSTOPSIG(status)
+                if status >> 16 == PTRACE_EVENT_STOP or sig == signal.SIGTRAP:
+                    return 0
+                return sig  # a signal-delivery stop: the signal is handed back at detach
+        if time.monotonic() > deadline:
+            raise ScanAborted(f"thread {tid} did not stop within {STOP_TIMEOUT_S:g} s (uninterruptible sleep?)")
+        time.sleep(0.0001)
+
+
+@contextlib.contextmanager
+def stopped(pid: int):
+    """Every thread of pid stopped with ptrace for the duration; yields their Threads. New
+    threads created while stopping are stopped too (the set is re-read until it is stable)."""
+    machine = os.uname().machine
+    if machine not in _ARCH:
+        raise ScanAborted(f"memdiag does not know the register layout of {machine}")
+    sp_i, _tp_i, ip_i, bp_i = _ARCH[machine]
+    seized: dict[int, int] = {}  # tid -> signal to hand back
+    threads: list[Thread] = []
+    try:
+        deadline = time.monotonic() + STOP_TIMEOUT_S
+        while True:
+            new = _tids(pid) - set(seized)
+            if not new:
+                break
+            for tid in sorted(new):
+                try:
+                    _ptrace(PTRACE_SEIZE, tid)
+                    _ptrace(PTRACE_INTERRUPT, tid)
+                except OSError as e:
+                    if e.errno == errno.ESRCH:
+                        seized[tid] = -1  # exited meanwhile
+                        continue
+                    raise ScanAborted(f"cannot stop thread {tid}: {e.strerror} (traced by a debugger?)") from None
+                sig = _wait_stopped(tid, deadline)
+                seized[tid] = -1 if sig is None else sig
+        if not any(s >= 0 for s in seized.values()):
+            raise ScanAborted("the target exited")
+        for tid, sig in seized.items():
+            if sig < 0:
+                continue
+            raw = _regs(tid)
+            words = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw) - 7, 8)]
+            threads.append(Thread(tid, raw, words[sp_i], words[ip_i], words[bp_i], sig))
+        yield threads
+    finally:
+        for tid, sig in seized.items():
+            if sig >= 0:
+                with contextlib.suppress(OSError):
+                    _ptrace(PTRACE_DETACH, tid, 0, sig)
+
+
+# --- what to read ----------------------------------------------------------------------------
+
+
+def _regions(space: AddressSpace, threads: list[Thread]) -> list[Region]:
+    """Readable, writable mappings, each with the root tier its words count as."""
+    stacks = {}
+    for t in threads:
+        m = space.find(t.sp)
+        if m is not None:
+            stacks[m.start] = t
+    out: list[Region] = []
+    previous: Mapping | None = None
+    for m in space.mappings:
+        prev, previous = previous, m
+        if "r" not in m.perms or "w" not in m.perms or m.path in SKIPPED_PATHS:
+            continue
+        if m.path.startswith("/dev/") and not m.path.startswith(("/dev/zero", "/dev/shm/")):
+            continue  # device memory: reading it may have effects
+        if m.start in stacks:
+            t = stacks[m.start]
+            out.append(Region(max(m.start, t.sp - RED_ZONE), m.end, TIER_STACK, m, tid=t.tid))
+        elif m.is_file and "s" not in m.perms:
+            out.append(Region(m.start, m.end, TIER_STATIC, m, module=m.path))
+        elif not m.path and prev is not None and prev.is_file and "w" in prev.perms and prev.end == m.start:
+            out.append(Region(m.start, m.end, TIER_STATIC, m, module=prev.path))  # .bss past the file's pages
+        else:
+            out.append(Region(m.start, m.end, TIER_UNTRACKED, m))
+    return out
+
+
+def _runs(pagemap_fd: int | None, start: int, end: int):
+    """(start, end, swapped pages) of the resident or swapped stretches of [start, end)."""
+    import numpy as np
+
+    first = start // PAGE * PAGE
+    if pagemap_fd is None:  # no pagemap: read everything
+        yield start, end, 0
+        return
+    for w in range(first, end, PAGEMAP_WINDOW * PAGE):
+        w_end = min(end, w + PAGEMAP_WINDOW * PAGE)
+        n = (w_end - w + PAGE - 1) // PAGE
+        raw = os.pread(pagemap_fd, n * 8, w // PAGE * 8)
+        pm = np.frombuffer(raw, dtype=np.uint64, count=len(raw) // 8)
+        present = (pm >> np.uint64(62)) != 0  # bit 63 present, bit 62 swapped
+        if not present.any():
+            continue
+        swapped = ((pm >> np.uint64(62)) & np.uint64(1)).astype(bool)
+        edge = np.diff(np.concatenate(([False], present, [False])).astype(np.int8))
+        for a, b in zip(np.flatnonzero(edge == 1), np.flatnonzero(edge == -1), strict=True):
+            lo, hi = max(start, w + int(a) * PAGE), min(w_end, w + int(b) * PAGE)
+            if lo < hi:
+                yield lo, hi, int(swapped[a:b].sum())
+
+
+def planned_bytes(pid: int) -> int | None:
+    """Bytes a scan of pid would read now (resident or swapped pages of its writable mappings)."""
+    space = AddressSpace.of(pid)
+    if space is None:
+        return None
+    try:
+        fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY)
+    except OSError:
+        fd = None
+    try:
+        return sum(hi - lo for r in _regions(space, []) for lo, hi, _ in _runs(fd, r.start, r.end))
+    finally:
+        if fd is not None:
+            os.close(fd)
+
+
+# --- the scan --------------------------------------------------------------------------------
+
+
+class _Matcher:
+    """Finds, in a buffer of words, those that point into a block: a subtraction and one compare
+    over the whole buffer (numpy), then a binary search for the few that fall in the blocks' span."""
+
+    def __init__(self, blocks: Blocks):
+        import numpy as np
+
+        self.np = np
+        self.starts = blocks.starts
+        self.ends = blocks.starts + blocks.sizes
+        self.lo = np.uint64(int(blocks.starts[0]))
+        self.span = np.uint64(int(self.ends.max()) - int(blocks.starts[0]))
+        self.tmp = np.empty(CHUNK // 8, dtype=np.uint64)
+
+    def hits(self, words) -> tuple:
+        """(positions of the words that point into a block, which block each)."""
+        np = self.np
+        tmp = self.tmp[: len(words)]
+        np.subtract(words, self.lo, out=tmp)  # wraps below lo: one unsigned compare tests both ends
+        pos = np.flatnonzero(tmp < self.span)
+        if not pos.size:
+            return pos, pos
+        vals = words[pos]
+        idx = np.searchsorted(self.starts, vals, side="right") - 1
+        ok = (idx >= 0) & (vals < self.ends[np.maximum(idx, 0)])
+        return pos[ok], idx[ok]
+
+    def owner(self, addresses) -> object:
+        """The block that holds each address, or -1."""
+        np = self.np
+        idx = np.searchsorted(self.starts, addresses, side="right") - 1
+        inside = (idx >= 0) & (addresses < self.ends[np.maximum(idx, 0)])
+        return np.where(inside, idx, -1)
+
+
+def _scan(pid: int, blocks: Blocks, regions: list[Region], threads: list[Thread], stop_check) -> Found:
+    import numpy as np
+
+    n = len(blocks.starts)
+    found = Found(
+        root_tier=np.full(n, TIER_NONE, dtype=np.int8),
+        root_addr=np.zeros(n, dtype=np.uint64),
+        root_region=np.full(n, -1, dtype=np.int32),
+        root_tid=np.zeros(n, dtype=np.int64),
+    )
+    match = _Matcher(blocks)
+
+    def credit(dst, tier: int, addrs, region: int, tid: int = 0) -> None:
+        better = found.root_tier[dst] > tier
+        dst = dst[better]
+        found.root_tier[dst] = tier
+        found.root_addr[dst] = addrs[better] if addrs is not None else 0
+        found.root_region[dst] = region
+        found.root_tid[dst] = tid
+
+    for t in threads:
+        words = np.frombuffer(t.regs[: len(t.regs) // 8 * 8], dtype=np.uint64)
+        _pos, dst = match.hits(words)
+        credit(dst, TIER_REGISTER, None, -1, t.tid)
+    buf = np.empty(CHUNK // 8, dtype=np.uint64)
+    mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    try:
+        pagemap: int | None = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY)
+    except OSError:
+        pagemap = None
+    stacks = {t.tid: t for t in threads}
+    try:
+        for ri, r in enumerate(regions):
+            for lo, hi, swapped in _runs(pagemap, r.start, r.end):
+                found.swapped += swapped * PAGE
+                for at in range(lo, hi, CHUNK):
+                    stop_check()
+                    size = min(CHUNK, hi - at)
+                    try:
+                        got = os.preadv(mem, [memoryview(buf).cast("B")[:size]], at)
+                    except OSError:
+                        got = 0
+                    found.unreadable += size - got
+                    found.scanned += got
+                    if r.tid is not None and at == lo:  # keep the live stack, to name frames later
+                        stacks[r.tid].stack, stacks[r.tid].stack_base = bytes(buf.view(np.uint8)[:got]), at
+                    words = buf[: got // 8]
+                    pos, dst = match.hits(words)
+                    if not pos.size:
+                        continue
+                    src_addr = np.uint64(at) + pos.astype(np.uint64) * np.uint64(8)
+                    src = match.owner(src_addr)
+                    # a stack or static data is a root even inside a tracked mapping (a thread stack
+                    # mmap()ed after memleak attached)
+                    inside = (src >= 0) if r.tier == TIER_UNTRACKED else np.zeros(len(src), dtype=bool)
+                    credit(dst[~inside], r.tier, src_addr[~inside], ri)
+                    if inside.any():
+                        pairs = np.unique(np.stack((src[inside], dst[inside]), axis=1).astype(np.int32), axis=0)
+                        found.edges.append(pairs)
+                        found.edge_count += len(pairs)
+                        if found.edge_count > MAX_EDGES:
+                            raise ScanAborted(f"more than {MAX_EDGES:,} references between tracked blocks")
+    finally:
+        os.close(mem)
+        if pagemap is not None:
+            os.close(pagemap)
+    return found
+
+
+# --- from references to leaked / anchored ----------------------------------------------------
+
+
+def _reachability(n: int, found: Found) -> tuple:
+    """(anchored bool per block, seed block per anchored block, referenced-by-a-block per block)."""
+    import numpy as np
+
+    edges = np.concatenate(found.edges) if found.edges else np.zeros((0, 2), dtype=np.int32)
+    edges = edges[edges[:, 0] != edges[:, 1]]  # a block pointing into itself anchors nothing
+    referenced = np.zeros(n, dtype=bool)
+    referenced[edges[:, 1]] = True
+    order = np.argsort(edges[:, 0], kind="stable")
+    src, dst = edges[order, 0], edges[order, 1]
+    first = np.searchsorted(src, np.arange(n + 1))
+    seed_of = np.full(n, -1, dtype=np.int64)
+    dst_list = dst.tolist()
+    first_list = first.tolist()
+    # Credit each anchored block to the best root that reaches it: seeds by tier, breadth first.
+    for tier in sorted(ANCHOR_KIND):
+        seeds = np.flatnonzero((found.root_tier == tier) & (seed_of < 0))
+        queue = deque()
+        for s in seeds.tolist():
+            seed_of[s] = s
+            queue.append(s)
+        while queue:
+            b = queue.popleft()
+            for d in dst_list[first_list[b] : first_list[b + 1]]:
+                if seed_of[d] < 0:
+                    seed_of[d] = seed_of[b]
+                    queue.append(d)
+    return seed_of >= 0, seed_of, referenced
+
+
+def _frame_name(space: AddressSpace, t: Thread, address: int, symbolizer: Symbolizer) -> str | None:
+    """The function whose frame holds a stack address, by .eh_frame unwinding of the copy."""
+    if not t.stack or os.uname().machine != "x86_64":
+        return None
+    result = unwind(space, t.ip, t.sp, t.bp, StackSlice(t.stack_base, t.stack))
+    low = t.sp
+    for pc, cfa in zip(result.addresses, result.cfas, strict=False):
+        if low - RED_ZONE <= address < cfa:
+            return symbolizer.frame(pc).function
+        low = cfa
+    return None
+
+
+def _label(
+    block: int, found: Found, regions: list[Region], threads: dict[int, Thread], space, symbolizer
+) -> tuple[str, str]:
+    """(kind, name) of the root that anchors a seed block."""
+    tier = int(found.root_tier[block])
+    kind = ANCHOR_KIND[tier]
+    if tier == TIER_REGISTER:
+        return kind, f"a register of thread {int(found.root_tid[block])}"
+    r = regions[int(found.root_region[block])]
+    addr = int(found.root_addr[block])
+    if tier == TIER_STACK and r.tid is not None:
+        main = " (main thread)" if r.tid == space.pid else ""
+        fn = _frame_name(space, threads[r.tid], addr, symbolizer)
+        return kind, f"the stack of thread {r.tid}{main}" + (f", in {fn}()" if fn else "")
+    if tier == TIER_STATIC and r.module is not None:
+        base = os.path.basename(r.module)
+        elf = elf_info(space.file_path(space.first_mapping_of(r.module) or r.mapping))
+        file_map = next((m for m in space.mappings if m.path == r.module and m.start <= r.mapping.start), None)
+        if elf is not None and file_map is not None:
+            mappings = [m for m in space.mappings if m.path == r.module]
+            bias = next((b for m in mappings if (b := elf.bias(m)) is not None), None)
+            if bias is not None:
+                sym = elf.object_at(addr - bias)
+                section = elf.section_of(addr - bias) or "data"
+                if sym is not None:
+                    return kind, f"`{sym[0].name}` in {base}'s {section}"
+                return kind, f"{base}'s {section} (no symbol)"
+        return kind, f"{base}'s writable data"
+    where = r.mapping.path or f"anonymous memory at {r.mapping.start:#x}"
+    return kind, f"memory memdiag did not see allocated ({where})"
+
+
+def _per_group(blocks: Blocks, anchored, seed_of, referenced, labels: dict[int, tuple[str, str]]) -> dict:
+    import numpy as np
+
+    out: dict[int, StackReach] = {}
+    sizes = blocks.sizes.astype(np.int64)
+    for g in np.unique(blocks.groups).tolist():
+        mine = blocks.groups == g
+        held = mine & anchored
+        lost = mine & ~anchored
+        r = StackReach(
+            leaked_count=int(lost.sum()),
+            leaked_bytes=int(sizes[lost].sum()),
+            unreferenced_count=int((lost & ~referenced).sum()),
+            anchored_count=int(held.sum()),
+            anchored_bytes=int(sizes[held].sum()),
+        )
+        if r.anchored_count:
+            by_anchor: dict[tuple[str, str], int] = {}
+            for b, size in zip(np.flatnonzero(held).tolist(), sizes[held].tolist(), strict=True):
+                key = labels[int(seed_of[b])]
+                by_anchor[key] = by_anchor.get(key, 0) + size
+            (kind, name), held_bytes = max(by_anchor.items(), key=lambda kv: kv[1])
+            r = r.model_copy(update={"anchor": name, "anchor_kind": kind, "anchor_bytes": held_bytes})
+        out[g] = r
+    return out
+
+
+# --- the whole step --------------------------------------------------------------------------
+
+
+def scan(
+    pid: int,
+    read_blocks: Callable[[], Blocks],
+    allowed_ms: float | None,
+    stop_check: Callable[[], None] = lambda: None,
+) -> tuple[ReachScan, dict[int, StackReach]]:
+    """Price, stop, read the blocks, scan, resume, classify. read_blocks is called with the target
+    stopped. allowed_ms: the pause the budget allows (None: no limit)."""
+    import numpy as np
+
+    speed = scan_speed()
+    planned = planned_bytes(pid)
+    if planned is None:
+        return ReachScan(status="failed", reason="the target is gone"), {}
+    priced = planned / speed * 1000 if speed else None
+    info = dict(planned_bytes=planned, priced_ms=priced, allowed_ms=allowed_ms)
+    if allowed_ms is not None and priced is not None and priced > allowed_ms:
+        return (
+            ReachScan(
+                status="skipped",
+                reason=f"reading {planned / 2**20:,.0f} MiB of writable memory at {speed / 2**30:.1f} GiB/s "
+                f"(measured here) would pause the target ~{priced:,.0f} ms > {allowed_ms:,.0f} ms the budget allows",
+                **info,
+            ),
+            {},
+        )
+    t0 = time.monotonic()
+    try:
+        with stopped(pid) as threads:
+            t_stopped = time.monotonic()
+            blocks = read_blocks()
+            if not len(blocks.starts):
+                paused = (time.monotonic() - t0) * 1000
+                return ReachScan(status="ran", reason="no outstanding block", paused_ms=paused, **info), {}
+            blocks = blocks.sort()
+            space = AddressSpace(pid, parse_maps(Path(f"/proc/{pid}/maps").read_text()), root=f"/proc/{pid}/root")
+            regions = _regions(space, threads)
+            t_scan = time.monotonic()
+            found = _scan(pid, blocks, regions, threads, stop_check)
+            scan_s = time.monotonic() - t_scan
+        paused_ms = (time.monotonic() - t0) * 1000
+    except ScanAborted as e:
+        return ReachScan(status="failed", reason=str(e), **info), {}
+    except OSError as e:
+        return ReachScan(status="failed", reason=f"reading the target's memory failed: {e}", **info), {}
+    _ = t_stopped
+    measured = found.scanned / scan_s if scan_s > 0 else None
+    if found.scanned > (16 << 20):  # the next price: this pause per byte, stopping and the table read included
+        _remember_speed(found.scanned / (paused_ms / 1000))
+    anchored, seed_of, referenced = _reachability(len(blocks.starts), found)
+    by_tid = {t.tid: t for t in threads}
+    symbolizer = Symbolizer(space)
+    labels = {s: _label(s, found, regions, by_tid, space, symbolizer) for s in np.unique(seed_of[anchored]).tolist()}
+    per_group = _per_group(blocks, anchored, seed_of, referenced, labels)
+    return (
+        ReachScan(
+            status="ran",
+            paused_ms=paused_ms,
+            scanned_bytes=found.scanned,
+            swapped_bytes=found.swapped,
+            unreadable_bytes=found.unreadable,
+            regions=len(regions),
+            threads=len(threads),
+            blocks=len(blocks.starts),
+            references=found.edge_count,
+            speed_bytes_per_s=measured,
+            **info,
+        ),
+        per_group,
+    )
+
+
+# --- the host's scan speed -------------------------------------------------------------------
+
+
+def _host_key() -> str:
+    return f"{platform.release()} | {platform.machine()} | {os.cpu_count()}"
+
+
+def _remember_speed(bytes_per_s: float) -> None:
+    with contextlib.suppress(OSError):
+        SPEED_CACHE.parent.mkdir(parents=True, exist_ok=True)
+        SPEED_CACHE.write_text(json.dumps({"host": _host_key(), "bytes_per_s": bytes_per_s}))
+
+
+def scan_speed(refresh: bool = False) -> float | None:
+    """Bytes a second this host reads and filters: measured once on memdiag's own memory (16 MiB
+    of words, one in 16 of them pointing into a block, a pointer-dense heap), then the pause per
+    byte of the last real scan over 16 MiB (stopping the threads and reading the table included)."""
+    if not refresh:
+        with contextlib.suppress(OSError, ValueError, KeyError):
+            cached = json.loads(SPEED_CACHE.read_text())
+            if cached["host"] == _host_key():
+                return float(cached["bytes_per_s"])
+    import numpy as np
+
+    size, base_addr = 16 << 20, 1 << 40
+    data = np.arange(size // 8, dtype=np.uint64) * np.uint64(2654435761)  # mostly not pointers
+    data[::16] = np.uint64(base_addr) + np.arange(0, size, 128, dtype=np.uint64)
+    starts = np.arange(base_addr, base_addr + size, 4096, dtype=np.uint64)
+    blocks = Blocks(starts, np.full(len(starts), 64, dtype=np.uint64), np.zeros(len(starts), dtype=np.int64))
+    match = _Matcher(blocks)
+    buf = np.empty(CHUNK // 8, dtype=np.uint64)
+    mem = os.open("/proc/self/mem", os.O_RDONLY)
+    try:
+        base = data.ctypes.data
+        best = None
+        for _ in range(3):
+            t = time.perf_counter()
+            for at in range(0, size, CHUNK):
+                got = os.preadv(mem, [memoryview(buf).cast("B")[: min(CHUNK, size - at)]], base + at)
+                match.hits(buf[: got // 8])
+            s = time.perf_counter() - t
+            best = s if best is None else min(best, s)
+    finally:
+        os.close(mem)
+    speed = size / best if best else None
+    if speed:
+        _remember_speed(speed)
+    return speed
