@@ -25,7 +25,7 @@ from pydantic import BaseModel
 
 from .evidence import build_counters
 from .facts.kmsg import read_oom_kills
-from .factset import counter_facts, describe_scan, probe_facts
+from .factset import counter_facts, probe_facts
 from .observe import Observation, observe
 from .report import Counters, Culprit, TrailItem, Verdict
 from .snapshot import Snapshot
@@ -223,9 +223,7 @@ class Engine:
             scan = getattr(result, "reach_scan", None)
             if scan is not None:
                 self.trail.append(
-                    TrailItem(
-                        kind="scan", name="reach", state=scan.status, reason=describe_scan(scan), at_s=self.elapsed()
-                    )
+                    TrailItem(kind="scan", name="reach", state=scan.status, reason=scan.describe(), at_s=self.elapsed())
                 )
 
     # --- rules -----------------------------------------------------------------------------

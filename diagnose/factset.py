@@ -10,7 +10,6 @@ from .leakcache import classify
 from .observe import Observation
 from .report import Counters
 from .trends import counter_rate, growth_trend
-from .units import fmt_bytes
 
 # Frames in these modules belong to the language runtime or the allocator, not to the application.
 _RUNTIME = re.compile(
@@ -188,25 +187,6 @@ def reach_facts(ml) -> dict:
         }
     )
     return f
-
-
-def describe_scan(scan) -> str:
-    """The reachability scan in one sentence: what it paused, read and checked, how it stayed
-    consistent; or why it did not run."""
-    if scan.status != "ran":
-        return f"{scan.status}: {scan.reason}"
-    if scan.reason:  # ran, nothing to check
-        return f"ran: {scan.reason}; paused the target {scan.paused_ms:.1f} ms"
-    priced = f"priced {scan.priced_ms:.0f} ms" if scan.priced_ms is not None else "not priced"
-    allowed = f", the budget allowed {scan.allowed_ms:.0f} ms" if scan.allowed_ms is not None else ""
-    speed = f" at {scan.speed_bytes_per_s / 2**30:.1f} GiB/s" if scan.speed_bytes_per_s else ""
-    swapped = f" ({fmt_bytes(scan.swapped_bytes)} of it paged in from swap)" if scan.swapped_bytes else ""
-    return (
-        f"ran {scan.at_s:.1f} s into memleak: paused the target {scan.paused_ms:.1f} ms ({priced}{allowed}) to read "
-        f"{fmt_bytes(scan.scanned_bytes)} of writable memory in {scan.regions} mappings{speed}{swapped}, "
-        f"{scan.threads} thread(s), {scan.blocks:,} outstanding blocks checked, {scan.references:,} references "
-        f"between them; {scan.consistency}"
-    )
 
 
 def _share(one_in: float | None, allocs: int) -> str | None:

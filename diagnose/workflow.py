@@ -11,7 +11,6 @@ from memdiag.rules.loader import load_playbooks, playbook_paths
 from memdiag.rules.model import Rule
 
 from .engine import PROBE_ORDER, Engine
-from .factset import describe_scan
 from .report import Finding, Overhead, ProbeStatus, Report, StackReport, TargetInfo, Window
 from .snapshot import Snapshot
 from .target import Target
@@ -62,7 +61,7 @@ def _scan_status(ml: ProbeResult | None, window_s: float) -> ProbeStatus | None:
     return ProbeStatus(
         name="reach",
         status="ok" if ran else ("not-run" if scan.status == "skipped" else "error"),
-        reason=describe_scan(scan),
+        reason=scan.describe(),
         method="all threads stopped (ptrace), writable memory read and matched against memleak's blocks",
         duration_s=(scan.paused_ms or 0) / 1000,
         events=scan.blocks,

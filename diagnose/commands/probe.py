@@ -18,6 +18,7 @@ from ..units import parse_size
 PROBES = {
     "faults": faults,
     "memleak": memleak,
+    "reach": memleak,  # memleak, then the reachability scan of its outstanding blocks
     "oomkill": oomkill,
     "swapin": swapin,
     "vmscan": vmscan,
@@ -55,6 +56,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="also list single allocations of at least SIZE (e.g. 1MiB)",
     )
     mem.add_argument("--kernel", action="store_true", help="kernel allocations (kmem tracepoints)")
+    rch = parser.add_argument_group("reach")
+    rch.add_argument(
+        "--max-pause",
+        type=float,
+        default=None,
+        metavar="MS",
+        help="skip the scan if it would stop the target longer (default: 2%% of --duration)",
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -75,7 +84,11 @@ def execute(args: argparse.Namespace) -> int:
     else:
         target = ProbeTarget(kind="system")
     module = PROBES[args.name]
-    if args.name == "memleak":
+    if args.name == "reach" and (args.kernel or target.kind != "pid"):
+        raise UsageError("probe reach scans one process's memory: give --pid (user-space allocations)")
+    if args.max_pause is not None and args.max_pause < 0:
+        raise UsageError("--max-pause must be 0 or more milliseconds")
+    if args.name in ("memleak", "reach"):
         result = module.run(
             target,
             args.duration,
@@ -85,6 +98,8 @@ def execute(args: argparse.Namespace) -> int:
             max_size=args.max_size,
             snoop_min=args.snoop,
             top=args.top,
+            scan_reach=args.name == "reach",
+            reach_allowed_ms=args.max_pause if args.max_pause is not None else 0.02 * args.duration * 1000,
         )
     else:
         result = module.run(target, args.duration)

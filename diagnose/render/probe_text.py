@@ -39,6 +39,14 @@ def _stack(frames: list[str], indent: str = "      ", depth: int = 8) -> list[st
     return out
 
 
+def _reach(r) -> str:
+    anchor = f"; most from {r.anchor} ({fmt_bytes(r.anchor_bytes)})" if r.anchor else ""
+    return (
+        f"at the scan: leaked {r.leaked_count:,} blocks ({fmt_bytes(r.leaked_bytes)}, {r.unreferenced_count:,} "
+        f"unreferenced), anchored {r.anchored_count:,} ({fmt_bytes(r.anchored_bytes)}){anchor}"
+    )
+
+
 def render_probe(r: ProbeResult, top: int = 10) -> str:
     lines = _header(r)
     name = r.name
@@ -70,6 +78,10 @@ def render_probe(r: ProbeResult, top: int = 10) -> str:
             lines += _stack(s.frames)
             if trend:
                 lines.append(f"      outstanding: {trend}")
+            if s.reach is not None:
+                lines.append(f"      {_reach(s.reach)}")
+        if r.reach_scan is not None:  # type: ignore[attr-defined]
+            lines.append(f"  reachability scan: {r.reach_scan.describe()}")  # type: ignore[attr-defined]
         for b in r.big_allocations[:top]:  # type: ignore[attr-defined]
             lines.append(f"  big allocation {fmt_bytes(b.size)} by PID {b.pid} ({b.comm}):")
             lines += _stack(b.frames)
