@@ -32,7 +32,11 @@ def test_leak(memdiag, workload, tmp_path):
     assert v["culprit"]["pid"] == w.pid and v["culprit"]["comm"] == "leak"
     assert {f.name for f in tmp_path.iterdir()} >= REPORT_FILES
     assert _trail(rep, "budget", "memleak")[0]["state"] == "full"
-    assert any(t["state"] == "fired" for t in _trail(rep, "rule", "leak-confirmed"))
+    assert any(t["state"] == "fired" for t in _trail(rep, "rule", "leak-unreachable"))
+    scan = _trail(rep, "scan", "reach")[0]
+    assert scan["state"] == "ran" and "paused the target" in scan["reason"]
+    top = rep["stacks"][0]
+    assert top["reach"]["leaked_count"] > 1000 and top["reach"]["anchored_count"] <= 2
     assert rep["overhead"]["measured_percent"] <= rep["overhead"]["budget_percent"]
     md = (tmp_path / "report.md").read_text()
     assert md.startswith(f"# memdiag: leak — PID {w.pid} (leak)")
@@ -42,6 +46,47 @@ def test_leak(memdiag, workload, tmp_path):
     assert "leak_order_history" in (tmp_path / "growth.folded").read_text()
     svg = (tmp_path / "growth.svg").read_text()
     assert svg.startswith("<svg") and "leak_order_history" in svg
+
+
+def test_error_branch_leak_is_a_leak(memdiag, workload, tmp_path):
+    """1 in 7 orders is dropped on an error path; the stack frees the other six."""
+    w = workload("errleak", "4000", "7")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "leak", v["summary"]
+    assert "leaks from process_order: 1 in 7 allocations is never freed and nothing points at it" in v["summary"]
+    assert any("process_order+0x" in f for f in v["culprit"]["stack"])
+    stack = next(s for s in rep["stacks"] if any("process_order" in f for f in s["frames"]))
+    assert stack["reach"]["leaked_count"] > 500 and stack["reach"]["anchored_count"] <= 2
+    md = (tmp_path / "report.md").read_text()
+    assert "at the scan: **leaked**" in md
+    ran = {p["name"]: p for p in rep["probes"]}
+    assert ran["reach"]["status"] == "ok" and ran["reach"]["overhead_percent"] > 0
+    assert rep["overhead"]["measured_percent"] <= rep["overhead"]["budget_percent"]
+
+
+def test_growing_registry_is_growth_with_its_anchor(memdiag, workload, tmp_path):
+    w = workload("registry", "2000")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "growth", v["summary"]
+    assert "register_entry keeps adding blocks the program still holds" in v["summary"]
+    assert "reachable from `registry` in registry's .bss" in v["summary"]
+    assert any(t["state"] == "fired" for t in _trail(rep, "rule", "growth-held"))
+    assert rep["stacks"][0]["reach"]["leaked_count"] == 0
+
+
+def test_scan_over_budget_falls_back_to_the_trend(memdiag, workload, tmp_path):
+    w = workload("bigheap", "1024")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid), "--budget", "0.5")
+    scan = _trail(rep, "scan", "reach")
+    assert scan and scan[0]["state"] == "skipped" and "the budget allows" in scan[0]["reason"], rep["trail"]
+    ran = {p["name"]: p for p in rep["probes"]}
+    assert ran["reach"]["status"] == "not-run"
+    assert all(s.get("reach") is None for s in rep["stacks"])
+    v = rep["verdict"]
+    assert not (v["kind"] == "leak" and v["confidence"] > 0.6), v  # no evidence, no confident leak
+    assert rep["overhead"]["measured_percent"] <= rep["overhead"]["budget_percent"]
 
 
 def test_bounded_cache_is_not_a_leak(memdiag, workload, tmp_path):
