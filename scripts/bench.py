@@ -3,7 +3,8 @@
 
 Sections: (1) slowdown of an allocation-heavy target at three rates, (2) memdiag's own cost
 (time, peak RSS incl. bcc's compiler, BPF map memory, CPU) against bcc memleak, (3) per-event
-cost of the probes on this host, (4) accuracy and time to verdict on the end-to-end scenarios.
+cost of the probes on this host, (4) accuracy and time to verdict on the end-to-end scenarios,
+(5) the reachability scan's pause and speed per GiB of writable memory (`--only reach`: that alone).
 Numbers are medians of RUNS runs with min-max. No test asserts any of them."""
 
 from __future__ import annotations
@@ -373,6 +374,82 @@ def accuracy_section() -> list[str]:
     return lines + [""]
 
 
+REACH_SIZES_MIB = (256, 1024, 2048)
+
+
+def _probe_child(pid: int, name: str, extra: list[str]) -> tuple[dict, float]:
+    """memdiag probe NAME on pid as a child: its JSON result and its peak RSS in MiB (wait4)."""
+    proc = subprocess.Popen(
+        [MEMDIAG, "probe", name, "--pid", str(pid), "--duration", "4", "--json", *extra],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
+    out = proc.stdout.read()  # type: ignore[union-attr]
+    _, _, usage = os.wait4(proc.pid, 0)
+    proc.returncode = 0
+    return json.loads(out), usage.ru_maxrss / 1024
+
+
+def reach_section() -> list[str]:
+    """The reachability scan: pause and speed per GiB of writable memory, and what it adds to
+    memdiag's footprint (memleak alone against memleak + scan, same target)."""
+    lines = [
+        "## 5. Reachability scan: pause per GiB of writable memory",
+        "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Target: `bigheap MiB` (that much heap "
+        "in 64 KiB blocks, then a slow error-branch leak); `memdiag probe reach --duration 4` with no pause limit. "
+        "Pause: first thread stopped to last thread resumed (stopping, reading memleak's table, listing the "
+        "mappings, the scan). Speed: bytes read and matched per second of the scan itself. Price: what the "
+        "budget check estimated before stopping. Peak RSS: memdiag's (wait4), against `memdiag probe memleak` "
+        "on the same target.",
+        "",
+        "| heap | scanned | pause | pause per GiB | scan speed | priced | peak RSS with scan | peak RSS memleak only |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for mib in REACH_SIZES_MIB:
+        runs: dict[str, list[float]] = {
+            k: [] for k in ("scanned", "pause", "per_gib", "speed", "priced", "rss", "base")
+        }
+        w = Workload("bigheap", str(mib)).start()
+        try:
+            time.sleep(1)
+            for _ in range(RUNS):
+                res, rss = _probe_child(w.pid, "reach", ["--max-pause", "100000"])
+                scan = res["reach_scan"]
+                if scan["status"] != "ran":
+                    continue
+                gib = scan["scanned_bytes"] / (1 << 30)
+                runs["scanned"].append(scan["scanned_bytes"] / MiB)
+                runs["pause"].append(scan["paused_ms"])
+                runs["per_gib"].append(scan["paused_ms"] / gib)
+                runs["speed"].append(scan["speed_bytes_per_s"] / (1 << 30))
+                runs["priced"].append(scan["priced_ms"])
+                runs["rss"].append(rss)
+                runs["base"].append(_probe_child(w.pid, "memleak", [])[1])
+        finally:
+            w.stop()
+        cells = [
+            median_range(runs["scanned"], "{:,.0f}") + " MiB",
+            median_range(runs["pause"], "{:,.0f}") + " ms",
+            median_range(runs["per_gib"], "{:,.0f}") + " ms",
+            median_range(runs["speed"], "{:.2f}") + " GiB/s",
+            median_range(runs["priced"], "{:,.0f}") + " ms",
+            median_range(runs["rss"], "{:.0f}") + " MiB",
+            median_range(runs["base"], "{:.0f}") + " MiB",
+        ]
+        lines.append(f"| {mib:,} MiB | " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def _replace_section(text: str, title: str, body: list[str]) -> str:
+    """BENCHMARKS.md with one section (from its title to the next ## or the end) rewritten."""
+    start = text.find(title)
+    if start < 0:
+        return text.rstrip("\n") + "\n\n" + "\n".join(body)
+    end = text.find("\n## ", start + len(title))
+    return text[:start] + "\n".join(body) + ("\n" + text[end + 1 :] if end >= 0 else "")
+
+
 class _environment:
     def __init__(self, special: str | None):
         self.special, self.stack = special, []
@@ -402,9 +479,15 @@ def main() -> int:
         return 1
     build("bench_alloc")
     subprocess.run([MEMDIAG, "prepare", "--quiet"], check=True, env=BCC_ENV)  # what set-up does
+    if sys.argv[1:] == ["--only", "reach"]:  # rewrite section 5 alone (a few minutes, not twenty)
+        path = ROOT / "BENCHMARKS.md"
+        body = reach_section()
+        path.write_text(_replace_section(path.read_text(), body[0], body))
+        print(f"bench: rewrote section 5 of {path}")
+        return 0
     started = time.time()
     slow, results = slowdown_section()
-    sections = slow + cost_section(results) + per_event_section() + accuracy_section()
+    sections = slow + cost_section(results) + per_event_section() + accuracy_section() + reach_section()
     cpu = next(
         (
             line.split(":", 1)[1].strip()
