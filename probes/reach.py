@@ -238,10 +238,21 @@ def _regs(tid: int) -> bytes:
 
 
 def _tids(pid: int) -> set[int]:
+    """The threads that can be stopped (a zombie thread, e.g. a leader that called
+    pthread_exit, refuses PTRACE_SEIZE and has no memory of its own to point from)."""
     try:
-        return {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+        tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")}
     except OSError:
         return set()
+    return {t for t in tids if _state(pid, t) not in ("Z", "X", None)}
+
+
+def _state(pid: int, tid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
 
 
 def _wait_stopped(tid: int, deadline: float) -> int | None:

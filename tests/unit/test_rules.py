@@ -111,6 +111,8 @@ BASE = {"target.kind": "pid", "budget.percent": 2.0, "summary.growth": "grows", 
 def test_playbook_leak_beats_growth():
     facts = {
         **BASE,
+        "reach.scanned": False,
+        "reach.not_run_reason": "over budget",
         "process.rss_shape": "climbing",
         "memleak.top_shape": "leak",
         "memleak.top_entry": "malloc",
@@ -127,6 +129,7 @@ def test_playbook_cache_and_mappings():
         **BASE,
         "process.rss_shape": "levelled",
         "summary.plateau": "p",
+        "reach.scanned": False,
         "memleak.top_shape": "cache",
         "memleak.top_function": "c",
         "memleak.top_outstanding": 1,
@@ -142,6 +145,75 @@ def test_playbook_cache_and_mappings():
         "memleak.top_outstanding": 1,
     }
     assert _verdicts(facts)[0] == "growth"
+
+
+def _winner(facts: dict):
+    rules = load_playbooks(shipped_playbooks())
+    fired = [r for r, o in run_rules(rules, facts) if o.state == "fired" and r.then.verdict]
+    best = max(fired, key=lambda r: r.then.verdict.priority)
+    return best.id, best.then.verdict.confidence, render(best.then.verdict.summary, facts)
+
+
+SCANNED = {
+    **BASE,
+    "reach.scanned": True,
+    "memleak.top_function": "f",
+    "memleak.top_entry": "malloc",
+    "memleak.top_rate": 1000.0,
+    "memleak.top_outstanding": 4 * MiB,
+}
+
+
+def test_playbook_leak_by_reachability_even_when_the_stack_frees_most():
+    facts = {
+        **SCANNED,
+        "process.rss_shape": "climbing",
+        "memleak.top_shape": "growth",  # frees 6 in 7: the shape alone never said leak
+        "memleak.top_trend": "climbing",
+        "reach.leaked_count": 300,
+        "reach.leaked_bytes": 300 * 1024,
+        "reach.unreferenced_count": 300,
+        "reach.leaked_ratio": 99.0,
+        "reach.leak_function": "process_order",
+        "reach.leak_share": "1 in 7 allocations",
+        "reach.leak_rate": 1024.0,
+        "reach.anchored_ratio": 1.0,
+    }
+    rule, confidence, summary = _winner(facts)
+    assert rule == "leak-unreachable" and confidence == 0.9
+    assert summary.startswith("PID 1 (x) leaks from process_order: 1 in 7 allocations is never freed")
+
+
+def test_playbook_held_growth_and_held_cache_are_not_leaks():
+    held = {
+        **SCANNED,
+        "memleak.top_shape": "leak",  # frees nothing and climbs: the shape alone said leak
+        "reach.leaked_count": 0,
+        "reach.leaked_ratio": 0.0,
+        "reach.anchored_bytes": 4 * MiB,
+        "reach.anchored_ratio": 100.0,
+        "reach.anchor": "`registry` in registry's .bss",
+    }
+    rule, _, summary = _winner({**held, "process.rss_shape": "climbing", "memleak.top_trend": "climbing"})
+    assert rule == "growth-held" and "reachable from `registry` in registry's .bss" in summary
+    rule, _, _ = _winner({**held, "process.rss_shape": "flat", "memleak.top_trend": "climbing"})
+    assert rule == "cache-held"  # tracked blocks replace older ones: RSS does not move
+    rule, _, _ = _winner({**held, "process.rss_shape": "climbing", "memleak.top_trend": "levelled"})
+    assert rule == "cache-held"
+
+
+def test_playbook_without_a_scan_falls_back_to_the_trend_with_less_confidence():
+    facts = {
+        **SCANNED,
+        "reach.scanned": False,
+        "reach.not_run_reason": "a 1 GiB scan would pause the target 600 ms > 300 ms the budget allows",
+        "process.rss_shape": "climbing",
+        "memleak.top_shape": "leak",
+        "memleak.top_free_ratio": 0.0,
+    }
+    rule, confidence, summary = _winner(facts)
+    assert rule == "leak-confirmed" and confidence < 0.9
+    assert "judged from the trend alone: no reachability scan, a 1 GiB scan would pause" in summary
 
 
 def test_playbook_oom_and_pressure_precedence():
