@@ -40,13 +40,19 @@ from typing import Literal
 
 from pydantic import BaseModel
 
+# numpy's bundled OpenBLAS starts a thread per core at import; the scan does no linear algebra.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
 from .elf import elf_info
 from .procmaps import AddressSpace, Mapping, parse_maps
 from .stacks import Symbolizer
 from .unwind import StackSlice, unwind
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
-CHUNK = 4 << 20  # bytes read and filtered at a time: the scan's buffer is bounded by this
+# Bytes read and filtered at a time: the scan's buffers are bounded by this. Measured here: 256 KiB
+# to 1 MiB scan at 1.7-2.1 GiB/s, 2 MiB at 0.9, 4 MiB at 0.8 (the buffer and its temporaries stay
+# in the CPU's cache below that).
+CHUNK = 512 << 10
 PAGEMAP_WINDOW = 1 << 16  # pages of /proc/PID/pagemap read at a time (512 KiB: 256 MiB of address space)
 MAX_EDGES = 4_000_000  # block-to-block references kept (8 bytes each); past it the scan gives up
 STOP_TIMEOUT_S = 1.0  # a thread that does not stop in this time (uninterruptible sleep) aborts the scan
