@@ -163,7 +163,7 @@ def diagnose(
         verdict=verdict,
         findings=findings,
         next_steps=list(dict.fromkeys(advice + tri.next_steps)),
-        caveats=tri.caveats + _stack_caveats(stacks),
+        caveats=tri.caveats + _stack_caveats(stacks) + _scan_caveats(engine.results.get("memleak")),
         probes=probes,
         overhead=Overhead(
             budget_percent=budget_percent,
@@ -176,6 +176,17 @@ def diagnose(
         folded=folded,
         counters=counters,
     )
+
+
+def _scan_caveats(ml: ProbeResult | None) -> list[str]:
+    scan = getattr(ml, "reach_scan", None)
+    if scan is None or scan.status != "ran":
+        return []
+    return [
+        f"Leaked versus anchored is conservative: the roots were {scan.roots}. Blocks whose only pointer "
+        "is held by the kernel or stored encoded would look leaked; frees memleak does not hook (sdallocx, a "
+        "custom allocator's own free) make freed blocks look leaked."
+    ]
 
 
 def _stack_caveats(stacks: list[StackReport]) -> list[str]:
