@@ -24,6 +24,7 @@ from memdiag.diagnose.report import (
     Window,
 )
 from memdiag.diagnose.trends import growth_trend
+from memdiag.probes.reach import StackReach
 
 GOLDEN = Path(__file__).parent / "golden"
 MiB = 1 << 20
@@ -83,6 +84,7 @@ def fixture_report() -> Report:
             TrailItem(kind="rule", name="oom-kill", state="not-fired", reason="oom.kills = 0", at_s=9.0),
             TrailItem(kind="budget", name="memleak", state="full", reason="0.50% <= budget 2%", at_s=9.5),
             TrailItem(kind="probe", name="memleak", state="ok", reason="asked by rss-climbing; ok", at_s=24.0),
+            TrailItem(kind="scan", name="reach", state="ran", reason="ran 12.0 s into memleak: paused 21.0 ms", at_s=24),
         ],
         stacks=[
             StackReport(
@@ -91,6 +93,15 @@ def fixture_report() -> Report:
                 bytes=24 * MiB,
                 detail="6,144 allocations outstanding, 6,144 allocs, 0 frees",
                 series=[0, 4 * MiB, 8 * MiB, 12 * MiB, 16 * MiB, 20 * MiB, 24 * MiB],
+                reach=StackReach(
+                    leaked_count=0,
+                    leaked_bytes=0,
+                    anchored_count=6144,
+                    anchored_bytes=24 * MiB,
+                    anchor="`orders` in orderd's .bss",
+                    anchor_kind="static",
+                    anchor_bytes=24 * MiB,
+                ),
             )
         ],
         folded=["main;Orders::add(long);malloc 25165824"],
