@@ -84,7 +84,7 @@ def fixture_report() -> Report:
             TrailItem(kind="rule", name="oom-kill", state="not-fired", reason="oom.kills = 0", at_s=9.0),
             TrailItem(kind="budget", name="memleak", state="full", reason="0.50% <= budget 2%", at_s=9.5),
             TrailItem(kind="probe", name="memleak", state="ok", reason="asked by rss-climbing; ok", at_s=24.0),
-            TrailItem(kind="scan", name="reach", state="ran", reason="ran 12.0 s into memleak: paused 21.0 ms", at_s=24),
+            TrailItem(kind="scan", name="reach", state="ran", reason="ran 12.0 s in: paused 21.0 ms", at_s=24),
         ],
         stacks=[
             StackReport(
