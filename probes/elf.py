@@ -167,6 +167,22 @@ class ElfInfo:
         sym = self._objects[i]
         return (sym, vaddr - sym.address) if vaddr < sym.address + max(sym.size, 1) else None
 
+    def loads_and_tls(self) -> list:
+        """The PT_LOAD segments and the PT_TLS one, if any."""
+        return [s for s in self.elf.iter_segments() if s["p_type"] in ("PT_LOAD", "PT_TLS")]
+
+    def tls_object_at(self, offset: int) -> Symbol | None:
+        """The thread-local variable (STT_TLS) at an offset into the module's TLS block."""
+        for source in self._symbol_sources():
+            sec = source.elf.get_section_by_name(".symtab")
+            if not isinstance(sec, SymbolTableSection):
+                continue
+            for sym in sec.iter_symbols():
+                inside = sym["st_value"] <= offset < sym["st_value"] + max(sym["st_size"], 1)
+                if sym["st_info"]["type"] == "STT_TLS" and sym.name and inside:
+                    return Symbol(sym["st_value"], sym["st_size"], sym.name)
+        return None
+
     def section_of(self, vaddr: int) -> str | None:
         """The name of the allocated section that holds vaddr (.data, .bss, .got, ...)."""
         for sec in self.elf.iter_sections():

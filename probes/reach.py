@@ -56,6 +56,11 @@ CHUNK = 512 << 10
 PAGEMAP_WINDOW = 1 << 16  # pages of /proc/PID/pagemap read at a time (512 KiB: 256 MiB of address space)
 MAX_EDGES = 4_000_000  # block-to-block references kept (8 bytes each); past it the scan gives up
 STOP_TIMEOUT_S = 1.0  # a thread that does not stop in this time (uninterruptible sleep) aborts the scan
+# x86-64 (TLS variant II): a thread's static TLS lies just below its thread pointer, the thread
+# control block (glibc's struct pthread, 2,304 bytes in 2.36) at and above it. The static TLS is the
+# modules' PT_TLS segments plus the surplus glibc keeps for dlopen()ed ones (1,664 bytes and more).
+TCB_BYTES = 2304
+TLS_SURPLUS = 2048
 RED_ZONE = 128  # x86-64 SysV: a leaf function may keep data this far below the stack pointer
 SPEED_CACHE = Path("/var/lib/memdiag/scan-speed.json")
 DEFAULT_FIXED_MS = 20.0  # a pause's fixed part before a real scan measured it (see scan_speed)
@@ -63,9 +68,10 @@ SKIPPED_PATHS = ("[vvar]", "[vvar_vclock]", "[vsyscall]", "[vdso]")
 
 # Roots, in the order an anchor is credited: a named variable before a stack before memory memdiag
 # could not attribute (an anchor is what a reader can go and look at).
-TIER_STATIC, TIER_STACK, TIER_REGISTER, TIER_UNTRACKED, TIER_NONE = 0, 1, 2, 3, 9
+TIER_STATIC, TIER_TLS, TIER_STACK, TIER_REGISTER, TIER_UNTRACKED, TIER_NONE = 0, 1, 2, 3, 4, 9
 ANCHOR_KIND = {
     TIER_STATIC: "static",
+    TIER_TLS: "tls",
     TIER_STACK: "stack",
     TIER_REGISTER: "register",
     TIER_UNTRACKED: "untracked",
@@ -102,7 +108,7 @@ class StackReach(BaseModel):
     anchored_count: int = 0
     anchored_bytes: int = 0
     anchor: str | None = None  # the root that holds most of the anchored bytes
-    anchor_kind: str | None = None  # static | stack | register | untracked
+    anchor_kind: str | None = None  # static | stack | register | tls | untracked
     anchor_bytes: int = 0
 
 
@@ -190,6 +196,7 @@ class Thread:
     ip: int
     bp: int
     pending_signal: int = 0
+    tp: int | None = None  # the thread pointer (x86-64 fs_base): its TLS lies just below it
     stack: bytes = b""  # its stack from sp - red zone up, copied while stopped (to name frames)
     stack_base: int = 0
 
@@ -289,7 +296,7 @@ def stopped(pid: int):
     machine = os.uname().machine
     if machine not in _ARCH:
         raise ScanAborted(f"memdiag does not know the register layout of {machine}")
-    sp_i, _tp_i, ip_i, bp_i = _ARCH[machine]
+    sp_i, tp_i, ip_i, bp_i = _ARCH[machine]
     seized: dict[int, int] = {}  # tid -> signal to hand back
     threads: list[Thread] = []
     try:
@@ -316,7 +323,8 @@ def stopped(pid: int):
                 continue
             raw = _regs(tid)
             words = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw) - 7, 8)]
-            threads.append(Thread(tid, raw, words[sp_i], words[ip_i], words[bp_i], sig))
+            tp = words[tp_i] if tp_i is not None else None
+            threads.append(Thread(tid, raw, words[sp_i], words[ip_i], words[bp_i], sig, tp))
         yield threads
     finally:
         for tid, sig in seized.items():
@@ -352,7 +360,7 @@ def _regions(space: AddressSpace, threads: list[Thread]) -> list[Region]:
             out.append(Region(m.start, m.end, TIER_STATIC, m, module=prev.path))  # .bss past the file's pages
         else:
             out.append(Region(m.start, m.end, TIER_UNTRACKED, m))
-    return out
+    return _split_tls(out, threads, _static_tls_bytes(space)) if threads else out
 
 
 def _runs(pagemap_fd: int | None, start: int, end: int):
@@ -563,21 +571,78 @@ def _label(
         fn = _frame_name(space, threads[r.tid], addr, symbolizer)
         return kind, f"the stack of thread {r.tid}{main}" + (f", in {fn}()" if fn else "")
     if tier == TIER_STATIC and r.module is not None:
-        base = os.path.basename(r.module)
-        elf = elf_info(space.file_path(space.first_mapping_of(r.module) or r.mapping))
-        file_map = next((m for m in space.mappings if m.path == r.module and m.start <= r.mapping.start), None)
-        if elf is not None and file_map is not None:
-            mappings = [m for m in space.mappings if m.path == r.module]
-            bias = next((b for m in mappings if (b := elf.bias(m)) is not None), None)
-            if bias is not None:
-                sym = elf.object_at(addr - bias)
-                section = elf.section_of(addr - bias) or "data"
-                if sym is not None:
-                    return kind, f"`{sym[0].name}` in {base}'s {section}"
-                return kind, f"{base}'s {section} (no symbol)"
-        return kind, f"{base}'s writable data"
+        return kind, _static_name(space, r, addr)
+    if tier == TIER_TLS and r.tid is not None:
+        main = " (main thread)" if r.tid == space.pid else ""
+        var = _tls_name(space, threads[r.tid], addr)
+        return kind, (f"{var} in " if var else "") + f"the thread-local storage of thread {r.tid}{main}"
     where = r.mapping.path or f"anonymous memory at {r.mapping.start:#x}"
     return kind, f"memory memdiag did not see allocated ({where})"
+
+
+def _tls_name(space: AddressSpace, t: Thread, addr: int) -> str | None:
+    """The executable's thread-local variable at addr (its TLS block sits right below the thread
+    pointer in variant II), as "`name` (thread-local)"."""
+    exe = space.mappings[0].path if space.mappings and space.mappings[0].is_file else None
+    elf = elf_info(space.file_path(space.mappings[0])) if exe else None
+    seg = _tls_segment(elf) if elf is not None else None
+    if seg is None or t.tp is None:
+        return None
+    size = -(-seg["p_memsz"] // max(seg["p_align"], 1)) * max(seg["p_align"], 1)
+    offset = addr - (t.tp - size)
+    if not 0 <= offset < seg["p_memsz"]:
+        return None
+    sym = elf.tls_object_at(offset)
+    return f"`{sym.name}` (thread-local)" if sym is not None else None
+
+
+def _tls_segment(elf):
+    return next((seg for seg in elf.loads_and_tls() if seg["p_type"] == "PT_TLS"), None)
+
+
+def _static_tls_bytes(space: AddressSpace) -> int:
+    """The size of a thread's static TLS: every loaded module's PT_TLS segment, aligned, plus
+    glibc's surplus."""
+    total = TLS_SURPLUS
+    for path in space.modules():
+        m = space.first_mapping_of(path)
+        elf = elf_info(space.file_path(m)) if m is not None else None
+        seg = _tls_segment(elf) if elf is not None else None
+        if seg is not None:
+            align = max(seg["p_align"], 1)
+            total += -(-seg["p_memsz"] // align) * align
+    return total
+
+
+def _split_tls(regions: list[Region], threads: list[Thread], tls_bytes: int) -> list[Region]:
+    """Carve each thread's static TLS and control block out of the region that holds them."""
+    for t in threads:
+        if t.tp is None:
+            continue
+        for i, r in enumerate(regions):
+            lo, hi = max(r.start, t.tp - tls_bytes), min(r.end, t.tp + TCB_BYTES)
+            if lo >= hi or r.tier == TIER_STATIC:  # a module's own data keeps its symbols
+                continue
+            parts = [Region(r.start, lo, r.tier, r.mapping, r.tid, r.module)] if r.start < lo else []
+            parts.append(Region(lo, hi, TIER_TLS, r.mapping, tid=t.tid))
+            if hi < r.end:
+                parts.append(Region(hi, r.end, r.tier, r.mapping, r.tid, r.module))
+            regions[i : i + 1] = parts
+            break
+    return regions
+
+
+def _static_name(space: AddressSpace, r: Region, addr: int) -> str:
+    """A module's writable data by the variable that holds addr: "`registry` in registry's .bss"."""
+    base = os.path.basename(r.module or "")
+    mappings = [m for m in space.mappings if m.path == r.module]
+    elf = elf_info(space.file_path(mappings[0])) if mappings else None
+    bias = next((b for m in mappings if (b := elf.bias(m)) is not None), None) if elf is not None else None
+    if elf is None or bias is None:
+        return f"{base}'s writable data"
+    sym = elf.object_at(addr - bias)
+    section = elf.section_of(addr - bias) or "data"
+    return f"`{sym[0].name}` in {base}'s {section}" if sym is not None else f"{base}'s {section} (no symbol)"
 
 
 def _per_group(blocks: Blocks, anchored, seed_of, referenced, labels: dict[int, tuple[str, str]]) -> dict:

@@ -137,3 +137,12 @@ def test_scan_speed_is_measured_here():
     speed, fixed_ms = reach.scan_speed(refresh=True)
     assert speed is not None and speed > 100 * MiB
     assert fixed_ms > 0
+
+
+def test_growth_held_in_thread_local_storage_names_the_variable(workload):
+    w = workload("tlsheld", "1000")
+    r = _scan(w, seconds=4)
+    s = _stack(r, "keep_in_tls")
+    assert s.reach.leaked_count == 0 and s.reach.anchored_count == s.outstanding_count > 1000
+    assert s.reach.anchor_kind == "tls"
+    assert s.reach.anchor == f"`mine` (thread-local) in the thread-local storage of thread {w.pid} (main thread)"
