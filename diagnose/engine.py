@@ -70,9 +70,11 @@ class Engine:
         interval: float | None = None,
         on_sample: Callable[[Snapshot, float], None] | None = None,
         on_step: Callable[[str], None] | None = None,
+        max_pause_ms: float | None = None,
     ):
         self.rules, self.target, self.duration, self.budget = rules, target, duration, budget_percent
         self.interval, self.on_sample, self.on_step = interval, on_sample, on_step or (lambda _s: None)
+        self.max_pause_ms = max_pause_ms
         self.trail: list[TrailItem] = []
         self.results: dict[str, ProbeResult] = {}
         self.budget_decision: BudgetDecision | None = None
@@ -149,10 +151,12 @@ class Engine:
 
     def _pause_allowed_ms(self, memleak_s: float) -> float:
         """What the budget leaves for the reachability scan's pause: the budget's share of the
-        window, less what tracing allocations is estimated to cost while memleak is attached."""
+        window, less what tracing allocations is estimated to cost while memleak is attached, and
+        never more than one stop may last (max_pause_ms)."""
         d = self.budget_decision
         tracing_ms = (d.estimated_percent or 0) / 100 * memleak_s * 1000 if d else 0.0
-        return max(0.0, self.budget / 100 * self.duration * 1000 - tracing_ms)
+        allowed = max(0.0, self.budget / 100 * self.duration * 1000 - tracing_ms)
+        return min(allowed, self.max_pause_ms) if self.max_pause_ms is not None else allowed
 
     def _run_probe(self, name: str, seconds: float) -> ProbeResult:
         t = probe_target(self.target)

@@ -17,6 +17,10 @@ from .target import Target
 from .units import fmt_number
 
 DEFAULT_BUDGET_PERCENT = 2.0
+# The longest one stop of the target for the reachability scan, whatever the budget: a budget is a
+# share of time, and a long enough window would otherwise allow a stop-the-world of seconds (a
+# 20% budget over 30 s: 6 s), which a service's clients feel as an outage rather than a slowdown.
+DEFAULT_MAX_PAUSE_MS = 1000.0
 
 
 def memdiag_version() -> str:
@@ -65,7 +69,7 @@ def _scan_status(ml: ProbeResult | None, window_s: float) -> ProbeStatus | None:
         method="all threads stopped (ptrace), writable memory read and matched against memleak's blocks",
         duration_s=(scan.paused_ms or 0) / 1000,
         events=scan.blocks,
-        overhead_percent=100 * (scan.paused_ms or 0) / 1000 / window_s if ran else None,
+        overhead_percent=100 * scan.paused_ms / 1000 / window_s if scan.paused_ms is not None else None,
     )
 
 
@@ -107,6 +111,7 @@ def diagnose(
     rules: list[Rule] | None = None,
     on_step: Callable[[str], None] | None = None,
     proc_root: Path = Path("/proc"),
+    max_pause_ms: float = DEFAULT_MAX_PAUSE_MS,
 ) -> Report:
     engine = Engine(
         rules if rules is not None else load_rules(),
@@ -116,6 +121,7 @@ def diagnose(
         interval,
         on_sample=on_sample,
         on_step=on_step,
+        max_pause_ms=max_pause_ms,
     )
     obs, counters, tri, _facts, verdict, rule_findings, advice = engine.run()
     window_s = max(obs.ended - obs.started, 1e-9)

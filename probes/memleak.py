@@ -278,7 +278,9 @@ def run(
             scanned["scan"] = ReachScan(status="skipped", reason=why)
             return
         keys: list[tuple] = []
-        info, per_group = reachscan.scan(target.pid, lambda: _blocks(bpf, target.pid, keys), reach_allowed_ms)
+        info, per_group = reachscan.scan(
+            target.pid, lambda final: _blocks(bpf, target.pid, keys if final else [], final), reach_allowed_ms
+        )
         scanned["scan"] = info.model_copy(update={"at_s": round(elapsed, 3)})
         scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
 
@@ -304,9 +306,10 @@ def run(
     )  # type: ignore[return-value]
 
 
-def _blocks(bpf, pid: int, keys: list[tuple]) -> reachscan.Blocks:
-    """The outstanding blocks of pid from the allocs table (read with the target stopped), each
-    grouped by its stack key; keys receives the key of each group number."""
+def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> reachscan.Blocks:
+    """The outstanding blocks of pid from the allocs table, each grouped by its stack key; keys
+    receives the key of each group number. final: read with the target stopped, for the scan (the
+    probe's books stop there); otherwise a look while it runs, to price the scan."""
     import numpy as np
 
     table = bpf["allocs"]
@@ -315,9 +318,10 @@ def _blocks(bpf, pid: int, keys: list[tuple]) -> reachscan.Blocks:
         [("size", "<u8"), ("ts", "<u8"), ("tgid", "<u4"), ("stack_id", "<i4"), ("ip", "<u8"), ("at_sp", "<u8")]
     )
     assert info.itemsize == ct.sizeof(table.Leaf), "struct alloc_info changed: update the dtype"
-    # The books stop here, with the target stopped: every figure of the result is this instant's,
-    # the same as the scan's (the probes stay attached until detach, but record nothing more).
-    disarm(bpf)
+    if final:
+        # The books stop here, with the target stopped: every figure of the result is this instant's,
+        # the same as the scan's (the probes stay attached until detach, but record nothing more).
+        disarm(bpf)
     addrs = np.frombuffer(raw_keys, dtype="<u8", count=n)
     values = np.frombuffer(raw_values, dtype=info, count=n)
     mine = values["tgid"] == pid

@@ -16,7 +16,7 @@ from ..errors import PermissionNeeded, UsageError
 from ..progress import Progress
 from ..render import render_all
 from ..target import Target, cgroup_target, pid_target, system_target
-from ..workflow import DEFAULT_BUDGET_PERCENT, diagnose, load_rules
+from ..workflow import DEFAULT_BUDGET_PERCENT, DEFAULT_MAX_PAUSE_MS, diagnose, load_rules
 
 NICENESS = 10
 
@@ -50,6 +50,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=DEFAULT_BUDGET_PERCENT,
         metavar="PERCENT",
         help="how much the diagnosis may slow the target (default 2)",
+    )
+    parser.add_argument(
+        "--max-pause",
+        type=float,
+        default=DEFAULT_MAX_PAUSE_MS,
+        metavar="MS",
+        help=f"longest the reachability scan may stop the target, within the budget (default {DEFAULT_MAX_PAUSE_MS:g})",
     )
     parser.add_argument("--quiet", action="store_true", help="print only the verdict and the report's path")
     parser.add_argument(
@@ -107,6 +114,8 @@ def execute(args: argparse.Namespace) -> int:
         raise UsageError("--interval must be more than 0 seconds")
     if not 0 < args.budget <= 100:
         raise UsageError("--budget must be a percentage between 0 and 100")
+    if args.max_pause < 0:
+        raise UsageError("--max-pause must be 0 or more milliseconds")
     try:
         rules = load_rules(args.playbook)
     except RuleFileError as e:
@@ -126,6 +135,7 @@ def execute(args: argparse.Namespace) -> int:
         on_sample=progress.on_sample,
         rules=rules,
         on_step=progress.step,
+        max_pause_ms=args.max_pause,
     )
     progress.done()
     for name, text in render_all(report).items():

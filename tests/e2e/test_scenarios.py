@@ -80,7 +80,7 @@ def test_scan_over_budget_falls_back_to_the_trend(memdiag, workload, tmp_path):
     w = workload("bigheap", "1024")
     rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid), "--budget", "0.5")
     scan = _trail(rep, "scan", "reach")
-    assert scan and scan[0]["state"] == "skipped" and "the budget allows" in scan[0]["reason"], rep["trail"]
+    assert scan and scan[0]["state"] == "skipped" and "ms allowed" in scan[0]["reason"], rep["trail"]
     ran = {p["name"]: p for p in rep["probes"]}
     assert ran["reach"]["status"] == "not-run"
     assert all(s.get("reach") is None for s in rep["stacks"])

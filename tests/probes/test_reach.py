@@ -17,6 +17,7 @@ def _scan(w, seconds: float = 6, allowed_ms: float | None = None):
     assert r.status == "ok", r.reason
     assert r.reach_scan is not None and r.reach_scan.status == "ran", r.reach_scan
     assert r.reach_scan.paused_ms is not None and r.reach_scan.paused_ms > 0
+    assert _state(w.pid) in ("S", "R")  # running again
     return r
 
 
@@ -117,7 +118,8 @@ def test_a_one_gib_target_is_priced_skipped_over_budget_and_measured_when_allowe
     scan = r.reach_scan
     assert scan.status == "skipped" and scan.paused_ms is None
     assert scan.planned_bytes >= 1 << 30 and scan.priced_ms > 50
-    assert "> 50 ms the budget allows" in scan.reason and "MiB of writable memory" in scan.reason
+    assert "> 50 ms allowed" in scan.reason and "MiB of writable memory" in scan.reason
+    assert "(sampled on the target)" in scan.reason
     assert all(s.reach is None for s in r.stacks)
     r = _scan(w, seconds=3, allowed_ms=10_000)
     scan = r.reach_scan
@@ -133,10 +135,28 @@ def test_scan_needs_a_process(workload):
     assert "process target" in r.reach_scan.reason
 
 
-def test_scan_speed_is_measured_here():
-    speed, fixed_ms = reach.scan_speed(refresh=True)
-    assert speed is not None and speed > 100 * MiB
-    assert fixed_ms > 0
+def test_the_pause_stops_at_its_limit_and_the_target_runs_on(workload, monkeypatch):
+    """A price can be wrong (the target's memory changed since it was sampled): the scan gives up at
+    the pause allowed, resumes the target, and concludes nothing from a partial scan."""
+    w = workload("bigheap", "1024")
+    real_price = reach.price
+
+    def underpriced(*args):
+        p = real_price(*args)
+        return reach.Price(p.planned_bytes, p.speed * 100, 0.0, p.blocks)
+
+    monkeypatch.setattr(reach, "price", underpriced)
+    r = memleak.run(ProbeTarget.for_pid(w.pid), 3, scan_reach=True, reach_allowed_ms=60)
+    scan = r.reach_scan
+    assert scan.status == "failed" and "stopped at the 60 ms pause allowed" in scan.reason, scan
+    assert 60 <= scan.paused_ms < 60 + 250  # one chunk past the limit at most, on a loaded machine
+    assert all(s.reach is None for s in r.stacks)
+    assert _state(w.pid) in ("S", "R")
+
+
+def _state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
 
 
 def test_growth_held_in_thread_local_storage_names_the_variable(workload):
