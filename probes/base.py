@@ -283,7 +283,7 @@ def run_probe(
         the whole system. attach(bpf, pids) attaches what bcc does not attach by itself, at the start
         and again for processes that join a cgroup target. on_tick(bpf, elapsed) runs about twice a
         second while the probe is attached; returning True ends the run early (backed off, e.g. over
-        budget). ready is set once everything is attached. before_detach(bpf, elapsed) runs at the end
+        budget). ready is set once everything is attached. before_detach(bpf, elapsed, interrupted) runs at the end
     with everything still attached and armed (memleak's reachability scan reads its table there)."""
     started = time.time()
     try:
@@ -326,7 +326,7 @@ def run_probe(
 
             elapsed = run_for(duration, target, stop, on_tick=tick)
             if before_detach is not None and not stop.interrupted:
-                before_detach(bpf, elapsed)
+                before_detach(bpf, elapsed, lambda: stop.interrupted)
             detach_all(bpf)  # the counts stop moving before they are read: tables agree
             fields = collect(bpf, elapsed)
             cost = measure_cost(bpf, events=fields.pop("events", 0))

@@ -270,7 +270,7 @@ def run(
             "reach_scan": scanned.get("scan"),
         }
 
-    def before_detach(bpf, elapsed: float) -> None:
+    def before_detach(bpf, elapsed: float, interrupted) -> None:
         if not scan_reach:
             return
         if kernel_mode or target.kind != "pid" or target.pid is None:
@@ -278,10 +278,14 @@ def run(
             scanned["scan"] = ReachScan(status="skipped", reason=why)
             return
         keys: list[tuple] = []
-        info, per_group = reachscan.scan(
-            target.pid, lambda final: _blocks(bpf, target.pid, keys if final else [], final), reach_allowed_ms
-        )
-        scanned["scan"] = info.model_copy(update={"at_s": round(elapsed, 3)})
+        glibc = info["allocator"] == "glibc"
+
+        def read(final: bool) -> reachscan.Blocks:
+            blocks = _blocks(bpf, target.pid, keys if final else [], final)
+            return blocks.glibc_bounded() if glibc else blocks
+
+        found, per_group = reachscan.scan(target.pid, read, reach_allowed_ms, interrupted)
+        scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
 
     defines = build_options(kernel_mode, sample_every, min_size, max_size, snoop_min)

