@@ -340,7 +340,6 @@ def stopped(pid: int):
     if machine not in _ARCH:
         raise ScanAborted(f"memdiag does not know the register layout of {machine}")
     sp_i, tp_i, ip_i, bp_i, n_words = _ARCH[machine]
-    _check_stoppable(pid)
     seized: dict[int, int] = {}  # tid -> signal to hand back
     threads: list[Thread] = []
     try:
@@ -958,6 +957,10 @@ def scan(
             "allowed (a larger --budget, a longer --duration or --max-pause lets it run)"
         )
         return ReachScan(status="skipped", reason=why, **info), {}
+    try:
+        _check_stoppable(pid)
+    except ScanAborted as e:
+        return ReachScan(status="failed", reason=str(e), **info), {}
     box: dict = {}
     # In a thread of its own that ends with the stop: when a tracer thread exits, the kernel
     # detaches every tracee it still holds (exit_ptrace), also one that never reached its stop or

@@ -21,7 +21,7 @@ need=()
 packages=(bpfcc-tools python3-bpfcc python3-venv gcc g++ libc6-dev libc6-dbg make libjemalloc2 util-linux)
 # --test: what only the test suite needs (a real Alertmanager to send webhooks, a real browser)
 if [ "${1:-}" = "--test" ]; then
-    packages+=(prometheus-alertmanager curl chromium)
+    packages+=(prometheus-alertmanager curl chromium strace)
 fi
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")

@@ -169,3 +169,41 @@ def test_growth_held_in_thread_local_storage_names_the_variable(workload):
     assert s.reach.leaked_count == 0 and s.reach.anchored_count == s.outstanding_count > 1000
     assert s.reach.anchor_kind == "tls"
     assert s.reach.anchor == f"`mine` (thread-local) in the thread-local storage of thread {w.pid} (main thread)"
+
+
+def test_a_stack_in_the_heap_is_not_dead_memory(workload):
+    """The coroutine's stack pointer is inside [heap]: what lies below it is other blocks, not
+    a dead stack, so the two blocks held there by the registry array are anchored."""
+    w = workload("coroutine", "300")  # keep_pair() runs 3 s after start, while memleak is attached
+    r = _scan(w, seconds=5)
+    kept = [s for s in r.stacks if "keep_pair" in s.functions]  # two call sites, two stacks
+    assert sum(s.outstanding_count for s in kept) == 2
+    assert sum(s.reach.anchored_count for s in kept) == 2 and sum(s.reach.leaked_count for s in kept) == 0
+    assert _stack(r, "drop_one").reach.leaked_count > 100
+
+
+def test_small_glibc_blocks_are_not_anchored_by_the_next_chunk(workload):
+    """A 24-byte block's last word is the next chunk's header under glibc: pointers the allocator
+    keeps to that chunk (bins, the top chunk) must not anchor it."""
+    w = workload("errleak", "2000", "7", "8")  # malloc(16 + 8)
+    r = _scan(w)
+    s = _stack(r, "process_order")
+    assert 6.0 <= s.allocs / s.reach.leaked_count <= 8.0, s.reach
+
+
+def test_a_traced_target_is_left_alone(workload):
+    import subprocess
+    import time
+
+    w = workload("errleak", "2000", "7")
+    tracer = subprocess.Popen(["strace", "-q", "-o", "/dev/null", "-p", str(w.pid)])
+    try:
+        time.sleep(1)
+        r = memleak.run(ProbeTarget.for_pid(w.pid), 2, scan_reach=True)
+        scan = r.reach_scan
+        assert scan.status == "failed" and scan.paused_ms is None
+        assert f"is traced by PID {tracer.pid} (strace)" in scan.reason
+    finally:
+        tracer.terminate()
+        tracer.wait()
+    assert _state(w.pid) in ("S", "R")
