@@ -25,6 +25,8 @@ def fmt_rate(bytes_per_s: float | None) -> str:
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return "unknown"
+    if 0 < seconds < 0.9995:  # a pause or a stall of a fraction of a second is not "0 s"
+        return f"{seconds * 1000:.0f} ms"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:
