@@ -332,6 +332,10 @@ def per_event_section() -> list[str]:
 SCENARIOS = [
     ("leak", ("leak", "2048"), "leak", "leak_order_history", None),
     ("bounded cache", ("cache", "64", "6"), "cache", "cache_insert", None),
+    ("error-branch leak (1 in 7 orders dropped)", ("errleak", "4000", "7"), "leak", "process_order", None),
+    ("same, under jemalloc", ("errleak", "4000", "7"), "leak", "process_order", "jemalloc"),
+    ("registry that only appends (held)", ("registry", "2000"), "growth", "register_entry", None),
+    ("leaked linked lists", ("leaklist", "50"), "leak", "new_node", None),
     ("churn, no growth", ("churn", "200000"), "healthy", None, None),
     ("heap growth by brk", ("mapper", "256", "0"), "growth", "grow_heap_with_brk", None),
     ("growth by anonymous mmap", ("mapper", "0", "512"), "growth", "map_buffers", None),
@@ -351,7 +355,8 @@ def accuracy_section() -> list[str]:
     for name, argv, kind, fn, special in SCENARIOS:
         out = Path(tempfile.mkdtemp(prefix="bench-acc-"))
         with _environment(special) as cg:
-            w = Workload(*argv, cgroup=cg).start()
+            env = {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"} if special == "jemalloc" else None
+            w = Workload(*argv, cgroup=cg, env=env).start()
             try:
                 if special == "swap":
                     time.sleep(3)
@@ -455,7 +460,7 @@ class _environment:
         self.special, self.stack = special, []
 
     def __enter__(self):
-        if self.special is None:
+        if self.special in (None, "jemalloc"):
             return None
         if self.special == "swap":
             self.swap = swapfile(1 << 30)
@@ -466,7 +471,7 @@ class _environment:
         return self.cg
 
     def __exit__(self, *exc):
-        if self.special is None:
+        if self.special in (None, "jemalloc"):
             return
         self.cg.__exit__()
         if self.special == "swap":
