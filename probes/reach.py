@@ -939,6 +939,8 @@ def scan(
     stopped (final True: the probe's books stop there). allowed_ms: the longest pause allowed (None:
     no limit); the scan gives up, resumes the target and concludes nothing when it gets there, or
     when interrupted() says so (SIGINT, SIGTERM)."""
+    import numpy  # noqa: F401  (imported before the table read is timed: the import is not part of a pause)
+
     t = time.monotonic()
     ahead = read_blocks(False)
     est = price(pid, ahead, (time.monotonic() - t) * 1000, allowed_ms)

@@ -35,17 +35,6 @@ __attribute__((noinline)) long leak_slowly(long id)
 	return v;
 }
 
-__attribute__((noinline)) long handle_request(long id)
-{
-	unsigned char *tmp = malloc(256 + id % 512);
-	if (!tmp)
-		return 0;
-	memset(tmp, 1, 256);
-	long v = ((volatile unsigned char *)tmp)[id % 256]; /* a real read: the memset stays */
-	free(tmp);
-	return v;
-}
-
 int main(int argc, char **argv)
 {
 	long blocks = fill_arena(arg_long(argc, argv, 1, 1024));

@@ -32,17 +32,6 @@ __attribute__((noinline)) long process_order(long id, size_t size, long n)
 	return sum;
 }
 
-__attribute__((noinline)) long handle_request(long id)
-{
-	unsigned char *tmp = malloc(256 + id % 512);
-	if (!tmp)
-		return 0;
-	memset(tmp, 1, 256);
-	long v = ((volatile unsigned char *)tmp)[id % 256]; /* a real read: the memset stays */
-	free(tmp);
-	return v;
-}
-
 int main(int argc, char **argv)
 {
 	long rate = arg_long(argc, argv, 1, 2000);

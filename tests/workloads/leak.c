@@ -15,15 +15,6 @@ __attribute__((noinline)) void *leak_order_history(long id, size_t size)
 	return o; /* the caller drops it: never freed */
 }
 
-__attribute__((noinline)) void handle_request(long id)
-{
-	char *tmp = malloc(256 + id % 512);
-	if (tmp) {
-		memset(tmp, 1, 64);
-		free(tmp);
-	}
-}
-
 int main(int argc, char **argv)
 {
 	long kib_per_s = arg_long(argc, argv, 1, 2048);
