@@ -159,9 +159,10 @@ class ReachScan(BaseModel):
             paused = f"; paused the target {self.paused_ms:.1f} ms" if self.paused_ms else ""
             return f"{self.status}: {self.reason}{paused}"
         if self.reason:  # ran, and found nothing to check
-            return f"ran: {self.reason}; paused the target {self.paused_ms:.1f} ms"
+            paused = f"; paused the target {self.paused_ms:.1f} ms" if self.paused_ms is not None else ""
+            return f"ran: {self.reason}{paused}"
         priced = f"priced {self.priced_ms:.0f} ms" if self.priced_ms is not None else "not priced"
-        allowed = f", the budget allowed {self.allowed_ms:.0f} ms" if self.allowed_ms is not None else ""
+        allowed = f", allowed {self.allowed_ms:.0f} ms" if self.allowed_ms is not None else ""
         speed = f" (scan {_rate(self.speed_bytes_per_s)})" if self.speed_bytes_per_s else ""
         swapped = f", {_mib(self.swapped_bytes)} of it paged in from swap" if self.swapped_bytes else ""
         at = f"{self.at_s:.1f} s into memleak: " if self.at_s is not None else ""
