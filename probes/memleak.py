@@ -234,7 +234,8 @@ def run(
         stats = dict(zip(STAT_NAMES, (bpf["stats"][i].value for i in range(len(STAT_NAMES))), strict=True))
         oldest: dict[tuple, int] = {}
         outstanding = 0
-        now_ns = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        # ages at the instant the books stopped (the scan), else now
+        now_ns = scanned.get("at_ns") or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         for _addr, a in bpf["allocs"].items():
             outstanding += 1
             k = _key_tuple(a.key)
@@ -281,6 +282,8 @@ def run(
         glibc = info["allocator"] == "glibc"
 
         def read(final: bool) -> reachscan.Blocks:
+            if final:
+                scanned["at_ns"] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             blocks = _blocks(bpf, target.pid, keys if final else [], final)
             return blocks.glibc_bounded() if glibc else blocks
 
