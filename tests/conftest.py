@@ -38,8 +38,10 @@ def workload(root_required):
     """Start workloads; all are killed at the end of the test."""
     started: list[Workload] = []
 
-    def start(name: str, *args: str, cgroup: MemoryCgroup | None = None, env: dict | None = None) -> Workload:
-        w = Workload(name, *args, cgroup=cgroup, env=env).start()
+    def start(
+        name: str, *args: str, cgroup: MemoryCgroup | None = None, env: dict | None = None, flags: list | None = None
+    ) -> Workload:
+        w = Workload(name, *args, cgroup=cgroup, env=env, flags=flags).start()
         started.append(w)
         return w
 

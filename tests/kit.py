@@ -47,8 +47,15 @@ def build(name: str, extra_flags: list[str] | None = None) -> Path:
 class Workload:
     """A running workload process. ``with Workload("leak", "2048") as w: w.pid``."""
 
-    def __init__(self, name: str, *args: str, cgroup: MemoryCgroup | None = None, env: dict | None = None):
-        self.binary = build(name)
+    def __init__(
+        self,
+        name: str,
+        *args: str,
+        cgroup: MemoryCgroup | None = None,
+        env: dict | None = None,
+        flags: list[str] | None = None,
+    ):
+        self.binary = build(name, flags)
         self.argv = [str(self.binary), *args]
         self.cgroup = cgroup
         self.env = env
