@@ -44,7 +44,14 @@ struct stack_key {
 	u32 tgid;
 	s32 stack_id;
 	u64 ip;
-	u64 at_sp;
+	u64 at_sp; /* the return address at sp, mixed with the path fingerprint where frames are missing */
+};
+
+/* The executable's text, per tgid (filled by the loader): return addresses into it tell apart the
+ * call paths of frameless code (see path_fingerprint). */
+struct text_range {
+	u64 lo;
+	u64 hi;
 };
 
 struct inflight {
@@ -92,6 +99,7 @@ BPF_F_TABLE("hash", struct stack_key, struct stack_sample, samples, 1024, BPF_F_
 BPF_PERCPU_ARRAY(scratch, struct stack_sample, 1);
 BPF_PERF_OUTPUT(big);
 BPF_ARRAY(stats, u64, S_COUNT);
+BPF_HASH(texts, u32, struct text_range, 4096);
 /* Armed by the loader once every uprobe is attached and disarmed before the maps are read, so
  * attaching and detaching one probe after another never leaves half a call on the books. */
 BPF_ARRAY(control, u32, 1);
@@ -152,6 +160,39 @@ static __always_inline int record_free(u64 addr)
 
 #if KERNEL_MODE == 0
 
+#define FINGERPRINT_WORDS 32
+#define FINGERPRINT_RETURNS 4
+
+/* Frameless code (glibc, libstdc++, most -O2 builds) leaves the frame-pointer walk with little
+ * more than the allocator: every call path through one wrapper (operator new, xmalloc) would share
+ * a stack key and the one stack copied for it, so a leak on one path and held growth on another
+ * were booked to one stack. The first few return addresses into the executable found in the
+ * words above sp differ between those paths. A stale one in an uninitialized slot can only split
+ * a path in two, and user space merges stacks that unwind alike. Skipped where rbp looks like a
+ * frame pointer (within 1 MiB above sp): the frame-pointer walk already tells the paths apart. */
+static __always_inline u64 path_fingerprint(struct stack_sample *s, u32 tgid)
+{
+	if (s->regs.bp > s->regs.sp && s->regs.bp - s->regs.sp < (1 << 20))
+		return 0;
+	struct text_range *t = texts.lookup(&tgid);
+	if (!t)
+		return 0;
+	if (bpf_probe_read_user(s->data, FINGERPRINT_WORDS * 8, (void *)s->regs.sp) != 0)
+		return 0;
+	u64 *words = (u64 *)s->data;
+	u64 h = 0;
+	int found = 0;
+#pragma unroll
+	for (int i = 1; i < FINGERPRINT_WORDS; i++) { /* word 0 is at_sp itself */
+		u64 v = words[i];
+		if (found < FINGERPRINT_RETURNS && v >= t->lo && v < t->hi) {
+			h = (h ^ v) * 0x100000001b3ULL;
+			found++;
+		}
+	}
+	return h;
+}
+
 static __always_inline int wanted(u32 tgid)
 {
 #if TARGET_MODE == 1
@@ -197,6 +238,7 @@ static __always_inline int enter(struct pt_regs *ctx, u64 size, u64 ptr_arg, u32
 	if (in.key.stack_id < 0)
 		stats.increment(S_STACK_ERRORS);
 	bpf_probe_read_user(&in.key.at_sp, sizeof(in.key.at_sp), (void *)s->regs.sp);
+	in.key.at_sp ^= path_fingerprint(s, tgid);
 	if (!samples.lookup(&in.key)) {
 		copy_user_stack(s);
 		if (samples.insert(&in.key, s) != 0)

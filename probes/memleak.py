@@ -189,6 +189,7 @@ def run(
                 info["errors"].append(f"PID {pid}: no allocator found in its mappings")
                 continue
             info["allocator"], info["module"] = alloc.name, alloc.module
+            _set_text_range(bpf, pid, space)
             info["missing"] = sorted(set(info["missing"]) | set(alloc.missing))
             for p in alloc.placements:
                 if p.function not in wanted:
@@ -342,6 +343,18 @@ def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> reachscan.Blocks:
     unique, groups = np.unique(fields, axis=0, return_inverse=True)
     keys.extend((int(t), int(s), int(i) & (2**64 - 1), int(a) & (2**64 - 1)) for t, s, i, a in unique.tolist())
     return reachscan.Blocks(addrs.copy(), values["size"].copy(), groups.reshape(-1).astype(np.int64))
+
+
+def _set_text_range(bpf, pid: int, space) -> None:
+    """The executable's text for bpf/memleak.c's path fingerprint (frameless call paths)."""
+    try:
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except OSError:
+        return
+    text = [m for m in space.mappings if m.path == exe and m.executable]
+    if text:
+        texts = bpf["texts"]
+        texts[ct.c_uint32(pid)] = texts.Leaf(min(m.start for m in text), max(m.end for m in text))
 
 
 def _sample_series(bpf, elapsed: float, times: list[float], series: dict[tuple, list[int]]) -> None:
