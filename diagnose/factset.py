@@ -135,7 +135,7 @@ def probe_facts(results: dict, process_shape: str | None) -> dict:
                 "memleak.top_free_ratio": 100 * trend.free_ratio if trend.free_ratio is not None else None,
                 "memleak.top_function": app_function(top.frames),
                 "memleak.top_entry": _entry(top.functions),
-                "memleak.top_trend": growth_trend(list(zip(ml.series_times, top.series, strict=False))).shape,
+                "memleak.top_trend": _series_shape(ml.series_times, top.series),
             }
         )
     if ml is not None and ml.status in ("ok", "partial"):
@@ -149,8 +149,9 @@ def probe_facts(results: dict, process_shape: str | None) -> dict:
     return f
 
 
-def _series_trend(times: list[float], series: list[int]):
-    return growth_trend(list(zip(times, series, strict=False))) if series else None
+def _series_shape(times: list[float], series: list[int]) -> str:
+    """The shape of a stack's outstanding bytes over the probe (climbing, levelled, ...)."""
+    return growth_trend(list(zip(times, series, strict=False))).shape
 
 
 def reach_facts(ml) -> dict:
@@ -172,7 +173,6 @@ def reach_facts(ml) -> dict:
         f.update({"reach.leaked_bytes": 0, "reach.leaked_count": 0, "reach.leaked_ratio": 0.0})
         return f
     r = leak.reach
-    trend = _series_trend(ml.series_times, leak.series)
     one_in = leak.allocs / r.leaked_count if r.leaked_count else None
     f.update(
         {
@@ -181,7 +181,7 @@ def reach_facts(ml) -> dict:
             "reach.unreferenced_count": r.unreferenced_count,
             "reach.leaked_ratio": 100 * r.leaked_bytes / (r.leaked_bytes + r.anchored_bytes),
             "reach.leak_function": app_function(leak.frames),
-            "reach.leak_trend": trend.shape if trend else None,
+            "reach.leak_trend": _series_shape(ml.series_times, leak.series) if leak.series else None,
             "reach.leak_rate": (r.leaked_bytes / ml.duration_s) if ml.duration_s else None,
             "reach.leak_share": _share(one_in, leak.allocs),
         }

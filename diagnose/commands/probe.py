@@ -14,6 +14,7 @@ from ..errors import PermissionNeeded, UsageError
 from ..render.probe_text import render_probe
 from ..target import cgroup_target, pid_target
 from ..units import parse_size
+from ..workflow import DEFAULT_BUDGET_PERCENT
 
 PROBES = {
     "faults": faults,
@@ -99,7 +100,9 @@ def execute(args: argparse.Namespace) -> int:
             snoop_min=args.snoop,
             top=args.top,
             scan_reach=args.name == "reach",
-            reach_allowed_ms=args.max_pause if args.max_pause is not None else 0.02 * args.duration * 1000,
+            reach_allowed_ms=args.max_pause
+            if args.max_pause is not None
+            else DEFAULT_BUDGET_PERCENT / 100 * args.duration * 1000,
         )
     else:
         result = module.run(target, args.duration)
