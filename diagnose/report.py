@@ -83,9 +83,15 @@ class StackReport(_Model):
 
 
 class Overhead(_Model):
+    """Percentages are of one CPU's time over the window (window_s)."""
+
     budget_percent: float
-    estimated_percent: float | None = None
-    measured_percent: float | None = None
+    estimated_percent: float | None = None  # the budget decision's projection, before attaching
+    estimate_of: str | None = None  # what was estimated (and whether it was attached)
+    measured_percent: float | None = None  # the probe table's overhead column, summed
+    tracing_probes_percent: float | None = None  # memleak: its probes' hits x trap + BPF run time
+    tracing_cpu_percent: float | None = None  # memleak: the target's CPU time above its rate before
+    window_s: float | None = None
 
 
 class CounterRow(_Model):

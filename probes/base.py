@@ -142,6 +142,20 @@ def measure_cost(bpf, events: int) -> Cost:
     return Cost(events=events, bpf_run_ns=run_ns, bpf_run_count=run_cnt, map_bytes=memlock or None)
 
 
+def program_stats(bpf) -> dict[str, tuple[int, int]] | None:
+    """Per program: (runs, run time in ns) as the kernel counts them; None when it keeps no
+    counts (kernel.bpf_stats_enabled is off)."""
+    if not _stats_enabled():
+        return None
+    out: dict[str, tuple[int, int]] = {}
+    for fn in getattr(bpf, "funcs", {}).values():
+        info = _fdinfo(fn.fd)
+        if "run_time_ns" in info:
+            count, run_ns = out.get(fn.name, (0, 0))
+            out[fn.name] = (count + int(info.get("run_cnt", 0)), run_ns + int(info["run_time_ns"]))
+    return out
+
+
 _STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 
 

@@ -90,6 +90,24 @@ def _reach_line(r) -> str:
     )
 
 
+def _overhead_lines(o) -> list[str]:
+    window = f" over the {fmt_duration(o.window_s)} window" if o.window_s else ""
+    lines = ["## Overhead", "", f"- Budget: {o.budget_percent:g}% of the target's time{window}"]
+    if o.estimated_percent is not None:
+        lines += [f"- Estimated before attaching ({o.estimate_of}): {o.estimated_percent:.2f}%"]
+    if o.measured_percent is None:
+        return lines + ["- Measured: nothing to measure (no probe attached; counters read from /proc)"]
+    lines += [f"- Measured on the target: {o.measured_percent:.2f}% (the probe table's overhead column, summed)"]
+    if o.tracing_probes_percent is not None or o.tracing_cpu_percent is not None:
+        parts = []
+        if o.tracing_probes_percent is not None:
+            parts.append(f"its probes' hits x trap cost + BPF run time {o.tracing_probes_percent:.2f}%")
+        if o.tracing_cpu_percent is not None:
+            parts.append(f"the target's CPU time above its rate before the attach {o.tracing_cpu_percent:.2f}%")
+        lines += [f"- Allocation tracing, measured two ways (the larger counts): {'; '.join(parts)}"]
+    return lines
+
+
 def render_markdown(report: Report) -> str:
     v, t, w = report.verdict, report.target, report.window
     lines = [f"# memdiag: {v.kind} — {t.description}", ""]
@@ -233,15 +251,7 @@ def render_markdown(report: Report) -> str:
         ],
     ) + [""]
 
-    o = report.overhead
-    lines += ["## Overhead", ""]
-    lines += [f"- Budget: {o.budget_percent:g}% of the target's time"]
-    lines += [f"- Estimated: {o.estimated_percent:.2f}%" if o.estimated_percent is not None else "- Estimated: unknown"]
-    lines += [
-        f"- Measured: {o.measured_percent:.2f}% (probe run time and traps over the window)"
-        if o.measured_percent is not None
-        else "- Measured: nothing to measure (no probe attached; counters read from /proc)"
-    ]
+    lines += _overhead_lines(report.overhead)
     if report.budget_decision:
         lines += [f"- Allocation tracing: {report.budget_decision}"]
     lines += [""]
