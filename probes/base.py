@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
+import os
 import signal
 import threading
 import time
@@ -16,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from . import bpfsys as sys_
 from . import compiler, kernel
 from .bpfobj import Program
 from .kernel import Availability
@@ -159,7 +161,12 @@ def program_stats(bpf) -> dict[str, tuple[int, int]] | None:
 _STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 
 
+_held = [0]  # bpf_stats() contexts holding a BPF_ENABLE_STATS fd (the sysctl does not show those)
+
+
 def _stats_enabled() -> bool:
+    if _held[0]:
+        return True
     try:
         return _STATS.read_text().strip() == "1"
     except OSError:
@@ -168,8 +175,21 @@ def _stats_enabled() -> bool:
 
 @contextmanager
 def bpf_stats():
-    """Turn on BPF run-time accounting for the run (it costs two clock reads per program run)
-    and put the setting back afterwards."""
+    """BPF run-time accounting on for the run (it costs two clock reads per program run): through
+    BPF_ENABLE_STATS, held by an fd (the kernel counts holders: concurrent runs do not turn it off
+    under each other); on kernels before 5.8, the sysctl, put back afterwards."""
+    try:
+        fd = sys_.enable_stats()
+    except OSError:
+        fd = None
+    if fd is not None:
+        _held[0] += 1
+        try:
+            yield
+        finally:
+            _held[0] -= 1
+            os.close(fd)
+        return
     try:
         before = _STATS.read_text().strip()
     except OSError:

@@ -1,6 +1,7 @@
 /* Benchmark target: malloc/free of mixed sizes at a set rate, with a slow leak from one named
  * function, reporting its own cost per operation so start-up and sleeping are excluded: every
- * second it prints "ns_per_op N" for the time spent inside its allocation batches.
+ * second it prints "ns_per_op N ops M" for the time spent inside its allocation batches and how many
+ * operations they did (so the time it lost to tracing can be summed: (N - untraced N) x M).
  * usage: bench_alloc [allocs_per_second=100000 (0: as fast as it can)] [leak_KiB_per_second=256] */
 #include "common.h"
 
@@ -55,7 +56,7 @@ int main(int argc, char **argv)
 		if (++ticks % 10 == 0) /* ten times a second */
 			leak_bench_records((size_t)leak_kib * 1024 / 10);
 		if (t1 >= report_at) {
-			printf("ns_per_op %.2f\n", (double)busy / (double)ops);
+			printf("ns_per_op %.2f ops %ld\n", (double)busy / (double)ops, ops);
 			fflush(stdout);
 			busy = ops = 0;
 			report_at = t1 + 1000000000L;
