@@ -94,7 +94,8 @@ def _overhead_lines(o) -> list[str]:
     window = f" over the {fmt_duration(o.window_s)} window" if o.window_s else ""
     lines = ["## Overhead", "", f"- Budget: {o.budget_percent:g}% of the target's time{window}"]
     if o.estimated_percent is not None:
-        lines += [f"- Estimated before attaching ({o.estimate_of}): {o.estimated_percent:.2f}%"]
+        of = f" ({o.estimate_of})" if o.estimate_of else ""
+        lines += [f"- Estimated before attaching{of}: {o.estimated_percent:.2f}%"]
     if o.measured_percent is None:
         return lines + ["- Measured: nothing to measure (no probe attached; counters read from /proc)"]
     lines += [f"- Measured on the target: {o.measured_percent:.2f}% (the probe table's overhead column, summed)"]

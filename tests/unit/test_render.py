@@ -70,8 +70,18 @@ def fixture_report() -> Report:
                 method="major faults on anonymous memory",
             ),
         ],
-        overhead=Overhead(budget_percent=2.0, estimated_percent=0.5, measured_percent=0.61),
-        budget_decision="2,000 allocations/s x 2,500 ns (measured here) = 0.50% <= budget 2%",
+        overhead=Overhead(
+            budget_percent=2.0,
+            estimated_percent=0.29,
+            estimate_of="allocation tracing",
+            measured_percent=0.61,
+            tracing_probes_percent=0.58,
+            tracing_cpu_percent=0.55,
+            window_s=30.0,
+        ),
+        budget_decision="malloc+0 (emulated + return probe) 2,000/s x 1.6 µs + free+9 (emulated) 2,000/s x 619 ns "
+        "= 0.44% of a CPU while attached; over the 19 s it would run and its detach, with the rate count's 1.6 ms, "
+        "0.29% of the 30 s window <= budget 2%",
         trail=[
             TrailItem(
                 kind="rule",
