@@ -118,8 +118,8 @@ class Engine:
         window, against the budget. The rate count's own cost is spent already and counts too."""
         from memdiag.probes.allocator import find_allocator
         from memdiag.probes.calibrate import host_costs
-        from memdiag.probes.overhead import DETACH_S, price, trap_ns
-        from memdiag.probes.ratecount import estimate_call_rates
+        from memdiag.probes.overhead import price, trap_ns
+        from memdiag.probes.ratecount import COUNTED, estimate_call_rates
 
         if self.target.kind != "pid" or self.target.pid is None:
             return BudgetDecision(
@@ -132,17 +132,16 @@ class Engine:
         rates = None
         if costs is not None and alloc is not None:
             traps = {p.function: trap_ns(p, costs) for p in alloc.placements}
-            rates = estimate_call_rates(self.target.pid, trap_ns=traps, alloc=alloc)
+            rates = estimate_call_rates(self.target.pid, trap_ns=traps, alloc=alloc, functions=("malloc",))
         if costs is None or alloc is None or rates is None:
             return BudgetDecision(
                 choice="unknown",
                 reason="could not price allocation tracing (no allocator "
                 "found or the count failed): tracing page faults and brk/mmap instead",
             )
-        self.costs, self.spent_ns = costs, self.spent_ns + rates.cost_ns
-        self.one_offs.append(("ratecount", rates.probes_s, rates.cost_ns, sum(r.calls for r in rates.counts)))
-        malloc = rates.of("malloc")
-        assert malloc is not None  # estimate_call_rates counts malloc or returns None
+        self.costs = costs
+        self._spend("ratecount", rates)
+        malloc = rates.counts[0]
         if malloc.calls == 0:
             return BudgetDecision(
                 choice="fallback",
@@ -151,23 +150,47 @@ class Engine:
                 f"{malloc.module.rsplit('/', 1)[-1]} (direct brk/mmap, or a runtime with its own allocator); "
                 "tracing page faults and brk/mmap instead",
             )
-        pr = price(alloc.placements, rates.per_s(), costs)
+        malloc_only = [p for p in alloc.placements if p.function == "malloc"]
+        decision = self._decide(price(malloc_only, rates.per_s(), costs), malloc.per_s, "malloc alone: ")
+        if decision.choice == "full":  # not priced out by malloc alone: count the others
+            more = estimate_call_rates(
+                self.target.pid, trap_ns=traps, alloc=alloc, functions=tuple(f for f in COUNTED if f != "malloc")
+            )
+            if more is not None:
+                self._spend("ratecount", more)
+            decision = self._decide(price(alloc.placements, rates.plus(more).per_s(), costs), malloc.per_s, "")
+        return decision
+
+    def _spend(self, step: str, rates) -> None:
+        """A one-off step's cost to the target, kept for the probe table (merged by step)."""
+        self.spent_ns += rates.cost_ns
+        calls = sum(r.calls for r in rates.counts)
+        for i, (name, seconds, ns, events) in enumerate(self.one_offs):
+            if name == step:
+                self.one_offs[i] = (name, seconds + rates.probes_s, ns + rates.cost_ns, events + calls)
+                return
+        self.one_offs.append((step, rates.probes_s, rates.cost_ns, calls))
+
+    def _decide(self, pr, malloc_per_s: float, prefix: str) -> BudgetDecision:
+        """Full tracing or not: the price's rate of cost over the time memleak would run and its
+        detach, with what was spent already, as a share of the window, against the budget."""
+        from memdiag.probes.overhead import DETACH_S
+
         run_s = max(self.left() - 1.0, 0.0)  # at most the rest of the window, less the final look
-        window_ns = self.duration * 1e9
-        projected = 100 * (pr.ns_per_s * (run_s + DETACH_S) + self.spent_ns) / window_ns
+        projected = 100 * (pr.ns_per_s * (run_s + DETACH_S) + self.spent_ns) / (self.duration * 1e9)
         common = dict(
             estimated_percent=projected,
             attached_percent=pr.percent,
-            call_rate=malloc.per_s,
-            cost_ns=pr.ns_per_s / malloc.per_s if malloc.per_s else None,
+            call_rate=malloc_per_s,
+            cost_ns=pr.ns_per_s / malloc_per_s if malloc_per_s else None,
             sites=pr.describe(),
         )
         what = (
-            f"{pr.describe()} = {pr.percent:.2f}% of a CPU while attached; over the {run_s:.0f} s it would run "
-            f"and its detach, with the rate count's {self.spent_ns / 1e6:.1f} ms, {projected:.2f}% of the "
+            f"{prefix}{pr.describe()} = {pr.percent:.2f}% of a CPU while attached; over the {run_s:.0f} s it would "
+            f"run and its detach, with the rate count's {self.spent_ns / 1e6:.1f} ms, {projected:.2f}% of the "
             f"{self.duration:.0f} s window"
         )
-        rare = ", ".join(f for f in pr.uncounted())
+        rare = ", ".join(f for f in pr.uncounted() if not prefix)
         if rare:
             what += f" ({rare} not counted beforehand: measured once attached)"
         if projected <= self.budget:

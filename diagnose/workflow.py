@@ -67,7 +67,8 @@ def _one_off_rows(one_offs: list[tuple[str, float, float, int]], window_s: float
         ProbeStatus(
             name=step,
             status="ok",
-            reason="counted calls to malloc, free, calloc and realloc to price allocation tracing",
+            reason="counted calls to malloc (then free, calloc and realloc unless malloc alone priced tracing out) "
+            "to price allocation tracing",
             method="one uprobe per entry point, detached after ~1,000 calls or 0.25 s",
             duration_s=seconds,
             events=events,

@@ -1,7 +1,12 @@
 """A short, bounded count of allocator calls per entry point: one uprobe on each of the target's
 busiest entry points (malloc, free, calloc, realloc), placed where memleak would place it, counted
 for at most a quarter of a second and stopped at once when a count passes its bound (a hot
-allocator then pays for about a thousand traps only). Returns calls per second per entry point."""
+allocator then pays for about a thousand traps only). Returns calls per second per entry point.
+
+Each probe's close waits for an RCU grace period (~100 ms here) after removing its breakpoint,
+and the probes still in place keep trapping meanwhile: measured on a target calling malloc and
+free flat out, free took 105,791 hits while malloc's probe was being closed. So the engine counts
+malloc alone first and counts the others only when malloc has not already priced tracing out."""
 
 from __future__ import annotations
 
@@ -41,6 +46,16 @@ class Rates(BaseModel):
     def of(self, function: str) -> RateEstimate | None:
         return next((r for r in self.counts if r.function == function), None)
 
+    def plus(self, other: Rates | None) -> Rates:
+        if other is None:
+            return self
+        return Rates(
+            allocator=self.allocator,
+            counts=self.counts + other.counts,
+            cost_ns=self.cost_ns + other.cost_ns,
+            probes_s=self.probes_s + other.probes_s,
+        )
+
 
 def estimate_call_rates(
     pid: int,
@@ -48,6 +63,7 @@ def estimate_call_rates(
     max_seconds: float = 0.25,
     max_calls: int = 1000,
     alloc: Allocator | None = None,
+    functions: tuple[str, ...] = COUNTED,
 ) -> Rates | None:
     """trap_ns: what a hit costs the target at each entry point's counting probe; the count
     itself slows the target by that much per call, so the untraced rate of the whole is
@@ -60,8 +76,8 @@ def estimate_call_rates(
     alloc = alloc or find_allocator(pid)
     if alloc is None:
         return None
-    sites = [p for f in COUNTED for p in alloc.placements if p.function == f]
-    if not any(p.function == "malloc" for p in sites):
+    sites = [p for f in functions for p in alloc.placements if p.function == f]
+    if not sites:
         return None
     try:
         bpf = load("ratecount", {})
