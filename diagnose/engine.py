@@ -151,14 +151,14 @@ class Engine:
                 "tracing page faults and brk/mmap instead",
             )
         malloc_only = [p for p in alloc.placements if p.function == "malloc"]
-        decision = self._decide(price(malloc_only, rates.per_s(), costs), malloc.per_s, "malloc alone: ")
+        decision = self._decide(price(malloc_only, rates.per_s(), costs), malloc, "malloc alone: ")
         if decision.choice == "full":  # not priced out by malloc alone: count the others
             more = estimate_call_rates(
                 self.target.pid, trap_ns=traps, alloc=alloc, functions=tuple(f for f in COUNTED if f != "malloc")
             )
             if more is not None:
                 self._spend("ratecount", more)
-            decision = self._decide(price(alloc.placements, rates.plus(more).per_s(), costs), malloc.per_s, "")
+            decision = self._decide(price(alloc.placements, rates.plus(more).per_s(), costs), malloc, "")
         return decision
 
     def _spend(self, step: str, rates) -> None:
@@ -171,7 +171,7 @@ class Engine:
                 return
         self.one_offs.append((step, rates.probes_s, rates.cost_ns, calls))
 
-    def _decide(self, pr, malloc_per_s: float, prefix: str) -> BudgetDecision:
+    def _decide(self, pr, malloc, prefix: str) -> BudgetDecision:
         """Full tracing or not: the price's rate of cost over the time memleak would run and its
         detach, with what was spent already, as a share of the window, against the budget."""
         from memdiag.probes.overhead import DETACH_S
@@ -181,12 +181,13 @@ class Engine:
         common = dict(
             estimated_percent=projected,
             attached_percent=pr.percent,
-            call_rate=malloc_per_s,
-            cost_ns=pr.ns_per_s / malloc_per_s if malloc_per_s else None,
+            call_rate=malloc.per_s,
+            cost_ns=pr.ns_per_s / malloc.per_s if malloc.per_s else None,
             sites=pr.describe(),
         )
         what = (
-            f"{prefix}{pr.describe()} = {pr.percent:.2f}% of a CPU while attached; over the {run_s:.0f} s it would "
+            f"{prefix}{pr.describe()} (rates counted over {malloc.seconds:.2f} s, corrected for the count's own "
+            f"traps) = {pr.percent:.2f}% of a CPU while attached; over the {run_s:.0f} s it would "
             f"run and its detach, with the rate count's {self.spent_ns / 1e6:.1f} ms, {projected:.2f}% of the "
             f"{self.duration:.0f} s window"
         )
