@@ -11,6 +11,7 @@ from memdiag.rules.loader import load_playbooks, playbook_paths
 from memdiag.rules.model import Rule
 
 from .engine import PROBE_ORDER, Engine
+from .factset import probe_figures
 from .report import Finding, Overhead, ProbeStatus, Report, StackReport, TargetInfo, Window
 from .snapshot import Snapshot
 from .target import Target
@@ -123,7 +124,8 @@ def diagnose(
         on_step=on_step,
         max_pause_ms=max_pause_ms,
     )
-    obs, counters, tri, _facts, verdict, rule_findings, advice = engine.run()
+    obs, counters, tri, facts, verdict, rule_findings, advice = engine.run()
+    figures = probe_figures(facts)
     window_s = max(obs.ended - obs.started, 1e-9)
     d = engine.budget_decision
     trap_ns = d.cost_ns / 2 if d and d.cost_ns else None
@@ -141,16 +143,19 @@ def diagnose(
             ProbeStatus(
                 name=name,
                 status=r.status,
-                reason=r.reason or "ran",
+                reason=_reason(r),
                 method=r.method,
                 duration_s=r.duration_s,
                 events=r.cost.events,
                 overhead_percent=_overhead_percent(r, trap_ns, window_s),
                 map_bytes=r.cost.map_bytes,
+                lost={k: v for k, v in r.lost.items() if v},
+                figures=figures.get(name, {}),
             )
         )
     scan_row = _scan_status(engine.results.get("memleak"), window_s)
     if scan_row is not None:
+        scan_row = scan_row.model_copy(update={"figures": figures.get("reach", {})})
         probes.insert(next(i for i, p in enumerate(probes) if p.name == "memleak") + 1, scan_row)
     measured = [p.overhead_percent for p in probes if p.overhead_percent is not None]
     stacks, folded = _stacks(engine.results)
@@ -182,6 +187,12 @@ def diagnose(
         folded=folded,
         counters=counters,
     )
+
+
+def _reason(r: ProbeResult) -> str:
+    """The probe's reason; "see lost" only where the lost figures are (the probe table's column)."""
+    reason = r.reason or "ran"
+    return reason if any(r.lost.values()) else reason.replace(" (see lost)", "")
 
 
 def _scan_caveats(ml: ProbeResult | None) -> list[str]:
