@@ -165,7 +165,7 @@ def _kill_count(obs: Observation, kills: list[OomKill]) -> str | None:
         return None
     text = f"{n} kills in the window ({source})"
     if kills:
-        text += f"; the kernel log holds {len(kills)} (table OOM kills)"
+        text += f"; the kernel log holds {len(kills)} (the OOM kills table)"
     return text
 
 
@@ -429,7 +429,7 @@ def triage(obs: Observation, counters: Counters) -> Triage:
     # --- OOM kills ---------------------------------------------------------------------------
     last_cg = obs.snapshots[-1].cgroup if obs.snapshots else None
     cg_kills = last_cg.oom_kill if last_cg else None
-    findings += _oom_findings(obs, counters.oom_kills)
+    findings += _oom_findings(obs, counters.oom_kills[-3:])  # the latest as examples: the table has them all
     if last_cg is not None and cg_kills:
         findings.append(
             Finding(

@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from figures import read_report  # noqa: E402
 from kit import MEMDIAG, MemoryCgroup, Workload, swapfile  # noqa: E402
 
 
@@ -76,9 +77,7 @@ def run_memdiag(*args: str, timeout: float = 180, caps: bool = True) -> subproce
     cmd = [MEMDIAG, *args]
     if not caps:
         cmd = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-
-
-@pytest.fixture
-def memdiag():
-    return run_memdiag
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if result.returncode == 0 and "--output" in args:
+        read_report(Path(args[args.index("--output") + 1]))
+    return result

@@ -2,7 +2,6 @@
 system, a target that exits, progress on a terminal, and the one-line errors for bad input.
 The full scenarios with probes are in test_scenarios.py."""
 
-import json
 import os
 import re
 import subprocess
@@ -10,13 +9,14 @@ import time
 from pathlib import Path
 
 import pytest
+from figures import read_report
 from kit import MEMDIAG
 
 MiB = 1 << 20
 
 
 def _report(out: Path) -> dict:
-    return json.loads((out / "report.json").read_text())
+    return read_report(out)
 
 
 def _ok(result: subprocess.CompletedProcess) -> None:
