@@ -81,3 +81,8 @@ def run_memdiag(*args: str, timeout: float = 180, caps: bool = True) -> subproce
     if result.returncode == 0 and "--output" in args:
         read_report(Path(args[args.index("--output") + 1]))
     return result
+
+
+@pytest.fixture
+def memdiag():
+    return run_memdiag
