@@ -14,7 +14,7 @@ from .facts.kmsg import OomKill
 from .observe import Observation
 from .report import Counters, Culprit, Finding, ProcessRow, Verdict
 from .trends import Trend, counter_rate
-from .units import fmt_bytes, fmt_duration, fmt_rate
+from .units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 
 # Documented thresholds (general, not tuned to any workload):
 PSI_SOME_PERCENT = 10.0  # tasks stalled on memory >10% of the window: the stall is felt
@@ -231,13 +231,13 @@ def _pressure(obs: Observation, counters: Counters) -> tuple[list[Finding], list
     swapin = counter_rate(first.vmstat.get("pswpin"), last.vmstat.get("pswpin"), secs)
     if swapin is not None and swapin >= SWAPIN_PAGES_PER_S:
         swapout = counter_rate(first.vmstat.get("pswpout"), last.vmstat.get("pswpout"), secs)
-        reasons.append(f"swap-in {swapin:.0f} pages/s")
+        reasons.append(f"swap-in {fmt_number(swapin)} pages/s")
         findings.append(
             Finding(
                 id="swap-in",
                 summary=(
-                    f"swapping in {swapin:.0f} pages/s (out {swapout or 0:.0f} pages/s): the working set "
-                    "no longer fits in memory; swap is the symptom, growth is the cause"
+                    f"swapping in {fmt_number(swapin)} pages/s (out {fmt_number(swapout or 0)} pages/s): the "
+                    "working set no longer fits in memory; swap is the symptom, growth is the cause"
                 ),
                 evidence={"pswpin_per_s": swapin, "pswpout_per_s": swapout},
             )
@@ -273,7 +273,7 @@ def _pressure(obs: Observation, counters: Counters) -> tuple[list[Finding], list
                     id="cgroup-at-limit",
                     summary=(
                         f"cgroup {cg.path} uses {fmt_bytes(cg.usage)} of {fmt_bytes(cg.effective_limit)} "
-                        f"({used:.0f}%) and hit its limit {fails} times in the window: it reclaims "
+                        f"({used:.0f}%) and hit its limit {fmt_number(fails)} times in the window: it reclaims "
                         "(or swaps) its own memory to stay under it"
                     ),
                     evidence={"usage": cg.usage, "limit": cg.effective_limit, "failcnt_delta": fails},
@@ -290,7 +290,7 @@ def _pressure_culprits(counters: Counters) -> str:
     if payers:
         text.append(
             "paying in major faults: "
-            + ", ".join(f"PID {p.pid} ({p.comm}, {p.majflt_delta} faults)" for p in payers[:3])
+            + ", ".join(f"PID {p.pid} ({p.comm}, {fmt_number(p.majflt_delta)} faults)" for p in payers[:3])
         )
     big = _biggest(counters)
     if big:
@@ -348,8 +348,8 @@ def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> 
     elif tr.shape == "sawtooth":
         summary = (
             f"{what} of {who} rose and fell over {fmt_duration(tr.seconds)}, between {fmt_bytes(tr.low)} and "
-            f"{fmt_bytes(tr.peak)} ({fmt_bytes(tr.last)} at the end): a sawtooth (kills, restarts or flushes), "
-            "with no steady rate to project"
+            f"{fmt_bytes(tr.peak)} ({fmt_bytes(tr.last)} at the end): it fell and grew again (swapped out, freed, "
+            "or killed and restarted), so no one rate describes it"
         )
         out.findings.append(Finding(id="growth-sawtooth", summary=summary, evidence=evidence))
         out.verdict = Verdict(kind="inconclusive", summary=summary, confidence=0.4, culprit=culprit)

@@ -183,7 +183,7 @@ def test_pressure_lists_hold_the_cgroups_processes_only():
     assert check_figures(rep) == []
     s = rep["verdict"]["summary"]
     assert rep["verdict"]["kind"] == "pressure", s
-    assert "paying in major faults: PID 800 (hog, 5000 faults), PID 801 (side, 20 faults)" in s, s
+    assert "paying in major faults: PID 800 (hog, 5,000 faults), PID 801 (side, 20 faults)" in s, s
     assert "largest: PID 800 (hog, 52.0 MiB), PID 801 (side, 8.0 MiB)" in s, s
     assert {r["pid"] for r in rep["counters"]["processes"]} == {800, 801}
     reclaim = next(f for f in rep["findings"] if "reclaim during the probe" in f["summary"])
