@@ -77,10 +77,15 @@ def run_memdiag(*args: str, timeout: float = 180, caps: bool = True) -> subproce
     cmd = [MEMDIAG, *args]
     if not caps:
         cmd = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", *cmd]
-    result = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
-    if result.returncode == 0 and "--output" in args:
-        read_report(Path(args[args.index("--output") + 1]))
-    return result
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    if proc.returncode == 0 and "--output" in args:  # setpriv execs: the pid is memdiag's
+        read_report(Path(args[args.index("--output") + 1]), memdiag_pid=proc.pid)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @pytest.fixture

@@ -213,10 +213,13 @@ def _list_problems(where: str, text: str, rep: dict) -> list[str]:
     return out
 
 
-def read_report(out: Path) -> dict:
+def read_report(out: Path, memdiag_pid: int | None = None) -> dict:
     """report.json of a diagnosis, once every figure of its verdict and findings is checked against
-    its tables: every end-to-end scenario's report passes through here (tests/conftest.py)."""
+    its tables, and memdiag (when its pid is known) is in none of its process lists: every
+    end-to-end scenario's report passes through here (tests/conftest.py)."""
     rep = json.loads((out / "report.json").read_text())
     problems = check_figures(rep)
+    if memdiag_pid in {r["pid"] for r in rep["counters"].get("processes", [])}:
+        problems.append(f"memdiag itself (PID {memdiag_pid}) is in the report's process table")
     assert not problems, "figures the report's tables do not bear out:\n" + "\n".join(problems)
     return rep

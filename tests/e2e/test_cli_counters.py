@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from figures import read_report
-from kit import MEMDIAG
+from kit import MEMDIAG, build
 
 MiB = 1 << 20
 
@@ -41,6 +41,35 @@ def test_oom_killed_cgroup_reports_the_kill(memdiag, workload, memcg, tmp_path):
     assert [k["victim_pid"] for k in kills] == [w.pid]
     assert kills[0]["constraint"] == "CONSTRAINT_MEMCG"
     assert any(f["id"] == "cgroup-oom-count" and f["evidence"]["oom_kill"] == 1 for f in rep["findings"])
+
+
+def test_oom_loop_in_a_cgroup_counts_kills_by_the_kernel_counter(memdiag, memcg, tmp_path):
+    """A worker restarted as fast as the limit kills it: the kill count is the cgroup's counter
+    over the window, the kernel log's records are the examples, and the usage is no plateau."""
+    cg = memcg(32 * MiB, swap=False)
+    hog = build("hog")
+    loop = subprocess.Popen(
+        ["sh", "-c", f"echo ready; while :; do {hog} 64 8 60 >/dev/null; done"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # the shell's "Killed" after every kill
+        preexec_fn=lambda: cg.procs_file.write_text(str(os.getpid())),
+    )
+    try:
+        assert loop.stdout.readline() == b"ready\n"
+        time.sleep(2)
+        _ok(memdiag("--cgroup", cg.path, "--duration", "8", "--output", str(tmp_path)))
+    finally:
+        loop.kill()
+        loop.wait()
+    rep = _report(tmp_path)  # every figure checked against the tables
+    v = rep["verdict"]
+    assert v["kind"] == "oom", v["summary"]
+    rows = {(r["scope"], r["name"]): r for r in rep["counters"]["rows"]}
+    kills = rows[("cgroup", "oom_kill")]["last"] - rows[("cgroup", "oom_kill")]["first"]
+    assert kills >= 3
+    assert f"{kills:.0f} kills in the window (the cgroup's oom_kill counter)" in v["summary"], v["summary"]
+    assert f"the kernel log holds {len(rep['counters']['oom_kills'])}" in v["summary"]
+    assert not [f for f in rep["findings"] if "levelled" in f["summary"]]
 
 
 def test_system_target(memdiag, workload, tmp_path):
