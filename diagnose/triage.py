@@ -97,6 +97,8 @@ def _growth_text(what: str, who: str, tr: Trend) -> str:
     """The whole window's rate and span; the latest third's rate only named as such."""
     text = f"{what} of {who} grew {fmt_rate(tr.rate_per_s)} over {fmt_duration(tr.seconds)} "
     text += f"({fmt_bytes(tr.first)} to {fmt_bytes(tr.last)}"
+    if fmt_bytes(tr.first) == fmt_bytes(tr.last):  # "1.0 GiB to 1.0 GiB" alone reads as no growth
+        text += f", +{fmt_bytes(tr.delta)}"
     recent, whole = tr.recent_rate_per_s, tr.rate_per_s or 0.0
     if recent is not None and tr.recent_seconds and abs(recent - whole) > 0.1 * abs(whole):
         text += f"; {fmt_rate(recent)} in the last {fmt_duration(tr.recent_seconds)}"

@@ -225,3 +225,13 @@ def test_see_lost_only_beside_lost_figures():
     assert any("'see lost'" in p for p in check_figures(rep | {"probes": [*rep["probes"], probe]}))
     probe["lost"] = {"table_full": 12}
     assert check_figures(rep | {"probes": [*rep["probes"], probe]}) == []
+
+
+def test_growth_too_small_for_the_unit_of_its_ends_says_how_much():
+    rss = [1024 * MiB + int(0.2 * MiB * t) for t in range(31)]
+    target = Target(kind="pid", pid=510, comm="bigheap", start_ticks=510)
+    snaps = [_snap(t, process=_proc(510, "bigheap", r)) for t, r in enumerate(rss)]
+    obs = _observation(target, snaps, {510: _proc(510, "bigheap", rss[0])}, {510: _proc(510, "bigheap", rss[-1])})
+    rep = _report(obs)
+    assert check_figures(rep) == []
+    assert "grew 12.0 MiB/min over 30 s (1.0 GiB to 1.0 GiB, +6.0 MiB)" in rep["verdict"]["summary"]
