@@ -162,7 +162,7 @@ def _kill_count(obs: Observation, kills: list[OomKill]) -> str | None:
     """How many kills: the counter's figure for the window, the kernel log's records as examples."""
     n, source = oom_kills_in_window(obs)
     if n is None:
-        return f"{len(kills)} kills recorded in the kernel log" if len(kills) > 1 else None
+        return f"the kernel log holds {len(kills)} kills (no kernel counter to count them)" if len(kills) > 1 else None
     if n <= 1 and len(kills) <= 1:
         return None
     text = f"{n} kills in the window ({source})"
