@@ -11,6 +11,7 @@ from memdiag.rules.loader import load_playbooks, playbook_paths
 from memdiag.rules.model import Rule
 
 from .engine import PROBE_ORDER, BudgetDecision, Engine
+from .factset import probe_figures
 from .report import Finding, Overhead, ProbeStatus, Report, StackReport, TargetInfo, Window
 from .snapshot import Snapshot
 from .target import Target
@@ -145,7 +146,8 @@ def diagnose(
         on_step=on_step,
         max_pause_ms=max_pause_ms,
     )
-    obs, counters, tri, _facts, verdict, rule_findings, advice = engine.run()
+    obs, counters, tri, facts, verdict, rule_findings, advice = engine.run()
+    figures = probe_figures(facts)
     window_s = max(obs.ended - obs.started, 1e-9)
     d = engine.budget_decision
     probes = _one_off_rows(engine.one_offs, window_s)
@@ -162,16 +164,19 @@ def diagnose(
             ProbeStatus(
                 name=name,
                 status=r.status,
-                reason=r.reason or "ran",
+                reason=_reason(r),
                 method=r.method,
                 duration_s=r.duration_s,
                 events=r.cost.events,
                 overhead_percent=_overhead_percent(r, window_s),
                 map_bytes=r.cost.map_bytes,
+                lost={k: v for k, v in r.lost.items() if v},
+                figures=figures.get(name, {}),
             )
         )
     scan_row = _scan_status(engine.results.get("memleak"), window_s)
     if scan_row is not None:
+        scan_row = scan_row.model_copy(update={"figures": figures.get("reach", {})})
         probes.insert(next(i for i, p in enumerate(probes) if p.name == "memleak") + 1, scan_row)
     stacks, folded = _stacks(engine.results)
     findings = list(tri.findings)
@@ -221,6 +226,12 @@ def _overhead(
         tracing_cpu_percent=pct(tracing.cpu_ns) if tracing else None,
         window_s=window_s,
     )
+
+
+def _reason(r: ProbeResult) -> str:
+    """The probe's reason; "see lost" only where the lost figures are (the probe table's column)."""
+    reason = r.reason or "ran"
+    return reason if any(r.lost.values()) else reason.replace(" (see lost)", "")
 
 
 def _scan_caveats(ml: ProbeResult | None) -> list[str]:

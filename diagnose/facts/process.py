@@ -22,6 +22,7 @@ class ProcessMemory(Fact):
     comm: str
     cmdline: list[str]
     state: str | None = None
+    ppid: int | None = None  # tells memdiag's own children (its BPF compiler) from the processes it watches
     rss: int | None = None
     rss_anon: int | None = None
     rss_file: int | None = None
@@ -70,6 +71,7 @@ def parse_process(
         comm=st.get("Name") or str(parsed.get("comm") or ""),
         cmdline=argv,
         state=(st.get("State") or "").split(" ")[0] or None,
+        ppid=int_or_none(st.get("PPid")),
         rss=kib_to_bytes(st.get("VmRSS")),
         rss_anon=kib_to_bytes(st.get("RssAnon")),
         rss_file=kib_to_bytes(st.get("RssFile")),

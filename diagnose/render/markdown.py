@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 
+from memdiag.rules.catalog import FACTS
+from memdiag.rules.units import format_quantity
+
 from ..facts.meminfo import MEMINFO_KEYS
 from ..report import CounterRow, Report
 from ..units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
@@ -67,9 +70,12 @@ def _cell(row: CounterRow, value: float | None) -> str:
 
 def _rate(row: CounterRow) -> str:
     if row.rate_per_s is None:
-        if row.unit == "bytes" and row.first is not None and row.last is not None and row.last != row.first:
-            return f"{'+' if row.last > row.first else ''}{fmt_bytes(row.last - row.first)}"
-        return ""
+        if row.first is None or row.last is None or row.last == row.first:
+            return ""
+        sign = "+" if row.last > row.first else ""
+        if row.unit == "bytes":
+            return f"{sign}{fmt_bytes(row.last - row.first)}"
+        return f"{sign}{fmt_number(row.last - row.first)}" if row.unit == "count" else ""
     suffix = {"pages_per_s": " pages/s", "bytes_per_s": " B/s"}.get(row.unit, "/s")
     return f"{fmt_number(row.rate_per_s)}{suffix}"
 
@@ -107,6 +113,39 @@ def _overhead_lines(o) -> list[str]:
             parts.append(f"the target's CPU time above its rate before the attach {o.tracing_cpu_percent:.2f}%")
         lines += [f"- Allocation tracing, measured two ways (the larger counts): {'; '.join(parts)}"]
     return lines
+
+
+def _processes(report: Report) -> list[str]:
+    """The target's processes the lists quote (largest, fastest growing, paying in major faults)."""
+    rows = report.counters.processes
+    if not rows:
+        return []
+    scope = {"pid": "the target", "cgroup": "in the cgroup", "system": "memdiag's own left out"}[report.target.kind]
+    table = [
+        [
+            f"PID {r.pid} ({r.comm})",
+            fmt_bytes(r.rss_first) if r.rss_first is not None else "– (started in the window)",
+            fmt_bytes(r.rss_last),
+            f"{'+' if r.growth > 0 else ''}{fmt_bytes(r.growth)}",
+            fmt_number(r.majflt_delta) if r.majflt_delta is not None else "–",
+        ]
+        for r in rows
+    ]
+    head = ["process", "RSS first", "RSS last", "change", "major faults"]
+    return [f"### Processes ({scope})", ""] + _table(head, table) + [""]
+
+
+def _probe_figures(report: Report) -> list[str]:
+    """What each probe measured that the rules read, and what it could not record (lost)."""
+    rows = []
+    for p in report.probes:
+        for name, value in p.figures.items():
+            kind = FACTS[name].kind if name in FACTS else "number"
+            rows.append([p.name, f"`{name}`", format_quantity(value, kind)])
+        rows += [[p.name, f"lost: {cause}", fmt_number(n)] for cause, n in p.lost.items()]
+    if not rows:
+        return []
+    return ["### Probe figures", ""] + _table(["probe", "figure", "value"], rows) + [""]
 
 
 def render_markdown(report: Report) -> str:
@@ -183,6 +222,7 @@ def render_markdown(report: Report) -> str:
             [[_COUNTER_LABELS.get(r.name, r.name), _cell(r, r.first), _cell(r, r.last), _rate(r)] for r in scoped],
         ) + [""]
 
+    lines += _processes(report)
     if report.counters.oom_kills:
         lines += ["### OOM kills", ""]
         lines += _table(
@@ -252,6 +292,7 @@ def render_markdown(report: Report) -> str:
         ],
     ) + [""]
 
+    lines += _probe_figures(report)
     lines += _overhead_lines(report.overhead)
     if report.budget_decision:
         lines += [f"- Allocation tracing: {report.budget_decision}"]

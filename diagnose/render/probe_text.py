@@ -34,7 +34,7 @@ def _header(r: ProbeResult) -> list[str]:
     lines.append("  cost: " + ", ".join(cost))
     lost = {k: v for k, v in r.lost.items() if v}
     if lost:
-        lines.append("  not recorded: " + ", ".join(f"{k} {v:,}" for k, v in lost.items()))
+        lines.append("  lost (not recorded): " + ", ".join(f"{k} {v:,}" for k, v in lost.items()))
     return lines
 
 
