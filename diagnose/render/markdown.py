@@ -96,7 +96,11 @@ def _reach_line(r) -> str:
     )
 
 
-def _overhead_lines(o) -> list[str]:
+# measured on the target itself; every other probe's overhead is its BPF run time
+_ON_THE_TARGET = ("ratecount", "memleak", "reach")
+
+
+def _overhead_lines(o, probes=()) -> list[str]:
     window = f" over the {fmt_duration(o.window_s)} window" if o.window_s else ""
     lines = ["## Overhead", "", f"- Budget: {o.budget_percent:g}% of the target's time{window}"]
     if o.estimated_percent is not None:
@@ -112,6 +116,12 @@ def _overhead_lines(o) -> list[str]:
         if o.tracing_cpu_percent is not None:
             parts.append(f"the target's CPU time above its rate before the attach {o.tracing_cpu_percent:.2f}%")
         lines += [f"- Allocation tracing, measured two ways (the larger counts): {'; '.join(parts)}"]
+    others = [p.name for p in probes if p.name not in _ON_THE_TARGET and p.overhead_percent]
+    if others:
+        lines += [
+            f"- {', '.join(others)}: their BPF run time for every process they fire for (every syscall on the "
+            "host for brkstack and mmapsnoop, which filter inside the program): an upper bound of the target's share"
+        ]
     return lines
 
 
@@ -293,7 +303,7 @@ def render_markdown(report: Report) -> str:
     ) + [""]
 
     lines += _probe_figures(report)
-    lines += _overhead_lines(report.overhead)
+    lines += _overhead_lines(report.overhead, report.probes)
     if report.budget_decision:
         lines += [f"- Allocation tracing: {report.budget_decision}"]
     lines += [""]

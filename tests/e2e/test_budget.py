@@ -41,5 +41,6 @@ def test_the_target_loses_no_more_than_the_budget(root_required, memdiag, tmp_pa
     if decision == "full":  # the figure stated is the target's own, within a factor of 1.5
         assert lost / 1.5 <= reported <= lost * 1.5, (lost, reported)
         assert "leak_bench_records" in rep["verdict"]["summary"], rep["verdict"]
-    else:  # nothing traps: both are near zero
-        assert reported < 0.5 and lost < 0.5, (lost, reported)
+    else:  # nothing traps; tracepoint probes report their BPF run time host-wide, an upper bound
+        assert reported <= rep["overhead"]["budget_percent"], rep["probes"]
+        assert reported >= lost - 1.0, (lost, reported)  # never understated beyond the noise floor
