@@ -19,13 +19,14 @@ from memdiag.rules.model import FrameClass
 
 _FRAME = re.compile(r"^(?P<fn>.*?)\+0x[0-9a-f]+ \[(?P<mod>[^\]]+)\]$")
 _UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>[^\]]+)\])?$")
-PASSED_OVER = ("allocator", "wrapper", "runtime")
+PASSED_OVER = ("allocator", "wrapper", "guessed-wrapper", "runtime")
 
 
 @dataclass(frozen=True)
 class Named:
-    """A stack read for its culprit: a kind per frame (allocator, wrapper, runtime, interpreter,
-    unknown, culprit, caller), the culprit's index and name, and why each passed-over frame was."""
+    """A stack read for its culprit: a kind per frame (allocator, wrapper, guessed-wrapper, runtime,
+    unknown: passed over; culprit or interpreter: the one named; caller: above it), the culprit's
+    index and name."""
 
     kinds: list[str]
     index: int | None
@@ -96,7 +97,7 @@ class Classes:
             fn, mod = split_frame(frame)
             kind = self.kind(fn, mod) if fn else "unknown"
             if kind is None and forwards and i < len(forwards) and forwards[i] and _all_passed(kinds):
-                kind, guessed = "wrapper", True
+                kind, guessed = "guessed-wrapper", True
             if kind in PASSED_OVER or kind == "unknown":
                 kinds.append(kind)
                 continue

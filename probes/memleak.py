@@ -402,7 +402,7 @@ def _stacks(
             sym = symbolizers.setdefault(k.tgid, Symbolizer(space))
             fr = sym.frames(addresses)
             frames, functions = [str(f) for f in fr], [f.function for f in fr]
-            forwards = [sym.forwards(a) for a in addresses[: _FORWARD_DEPTH]]
+            forwards = [sym.forwards(a) for a in addresses[:_FORWARD_DEPTH]]
             unknown = sum(1 for f in fr if not f.known)
         age = (now_ns - oldest[key]) / 1e9 if key in oldest else None
         group = (k.tgid, tuple(frames))

@@ -50,7 +50,24 @@ def fixture_report() -> Report:
             summary="RSS of PID 123 (orderd) grew 48.0 MiB/min for 30 s (100 MiB to 124 MiB) and is still "
             "climbing; cgroup limit 512 MiB reached in ~8 min; escalation needed: page-fault stacks / memleak",
             confidence=0.7,
-            culprit=Culprit(pid=123, comm="orderd", cgroup="/system.slice/orderd.service"),
+            culprit=Culprit(
+                pid=123,
+                comm="orderd",
+                cgroup="/system.slice/orderd.service",
+                stack=[
+                    "malloc+0x0 [libc.so.6]",
+                    "order_alloc+0x12 [orderd]",
+                    "xmalloc+0x9 [orderd]",
+                    "Orders::add(long)+0x1c [orderd]",
+                    "handle(Request&)+0x40 [orderd]",
+                    "serve()+0x88 [orderd]",
+                    "main+0x10d [orderd]",
+                    "__libc_start_call_main+0x7a [libc.so.6]",
+                ],
+                function="Orders::add(long)",
+                frame_kinds=["allocator", "guessed-wrapper", "wrapper", "culprit", *["caller"] * 4],
+                guessed=True,
+            ),
         ),
         findings=[
             Finding(
@@ -90,6 +107,7 @@ def fixture_report() -> Report:
             StackReport(
                 probe="memleak",
                 frames=["malloc+0x0 [libc.so.6]", "Orders::add(long)+0x1c [orderd]", "main+0x10d [orderd]"],
+                frame_kinds=["allocator", "culprit", "caller"],
                 bytes=24 * MiB,
                 detail="6,144 allocations outstanding, 6,144 allocs, 0 frees",
                 series=[0, 4 * MiB, 8 * MiB, 12 * MiB, 16 * MiB, 20 * MiB, 24 * MiB],
