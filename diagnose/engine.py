@@ -26,7 +26,8 @@ from pydantic import BaseModel
 from .culprit import Classes, default_classes
 from .evidence import build_counters
 from .facts.kmsg import read_oom_kills
-from .factset import counter_facts, probe_facts
+from .facts.runtime import read_runtime
+from .factset import counter_facts, probe_facts, target_facts
 from .observe import Observation, observe
 from .report import Counters, Culprit, TrailItem, Verdict
 from .snapshot import Snapshot
@@ -78,6 +79,7 @@ class Engine:
         self.interval, self.on_sample, self.on_step = interval, on_sample, on_step or (lambda _s: None)
         self.max_pause_ms = max_pause_ms
         self.classes = Classes(wrappers) if wrappers is not None else default_classes()
+        self.runtime = read_runtime(target.pid) if target.kind == "pid" and target.pid is not None else None
         self.trail: list[TrailItem] = []
         self.results: dict[str, ProbeResult] = {}
         self.budget_decision: BudgetDecision | None = None
@@ -98,6 +100,8 @@ class Engine:
         tri = triage(obs, counters)
         f = counter_facts(obs, counters, self.budget)
         f["target.name"] = self.target.describe()
+        t = self.target
+        f.update(target_facts(t.kind, t.pid, t.cmdline, self.runtime))
         for name, verdict in tri.candidates.items():
             f[f"summary.{name}"] = verdict.summary
         f.update(probe_facts(self.results, f.get("process.rss_shape"), self.classes))

@@ -3,8 +3,11 @@ result, in the units the catalog (memdiag.rules.catalog) gives. Unknown stays No
 
 from __future__ import annotations
 
+import shlex
+
 from .culprit import Classes, default_classes
 from .evidence import psi_stall_percent, window_seconds
+from .facts.runtime import Runtime
 from .leakcache import classify
 from .observe import Observation
 from .report import Counters
@@ -15,6 +18,18 @@ def app_function(frames: list[str], forwards: list[bool] | None = None, classes:
     """The culprit's function: the first frame (from the leaf) past allocator entry points,
     allocation wrappers and runtime code (the playbook's `wrappers:` list, memdiag.diagnose.culprit)."""
     return (classes or default_classes()).name(frames, forwards).function
+
+
+def target_facts(kind: str, pid: int | None, cmdline: list[str], runtime: Runtime | None) -> dict:
+    """Facts about a process target that commands in advice need: its pid, command line, runtime."""
+    if kind != "pid" or pid is None:
+        return {"target.runtime": "unknown"}  # a cgroup or the system may run anything
+    return {
+        "target.pid": str(pid),
+        "target.command": shlex.join(cmdline) if cmdline else None,
+        "target.runtime": runtime.name if runtime else "none",
+        "target.runtime_detail": runtime.describe() if runtime else None,
+    }
 
 
 def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -> dict:
