@@ -2,12 +2,11 @@
 pointers (-O2 -fomit-frame-pointer) each call path through a wrapper keeps its own stack, unwound
 with .eh_frame, and the wrapper's code is read as forwarding (or not) from its instructions."""
 
+from kit import build
 from memdiag.diagnose.culprit import default_classes
 from memdiag.probes import forwarders, memleak
 from memdiag.probes.base import ProbeTarget
 from memdiag.probes.elf import elf_info
-
-from tests.kit import build
 
 O2 = ["-O2", "-fomit-frame-pointer"]
 
