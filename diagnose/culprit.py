@@ -33,6 +33,7 @@ class Named:
     function: str | None
     guessed: bool  # a frame was passed over as a wrapper from its code alone, not from the list
     interpreter: bool  # the culprit is an interpreter function
+    label: str | None = None  # the function, or the module of an unnamed one: what facts say
 
 
 @functools.lru_cache(maxsize=1)
@@ -95,7 +96,7 @@ class Classes:
                 kinds.append("caller")
                 continue
             fn, mod = split_frame(frame)
-            kind = self.kind(fn, mod) if fn else "unknown"
+            kind = self.kind(fn, mod) if fn else _unnamed(self.kind(None, mod), mod)
             if kind is None and forwards and i < len(forwards) and forwards[i] and _all_passed(kinds):
                 kind, guessed = "guessed-wrapper", True
             if kind in PASSED_OVER or kind == "unknown":
@@ -103,9 +104,21 @@ class Classes:
                 continue
             index = i
             kinds.append("interpreter" if kind == "interpreter" else "culprit")
-        function = split_frame(frames[index])[0] if index is not None else None
+        function, module = split_frame(frames[index]) if index is not None else (None, None)
         interp = index is not None and kinds[index] == "interpreter"
-        return Named(kinds, index, function, guessed and index is not None, interp)
+        label = function or (f"an unnamed function in {module} (no symbol)" if module else None)
+        return Named(kinds, index, function, guessed and index is not None, interp, label)
+
+
+def _unnamed(module_kind: str | None, module: str | None) -> str | None:
+    """The kind of a frame without a symbol, from its module: jemalloc's stripped internals are the
+    allocator's; in an interpreter, a named frame above says more; in the program's own module it is
+    the culprit, unnamed (naming its caller instead would blame the wrong code)."""
+    if module_kind in PASSED_OVER:
+        return module_kind
+    if module_kind == "interpreter" or not module or module.startswith("["):
+        return "unknown"
+    return None
 
 
 def _all_passed(kinds: list[str]) -> bool:

@@ -17,7 +17,7 @@ from .trends import counter_rate, growth_trend
 def app_function(frames: list[str], forwards: list[bool] | None = None, classes: Classes | None = None) -> str | None:
     """The culprit's function: the first frame (from the leaf) past allocator entry points,
     allocation wrappers and runtime code (the playbook's `wrappers:` list, memdiag.diagnose.culprit)."""
-    return (classes or default_classes()).name(frames, forwards).function
+    return (classes or default_classes()).name(frames, forwards).label
 
 
 def target_facts(kind: str, pid: int | None, cmdline: list[str], runtime: Runtime | None) -> dict:

@@ -72,8 +72,17 @@ def test_a_guessed_wrapper_is_passed_over_only_right_above_the_allocator():
 def test_unknown_frames_are_passed_over_and_split():
     assert split_frame("[unknown] [python3.11]") == (None, "python3.11")
     assert split_frame("f(int)+0x1a [a b]") == ("f(int)", "a b")
-    assert app_function([f"malloc+0x0 {LIBC}", "[unknown] [app]", "handler+0x3 [app]"]) == "handler"
+    assert app_function([f"malloc+0x0 {LIBC}", "[unknown]", "handler+0x3 [app]"]) == "handler"
+    assert (
+        app_function([f"malloc+0x0 {LIBC}", "[unknown] [python3.11]", "list_resize+0x3 [python3.11]"]) == "list_resize"
+    )
+    # an unnamed frame of the program itself is the culprit, said so, never its caller
+    n = _name([f"malloc+0x0 {LIBC}", "[unknown] [app]", "handler+0x3 [app]"])
+    assert n.function is None and n.index == 1 and n.label == "an unnamed function in app (no symbol)"
     assert app_function([f"malloc+0x0 {LIBC}", f"__libc_start_main+0x1 {LIBC}"]) is None
+    # jemalloc's internals have no symbols, but their module says what they are
+    n = _name(["mmap64+0x0 [libc.so.6]", "[unknown] [libjemalloc.so.2]", "zmalloc+0x29 [redis]", "dictAdd+0x5 [redis]"])
+    assert n.kinds == ["allocator", "allocator", "wrapper", "culprit"] and n.function == "dictAdd"
 
 
 def _file(tmp_path: Path, text: str, name: str = "site.yaml") -> Path:
