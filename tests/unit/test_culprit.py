@@ -119,3 +119,16 @@ def test_wrapper_entries_are_checked_strictly_with_file_and_line(tmp_path, text,
     with pytest.raises(RuleFileError) as e:
         load_playbook([_file(tmp_path, text)])
     assert any(message in err for err in e.value.errors), e.value.errors
+
+
+def test_rules_list_shows_each_wrapper_and_where_it_comes_from(tmp_path, capsys, monkeypatch):
+    from memdiag.diagnose.cli import main
+
+    monkeypatch.chdir(tmp_path)  # no ./playbooks here
+    site = _file(tmp_path, 'wrappers:\n  - {function: "pool_get*", module: "orderd", kind: wrapper, note: "ours"}\n')
+    assert main(["rules", "list", str(site), "--wrappers"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].startswith("allocator    function malloc") and out[0].endswith("wrappers.yaml:15")
+    assert out[-1].split() == ["wrapper", "function", "pool_get*", "in", "module", "orderd", f"{site}:2", "(ours)"]
+    assert main(["rules", "check", str(site)]) == 0
+    assert capsys.readouterr().out == "ok: 0 rules and 1 wrappers in 1 file(s)\n"
