@@ -445,8 +445,9 @@ def _stacks(
 
 def _big(bpf, b, spaces: Spaces, kernel_mode: bool) -> BigAlloc:
     frames: list[str] = []
-    if b.key.stack_id >= 0:
-        addresses = list(bpf["stacks"].walk(b.key.stack_id))
+    if b.key.stack_id >= 0 or (not kernel_mode and b.key.ip):
+        # no frame-pointer walk where rbp was not a frame pointer: the stack copy names the frames
+        addresses = list(bpf["stacks"].walk(b.key.stack_id)) if b.key.stack_id >= 0 else [b.key.ip]
         if kernel_mode:
             frames = [bpf.ksym(a, show_offset=True).decode(errors="replace") for a in addresses]
         else:
