@@ -38,3 +38,21 @@ def test_paths_through_two_wrappers_without_frame_pointers_name_the_callers(work
     assert ticket.functions[:3] == ["malloc", "ticket_alloc", "take_ticket"]
     assert ticket.forwards[1] and n.kinds[:3] == ["allocator", "guessed-wrapper", "culprit"] and n.guessed
     assert "xmalloc" not in named and "ticket_alloc" not in named
+
+
+def test_a_garbage_frame_chain_neither_floods_the_maps_nor_merges_the_paths(workload):
+    """rbp holds a fake frame record with a different "return address" on every call: walked as
+    frame pointers that made a new stack per call (measured here before the fix, in 5 s: 8,612
+    stack_errors, 2,865 samples dropped, those 2,865 allocations named by `malloc` alone), and the
+    keys whose walk failed merged the two paths through the wrapper (open_session's stack held
+    1,731 of log_entry's anchored blocks). Now: no walk, two stacks, each unwound by .eh_frame."""
+    w = workload("oddframe", "2000", flags=O2)
+    r = memleak.run(ProbeTarget.for_pid(w.pid), 5, series_interval=1.0, scan_reach=True)
+    assert r.status == "ok", r.reason
+    assert r.lost["stack_errors"] == 0 and r.lost["samples_dropped"] == 0
+    assert len(r.stacks) <= 4 and all(s.method == "eh_frame" for s in r.stacks)
+    by_name = {default_classes().name(s.frames, s.forwards).function: s for s in r.stacks}
+    session, entry = by_name["open_session"], by_name["log_entry"]
+    assert session.functions[:3] == ["malloc", "odd_alloc", "open_session"]
+    assert session.reach.anchored_count <= 2 and 4.0 <= session.allocs / session.reach.leaked_count <= 6.0
+    assert entry.reach.leaked_count == 0 and entry.reach.anchored_count == entry.outstanding_count > 500
