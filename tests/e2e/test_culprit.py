@@ -18,7 +18,9 @@ def _diagnose(memdiag, out: Path, pid: int) -> dict:
 
 
 def test_a_leak_behind_xmalloc_is_named_by_its_caller(memdiag, workload, tmp_path):
-    w = workload("wrapleak", "2000", "7", flags=O2)
+    # three mallocs (and nearly as many frees) an order: at 2,000 orders/s the count (10,263/s)
+    # priced memleak at 2.2% here once, over the 2% budget, and it was refused
+    w = workload("wrapleak", "1000", "7", flags=O2)
     rep = _diagnose(memdiag, tmp_path, w.pid)
     v = rep["verdict"]
     assert v["kind"] == "leak", v["summary"]
