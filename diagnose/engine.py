@@ -26,6 +26,7 @@ from pydantic import BaseModel
 from .culprit import Classes, default_classes
 from .evidence import build_counters
 from .facts.kmsg import read_oom_kills
+from .facts.process import cpu_seconds
 from .facts.runtime import read_runtime
 from .factset import counter_facts, probe_facts, target_facts
 from .observe import Observation, observe
@@ -44,9 +45,11 @@ ALLOCATOR_ENTRY = {"malloc", "calloc", "realloc", "free", "operator new(unsigned
 class BudgetDecision(BaseModel):
     choice: Literal["full", "fallback", "unknown"]
     reason: str
-    estimated_percent: float | None = None
-    call_rate: float | None = None
-    cost_ns: float | None = None
+    estimated_percent: float | None = None  # share of the window, projected before attaching
+    call_rate: float | None = None  # malloc calls per second
+    cost_ns: float | None = None  # what tracing costs the target per malloc call, all sites together
+    attached_percent: float | None = None  # share of a CPU while memleak is attached
+    sites: str | None = None  # the price site by site
 
 
 def _warm_up(target_kind: str) -> None:
@@ -86,6 +89,10 @@ class Engine:
         self.started = time.monotonic()
         self.outcomes: list[tuple[Rule, Outcome]] = []
         self.decided: set[str] = set()
+        self.costs = None  # this host's per-trap costs, once memleak was priced
+        self.spent_ns = 0.0  # the target's time spent on one-off steps (the rate count)
+        self.one_offs: list[tuple[str, float, float, int]] = []  # (step, seconds, target ns, events)
+        self.cpu_start = cpu_seconds(target.pid) if target.kind == "pid" and target.pid is not None else None
 
     # --- time ---------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -112,8 +119,14 @@ class Engine:
 
     # --- probes ---------------------------------------------------------------------------
     def _price_memleak(self) -> BudgetDecision:
+        """Allocation tracing priced site by site (probes/overhead.py): each counted entry point's
+        rate x what a call through its probe costs (emulated or single-stepped trap, return probe,
+        memleak's program), over the time memleak would run plus its detach, as a share of the
+        window, against the budget. The rate count's own cost is spent already and counts too."""
+        from memdiag.probes.allocator import find_allocator
         from memdiag.probes.calibrate import host_costs
-        from memdiag.probes.ratecount import estimate_call_rate
+        from memdiag.probes.overhead import price, trap_ns
+        from memdiag.probes.ratecount import COUNTED, estimate_call_rates
 
         if self.target.kind != "pid" or self.target.pid is None:
             return BudgetDecision(
@@ -122,62 +135,107 @@ class Engine:
                 "the whole system gets page faults and brk/mmap instead",
             )
         costs = host_costs()
-        rate = estimate_call_rate(self.target.pid, trap_ns=costs.entry_ns if costs else None)
-        if costs is None or rate is None:
+        alloc = find_allocator(self.target.pid)
+        rates = None
+        if costs is not None and alloc is not None:
+            traps = {p.function: trap_ns(p, costs) for p in alloc.placements}
+            rates = estimate_call_rates(self.target.pid, trap_ns=traps, alloc=alloc, functions=("malloc",))
+        if costs is None or alloc is None or rates is None:
             return BudgetDecision(
                 choice="unknown",
                 reason="could not price allocation tracing (no allocator "
                 "found or the count failed): tracing page faults and brk/mmap instead",
             )
-        if rate.calls == 0:
+        self.costs = costs
+        self._spend("ratecount", rates)
+        malloc = rates.counts[0]
+        if malloc.calls == 0:
             return BudgetDecision(
                 choice="fallback",
                 call_rate=0.0,
-                reason=f"no call to {rate.function} in {rate.seconds:.2f} s: the memory does not come through "
-                f"{rate.module.rsplit('/', 1)[-1]} (direct brk/mmap, or a runtime with its own allocator); tracing "
-                "page faults and brk/mmap instead",
+                reason=f"no call to malloc in {malloc.seconds:.2f} s: the memory does not come through "
+                f"{malloc.module.rsplit('/', 1)[-1]} (direct brk/mmap, or a runtime with its own allocator); "
+                "tracing page faults and brk/mmap instead",
             )
-        # each malloc pays an entry and a return probe, each free an entry probe
-        per_pair = costs.entry_return_ns + costs.entry_ns
-        estimated = rate.per_s * per_pair / 1e9 * 100
-        common = dict(estimated_percent=estimated, call_rate=rate.per_s, cost_ns=per_pair)
-        if estimated <= self.budget:
-            return BudgetDecision(
-                choice="full",
-                reason=f"{rate.per_s:,.0f} allocations/s x {per_pair:,.0f} ns "
-                f"(measured here) = {estimated:.2f}% <= budget {self.budget:g}%",
-                **common,
+        malloc_only = [p for p in alloc.placements if p.function == "malloc"]
+        decision = self._decide(price(malloc_only, rates.per_s(), costs), malloc, "malloc alone: ")
+        if decision.choice == "full":  # not priced out by malloc alone: count the others
+            more = estimate_call_rates(
+                self.target.pid, trap_ns=traps, alloc=alloc, functions=tuple(f for f in COUNTED if f != "malloc")
             )
+            if more is not None:
+                self._spend("ratecount", more)
+            decision = self._decide(price(alloc.placements, rates.plus(more).per_s(), costs), malloc, "")
+        return decision
+
+    def _spend(self, step: str, rates) -> None:
+        """A one-off step's cost to the target, kept for the probe table (merged by step)."""
+        self.spent_ns += rates.cost_ns
+        calls = sum(r.calls for r in rates.counts)
+        for i, (name, seconds, ns, events) in enumerate(self.one_offs):
+            if name == step:
+                self.one_offs[i] = (name, seconds + rates.probes_s, ns + rates.cost_ns, events + calls)
+                return
+        self.one_offs.append((step, rates.probes_s, rates.cost_ns, calls))
+
+    def _decide(self, pr, malloc, prefix: str) -> BudgetDecision:
+        """Full tracing or not: the price's rate of cost over the time memleak would run and its
+        detach, with what was spent already, as a share of the window, against the budget."""
+        from memdiag.probes.overhead import DETACH_S
+
+        run_s = max(self.left() - 1.0, 0.0)  # at most the rest of the window, less the final look
+        projected = 100 * (pr.ns_per_s * (run_s + DETACH_S) + self.spent_ns) / (self.duration * 1e9)
+        common = dict(
+            estimated_percent=projected,
+            attached_percent=pr.percent,
+            call_rate=malloc.per_s,
+            cost_ns=pr.ns_per_s / malloc.per_s if malloc.per_s else None,
+            sites=pr.describe(),
+        )
+        what = (
+            f"{prefix}{pr.describe()} (rates counted over {malloc.seconds:.2f} s, corrected for the count's own "
+            f"traps) = {pr.percent:.2f}% of a CPU while attached; over the {run_s:.0f} s it would "
+            f"run and its detach, with the rate count's {self.spent_ns / 1e6:.1f} ms, {projected:.2f}% of the "
+            f"{self.duration:.0f} s window"
+        )
+        rare = ", ".join(f for f in pr.uncounted() if not prefix)
+        if rare:
+            what += f" ({rare} not counted beforehand: measured once attached)"
+        if projected <= self.budget:
+            return BudgetDecision(choice="full", reason=f"{what} <= budget {self.budget:g}%", **common)
         return BudgetDecision(
             choice="fallback",
-            reason=f"{rate.per_s:,.0f} allocations/s x {per_pair:,.0f} ns (measured here) = {estimated:.1f}% > "
-            f"budget {self.budget:g}%: every uprobe hit is a trap whatever the program does, so sampling or a size "
-            "filter would not make it cheaper; tracing page faults and brk/mmap instead (far fewer events)",
+            reason=f"{what} > budget {self.budget:g}%: every uprobe hit is a trap whatever the program does, so "
+            "sampling or a size filter would not make it cheaper; tracing page faults and brk/mmap instead "
+            "(far fewer events)",
             **common,
         )
 
-    def _pause_allowed_ms(self, memleak_s: float) -> float:
-        """What the budget leaves for the reachability scan's pause: the budget's share of the
-        window, less what tracing allocations is estimated to cost while memleak is attached, and
-        never more than one stop may last (max_pause_ms)."""
-        d = self.budget_decision
-        tracing_ms = (d.estimated_percent or 0) / 100 * memleak_s * 1000 if d else 0.0
-        allowed = max(0.0, self.budget / 100 * self.duration * 1000 - tracing_ms)
-        return min(allowed, self.max_pause_ms) if self.max_pause_ms is not None else allowed
+    def _allowance_ns(self) -> float:
+        """What the budget leaves of the window for memleak: its share, less what was spent."""
+        return max(0.0, self.budget / 100 * self.duration * 1e9 - self.spent_ns)
+
+    def _cpu_baseline(self) -> float | None:
+        """The target's CPU seconds per second since the engine started, before any probe."""
+        if self.cpu_start is None or self.target.pid is None:
+            return None
+        now = cpu_seconds(self.target.pid)
+        seconds = self.elapsed()
+        return (now - self.cpu_start) / seconds if now is not None and seconds > 1.0 else None
 
     def _run_probe(self, name: str, seconds: float) -> ProbeResult:
         t = probe_target(self.target)
         self.on_step(f"probe {name} for {seconds:.0f} s")
         if name == "memleak":
-            d = self.budget_decision
             return memleak.run(
                 t,
                 seconds,
                 series_interval=max(1.0, seconds / 10),
-                max_overhead_percent=self.budget * 1.5 if d and d.cost_ns else None,
-                cost_per_event_ns=d.cost_ns / 2 if d and d.cost_ns else None,
+                costs=self.costs,
+                allowance_ns=self._allowance_ns() if self.costs is not None else None,
+                cpu_baseline=self._cpu_baseline(),
                 scan_reach=True,
-                reach_allowed_ms=self._pause_allowed_ms(seconds),
+                reach_allowed_ms=self.max_pause_ms,
             )
         module = {
             "faults": faults,

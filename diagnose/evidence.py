@@ -5,7 +5,7 @@ from __future__ import annotations
 from .facts.cgroup import memcg_matches
 from .facts.kmsg import OomKill
 from .observe import Observation
-from .report import CounterRow, Counters, SlabGrowth
+from .report import CounterRow, Counters, ProcessRow, SlabGrowth
 from .trends import Trend, counter_rate, growth_trend
 
 # vmstat counters shown as rates, with their unit
@@ -206,6 +206,59 @@ def slab_top(obs: Observation, n: int = 5) -> list[SlabGrowth]:
     return rows[:n]
 
 
+def own_pids(obs: Observation) -> set[int]:
+    """memdiag's own process and its descendants (its BPF compiler child) seen in the window."""
+    if obs.memdiag_pid is None:
+        return set()
+    parents = {p.pid: p.ppid for p in [*obs.processes_first.values(), *obs.processes_last.values()]}
+    own = {obs.memdiag_pid}
+    grew = True
+    while grew:
+        kids = {pid for pid, ppid in parents.items() if ppid in own} - own
+        own |= kids
+        grew = bool(kids)
+    return own
+
+
+def scope_pids(obs: Observation) -> set[int]:
+    """The processes a list of the report may name: the target for a pid, the cgroup's members
+    (at any sample) for a cgroup, every process for the system; never memdiag's own."""
+    target = obs.target
+    if target.kind == "pid":
+        pids = {target.pid} if target.pid is not None else set()
+    elif target.kind == "cgroup":
+        pids = {pid for s in obs.snapshots if s.cgroup is not None for pid in s.cgroup.procs}
+    else:
+        pids = set(obs.processes_first) | set(obs.processes_last)
+    return pids - own_pids(obs)
+
+
+def process_rows(obs: Observation, n: int = 3) -> list[ProcessRow]:
+    """The target's largest, fastest-growing and most major-faulting processes (n of each)."""
+    rows = []
+    for pid in scope_pids(obs) & set(obs.processes_last):
+        after, before = obs.processes_last[pid], obs.processes_first.get(pid)
+        if before is not None and before.start_ticks != after.start_ticks:
+            before = None  # a reused pid: another process
+        faults = None
+        if before is not None and after.majflt is not None and before.majflt is not None:
+            faults = after.majflt - before.majflt
+        rows.append(
+            ProcessRow(
+                pid=pid,
+                comm=after.comm,
+                rss_first=before.rss if before else None,
+                rss_last=after.rss,
+                majflt_delta=faults,
+            )
+        )
+    chosen: dict[int, ProcessRow] = {}
+    for key in (lambda r: r.rss_last or 0, lambda r: r.growth, lambda r: r.majflt_delta or 0):
+        for r in sorted(rows, key=key, reverse=True)[:n]:
+            chosen.setdefault(r.pid, r)
+    return sorted(chosen.values(), key=lambda r: r.rss_last or 0, reverse=True)
+
+
 def build_counters(obs: Observation) -> Counters:
     named = series(obs)
     return Counters(
@@ -214,5 +267,6 @@ def build_counters(obs: Observation) -> Counters:
         series=named,
         oom_kills=relevant_oom_kills(obs),
         slab_top=slab_top(obs),
+        processes=process_rows(obs),
         swap_devices=[d.model_dump() for d in obs.swaps or []],
     )

@@ -66,11 +66,8 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         f["system.sunreclaim_growth"] = m.sunreclaim - first.meminfo.sunreclaim
     avail = counters.trends.get("system.mem_available")
     f["system.mem_available_rate"] = avail.rate_per_s if avail else None
-    growth = [
-        (p.rss or 0) - (obs.processes_first[pid].rss or 0)
-        for pid, p in obs.processes_last.items()
-        if pid in obs.processes_first and obs.processes_first[pid].start_ticks == p.start_ticks
-    ]
+    # the target's processes as the report's process table has them: never memdiag's own
+    growth = [r.growth for r in counters.processes if r.rss_first is not None]
     f["system.top_grower_growth"] = max(growth) if growth else None
 
     rss = counters.trends.get("process.rss")
@@ -153,6 +150,29 @@ def probe_facts(results: dict, process_shape: str | None, classes: Classes | Non
     if dr is not None and dr.status == "ok":
         f["reclaim.stall_time"] = sum(p.total_ms for p in dr.processes) / 1000.0
     return f
+
+
+# Which probe each namespace of probe facts comes from (the row of the probe table that shows them).
+_FACT_PROBES = {
+    "faults": "faults",
+    "brk": "brkstack",
+    "mmap": "mmapsnoop",
+    "memleak": "memleak",
+    "reach": "reach",
+    "swapin": "swapin",
+    "reclaim": "drsnoop",
+}
+
+
+def probe_figures(facts: dict) -> dict[str, dict[str, float]]:
+    """The numeric probe facts by probe: what the report's probe table shows, so that a verdict
+    or finding quoting one quotes a figure of the table."""
+    out: dict[str, dict[str, float]] = {}
+    for name, value in facts.items():
+        probe = _FACT_PROBES.get(name.split(".", 1)[0])
+        if probe and isinstance(value, int | float) and not isinstance(value, bool):
+            out.setdefault(probe, {})[name] = value
+    return out
 
 
 def _series_shape(times: list[float], series: list[int]) -> str:

@@ -18,6 +18,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from .trends import growth_trend
+from .units import fmt_duration
 
 Shape = Literal["leak", "cache", "growth", "none"]
 LEAK_MAX_FREE_RATIO = 0.5
@@ -43,7 +44,7 @@ def classify(
         return StackTrend(
             shape="none" if not series or max(series) == 0 else "growth",
             free_ratio=free_ratio,
-            reason=f"{len(points)} samples over {span:.0f} s: too few to tell",
+            reason=f"{len(points)} samples over {fmt_duration(span)}: too few to tell",
             watch_more_s=max(10.0, 2 * span),
         )
     tr = growth_trend(points)
@@ -84,7 +85,7 @@ def classify(
             rate_per_s=rate,
             free_ratio=free_ratio,
             confidence=0.75,
-            reason=f"outstanding bytes grew then levelled off for {tr.levelled_for_s:.0f} s",
+            reason=f"outstanding bytes grew then levelled off for {fmt_duration(tr.levelled_for_s)}",
         )
     if tr.shape == "flat" and free_ratio is not None and free_ratio > 0.9 and series[-1] > 0:
         return StackTrend(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,6 +35,7 @@ class Observation(BaseModel):
     swaps: list[SwapDevice] | None = None
     processes_first: dict[int, ProcessMemory] = {}
     processes_last: dict[int, ProcessMemory] = {}
+    memdiag_pid: int | None = None  # the diagnosing process: it and its children are never in a list of suspects
 
 
 def default_interval(duration: float) -> float:
@@ -100,4 +102,5 @@ def observe(
         swaps=read_swaps(proc_root),
         processes_first=processes_first,
         processes_last=read_all_processes(proc_root) if snapshots else {},
+        memdiag_pid=os.getpid(),
     )

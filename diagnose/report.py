@@ -63,6 +63,8 @@ class ProbeStatus(_Model):
     events: int | None = None
     overhead_percent: float | None = None  # measured: what it cost the target over the window
     map_bytes: int | None = None  # kernel memory its BPF maps held
+    lost: dict[str, int] = {}  # what it could not record, by cause (nonzero only)
+    figures: dict[str, float] = {}  # the facts it gave the rules (name -> value in the catalog's unit)
 
 
 class TrailItem(_Model):
@@ -89,9 +91,15 @@ class StackReport(_Model):
 
 
 class Overhead(_Model):
+    """Percentages are of one CPU's time over the window (window_s)."""
+
     budget_percent: float
-    estimated_percent: float | None = None
-    measured_percent: float | None = None
+    estimated_percent: float | None = None  # the budget decision's projection, before attaching
+    estimate_of: str | None = None  # what was estimated (and whether it was attached)
+    measured_percent: float | None = None  # the probe table's overhead column, summed
+    tracing_probes_percent: float | None = None  # memleak: its probes' hits x trap + BPF run time
+    tracing_cpu_percent: float | None = None  # memleak: the target's CPU time above its rate before
+    window_s: float | None = None
 
 
 class CounterRow(_Model):
@@ -119,12 +127,28 @@ class Window(_Model):
     target_exited_at: float | None = None
 
 
+class ProcessRow(_Model):
+    """A process of the target's scope that a list of the report names (largest, fastest growing,
+    paying in major faults): the lists quote these figures and nothing else."""
+
+    pid: int
+    comm: str
+    rss_first: int | None = None  # None: it started during the window
+    rss_last: int | None = None
+    majflt_delta: int | None = None
+
+    @property
+    def growth(self) -> int:
+        return (self.rss_last or 0) - (self.rss_first or 0)
+
+
 class Counters(_Model):
     rows: list[CounterRow] = []
     trends: dict[str, Trend] = {}
     series: dict[str, list[tuple[float, float]]] = {}  # name -> [(seconds into window, value)]
     oom_kills: list[OomKill] = []
     slab_top: list[SlabGrowth] = []
+    processes: list[ProcessRow] = []  # the target's processes the lists name; never memdiag's own
     swap_devices: list[dict[str, Any]] = []
 
 

@@ -4,7 +4,10 @@ levelled off, and counter rates. Pure functions of numbers; no /proc here.
 "Still climbing" is decided on the latest third of the window against the earlier growth: a
 leak keeps its pace, a cache filling to its bound slows to nothing. A segment counts as
 growing only when its growth stands out of the series' own noise (twice the residual spread
-around the fitted line) and exceeds a floor of a few pages, so allocator jitter is not growth."""
+around the fitted line) and exceeds a floor of a few pages, so allocator jitter is not growth.
+"Levelled" needs a level end (the last samples within the floor of each other): a series still
+moving at its end is not level for "0 s". One that fell and grew again (a process OOM-killed and
+restarted, a cgroup emptied and refilled) is a sawtooth, whatever its ends say."""
 
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ MIN_GROWTH_BYTES = 256 * 1024
 # A segment growing at under this share of the fastest earlier pace has "levelled off".
 LEVEL_OFF_RATIO = 0.25
 
-Shape = Literal["climbing", "levelled", "flat", "shrinking", "unknown"]
+Shape = Literal["climbing", "levelled", "sawtooth", "flat", "shrinking", "unknown"]
 
 
 class Trend(BaseModel):
@@ -33,6 +36,7 @@ class Trend(BaseModel):
     seconds: float | None = None
     rate_per_s: float | None = None  # least-squares slope over the whole window
     recent_rate_per_s: float | None = None  # slope over the latest third
+    recent_seconds: float | None = None  # how long that latest third is
     peak_rate_per_s: float | None = None  # fastest slope over any third of the window
     levelled_for_s: float | None = None  # how long the end of the series has stayed level
 
@@ -89,18 +93,41 @@ def growth_trend(points: list[tuple[float, float]], floor: float = MIN_GROWTH_BY
         seconds=seconds,
         rate_per_s=slope(points),
         recent_rate_per_s=recent_rate,
+        recent_seconds=recent[-1][0] - recent[0][0],
         peak_rate_per_s=peak_rate,
     )
     spread = max(values) - min(values)
     if spread <= floor:
         return Trend(shape="flat", levelled_for_s=seconds, **base)
-    if _grows(recent, floor) and recent_rate >= LEVEL_OFF_RATIO * peak_rate:
+    climbing = _grows(recent, floor) and recent_rate >= LEVEL_OFF_RATIO * peak_rate
+    if climbing and values[-1] >= max(values) - floor:  # climbing to new highs, whatever fell on the way
+        return Trend(shape="climbing", **base)
+    if _fell_and_rose(values, floor):  # climbing again below an earlier peak: a kill or a flush between
+        return Trend(shape="sawtooth", **base)
+    if climbing:
         return Trend(shape="climbing", **base)
     if delta > floor:
-        return Trend(shape="levelled", levelled_for_s=_level_duration(points, floor), **base)
+        level = _level_duration(points, floor)
+        # Slower than before but still moving at the end: not level, so still climbing.
+        return Trend(shape="levelled", levelled_for_s=level, **base) if level > 0 else Trend(shape="climbing", **base)
     if delta < -floor:
         return Trend(shape="shrinking", **base)
     return Trend(shape="flat", levelled_for_s=seconds, **base)
+
+
+def _fell_and_rose(values: list[float], floor: float) -> bool:
+    """The series fell more than the floor below an earlier peak, then rose more than the floor again."""
+    peak, low, fell = values[0], values[0], False
+    for v in values[1:]:
+        if not fell:
+            peak = max(peak, v)
+            if peak - v > floor:
+                fell, low = True, v
+        elif v - low > floor:
+            return True
+        else:
+            low = min(low, v)
+    return False
 
 
 def _level_duration(points: list[tuple[float, float]], floor: float) -> float:

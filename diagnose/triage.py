@@ -11,11 +11,10 @@ import time
 
 from .evidence import psi_stall_percent, window_seconds
 from .facts.kmsg import OomKill
-from .facts.process import ProcessMemory
 from .observe import Observation
-from .report import Counters, Culprit, Finding, Verdict
+from .report import Counters, Culprit, Finding, ProcessRow, Verdict
 from .trends import Trend, counter_rate
-from .units import fmt_bytes, fmt_duration, fmt_rate
+from .units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 
 # Documented thresholds (general, not tuned to any workload):
 PSI_SOME_PERCENT = 10.0  # tasks stalled on memory >10% of the window: the stall is felt
@@ -61,25 +60,13 @@ def _growth_series(obs: Observation, counters: Counters) -> tuple[str, Trend] | 
     return None
 
 
-def _top_growers(obs: Observation, n: int = 3) -> list[tuple[ProcessMemory, int]]:
-    """Processes by RSS growth over the window (in the target cgroup for a cgroup target)."""
-    members = set(obs.processes_last)
-    last_cg = obs.snapshots[-1].cgroup if obs.snapshots else None
-    if obs.target.kind == "cgroup" and last_cg is not None:
-        members &= set(last_cg.procs)
-    out = []
-    for pid in members:
-        after, before = obs.processes_last[pid], obs.processes_first.get(pid)
-        if before is None or before.start_ticks != after.start_ticks:
-            before = None
-        growth = (after.rss or 0) - ((before.rss or 0) if before else 0)
-        out.append((after, growth))
-    out.sort(key=lambda pg: (pg[1], pg[0].rss or 0), reverse=True)
-    return out[:n]
+def _top_growers(counters: Counters, n: int = 3) -> list[ProcessRow]:
+    """The target's processes by RSS growth over the window (the counters' process table)."""
+    return sorted(counters.processes, key=lambda r: (r.growth, r.rss_last or 0), reverse=True)[:n]
 
 
-def _biggest(obs: Observation, n: int = 3) -> list[ProcessMemory]:
-    return sorted(obs.processes_last.values(), key=lambda p: p.rss or 0, reverse=True)[:n]
+def _biggest(counters: Counters, n: int = 3) -> list[ProcessRow]:
+    return sorted(counters.processes, key=lambda r: r.rss_last or 0, reverse=True)[:n]
 
 
 def _limit_and_usage(obs: Observation) -> tuple[int | None, int | None]:
@@ -90,16 +77,32 @@ def _limit_and_usage(obs: Observation) -> tuple[int | None, int | None]:
 
 
 def _projection(obs: Observation, rate: float) -> str | None:
+    """When the limit (or MemAvailable) runs out at this rate: an estimate, said as one."""
     if rate <= 0 or not obs.snapshots:
         return None
     limit, usage = _limit_and_usage(obs)
     if limit is not None and usage is not None:
         left = max(0, limit - usage)
-        return f"cgroup limit {fmt_bytes(limit)} reached in ~{fmt_duration(left / rate)}"
+        return (
+            f"at that rate the cgroup limit {fmt_bytes(limit)} ({fmt_bytes(left)} left) is reached in "
+            f"~{fmt_duration(left / rate)} (an estimate)"
+        )
     avail = obs.snapshots[-1].meminfo.mem_available
     if avail is not None:
-        return f"system MemAvailable ({fmt_bytes(avail)}) exhausted in ~{fmt_duration(avail / rate)}"
+        return f"at that rate MemAvailable ({fmt_bytes(avail)}) runs out in ~{fmt_duration(avail / rate)} (an estimate)"
     return None
+
+
+def _growth_text(what: str, who: str, tr: Trend) -> str:
+    """The whole window's rate and span; the latest third's rate only named as such."""
+    text = f"{what} of {who} grew {fmt_rate(tr.rate_per_s)} over {fmt_duration(tr.seconds)} "
+    text += f"({fmt_bytes(tr.first)} to {fmt_bytes(tr.last)}"
+    if fmt_bytes(tr.first) == fmt_bytes(tr.last):  # "1.0 GiB to 1.0 GiB" alone reads as no growth
+        text += f", +{fmt_bytes(tr.delta)}"
+    recent, whole = tr.recent_rate_per_s, tr.rate_per_s or 0.0
+    if recent is not None and tr.recent_seconds and abs(recent - whole) > 0.1 * abs(whole):
+        text += f"; {fmt_rate(recent)} in the last {fmt_duration(tr.recent_seconds)}"
+    return text + ")"
 
 
 def _oom_findings(obs: Observation, kills: list[OomKill]) -> list[Finding]:
@@ -136,6 +139,38 @@ def _oom_findings(obs: Observation, kills: list[OomKill]) -> list[Finding]:
     return findings
 
 
+def oom_kills_in_window(obs: Observation) -> tuple[int | None, str]:
+    """OOM kills during the window by the kernel's own counter, and which counter: the cgroup's
+    (memory.oom_control / memory.events oom_kill) for a target in one, vmstat's for the host."""
+    first, last = obs.snapshots[0], obs.snapshots[-1]
+    if last.cgroup is not None and last.cgroup.path != "/" and first.cgroup is not None:
+        a, b = first.cgroup.oom_kill, last.cgroup.oom_kill
+        if a is not None and b is not None:
+            return b - a, "the cgroup's oom_kill counter"
+    a, b = first.vmstat.get("oom_kill"), last.vmstat.get("oom_kill")
+    if a is not None and b is not None:
+        return b - a, "vmstat oom_kill"
+    return None, ""
+
+
+def _in_window(obs: Observation) -> str:
+    n, source = oom_kills_in_window(obs)
+    return f", {n} in the window" if n is not None and source.startswith("the cgroup") else ""
+
+
+def _kill_count(obs: Observation, kills: list[OomKill]) -> str | None:
+    """How many kills: the counter's figure for the window, the kernel log's records as examples."""
+    n, source = oom_kills_in_window(obs)
+    if n is None:
+        return f"the kernel log holds {len(kills)} kills (no kernel counter to count them)" if len(kills) > 1 else None
+    if n <= 1 and len(kills) <= 1:
+        return None
+    text = f"{n} kills in the window ({source})"
+    if kills:
+        text += f"; the kernel log holds {len(kills)} (the OOM kills table)"
+    return text
+
+
 def _oom_verdict(obs: Observation, kills: list[OomKill], cg_kills: int | None) -> Verdict | None:
     target = obs.target
     last_cg = obs.snapshots[-1].cgroup if obs.snapshots else None
@@ -148,8 +183,6 @@ def _oom_verdict(obs: Observation, kills: list[OomKill], cg_kills: int | None) -
     parts = []
     if victim is not None:
         parts.append(f"OOM killer killed PID {victim.victim_pid} ({victim.victim_comm})")
-        if len(kills) > 1:
-            parts[-1] += f" ({len(kills)} kills recorded)"
     else:
         parts.append(f"{_who(obs)} has recorded {cg_kills} OOM kill(s) (memory.oom_control/events)")
     if cgroup_killed:
@@ -168,15 +201,21 @@ def _oom_verdict(obs: Observation, kills: list[OomKill], cg_kills: int | None) -
             )
     else:
         parts.append("system out of memory")
+    summary = "; ".join(parts[:1]) + " " + ", ".join(parts[1:])
+    count = _kill_count(obs, kills)
+    if count:
+        summary += f"; {count}"
     culprit = Culprit(
         pid=victim.victim_pid if victim else None,
         comm=victim.victim_comm if victim else None,
         cgroup=(victim.task_memcg if victim else None) or _cgroup_path(obs),
     )
     confidence = 0.95 if victim is not None else 0.8
-    return Verdict(
-        kind="oom", summary="; ".join(parts[:1]) + " " + ", ".join(parts[1:]), confidence=confidence, culprit=culprit
-    )
+    return Verdict(kind="oom", summary=summary, confidence=confidence, culprit=culprit)
+
+
+def _pct(x: float | None) -> str:
+    return "unknown" if x is None else f"{x:.1f}%"
 
 
 def _pressure(obs: Observation, counters: Counters) -> tuple[list[Finding], list[str]]:
@@ -187,20 +226,20 @@ def _pressure(obs: Observation, counters: Counters) -> tuple[list[Finding], list
     first, last = obs.snapshots[0], obs.snapshots[-1]
     some, full = psi_stall_percent(obs, "some"), psi_stall_percent(obs, "full")
     if (some is not None and some >= PSI_SOME_PERCENT) or (full is not None and full >= PSI_FULL_PERCENT):
-        reasons.append(f"tasks stalled on memory {some:.0f}% of the window (PSI some; full {full:.0f}%)")
+        reasons.append(f"tasks stalled on memory {_pct(some)} of the window (PSI some; full {_pct(full)})")
         findings.append(
             Finding(id="psi-stall", summary=reasons[-1], evidence={"psi_some_percent": some, "psi_full_percent": full})
         )
     swapin = counter_rate(first.vmstat.get("pswpin"), last.vmstat.get("pswpin"), secs)
     if swapin is not None and swapin >= SWAPIN_PAGES_PER_S:
         swapout = counter_rate(first.vmstat.get("pswpout"), last.vmstat.get("pswpout"), secs)
-        reasons.append(f"swap-in {swapin:.0f} pages/s")
+        reasons.append(f"swap-in {fmt_number(swapin)} pages/s")
         findings.append(
             Finding(
                 id="swap-in",
                 summary=(
-                    f"swapping in {swapin:.0f} pages/s (out {swapout or 0:.0f} pages/s): the working set "
-                    "no longer fits in memory; swap is the symptom, growth is the cause"
+                    f"swapping in {fmt_number(swapin)} pages/s (out {fmt_number(swapout or 0)} pages/s): the "
+                    "working set no longer fits in memory; swap is the symptom, growth is the cause"
                 ),
                 evidence={"pswpin_per_s": swapin, "pswpout_per_s": swapout},
             )
@@ -236,7 +275,7 @@ def _pressure(obs: Observation, counters: Counters) -> tuple[list[Finding], list
                     id="cgroup-at-limit",
                     summary=(
                         f"cgroup {cg.path} uses {fmt_bytes(cg.usage)} of {fmt_bytes(cg.effective_limit)} "
-                        f"({used:.0f}%) and hit its limit {fails} times in the window: it reclaims "
+                        f"({used:.0f}%) and hit its limit {fmt_number(fails)} times in the window: it reclaims "
                         "(or swaps) its own memory to stay under it"
                     ),
                     evidence={"usage": cg.usage, "limit": cg.effective_limit, "failcnt_delta": fails},
@@ -245,23 +284,117 @@ def _pressure(obs: Observation, counters: Counters) -> tuple[list[Finding], list
     return findings, reasons
 
 
-def _pressure_culprits(obs: Observation) -> str:
-    """Who pays (major faults, swap) and who is biggest: the counters' view of a pressure culprit."""
-    payers = []
-    for pid, after in obs.processes_last.items():
-        before = obs.processes_first.get(pid)
-        if before and after.majflt is not None and before.majflt is not None and after.majflt > before.majflt:
-            payers.append((after.majflt - before.majflt, after))
-    payers.sort(key=lambda x: x[0], reverse=True)
+def _pressure_culprits(counters: Counters) -> str:
+    """Who pays (major faults) and who is biggest, of the target's processes: the counters' view
+    of a pressure culprit, quoted from the process table."""
+    payers = sorted((r for r in counters.processes if r.majflt_delta), key=lambda r: -(r.majflt_delta or 0))
     text = []
     if payers:
         text.append(
-            "paying in major faults: " + ", ".join(f"PID {p.pid} ({p.comm}, {n} faults)" for n, p in payers[:3])
+            "paying in major faults: "
+            + ", ".join(f"PID {p.pid} ({p.comm}, {fmt_number(p.majflt_delta)} faults)" for p in payers[:3])
         )
-    big = _biggest(obs)
+    big = _biggest(counters)
     if big:
-        text.append("largest: " + ", ".join(f"PID {p.pid} ({p.comm}, {fmt_bytes(p.rss)})" for p in big))
+        text.append("largest: " + ", ".join(f"PID {p.pid} ({p.comm}, {fmt_bytes(p.rss_last)})" for p in big))
     return "; ".join(text)
+
+
+class _Growth:
+    """What the growth series says: findings, the candidate verdict, next steps, caveats."""
+
+    def __init__(self) -> None:
+        self.findings: list[Finding] = []
+        self.verdict: Verdict | None = None
+        self.next_steps: list[str] = []
+        self.caveats: list[str] = []
+
+
+def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> _Growth:
+    out = _Growth()
+    name, tr = growth
+    who, target = _who(obs), obs.target
+    what = "RSS" if name == "process.rss" else "memory usage"
+    evidence = {"series": name, **tr.model_dump()}
+    culprit = Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs))
+    top = _top_growers(counters, 1) if target.kind == "cgroup" else []
+    if top:
+        culprit = Culprit(pid=top[0].pid, comm=top[0].comm, cgroup=_cgroup_path(obs))
+    if tr.shape == "climbing":
+        summary = _growth_text(what, who, tr) + " and is still climbing"
+        proj = _projection(obs, tr.rate_per_s or 0.0)
+        if proj:
+            summary += f"; {proj}"
+        out.findings.append(Finding(id="growth-climbing", summary=summary, evidence=evidence))
+        out.verdict = Verdict(kind="growth", summary=summary, confidence=0.7, culprit=culprit)
+        out.next_steps += [
+            "trace page faults by stack to see which code touches the new pages (faults probe)",
+            "track outstanding allocations by stack and watch which never levels off (memleak probe)",
+            "trace brk/mmap by stack to see which code reserves the memory (brkstack, mmapsnoop)",
+        ]
+    elif tr.shape == "levelled":
+        summary = (
+            f"{what} of {who} grew {fmt_bytes(tr.delta)} then levelled off at {fmt_bytes(tr.last)} "
+            f"for the last {fmt_duration(tr.levelled_for_s)} of {fmt_duration(tr.seconds)}: a plateau, "
+            "consistent with a bounded cache filling to its size, not a leak"
+        )
+        out.findings.append(Finding(id="growth-plateau", summary=summary, evidence=evidence))
+        out.verdict = Verdict(kind="cache", summary=summary, confidence=0.5, culprit=culprit)
+        out.next_steps.append(
+            "confirm with memleak's per-stack trend: a cache's outstanding bytes stay "
+            "bounded and it frees as much as it allocates"
+        )
+        out.caveats.append(
+            "counters show the shape of growth, not its cause: a leak that paused also looks like a plateau for a while"
+        )
+    elif tr.shape == "sawtooth":
+        summary = (
+            f"{what} of {who} rose and fell over {fmt_duration(tr.seconds)}, between {fmt_bytes(tr.low)} and "
+            f"{fmt_bytes(tr.peak)} ({fmt_bytes(tr.last)} at the end): it fell and grew again (swapped out, freed, "
+            "or killed and restarted), so no one rate describes it"
+        )
+        out.findings.append(Finding(id="growth-sawtooth", summary=summary, evidence=evidence))
+        out.verdict = Verdict(kind="inconclusive", summary=summary, confidence=0.4, culprit=culprit)
+    elif tr.shape == "shrinking":
+        out.findings.append(
+            Finding(
+                id="shrinking", summary=f"{what} of {who} shrank by {fmt_bytes(-(tr.delta or 0))}", evidence=evidence
+            )
+        )
+    return out
+
+
+def _system_growth(obs: Observation, counters: Counters) -> _Growth:
+    """The whole system: MemAvailable falling, and the process that grew most (never memdiag)."""
+    out = _Growth()
+    tr = counters.trends.get("system.mem_available")
+    top = _top_growers(counters, 3)
+    if obs.target.kind != "system" or tr is None or tr.shape != "shrinking" or not top or top[0].growth <= 0:
+        return out
+    p = top[0]
+    rate = -(tr.rate_per_s or 0.0)
+    summary = (
+        f"MemAvailable fell {fmt_rate(rate)} over {fmt_duration(tr.seconds)}; the fastest "
+        f"growing process is PID {p.pid} ({p.comm}, +{fmt_bytes(p.growth)} RSS)"
+    )
+    proj = _projection(obs, rate)
+    if proj:
+        summary += f"; {proj}"
+    out.findings.append(
+        Finding(
+            id="system-growth",
+            summary=summary,
+            evidence={"top_growers": [q.model_dump() for q in top]},
+        )
+    )
+    out.verdict = Verdict(
+        kind="growth",
+        summary=summary + "; escalation needed: page-fault stacks",
+        confidence=0.6,
+        culprit=Culprit(pid=p.pid, comm=p.comm),
+    )
+    out.next_steps.append(f"diagnose the grower: memdiag --pid {p.pid}")
+    return out
 
 
 def triage(obs: Observation, counters: Counters) -> Triage:
@@ -298,14 +431,14 @@ def triage(obs: Observation, counters: Counters) -> Triage:
     # --- OOM kills ---------------------------------------------------------------------------
     last_cg = obs.snapshots[-1].cgroup if obs.snapshots else None
     cg_kills = last_cg.oom_kill if last_cg else None
-    findings += _oom_findings(obs, counters.oom_kills)
+    findings += _oom_findings(obs, counters.oom_kills[-3:])  # the latest as examples: the table has them all
     if last_cg is not None and cg_kills:
         findings.append(
             Finding(
                 id="cgroup-oom-count",
                 summary=(
-                    f"cgroup {last_cg.path} has OOM-killed {cg_kills} process(es) since it was created "
-                    f"(limit {fmt_bytes(last_cg.effective_limit)})"
+                    f"cgroup {last_cg.path} has OOM-killed {cg_kills} process(es) since it was created"
+                    f"{_in_window(obs)} (limit {fmt_bytes(last_cg.effective_limit)})"
                 ),
                 evidence={"oom_kill": cg_kills, "limit": last_cg.effective_limit, "cgroup": last_cg.path},
             )
@@ -318,90 +451,11 @@ def triage(obs: Observation, counters: Counters) -> Triage:
 
     # --- growth ------------------------------------------------------------------------------
     growth = _growth_series(obs, counters)
-    growth_verdict = None
-    if growth is not None:
-        name, tr = growth
-        what = "RSS" if name == "process.rss" else "memory usage"
-        culprit = Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs))
-        if target.kind == "cgroup":
-            top = _top_growers(obs, 1)
-            if top:
-                culprit = Culprit(pid=top[0][0].pid, comm=top[0][0].comm, cgroup=_cgroup_path(obs))
-        if tr.shape == "climbing":
-            rate = tr.recent_rate_per_s or tr.rate_per_s or 0.0
-            proj = _projection(obs, rate)
-            summary = (
-                f"{what} of {who} grew {fmt_rate(rate)} for {fmt_duration(tr.seconds)} "
-                f"({fmt_bytes(tr.first)} to {fmt_bytes(tr.last)}) and is still climbing"
-            )
-            if proj:
-                summary += f"; {proj}"
-            findings.append(
-                Finding(
-                    id="growth-climbing",
-                    summary=summary,
-                    evidence={"series": name, **tr.model_dump()},
-                )
-            )
-            growth_verdict = Verdict(kind="growth", summary=summary, confidence=0.7, culprit=culprit)
-            next_steps += [
-                "trace page faults by stack to see which code touches the new pages (faults probe)",
-                "track outstanding allocations by stack and watch which never levels off (memleak probe)",
-                "trace brk/mmap by stack to see which code reserves the memory (brkstack, mmapsnoop)",
-            ]
-        elif tr.shape == "levelled":
-            summary = (
-                f"{what} of {who} grew {fmt_bytes(tr.delta)} then levelled off at {fmt_bytes(tr.last)} "
-                f"for the last {fmt_duration(tr.levelled_for_s)}: a plateau, consistent with a bounded "
-                "cache filling to its size, not a leak"
-            )
-            findings.append(Finding(id="growth-plateau", summary=summary, evidence={"series": name, **tr.model_dump()}))
-            growth_verdict = Verdict(kind="cache", summary=summary, confidence=0.5, culprit=culprit)
-            next_steps.append(
-                "confirm with memleak's per-stack trend: a cache's outstanding bytes stay "
-                "bounded and it frees as much as it allocates"
-            )
-            caveats.append(
-                "counters show the shape of growth, not its cause: a leak that paused also "
-                "looks like a plateau for a while"
-            )
-        elif tr.shape == "shrinking":
-            findings.append(
-                Finding(
-                    id="shrinking",
-                    summary=f"{what} of {who} shrank by {fmt_bytes(-(tr.delta or 0))}",
-                    evidence={"series": name, **tr.model_dump()},
-                )
-            )
-    elif target.kind == "system" and "system.mem_available" in counters.trends:
-        tr = counters.trends["system.mem_available"]
-        top = _top_growers(obs, 3)
-        if tr.shape == "shrinking" and top and top[0][1] > 0:
-            p, g = top[0]
-            rate = -(tr.rate_per_s or 0.0)
-            summary = (
-                f"MemAvailable fell {fmt_rate(rate)} for {fmt_duration(tr.seconds)}; the fastest "
-                f"growing process is PID {p.pid} ({p.comm}, +{fmt_bytes(g)} RSS)"
-            )
-            proj = _projection(obs, rate)
-            if proj:
-                summary += f"; {proj}"
-            findings.append(
-                Finding(
-                    id="system-growth",
-                    summary=summary,
-                    evidence={
-                        "top_growers": [{"pid": q.pid, "comm": q.comm, "rss": q.rss, "growth": gg} for q, gg in top]
-                    },
-                )
-            )
-            growth_verdict = Verdict(
-                kind="growth",
-                summary=summary + "; escalation needed: page-fault stacks",
-                confidence=0.6,
-                culprit=Culprit(pid=p.pid, comm=p.comm),
-            )
-            next_steps.append(f"diagnose the grower: memdiag --pid {p.pid}")
+    g = _growth(obs, counters, growth) if growth is not None else _system_growth(obs, counters)
+    findings += g.findings
+    next_steps += g.next_steps
+    caveats += g.caveats
+    growth_verdict = g.verdict
 
     # VSZ is not RSS: a reservation that grows without pages behind it is not memory used.
     if obs.snapshots and obs.snapshots[0].process and obs.snapshots[-1].process:
@@ -426,7 +480,7 @@ def triage(obs: Observation, counters: Counters) -> Triage:
                 "inside it (faults / memleak probes on the restarted process)",
             )
     if pressure_reasons:
-        culprits = _pressure_culprits(obs)
+        culprits = _pressure_culprits(counters)
         summary = f"memory pressure on {who}: " + ", ".join(pressure_reasons)
         if growth_verdict is not None and growth_verdict.kind == "growth":
             summary += f"; caused by growth: {growth_verdict.summary.split('; escalation')[0]}"
@@ -445,7 +499,8 @@ def triage(obs: Observation, counters: Counters) -> Triage:
             "find what grows: page-fault stacks of the largest consumers",
         ]
     if growth_verdict is not None:
-        candidates["growth" if growth_verdict.kind == "growth" else "plateau"] = growth_verdict
+        kind = {"growth": "growth", "cache": "plateau"}.get(growth_verdict.kind, "sawtooth")
+        candidates[kind] = growth_verdict
     if obs.exited_at is not None:
         candidates["exited"] = Verdict(
             kind="inconclusive",
@@ -464,7 +519,7 @@ def triage(obs: Observation, counters: Counters) -> Triage:
             culprit=Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs)),
         )
     # The same precedence the shipped playbook encodes, used only when no playbook verdict fires.
-    for name in ("oom", "pressure", "growth", "plateau", "exited", "stable"):
+    for name in ("oom", "pressure", "growth", "plateau", "exited", "sawtooth", "stable"):
         if name in candidates:
             verdict = candidates[name]
             break

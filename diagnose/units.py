@@ -25,8 +25,12 @@ def fmt_rate(bytes_per_s: float | None) -> str:
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return "unknown"
+    if 0 < seconds < 0.0005:  # a figure that rounds to nothing is still not "0 s"
+        return "<1 ms"
     if 0 < seconds < 0.9995:  # a pause or a stall of a fraction of a second is not "0 s"
         return f"{seconds * 1000:.0f} ms"
+    if seconds < 9.95:  # 1.36 s is not "1 s": a third of it would vanish in the rounding
+        return f"{seconds:.1f} s"
     if seconds < 90:
         return f"{seconds:.0f} s"
     if seconds < 90 * 60:

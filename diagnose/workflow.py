@@ -11,7 +11,8 @@ from memdiag.rules.loader import load_playbook, playbook_paths
 from memdiag.rules.model import Playbook, Rule
 
 from .culprit import Classes, shipped_wrappers
-from .engine import PROBE_ORDER, Engine
+from .engine import PROBE_ORDER, BudgetDecision, Engine
+from .factset import probe_figures
 from .report import Finding, Overhead, ProbeStatus, Report, StackReport, TargetInfo, Window
 from .snapshot import Snapshot
 from .target import Target
@@ -43,28 +44,54 @@ def target_info(target: Target) -> TargetInfo:
     )
 
 
-def load_rules(extra: list[Path] | None = None) -> Playbook:
+def load_book(extra: list[Path] | None = None) -> Playbook:
     """The rules and wrappers of the shipped playbook, ./playbooks and the --playbook paths."""
     return load_playbook(playbook_paths(extra))
+
+
+def load_rules(extra: list[Path] | None = None) -> list[Rule]:
+    return load_book(extra).rules
 
 
 def _playbook(rules: Playbook | list[Rule] | None) -> Playbook:
     """A bare list of rules (tests, callers of old) gets the shipped wrappers."""
     if rules is None:
-        return load_rules()
+        return load_book()
     if isinstance(rules, Playbook):
         return rules
     return Playbook(rules=rules, wrappers=list(shipped_wrappers()))
 
 
-def _overhead_percent(r: ProbeResult, trap_ns: float | None, window_s: float) -> float | None:
-    """What a probe cost the target over the whole window: BPF run time, plus a trap per uprobe hit."""
-    if window_s <= 0 or r.cost.events == 0 and not r.cost.bpf_run_ns:
+def _overhead_percent(r: ProbeResult, window_s: float) -> float | None:
+    """What a probe cost the target over the whole window: for memleak, as measured on the target
+    while it ran (probes/overhead.py); for the others, their BPF run time (tracepoints trap nothing)."""
+    if window_s <= 0:
+        return None
+    tracing = getattr(r, "tracing_cost", None)
+    if tracing is not None and tracing.measured_ns is not None:
+        return tracing.percent_of(window_s)
+    if r.cost.events == 0 and not r.cost.bpf_run_ns:
         return 0.0 if r.status in ("ok", "partial") else None
-    ns = float(r.cost.bpf_run_ns or 0)
-    if r.name == "memleak" and trap_ns:
-        ns += (r.cost.bpf_run_count or r.cost.events) * trap_ns
-    return 100.0 * ns / (window_s * 1e9)
+    if r.cost.bpf_run_ns is None:
+        return None  # the kernel kept no run time: unknown, not free
+    return 100.0 * r.cost.bpf_run_ns / (window_s * 1e9)
+
+
+def _one_off_rows(one_offs: list[tuple[str, float, float, int]], window_s: float) -> list[ProbeStatus]:
+    """Steps that cost the target before any probe ran (the rate count that prices memleak)."""
+    return [
+        ProbeStatus(
+            name=step,
+            status="ok",
+            reason="counted calls to malloc (then free, calloc and realloc unless malloc alone priced tracing out) "
+            "to price allocation tracing",
+            method="one uprobe per entry point, detached after ~1,000 calls or 0.25 s",
+            duration_s=seconds,
+            events=events,
+            overhead_percent=100 * ns / (window_s * 1e9),
+        )
+        for step, seconds, ns, events in one_offs
+    ]
 
 
 def _scan_status(ml: ProbeResult | None, window_s: float) -> ProbeStatus | None:
@@ -145,11 +172,11 @@ def diagnose(
         max_pause_ms=max_pause_ms,
         wrappers=book.wrappers,
     )
-    obs, counters, tri, _facts, verdict, rule_findings, advice = engine.run()
+    obs, counters, tri, facts, verdict, rule_findings, advice = engine.run()
+    figures = probe_figures(facts)
     window_s = max(obs.ended - obs.started, 1e-9)
     d = engine.budget_decision
-    trap_ns = d.cost_ns / 2 if d and d.cost_ns else None
-    probes = []
+    probes = _one_off_rows(engine.one_offs, window_s)
     for name in PROBE_ORDER:
         r = engine.results.get(name)
         if r is None:
@@ -163,18 +190,20 @@ def diagnose(
             ProbeStatus(
                 name=name,
                 status=r.status,
-                reason=r.reason or "ran",
+                reason=_reason(r),
                 method=r.method,
                 duration_s=r.duration_s,
                 events=r.cost.events,
-                overhead_percent=_overhead_percent(r, trap_ns, window_s),
+                overhead_percent=_overhead_percent(r, window_s),
                 map_bytes=r.cost.map_bytes,
+                lost={k: v for k, v in r.lost.items() if v},
+                figures=figures.get(name, {}),
             )
         )
     scan_row = _scan_status(engine.results.get("memleak"), window_s)
     if scan_row is not None:
+        scan_row = scan_row.model_copy(update={"figures": figures.get("reach", {})})
         probes.insert(next(i for i, p in enumerate(probes) if p.name == "memleak") + 1, scan_row)
-    measured = [p.overhead_percent for p in probes if p.overhead_percent is not None]
     stacks, folded = _stacks(engine.results, engine.classes)
     findings = list(tri.findings)
     findings += [Finding(id="playbook", summary=text) for text in rule_findings if text]
@@ -193,17 +222,42 @@ def diagnose(
         next_steps=list(dict.fromkeys(advice + tri.next_steps)),
         caveats=tri.caveats + _stack_caveats(stacks) + _scan_caveats(engine.results.get("memleak")),
         probes=probes,
-        overhead=Overhead(
-            budget_percent=budget_percent,
-            estimated_percent=d.estimated_percent if d and d.choice == "full" else 0.0,
-            measured_percent=sum(measured) if engine.results else None,
-        ),
+        overhead=_overhead(budget_percent, d, probes, engine.results.get("memleak"), window_s),
         budget_decision=d.reason if d else None,
         trail=engine.trail,
         stacks=stacks,
         folded=folded,
         counters=counters,
     )
+
+
+def _overhead(
+    budget: float, d: BudgetDecision | None, probes: list[ProbeStatus], ml: ProbeResult | None, window_s: float
+) -> Overhead:
+    """The Overhead section: the budget decision's own estimate, and the sum of the probe table's
+    overhead column (each row measured on the target), with memleak's two measurements apart."""
+    rows = [p.overhead_percent for p in probes if p.overhead_percent is not None]
+    tracing = getattr(ml, "tracing_cost", None)
+
+    def pct(ns: float | None) -> float | None:
+        return None if ns is None else 100 * ns / (window_s * 1e9)
+
+    return Overhead(
+        budget_percent=budget,
+        estimated_percent=d.estimated_percent if d else None,
+        estimate_of=None if d is None else ("allocation tracing" if d.choice == "full" else
+                                            "allocation tracing, not attached"),
+        measured_percent=sum(rows) if rows else None,
+        tracing_probes_percent=pct(tracing.probes_ns) if tracing else None,
+        tracing_cpu_percent=pct(tracing.cpu_ns) if tracing else None,
+        window_s=window_s,
+    )
+
+
+def _reason(r: ProbeResult) -> str:
+    """The probe's reason; "see lost" only where the lost figures are (the probe table's column)."""
+    reason = r.reason or "ran"
+    return reason if any(r.lost.values()) else reason.replace(" (see lost)", "")
 
 
 def _scan_caveats(ml: ProbeResult | None) -> list[str]:

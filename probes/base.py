@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes as ct
+import os
 import signal
 import threading
 import time
@@ -16,6 +17,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from . import bpfsys as sys_
 from . import compiler, kernel
 from .bpfobj import Program
 from .kernel import Availability
@@ -142,10 +144,29 @@ def measure_cost(bpf, events: int) -> Cost:
     return Cost(events=events, bpf_run_ns=run_ns, bpf_run_count=run_cnt, map_bytes=memlock or None)
 
 
+def program_stats(bpf) -> dict[str, tuple[int, int]] | None:
+    """Per program: (runs, run time in ns) as the kernel counts them; None when it keeps no
+    counts (kernel.bpf_stats_enabled is off)."""
+    if not _stats_enabled():
+        return None
+    out: dict[str, tuple[int, int]] = {}
+    for fn in getattr(bpf, "funcs", {}).values():
+        info = _fdinfo(fn.fd)
+        if "run_time_ns" in info:
+            count, run_ns = out.get(fn.name, (0, 0))
+            out[fn.name] = (count + int(info.get("run_cnt", 0)), run_ns + int(info["run_time_ns"]))
+    return out
+
+
 _STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 
 
+_held = [0]  # bpf_stats() contexts holding a BPF_ENABLE_STATS fd (the sysctl does not show those)
+
+
 def _stats_enabled() -> bool:
+    if _held[0]:
+        return True
     try:
         return _STATS.read_text().strip() == "1"
     except OSError:
@@ -154,8 +175,21 @@ def _stats_enabled() -> bool:
 
 @contextmanager
 def bpf_stats():
-    """Turn on BPF run-time accounting for the run (it costs two clock reads per program run)
-    and put the setting back afterwards."""
+    """BPF run-time accounting on for the run (it costs two clock reads per program run): through
+    BPF_ENABLE_STATS, held by an fd (the kernel counts holders: concurrent runs do not turn it off
+    under each other); on kernels before 5.8, the sysctl, put back afterwards."""
+    try:
+        fd = sys_.enable_stats()
+    except OSError:
+        fd = None
+    if fd is not None:
+        _held[0] += 1
+        try:
+            yield
+        finally:
+            _held[0] -= 1
+            os.close(fd)
+        return
     try:
         before = _STATS.read_text().strip()
     except OSError:

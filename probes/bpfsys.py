@@ -24,6 +24,8 @@ _NR = {"x86_64": {"bpf": 321, "perf_event_open": 298}, "aarch64": {"bpf": 280, "
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM, MAP_GET_NEXT_KEY, PROG_LOAD = 0, 1, 2, 3, 4, 5
 RAW_TRACEPOINT_OPEN = 17
 MAP_LOOKUP_BATCH = 24  # Linux 5.6
+ENABLE_STATS = 32  # Linux 5.8
+STATS_RUN_TIME = 0
 
 PROG_KPROBE, PROG_TRACEPOINT, PROG_PERF_EVENT, PROG_RAW_TRACEPOINT = 2, 5, 7, 17
 MAP_PERCPU_HASH, MAP_PERCPU_ARRAY, MAP_LRU_PERCPU_HASH = 5, 6, 10
@@ -202,6 +204,17 @@ def raw_tracepoint_open(name: str, prog_fd: int) -> int:
     cname = ct.create_string_buffer(name.encode())
     attr = _RawTracepoint(ct.addressof(cname), prog_fd)
     return _bpf(RAW_TRACEPOINT_OPEN, attr, f"attaching raw tracepoint {name}")
+
+
+class _EnableStats(ct.Structure):
+    _fields_ = [("type", ct.c_uint32)]
+
+
+def enable_stats() -> int:
+    """BPF run-time statistics on for as long as the returned fd is open. The kernel counts the
+    holders, so two diagnoses (or bpftool) never turn it off under each other, as writing the
+    kernel.bpf_stats_enabled sysctl back would."""
+    return _bpf(ENABLE_STATS, _EnableStats(STATS_RUN_TIME), "enabling BPF run-time statistics")
 
 
 class _PerfAttr(ct.Structure):

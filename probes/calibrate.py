@@ -1,7 +1,10 @@
 """What a uprobe costs on this host, measured, not assumed: this process calls malloc/free in a
 loop through ctypes, without and then with probes placed as memleak places them, and the
-difference per call is the price of a trap (emulated entry, return probe, single-stepped entry).
-Measured once per kernel and CPU, kept in /var/lib/memdiag/costs.json."""
+difference per call is the price of a trap — on an instruction the kernel emulates, on one it
+single-steps, and for a return probe. Then memleak's own programs are attached the same way and
+the kernel's BPF statistics give what each program adds on top of its trap (they walk the stack
+and update maps: about as much again as the trap on this host). Measured once per kernel and CPU,
+kept in /var/lib/memdiag/costs.json."""
 
 from __future__ import annotations
 
@@ -16,19 +19,22 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from .allocator import find_allocator
-from .base import ProbeUnavailable, load
+from .allocator import BPF_FUNCTION, find_allocator
+from .base import ProbeUnavailable, bpf_stats, load, program_stats, set_targets
 
 CACHE = Path("/var/lib/memdiag/costs.json")
 CALLS = 20000
+SCHEMA = 2  # a cache written by an older layout is measured again
 
 
 class Costs(BaseModel):
     """Nanoseconds added per call."""
 
-    entry_ns: float  # uprobe on an emulated instruction
-    entry_return_ns: float  # entry + return probe (what malloc pays)
-    stepped_ns: float  # uprobe on an instruction the kernel single-steps
+    schema_version: int = SCHEMA
+    emulated_ns: float  # trap of a uprobe on an emulated instruction (push, nop)
+    stepped_ns: float  # trap of a uprobe on an instruction the kernel single-steps
+    return_ns: float  # a return probe's trap on top of its entry probe
+    program_ns: dict[str, float] = {}  # memleak's programs: run time per hit (BPF stats)
     host: str
 
 
@@ -48,6 +54,64 @@ def _loop(libc, n: int) -> float:
     return (time.perf_counter_ns() - start) / n
 
 
+def _best(libc) -> float:
+    return min(_loop(libc, CALLS) for _ in range(3))
+
+
+def _traps(libc, malloc, free) -> tuple[float, float, float] | None:
+    """(emulated, stepped, return) trap costs with a program that only counts."""
+    try:
+        bpf = load("ratecount", {})
+    except ProbeUnavailable:
+        return None
+    pid = os.getpid()
+    try:
+        base = _best(libc)
+        bpf.attach_uprobe(
+            name=malloc.module.encode(), sym=b"malloc", sym_off=malloc.offset, fn_name=b"count_site_0", pid=pid
+        )
+        entry = _best(libc) - base
+        bpf.attach_uretprobe(name=malloc.module.encode(), sym=b"malloc", fn_name=b"count_site_1", pid=pid)
+        entry_return = _best(libc) - base
+        bpf.detach_all()
+        # free+0 is single-stepped where its first instruction is not emulated (test %rdi in glibc)
+        bpf.attach_uprobe(name=free.module.encode(), sym=b"free", sym_off=0, fn_name=b"count_site_2", pid=pid)
+        stepped = _best(libc) - base
+    finally:
+        bpf.cleanup()
+    return max(entry, 1.0), max(stepped, 1.0), max(entry_return - entry, 1.0)
+
+
+def _programs(libc, malloc, free) -> dict[str, float]:
+    """memleak's programs' run time per hit, attached to this process as memleak attaches them."""
+    from .memleak import build_options  # memleak prices itself with these costs: imported late
+
+    try:
+        bpf = load("memleak", {"TARGET_MODE": 1, **build_options()})
+    except ProbeUnavailable:
+        return {}
+    pid = os.getpid()
+    try:
+        set_targets(bpf, {pid})
+        for p in (malloc, free):
+            bpf.attach_uprobe(
+                name=p.module.encode(),
+                sym=p.function.encode(),
+                sym_off=p.offset,
+                fn_name=BPF_FUNCTION[p.function].encode(),
+                pid=pid,
+            )
+            if p.return_probe:
+                bpf.attach_uretprobe(name=p.module.encode(), sym=p.function.encode(), fn_name=b"alloc_return", pid=pid)
+        bpf["control"][ctypes.c_int(0)] = ctypes.c_uint(1)
+        with bpf_stats():
+            _loop(libc, CALLS)
+            stats = program_stats(bpf) or {}
+    finally:
+        bpf.cleanup()
+    return {name: run_ns / count for name, (count, run_ns) in stats.items() if count}
+
+
 def _measure() -> Costs | None:
     libc = ctypes.CDLL(ctypes.util.find_library("c"))
     libc.malloc.restype = ctypes.c_void_p
@@ -57,27 +121,16 @@ def _measure() -> Costs | None:
         return None
     malloc = next(p for p in alloc.placements if p.function == "malloc")
     free = next(p for p in alloc.placements if p.function == "free")
-    try:
-        bpf = load("ratecount", {})
-    except ProbeUnavailable:
+    traps = _traps(libc, malloc, free)
+    if traps is None:
         return None
-    try:
-        base = min(_loop(libc, CALLS) for _ in range(3))
-        pid = os.getpid()
-        bpf.attach_uprobe(
-            name=malloc.module.encode(), sym=b"malloc", sym_off=malloc.offset, fn_name=b"count_call", pid=pid
-        )
-        entry = min(_loop(libc, CALLS) for _ in range(3)) - base
-        bpf.attach_uretprobe(name=malloc.module.encode(), sym=b"malloc", fn_name=b"count_call", pid=pid)
-        entry_return = min(_loop(libc, CALLS) for _ in range(3)) - base
-        bpf.detach_all()
-        # free+0 is single-stepped where its first instruction is not emulated (test %rdi in glibc)
-        bpf.attach_uprobe(name=free.module.encode(), sym=b"free", sym_off=0, fn_name=b"count_call", pid=pid)
-        stepped = min(_loop(libc, CALLS) for _ in range(3)) - base
-    finally:
-        bpf.cleanup()
+    emulated, stepped, ret = traps
     return Costs(
-        entry_ns=max(entry, 1.0), entry_return_ns=max(entry_return, 1.0), stepped_ns=max(stepped, 1.0), host=_host_key()
+        emulated_ns=emulated,
+        stepped_ns=stepped,
+        return_ns=ret,
+        program_ns=_programs(libc, malloc, free),
+        host=_host_key(),
     )
 
 
@@ -86,7 +139,7 @@ def host_costs(refresh: bool = False) -> Costs | None:
     if not refresh:
         try:
             cached = Costs.model_validate(json.loads(CACHE.read_text()))
-            if cached.host == key:
+            if cached.host == key and cached.schema_version == SCHEMA:
                 return cached
         except (OSError, ValueError):
             pass

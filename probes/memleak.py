@@ -19,8 +19,10 @@ from pydantic import BaseModel
 from . import kernel
 from . import reach as reachscan
 from .allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
-from .base import ProbeResult, ProbeTarget, disarm, measure_cost, run_probe
+from .base import ProbeResult, ProbeTarget, disarm, run_probe
+from .calibrate import Costs
 from .growth import Spaces
+from .overhead import DETACH_S, Meter, TracingCost
 from .reach import ReachScan, StackReach
 from .stacks import Symbolizer, folded, recover
 
@@ -99,6 +101,7 @@ class MemleakResult(ProbeResult):
     big_allocations: list[BigAlloc] = []
     outstanding_allocations: int = 0
     reach_scan: ReachScan | None = None  # None: no scan was asked for
+    tracing_cost: TracingCost | None = None  # what tracing cost the target, measured (costs given)
 
     def leak_stack(self) -> LeakStack | None:
         """The stack with the most leaked bytes (nothing points at them), if the scan found any."""
@@ -146,17 +149,20 @@ def run(
     series_interval: float = 2.0,
     functions: list[str] | None = None,
     top: int = 20,
-    max_overhead_percent: float | None = None,
-    cost_per_event_ns: float | None = None,
+    costs: Costs | None = None,
+    allowance_ns: float | None = None,
+    cpu_baseline: float | None = None,
     scan_reach: bool = False,
     reach_allowed_ms: float | None = None,
 ) -> MemleakResult:
     """functions: attach only these entry points (a narrower, cheaper set), default all.
-    max_overhead_percent with cost_per_event_ns: detach early when events x cost over the time
-    attached exceeds that share of the target's time (measured as it runs, not estimated).
+    costs (this host's, probes/calibrate.py): measure what tracing costs the target as it runs
+    (result.tracing_cost). allowance_ns: detach early once that measured cost, with what detaching
+    will add, reaches this many ns of the target's time. cpu_baseline: the target's CPU seconds per
+    second before the attach, to measure its added CPU time (a pid target).
     scan_reach: at the end, with the probes still attached, stop the target and scan its memory
     for what points at the outstanding blocks (probes/reach.py), if the pause fits
-    reach_allowed_ms (None: no limit)."""
+    reach_allowed_ms (None: no limit) and what is left of the allowance."""
     if target.kind == "system" and not kernel_mode:
         return MemleakResult(
             name="memleak",
@@ -174,6 +180,8 @@ def run(
     big: list = []
     last_sample = [-series_interval]
     scanned: dict = {}
+    placed: list = []  # the placements attached, for pricing each program's hits at its site's trap
+    meter = Meter(target.pid if target.kind == "pid" else None, cpu_baseline)
 
     def attach(bpf, pids: set[int]) -> None:
         if kernel_mode:
@@ -214,6 +222,7 @@ def run(
                     continue
                 if p.describe() not in info["placements"]:
                     info["placements"].append(p.describe())
+                    placed.append(p)
 
     def on_tick(bpf, elapsed: float) -> bool:
         if snoop_min:
@@ -221,12 +230,10 @@ def run(
         if elapsed - last_sample[0] >= series_interval:
             last_sample[0] = elapsed
             _sample_series(bpf, elapsed, series_times, series)
-        if max_overhead_percent is not None and cost_per_event_ns and elapsed > 1.0:
-            # every probe hit is a trap: the kernel's own count of program runs, where it keeps one
-            hits = measure_cost(bpf, 0).bpf_run_count
-            if hits is None:
-                hits = sum(bpf["stats"][i].value for i in (0, 1, 8, 9))
-            if hits * cost_per_event_ns / (elapsed * 1e9) * 100 > max_overhead_percent:
+        if allowance_ns is not None and costs is not None and elapsed > 0.5:
+            spent = meter.read(bpf, placed, costs).measured_ns
+            # detaching keeps the hottest probes trapping for about a grace period more
+            if spent is not None and spent * (1 + DETACH_S / elapsed) >= allowance_ns:
                 return True
         return False
 
@@ -272,6 +279,7 @@ def run(
             "big_allocations": bigs,
             "outstanding_allocations": outstanding,
             "reach_scan": scanned.get("scan"),
+            "tracing_cost": meter.read(bpf, placed, costs, paused_s=_paused_s(scanned)) if costs else None,
         }
 
     def before_detach(bpf, elapsed: float, interrupted) -> None:
@@ -290,7 +298,12 @@ def run(
             blocks = _blocks(bpf, target.pid, keys if final else [], final)
             return blocks.glibc_bounded() if glibc else blocks
 
-        found, per_group = reachscan.scan(target.pid, read, reach_allowed_ms, interrupted)
+        allowed = reach_allowed_ms
+        if allowance_ns is not None and costs is not None:
+            spent = meter.read(bpf, placed, costs).measured_ns or 0.0
+            left_ms = max(0.0, allowance_ns - spent * (1 + DETACH_S / max(elapsed, 1e-3))) / 1e6
+            allowed = left_ms if allowed is None else min(allowed, left_ms)
+        found, per_group = reachscan.scan(target.pid, read, allowed, interrupted)
         scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
 
@@ -314,6 +327,11 @@ def run(
         on_tick=on_tick,
         before_detach=before_detach,
     )  # type: ignore[return-value]
+
+
+def _paused_s(scanned: dict) -> float:
+    scan = scanned.get("scan")
+    return (scan.paused_ms or 0) / 1000 if scan is not None else 0.0
 
 
 def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> reachscan.Blocks:

@@ -12,6 +12,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from figures import read_report  # noqa: E402
 from kit import MEMDIAG, MemoryCgroup, Workload, swapfile  # noqa: E402
 
 
@@ -76,7 +77,15 @@ def run_memdiag(*args: str, timeout: float = 180, caps: bool = True) -> subproce
     cmd = [MEMDIAG, *args]
     if not caps:
         cmd = ["setpriv", "--inh-caps=-all", "--bounding-set=-all", *cmd]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            out, err = proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    if proc.returncode == 0 and "--output" in args:  # setpriv execs: the pid is memdiag's
+        read_report(Path(args[args.index("--output") + 1]), memdiag_pid=proc.pid)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
 
 
 @pytest.fixture

@@ -13,6 +13,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -106,6 +107,41 @@ class Workload:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+class BenchAlloc(Workload):
+    """bench_alloc at a set rate (0: flat out), its once-a-second report collected: (time, ns per
+    operation, operations, CPU ns per operation). The target's own clocks judge what tracing cost
+    it: the wall clock (its throughput; on a busy machine other processes' CPU shows there too) or
+    its thread's CPU clock (traps are charged to it, others' use of the CPUs is not)."""
+
+    def __init__(self, rate: int, leak_kib: int = 256, env: dict | None = None):
+        super().__init__("bench_alloc", str(rate), str(leak_kib), env=env)
+        self.samples: list[tuple[float, float, int, float]] = []
+
+    def start(self) -> BenchAlloc:
+        super().start()
+        threading.Thread(target=self._read, daemon=True).start()
+        return self
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            parts = line.decode().split()
+            if len(parts) == 6 and parts[0] == "ns_per_op":
+                self.samples.append((time.monotonic(), float(parts[1]), int(parts[3]), float(parts[5])))
+
+    def _lines(self, t0: float, t1: float, cpu: bool) -> list[tuple[float, int]]:
+        # a line printed at T covers the second before T
+        return [(c if cpu else ns, n) for t, ns, n, c in self.samples if t0 < t <= t1 + 1.0]
+
+    def ns_per_op(self, t0: float, t1: float, cpu: bool = False) -> float | None:
+        lines = self._lines(t0, t1, cpu)
+        ops = sum(n for _, n in lines)
+        return sum(ns * n for ns, n in lines) / ops if ops else None
+
+    def lost_ns(self, t0: float, t1: float, base_ns_per_op: float, cpu: bool = False) -> float:
+        """Time its operations took beyond the untraced cost per operation, between t0 and t1."""
+        return sum((ns - base_ns_per_op) * n for ns, n in self._lines(t0, t1, cpu))
 
 
 def memory_cgroup_root() -> tuple[int, Path]:

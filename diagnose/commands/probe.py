@@ -9,6 +9,7 @@ from pathlib import Path
 
 from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, swapin, vmscan
 from memdiag.probes.base import ProbeTarget
+from memdiag.probes.calibrate import host_costs
 
 from ..errors import PermissionNeeded, UsageError
 from ..render.probe_text import render_probe
@@ -99,6 +100,7 @@ def execute(args: argparse.Namespace) -> int:
             max_size=args.max_size,
             snoop_min=args.snoop,
             top=args.top,
+            costs=None if args.kernel else host_costs(),  # the target's time it cost, measured
             scan_reach=args.name == "reach",
             reach_allowed_ms=args.max_pause
             if args.max_pause is not None

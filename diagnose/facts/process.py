@@ -3,6 +3,7 @@ anon/file/shmem (RSS, not VSZ, is what the process holds), swap, high-water mark
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ._parse import Fact, int_or_none, kib_to_bytes, kv_lines, read_text
@@ -21,6 +22,7 @@ class ProcessMemory(Fact):
     comm: str
     cmdline: list[str]
     state: str | None = None
+    ppid: int | None = None  # tells memdiag's own children (its BPF compiler) from the processes it watches
     rss: int | None = None
     rss_anon: int | None = None
     rss_file: int | None = None
@@ -69,6 +71,7 @@ def parse_process(
         comm=st.get("Name") or str(parsed.get("comm") or ""),
         cmdline=argv,
         state=(st.get("State") or "").split(" ")[0] or None,
+        ppid=int_or_none(st.get("PPid")),
         rss=kib_to_bytes(st.get("VmRSS")),
         rss_anon=kib_to_bytes(st.get("RssAnon")),
         rss_file=kib_to_bytes(st.get("RssFile")),
@@ -97,3 +100,19 @@ def read_process(pid: int, root: Path = Path("/proc")) -> ProcessMemory:
         read_text(base / "smaps_rollup"),
         read_text(base / "cmdline"),
     )
+
+
+def cpu_seconds(pid: int, root: Path = Path("/proc")) -> float | None:
+    """CPU time the process has used, all its threads, user + system (stat fields 14 and 15).
+    Uprobe traps and the BPF programs they run are charged to the trapping thread as system time,
+    so this is where a traced target's overhead shows, whatever the probe. None: gone."""
+    text = read_text(root / str(pid) / "stat")
+    if text is None:
+        return None
+    rest = text[text.rfind(")") + 2 :].split()
+    if len(rest) < 13:
+        return None
+    return (int(rest[11]) + int(rest[12])) / _CLK_TCK
+
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK")

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import time
 
+from memdiag.rules.catalog import FACTS
+from memdiag.rules.units import format_quantity
+
 from ..facts.meminfo import MEMINFO_KEYS
 from ..report import CounterRow, Report
 from ..units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
@@ -67,9 +70,12 @@ def _cell(row: CounterRow, value: float | None) -> str:
 
 def _rate(row: CounterRow) -> str:
     if row.rate_per_s is None:
-        if row.unit == "bytes" and row.first is not None and row.last is not None and row.last != row.first:
-            return f"{'+' if row.last > row.first else ''}{fmt_bytes(row.last - row.first)}"
-        return ""
+        if row.first is None or row.last is None or row.last == row.first:
+            return ""
+        sign = "+" if row.last > row.first else ""
+        if row.unit == "bytes":
+            return f"{sign}{fmt_bytes(row.last - row.first)}"
+        return f"{sign}{fmt_number(row.last - row.first)}" if row.unit == "count" else ""
     suffix = {"pages_per_s": " pages/s", "bytes_per_s": " B/s"}.get(row.unit, "/s")
     return f"{fmt_number(row.rate_per_s)}{suffix}"
 
@@ -118,6 +124,58 @@ def _culprit_stack(c) -> str:
         parts.append(text + _kind_note(kind if i != named or kind == "interpreter" else ""))
     more = len(c.stack) - shown
     return " ← ".join(parts) + (f" ← … {more} more" if more > 0 else "")
+
+
+def _overhead_lines(o) -> list[str]:
+    window = f" over the {fmt_duration(o.window_s)} window" if o.window_s else ""
+    lines = ["## Overhead", "", f"- Budget: {o.budget_percent:g}% of the target's time{window}"]
+    if o.estimated_percent is not None:
+        of = f" ({o.estimate_of})" if o.estimate_of else ""
+        lines += [f"- Estimated before attaching{of}: {o.estimated_percent:.2f}%"]
+    if o.measured_percent is None:
+        return lines + ["- Measured: nothing to measure (no probe attached; counters read from /proc)"]
+    lines += [f"- Measured on the target: {o.measured_percent:.2f}% (the probe table's overhead column, summed)"]
+    if o.tracing_probes_percent is not None or o.tracing_cpu_percent is not None:
+        parts = []
+        if o.tracing_probes_percent is not None:
+            parts.append(f"its probes' hits x trap cost + BPF run time {o.tracing_probes_percent:.2f}%")
+        if o.tracing_cpu_percent is not None:
+            parts.append(f"the target's CPU time above its rate before the attach {o.tracing_cpu_percent:.2f}%")
+        lines += [f"- Allocation tracing, measured two ways (the larger counts): {'; '.join(parts)}"]
+    return lines
+
+
+def _processes(report: Report) -> list[str]:
+    """The target's processes the lists quote (largest, fastest growing, paying in major faults)."""
+    rows = report.counters.processes
+    if not rows:
+        return []
+    scope = {"pid": "the target", "cgroup": "in the cgroup", "system": "memdiag's own left out"}[report.target.kind]
+    table = [
+        [
+            f"PID {r.pid} ({r.comm})",
+            fmt_bytes(r.rss_first) if r.rss_first is not None else "– (started in the window)",
+            fmt_bytes(r.rss_last),
+            f"{'+' if r.growth > 0 else ''}{fmt_bytes(r.growth)}",
+            fmt_number(r.majflt_delta) if r.majflt_delta is not None else "–",
+        ]
+        for r in rows
+    ]
+    head = ["process", "RSS first", "RSS last", "change", "major faults"]
+    return [f"### Processes ({scope})", ""] + _table(head, table) + [""]
+
+
+def _probe_figures(report: Report) -> list[str]:
+    """What each probe measured that the rules read, and what it could not record (lost)."""
+    rows = []
+    for p in report.probes:
+        for name, value in p.figures.items():
+            kind = FACTS[name].kind if name in FACTS else "number"
+            rows.append([p.name, f"`{name}`", format_quantity(value, kind)])
+        rows += [[p.name, f"lost: {cause}", fmt_number(n)] for cause, n in p.lost.items()]
+    if not rows:
+        return []
+    return ["### Probe figures", ""] + _table(["probe", "figure", "value"], rows) + [""]
 
 
 def render_markdown(report: Report) -> str:
@@ -205,6 +263,7 @@ def render_markdown(report: Report) -> str:
             [[_COUNTER_LABELS.get(r.name, r.name), _cell(r, r.first), _cell(r, r.last), _rate(r)] for r in scoped],
         ) + [""]
 
+    lines += _processes(report)
     if report.counters.oom_kills:
         lines += ["### OOM kills", ""]
         lines += _table(
@@ -274,15 +333,8 @@ def render_markdown(report: Report) -> str:
         ],
     ) + [""]
 
-    o = report.overhead
-    lines += ["## Overhead", ""]
-    lines += [f"- Budget: {o.budget_percent:g}% of the target's time"]
-    lines += [f"- Estimated: {o.estimated_percent:.2f}%" if o.estimated_percent is not None else "- Estimated: unknown"]
-    lines += [
-        f"- Measured: {o.measured_percent:.2f}% (probe run time and traps over the window)"
-        if o.measured_percent is not None
-        else "- Measured: nothing to measure (no probe attached; counters read from /proc)"
-    ]
+    lines += _probe_figures(report)
+    lines += _overhead_lines(report.overhead)
     if report.budget_decision:
         lines += [f"- Allocation tracing: {report.budget_decision}"]
     lines += [""]

@@ -25,10 +25,16 @@ def _header(r: ProbeResult) -> list[str]:
         cost.append(f"BPF run time {r.cost.bpf_run_ns / 1e6:.1f} ms")
     if r.cost.map_bytes:
         cost.append(f"maps {fmt_bytes(r.cost.map_bytes)}")
+    tracing = getattr(r, "tracing_cost", None)
+    if tracing is not None and tracing.measured_ns is not None:
+        cost.append(
+            f"the target's time {tracing.measured_ns / 1e6:.1f} ms over {fmt_duration(tracing.attached_s)} "
+            f"attached ({tracing.percent_of(tracing.attached_s):.2f}%: hits x trap cost + BPF run time)"
+        )
     lines.append("  cost: " + ", ".join(cost))
     lost = {k: v for k, v in r.lost.items() if v}
     if lost:
-        lines.append("  not recorded: " + ", ".join(f"{k} {v:,}" for k, v in lost.items()))
+        lines.append("  lost (not recorded): " + ", ".join(f"{k} {v:,}" for k, v in lost.items()))
     return lines
 
 

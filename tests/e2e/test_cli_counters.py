@@ -2,21 +2,23 @@
 system, a target that exits, progress on a terminal, and the one-line errors for bad input.
 The full scenarios with probes are in test_scenarios.py."""
 
-import json
+import contextlib
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from kit import MEMDIAG
+from figures import read_report
+from kit import MEMDIAG, build
 
 MiB = 1 << 20
 
 
 def _report(out: Path) -> dict:
-    return json.loads((out / "report.json").read_text())
+    return read_report(out)
 
 
 def _ok(result: subprocess.CompletedProcess) -> None:
@@ -41,6 +43,39 @@ def test_oom_killed_cgroup_reports_the_kill(memdiag, workload, memcg, tmp_path):
     assert [k["victim_pid"] for k in kills] == [w.pid]
     assert kills[0]["constraint"] == "CONSTRAINT_MEMCG"
     assert any(f["id"] == "cgroup-oom-count" and f["evidence"]["oom_kill"] == 1 for f in rep["findings"])
+
+
+def test_oom_loop_in_a_cgroup_counts_kills_by_the_kernel_counter(memdiag, memcg, tmp_path):
+    """A worker restarted as fast as the limit kills it: the kill count is the cgroup's counter
+    over the window, the kernel log's records are the examples, and the usage is no plateau."""
+    cg = memcg(32 * MiB, swap=False)
+    hog = build("hog")
+    loop = subprocess.Popen(
+        ["sh", "-c", f"echo ready; while :; do {hog} 64 8 60 >/dev/null; done"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,  # the shell's "Killed" after every kill
+        preexec_fn=lambda: cg.procs_file.write_text(str(os.getpid())),
+    )
+    try:
+        assert loop.stdout.readline() == b"ready\n"
+        time.sleep(2)
+        _ok(memdiag("--cgroup", cg.path, "--duration", "8", "--output", str(tmp_path)))
+    finally:
+        loop.kill()
+        loop.wait()
+        for pid in cg.pids():  # the hog of the moment, before it is killed at its limit once more
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(2)  # the last kill out of the next test's window (a system target counts from 1 s before it)
+    rep = _report(tmp_path)  # every figure checked against the tables
+    v = rep["verdict"]
+    assert v["kind"] == "oom", v["summary"]
+    rows = {(r["scope"], r["name"]): r for r in rep["counters"]["rows"]}
+    kills = rows[("cgroup", "oom_kill")]["last"] - rows[("cgroup", "oom_kill")]["first"]
+    assert kills >= 3
+    assert f"{kills:.0f} kills in the window (the cgroup's oom_kill counter)" in v["summary"], v["summary"]
+    assert f"the kernel log holds {len(rep['counters']['oom_kills'])}" in v["summary"]
+    assert not [f for f in rep["findings"] if "levelled" in f["summary"]]
 
 
 def test_system_target(memdiag, workload, tmp_path):

@@ -8,6 +8,7 @@ import socket
 import time
 
 from conftest import TOKEN, request
+from figures import check_figures
 
 MiB = 1 << 20
 
@@ -40,6 +41,7 @@ def test_alertmanager_to_incident_end_to_end(server, alertmanager, workload):
     assert "leak_order_history" in done["summary"]
     md = srv.get(f"/incidents/{incident['id']}?format=md")[1].decode()
     assert md.startswith(f"# memdiag: {done['verdict_kind']} — PID {w.pid} (leak)")
+    assert check_figures(json.loads(srv.get(f"/incidents/{incident['id']}?format=json")[1])) == []
     assert len(srv.incidents()) == 1  # no second incident from the same alert
 
 

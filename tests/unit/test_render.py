@@ -1,9 +1,11 @@
 """Renderers on their whole output: a fixed Report, rendered, compared with the golden file.
 Regenerate after an intended change with MEMDIAG_REGEN_GOLDEN=1 and review the diff."""
 
+import json
 import os
 from pathlib import Path
 
+from figures import check_figures
 from memdiag.diagnose.facts.kmsg import OomKill
 from memdiag.diagnose.render.jsonout import render_json
 from memdiag.diagnose.render.markdown import render_markdown
@@ -15,6 +17,7 @@ from memdiag.diagnose.report import (
     Finding,
     Overhead,
     ProbeStatus,
+    ProcessRow,
     Report,
     SlabGrowth,
     StackReport,
@@ -47,8 +50,9 @@ def fixture_report() -> Report:
         window=Window(started=T0, ended=T0 + 30, requested_s=30, samples=31),
         verdict=Verdict(
             kind="growth",
-            summary="RSS of PID 123 (orderd) grew 48.0 MiB/min for 30 s (100 MiB to 124 MiB) and is still "
-            "climbing; cgroup limit 512 MiB reached in ~8 min; escalation needed: page-fault stacks / memleak",
+            summary="RSS of PID 123 (orderd) grew 48.0 MiB/min over 30 s (100 MiB to 124 MiB) and is still "
+            "climbing; at that rate the cgroup limit 512 MiB (388 MiB left) is reached in ~8 min (an estimate); "
+            "escalation needed: page-fault stacks / memleak",
             confidence=0.7,
             culprit=Culprit(
                 pid=123,
@@ -72,7 +76,8 @@ def fixture_report() -> Report:
         findings=[
             Finding(
                 id="growth-climbing",
-                summary="RSS of PID 123 (orderd) grew 48.0 MiB/min",
+                summary="RSS of PID 123 (orderd) grew 48.0 MiB/min over 30 s; Orders::add holds 24.0 MiB, "
+                "growing 120 MiB/min",
                 evidence={"series": "process.rss"},
             )
         ],
@@ -81,14 +86,33 @@ def fixture_report() -> Report:
         probes=[
             ProbeStatus(name="faults", status="not-run", reason="counters-only diagnosis"),
             ProbeStatus(
+                name="memleak",
+                status="partial",
+                reason="a table filled up: some allocations were not tracked (see lost)",
+                duration_s=12.0,
+                events=12288,
+                lost={"table_full": 12},
+                figures={"memleak.top_outstanding": 24 * MiB, "memleak.top_rate": 2 * MiB},
+            ),
+            ProbeStatus(
                 name="swapin",
                 status="unavailable",
                 reason="kprobes not compiled into this kernel",
                 method="major faults on anonymous memory",
             ),
         ],
-        overhead=Overhead(budget_percent=2.0, estimated_percent=0.5, measured_percent=0.61),
-        budget_decision="2,000 allocations/s x 2,500 ns (measured here) = 0.50% <= budget 2%",
+        overhead=Overhead(
+            budget_percent=2.0,
+            estimated_percent=0.29,
+            estimate_of="allocation tracing",
+            measured_percent=0.61,
+            tracing_probes_percent=0.58,
+            tracing_cpu_percent=0.55,
+            window_s=30.0,
+        ),
+        budget_decision="malloc+0 (emulated + return probe) 2,000/s x 1.6 µs + free+9 (emulated) 2,000/s x 619 ns "
+        "= 0.44% of a CPU while attached; over the 19 s it would run and its detach, with the rate count's 1.6 ms, "
+        "0.29% of the 30 s window <= budget 2%",
         trail=[
             TrailItem(
                 kind="rule",
@@ -127,7 +151,9 @@ def fixture_report() -> Report:
             rows=[
                 CounterRow(scope="process", name="rss", unit="bytes", first=100 * MiB, last=124 * MiB),
                 CounterRow(scope="process", name="majflt", unit="per_s", first=3, last=9, rate_per_s=0.2),
+                CounterRow(scope="cgroup", name="usage", unit="bytes", first=100 * MiB, last=124 * MiB),
                 CounterRow(scope="cgroup", name="effective_limit", unit="bytes", first=512 * MiB, last=512 * MiB),
+                CounterRow(scope="cgroup", name="oom_kill", unit="count", first=1, last=1),
                 CounterRow(
                     scope="system", name="mem_available", unit="bytes", first=20 << 30, last=(20 << 30) - 24 * MiB
                 ),
@@ -151,6 +177,7 @@ def fixture_report() -> Report:
                 )
             ],
             slab_top=[SlabGrowth(name="dentry", first_bytes=10 * MiB, last_bytes=11 * MiB)],
+            processes=[ProcessRow(pid=123, comm="orderd", rss_first=100 * MiB, rss_last=124 * MiB, majflt_delta=6)],
             swap_devices=[],
         ),
     )
@@ -177,3 +204,7 @@ def test_sparkline():
     assert sparkline([5, 5, 5]) == "▁▁▁"
     assert len(sparkline(list(range(100)), width=40)) == 40
     assert sparkline([]) == ""
+
+
+def test_every_figure_of_the_fixture_is_in_its_tables():
+    assert check_figures(json.loads(render_json(fixture_report()))) == []

@@ -57,3 +57,22 @@ def test_counter_rate():
     assert counter_rate(100, 400, 3.0) == 100.0
     assert counter_rate(None, 5, 1.0) is None
     assert counter_rate(1000, 10, 2.0) == 5.0  # counter reset: count from zero
+
+
+def test_oom_loop_is_a_sawtooth_not_a_plateau():
+    # a cgroup's usage filling to its 64 MiB limit in 6 s, emptied by the OOM killer, refilling
+    tr = growth_trend([(t, 4 * MiB + (t % 7) * 10 * MiB) for t in range(31)])
+    assert tr.shape == "sawtooth"
+    assert tr.levelled_for_s is None
+
+
+def test_still_moving_at_the_end_is_not_levelled_for_zero_seconds():
+    # fast growth, then slower than a quarter of that pace but still moving at every sample
+    tr = growth_trend([(t, 8 * MiB * min(t, 20) + 1 * MiB * max(0, t - 20)) for t in range(31)])
+    assert tr.shape == "climbing"
+    assert tr.levelled_for_s is None
+
+
+def test_a_plateau_says_how_long_it_has_been_level():
+    tr = growth_trend([(t, 8 * MiB * min(t, 20)) for t in range(31)])
+    assert tr.shape == "levelled" and tr.levelled_for_s == 10

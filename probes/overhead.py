@@ -1,0 +1,150 @@
+"""What allocation tracing costs the target, priced per probe site before attaching and measured
+while attached.
+
+Every uprobe hit is a trap, and what a trap costs depends on where the probe sits: an
+instruction the kernel emulates (a push: ~0.5-1.3 µs here) or one it must single-step out of line
+(~16 µs: jemalloc's malloc+0 and free+0), plus a return probe where the result is needed (the
+kernel hijacks the return address: a second trap). The BPF program then runs on top of the trap.
+So the price of a site is trap(kind) [+ return trap] + the programs' own run time, each measured
+on this host (probes/calibrate.py), times that site's call rate (probes/ratecount.py).
+
+While memleak is attached, the cost is measured rather than estimated, two ways: the kernel's
+count and run time of each program (BPF stats), with each program's hits priced at its site's
+trap; and the target's own CPU time (utime + stime: traps are charged to the trapping thread)
+against its rate before the attach. The larger is the figure reported and enforced."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from memdiag.diagnose.facts.process import cpu_seconds
+from pydantic import BaseModel
+
+from .allocator import BPF_FUNCTION, Placement
+from .base import program_stats
+from .calibrate import Costs
+
+RETURN_PROGRAM = "alloc_return"  # bpf/memleak.c: every return probe runs it
+# Detaching closes one probe per RCU grace period (~100 ms here), hottest first
+# (bpfobj.detach_all): malloc, its return probe and free stop trapping within about three.
+DETACH_S = 0.3
+
+
+def trap_ns(placement: Placement, costs: Costs) -> float:
+    """The trap of the entry probe alone."""
+    return costs.emulated_ns if placement.emulated else costs.stepped_ns
+
+
+def site_ns(placement: Placement, costs: Costs) -> float:
+    """What one call through this site costs the target with memleak attached."""
+    program = BPF_FUNCTION[placement.function]
+    ns = trap_ns(placement, costs) + costs.program_ns.get(program, costs.program_ns.get("malloc_enter", 0.0))
+    if placement.return_probe:
+        ns += costs.return_ns + costs.program_ns.get(RETURN_PROGRAM, 0.0)
+    return ns
+
+
+@dataclass
+class SitePrice:
+    placement: Placement
+    per_s: float | None  # calls per second; None: not counted
+    ns: float  # per call
+
+    @property
+    def ns_per_s(self) -> float:
+        return (self.per_s or 0.0) * self.ns
+
+    def describe(self) -> str:
+        how = "emulated" if self.placement.emulated else "single-stepped"
+        ret = " + return probe" if self.placement.return_probe else ""
+        rate = f"{self.per_s:,.0f}/s" if self.per_s is not None else "not counted"
+        return f"{self.placement.function}+{self.placement.offset} ({how}{ret}) {rate} x {fmt_ns(self.ns)}"
+
+
+def fmt_ns(ns: float) -> str:
+    return f"{ns / 1000:.1f} µs" if ns >= 1000 else f"{ns:.0f} ns"
+
+
+@dataclass
+class Price:
+    """Allocation tracing priced site by site: ns of the target's time per second attached."""
+
+    sites: list[SitePrice] = field(default_factory=list)
+
+    @property
+    def ns_per_s(self) -> float:
+        return sum(s.ns_per_s for s in self.sites)
+
+    @property
+    def percent(self) -> float:
+        """Share of one CPU's time while attached."""
+        return self.ns_per_s / 1e9 * 100
+
+    def describe(self) -> str:
+        counted = [s for s in self.sites if s.per_s]
+        return " + ".join(s.describe() for s in sorted(counted, key=lambda s: -s.ns_per_s)) or "no calls counted"
+
+    def uncounted(self) -> list[str]:
+        return [s.placement.function for s in self.sites if s.per_s is None]
+
+
+def price(placements: list[Placement], rates: dict[str, float], costs: Costs) -> Price:
+    return Price([SitePrice(p, rates.get(p.function), site_ns(p, costs)) for p in placements])
+
+
+class LiveCost:
+    """memleak's cost so far, measured: each program's hits (the kernel's run count) priced at the
+    trap of the site(s) it is attached to, plus the programs' own run time."""
+
+    def __init__(self, placements: list[Placement], costs: Costs):
+        self.costs = costs
+        self.trap: dict[str, float] = {}
+        for p in placements:
+            program = BPF_FUNCTION[p.function]
+            # a program on several sites (memalign and aligned_alloc): the dearer trap, to be safe
+            self.trap[program] = max(self.trap.get(program, 0.0), trap_ns(p, costs))
+            if p.return_probe:
+                self.trap[RETURN_PROGRAM] = costs.return_ns
+
+    def ns(self, bpf) -> float | None:
+        """None: the kernel keeps no run counts (kernel.bpf_stats_enabled could not be set)."""
+        stats = program_stats(bpf)
+        if stats is None:
+            return None
+        default = self.costs.emulated_ns
+        return sum(run_ns + count * self.trap.get(name, default) for name, (count, run_ns) in stats.items())
+
+
+class TracingCost(BaseModel):
+    """What allocation tracing cost the target, measured, from the attach to now (or the detach)."""
+
+    attached_s: float
+    probes_ns: float | None = None  # each program's hits x its site's trap + the programs' run time
+    cpu_ns: float | None = None  # the target's CPU time above its rate before the attach
+    measured_ns: float | None = None  # the larger of the two: what is reported and enforced
+
+    def percent_of(self, window_s: float) -> float | None:
+        return None if self.measured_ns is None or window_s <= 0 else 100 * self.measured_ns / (window_s * 1e9)
+
+
+class Meter:
+    """Reads TracingCost while a probe runs: started before the attach, so attaching counts."""
+
+    def __init__(self, pid: int | None, cpu_baseline: float | None):
+        self.pid, self.baseline = pid, cpu_baseline
+        self.t0 = time.monotonic()
+        self.cpu0 = cpu_seconds(pid) if pid is not None else None
+
+    def read(self, bpf, placements: list[Placement], costs: Costs, paused_s: float = 0.0) -> TracingCost:
+        probes_ns = LiveCost(placements, costs).ns(bpf)
+        attached = time.monotonic() - self.t0
+        cpu_ns = None
+        if self.pid is not None and self.baseline is not None and self.cpu0 is not None:
+            now = cpu_seconds(self.pid)
+            # a stopped target (the reachability scan) uses no CPU: its rate applies to the rest
+            if now is not None:
+                cpu_ns = max(0.0, (now - self.cpu0 - self.baseline * max(attached - paused_s, 0.0)) * 1e9)
+        known = [v for v in (probes_ns, cpu_ns) if v is not None]
+        measured = max(known, default=None)
+        return TracingCost(attached_s=attached, probes_ns=probes_ns, cpu_ns=cpu_ns, measured_ns=measured)

@@ -1,0 +1,86 @@
+"""What allocation tracing costs, priced per site and measured on the real target: the figure
+memleak reports is checked against the time the target itself lost (bench_alloc times its own
+operations), on glibc (emulated probes) and jemalloc (single-stepped ones), and the running check
+detaches when the measured cost reaches what the budget leaves."""
+
+import time
+
+import pytest
+from kit import BenchAlloc
+from memdiag.diagnose.facts.process import cpu_seconds
+from memdiag.probes import memleak
+from memdiag.probes.allocator import find_allocator
+from memdiag.probes.base import ProbeTarget
+from memdiag.probes.calibrate import host_costs
+
+JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+
+
+@pytest.fixture
+def bench(root_required):
+    started: list[BenchAlloc] = []
+
+    def start(rate: int, env: dict | None = None) -> BenchAlloc:
+        b = BenchAlloc(rate, env=env).start()
+        started.append(b)
+        return b
+
+    yield start
+    for b in started:
+        b.stop()
+
+
+def _traced(b: BenchAlloc, seconds: float, **kw):
+    """Untraced baseline for 3 s, then memleak for `seconds`, then 2 s untraced; the result and
+    the target's own account of what it lost (ns), by its thread's CPU clock (traps are charged
+    to it; what other processes take from it on this 2-core machine is not)."""
+    t0, c0 = time.monotonic(), cpu_seconds(b.pid)
+    time.sleep(3.2)
+    base = b.ns_per_op(t0 + 0.5, time.monotonic() - 1.0, cpu=True)
+    baseline = (cpu_seconds(b.pid) - c0) / (time.monotonic() - t0)
+    start = time.monotonic()
+    r = memleak.run(ProbeTarget.for_pid(b.pid), seconds, costs=host_costs(), cpu_baseline=baseline, **kw)
+    end = time.monotonic()
+    time.sleep(2.2)
+    assert base is not None and r.status == "ok", r.reason
+    return r, b.lost_ns(start, end, base, cpu=True)
+
+
+@pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])
+def test_measured_cost_agrees_with_what_the_target_lost(bench, allocator):
+    env = {"LD_PRELOAD": JEMALLOC} if allocator == "jemalloc" else None
+    b = bench(10_000 if allocator == "glibc" else 2_000, env=env)
+    r, lost = _traced(b, 5)
+    assert r.allocator == allocator
+    cost = r.tracing_cost
+    assert cost is not None and cost.probes_ns is not None and cost.cpu_ns is not None
+    # the figure reported is within a factor of 1.5 of the target's own account
+    assert lost / 1.5 <= cost.measured_ns <= lost * 1.5, (cost, lost)
+    if allocator == "jemalloc":  # no emulated instruction at the start of malloc or free
+        assert any(p.startswith("malloc+0") and "single-stepped" in p for p in r.placements), r.placements
+
+
+def test_detaches_when_the_measured_cost_reaches_the_allowance(bench):
+    b = bench(10_000)
+    allowance = 40e6  # 40 ms of the target's time: ~1.5 s of tracing at 10 thousand calls/s here
+    r, lost = _traced(b, 10, allowance_ns=allowance)
+    assert r.backed_off and r.duration_s < 5, r.duration_s
+    # a tick (0.5 s) of overshoot at most, and the target's own account agrees
+    assert r.tracing_cost.measured_ns <= allowance * 1.5, r.tracing_cost
+    assert lost <= allowance * 1.5, lost
+
+
+def test_price_is_per_site(root_required, bench):
+    """glibc's malloc and free sit on emulated instructions; under jemalloc both are single-stepped
+    and priced at the stepped trap (~30 times dearer here)."""
+    from memdiag.probes.overhead import price
+
+    costs = host_costs()
+    glibc = find_allocator(bench(1000).pid)
+    jemalloc = find_allocator(bench(1000, env={"LD_PRELOAD": JEMALLOC}).pid)
+    rates = {"malloc": 1000.0, "free": 1000.0}
+    cheap, dear = price(glibc.placements, rates, costs), price(jemalloc.placements, rates, costs)
+    assert dear.ns_per_s > 5 * cheap.ns_per_s, (cheap.describe(), dear.describe())
+    assert "single-stepped" in dear.describe() and "single-stepped" not in cheap.describe()
+    free = next(s for s in dear.sites if s.placement.function == "free")
+    assert free.ns == costs.stepped_ns + costs.program_ns["free_enter"]
