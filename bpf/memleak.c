@@ -161,19 +161,38 @@ static __always_inline int record_free(u64 addr)
 #if KERNEL_MODE == 0
 
 #define FINGERPRINT_WORDS 32
+#define NO_FRAME_POINTERS -1 /* a stack key's stack_id where the frame-pointer walk was not taken */
 #define FINGERPRINT_RETURNS 4
+
+/* Whether the kernel's frame-pointer walk from here means anything: rbp points a little above sp
+ * and the word after it is a return address into the executable. In -O2 code rbp is an ordinary
+ * register that often holds a stack address; walked as a frame chain it yields a different garbage
+ * stack on nearly every call (redis-server: 3,500 stack ids for one call site in 6 s), which filled
+ * the stack map (stack_errors) and the one-copy-per-key samples map (samples_dropped), leaving
+ * those allocations with the allocator's frame alone. A return address into a library is not
+ * trusted either (the libraries that allocate are frameless): the copy and .eh_frame name it. */
+static __always_inline int frame_pointer_usable(struct stack_sample *s, u32 tgid)
+{
+	if (!(s->regs.bp > s->regs.sp && s->regs.bp - s->regs.sp < (1 << 20)))
+		return 0;
+	struct text_range *t = texts.lookup(&tgid);
+	if (!t)
+		return 1; /* no text range (the executable is not a file): trust it as before */
+	u64 ra = 0;
+	if (bpf_probe_read_user(&ra, sizeof(ra), (void *)(s->regs.bp + 8)) != 0)
+		return 0;
+	return ra >= t->lo && ra < t->hi;
+}
 
 /* Frameless code (glibc, libstdc++, most -O2 builds) leaves the frame-pointer walk with little
  * more than the allocator: every call path through one wrapper (operator new, xmalloc) would share
  * a stack key and the one stack copied for it, so a leak on one path and held growth on another
  * were booked to one stack. The first few return addresses into the executable found in the
  * words above sp differ between those paths. A stale one in an uninitialized slot can only split
- * a path in two, and user space merges stacks that unwind alike. Skipped where rbp looks like a
- * frame pointer (within 1 MiB above sp): the frame-pointer walk already tells the paths apart. */
+ * a path in two, and user space merges stacks that unwind alike. Used only where the frame-pointer
+ * walk is not (frame_pointer_usable): otherwise that walk already tells the paths apart. */
 static __always_inline u64 path_fingerprint(struct stack_sample *s, u32 tgid)
 {
-	if (s->regs.bp > s->regs.sp && s->regs.bp - s->regs.sp < (1 << 20))
-		return 0;
 	struct text_range *t = texts.lookup(&tgid);
 	if (!t)
 		return 0;
@@ -234,11 +253,15 @@ static __always_inline int enter(struct pt_regs *ctx, u64 size, u64 ptr_arg, u32
 	struct inflight in = { .size = size, .ptr_arg = ptr_arg, .kind = kind, .depth = 1 };
 	in.key.tgid = tgid;
 	in.key.ip = s->regs.ip;
-	in.key.stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
-	if (in.key.stack_id < 0)
-		stats.increment(S_STACK_ERRORS);
 	bpf_probe_read_user(&in.key.at_sp, sizeof(in.key.at_sp), (void *)s->regs.sp);
-	in.key.at_sp ^= path_fingerprint(s, tgid);
+	if (frame_pointer_usable(s, tgid)) {
+		in.key.stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
+		if (in.key.stack_id < 0)
+			stats.increment(S_STACK_ERRORS);
+	} else {
+		in.key.stack_id = NO_FRAME_POINTERS; /* named from the stack copy by .eh_frame */
+		in.key.at_sp ^= path_fingerprint(s, tgid);
+	}
 	if (!samples.lookup(&in.key)) {
 		copy_user_stack(s);
 		if (samples.insert(&in.key, s) != 0)

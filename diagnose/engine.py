@@ -20,13 +20,15 @@ from typing import Literal
 from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, prepare, swapin, vmscan
 from memdiag.probes.base import ProbeResult, ProbeTarget
 from memdiag.rules.engine import Outcome, render, run_rules
-from memdiag.rules.model import Rule
+from memdiag.rules.model import FrameClass, Rule
 from pydantic import BaseModel
 
+from .culprit import Classes, default_classes
 from .evidence import build_counters
 from .facts.kmsg import read_oom_kills
 from .facts.process import cpu_seconds
-from .factset import counter_facts, probe_facts
+from .facts.runtime import read_runtime
+from .factset import counter_facts, probe_facts, target_facts
 from .observe import Observation, observe
 from .report import Counters, Culprit, TrailItem, Verdict
 from .snapshot import Snapshot
@@ -74,10 +76,13 @@ class Engine:
         on_sample: Callable[[Snapshot, float], None] | None = None,
         on_step: Callable[[str], None] | None = None,
         max_pause_ms: float | None = None,
+        wrappers: list[FrameClass] | None = None,
     ):
         self.rules, self.target, self.duration, self.budget = rules, target, duration, budget_percent
         self.interval, self.on_sample, self.on_step = interval, on_sample, on_step or (lambda _s: None)
         self.max_pause_ms = max_pause_ms
+        self.classes = Classes(wrappers) if wrappers is not None else default_classes()
+        self.runtime = read_runtime(target.pid) if target.kind == "pid" and target.pid is not None else None
         self.trail: list[TrailItem] = []
         self.results: dict[str, ProbeResult] = {}
         self.budget_decision: BudgetDecision | None = None
@@ -102,9 +107,11 @@ class Engine:
         tri = triage(obs, counters)
         f = counter_facts(obs, counters, self.budget)
         f["target.name"] = self.target.describe()
+        t = self.target
+        f.update(target_facts(t.kind, t.pid, t.cmdline, self.runtime))
         for name, verdict in tri.candidates.items():
             f[f"summary.{name}"] = verdict.summary
-        f.update(probe_facts(self.results, f.get("process.rss_shape")))
+        f.update(probe_facts(self.results, f.get("process.rss_shape"), self.classes))
         if self.budget_decision is not None:
             f["alloc.rate"] = self.budget_decision.call_rate
             f["alloc.tracing_percent"] = self.budget_decision.estimated_percent
@@ -382,17 +389,28 @@ class Engine:
         if candidate is not None and t.kind != "pid":
             base = candidate.culprit
         stack = self._stack_for(kind)
-        return base.model_copy(update={"stack": stack}) if stack else base
+        if stack is None:
+            return base
+        named = self.classes.name(stack.frames, getattr(stack, "forwards", None))
+        return base.model_copy(
+            update={
+                "stack": stack.frames,
+                "function": named.function,
+                "frame_kinds": named.kinds,
+                "guessed": named.guessed,
+            }
+        )
 
-    def _stack_for(self, kind: str) -> list[str]:
+    def _stack_for(self, kind: str):
+        """The stack the verdict rests on (a memleak LeakStack or a fault/brk/mmap stack), if any."""
         ml = self.results.get("memleak")
         leak = ml.leak_stack() if ml is not None and kind == "leak" else None
         if leak is not None:  # the stack whose blocks nothing points at, as the leak rule read it
-            return leak.frames
+            return leak
         if kind in ("leak", "cache", "growth") and ml is not None and ml.stacks:
-            return ml.stacks[0].frames
+            return ml.stacks[0]
         for name in ("faults", "brkstack", "mmapsnoop"):
             r = self.results.get(name)
             if r is not None and getattr(r, "stacks", None):
-                return r.stacks[0].frames
-        return []
+                return r.stacks[0]
+        return None

@@ -3,29 +3,33 @@ result, in the units the catalog (memdiag.rules.catalog) gives. Unknown stays No
 
 from __future__ import annotations
 
-import re
+import shlex
 
+from .culprit import Classes, default_classes
 from .evidence import psi_stall_percent, window_seconds
+from .facts.runtime import Runtime
 from .leakcache import classify
 from .observe import Observation
 from .report import Counters
 from .trends import counter_rate, growth_trend
 
-# Frames in these modules belong to the language runtime or the allocator, not to the application.
-_RUNTIME = re.compile(
-    r"^(libc\.so|libc-|ld-linux|ld-musl|libstdc\+\+|libgcc_s|libjemalloc|libtcmalloc|libmimalloc"
-    r"|libpthread|libm\.so|libdl|\[vdso\])"
-)
-_FRAME = re.compile(r"^(?P<fn>.*?)\+0x[0-9a-f]+ \[(?P<mod>[^\]]+)\]$")
+
+def app_function(frames: list[str], forwards: list[bool] | None = None, classes: Classes | None = None) -> str | None:
+    """The culprit's function: the first frame (from the leaf) past allocator entry points,
+    allocation wrappers and runtime code (the playbook's `wrappers:` list, memdiag.diagnose.culprit)."""
+    return (classes or default_classes()).name(frames, forwards).label
 
 
-def app_function(frames: list[str]) -> str | None:
-    """The first frame (from the leaf) in application code, by name."""
-    for frame in frames:
-        m = _FRAME.match(frame)
-        if m and not _RUNTIME.match(m["mod"]):
-            return m["fn"]
-    return None
+def target_facts(kind: str, pid: int | None, cmdline: list[str], runtime: Runtime | None) -> dict:
+    """Facts about a process target that commands in advice need: its pid, command line, runtime."""
+    if kind != "pid" or pid is None:
+        return {"target.runtime": "unknown"}  # a cgroup or the system may run anything
+    return {
+        "target.pid": str(pid),
+        "target.command": shlex.join(cmdline) if cmdline else None,
+        "target.runtime": runtime.name if runtime else "none",
+        "target.runtime_detail": runtime.describe() if runtime else None,
+    }
 
 
 def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -> dict:
@@ -103,21 +107,23 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     return f
 
 
-def probe_facts(results: dict, process_shape: str | None) -> dict:
-    """Facts from the probes that ran (name -> result)."""
+def probe_facts(results: dict, process_shape: str | None, classes: Classes | None = None) -> dict:
+    """Facts from the probes that ran (name -> result). classes: the playbook's wrappers (default:
+    the shipped list), passed over when a stack's function is named."""
+    classes = classes or default_classes()
     f: dict = {}
     faults = results.get("faults")
     if faults is not None and faults.status in ("ok", "partial") and faults.stacks:
         f["faults.top_bytes"] = faults.stacks[0].bytes
-        f["faults.top_function"] = _heaviest_app(faults.stacks, "bytes")
+        f["faults.top_function"] = _heaviest_app(faults.stacks, "bytes", classes)
     brk = results.get("brkstack")
     if brk is not None and brk.status in ("ok", "partial"):
         f["brk.growth"] = brk.heap_growth
-        f["brk.top_function"] = _heaviest_app(brk.stacks, "bytes") if brk.stacks else None
+        f["brk.top_function"] = _heaviest_app(brk.stacks, "bytes", classes) if brk.stacks else None
     mm = results.get("mmapsnoop")
     if mm is not None and mm.status in ("ok", "partial"):
         f["mmap.anon_bytes"] = sum(s.bytes for s in mm.stacks if s.kind.startswith("anon"))
-        f["mmap.top_function"] = _heaviest_app(mm.stacks, "bytes") if mm.stacks else None
+        f["mmap.top_function"] = _heaviest_app(mm.stacks, "bytes", classes) if mm.stacks else None
     ml = results.get("memleak")
     if ml is not None and ml.status in ("ok", "partial") and not ml.stacks:
         f["memleak.top_shape"] = "none"  # it ran and saw nothing outstanding
@@ -130,13 +136,13 @@ def probe_facts(results: dict, process_shape: str | None) -> dict:
                 "memleak.top_outstanding": top.outstanding_bytes,
                 "memleak.top_rate": trend.rate_per_s,
                 "memleak.top_free_ratio": 100 * trend.free_ratio if trend.free_ratio is not None else None,
-                "memleak.top_function": app_function(top.frames),
+                "memleak.top_function": app_function(top.frames, top.forwards, classes),
                 "memleak.top_entry": _entry(top.functions),
                 "memleak.top_trend": _series_shape(ml.series_times, top.series),
             }
         )
     if ml is not None and ml.status in ("ok", "partial"):
-        f.update(reach_facts(ml))
+        f.update(reach_facts(ml, classes))
     sw = results.get("swapin")
     if sw is not None and sw.status == "ok" and sw.processes and sw.duration_s:
         f["swapin.top_rate"] = sw.processes[0].swapins / sw.duration_s
@@ -174,7 +180,7 @@ def _series_shape(times: list[float], series: list[int]) -> str:
     return growth_trend(list(zip(times, series, strict=False))).shape
 
 
-def reach_facts(ml) -> dict:
+def reach_facts(ml, classes: Classes | None = None) -> dict:
     """What the reachability scan says about the stack with the most leaked bytes (the leak) and
     about the heaviest stack (what holds it)."""
     scan = ml.reach_scan
@@ -200,7 +206,7 @@ def reach_facts(ml) -> dict:
             "reach.leaked_count": r.leaked_count,
             "reach.unreferenced_count": r.unreferenced_count,
             "reach.leaked_ratio": 100 * r.leaked_bytes / (r.leaked_bytes + r.anchored_bytes),
-            "reach.leak_function": app_function(leak.frames),
+            "reach.leak_function": app_function(leak.frames, leak.forwards, classes),
             "reach.leak_trend": _series_shape(ml.series_times, leak.series) if leak.series else None,
             "reach.leak_rate": (r.leaked_bytes / ml.duration_s) if ml.duration_s else None,
             "reach.leak_share": _share(one_in, leak.allocs),
@@ -225,11 +231,11 @@ def _entry(functions: list[str | None]) -> str | None:
     return "mmap" if leaf in _MAPPING_CALLS else leaf
 
 
-def _heaviest_app(stacks, weight: str) -> str | None:
+def _heaviest_app(stacks, weight: str, classes: Classes) -> str | None:
     """The application function that accounts for the most, summed over stacks."""
     totals: dict[str, int] = {}
     for s in stacks:
-        fn = app_function(s.frames)
+        fn = app_function(s.frames, getattr(s, "forwards", None), classes)
         if fn:
             totals[fn] = totals.get(fn, 0) + getattr(s, weight)
     return max(totals, key=totals.get) if totals else None  # type: ignore[arg-type]

@@ -33,7 +33,12 @@ class Culprit(_Model):
     pid: int | None = None
     comm: str | None = None
     cgroup: str | None = None
-    stack: list[str] = []
+    stack: list[str] = []  # the whole stack, leaf first
+    # the first frame a user should read (diagnose/culprit.py), and what every frame is: allocator,
+    # wrapper, guessed-wrapper, runtime, unknown (passed over), culprit or interpreter (named), caller
+    function: str | None = None
+    frame_kinds: list[str] = []
+    guessed: bool = False  # a wrapper was passed over from its code alone (not the playbook's list)
 
 
 class Verdict(_Model):
@@ -81,6 +86,7 @@ class StackReport(_Model):
     bytes: int
     detail: str  # "2,040 allocations outstanding, 0 frees" / "989 page faults" ...
     series: list[int] = []  # outstanding bytes over time (memleak)
+    frame_kinds: list[str] = []  # as Culprit.frame_kinds: which frames were passed over when naming it
     reach: StackReach | None = None  # leaked / anchored at the reachability scan (memleak)
 
 

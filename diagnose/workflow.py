@@ -7,9 +7,10 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 from memdiag.probes.base import ProbeResult
-from memdiag.rules.loader import load_playbooks, playbook_paths
-from memdiag.rules.model import Rule
+from memdiag.rules.loader import load_playbook, playbook_paths
+from memdiag.rules.model import Playbook, Rule
 
+from .culprit import Classes, shipped_wrappers
 from .engine import PROBE_ORDER, BudgetDecision, Engine
 from .factset import probe_figures
 from .report import Finding, Overhead, ProbeStatus, Report, StackReport, TargetInfo, Window
@@ -43,8 +44,22 @@ def target_info(target: Target) -> TargetInfo:
     )
 
 
+def load_book(extra: list[Path] | None = None) -> Playbook:
+    """The rules and wrappers of the shipped playbook, ./playbooks and the --playbook paths."""
+    return load_playbook(playbook_paths(extra))
+
+
 def load_rules(extra: list[Path] | None = None) -> list[Rule]:
-    return load_playbooks(playbook_paths(extra))
+    return load_book(extra).rules
+
+
+def _playbook(rules: Playbook | list[Rule] | None) -> Playbook:
+    """A bare list of rules (tests, callers of old) gets the shipped wrappers."""
+    if rules is None:
+        return load_book()
+    if isinstance(rules, Playbook):
+        return rules
+    return Playbook(rules=rules, wrappers=list(shipped_wrappers()))
 
 
 def _overhead_percent(r: ProbeResult, window_s: float) -> float | None:
@@ -96,7 +111,7 @@ def _scan_status(ml: ProbeResult | None, window_s: float) -> ProbeStatus | None:
     )
 
 
-def _stacks(results: dict[str, ProbeResult]) -> tuple[list[StackReport], list[str]]:
+def _stacks(results: dict[str, ProbeResult], classes: Classes) -> tuple[list[StackReport], list[str]]:
     out: list[StackReport] = []
     folded: list[str] = []
     ml = results.get("memleak")
@@ -111,6 +126,7 @@ def _stacks(results: dict[str, ProbeResult]) -> tuple[list[StackReport], list[st
                     detail=f"{fmt_number(s.outstanding_count)} allocations outstanding, "
                     f"{fmt_number(s.allocs)} allocs, {fmt_number(s.frees)} frees",
                     reach=s.reach,
+                    frame_kinds=classes.name(s.frames, s.forwards).kinds,
                 )
             )
         folded = ml.folded
@@ -119,7 +135,15 @@ def _stacks(results: dict[str, ProbeResult]) -> tuple[list[StackReport], list[st
         if r is None or not getattr(r, "stacks", None):
             continue
         for s in r.stacks[:3]:
-            out.append(StackReport(probe=name, frames=s.frames, bytes=s.bytes, detail=f"{fmt_number(s.count)} {what}"))
+            out.append(
+                StackReport(
+                    probe=name,
+                    frames=s.frames,
+                    bytes=s.bytes,
+                    detail=f"{fmt_number(s.count)} {what}",
+                    frame_kinds=classes.name(s.frames).kinds,
+                )
+            )
         if not folded:
             folded = r.folded  # faults: pages actually touched, the classic memory-growth flame graph
     return out, folded
@@ -131,13 +155,14 @@ def diagnose(
     interval: float | None = None,
     budget_percent: float = DEFAULT_BUDGET_PERCENT,
     on_sample: Callable[[Snapshot, float], None] | None = None,
-    rules: list[Rule] | None = None,
+    rules: Playbook | list[Rule] | None = None,
     on_step: Callable[[str], None] | None = None,
     proc_root: Path = Path("/proc"),
     max_pause_ms: float = DEFAULT_MAX_PAUSE_MS,
 ) -> Report:
+    book = _playbook(rules)
     engine = Engine(
-        rules if rules is not None else load_rules(),
+        book.rules,
         target,
         duration,
         budget_percent,
@@ -145,6 +170,7 @@ def diagnose(
         on_sample=on_sample,
         on_step=on_step,
         max_pause_ms=max_pause_ms,
+        wrappers=book.wrappers,
     )
     obs, counters, tri, facts, verdict, rule_findings, advice = engine.run()
     figures = probe_figures(facts)
@@ -178,7 +204,7 @@ def diagnose(
     if scan_row is not None:
         scan_row = scan_row.model_copy(update={"figures": figures.get("reach", {})})
         probes.insert(next(i for i, p in enumerate(probes) if p.name == "memleak") + 1, scan_row)
-    stacks, folded = _stacks(engine.results)
+    stacks, folded = _stacks(engine.results, engine.classes)
     findings = list(tri.findings)
     findings += [Finding(id="playbook", summary=text) for text in rule_findings if text]
     return Report(

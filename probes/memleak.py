@@ -40,6 +40,7 @@ STAT_NAMES = (
 )
 MAX_ALLOCS = 262144
 MAX_STACKS = 4096  # the stack map is preallocated: about 1 KiB a slot
+_FORWARD_DEPTH = 8  # wrappers sit just above the allocator: frames deeper are never read for forwarding
 KMEM_TRACEPOINTS = ("kmalloc", "kfree", "kmem_cache_alloc", "kmem_cache_free", "mm_page_alloc", "mm_page_free")
 
 
@@ -60,6 +61,7 @@ class _BigAllocEvent(ct.Structure):  # struct big_alloc in bpf/memleak.c
 class LeakStack(BaseModel):
     frames: list[str]
     functions: list[str | None]
+    forwards: list[bool] = []  # per frame: its code only forwards an allocation (probes/forwarders.py)
     pid: int
     method: str
     unknown_frames: int = 0
@@ -405,6 +407,7 @@ def _stacks(
             frames = [bpf.ksym(a, show_offset=True).decode(errors="replace") for a in fp]
             functions = [f.split("+")[0] for f in frames]
             method, unknown = "kernel frame pointers / ORC", sum(1 for f in frames if f.startswith("[unknown]"))
+            forwards = []
         else:
             regs = data = None
             try:
@@ -417,12 +420,14 @@ def _stacks(
             sym = symbolizers.setdefault(k.tgid, Symbolizer(space))
             fr = sym.frames(addresses)
             frames, functions = [str(f) for f in fr], [f.function for f in fr]
+            forwards = [sym.forwards(a) for a in addresses[:_FORWARD_DEPTH]]
             unknown = sum(1 for f in fr if not f.known)
         age = (now_ns - oldest[key]) / 1e9 if key in oldest else None
         group = (k.tgid, tuple(frames))
         item = LeakStack(
             frames=frames,
             functions=functions,
+            forwards=forwards,
             pid=k.tgid,
             method=method,
             unknown_frames=unknown,
@@ -458,8 +463,9 @@ def _stacks(
 
 def _big(bpf, b, spaces: Spaces, kernel_mode: bool) -> BigAlloc:
     frames: list[str] = []
-    if b.key.stack_id >= 0:
-        addresses = list(bpf["stacks"].walk(b.key.stack_id))
+    if b.key.stack_id >= 0 or (not kernel_mode and b.key.ip):
+        # no frame-pointer walk where rbp was not a frame pointer: the stack copy names the frames
+        addresses = list(bpf["stacks"].walk(b.key.stack_id)) if b.key.stack_id >= 0 else [b.key.ip]
         if kernel_mode:
             frames = [bpf.ksym(a, show_offset=True).decode(errors="replace") for a in addresses]
         else:

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 import cxxfilt
 from pydantic import BaseModel, ConfigDict
 
+from . import forwarders
 from .elf import elf_info
 from .procmaps import AddressSpace
 from .unwind import StackSlice, unwind
@@ -72,6 +73,21 @@ class Symbolizer:
 
     def frames(self, addresses: Iterable[int]) -> list[Frame]:
         return [self.frame(a) for a in addresses]
+
+    def forwards(self, address: int) -> bool:
+        """The function at address reads as only forwarding an allocation (probes/forwarders.py)."""
+        mapping = self.space.find(address) if self.space else None
+        if mapping is None or not mapping.is_file:
+            return False
+        elf = elf_info(self.space.file_path(mapping))
+        bias = elf.bias(mapping) if elf else None
+        hit = elf.lookup(address - bias) if elf and bias is not None else None
+        return hit is not None and _forwards_cached(elf, hit[0])
+
+
+@functools.lru_cache(maxsize=16384)
+def _forwards_cached(elf, sym) -> bool:
+    return forwarders.forwards(elf, sym)
 
 
 def _executable(space: AddressSpace, address: int) -> bool:

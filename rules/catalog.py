@@ -21,6 +21,14 @@ _DEFS = [
     ("target.kind", "string", "pid, cgroup or system"),
     ("target.exited", "bool", "the target process exited during the window"),
     ("target.name", "string", "the target as a person reads it: PID 123 (orderd), cgroup /x, the system"),
+    ("target.pid", "string", "the target's process id, as commands take it (no thousands separator)"),
+    ("target.command", "string", "the target's command line, quoted for a shell"),
+    ("target.runtime", "string", "the runtime the target runs: cpython, none (native), unknown (not a process)"),
+    (
+        "target.runtime_detail",
+        "string",
+        "the runtime and the module holding its code: CPython 3.11 (/usr/bin/python3.11)",
+    ),
     ("window.seconds", "seconds", "how long the counters were watched"),
     # system
     ("system.mem_total", "bytes", "MemTotal"),

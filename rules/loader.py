@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 from pydantic import ValidationError
 
-from .model import Playbook, Rule
+from .model import FrameClass, Playbook, Rule
 
 
 class RuleFileError(Exception):
@@ -44,6 +44,11 @@ def _line_of(loc: tuple, lines: dict[tuple, int]) -> int:
 
 
 def load_file(path: Path) -> list[Rule]:
+    return load_file_parts(path).rules
+
+
+def load_file_parts(path: Path) -> Playbook:
+    """One file's rules and wrappers (either section may be absent, not both)."""
     try:
         text = path.read_text()
     except OSError as e:
@@ -58,36 +63,56 @@ def load_file(path: Path) -> list[Rule]:
             where = f" ({e.context.removeprefix('while parsing ')} on line {context.line + 1})"
         raise RuleFileError([f"{path}:{line}: not valid YAML: {getattr(e, 'problem', e)}{where}"]) from None
     if node is None:
-        raise RuleFileError([f"{path}:1: empty file (expected `rules:` with a list of rules)"])
+        raise RuleFileError([f"{path}:1: empty file (expected `rules:` with a list of rules, or `wrappers:`)"])
     lines: dict[tuple, int] = {}
     try:
         data = _to_python(node, (), lines)
     except RuleFileError as e:
         raise RuleFileError([f"{path}{m}" for m in e.errors]) from None
+    if (
+        not isinstance(data, dict)
+        or not data
+        or not set(data) <= {"rules", "wrappers"}
+        or not all(isinstance(v, list) for v in data.values())
+    ):
+        raise RuleFileError(
+            [f"{path}:1: a playbook is a mapping with `rules` (a list of rules) and/or `wrappers` (a list of frames)"]
+        )
     errors: list[str] = []
-    if not isinstance(data, dict) or set(data) != {"rules"} or not isinstance(data["rules"], list):
-        raise RuleFileError([f"{path}:1: a playbook is a mapping with one key, `rules`, holding a list of rules"])
     rules: list[Rule] = []
-    for i, raw in enumerate(data["rules"]):
+    for i, raw in enumerate(data.get("rules", [])):
         try:
             rule = Rule.model_validate(raw)
         except ValidationError as e:
-            for err in e.errors():
-                loc = ("rules", i, *err["loc"])
-                where = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "AllOf", "AnyOf")))
-                msg = err["msg"].removeprefix("Value error, ")
-                if err["type"] == "extra_forbidden":
-                    msg = f"unknown key `{err['loc'][-1]}`"
-                    where = ".".join(str(p) for p in err["loc"][:-1])
-                errors.append(
-                    f"{path}:{_line_of(loc, lines)}: rule {raw.get('id', i) if isinstance(raw, dict) else i}"
-                    f"{' ' + where if where else ''}: {msg}"
-                )
+            name = raw.get("id", i) if isinstance(raw, dict) else i
+            errors += _errors(path, ("rules", i), f"rule {name}", e, lines)
             continue
         rules.append(rule.model_copy(update={"source": f"{path}:{lines.get(('rules', i), 1)}"}))
+    wrappers: list[FrameClass] = []
+    for i, raw in enumerate(data.get("wrappers", [])):
+        try:
+            entry = FrameClass.model_validate(raw)
+        except ValidationError as e:
+            errors += _errors(path, ("wrappers", i), f"wrappers entry {i + 1}", e, lines)
+            continue
+        wrappers.append(entry.model_copy(update={"source": f"{path}:{lines.get(('wrappers', i), 1)}"}))
     if errors:
         raise RuleFileError(errors)
-    return rules
+    return Playbook(rules=rules, wrappers=wrappers)
+
+
+def _errors(path: Path, at: tuple, what: str, e: ValidationError, lines: dict[tuple, int]) -> list[str]:
+    """Each validation error of one list item as 'file:line: what where: message'."""
+    out = []
+    for err in e.errors():
+        loc = (*at, *err["loc"])
+        where = ".".join(str(p) for p in err["loc"] if not str(p).startswith(("function-", "AllOf", "AnyOf")))
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "extra_forbidden":
+            msg = f"unknown key `{err['loc'][-1]}`"
+            where = ".".join(str(p) for p in err["loc"][:-1])
+        out.append(f"{path}:{_line_of(loc, lines)}: {what}{' ' + where if where else ''}: {msg}")
+    return out
 
 
 def shipped_playbooks() -> list[Path]:
@@ -118,16 +143,24 @@ def playbook_paths(extra: list[Path] | None = None, local_dir: Path | None = Pat
 
 def load_playbooks(paths: list[Path]) -> list[Rule]:
     """All rules of these files; every error of every file reported together."""
+    return load_playbook(paths).rules
+
+
+def load_playbook(paths: list[Path]) -> Playbook:
+    """All rules and wrappers of these files as one playbook; every error of every file reported
+    together. A site's wrappers add to the shipped ones."""
     errors: list[str] = []
     rules: list[Rule] = []
+    wrappers: list[FrameClass] = []
     first: dict[str, str] = {}
     for path in paths:
         try:
-            loaded = load_file(path)
+            loaded = load_file_parts(path)
         except RuleFileError as e:
             errors += e.errors
             continue
-        for rule in loaded:
+        wrappers += loaded.wrappers
+        for rule in loaded.rules:
             if rule.id in first:
                 errors.append(f"{rule.source}: duplicate rule id `{rule.id}` (first defined at {first[rule.id]})")
                 continue
@@ -135,5 +168,4 @@ def load_playbooks(paths: list[Path]) -> list[Rule]:
             rules.append(rule)
     if errors:
         raise RuleFileError(errors)
-    Playbook(rules=rules)  # the whole set validates as one playbook
-    return rules
+    return Playbook(rules=rules, wrappers=wrappers)  # the whole set validates as one playbook

@@ -12,6 +12,8 @@ A playbook file:
           probes: [{name: faults, duration: 10s}]
           verdict: {kind: growth, summary: "...", confidence: 0.6, priority: 20}
           advice: ["..."]
+    wrappers:                                # frames passed over when the culprit is named
+      - {function: "xmalloc", kind: wrapper, note: "our allocation wrapper"}
 """
 
 from __future__ import annotations
@@ -181,8 +183,32 @@ class Rule(_Strict):
         return parse_condition(v)
 
 
+FrameKind = Literal["allocator", "wrapper", "runtime", "interpreter"]
+
+
+class FrameClass(_Strict):
+    """One entry of a playbook's `wrappers:` list: frames that are not the code a user should read
+    when a stack is named. `function` and `module` are globs (fnmatch) on the demangled function
+    name and on the module's file name; an entry with both matches frames that meet both.
+    allocator / wrapper / runtime frames are passed over when the culprit is named; interpreter
+    frames are named (nothing native is closer to the program) and the report says what they are."""
+
+    function: str | None = None
+    module: str | None = None
+    kind: FrameKind
+    note: str = ""
+    source: str = ""  # file:line, filled by the loader
+
+    @model_validator(mode="after")
+    def _one_pattern(self) -> FrameClass:
+        if not (self.function or self.module):
+            raise ValueError("a wrappers entry needs `function` or `module` (a glob)")
+        return self
+
+
 class Playbook(_Strict):
     rules: list[Rule]
+    wrappers: list[FrameClass] = []
 
 
 for _m in (AllOf, AnyOf, NotOf):

@@ -1,5 +1,6 @@
 """Rule files: ``memdiag rules check [PATH...]`` validates without running; ``memdiag rules list``
-shows what is loaded and from where (``--facts``: every fact a rule may name)."""
+shows what is loaded and from where (``--facts``: every fact a rule may name; ``--wrappers``: the
+frames passed over when a culprit is named)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import argparse
 from pathlib import Path
 
 from memdiag.rules.catalog import FACTS
-from memdiag.rules.loader import RuleFileError, load_playbooks, playbook_paths
+from memdiag.rules.loader import RuleFileError, load_playbook, playbook_paths
 from memdiag.rules.units import KIND_NAMES
 
 from ..errors import UsageError
@@ -23,6 +24,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="rule files or folders (check: only these; list: in addition to the defaults)",
     )
     parser.add_argument("--facts", action="store_true", help="list: every fact a rule may name")
+    parser.add_argument(
+        "--wrappers", action="store_true", help="list: frames passed over when the culprit is named, and from where"
+    )
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -40,11 +44,18 @@ def execute(args: argparse.Namespace) -> int:
             ]
         else:
             paths = playbook_paths(args.paths)
-        rules = load_playbooks(paths)
+        book = load_playbook(paths)
     except RuleFileError as e:
         raise UsageError("\n".join(e.errors)) from None
+    rules = book.rules
     if args.action == "check":
-        print(f"ok: {len(rules)} rules in {len(paths)} file(s)")
+        extra = f" and {len(book.wrappers)} wrappers" if book.wrappers else ""
+        print(f"ok: {len(rules)} rules{extra} in {len(paths)} file(s)")
+        return 0
+    if args.wrappers:
+        for w in book.wrappers:
+            match = " in ".join(f"{k} {v}" for k, v in (("function", w.function), ("module", w.module)) if v)
+            print(f"{w.kind:<12} {match:<44} {w.source}" + (f"  ({w.note})" if w.note else ""))
         return 0
     for rule in rules:
         then = []

@@ -16,7 +16,7 @@ from ..errors import PermissionNeeded, UsageError
 from ..progress import Progress
 from ..render import render_all
 from ..target import Target, cgroup_target, pid_target, system_target
-from ..workflow import DEFAULT_BUDGET_PERCENT, DEFAULT_MAX_PAUSE_MS, diagnose, load_rules
+from ..workflow import DEFAULT_BUDGET_PERCENT, DEFAULT_MAX_PAUSE_MS, diagnose, load_book
 
 NICENESS = 10
 
@@ -117,7 +117,7 @@ def execute(args: argparse.Namespace) -> int:
     if args.max_pause < 0:
         raise UsageError("--max-pause must be 0 or more milliseconds")
     try:
-        rules = load_rules(args.playbook)
+        rules = load_book(args.playbook)
     except RuleFileError as e:
         raise UsageError("bad rule file:\n" + "\n".join(f"  {line}" for line in e.errors)) from None
     target = _target(args)

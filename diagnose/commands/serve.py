@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 from ..errors import PermissionNeeded, UsageError
-from ..workflow import DEFAULT_BUDGET_PERCENT, load_rules
+from ..workflow import DEFAULT_BUDGET_PERCENT, load_book
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -97,7 +97,7 @@ def execute(args: argparse.Namespace) -> int:
     if os.geteuid() != 0:
         raise PermissionNeeded("memdiag serve runs BPF probes: run it as root")
     try:
-        rules = load_rules(args.playbook)
+        rules = load_book(args.playbook)
     except RuleFileError as e:
         raise UsageError("bad rule file:\n" + "\n".join(f"  {line}" for line in e.errors)) from None
     try:

@@ -96,6 +96,36 @@ def _reach_line(r) -> str:
     )
 
 
+_KIND_NOTES = {
+    "allocator": "allocator",
+    "wrapper": "wrapper",
+    "guessed-wrapper": "wrapper, guessed",
+    "runtime": "runtime",
+    "interpreter": "interpreter",
+    "culprit": "culprit",
+}
+
+
+def _kind_note(kind: str) -> str:
+    """What a frame is, after it: passed over (allocator, wrapper, runtime) or the one named."""
+    note = _KIND_NOTES.get(kind)
+    return f" *({note})*" if note else ""
+
+
+def _culprit_stack(c) -> str:
+    """The stack from the leaf to two frames past the named one (at least five), each marked."""
+    kinds = c.frame_kinds
+    named = next((i for i, k in enumerate(kinds) if k in ("culprit", "interpreter")), None)
+    shown = max(5, named + 3) if named is not None else 5
+    parts = []
+    for i, frame in enumerate(c.stack[:shown]):
+        kind = kinds[i] if i < len(kinds) else ""
+        text = f"**`{frame}`**" if i == named else f"`{frame}`"
+        parts.append(text + _kind_note(kind if i != named or kind == "interpreter" else ""))
+    more = len(c.stack) - shown
+    return " ← ".join(parts) + (f" ← … {more} more" if more > 0 else "")
+
+
 # measured on the target itself; every other probe's overhead is its BPF run time
 _ON_THE_TARGET = ("ratecount", "memleak", "reach")
 
@@ -168,10 +198,17 @@ def render_markdown(report: Report) -> str:
         who.append(f"PID {culprit.pid}" + (f" ({culprit.comm})" if culprit.comm else ""))
     if culprit.cgroup:
         who.append(f"cgroup `{culprit.cgroup}`")
+    if culprit.function:
+        who.append(f"function **`{culprit.function}`**")
     if culprit.stack:
-        who.append("stack " + " ← ".join(f"`{f}`" for f in culprit.stack[:5]))
+        who.append("stack " + _culprit_stack(culprit))
     if who:
         lines += [f"- Culprit: {', '.join(who)}"]
+    if culprit.guessed:
+        lines += [
+            "- A frame marked *wrapper, guessed* was passed over because its code only forwards what the "
+            "allocator returned (read from its instructions, not from the playbook's `wrappers:` list)"
+        ]
     target_line = f"- Target: {t.description}"
     if t.cmdline:
         target_line += f" — `{' '.join(t.cmdline)[:200]}`"
@@ -198,7 +235,11 @@ def render_markdown(report: Report) -> str:
             lines += [f"- **{fmt_bytes(st.bytes)}** ({st.probe}: {st.detail}){trend}"]
             if st.reach is not None:
                 lines += [f"  - {_reach_line(st.reach)}"]
-            lines += [f"  {i}. `{frame}`" for i, frame in enumerate(st.frames[:8], 1)]
+            kinds = st.frame_kinds
+            lines += [
+                f"  {i}. `{frame}`{_kind_note(kinds[i - 1] if i <= len(kinds) else '')}"
+                for i, frame in enumerate(st.frames[:8], 1)
+            ]
             if len(st.frames) > 8:
                 lines += [f"  - … {len(st.frames) - 8} more frames"]
         lines += [""]

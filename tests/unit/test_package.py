@@ -42,6 +42,9 @@ def test_wheel_layout(tmp_path):
         "diagnose/serve/app.py",
         "rules/engine.py",
         "playbooks/default.yaml",
+        "playbooks/wrappers.yaml",
+        "diagnose/culprit.py",
+        "probes/forwarders.py",
     ):
         assert f"memdiag/{module}" in names, module
 

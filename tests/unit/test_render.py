@@ -54,7 +54,24 @@ def fixture_report() -> Report:
             "climbing; at that rate the cgroup limit 512 MiB (388 MiB left) is reached in ~8 min (an estimate); "
             "escalation needed: page-fault stacks / memleak",
             confidence=0.7,
-            culprit=Culprit(pid=123, comm="orderd", cgroup="/system.slice/orderd.service"),
+            culprit=Culprit(
+                pid=123,
+                comm="orderd",
+                cgroup="/system.slice/orderd.service",
+                stack=[
+                    "malloc+0x0 [libc.so.6]",
+                    "order_alloc+0x12 [orderd]",
+                    "xmalloc+0x9 [orderd]",
+                    "Orders::add(long)+0x1c [orderd]",
+                    "handle(Request&)+0x40 [orderd]",
+                    "serve()+0x88 [orderd]",
+                    "main+0x10d [orderd]",
+                    "__libc_start_call_main+0x7a [libc.so.6]",
+                ],
+                function="Orders::add(long)",
+                frame_kinds=["allocator", "guessed-wrapper", "wrapper", "culprit", *["caller"] * 4],
+                guessed=True,
+            ),
         ),
         findings=[
             Finding(
@@ -114,6 +131,7 @@ def fixture_report() -> Report:
             StackReport(
                 probe="memleak",
                 frames=["malloc+0x0 [libc.so.6]", "Orders::add(long)+0x1c [orderd]", "main+0x10d [orderd]"],
+                frame_kinds=["allocator", "culprit", "caller"],
                 bytes=24 * MiB,
                 detail="6,144 allocations outstanding, 6,144 allocs, 0 frees",
                 series=[0, 4 * MiB, 8 * MiB, 12 * MiB, 16 * MiB, 20 * MiB, 24 * MiB],

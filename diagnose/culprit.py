@@ -1,0 +1,136 @@
+"""Which frame of a stack names the culprit: the first one (from the leaf) a user should read.
+
+Allocator entry points, allocation wrappers (xmalloc, zmalloc, g_malloc, operator new, PyMem_Malloc
+...) and runtime code (libc, libstdc++, std:: templates) are passed over, by the playbook's
+`wrappers:` list (data, extendable by a site's files) and, for wrappers nobody listed, by what the
+probe read in the function's code (it only forwards what an allocator returned: a guess, said so).
+Interpreter frames are named, since no native frame is closer to the program, and marked as such.
+The whole stack stays in the report; each frame gets its kind."""
+
+from __future__ import annotations
+
+import functools
+import re
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+
+from memdiag.rules.loader import load_playbook, shipped_playbooks
+from memdiag.rules.model import FrameClass
+
+_FRAME = re.compile(r"^(?P<fn>.*?)\+0x[0-9a-f]+ \[(?P<mod>[^\]]+)\]$")
+_UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>[^\]]+)\])?$")
+PASSED_OVER = ("allocator", "wrapper", "guessed-wrapper", "runtime")
+
+
+@dataclass(frozen=True)
+class Named:
+    """A stack read for its culprit: a kind per frame (allocator, wrapper, guessed-wrapper, runtime,
+    unknown: passed over; culprit or interpreter: the one named; caller: above it), the culprit's
+    index and name."""
+
+    kinds: list[str]
+    index: int | None
+    function: str | None
+    guessed: bool  # a frame was passed over as a wrapper from its code alone, not from the list
+    interpreter: bool  # the culprit is an interpreter function
+    label: str | None = None  # the function, or the module of an unnamed one: what facts say
+
+
+@functools.lru_cache(maxsize=1)
+def shipped_wrappers() -> tuple[FrameClass, ...]:
+    return tuple(load_playbook(shipped_playbooks()).wrappers)
+
+
+@functools.lru_cache(maxsize=1)
+def default_classes() -> Classes:
+    """The shipped list alone (a diagnosis passes its playbook's, site files included)."""
+    return Classes(shipped_wrappers())
+
+
+def _bare(name: str) -> str:
+    """A C++ name without its arguments and the return type a template function's name carries:
+    `void std::vector<int>::_M_realloc_insert<int>(...)` -> `std::vector<int>::_M_realloc_insert<int>`."""
+    head = name.split("(", 1)[0]
+    depth, cut = 0, 0
+    for i, c in enumerate(head):
+        depth += (c == "<") - (c == ">")
+        if c == " " and depth == 0 and not head[:i].endswith("operator"):
+            cut = i + 1
+    return head[cut:]
+
+
+def _glob(pattern: str, text: str) -> bool:
+    return pattern == text or fnmatchcase(text, pattern)
+
+
+class Classes:
+    """The wrappers list, matched against frames (function entries win over module entries)."""
+
+    def __init__(self, entries: tuple[FrameClass, ...] | list[FrameClass]):
+        self.by_function = [e for e in entries if e.function]
+        self.by_module = [e for e in entries if not e.function]
+
+    @functools.lru_cache(maxsize=8192)  # noqa: B019  (one Classes per playbook, kept for the run)
+    def kind(self, function: str | None, module: str | None) -> str | None:
+        mod = (module or "").rsplit("/", 1)[-1]
+        if function:
+            bare = _bare(function)
+            for e in self.by_function:
+                if (_glob(e.function, function) or _glob(e.function, bare)) and (
+                    e.module is None or _glob(e.module, mod)
+                ):
+                    return e.kind
+        for e in self.by_module:
+            if _glob(e.module, mod):
+                return e.kind
+        return None
+
+    def name(self, frames: list[str], forwards: list[bool] | None = None) -> Named:
+        """Kinds for each frame and the culprit: the first frame from the leaf that is not passed
+        over. forwards[i]: the probe read frame i's code as only forwarding an allocation; it is
+        passed over as a wrapper when every frame below it was passed over too."""
+        kinds: list[str] = []
+        index, guessed = None, False
+        for i, frame in enumerate(frames):
+            if index is not None:
+                kinds.append("caller")
+                continue
+            fn, mod = split_frame(frame)
+            kind = self.kind(fn, mod) if fn else _unnamed(self.kind(None, mod), mod)
+            if kind is None and forwards and i < len(forwards) and forwards[i] and _all_passed(kinds):
+                kind, guessed = "guessed-wrapper", True
+            if kind in PASSED_OVER or kind == "unknown":
+                kinds.append(kind)
+                continue
+            index = i
+            kinds.append("interpreter" if kind == "interpreter" else "culprit")
+        function, module = split_frame(frames[index]) if index is not None else (None, None)
+        interp = index is not None and kinds[index] == "interpreter"
+        label = function or (f"an unnamed function in {module} (no symbol)" if module else None)
+        return Named(kinds, index, function, guessed and index is not None, interp, label)
+
+
+def _unnamed(module_kind: str | None, module: str | None) -> str | None:
+    """The kind of a frame without a symbol, from its module: jemalloc's stripped internals are the
+    allocator's; in an interpreter, a named frame above says more; in the program's own module it is
+    the culprit, unnamed (naming its caller instead would blame the wrong code)."""
+    if module_kind in PASSED_OVER:
+        return module_kind
+    if module_kind == "interpreter" or not module or module.startswith("["):
+        return "unknown"
+    return None
+
+
+def _all_passed(kinds: list[str]) -> bool:
+    return bool(kinds) and all(k in PASSED_OVER for k in kinds)
+
+
+def split_frame(frame: str) -> tuple[str | None, str | None]:
+    """(function, module) of a frame as the probes print it: `fn+0x1a [module]` or `[unknown] [module]`."""
+    m = _FRAME.match(frame)
+    if m:
+        return m["fn"], m["mod"]
+    u = _UNKNOWN.match(frame)
+    if u:
+        return None, u["mod"]
+    return frame or None, None

@@ -1,0 +1,70 @@
+"""The culprit is the first frame worth reading, end to end on real programs: behind a malloc
+wrapper (listed or only forwarding) and behind operator new without frame pointers, the verdict
+and report.json name the wrapper's caller and keep the whole stack, each frame marked; under
+CPython the report says native frames name the interpreter and gives the commands for the pid."""
+
+import json
+import subprocess
+from pathlib import Path
+
+O2 = ["-O2", "-fomit-frame-pointer"]
+PYLIST = Path(__file__).resolve().parent.parent / "workloads" / "pylist.py"
+
+
+def _diagnose(memdiag, out: Path, pid: int) -> dict:
+    r = memdiag("--pid", str(pid), "--duration", "20", "--output", str(out), timeout=180)
+    assert r.returncode == 0, r.stderr
+    return json.loads((out / "report.json").read_text())
+
+
+def test_a_leak_behind_xmalloc_is_named_by_its_caller(memdiag, workload, tmp_path):
+    # three mallocs (and nearly as many frees) an order: at 2,000 orders/s the count (10,263/s)
+    # priced memleak at 2.2% here once, over the 2% budget, and it was refused
+    w = workload("wrapleak", "1000", "7", flags=O2)
+    rep = _diagnose(memdiag, tmp_path, w.pid)
+    v = rep["verdict"]
+    assert v["kind"] == "leak", v["summary"]
+    assert "leaks from process_order: 1 in 7 allocations" in v["summary"]
+    c = v["culprit"]
+    assert c["function"] == "process_order"
+    assert [f.split("+")[0] for f in c["stack"][:3]] == ["malloc", "xmalloc", "process_order"]
+    assert c["frame_kinds"][:3] == ["allocator", "wrapper", "culprit"]
+    assert "read process_order: find the path" in rep["next_steps"][0]
+    ticket = next(s for s in rep["stacks"] if any(f.startswith("take_ticket+") for f in s["frames"]))
+    assert ticket["frame_kinds"][:3] == ["allocator", "guessed-wrapper", "culprit"]
+    md = (tmp_path / "report.md").read_text()
+    assert "function **`process_order`**" in md and "`xmalloc+0x" in md and "*(wrapper)*" in md
+    assert "*(wrapper, guessed)*" in md  # ticket_alloc, in the Stacks section
+
+
+def test_a_leak_behind_operator_new_without_frame_pointers_is_named_by_its_caller(memdiag, workload, tmp_path):
+    w = workload("cxxpaths", "2000", flags=O2)
+    rep = _diagnose(memdiag, tmp_path, w.pid)
+    v = rep["verdict"]
+    assert v["kind"] == "leak", v["summary"]
+    assert "leaks from take(long): 1 in 5 allocations" in v["summary"]
+    c = v["culprit"]
+    assert c["function"] == "take(long)"
+    assert [f.split("+")[0] for f in c["stack"][:3]] == ["malloc", "operator new(unsigned long)", "take(long)"]
+    assert c["frame_kinds"][:3] == ["allocator", "allocator", "culprit"]
+    assert "append(long)" not in " ".join(c["stack"])  # the held path stays apart
+
+
+def test_a_python_target_is_said_to_be_named_by_the_interpreter(memdiag, root_required, tmp_path):
+    proc = subprocess.Popen(["/usr/bin/python3", str(PYLIST), "100"], stdout=subprocess.PIPE)
+    try:
+        assert proc.stdout.readline().startswith(b"ready")
+        rep = _diagnose(memdiag, tmp_path, proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    pid = proc.pid
+    said = " ".join(f["summary"] for f in rep["findings"])
+    assert f"PID {pid} (python3) runs CPython 3." in said and "native stack frames name the interpreter" in said
+    steps = "\n".join(rep["next_steps"])
+    assert f"py-spy dump --pid {pid}" in steps
+    assert f"memray attach --trace-python-allocators -o memray-{pid}.bin {pid}" in steps
+    assert f"PYTHONTRACEMALLOC=25 /usr/bin/python3 {PYLIST} 100" in steps
+    assert not any(s.startswith("read ") for s in rep["next_steps"])  # no native function to read
+    grown = [s for s in rep["stacks"] if s["probe"] == "memleak" and "interpreter" in s["frame_kinds"]]
+    assert grown and any(f.startswith("PyByteArray_") for f in grown[0]["frames"])

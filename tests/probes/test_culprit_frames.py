@@ -1,0 +1,58 @@
+"""The frames memleak reports through allocation wrappers, on the real kernel: without frame
+pointers (-O2 -fomit-frame-pointer) each call path through a wrapper keeps its own stack, unwound
+with .eh_frame, and the wrapper's code is read as forwarding (or not) from its instructions."""
+
+from kit import build
+from memdiag.diagnose.culprit import default_classes
+from memdiag.probes import forwarders, memleak
+from memdiag.probes.base import ProbeTarget
+from memdiag.probes.elf import elf_info
+
+O2 = ["-O2", "-fomit-frame-pointer"]
+
+
+def test_forwarding_is_read_from_the_code_of_real_binaries():
+    for flags in ([], O2):
+        elf = elf_info(str(build("wrapleak", flags)))
+        verdicts = {n: forwarders.forwards(elf, elf.symbol_named(n)) for n in ("xmalloc", "ticket_alloc")}
+        assert verdicts == {"xmalloc": True, "ticket_alloc": True}, flags
+        # they write through the block, hand it on or return something else: code to read
+        for name in ("process_order", "take_ticket", "handle_request", "main"):
+            assert not forwarders.forwards(elf, elf.symbol_named(name)), (flags, name)
+    cxx = elf_info(str(build("cxxpaths", O2)))
+    assert not any(forwarders.forwards(cxx, s) for s in cxx.symbols() if s.name in ("_Z4takel", "_Z6appendl", "main"))
+
+
+def test_paths_through_two_wrappers_without_frame_pointers_name_the_callers(workload):
+    w = workload("wrapleak", "2000", "7", flags=O2)
+    r = memleak.run(ProbeTarget.for_pid(w.pid), 4, series_interval=1.0)
+    assert r.status == "ok", r.reason
+    named = {}
+    for s in r.stacks:
+        n = default_classes().name(s.frames, s.forwards)
+        named.setdefault(n.function, (s, n))
+    order, n = named["process_order"]
+    assert order.functions[:3] == ["malloc", "xmalloc", "process_order"] and order.method == "eh_frame"
+    assert n.kinds[:3] == ["allocator", "wrapper", "culprit"] and not n.guessed
+    ticket, n = named["take_ticket"]
+    assert ticket.functions[:3] == ["malloc", "ticket_alloc", "take_ticket"]
+    assert ticket.forwards[1] and n.kinds[:3] == ["allocator", "guessed-wrapper", "culprit"] and n.guessed
+    assert "xmalloc" not in named and "ticket_alloc" not in named
+
+
+def test_a_garbage_frame_chain_neither_floods_the_maps_nor_merges_the_paths(workload):
+    """rbp holds a fake frame record with a different "return address" on every call: walked as
+    frame pointers that made a new stack per call (measured here before the fix, in 5 s: 8,612
+    stack_errors, 2,865 samples dropped, those 2,865 allocations named by `malloc` alone), and the
+    keys whose walk failed merged the two paths through the wrapper (open_session's stack held
+    1,731 of log_entry's anchored blocks). Now: no walk, two stacks, each unwound by .eh_frame."""
+    w = workload("oddframe", "2000", flags=O2)
+    r = memleak.run(ProbeTarget.for_pid(w.pid), 5, series_interval=1.0, scan_reach=True)
+    assert r.status == "ok", r.reason
+    assert r.lost["stack_errors"] == 0 and r.lost["samples_dropped"] == 0
+    assert len(r.stacks) <= 4 and all(s.method == "eh_frame" for s in r.stacks)
+    by_name = {default_classes().name(s.frames, s.forwards).function: s for s in r.stacks}
+    session, entry = by_name["open_session"], by_name["log_entry"]
+    assert session.functions[:3] == ["malloc", "odd_alloc", "open_session"]
+    assert session.reach.anchored_count <= 2 and 4.0 <= session.allocs / session.reach.leaked_count <= 6.0
+    assert entry.reach.leaked_count == 0 and entry.reach.anchored_count == entry.outstanding_count > 500
