@@ -6,7 +6,7 @@
  * for a few thousand traps, not for a second. */
 #include "memdiag.h"
 
-BPF_ARRAY(calls, u64, 8);
+BPF_ARRAY(calls, u64, 16);
 
 static __always_inline int count(int slot)
 {
@@ -26,3 +26,11 @@ SITE(4)
 SITE(5)
 SITE(6)
 SITE(7)
+SITE(8)
+SITE(9)
+SITE(10)
+SITE(11)
+SITE(12)
+SITE(13)
+SITE(14)
+SITE(15)

@@ -46,7 +46,7 @@ class BudgetDecision(BaseModel):
     choice: Literal["full", "fallback", "unknown"]
     reason: str
     estimated_percent: float | None = None  # share of the window, projected before attaching
-    call_rate: float | None = None  # malloc calls per second
+    call_rate: float | None = None  # allocating calls (malloc, operator new, mallocx) per second
     cost_ns: float | None = None  # what tracing costs the target per malloc call, all sites together
     attached_percent: float | None = None  # share of a CPU while memleak is attached
     sites: str | None = None  # the price site by site
@@ -123,7 +123,7 @@ class Engine:
         rate x what a call through its probe costs (emulated or single-stepped trap, return probe,
         memleak's program), over the time memleak would run plus its detach, as a share of the
         window, against the budget. The rate count's own cost is spent already and counts too."""
-        from memdiag.probes.allocator import find_allocator
+        from memdiag.probes.allocator import ALLOCATING, find_allocator
         from memdiag.probes.calibrate import host_costs
         from memdiag.probes.overhead import price, trap_ns
         from memdiag.probes.ratecount import COUNTED, estimate_call_rates
@@ -139,7 +139,7 @@ class Engine:
         rates = None
         if costs is not None and alloc is not None:
             traps = {p.function: trap_ns(p, costs) for p in alloc.placements}
-            rates = estimate_call_rates(self.target.pid, trap_ns=traps, alloc=alloc, functions=("malloc",))
+            rates = estimate_call_rates(self.target.pid, trap_ns=traps, alloc=alloc, functions=ALLOCATING)
         if costs is None or alloc is None or rates is None:
             return BudgetDecision(
                 choice="unknown",
@@ -148,24 +148,27 @@ class Engine:
             )
         self.costs = costs
         self._spend("ratecount", rates)
-        malloc = rates.counts[0]
-        if malloc.calls == 0:
+        allocating = sum(r.per_s for r in rates.counts)
+        if sum(r.calls for r in rates.counts) == 0:
+            names = " or ".join(r.function for r in rates.counts)
+            first = rates.counts[0]
             return BudgetDecision(
                 choice="fallback",
                 call_rate=0.0,
-                reason=f"no call to malloc in {malloc.seconds:.2f} s: the memory does not come through "
-                f"{malloc.module.rsplit('/', 1)[-1]} (direct brk/mmap, or a runtime with its own allocator); "
+                reason=f"no call to {names} in {first.seconds:.2f} s: the memory does not come through "
+                f"{first.module.rsplit('/', 1)[-1]} (direct brk/mmap, or a runtime with its own allocator); "
                 "tracing page faults and brk/mmap instead",
             )
-        malloc_only = [p for p in alloc.placements if p.function == "malloc"]
-        decision = self._decide(price(malloc_only, rates.per_s(), costs), malloc, "malloc alone: ")
-        if decision.choice == "full":  # not priced out by malloc alone: count the others
+        first_step = [p for p in alloc.placements if p.function in ALLOCATING]
+        counted = " and ".join(r.function for r in rates.counts) + " alone: "
+        decision = self._decide(price(first_step, rates.per_s(), costs), allocating, rates, counted)
+        if decision.choice == "full":  # not priced out by the allocating calls alone: count the others
             more = estimate_call_rates(
-                self.target.pid, trap_ns=traps, alloc=alloc, functions=tuple(f for f in COUNTED if f != "malloc")
+                self.target.pid, trap_ns=traps, alloc=alloc, functions=tuple(f for f in COUNTED if f not in ALLOCATING)
             )
             if more is not None:
                 self._spend("ratecount", more)
-            decision = self._decide(price(alloc.placements, rates.plus(more).per_s(), costs), malloc, "")
+            decision = self._decide(price(alloc.placements, rates.plus(more).per_s(), costs), allocating, rates, "")
         return decision
 
     def _spend(self, step: str, rates) -> None:
@@ -178,7 +181,7 @@ class Engine:
                 return
         self.one_offs.append((step, rates.probes_s, rates.cost_ns, calls))
 
-    def _decide(self, pr, malloc, prefix: str) -> BudgetDecision:
+    def _decide(self, pr, allocating: float, rates, prefix: str) -> BudgetDecision:
         """Full tracing or not: the price's rate of cost over the time memleak would run and its
         detach, with what was spent already, as a share of the window, against the budget."""
         from memdiag.probes.overhead import DETACH_S
@@ -188,13 +191,13 @@ class Engine:
         common = dict(
             estimated_percent=projected,
             attached_percent=pr.percent,
-            call_rate=malloc.per_s,
-            cost_ns=pr.ns_per_s / malloc.per_s if malloc.per_s else None,
+            call_rate=allocating,
+            cost_ns=pr.ns_per_s / allocating if allocating else None,
             sites=pr.describe(),
         )
         what = (
-            f"{prefix}{pr.describe()} (rates counted over {malloc.seconds:.2f} s, corrected for the count's own "
-            f"traps) = {pr.percent:.2f}% of a CPU while attached; over the {run_s:.0f} s it would "
+            f"{prefix}{pr.describe()} (rates counted over {rates.counts[0].seconds:.2f} s, corrected for the "
+            f"count's own traps) = {pr.percent:.2f}% of a CPU while attached; over the {run_s:.0f} s it would "
             f"run and its detach, with the rate count's {self.spent_ns / 1e6:.1f} ms, {projected:.2f}% of the "
             f"{self.duration:.0f} s window"
         )

@@ -266,8 +266,8 @@ def _scan_caveats(ml: ProbeResult | None) -> list[str]:
         return []
     return [
         f"Leaked versus anchored is conservative: the roots were {scan.roots}. Blocks whose only pointer "
-        "is held by the kernel or stored encoded would look leaked; frees memleak does not hook (sdallocx, a "
-        "custom allocator's own free) make freed blocks look leaked."
+        "is held by the kernel or stored encoded would look leaked; frees memleak does not hook (a custom "
+        "allocator's own free) make freed blocks look leaked."
     ]
 
 

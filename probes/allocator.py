@@ -14,7 +14,7 @@ call still reaches with its arguments intact; where there is none, on +0, and th
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import capstone
 from capstone import x86_const as x86
@@ -40,6 +40,25 @@ ENTRY_POINTS: dict[str, tuple[tuple[int, ...], bool]] = {
     "munmap": ((x86.X86_REG_RDI,), False),
     "mremap": ((x86.X86_REG_RDI, x86.X86_REG_RSI, x86.X86_REG_RDX), True),
 }
+# Entry points of an allocator library's own (jemalloc, tcmalloc ...), probed only where such a
+# library defines them: Debian's libjemalloc exports C++'s operator new and delete, so a C++
+# program that preloads it never calls malloc at all (measured: 0 events on errleak_cpp), and its
+# *allocx API is what some programs call directly. Under glibc, libstdc++'s operator new calls
+# malloc, which is probed already: probing it too would double every C++ allocation's traps.
+_NEW = ("_Znwm", "_Znam", "_ZnwmRKSt9nothrow_t", "_ZnamRKSt9nothrow_t", "_ZnwmSt11align_val_t",
+        "_ZnamSt11align_val_t", "_ZnwmSt11align_val_tRKSt9nothrow_t", "_ZnamSt11align_val_tRKSt9nothrow_t")
+_DELETE = ("_ZdlPv", "_ZdaPv", "_ZdlPvm", "_ZdaPvm", "_ZdlPvRKSt9nothrow_t", "_ZdaPvRKSt9nothrow_t",
+           "_ZdlPvSt11align_val_t", "_ZdaPvSt11align_val_t", "_ZdlPvmSt11align_val_t", "_ZdaPvmSt11align_val_t",
+           "_ZdlPvSt11align_val_tRKSt9nothrow_t", "_ZdaPvSt11align_val_tRKSt9nothrow_t")
+LIBRARY_ENTRY_POINTS: dict[str, tuple[tuple[int, ...], bool]] = {
+    **{name: ((x86.X86_REG_RDI,), True) for name in _NEW},
+    **{name: ((x86.X86_REG_RDI,), False) for name in _DELETE},
+    "mallocx": ((x86.X86_REG_RDI,), True),
+    "rallocx": ((x86.X86_REG_RDI, x86.X86_REG_RSI), True),
+    "dallocx": ((x86.X86_REG_RDI,), False),
+    "sdallocx": ((x86.X86_REG_RDI,), False),
+}
+ENTRY_POINTS.update(LIBRARY_ENTRY_POINTS)
 # The BPF function for each entry point (bpf/memleak.c).
 BPF_FUNCTION = {
     "malloc": "malloc_enter",
@@ -55,7 +74,15 @@ BPF_FUNCTION = {
     "mmap": "mmap_enter",
     "munmap": "munmap_enter",
     "mremap": "mremap_enter",
+    **{name: "malloc_enter" for name in _NEW},  # size first, pointer returned
+    **{name: "free_enter" for name in _DELETE},  # pointer first
+    "mallocx": "malloc_enter",
+    "rallocx": "realloc_enter",  # (pointer, size), like realloc
+    "dallocx": "free_enter",
+    "sdallocx": "free_enter",
 }
+# The entry points that hand out new memory, for counting how often the target allocates.
+ALLOCATING = ("malloc", "_Znwm", "_Znam", "mallocx")
 # Registers are 64-bit views; a write to any alias (edi, di) clobbers the argument.
 _ALIASES = {
     x86.X86_REG_RDI: {x86.X86_REG_RDI, x86.X86_REG_EDI, x86.X86_REG_DI, x86.X86_REG_DIL},
@@ -127,12 +154,12 @@ def place(elf: ElfInfo, path: str, function: str, exported_only: bool = True) ->
                 ret,
             )
         if expect_null_branch and ins.id in (x86.X86_INS_JE, x86.X86_INS_JNE):
-            # free(NULL) returns at once; skipping that path loses nothing.
+            # free(NULL) (delete of a null pointer) returns at once; skipping that path loses nothing.
             expect_null_branch = False
             continue
         if ins.group(capstone.CS_GRP_JUMP) or ins.group(capstone.CS_GRP_CALL) or ins.group(capstone.CS_GRP_RET):
             break
-        if function == "free" and ins.id == x86.X86_INS_TEST and ins.op_str in ("rdi, rdi",):
+        if BPF_FUNCTION[function] == "free_enter" and ins.id == x86.X86_INS_TEST and ins.op_str in ("rdi, rdi",):
             expect_null_branch = True
             continue
         if _writes(ins, args) or ins.id in (x86.X86_INS_SYSCALL,):
@@ -151,6 +178,29 @@ class Allocator:
     module: str
     placements: list[Placement]
     missing: list[str]  # entry points no loaded module defines
+    forwarded: list[str] = field(default_factory=list)  # "_Znam -> _Znwm": covered by that one's probe
+
+
+def _jumps_to(elf: ElfInfo, address: int) -> str | None:
+    """The function a function's first instruction jumps to, directly or through its PLT stub
+    (libjemalloc's new[] is `jmp new`, its delete `jmp free@plt`): None when it does not."""
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    md.detail = True
+    code = elf.read_at(address, 16) or b""
+    ins = next(md.disasm(code, address), None)
+    if ins is None or ins.id != x86.X86_INS_JMP or not ins.operands or ins.operands[0].type != x86.X86_OP_IMM:
+        return None
+    target = ins.operands[0].imm
+    hit = elf.lookup(target)
+    if hit is not None and hit[1] == 0:
+        return hit[0].name
+    stub = next(md.disasm(elf.read_at(target, 16) or b"", target), None)  # a PLT stub: jmp *slot(%rip)
+    if stub is None or stub.id != x86.X86_INS_JMP or not stub.operands:
+        return None
+    op = stub.operands[0]
+    if op.type != x86.X86_OP_MEM or op.mem.base != x86.X86_REG_RIP:
+        return None
+    return elf.plt_slots().get(stub.address + stub.size + op.mem.disp)
 
 
 def _allocator_name(path: str, exe: str) -> str:
@@ -179,15 +229,23 @@ def find_allocator(pid: int, space: AddressSpace | None = None) -> Allocator | N
     ordered += [m for m in modules if m not in ordered]
     placements: list[Placement] = []
     missing: list[str] = []
+    forwarded: list[str] = []
     chosen = None
     for function in ENTRY_POINTS:
+        library_only = function in LIBRARY_ENTRY_POINTS
         for module in ordered:
+            if library_only and not any(k in os.path.basename(module) for k in KNOWN_ALLOCATORS):
+                continue
             mapping = space.first_mapping_of(module)
             elf = elf_info(space.file_path(mapping)) if mapping else None
             if elf is None:
                 continue
             # The executable's own functions count even unexported (a static binary's malloc).
             p = place(elf, module, function, exported_only=module != exe)
+            to = _jumps_to(elf, p.symbol_address) if p is not None and p.offset == 0 else None
+            if to is not None and to in ENTRY_POINTS and BPF_FUNCTION[to] == BPF_FUNCTION[function]:
+                forwarded.append(f"{function} -> {to}")  # its probe would trap a second time per call
+                break
             if p is not None:
                 # Aliases (aligned_alloc = memalign in glibc) share one probe: one trap per call.
                 if not any(q.module == p.module and q.symbol_address == p.symbol_address for q in placements):
@@ -196,7 +254,8 @@ def find_allocator(pid: int, space: AddressSpace | None = None) -> Allocator | N
                     chosen = module
                 break
         else:
-            missing.append(function)
+            if not library_only:  # an allocator library's extras are not missing from glibc
+                missing.append(function)
     if chosen is None:
         return None
-    return Allocator(_allocator_name(chosen, exe), chosen, placements, missing)
+    return Allocator(_allocator_name(chosen, exe), chosen, placements, missing, forwarded)

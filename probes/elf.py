@@ -115,6 +115,19 @@ class ElfInfo:
         self._by_name = by_name
         self._exported = exported
 
+    def plt_slots(self) -> dict[int, str]:
+        """GOT slot address -> the function it is bound to (.rela.plt's jump slots): what a PLT
+        stub's `jmp *slot(%rip)` goes to."""
+        slots: dict[int, str] = {}
+        rela = self.elf.get_section_by_name(".rela.plt")
+        dynsym = self.elf.get_section_by_name(".dynsym")
+        if rela is None or not isinstance(dynsym, SymbolTableSection):
+            return slots
+        for r in rela.iter_relocations():
+            if r["r_info_sym"]:
+                slots[r["r_offset"]] = dynsym.get_symbol(r["r_info_sym"]).name.split("@")[0]
+        return slots
+
     def symbols(self) -> list[Symbol]:
         if self._symbols is None:
             self._load_symbols()

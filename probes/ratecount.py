@@ -14,12 +14,13 @@ import time
 
 from pydantic import BaseModel
 
-from .allocator import Allocator, find_allocator
+from .allocator import ALLOCATING, Allocator, find_allocator
 from .base import ProbeUnavailable, bpf_stats, load
 
-# The entry points a program calls often enough to matter for the price; the rest (memalign,
-# valloc, mmap, ...) are rare in practice, and memleak measures every site once attached.
-COUNTED = ("malloc", "free", "calloc", "realloc")
+# The entry points a program calls often enough to matter for the price (C++'s new and delete
+# where an allocator library defines them); the rest (memalign, valloc, mmap, ...) are rare in
+# practice, and memleak measures every site once attached.
+COUNTED = (*ALLOCATING, "free", "calloc", "realloc", "_ZdlPv", "_ZdlPvm", "_ZdaPv", "_ZdaPvm", "sdallocx")
 
 
 class RateEstimate(BaseModel):

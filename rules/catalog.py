@@ -77,7 +77,7 @@ _DEFS = [
     ("summary.too_few", "string", "too few samples to tell"),
     # the budget
     ("budget.percent", "percent", "how much the diagnosis may slow the target"),
-    ("alloc.rate", "per_s", "malloc calls per second, estimated by a bounded count"),
+    ("alloc.rate", "per_s", "allocating calls (malloc, operator new ...) per second, from a bounded count"),
     ("alloc.tracing_percent", "percent", "tracing every allocation priced before attaching: share of the window"),
     # probe findings
     ("faults.top_bytes", "bytes", "pages faulted in by the heaviest stack"),

@@ -102,6 +102,24 @@ def test_jemalloc_target(root_required):
     assert not r.attach_errors
 
 
+def test_cpp_under_jemalloc_is_traced_through_its_operator_new(workload):
+    """Debian's libjemalloc exports operator new and delete: a C++ program preloading it never
+    calls malloc. Its new[] and most deletes only jump to new and free: probed once, there."""
+    from memdiag.probes.allocator import find_allocator
+
+    w = workload("errleak_cpp", "200", "7", env={"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"})
+    alloc = find_allocator(w.pid)
+    assert "_Znam -> _Znwm" in alloc.forwarded and "_ZdlPv -> free" in alloc.forwarded
+    assert not any(p.function in ("_Znam", "_ZdlPv") for p in alloc.placements)
+    r = memleak.run(ProbeTarget.for_pid(w.pid), 3, series_interval=1.0)
+    assert r.status == "ok" and r.allocator == "jemalloc", r.reason
+    take = next(s for s in r.stacks if "OrderDesk::take(long)" in s.functions)
+    assert take.functions[0] == "operator new(unsigned long)" and take.frees > 100
+    assert 0 < take.outstanding_count < take.allocs  # one in seven is never deleted
+    quote = next(s for s in r.stacks if "OrderDesk::quote(long)" in s.functions)
+    assert quote.outstanding_count <= 2 and quote.frees > 100  # deleted: the deletes are seen
+
+
 def test_cpp_operator_new(workload):
     w = workload("cppleak", "2048")
     r = memleak.run(ProbeTarget.for_pid(w.pid), 3)
