@@ -92,6 +92,8 @@ class Engine:
         self.costs = None  # this host's per-trap costs, once memleak was priced
         self.spent_ns = 0.0  # the target's time spent on one-off steps (the rate count)
         self.one_offs: list[tuple[str, float, float, int]] = []  # (step, seconds, target ns, events)
+        self.counted: set[str] = set()  # entry points the rate count counted
+        self.site_rates: dict[str, float] | None = None  # their calls per second
         self.cpu_start = cpu_seconds(target.pid) if target.kind == "pid" and target.pid is not None else None
 
     # --- time ---------------------------------------------------------------------------
@@ -118,11 +120,12 @@ class Engine:
         return f, counters, tri
 
     # --- probes ---------------------------------------------------------------------------
-    def _price_memleak(self) -> BudgetDecision:
+    def _price_memleak(self, run_s: float) -> BudgetDecision:
         """Allocation tracing priced site by site (probes/overhead.py): each counted entry point's
         rate x what a call through its probe costs (emulated or single-stepped trap, return probe,
         memleak's program), over the time memleak would run plus its detach, as a share of the
-        window, against the budget. The rate count's own cost is spent already and counts too."""
+        window, against the budget. The rate count's own cost is spent already and counts too.
+        run_s: how long memleak would run (what the rule asked, within what is left)."""
         from memdiag.probes.allocator import ALLOCATING, find_allocator
         from memdiag.probes.calibrate import host_costs
         from memdiag.probes.overhead import price, trap_ns
@@ -149,9 +152,20 @@ class Engine:
         self.costs = costs
         self._spend("ratecount", rates)
         allocating = sum(r.per_s for r in rates.counts)
-        if sum(r.calls for r in rates.counts) == 0:
-            names = " or ".join(r.function for r in rates.counts)
-            first = rates.counts[0]
+        first_step = [p for p in alloc.placements if p.function in ALLOCATING]
+        prefix = " and ".join(r.function for r in rates.counts) + " alone: "
+        decision = self._decide(price(first_step, rates.per_s(), costs), allocating, rates, prefix, run_s)
+        if decision.choice != "full":
+            return decision
+        # not priced out by the allocating calls alone: count the others (free, calloc, realloc, mmap ...)
+        others = tuple(f for f in COUNTED if f not in ALLOCATING)
+        more = estimate_call_rates(self.target.pid, trap_ns=traps, alloc=alloc, functions=others)
+        if more is not None:
+            self._spend("ratecount", more)
+        every = rates.plus(more)
+        if sum(r.calls for r in every.counts) == 0:
+            names = ", ".join(r.function for r in every.counts)
+            first = every.counts[0]
             return BudgetDecision(
                 choice="fallback",
                 call_rate=0.0,
@@ -159,34 +173,27 @@ class Engine:
                 f"{first.module.rsplit('/', 1)[-1]} (direct brk/mmap, or a runtime with its own allocator); "
                 "tracing page faults and brk/mmap instead",
             )
-        first_step = [p for p in alloc.placements if p.function in ALLOCATING]
-        counted = " and ".join(r.function for r in rates.counts) + " alone: "
-        decision = self._decide(price(first_step, rates.per_s(), costs), allocating, rates, counted)
-        if decision.choice == "full":  # not priced out by the allocating calls alone: count the others
-            more = estimate_call_rates(
-                self.target.pid, trap_ns=traps, alloc=alloc, functions=tuple(f for f in COUNTED if f not in ALLOCATING)
-            )
-            if more is not None:
-                self._spend("ratecount", more)
-            decision = self._decide(price(alloc.placements, rates.plus(more).per_s(), costs), allocating, rates, "")
-        return decision
+        per_s = every.per_s()
+        if more is None:  # the second count failed: price each free as an allocation's (they pair up)
+            per_s.setdefault("free", allocating)
+        self.site_rates = per_s
+        return self._decide(price(alloc.placements, per_s, costs), allocating, every, "", run_s)
 
     def _spend(self, step: str, rates) -> None:
         """A one-off step's cost to the target, kept for the probe table (merged by step)."""
         self.spent_ns += rates.cost_ns
-        calls = sum(r.calls for r in rates.counts)
+        self.counted.update(r.function for r in rates.counts)
         for i, (name, seconds, ns, events) in enumerate(self.one_offs):
             if name == step:
-                self.one_offs[i] = (name, seconds + rates.probes_s, ns + rates.cost_ns, events + calls)
+                self.one_offs[i] = (name, seconds + rates.probes_s, ns + rates.cost_ns, events + rates.hits)
                 return
-        self.one_offs.append((step, rates.probes_s, rates.cost_ns, calls))
+        self.one_offs.append((step, rates.probes_s, rates.cost_ns, rates.hits))
 
-    def _decide(self, pr, allocating: float, rates, prefix: str) -> BudgetDecision:
+    def _decide(self, pr, allocating: float, rates, prefix: str, run_s: float) -> BudgetDecision:
         """Full tracing or not: the price's rate of cost over the time memleak would run and its
         detach, with what was spent already, as a share of the window, against the budget."""
         from memdiag.probes.overhead import DETACH_S
 
-        run_s = max(self.left() - 1.0, 0.0)  # at most the rest of the window, less the final look
         projected = 100 * (pr.ns_per_s * (run_s + DETACH_S) + self.spent_ns) / (self.duration * 1e9)
         common = dict(
             estimated_percent=projected,
@@ -235,6 +242,7 @@ class Engine:
                 seconds,
                 series_interval=max(1.0, seconds / 10),
                 costs=self.costs,
+                site_rates=self.site_rates,
                 allowance_ns=self._allowance_ns() if self.costs is not None else None,
                 cpu_baseline=self._cpu_baseline(),
                 scan_reach=True,
@@ -258,8 +266,9 @@ class Engine:
             if name in self.results or name in self.decided or any(q[0] == name for q in queue):
                 continue
             self.decided.add(name)  # a probe is priced, run or refused once per diagnosis
-            if name == "memleak":
-                self.budget_decision = self._price_memleak()
+            planned = min(seconds or float("inf"), self.left() - 1.0)  # as the loop below gives it, at most
+            if name == "memleak" and planned >= MIN_PROBE_S:  # too little time left: not run, so not priced
+                self.budget_decision = self._price_memleak(planned)
                 d = self.budget_decision
                 self.trail.append(
                     TrailItem(kind="budget", name="memleak", state=d.choice, reason=d.reason, at_s=self.elapsed())

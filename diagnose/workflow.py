@@ -77,15 +77,16 @@ def _overhead_percent(r: ProbeResult, window_s: float) -> float | None:
     return 100.0 * r.cost.bpf_run_ns / (window_s * 1e9)
 
 
-def _one_off_rows(one_offs: list[tuple[str, float, float, int]], window_s: float) -> list[ProbeStatus]:
+def _one_off_rows(
+    one_offs: list[tuple[str, float, float, int]], counted: set[str], window_s: float
+) -> list[ProbeStatus]:
     """Steps that cost the target before any probe ran (the rate count that prices memleak)."""
     return [
         ProbeStatus(
             name=step,
             status="ok",
-            reason="counted calls to malloc (then free, calloc and realloc unless malloc alone priced tracing out) "
-            "to price allocation tracing",
-            method="one uprobe per entry point, detached after ~1,000 calls or 0.25 s",
+            reason=f"counted calls to {', '.join(sorted(counted))} to price allocation tracing",
+            method="one uprobe per entry point, each count stopped after ~1,000 calls or 0.25 s",
             duration_s=seconds,
             events=events,
             overhead_percent=100 * ns / (window_s * 1e9),
@@ -176,7 +177,7 @@ def diagnose(
     figures = probe_figures(facts)
     window_s = max(obs.ended - obs.started, 1e-9)
     d = engine.budget_decision
-    probes = _one_off_rows(engine.one_offs, window_s)
+    probes = _one_off_rows(engine.one_offs, engine.counted, window_s)
     for name in PROBE_ORDER:
         r = engine.results.get(name)
         if r is None:

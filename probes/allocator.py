@@ -181,26 +181,48 @@ class Allocator:
     forwarded: list[str] = field(default_factory=list)  # "_Znam -> _Znwm": covered by that one's probe
 
 
-def _jumps_to(elf: ElfInfo, address: int) -> str | None:
-    """The function a function's first instruction jumps to, directly or through its PLT stub
-    (libjemalloc's new[] is `jmp new`, its delete `jmp free@plt`): None when it does not."""
+def _lands_at(elf: ElfInfo, address: int) -> int | None:
+    """Where a function that only jumps elsewhere lands (libjemalloc's new[] is `jmp new`, its
+    delete `jmp free@plt`; a CET build puts endbr64 first): the address, resolving a PLT stub to
+    the function its slot is bound to in this same file. None when it does not just jump."""
     md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
     md.detail = True
-    code = elf.read_at(address, 16) or b""
-    ins = next(md.disasm(code, address), None)
-    if ins is None or ins.id != x86.X86_INS_JMP or not ins.operands or ins.operands[0].type != x86.X86_OP_IMM:
+    jump = None
+    for ins in md.disasm(elf.read_at(address, 32) or b"", address):
+        if ins.id in (x86.X86_INS_ENDBR64, x86.X86_INS_NOP):
+            continue
+        jump = ins
+        break
+    if jump is None or jump.id != x86.X86_INS_JMP or not jump.operands or jump.operands[0].type != x86.X86_OP_IMM:
         return None
-    target = ins.operands[0].imm
-    hit = elf.lookup(target)
-    if hit is not None and hit[1] == 0:
-        return hit[0].name
-    stub = next(md.disasm(elf.read_at(target, 16) or b"", target), None)  # a PLT stub: jmp *slot(%rip)
+    target = jump.operands[0].imm
+    stub = next(md.disasm(elf.read_at(target, 16) or b"", target), None)  # a PLT stub: jmp *slot(%rip)?
     if stub is None or stub.id != x86.X86_INS_JMP or not stub.operands:
-        return None
+        return target
     op = stub.operands[0]
     if op.type != x86.X86_OP_MEM or op.mem.base != x86.X86_REG_RIP:
+        return target
+    name = elf.plt_slots().get(stub.address + stub.size + op.mem.disp)
+    sym = elf.symbol_named(name) if name else None
+    return sym.address if sym is not None else None
+
+
+def _covered(elf: ElfInfo, p: Placement, placements: list[Placement]) -> Placement | None:
+    """The placed probe a call to p's function runs into anyway (it jumps to that function at or
+    before the probe, and the same BPF program would record it): probing p too would trap twice."""
+    landing = _lands_at(elf, p.symbol_address) if p.offset == 0 else None
+    if landing is None:
         return None
-    return elf.plt_slots().get(stub.address + stub.size + op.mem.disp)
+    return next(
+        (
+            q
+            for q in placements
+            if q.module == p.module
+            and q.symbol_address <= landing <= q.symbol_address + q.offset
+            and BPF_FUNCTION[q.function] == BPF_FUNCTION[p.function]
+        ),
+        None,
+    )
 
 
 def _allocator_name(path: str, exe: str) -> str:
@@ -234,7 +256,9 @@ def find_allocator(pid: int, space: AddressSpace | None = None) -> Allocator | N
     for function in ENTRY_POINTS:
         library_only = function in LIBRARY_ENTRY_POINTS
         for module in ordered:
-            if library_only and not any(k in os.path.basename(module) for k in KNOWN_ALLOCATORS):
+            # an allocator library's own, or the executable's when it is the allocator (linked in)
+            own = any(k in os.path.basename(module) for k in KNOWN_ALLOCATORS) or module == exe == chosen
+            if library_only and not own:
                 continue
             mapping = space.first_mapping_of(module)
             elf = elf_info(space.file_path(mapping)) if mapping else None
@@ -242,9 +266,9 @@ def find_allocator(pid: int, space: AddressSpace | None = None) -> Allocator | N
                 continue
             # The executable's own functions count even unexported (a static binary's malloc).
             p = place(elf, module, function, exported_only=module != exe)
-            to = _jumps_to(elf, p.symbol_address) if p is not None and p.offset == 0 else None
-            if to is not None and to in ENTRY_POINTS and BPF_FUNCTION[to] == BPF_FUNCTION[function]:
-                forwarded.append(f"{function} -> {to}")  # its probe would trap a second time per call
+            into = _covered(elf, p, placements) if p is not None else None
+            if into is not None:
+                forwarded.append(f"{function} -> {into.function}")  # its probe would trap a second time
                 break
             if p is not None:
                 # Aliases (aligned_alloc = memalign in glibc) share one probe: one trap per call.

@@ -11,16 +11,21 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import hashlib
 import json
 import os
 import platform
 import time
 from pathlib import Path
 
+import capstone
 from pydantic import BaseModel
 
-from .allocator import BPF_FUNCTION, find_allocator
+from .allocator import BPF_FUNCTION, Placement, find_allocator
+from .allocator import _emulated as is_emulated
 from .base import ProbeUnavailable, bpf_stats, load, program_stats, set_targets
+from .compiler import CompileError, source
+from .elf import elf_info
 
 CACHE = Path("/var/lib/memdiag/costs.json")
 CALLS = 20000
@@ -39,11 +44,24 @@ class Costs(BaseModel):
 
 
 def _host_key() -> str:
+    """What the figures depend on: kernel, CPU, the programs measured, and the C library the
+    calibration calls (its build id)."""
     cpu = ""
     with contextlib.suppress(OSError):
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
-    return f"{platform.release()} | {cpu}"
+    h = hashlib.sha256()
+    for name in ("memleak", "ratecount"):
+        with contextlib.suppress(OSError):
+            h.update(source(name).read_bytes())
+    path = _libc_path()
+    libc = elf_info(path) if path else None
+    return f"{platform.release()} | {cpu} | {h.hexdigest()[:12]} | {(libc.build_id() if libc else None) or ''}"
+
+
+def _libc_path() -> str:
+    alloc = find_allocator(os.getpid())
+    return alloc.module if alloc is not None else ""
 
 
 def _loop(libc, n: int) -> float:
@@ -58,28 +76,53 @@ def _best(libc) -> float:
     return min(_loop(libc, CALLS) for _ in range(3))
 
 
-def _traps(libc, malloc, free) -> tuple[float, float, float] | None:
-    """(emulated, stepped, return) trap costs with a program that only counts."""
-    try:
-        bpf = load("ratecount", {})
-    except ProbeUnavailable:
-        return None
+def _offset_of_kind(p: Placement, emulated: bool) -> int | None:
+    """The first instruction of p's function, before any jump, that the kernel emulates (or
+    single-steps): every call executes it. None when there is none (e.g. endbr64 at +0 makes a
+    CET build's +0 single-stepped; a prologue may have no push)."""
+    elf = elf_info(p.module)
+    code = elf.read_at(p.symbol_address, 64) if elf is not None else None
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    md.detail = True
+    for ins in md.disasm(code or b"", p.symbol_address):
+        if is_emulated(ins) == emulated:
+            return ins.address - p.symbol_address
+        if ins.group(capstone.CS_GRP_JUMP) or ins.group(capstone.CS_GRP_CALL) or ins.group(capstone.CS_GRP_RET):
+            return None
+    return None
+
+
+def _traps(libc, malloc: Placement, free: Placement) -> tuple[float, float, float] | None:
+    """(emulated, stepped, return) trap costs with a program that only counts, each measured at
+    an instruction decoded to be of that kind (in malloc or free, whichever has one)."""
+    sites = {}
+    for emulated in (True, False):
+        for p in (malloc, free):
+            off = _offset_of_kind(p, emulated)
+            if off is not None:
+                sites[emulated] = (p, off)
+                break
+    if len(sites) < 2:
+        return None  # a kind not found: no figure rather than a wrong one
     pid = os.getpid()
+    bpf = load("ratecount", {})
     try:
         base = _best(libc)
-        bpf.attach_uprobe(
-            name=malloc.module.encode(), sym=b"malloc", sym_off=malloc.offset, fn_name=b"count_site_0", pid=pid
-        )
+        cost = {}
+        for slot, (emulated, (p, off)) in enumerate(sites.items()):
+            bpf.attach_uprobe(name=p.module.encode(), sym=p.function.encode(), sym_off=off,
+                              fn_name=f"count_site_{slot}".encode(), pid=pid)
+            cost[emulated] = _best(libc) - base
+            bpf.detach_all()
+        # a return probe: malloc+0 with and without its return probe (memleak's entry probe on a
+        # function with a return probe is at +0 too, so the +0 trap is counted once)
+        bpf.attach_uprobe(name=malloc.module.encode(), sym=b"malloc", sym_off=0, fn_name=b"count_site_2", pid=pid)
         entry = _best(libc) - base
-        bpf.attach_uretprobe(name=malloc.module.encode(), sym=b"malloc", fn_name=b"count_site_1", pid=pid)
+        bpf.attach_uretprobe(name=malloc.module.encode(), sym=b"malloc", fn_name=b"count_site_3", pid=pid)
         entry_return = _best(libc) - base
-        bpf.detach_all()
-        # free+0 is single-stepped where its first instruction is not emulated (test %rdi in glibc)
-        bpf.attach_uprobe(name=free.module.encode(), sym=b"free", sym_off=0, fn_name=b"count_site_2", pid=pid)
-        stepped = _best(libc) - base
     finally:
         bpf.cleanup()
-    return max(entry, 1.0), max(stepped, 1.0), max(entry_return - entry, 1.0)
+    return max(cost[True], 1.0), max(cost[False], 1.0), max(entry_return - entry, 1.0)
 
 
 def _programs(libc, malloc, free) -> dict[str, float]:
@@ -121,7 +164,11 @@ def _measure() -> Costs | None:
         return None
     malloc = next(p for p in alloc.placements if p.function == "malloc")
     free = next(p for p in alloc.placements if p.function == "free")
-    traps = _traps(libc, malloc, free)
+    try:
+        traps = _traps(libc, malloc, free)
+        programs = _programs(libc, malloc, free)
+    except (ProbeUnavailable, CompileError, OSError):
+        return None
     if traps is None:
         return None
     emulated, stepped, ret = traps
@@ -129,7 +176,7 @@ def _measure() -> Costs | None:
         emulated_ns=emulated,
         stepped_ns=stepped,
         return_ns=ret,
-        program_ns=_programs(libc, malloc, free),
+        program_ns=programs,
         host=_host_key(),
     )
 
@@ -144,8 +191,10 @@ def host_costs(refresh: bool = False) -> Costs | None:
         except (OSError, ValueError):
             pass
     costs = _measure()
-    if costs is not None:
+    if costs is not None and costs.program_ns:  # a partial measurement is used once, never kept
         with contextlib.suppress(OSError):
             CACHE.parent.mkdir(parents=True, exist_ok=True)
-            CACHE.write_text(costs.model_dump_json())
+            tmp = CACHE.with_suffix(f".{os.getpid()}.tmp")
+            tmp.write_text(costs.model_dump_json())
+            tmp.replace(CACHE)  # two calibrations at once: one whole file wins
     return costs

@@ -150,6 +150,7 @@ def run(
     functions: list[str] | None = None,
     top: int = 20,
     costs: Costs | None = None,
+    site_rates: dict[str, float] | None = None,
     allowance_ns: float | None = None,
     cpu_baseline: float | None = None,
     scan_reach: bool = False,
@@ -157,7 +158,9 @@ def run(
 ) -> MemleakResult:
     """functions: attach only these entry points (a narrower, cheaper set), default all.
     costs (this host's, probes/calibrate.py): measure what tracing costs the target as it runs
-    (result.tracing_cost). allowance_ns: detach early once that measured cost, with what detaching
+    (result.tracing_cost). site_rates: calls per second by entry point (the rate count), to attach
+    (and so detach) the hottest first and to price a program shared by several sites by the
+    sites' hits. allowance_ns: detach early once that measured cost, with what detaching
     will add, reaches this many ns of the target's time. cpu_baseline: the target's CPU seconds per
     second before the attach, to measure its added CPU time (a pid target).
     scan_reach: at the end, with the probes still attached, stop the target and scan its memory
@@ -201,7 +204,7 @@ def run(
             info["allocator"], info["module"] = alloc.name, alloc.module
             _set_text_range(bpf, pid, space)
             info["missing"] = sorted(set(info["missing"]) | set(alloc.missing))
-            for p in alloc.placements:
+            for p in sorted(alloc.placements, key=lambda p: hotness(p.function, site_rates)):
                 if p.function not in wanted:
                     continue
                 path = space.file_path(space.first_mapping_of(p.module))
@@ -231,7 +234,7 @@ def run(
             last_sample[0] = elapsed
             _sample_series(bpf, elapsed, series_times, series)
         if allowance_ns is not None and costs is not None and elapsed > 0.5:
-            spent = meter.read(bpf, placed, costs).measured_ns
+            spent = meter.read(bpf, placed, costs, site_rates).measured_ns
             # detaching keeps the hottest probes trapping for about a grace period more
             if spent is not None and spent * (1 + DETACH_S / elapsed) >= allowance_ns:
                 return True
@@ -279,7 +282,7 @@ def run(
             "big_allocations": bigs,
             "outstanding_allocations": outstanding,
             "reach_scan": scanned.get("scan"),
-            "tracing_cost": meter.read(bpf, placed, costs, paused_s=_paused_s(scanned)) if costs else None,
+            "tracing_cost": meter.read(bpf, placed, costs, site_rates, paused_s=_paused_s(scanned)) if costs else None,
         }
 
     def before_detach(bpf, elapsed: float, interrupted) -> None:
@@ -300,7 +303,7 @@ def run(
 
         allowed = reach_allowed_ms
         if allowance_ns is not None and costs is not None:
-            spent = meter.read(bpf, placed, costs).measured_ns or 0.0
+            spent = meter.read(bpf, placed, costs, site_rates).measured_ns or 0.0
             left_ms = max(0.0, allowance_ns - spent * (1 + DETACH_S / max(elapsed, 1e-3))) / 1e6
             allowed = left_ms if allowed is None else min(allowed, left_ms)
         found, per_group = reachscan.scan(target.pid, read, allowed, interrupted)
@@ -327,6 +330,17 @@ def run(
         on_tick=on_tick,
         before_detach=before_detach,
     )  # type: ignore[return-value]
+
+
+# Where no rate was counted: the entry points most programs call most, first.
+_USUALLY_HOT = ("malloc", "free", "_Znwm", "_ZdlPvm", "_ZdlPv", "calloc", "realloc")
+
+
+def hotness(function: str, rates: dict[str, float] | None) -> tuple:
+    """Sort key, hottest first: counted rate, then the usual order, then the rest."""
+    rate = (rates or {}).get(function)
+    usual = _USUALLY_HOT.index(function) if function in _USUALLY_HOT else len(_USUALLY_HOT)
+    return (-(rate or 0.0), usual)
 
 
 def _paused_s(scanned: dict) -> float:

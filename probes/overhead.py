@@ -11,7 +11,9 @@ on this host (probes/calibrate.py), times that site's call rate (probes/ratecoun
 While memleak is attached, the cost is measured rather than estimated, two ways: the kernel's
 count and run time of each program (BPF stats), with each program's hits priced at its site's
 trap; and the target's own CPU time (utime + stime: traps are charged to the trapping thread)
-against its rate before the attach. The larger is the figure reported and enforced."""
+against its rate before the attach. The probes' count is the figure reported and enforced,
+raised to the CPU clock's where that is larger, up to twice the count (the CPU clock also moves
+with the target's own load)."""
 
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ RETURN_PROGRAM = "alloc_return"  # bpf/memleak.c: every return probe runs it
 # Detaching closes one probe per RCU grace period (~100 ms here), hottest first
 # (bpfobj.detach_all): malloc, its return probe and free stop trapping within about three.
 DETACH_S = 0.3
+CPU_TRUST = 2.0
 
 
 def trap_ns(placement: Placement, costs: Costs) -> float:
@@ -95,17 +98,18 @@ def price(placements: list[Placement], rates: dict[str, float], costs: Costs) ->
 
 class LiveCost:
     """memleak's cost so far, measured: each program's hits (the kernel's run count) priced at the
-    trap of the site(s) it is attached to, plus the programs' own run time."""
+    trap of the site(s) it is attached to, plus the programs' own run time. A program on several
+    sites (free_enter on free and operator delete; malloc_enter on malloc and operator new) is
+    priced at its sites' traps weighted by their counted rates; with none counted, at the dearest."""
 
-    def __init__(self, placements: list[Placement], costs: Costs):
+    def __init__(self, placements: list[Placement], costs: Costs, rates: dict[str, float] | None = None):
         self.costs = costs
-        self.trap: dict[str, float] = {}
+        by_program: dict[str, list[Placement]] = {}
         for p in placements:
-            program = BPF_FUNCTION[p.function]
-            # a program on several sites (memalign and aligned_alloc): the dearer trap, to be safe
-            self.trap[program] = max(self.trap.get(program, 0.0), trap_ns(p, costs))
-            if p.return_probe:
-                self.trap[RETURN_PROGRAM] = costs.return_ns
+            by_program.setdefault(BPF_FUNCTION[p.function], []).append(p)
+        self.trap = {program: _weighted_trap(sites, costs, rates or {}) for program, sites in by_program.items()}
+        if any(p.return_probe for p in placements):
+            self.trap[RETURN_PROGRAM] = costs.return_ns
 
     def ns(self, bpf) -> float | None:
         """None: the kernel keeps no run counts (kernel.bpf_stats_enabled could not be set)."""
@@ -116,13 +120,22 @@ class LiveCost:
         return sum(run_ns + count * self.trap.get(name, default) for name, (count, run_ns) in stats.items())
 
 
+def _weighted_trap(sites: list[Placement], costs: Costs, rates: dict[str, float]) -> float:
+    weights = [(rates.get(p.function) or 0.0, trap_ns(p, costs)) for p in sites]
+    total = sum(w for w, _ in weights)
+    if total <= 0:
+        return max(t for _, t in weights)
+    return sum(w * t for w, t in weights) / total
+
+
 class TracingCost(BaseModel):
     """What allocation tracing cost the target, measured, from the attach to now (or the detach)."""
 
     attached_s: float
     probes_ns: float | None = None  # each program's hits x its site's trap + the programs' run time
     cpu_ns: float | None = None  # the target's CPU time above its rate before the attach
-    measured_ns: float | None = None  # the larger of the two: what is reported and enforced
+    measured_ns: float | None = None  # what is reported and enforced: the probes' count, raised by
+    # the CPU clock's up to CPU_TRUST times it
 
     def percent_of(self, window_s: float) -> float | None:
         return None if self.measured_ns is None or window_s <= 0 else 100 * self.measured_ns / (window_s * 1e9)
@@ -136,8 +149,15 @@ class Meter:
         self.t0 = time.monotonic()
         self.cpu0 = cpu_seconds(pid) if pid is not None else None
 
-    def read(self, bpf, placements: list[Placement], costs: Costs, paused_s: float = 0.0) -> TracingCost:
-        probes_ns = LiveCost(placements, costs).ns(bpf)
+    def read(
+        self,
+        bpf,
+        placements: list[Placement],
+        costs: Costs,
+        rates: dict[str, float] | None = None,
+        paused_s: float = 0.0,
+    ) -> TracingCost:
+        probes_ns = LiveCost(placements, costs, rates).ns(bpf)
         attached = time.monotonic() - self.t0
         cpu_ns = None
         if self.pid is not None and self.baseline is not None and self.cpu0 is not None:
@@ -145,6 +165,13 @@ class Meter:
             # a stopped target (the reachability scan) uses no CPU: its rate applies to the rest
             if now is not None:
                 cpu_ns = max(0.0, (now - self.cpu0 - self.baseline * max(attached - paused_s, 0.0)) * 1e9)
-        known = [v for v in (probes_ns, cpu_ns) if v is not None]
-        measured = max(known, default=None)
+        if probes_ns is None:
+            measured = cpu_ns
+        elif cpu_ns is None:
+            measured = probes_ns
+        else:
+            # The CPU clock sees what the trap model might miss, but also the target's own load
+            # changing (a busy multi-threaded server's jitter alone is tens of ms a second): it may
+            # raise the figure up to CPU_TRUST times the probes' own count, no further.
+            measured = max(probes_ns, min(cpu_ns, CPU_TRUST * probes_ns))
         return TracingCost(attached_s=attached, probes_ns=probes_ns, cpu_ns=cpu_ns, measured_ns=measured)

@@ -15,12 +15,27 @@ import time
 from pydantic import BaseModel
 
 from .allocator import ALLOCATING, Allocator, find_allocator
-from .base import ProbeUnavailable, bpf_stats, load
+from .base import ProbeUnavailable, load
+from .compiler import CompileError
+from .procmaps import AddressSpace
 
 # The entry points a program calls often enough to matter for the price (C++'s new and delete
 # where an allocator library defines them); the rest (memalign, valloc, mmap, ...) are rare in
 # practice, and memleak measures every site once attached.
-COUNTED = (*ALLOCATING, "free", "calloc", "realloc", "_ZdlPv", "_ZdlPvm", "_ZdaPv", "_ZdaPvm", "sdallocx")
+COUNTED = (
+    *ALLOCATING,
+    "free",
+    "calloc",
+    "realloc",
+    "_ZdlPv",
+    "_ZdlPvm",
+    "_ZdaPv",
+    "_ZdaPvm",
+    "sdallocx",
+    "mmap",
+    "munmap",
+    "mremap",
+)
 
 
 class RateEstimate(BaseModel):
@@ -39,6 +54,7 @@ class Rates(BaseModel):
     allocator: str
     counts: list[RateEstimate]
     cost_ns: float = 0.0  # what the count cost the target: every hit, attach to detach, x its trap
+    hits: int = 0  # every hit, attach to detach
     probes_s: float = 0.0  # how long the counting probes were in place
 
     def per_s(self) -> dict[str, float]:
@@ -54,6 +70,7 @@ class Rates(BaseModel):
             allocator=self.allocator,
             counts=self.counts + other.counts,
             cost_ns=self.cost_ns + other.cost_ns,
+            hits=self.hits + other.hits,
             probes_s=self.probes_s + other.probes_s,
         )
 
@@ -74,48 +91,61 @@ def estimate_call_rates(
     budget. The count costs the target a burst of a few milliseconds whatever the bound: measured
     on bench_alloc at 10 thousand allocations/s, 2-8 ms with bounds of 300, 1,000 or 3,000 calls
     (the first hits and the breakpoint's installation, not the count, dominate)."""
-    alloc = alloc or find_allocator(pid)
-    if alloc is None:
+    space = AddressSpace.of(pid)
+    alloc = alloc or find_allocator(pid, space)
+    if alloc is None or space is None:
         return None
     sites = [p for f in functions for p in alloc.placements if p.function == f]
     if not sites:
         return None
     try:
-        bpf = load("ratecount", {})
-    except ProbeUnavailable:
+        return _count(pid, space, alloc, sites, trap_ns or {}, max_seconds, max_calls)
+    except (ProbeUnavailable, CompileError, OSError):  # the target exited, a file is gone: no price
         return None
+
+
+def _count(
+    pid: int,
+    space: AddressSpace,
+    alloc: Allocator,
+    sites: list,
+    trap_ns: dict[str, float],
+    max_seconds: float,
+    max_calls: int,
+) -> Rates:
+    bpf = load("ratecount", {})
     try:
         placed = time.monotonic()
-        with bpf_stats():  # the run counts order the detach, hottest site first (bpfobj.detach_all)
-            for slot, p in enumerate(sites):
-                bpf.attach_uprobe(
-                    name=p.module.encode(),
-                    sym=p.function.encode(),
-                    sym_off=p.offset,
-                    fn_name=f"count_site_{slot}".encode(),
-                    pid=pid,
-                )
-            calls = bpf["calls"]
-            # The first hits pay one-off set-up (the kernel's out-of-line slot page): measure from
-            # the first poll on, not from the attach.
-            start = time.monotonic()
+        for slot, p in enumerate(sites):
+            bpf.attach_uprobe(
+                # the file as this process reaches it (through /proc/PID/root), as memleak does
+                name=space.file_path(space.first_mapping_of(p.module)).encode(),
+                sym=p.function.encode(),
+                sym_off=p.offset,
+                fn_name=f"count_site_{slot}".encode(),
+                pid=pid,
+            )
+        calls = bpf["calls"]
+        # The first hits pay one-off set-up (the kernel's out-of-line slot page): measure from
+        # the first poll on, not from the attach.
+        start = time.monotonic()
+        time.sleep(0.005)
+        t0, n0 = time.monotonic(), [calls[i].value for i in range(len(sites))]
+        while True:
             time.sleep(0.005)
-            t0, n0 = time.monotonic(), [calls[i].value for i in range(len(sites))]
-            while True:
-                time.sleep(0.005)
-                n = [calls[i].value for i in range(len(sites))]
-                counted = max(b - a for a, b in zip(n0, n, strict=True))
-                if counted >= max_calls or time.monotonic() - start >= max_seconds:
-                    break
-            t1 = time.monotonic()
             n = [calls[i].value for i in range(len(sites))]
-            bpf.detach_all()
-            total = [calls[i].value for i in range(len(sites))]  # with the hits while detaching
+            counted = max(b - a for a, b in zip(n0, n, strict=True))
+            if counted >= max_calls or time.monotonic() - start >= max_seconds:
+                break
+        t1 = time.monotonic()
+        n = [calls[i].value for i in range(len(sites))]
+        bpf.detach_all(order=sorted(range(len(sites)), key=lambda i: -(n[i] - n0[i])))  # hottest first
+        total = [calls[i].value for i in range(len(sites))]  # with the hits while detaching
     finally:
         bpf.cleanup()
     seconds = max(t1 - t0, 1e-6)
     observed = [(b - a) / seconds for a, b in zip(n0, n, strict=True)]
-    busy = sum(o * (trap_ns or {}).get(p.function, 0.0) for o, p in zip(observed, sites, strict=True)) / 1e9
+    busy = sum(o * trap_ns.get(p.function, 0.0) for o, p in zip(observed, sites, strict=True)) / 1e9
     # Trap-bound (the probes took nearly all its time): the true rates are higher than anything
     # measurable this way; the observed rates are lower bounds, which is enough to refuse tracing.
     scale = 1 / (1 - busy) if busy < 0.9 else 1.0
@@ -131,5 +161,7 @@ def estimate_call_rates(
         )
         for p, a, b, o in zip(sites, n0, n, observed, strict=True)
     ]
-    paid = sum(t * (trap_ns or {}).get(p.function, 0.0) for t, p in zip(total, sites, strict=True))
-    return Rates(allocator=alloc.name, counts=counts, cost_ns=paid, probes_s=time.monotonic() - placed)
+    paid = sum(t * trap_ns.get(p.function, 0.0) for t, p in zip(total, sites, strict=True))
+    return Rates(
+        allocator=alloc.name, counts=counts, cost_ns=paid, hits=sum(total), probes_s=time.monotonic() - placed
+    )

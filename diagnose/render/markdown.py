@@ -145,7 +145,8 @@ def _overhead_lines(o, probes=()) -> list[str]:
             parts.append(f"its probes' hits x trap cost + BPF run time {o.tracing_probes_percent:.2f}%")
         if o.tracing_cpu_percent is not None:
             parts.append(f"the target's CPU time above its rate before the attach {o.tracing_cpu_percent:.2f}%")
-        lines += [f"- Allocation tracing, measured two ways (the larger counts): {'; '.join(parts)}"]
+        how = "the first counts, raised to the second up to twice it"
+        lines += [f"- Allocation tracing, measured two ways ({how}): {'; '.join(parts)}"]
     others = [p.name for p in probes if p.name not in _ON_THE_TARGET and p.overhead_percent]
     if others:
         lines += [
