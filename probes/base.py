@@ -162,6 +162,7 @@ _STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
 
 
 _held = [0]  # bpf_stats() contexts holding a BPF_ENABLE_STATS fd (the sysctl does not show those)
+_held_lock = threading.Lock()  # serve runs diagnoses in worker threads
 
 
 def _stats_enabled() -> bool:
@@ -183,11 +184,13 @@ def bpf_stats():
     except OSError:
         fd = None
     if fd is not None:
-        _held[0] += 1
+        with _held_lock:
+            _held[0] += 1
         try:
             yield
         finally:
-            _held[0] -= 1
+            with _held_lock:
+                _held[0] -= 1
             os.close(fd)
         return
     try:
