@@ -325,7 +325,7 @@ SCENARIOS = [
     ("leaked linked lists", ("leaklist", "50"), "leak", "new_node", None),
     ("churn, no growth", ("churn", "200000"), "healthy", None, None),
     ("heap growth by brk", ("mapper", "256", "0"), "growth", "grow_heap_with_brk", None),
-    ("growth by anonymous mmap", ("mapper", "0", "512"), "growth", "map_buffers", None),
+    ("anonymous mappings, pointers dropped", ("mapper", "0", "512"), "leak", "map_buffers", None),
     ("hot allocator (>1M calls/s) with a leak", ("hot", "1024"), "growth", "leak_session_cache", None),
     ("OOM kill in a 64 MiB cgroup", ("hog", "512", "4", "300"), "oom", None, "oom"),
     ("swap pressure in a 96 MiB cgroup", ("hog", "256", "8", "10"), "pressure", None, "swap"),
