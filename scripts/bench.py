@@ -202,6 +202,7 @@ def slowdown_section() -> tuple[list[str], dict]:
     lines = [
         "## 1. What tracing costs the target, by the target's own clock",
         "",
+        f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. "
         "`bench_alloc` mallocs and frees mixed sizes at a set rate and leaks 256 KiB/s from "
         f"`{LEAK_FN}()`; every second it reports the time its allocation batches took per operation and "
         "how many it did, by the wall clock and by its thread's CPU clock. Time lost = for each second, "
@@ -211,11 +212,11 @@ def slowdown_section() -> tuple[list[str], dict]:
         "process (memdiag itself included) took from it on this 2-core machine; the CPU clock counts the "
         "traps (charged to the trapping thread) and not that. memdiag: "
         "its whole 30 s window (the budget's unit, default 2%), beside the overhead its report states "
-        "(measured on the target: probes' hits x trap cost + BPF run time, or its CPU time over its rate "
-        "before, the larger); memleak column: memdiag's decision on allocation tracing. bcc memleak: "
-        "from its attach to its end. Bare: untraced, the noise floor. Under jemalloc, malloc+0 and "
-        "free+0 are single-stepped (~15 µs a call here), so allocation tracing is refused at far lower "
-        "rates.",
+        "(measured on the target: its probes' hits x trap cost + BPF run time, raised to its CPU time over "
+        "its rate before where larger, up to twice); memleak column: memdiag's decision on allocation "
+        "tracing. bcc memleak: from its attach to its end. Bare: untraced, the noise floor. Under "
+        "jemalloc, malloc+0 and free+0 are single-stepped (~15 µs a call here), so allocation tracing "
+        "is refused at far lower rates.",
         "",
         "| rate | allocator | tool | memleak | time lost, wall clock (median, min–max) | time lost, CPU clock | "
         "memdiag's reported overhead | leaking function named |",
