@@ -39,7 +39,6 @@ PROBE_ORDER = ("faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin"
 FIRST_LOOK_SHARE = 0.3
 FIRST_LOOK_MIN_S = 5.0
 MIN_PROBE_S = 3.0
-ALLOCATOR_ENTRY = {"malloc", "calloc", "realloc", "free", "operator new(unsigned long)", "operator delete(void*)"}
 
 
 class BudgetDecision(BaseModel):

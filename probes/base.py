@@ -130,17 +130,12 @@ def _fdinfo(fd: int) -> dict[str, str]:
 
 
 def measure_cost(bpf, events: int) -> Cost:
-    run_ns = run_cnt = None
-    for fn in getattr(bpf, "funcs", {}).values():
-        info = _fdinfo(fn.fd)
-        if "run_time_ns" in info:
-            run_ns = (run_ns or 0) + int(info["run_time_ns"])
-            run_cnt = (run_cnt or 0) + int(info.get("run_cnt", 0))
+    stats = program_stats(bpf)  # None or empty: the kernel kept no run time
+    run_ns = sum(ns for _, ns in stats.values()) if stats else None
+    run_cnt = sum(count for count, _ in stats.values()) if stats else None
     memlock = 0
     for table in getattr(bpf, "tables", {}).values():
         memlock += int(_fdinfo(table.map_fd).get("memlock", 0) or 0)
-    if not _stats_enabled():
-        run_ns = run_cnt = None
     return Cost(events=events, bpf_run_ns=run_ns, bpf_run_count=run_cnt, map_bytes=memlock or None)
 
 

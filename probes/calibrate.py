@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
 import hashlib
 import json
 import os
@@ -43,6 +44,7 @@ class Costs(BaseModel):
     host: str
 
 
+@functools.cache  # its parts do not change while memdiag runs (serve prices many diagnoses)
 def _host_key() -> str:
     """What the figures depend on: kernel, CPU, the programs measured, and the C library the
     calibration calls (its build id)."""
