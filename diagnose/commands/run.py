@@ -13,6 +13,7 @@ from pathlib import Path
 from memdiag.rules.loader import RuleFileError
 
 from ..errors import PermissionNeeded, UsageError
+from ..options import INTERVAL, MILLISECONDS, PERCENT, PID, SECONDS
 from ..progress import Progress
 from ..render import render_all
 from ..target import Target, cgroup_target, pid_target, system_target
@@ -23,16 +24,16 @@ NICENESS = 10
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--pid", type=int, help="diagnose this process")
+    group.add_argument("--pid", type=PID, help="diagnose this process")
     group.add_argument(
         "--cgroup", metavar="PATH", help="diagnose this memory cgroup (a path in the hierarchy or under /sys/fs/cgroup)"
     )
     parser.add_argument(
-        "--duration", type=float, default=30.0, metavar="S", help="seconds to watch the counters (default 30)"
+        "--duration", type=SECONDS, default=30.0, metavar="S", help="seconds to watch the counters (default 30)"
     )
     parser.add_argument(
         "--interval",
-        type=float,
+        type=INTERVAL,
         default=None,
         metavar="S",
         help="seconds between samples (default: about 1, at least 10 samples)",
@@ -46,14 +47,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--budget",
-        type=float,
+        type=PERCENT,
         default=DEFAULT_BUDGET_PERCENT,
         metavar="PERCENT",
         help="how much the diagnosis may slow the target (default 2)",
     )
     parser.add_argument(
         "--max-pause",
-        type=float,
+        type=MILLISECONDS,
         default=DEFAULT_MAX_PAUSE_MS,
         metavar="MS",
         help=f"longest the reachability scan may stop the target, within the budget (default {DEFAULT_MAX_PAUSE_MS:g})",
@@ -108,14 +109,6 @@ def _output_dir(args: argparse.Namespace, target: Target) -> Path:
 
 
 def execute(args: argparse.Namespace) -> int:
-    if args.duration <= 0:
-        raise UsageError("--duration must be more than 0 seconds")
-    if args.interval is not None and args.interval <= 0:
-        raise UsageError("--interval must be more than 0 seconds")
-    if not 0 < args.budget <= 100:
-        raise UsageError("--budget must be a percentage between 0 and 100")
-    if args.max_pause < 0:
-        raise UsageError("--max-pause must be 0 or more milliseconds")
     try:
         rules = load_book(args.playbook)
     except RuleFileError as e:

@@ -8,23 +8,23 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import UsageError
 from ..facts.meminfo import read_meminfo
 from ..facts.process import ProcessMemory
 from ..facts.processes import read_all_processes
 from ..facts.psi import read_memory_pressure
 from ..facts.vmstat import read_vmstat
+from ..options import COUNT, INTERVAL
 from ..trends import counter_rate
 from ..units import fmt_bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="print one table (after one interval) and exit")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="S", help="refresh every S seconds")
+    parser.add_argument("--interval", type=INTERVAL, default=1.0, metavar="S", help="refresh every S seconds")
     parser.add_argument(
         "-n",
         "--lines",
-        type=int,
+        type=COUNT,
         default=None,
         metavar="N",
         help="show N processes (default: fit the terminal, 20 with --once)",
@@ -79,10 +79,6 @@ def render_table(
 
 
 def execute(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        raise UsageError("--interval must be more than 0 seconds")
-    if args.lines is not None and args.lines <= 0:
-        raise UsageError("--lines must be at least 1")
     before, vm_before, t0 = read_all_processes(), read_vmstat(), time.monotonic()
     while True:
         time.sleep(args.interval)
