@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, swapin, vmscan
-from memdiag.probes.base import ProbeTarget
+from memdiag.probes.base import INTERRUPTION, ProbeTarget, phase
 from memdiag.probes.calibrate import host_costs
 
-from ..errors import PermissionNeeded, UsageError
+from ..errors import PermissionNeeded, SignalInterrupted, UsageError
 from ..options import COUNT, MILLISECONDS, PID, SECONDS
 from ..render.probe_text import render_probe
 from ..target import cgroup_target, pid_target
@@ -85,8 +85,26 @@ def execute(args: argparse.Namespace) -> int:
     module = PROBES[args.name]
     if args.name == "reach" and (args.kernel or target.kind != "pid"):
         raise UsageError("probe reach scans one process's memory: give --pid (user-space allocations)")
+    with phase(f"probe {args.name}"):
+        result = _run(module, args, target)
+    if args.folded is not None:
+        lines = getattr(result, "folded", [])
+        try:
+            args.folded.write_text("".join(f"{line}\n" for line in lines))
+        except OSError as e:
+            raise UsageError(f"--folded {args.folded}: cannot write ({e.strerror or e})") from None
+    if args.json:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+    else:
+        sys.stdout.write(render_probe(result, top=args.top))
+    if INTERRUPTION.caught:
+        raise SignalInterrupted(INTERRUPTION.signum or 0, f"interrupted by {INTERRUPTION.signal_name}")
+    return 0 if result.status in ("ok", "partial", "unavailable") else 1
+
+
+def _run(module, args: argparse.Namespace, target: ProbeTarget):
     if args.name in ("memleak", "reach"):
-        result = module.run(
+        return module.run(
             target,
             args.duration,
             kernel_mode=args.kernel,
@@ -101,16 +119,4 @@ def execute(args: argparse.Namespace) -> int:
             if args.max_pause is not None
             else DEFAULT_BUDGET_PERCENT / 100 * args.duration * 1000,
         )
-    else:
-        result = module.run(target, args.duration)
-    if args.folded is not None:
-        lines = getattr(result, "folded", [])
-        try:
-            args.folded.write_text("".join(f"{line}\n" for line in lines))
-        except OSError as e:
-            raise UsageError(f"--folded {args.folded}: cannot write ({e.strerror or e})") from None
-    if args.json:
-        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
-    else:
-        sys.stdout.write(render_probe(result, top=args.top))
-    return 0 if result.status in ("ok", "partial", "unavailable") else 1
+    return module.run(target, args.duration)

@@ -10,12 +10,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from memdiag.probes.base import INTERRUPTION, phase
 from memdiag.rules.loader import RuleFileError
 
-from ..errors import PermissionNeeded, UsageError
+from ..errors import PermissionNeeded, SignalInterrupted, UsageError
 from ..options import INTERVAL, MILLISECONDS, PERCENT, PID, SECONDS
 from ..progress import Progress
 from ..render import render_all
+from ..report import Interrupted
 from ..target import Target, cgroup_target, pid_target, system_target
 from ..workflow import DEFAULT_BUDGET_PERCENT, DEFAULT_MAX_PAUSE_MS, diagnose, load_book
 
@@ -131,10 +133,27 @@ def execute(args: argparse.Namespace) -> int:
         max_pause_ms=args.max_pause,
     )
     progress.done()
+    with phase("writing the report"):
+        _write(out, report)
+    if INTERRUPTION.caught and report.interrupted is None:  # it came while the whole report was written
+        at = time.time() - (time.monotonic() - (INTERRUPTION.at or time.monotonic())) - report.window.started
+        cut = Interrupted(signal=INTERRUPTION.signal_name, phase=INTERRUPTION.phase or "unknown", at_s=round(at, 2))
+        report = report.model_copy(update={"interrupted": cut})
+        _write(out, report)
+    print(f"{report.verdict.kind}: {report.verdict.summary}")
+    print(f"report: {out / 'report.md'}")
+    if INTERRUPTION.caught:
+        raise SignalInterrupted(
+            INTERRUPTION.signum or 0,
+            f"interrupted by {INTERRUPTION.signal_name} during {INTERRUPTION.phase}; "
+            f"partial report: {out / 'report.md'}",
+        )
+    return 0
+
+
+def _write(out: Path, report) -> None:
+    """Every file of the report, each replaced whole (a reader never sees half a file)."""
     for name, text in render_all(report).items():
         tmp = out / f".{name}.tmp"
         tmp.write_text(text)
         os.replace(tmp, out / name)
-    print(f"{report.verdict.kind}: {report.verdict.summary}")
-    print(f"report: {out / 'report.md'}")
-    return 0

@@ -8,6 +8,9 @@ import sys
 import time
 from pathlib import Path
 
+from memdiag.probes.base import INTERRUPTION
+
+from ..errors import SignalInterrupted
 from ..facts.meminfo import read_meminfo
 from ..facts.process import ProcessMemory
 from ..facts.processes import read_all_processes
@@ -81,7 +84,8 @@ def render_table(
 def execute(args: argparse.Namespace) -> int:
     before, vm_before, t0 = read_all_processes(), read_vmstat(), time.monotonic()
     while True:
-        time.sleep(args.interval)
+        if INTERRUPTION.wait(args.interval):  # nothing to clean up: say which signal ended it
+            raise SignalInterrupted(INTERRUPTION.signum or 0, f"interrupted by {INTERRUPTION.signal_name}")
         after, vm_after, t1 = read_all_processes(), read_vmstat(), time.monotonic()
         if args.once:
             print(render_table(before, after, t1 - t0, args.lines or 20, vm_before=vm_before, vm_after=vm_after))

@@ -191,8 +191,16 @@ def _probe_figures(report: Report) -> list[str]:
 
 def render_markdown(report: Report) -> str:
     v, t, w = report.verdict, report.target, report.window
-    lines = [f"# memdiag: {v.kind} — {t.description}", ""]
-    lines += [f"**Verdict ({v.kind}, confidence {v.confidence:.0%}):** {v.summary}", ""]
+    cut = report.interrupted
+    partial = " (partial: interrupted)" if cut is not None else ""
+    lines = [f"# memdiag: {v.kind}{partial} — {t.description}", ""]
+    lines += [f"**Verdict ({v.kind}, confidence {v.confidence:.0%}{partial}):** {v.summary}", ""]
+    if cut is not None:
+        lines += [
+            f"- **Interrupted** by {cut.signal} during {cut.phase}, {fmt_duration(cut.at_s)} into the diagnosis: "
+            "this report is partial and its verdict rests only on what was gathered before"
+        ]
+        lines += [f"- Not gathered: {'; '.join(cut.not_gathered)}" if cut.not_gathered else "- Not gathered: nothing"]
     culprit = v.culprit
     who = []
     if culprit.pid is not None:
