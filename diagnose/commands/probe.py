@@ -98,7 +98,9 @@ def execute(args: argparse.Namespace) -> int:
     else:
         sys.stdout.write(render_probe(result, top=args.top))
     if INTERRUPTION.caught:
-        raise SignalInterrupted(INTERRUPTION.signum or 0, f"interrupted by {INTERRUPTION.signal_name}")
+        raise SignalInterrupted(
+            INTERRUPTION.signum or 0, f"interrupted by {INTERRUPTION.signal_name} during {INTERRUPTION.phase}"
+        )
     return 0 if result.status in ("ok", "partial", "unavailable") else 1
 
 

@@ -177,5 +177,29 @@ def test_probe_command_interrupted_reports_and_exits_by_the_signal(workload, sig
     assert p.returncode == 128 + sig, err
     assert out.startswith("memleak: ok")  # what it saw until the signal (perhaps nothing yet)
     assert "  interrupted: stopped by a signal before the end of its window" in out.splitlines()
-    assert err.strip() == f"memdiag: interrupted by {signal.Signals(sig).name}"
+    assert err.strip() == f"memdiag: interrupted by {signal.Signals(sig).name} during probe memleak"
+    assert breakpoints(w.pid) == 0
+
+
+def test_sigint_during_the_reach_scan_releases_the_stopped_target(workload):
+    w = workload("bigheap", "512")  # half a GiB to read: the scan holds the target a while
+    p = subprocess.Popen(
+        [MEMDIAG, "probe", "reach", "--pid", str(w.pid), "--duration", "3", "--max-pause", "60000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        _until(lambda: status(w.pid)["TracerPid"] != "0", 60, "stopped by the scan")
+        p.send_signal(signal.SIGINT)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 130, err
+    assert err.strip().startswith("memdiag: interrupted by SIGINT during reach scan"), err
+    assert "interrupted: the target was resumed and nothing is concluded from a partial scan" in out
+    st = status(w.pid)
+    assert st["TracerPid"] == "0" and st["State"][0] in "RS", st
     assert breakpoints(w.pid) == 0
