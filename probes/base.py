@@ -107,12 +107,30 @@ def require(*checks: Availability) -> None:
 
 
 def load(name: str, defines: dict[str, int | str]) -> Program:
-    """Load bpf/<name>.c built with its options as -D defines (compiled once, then cached)."""
+    """Load bpf/<name>.c built with its options as -D defines (compiled once, then cached), and
+    the pid namespace processes are named in when memdiag runs in one of its own."""
     require(kernel.bpf_runtime())
     try:
-        return Program(compiler.compiled(name, defines))
+        return Program(compiler.compiled(name, {**defines, **kernel.namespace_defines()}))
     except compiler.CompilerUnavailable as e:
         raise ProbeUnavailable(str(e)) from None
+
+
+def require_visible(target: ProbeTarget) -> None:
+    """In a pid namespace of memdiag's own, BPF names only the processes of that namespace: a
+    target in a namespace below it (a container in the container) cannot be seen by tracing."""
+    ns = kernel.pid_namespace()
+    if ns is None or target.kind == "system":
+        return
+    pids = target.pids()
+    outside = sorted(p for p in pids if kernel.pid_namespace_of(p) not in (ns[1], None))
+    if outside and len(outside) == len(pids):
+        who = f"PID {outside[0]}" if target.kind == "pid" else f"all {len(outside)} processes of {target.description}"
+        raise ProbeUnavailable(
+            f"{who} runs in a pid namespace nested below memdiag's: BPF can name only the processes of "
+            "memdiag's own pid namespace, so tracing cannot see the target; run memdiag in the target's "
+            "pid namespace or the host's"
+        )
 
 
 def set_targets(bpf, pids: set[int], table: str = "targets") -> None:
@@ -415,7 +433,8 @@ def run_probe(
     with everything still attached and armed (memleak's reachability scan reads its table there)."""
     started = time.time()
     try:
-        require(*requirements)
+        require(*requirements, kernel.pid_translation())
+        require_visible(target)
     except ProbeUnavailable as e:
         return result_cls(**unavailable(name, target, str(e)))
     mode = target_mode(target.kind, filtered)
