@@ -64,6 +64,8 @@ def _check_events(text: str) -> None:
 
 def _to_python(node: yaml.Node, path: tuple, lines: dict[tuple, int], scalars: yaml.constructor.SafeConstructor):
     lines[path] = node.start_mark.line + 1
+    if not node.tag.startswith("tag:yaml.org,2002:") or "python/" in node.tag:
+        raise RuleFileError([f":{lines[path]}: the tag `{node.tag}` is not allowed in a rule file"])
     if isinstance(node, yaml.MappingNode):
         out = {}
         for key_node, value_node in node.value:
