@@ -92,7 +92,11 @@ def load_file(path: Path, trusted: bool = True) -> list[Rule]:
     return load_file_parts(path, trusted).rules
 
 
-def _yaml_error(path: Path, e: yaml.YAMLError) -> RuleFileError:
+def _yaml_error(path: Path, text: str, e: yaml.YAMLError) -> RuleFileError:
+    if isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow: its line, one line
+        line = text.count("\n", 0, e.position) + 1
+        code = e.character if isinstance(e.character, int) else ord(e.character)
+        return RuleFileError([f"{path}:{line}: not valid YAML: character U+{code:04X}: {e.reason}"])
     mark, context = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
     line = mark.line + 1 if mark else 1
     where = ""
@@ -101,21 +105,26 @@ def _yaml_error(path: Path, e: yaml.YAMLError) -> RuleFileError:
     return RuleFileError([f"{path}:{line}: not valid YAML: {getattr(e, 'problem', None) or e}{where}"])
 
 
-def load_file_parts(path: Path, trusted: bool = True) -> Playbook:
-    """One file's rules and wrappers (either section may be absent, not both). trusted: refuse the
-    file unless it is trusted policy (the shipped files always are); False only to lint it."""
-    text = read_rule_file(path, trusted=trusted and not is_shipped(path))
+def _parse(path: Path, text: str) -> tuple[object, dict[tuple, int]]:
+    """The document as plain Python, and the line of every node (by its path of keys and indexes)."""
     lines: dict[tuple, int] = {}
     try:
         _check_events(text)
         node = yaml.compose(text, Loader=_Loader)
-        data = None if node is None else _to_python(node, (), lines, yaml.constructor.SafeConstructor())
+        if node is None:
+            raise RuleFileError([":1: empty file (expected `rules:` with a list of rules, or `wrappers:`)"])
+        return _to_python(node, (), lines, yaml.constructor.SafeConstructor()), lines
     except yaml.YAMLError as e:
-        raise _yaml_error(path, e) from None
+        raise _yaml_error(path, text, e) from None
     except RuleFileError as e:
         raise RuleFileError([f"{path}{m}" for m in e.errors]) from None
-    if node is None:
-        raise RuleFileError([f"{path}:1: empty file (expected `rules:` with a list of rules, or `wrappers:`)"])
+
+
+def load_file_parts(path: Path, trusted: bool = True) -> Playbook:
+    """One file's rules and wrappers (either section may be absent, not both). trusted: refuse the
+    file unless it is trusted policy (the shipped files always are); False only to lint it."""
+    text = read_rule_file(path, trusted=trusted and not is_shipped(path))
+    data, lines = _parse(path, text)
     if (
         not isinstance(data, dict)
         or not data

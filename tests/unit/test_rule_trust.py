@@ -177,3 +177,13 @@ def test_the_site_folder_is_loaded_after_the_shipped_playbook(book, monkeypatch)
     rules = load_playbook(playbook_paths()).rules
     assert rules[-1].id == "site-ceiling" and rules[-1].source == f"{site}:2"
     assert rules[0].source.split(":")[0].endswith("default.yaml")
+
+
+def test_text_that_is_not_yaml_or_not_utf8_gets_one_line_with_its_line(book):
+    ctl = _write(book, "rules:\n  - id: a\x01\n", name="ctl.yaml")
+    assert _error(ctl) == f"{ctl}:2: not valid YAML: character U+0001: control characters are not allowed"
+    raw = book / "latin1.yaml"
+    raw.write_bytes(b"rules:\n  - id: caf\xe9\n")
+    assert _error(raw) == f"{raw}:2: not UTF-8 text (byte 15)"
+    key = _write(book, "{[a]: 1}\n", name="key.yaml")
+    assert _error(key) == f"{key}:1: a key must be a plain name"
