@@ -184,6 +184,6 @@ def test_text_that_is_not_yaml_or_not_utf8_gets_one_line_with_its_line(book):
     assert _error(ctl) == f"{ctl}:2: not valid YAML: character U+0001: control characters are not allowed"
     raw = book / "latin1.yaml"
     raw.write_bytes(b"rules:\n  - id: caf\xe9\n")
-    assert _error(raw) == f"{raw}:2: not UTF-8 text (byte 15)"
+    assert _error(raw) == f"{raw}:2: not UTF-8 text (byte 18)"
     key = _write(book, "{[a]: 1}\n", name="key.yaml")
     assert _error(key) == f"{key}:1: a key must be a plain name"
