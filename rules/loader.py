@@ -16,10 +16,18 @@ from pydantic import ValidationError
 from .model import FrameClass, Playbook, Rule
 from .source import RuleFileError, folder_entries, is_shipped, read_rule_file, shipped_dir, site_dir
 
-__all__ = ["RuleFileError", "load_file", "load_file_parts", "load_playbook", "load_playbooks", "playbook_paths"]
+__all__ = [
+    "RuleFileError",
+    "load_file",
+    "load_file_parts",
+    "load_playbook",
+    "load_playbooks",
+    "playbook_paths",
+    "shipped_playbooks",
+]
 
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: the same rules, faster
-MAX_DEPTH = 64  # the shipped playbook nests 6 deep
+MAX_DEPTH = 64  # the shipped playbook nests 10 deep
 MAX_ALIAS_NODES = 10_000  # nodes aliases may add: an anchor reused a few times, never a bomb
 _OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
 _CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
