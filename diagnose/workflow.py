@@ -45,7 +45,8 @@ def target_info(target: Target) -> TargetInfo:
 
 
 def load_book(extra: list[Path] | None = None) -> Playbook:
-    """The rules and wrappers of the shipped playbook, ./playbooks and the --playbook paths."""
+    """The rules and wrappers of trusted policy: the shipped playbook, the site folder and the
+    --playbook paths (memdiag.rules.source; never the working folder's playbooks/)."""
     return load_playbook(playbook_paths(extra))
 
 

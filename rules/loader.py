@@ -1,39 +1,92 @@
 """Load playbook files strictly: every error comes back with file:line and what is wrong; ids must
-be unique across all files; the shipped playbook first, then playbooks/ of the working tree and
---playbook paths."""
+be unique across all files. Policy is the shipped playbook, then the site folder, then --playbook
+paths (memdiag.rules.source says where policy may come from and reads the bytes, bounded).
+
+YAML is read with the safe loader after one pass over its events that refuses deep nesting and
+aliases that expand past a small budget: a billion-laughs file fails at its first big alias."""
 
 from __future__ import annotations
 
-from importlib.resources import files
+import os
 from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
 from .model import FrameClass, Playbook, Rule
+from .source import RuleFileError, folder_entries, is_shipped, read_rule_file, shipped_dir, site_dir
+
+__all__ = [
+    "RuleFileError",
+    "load_file",
+    "load_file_parts",
+    "load_playbook",
+    "load_playbooks",
+    "playbook_paths",
+    "shipped_playbooks",
+]
+
+_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: the same rules, faster
+MAX_DEPTH = 64  # the shipped playbook nests 10 deep
+MAX_ALIAS_NODES = 10_000  # nodes aliases may add: an anchor reused a few times, never a bomb
+_OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
+_CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
 
 
-class RuleFileError(Exception):
-    """One or more errors in rule files, each as 'file:line: message'."""
+def _check_events(text: str) -> None:
+    """Refuse, before any tree is built, nesting deeper than MAX_DEPTH and aliases that would add
+    more than MAX_ALIAS_NODES nodes (or that point into their own anchor). One pass, no tree."""
+    sizes: dict[str, int] = {}  # anchor -> how many nodes an alias to it stands for
+    open_: list[list] = []  # [anchor, nodes so far] of each collection being read
+    added = 0
+    for ev in yaml.parse(text, Loader=_Loader):
+        line = ev.start_mark.line + 1 if ev.start_mark else 1
+        if isinstance(ev, _OPEN):
+            if len(open_) >= MAX_DEPTH:
+                raise RuleFileError([f":{line}: nested deeper than {MAX_DEPTH} levels"])
+            open_.append([ev.anchor, 1])
+            continue
+        if isinstance(ev, _CLOSE):
+            anchor, n = open_.pop()
+        elif isinstance(ev, yaml.ScalarEvent):
+            anchor, n = ev.anchor, 1
+        elif isinstance(ev, yaml.AliasEvent):
+            if any(a == ev.anchor for a, _ in open_):
+                raise RuleFileError([f":{line}: alias `*{ev.anchor}` refers to the node that contains it"])
+            anchor, n = None, sizes.get(ev.anchor, 1)
+            added += n
+            if added > MAX_ALIAS_NODES:
+                raise RuleFileError(
+                    [
+                        f":{line}: alias `*{ev.anchor}` expands the file past {MAX_ALIAS_NODES} nodes "
+                        "(a YAML alias bomb?); an anchor may be reused only a little"
+                    ]
+                )
+        else:
+            continue
+        if anchor:
+            sizes[anchor] = n
+        if open_:
+            open_[-1][1] += n
 
-    def __init__(self, errors: list[str]):
-        super().__init__("\n".join(errors))
-        self.errors = errors
 
-
-def _to_python(node: yaml.Node, path: tuple, lines: dict[tuple, int]):
+def _to_python(node: yaml.Node, path: tuple, lines: dict[tuple, int], scalars: yaml.constructor.SafeConstructor):
     lines[path] = node.start_mark.line + 1
+    if not node.tag.startswith("tag:yaml.org,2002:") or "python/" in node.tag:
+        raise RuleFileError([f":{lines[path]}: the tag `{node.tag}` is not allowed in a rule file"])
     if isinstance(node, yaml.MappingNode):
         out = {}
         for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode):
+                raise RuleFileError([f":{key_node.start_mark.line + 1}: a key must be a plain name"])
             key = key_node.value
             if key in out:
                 raise RuleFileError([f":{key_node.start_mark.line + 1}: duplicate key `{key}`"])
-            out[key] = _to_python(value_node, (*path, key), lines)
+            out[key] = _to_python(value_node, (*path, key), lines, scalars)
         return out
     if isinstance(node, yaml.SequenceNode):
-        return [_to_python(v, (*path, i), lines) for i, v in enumerate(node.value)]
-    return yaml.safe_load(yaml.serialize(node))  # a scalar, typed as YAML types it
+        return [_to_python(v, (*path, i), lines, scalars) for i, v in enumerate(node.value)]
+    return scalars.construct_object(node)  # a scalar, typed as YAML types it
 
 
 def _line_of(loc: tuple, lines: dict[tuple, int]) -> int:
@@ -43,32 +96,43 @@ def _line_of(loc: tuple, lines: dict[tuple, int]) -> int:
     return lines.get(loc, 1)
 
 
-def load_file(path: Path) -> list[Rule]:
-    return load_file_parts(path).rules
+def load_file(path: Path, trusted: bool = True) -> list[Rule]:
+    return load_file_parts(path, trusted).rules
 
 
-def load_file_parts(path: Path) -> Playbook:
-    """One file's rules and wrappers (either section may be absent, not both)."""
-    try:
-        text = path.read_text()
-    except OSError as e:
-        raise RuleFileError([f"{path}: cannot read ({e.strerror or e})"]) from None
-    try:
-        node = yaml.compose(text)
-    except yaml.YAMLError as e:
-        mark, context = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
-        line = mark.line + 1 if mark else 1
-        where = ""
-        if context is not None and getattr(e, "context", None):
-            where = f" ({e.context.removeprefix('while parsing ')} on line {context.line + 1})"
-        raise RuleFileError([f"{path}:{line}: not valid YAML: {getattr(e, 'problem', e)}{where}"]) from None
-    if node is None:
-        raise RuleFileError([f"{path}:1: empty file (expected `rules:` with a list of rules, or `wrappers:`)"])
+def _yaml_error(path: Path, text: str, e: yaml.YAMLError) -> RuleFileError:
+    if isinstance(e, yaml.reader.ReaderError):  # a character YAML does not allow: its line, one line
+        line = text.count("\n", 0, e.position) + 1
+        code = e.character if isinstance(e.character, int) else ord(e.character)
+        return RuleFileError([f"{path}:{line}: not valid YAML: character U+{code:04X}: {e.reason}"])
+    mark, context = getattr(e, "problem_mark", None), getattr(e, "context_mark", None)
+    line = mark.line + 1 if mark else 1
+    where = ""
+    if context is not None and getattr(e, "context", None):
+        where = f" ({e.context.removeprefix('while parsing ')} on line {context.line + 1})"
+    return RuleFileError([f"{path}:{line}: not valid YAML: {getattr(e, 'problem', None) or e}{where}"])
+
+
+def _parse(path: Path, text: str) -> tuple[object, dict[tuple, int]]:
+    """The document as plain Python, and the line of every node (by its path of keys and indexes)."""
     lines: dict[tuple, int] = {}
     try:
-        data = _to_python(node, (), lines)
+        _check_events(text)
+        node = yaml.compose(text, Loader=_Loader)
+        if node is None:
+            raise RuleFileError([":1: empty file (expected `rules:` with a list of rules, or `wrappers:`)"])
+        return _to_python(node, (), lines, yaml.constructor.SafeConstructor()), lines
+    except yaml.YAMLError as e:
+        raise _yaml_error(path, text, e) from None
     except RuleFileError as e:
         raise RuleFileError([f"{path}{m}" for m in e.errors]) from None
+
+
+def load_file_parts(path: Path, trusted: bool = True) -> Playbook:
+    """One file's rules and wrappers (either section may be absent, not both). trusted: refuse the
+    file unless it is trusted policy (the shipped files always are); False only to lint it."""
+    text = read_rule_file(path, trusted=trusted and not is_shipped(path))
+    data, lines = _parse(path, text)
     if (
         not isinstance(data, dict)
         or not data
@@ -116,20 +180,22 @@ def _errors(path: Path, at: tuple, what: str, e: ValidationError, lines: dict[tu
 
 
 def shipped_playbooks() -> list[Path]:
-    return sorted(Path(str(files("memdiag.playbooks"))).glob("*.yaml"))
+    return sorted(shipped_dir().glob("*.yaml"))
 
 
-def playbook_paths(extra: list[Path] | None = None, local_dir: Path | None = Path("playbooks")) -> list[Path]:
-    """The shipped playbook, then *.yaml in ./playbooks (when it is not the shipped folder), then
-    the paths given (files, or folders of *.yaml)."""
+def playbook_paths(extra: list[Path] | None = None, site: Path | None = None) -> list[Path]:
+    """Policy, in order: the shipped playbook, the site folder's *.yaml (site, default
+    $MEMDIAG_PLAYBOOK_DIR or /etc/memdiag/playbooks; absent is fine), then the paths given (files,
+    or folders of *.yaml). Never the working folder's playbooks/ unless it is given. Folders are
+    checked for trust here, files when they are read (load_playbook)."""
     paths = shipped_playbooks()
-    shipped = {p.resolve() for p in paths}
-    if local_dir is not None and local_dir.is_dir():
-        paths += [p for p in sorted(local_dir.glob("*.yaml")) if p.resolve() not in shipped]
+    site = site_dir() if site is None else site
+    if os.path.lexists(site):
+        paths += folder_entries(site, trusted=True)
     for p in extra or []:
         if p.is_dir():
-            paths += sorted(p.glob("*.yaml"))
-        elif p.exists():
+            paths += folder_entries(p, trusted=True)
+        elif os.path.lexists(p):
             paths.append(p)
         else:
             raise RuleFileError([f"{p}: no such file or folder"])
@@ -141,21 +207,21 @@ def playbook_paths(extra: list[Path] | None = None, local_dir: Path | None = Pat
     return unique
 
 
-def load_playbooks(paths: list[Path]) -> list[Rule]:
+def load_playbooks(paths: list[Path], trusted: bool = True) -> list[Rule]:
     """All rules of these files; every error of every file reported together."""
-    return load_playbook(paths).rules
+    return load_playbook(paths, trusted).rules
 
 
-def load_playbook(paths: list[Path]) -> Playbook:
+def load_playbook(paths: list[Path], trusted: bool = True) -> Playbook:
     """All rules and wrappers of these files as one playbook; every error of every file reported
-    together. A site's wrappers add to the shipped ones."""
+    together. A site's wrappers add to the shipped ones. trusted=False only lints (rules check)."""
     errors: list[str] = []
     rules: list[Rule] = []
     wrappers: list[FrameClass] = []
     first: dict[str, str] = {}
     for path in paths:
         try:
-            loaded = load_file_parts(path)
+            loaded = load_file_parts(path, trusted)
         except RuleFileError as e:
             errors += e.errors
             continue

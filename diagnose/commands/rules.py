@@ -1,14 +1,20 @@
 """Rule files: ``memdiag rules check [PATH...]`` validates without running; ``memdiag rules list``
 shows what is loaded and from where (``--facts``: every fact a rule may name; ``--wrappers``: the
-frames passed over when a culprit is named)."""
+frames passed over when a culprit is named).
+
+``check PATH`` lints any file, trusted or not (read with the same size, alias and regular-file
+bounds), and says when a file is not trusted policy; ``check`` alone and ``list`` load policy as a
+diagnosis does, refusing what is not trusted."""
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from memdiag.rules.catalog import FACTS
 from memdiag.rules.loader import RuleFileError, load_playbook, playbook_paths
+from memdiag.rules.source import folder_entries, untrusted_reason
 from memdiag.rules.units import KIND_NAMES
 
 from ..errors import UsageError
@@ -21,7 +27,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         nargs="*",
         type=Path,
         metavar="PATH",
-        help="rule files or folders (check: only these; list: in addition to the defaults)",
+        help="rule files or folders (check: only these, trusted or not; list: in addition to the policy)",
     )
     parser.add_argument("--facts", action="store_true", help="list: every fact a rule may name")
     parser.add_argument(
@@ -34,23 +40,19 @@ def execute(args: argparse.Namespace) -> int:
         for name, fact in FACTS.items():
             print(f"{name:<32} {KIND_NAMES[fact.kind]:<32} {fact.help}")
         return 0
+    lint = args.action == "check" and bool(args.paths)
     try:
-        if args.action == "check" and args.paths:
-            paths = playbook_paths(args.paths, local_dir=None)
-            paths = [
-                p
-                for p in paths
-                if any(p.resolve() == a.resolve() or a.resolve() in p.resolve().parents for a in args.paths)
-            ]
-        else:
-            paths = playbook_paths(args.paths)
-        book = load_playbook(paths)
+        paths = _lint_paths(args.paths) if lint else playbook_paths(args.paths)
+        book = load_playbook(paths, trusted=not lint)
     except RuleFileError as e:
-        raise UsageError("\n".join(e.errors)) from None
+        raise UsageError(e.usage_text()) from None
     rules = book.rules
     if args.action == "check":
         extra = f" and {len(book.wrappers)} wrappers" if book.wrappers else ""
         print(f"ok: {len(rules)} rules{extra} in {len(paths)} file(s)")
+        for p in paths if lint else []:
+            if why := untrusted_reason(p):
+                print(f"note: {p} is not trusted policy ({why}); a diagnosis would refuse it")
         return 0
     if args.wrappers:
         for w in book.wrappers:
@@ -67,3 +69,16 @@ def execute(args: argparse.Namespace) -> int:
             then.append("finding")
         print(f"{rule.id:<34} {rule.source}\n    {rule.description}\n    -> {'; '.join(then)}")
     return 0
+
+
+def _lint_paths(given: list[Path]) -> list[Path]:
+    """Exactly the files named, and the *.yaml of the folders named: nothing else, no trust check."""
+    paths: list[Path] = []
+    for p in given:
+        if p.is_dir():
+            paths += folder_entries(p, trusted=False)
+        elif os.path.lexists(p):
+            paths.append(p)
+        else:
+            raise RuleFileError([f"{p}: no such file or folder"])
+    return paths

@@ -68,7 +68,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="append",
         default=[],
         metavar="PATH",
-        help="also load this rule file (or folder of *.yaml); repeatable",
+        help="also load this rule file (or folder of *.yaml), root-owned and not group/world-writable; repeatable",
     )
 
 
@@ -114,7 +114,7 @@ def execute(args: argparse.Namespace) -> int:
     try:
         rules = load_book(args.playbook)
     except RuleFileError as e:
-        raise UsageError("bad rule file:\n" + "\n".join(f"  {line}" for line in e.errors)) from None
+        raise UsageError(e.usage_text()) from None
     target = _target(args)
     out = _output_dir(args, target)
     # memdiag's own work (bcc's compiler, symbolization) must not compete with the target for CPU:

@@ -46,7 +46,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--grafana-timestamp-header", metavar="NAME", help="the timestamp header Grafana signs with, when configured"
     )
     parser.add_argument("--no-oom-watch", action="store_true", help="do not watch for OOM kills")
-    parser.add_argument("--playbook", type=Path, action="append", default=[], metavar="PATH")
+    parser.add_argument(
+        "--playbook",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also load this rule file or folder (root-owned, not group/world-writable); repeatable",
+    )
 
 
 def _secret(path: Path | None, what: str) -> str | None:
@@ -99,7 +106,7 @@ def execute(args: argparse.Namespace) -> int:
     try:
         rules = load_book(args.playbook)
     except RuleFileError as e:
-        raise UsageError("bad rule file:\n" + "\n".join(f"  {line}" for line in e.errors)) from None
+        raise UsageError(e.usage_text()) from None
     try:
         store = Store(args.data)
     except OSError as e:

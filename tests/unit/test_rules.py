@@ -58,7 +58,7 @@ def test_unit_mismatch_unknown_key_missing_then(tmp_path):
 
 def test_bad_yaml_and_empty_and_wrong_shape(tmp_path):
     err = _errors(tmp_path, "rules:\n  - id: c\n    when: [unclosed\n")[0]
-    assert ":4: not valid YAML: expected ',' or ']'" in err and "flow sequence on line 3" in err
+    assert ":4: not valid YAML: " in err and "expected ',' or ']'" in err and "flow sequence on line 3" in err
     assert ":1: empty file" in _errors(tmp_path, "")[0]
     assert "`rules` (a list of rules) and/or `wrappers`" in _errors(tmp_path, "- id: d\n")[0]
     assert (

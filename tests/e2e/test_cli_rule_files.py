@@ -1,0 +1,192 @@
+"""Hostile rule files through the real CLI: each is refused in one line, fast, in little memory,
+never hangs; the working folder's playbooks/ never reaches a verdict; the site folder is policy
+only when it is owned and not writable by others. Each memdiag is a child whose own peak RSS is
+read from wait4."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+from kit import MEMDIAG
+
+MiB = 1 << 20
+SMALL_RSS = 100 * MiB  # memdiag itself starts at ~50 MiB; the billion-laughs file once took 580 MiB
+FORGED = (
+    "rules:\n"
+    "  - id: forged-all-clear\n"
+    "    description: whatever happens, all is well\n"
+    "    when: process.rss >= 0\n"
+    "    then:\n"
+    "      verdict: {kind: healthy, summary: 'all clear, nothing to see', confidence: 1.0, priority: 100000}\n"
+)
+SITE_RULE = (
+    "rules:\n"
+    "  - id: site-anon-ceiling\n"
+    "    description: our services stay under 4 GiB of anonymous memory\n"
+    "    when: process.rss_anon > 4GiB\n"
+    "    then: {finding: 'over the site ceiling'}\n"
+)
+
+
+class Ran:
+    def __init__(self, rc: int, out: str, err: str, seconds: float, peak_rss: int):
+        self.returncode, self.stdout, self.stderr, self.seconds, self.peak_rss = rc, out, err, seconds, peak_rss
+
+
+def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 10) -> Ran:
+    """memdiag as a child; its own peak RSS from wait4 (not the largest of all children so far)."""
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        t0 = time.monotonic()
+        proc = subprocess.Popen([MEMDIAG, *args], stdout=out, stderr=err, cwd=cwd, env={**os.environ, **(env or {})})
+        while True:
+            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() - t0 > timeout:
+                proc.kill()
+                os.wait4(proc.pid, 0)
+                proc.returncode = -9
+                pytest.fail(f"memdiag {' '.join(args)} still running after {timeout} s")
+            time.sleep(0.01)
+        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        seconds = time.monotonic() - t0
+        out.seek(0)
+        err.seek(0)
+        return Ran(proc.returncode, out.read().decode(), err.read().decode(), seconds, usage.ru_maxrss * 1024)
+
+
+def _owned_folder(path: Path, mode: int = 0o755) -> Path:
+    path.mkdir()
+    path.chmod(mode)
+    return path
+
+
+def _file(folder: Path, name: str, text: str, mode: int = 0o644) -> Path:
+    p = folder / name
+    p.write_text(text)
+    p.chmod(mode)
+    return p
+
+
+def _billion_laughs(folder: Path) -> Path:
+    lines = ['rules:\n  - &a0 ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n']
+    lines += [f"  - &a{i} [{','.join([f'*a{i - 1}'] * 9)}]\n" for i in range(1, 10)]
+    return _file(folder, "laughs.yaml", "".join(lines))
+
+
+def _fifo(folder: Path) -> Path:
+    p = folder / "fifo.yaml"
+    os.mkfifo(p, 0o644)
+    return p
+
+
+def _fifty_megabytes(folder: Path) -> Path:
+    p = folder / "big.yaml"
+    with p.open("wb") as f:
+        f.write(b"rules:\n")
+        for i in range(50 * 1024):  # 50 MB of valid-looking rules, not just blanks
+            f.write(
+                f"  - {{id: r{i}, description: d, when: process.rss > 1GiB, then: {{finding: x}}}}\n".ljust(
+                    1024
+                ).encode()
+            )
+    p.chmod(0o644)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("make", "expect"),
+    [
+        (_billion_laughs, ":6: alias `*a3` expands the file past 10000 nodes (a YAML alias bomb?)"),
+        (lambda _: Path("/dev/zero"), "/dev/zero: a character device, not a regular file"),
+        (_fifo, "fifo.yaml: a FIFO, not a regular file"),
+        (_fifty_megabytes, f"big.yaml: larger than the 1 MiB limit for a rule file ({50 * MiB + 7} bytes)"),
+    ],
+    ids=["billion-laughs", "dev-zero", "fifo", "50MB"],
+)
+def test_hostile_playbook_is_refused_in_one_line_fast_and_small(root_required, tmp_path, make, expect):
+    path = make(_owned_folder(tmp_path / "book"))
+    r = run("--pid", str(os.getpid()), "--duration", "3", "--playbook", str(path), "--output", str(tmp_path / "out"))
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.startswith(f"memdiag: bad rule file: {path}") and expect in r.stderr, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.seconds < 2, r.seconds
+    assert r.peak_rss < SMALL_RSS, r.peak_rss
+    assert not (tmp_path / "out").exists()  # refused before anything was started
+    lint = run("rules", "check", str(path))  # linting reads it the same bounded way
+    assert lint.returncode == 2 and expect in lint.stderr and lint.seconds < 2 and lint.peak_rss < SMALL_RSS
+
+
+def test_the_working_folders_playbooks_cannot_forge_a_verdict(workload, tmp_path):
+    """A well-owned ./playbooks/ is still not policy: only what is named or installed is."""
+    w = workload("leak", "8192")
+    here = _owned_folder(tmp_path / "here")
+    forged = _file(_owned_folder(here / "playbooks"), "forged.yaml", FORGED)
+    r = run("--pid", str(w.pid), "--duration", "3", "--output", str(tmp_path / "plain"), cwd=here, timeout=180)
+    assert r.returncode == 0, r.stderr
+    report = (tmp_path / "plain" / "report.json").read_text()
+    verdict = json.loads(report)["verdict"]
+    assert verdict["kind"] in ("leak", "growth"), verdict
+    for name in ("report.json", "report.md", "report.html"):
+        text = (tmp_path / "plain" / name).read_text()
+        assert "forged-all-clear" not in text and "all clear, nothing to see" not in text, name
+    # the control: the same file, named, is loaded and wins, so the check above could fail
+    r = run(
+        *("--pid", str(w.pid), "--duration", "3", "--output", str(tmp_path / "named")),
+        *("--playbook", str(forged)),
+        cwd=here,
+        timeout=180,
+    )
+    assert r.returncode == 0, r.stderr
+    named = json.loads((tmp_path / "named" / "report.json").read_text())
+    assert named["verdict"]["kind"] == "healthy" and named["verdict"]["summary"] == "all clear, nothing to see"
+
+
+def test_the_site_folder_is_policy_only_when_owned_and_closed(root_required, tmp_path):
+    site = _owned_folder(tmp_path / "site", 0o777)
+    rule = _file(site, "ceiling.yaml", SITE_RULE)
+    env = {"MEMDIAG_PLAYBOOK_DIR": str(site)}
+    r = run("rules", "list", env=env)
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"memdiag: bad rule file: {site}: not trusted policy: {site} is writable by group and others "
+        f"(mode 0777); fix: chmod go-w {site}\n"
+    )
+    r = run("--pid", str(os.getpid()), "--duration", "1", "--output", str(tmp_path / "out"), env=env)
+    assert r.returncode == 2 and "not trusted policy" in r.stderr and r.stderr.count("\n") == 1
+    site.chmod(0o755)
+    r = run("rules", "list", env=env)
+    assert r.returncode == 0, r.stderr
+    assert f"site-anon-ceiling                  {rule}:2" in r.stdout
+    rule.chmod(0o646)
+    r = run("rules", "list", env=env)
+    assert r.returncode == 2 and f"{rule} is writable by others (mode 0646); fix: chmod go-w {rule}" in r.stderr
+    os.chown(rule, 65534, 65534)
+    rule.chmod(0o644)
+    r = run("rules", "list", env=env)
+    assert r.returncode == 2 and f"{rule} is owned by uid 65534, not root; fix: chown root {rule}" in r.stderr
+    # linting names it, checks it, and says it is not policy
+    r = run("rules", "check", str(rule), env=env)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == [
+        "ok: 1 rules in 1 file(s)",
+        f"note: {rule} is not trusted policy ({rule} is owned by uid 65534, not root; fix: chown root {rule}); "
+        "a diagnosis would refuse it",
+    ]
+
+
+def test_a_playbook_path_in_a_loose_folder_is_refused_with_the_fix(root_required, tmp_path):
+    loose = _owned_folder(tmp_path / "loose", 0o770)
+    rule = _file(loose, "site.yaml", SITE_RULE)
+    r = run("--pid", str(os.getpid()), "--playbook", str(rule), "--output", str(tmp_path / "out"))
+    assert r.returncode == 2
+    assert r.stderr == (
+        f"memdiag: bad rule file: {rule}: not trusted policy: {loose} is writable by its group (mode 0770); "
+        f"fix: chmod go-w {loose}\n"
+    )
