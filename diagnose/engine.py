@@ -360,6 +360,7 @@ class Engine:
                 self.run_requests(requests)
         except KeyboardInterrupt:  # a caller that did not catch signals (memdiag's CLI does)
             stop.set()
+        rules_cut = interrupted()  # the signal came before the rules had asked for everything
         with phase("counters (rest of the window)"):
             self._wait(sampler, stop)  # the counters cover the whole window, probes or not
         sampler.join()
@@ -381,7 +382,7 @@ class Engine:
             )
         verdict, findings, advice = self._conclude(facts, tri)
         if interrupted():
-            self.interruption = self._interruption(obs)
+            self.interruption = self._interruption(obs, rules_cut)
             verdict = partial_verdict(verdict, self.interruption)
         return obs, counters, tri, facts, verdict, findings, advice
 
@@ -411,7 +412,7 @@ class Engine:
         )
         return True
 
-    def _interruption(self, obs: Observation) -> Interrupted:
+    def _interruption(self, obs: Observation, rules_cut: bool) -> Interrupted:
         """What the signal cost the diagnosis: where it came and what was not gathered."""
         missing = []
         seen = obs.ended - obs.started
@@ -424,7 +425,8 @@ class Engine:
             if name == "memleak" and r.interrupted and (scan is None or scan.status != "ran"):
                 missing.append("the reachability scan (which outstanding blocks are leaked, which still anchored)")
         missing += [f"{t.name}: not run" for t in self.trail if t.kind == "probe" and "interrupted the" in t.reason]
-        missing.append("any probe the rules would have asked for later")
+        if rules_cut:
+            missing.append("any probe the rules would have asked for later")
         at = (INTERRUPTION.at - self.started) if INTERRUPTION.at is not None else self.elapsed()
         return Interrupted(
             signal=INTERRUPTION.signal_name, phase=INTERRUPTION.phase or "unknown", at_s=round(at, 2),
