@@ -203,3 +203,34 @@ def test_sigint_during_the_reach_scan_releases_the_stopped_target(workload):
     st = status(w.pid)
     assert st["TracerPid"] == "0" and st["State"][0] in "RS", st
     assert breakpoints(w.pid) == 0
+
+
+def test_sigterm_during_the_diagnosis_reach_scan_releases_the_target(workload, tmp_path):
+    w = workload("bigheap", "512")
+    p = subprocess.Popen(
+        [MEMDIAG, "--pid", str(w.pid), "--duration", "15", "--budget", "50", "--max-pause", "60000",
+         "--output", str(tmp_path), "--quiet"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        _until(lambda: status(w.pid)["TracerPid"] != "0", 60, "stopped by the scan")
+        p.send_signal(signal.SIGTERM)
+        out, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode == 143, err
+    assert "interrupted by SIGTERM during reach scan" in err
+    st = status(w.pid)
+    assert st["TracerPid"] == "0" and st["State"][0] in "RS", st
+    assert breakpoints(w.pid) == 0
+    rep = read_report(tmp_path)
+    cut = rep["interrupted"]
+    assert cut["signal"] == "SIGTERM" and cut["phase"].startswith("reach scan"), cut
+    assert any("reachability scan" in n for n in cut["not_gathered"]), cut
+    scan = next(t for t in rep["trail"] if t["kind"] == "scan")
+    assert scan["state"] == "failed" and "interrupted: the target was resumed" in scan["reason"], scan
+    assert rep["verdict"]["summary"].startswith("PARTIAL: interrupted by SIGTERM during reach scan")
