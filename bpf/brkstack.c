@@ -31,7 +31,7 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 {
 	if (ctx->args[1] != NR_BRK)
 		return 0;
-	u64 id = bpf_get_current_pid_tgid();
+	u64 id = current_pid_tgid();
 	u32 tgid = id >> 32, tid = id;
 #if TARGET_MODE == 1
 	if (!targets.lookup(&tgid))
@@ -58,7 +58,7 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 
 RAW_TRACEPOINT_PROBE(sys_exit)
 {
-	u32 tid = bpf_get_current_pid_tgid();
+	u32 tid = current_pid_tgid();
 	struct grow_key *key = inflight.lookup(&tid);
 	if (!key)
 		return 0;

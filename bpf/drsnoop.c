@@ -23,7 +23,7 @@ BPF_ARRAY(stats, u64, 2); /* 0 events, 1 table full */
 static __always_inline int wanted(void)
 {
 #if TARGET_MODE == 1
-	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	u32 tgid = current_pid_tgid() >> 32;
 	return targets.lookup(&tgid) != NULL;
 #else
 	return 1;
@@ -34,20 +34,20 @@ static __always_inline void begin(void)
 {
 	if (!wanted())
 		return;
-	u32 tid = bpf_get_current_pid_tgid();
+	u32 tid = current_pid_tgid();
 	u64 now = bpf_ktime_get_ns();
 	start.update(&tid, &now);
 }
 
 static __always_inline void end(u64 pages, int memcg)
 {
-	u32 tid = bpf_get_current_pid_tgid();
+	u32 tid = current_pid_tgid();
 	u64 *ts = start.lookup(&tid);
 	if (!ts)
 		return;
 	u64 delta = bpf_ktime_get_ns() - *ts;
 	start.delete(&tid);
-	struct proc_key key = { .tgid = bpf_get_current_pid_tgid() >> 32 };
+	struct proc_key key = { .tgid = current_pid_tgid() >> 32 };
 	bpf_get_current_comm(&key.comm, sizeof(key.comm));
 	struct reclaim_stats zero = {};
 	struct reclaim_stats *s = per_process.lookup_or_try_init(&key, &zero);

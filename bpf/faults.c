@@ -44,7 +44,7 @@ BPF_ARRAY(stats, u64, 4);
 
 RAW_TRACEPOINT_PROBE(page_fault_user)
 {
-	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	u32 tgid = current_pid_tgid() >> 32;
 #if TARGET_MODE == 1
 	if (!targets.lookup(&tgid))
 		return 0;

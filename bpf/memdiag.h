@@ -5,6 +5,8 @@
  * Options arrive as -D defines from the loader (cflags):
  *   TARGET_MODE    0 = every process, 1 = only the tgids in the probe's `targets` map
  *   STACK_CHUNKS   user stack copied per sampled stack, in 512-byte chunks (default 16 = 8 KiB)
+ *   PIDNS_DEV, PIDNS_INO  the pid namespace /proc numbers processes in, when it is not the initial
+ *                  one (memdiag in a container): ids are then given in it (current_pid_tgid)
  */
 #ifndef MEMDIAG_H
 #define MEMDIAG_H
@@ -25,6 +27,21 @@
 #endif
 #define STACK_CHUNK 512
 #define STACK_BYTES (STACK_CHUNKS * STACK_CHUNK)
+
+/* The current task's tgid (high half) and pid as memdiag's /proc numbers them. In a pid
+ * namespace of memdiag's own, bpf_get_current_pid_tgid() would give the host's numbers, which
+ * match no pid memdiag knows; a task outside that namespace gets 0 (no target has tgid 0). */
+static __always_inline u64 current_pid_tgid(void)
+{
+#if defined(PIDNS_DEV) && defined(PIDNS_INO)
+	struct bpf_pidns_info ns = {};
+	if (bpf_get_ns_current_pid_tgid(PIDNS_DEV, PIDNS_INO, &ns, sizeof(ns)) != 0)
+		return 0;
+	return ((u64)ns.tgid << 32) | ns.pid;
+#else
+	return bpf_get_current_pid_tgid();
+#endif
+}
 
 struct user_regs {
 	u64 ip;

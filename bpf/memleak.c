@@ -223,7 +223,7 @@ static __always_inline int wanted(u32 tgid)
 
 static __always_inline int enter(struct pt_regs *ctx, u64 size, u64 ptr_arg, u32 kind)
 {
-	u64 id = bpf_get_current_pid_tgid();
+	u64 id = current_pid_tgid();
 	u32 tgid = id >> 32;
 	if (!armed() || !wanted(tgid))
 		return 0;
@@ -273,7 +273,7 @@ static __always_inline int enter(struct pt_regs *ctx, u64 size, u64 ptr_arg, u32
 
 static __always_inline int leave(struct pt_regs *ctx)
 {
-	u64 id = bpf_get_current_pid_tgid();
+	u64 id = current_pid_tgid();
 	struct inflight *p = inflight_map.lookup(&id);
 	if (!p)
 		return 0;
@@ -358,7 +358,7 @@ int alloc_return(struct pt_regs *ctx) { return leave(ctx); }
 int free_enter(struct pt_regs *ctx)
 {
 	u64 addr = PT_REGS_PARM1(ctx);
-	if (addr == 0 || !armed() || !wanted(bpf_get_current_pid_tgid() >> 32))
+	if (addr == 0 || !armed() || !wanted(current_pid_tgid() >> 32))
 		return 0;
 	if (!record_free(addr))
 		stats.increment(S_UNKNOWN_FREES);
@@ -368,7 +368,7 @@ int free_enter(struct pt_regs *ctx)
 int munmap_enter(struct pt_regs *ctx)
 {
 	/* the allocator unmapping its own chunks is not a free of ours: no unknown-free count */
-	if (armed() && wanted(bpf_get_current_pid_tgid() >> 32))
+	if (armed() && wanted(current_pid_tgid() >> 32))
 		record_free(PT_REGS_PARM1(ctx));
 	return 0;
 }
@@ -378,7 +378,7 @@ int munmap_enter(struct pt_regs *ctx)
 static __always_inline int wanted_kernel(void)
 {
 #if TARGET_MODE == 1
-	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	u32 tgid = current_pid_tgid() >> 32;
 	return targets.lookup(&tgid) != NULL;
 #else
 	return 1;
@@ -389,7 +389,7 @@ static __always_inline void kalloc(void *ctx, u64 addr, u64 size)
 {
 	if (!armed() || !wanted_kernel() || size < MIN_SIZE || size > MAX_SIZE)
 		return;
-	struct stack_key key = { .tgid = bpf_get_current_pid_tgid() >> 32 };
+	struct stack_key key = { .tgid = current_pid_tgid() >> 32 };
 	key.stack_id = stacks.get_stackid(ctx, 0);
 	if (key.stack_id < 0)
 		stats.increment(S_STACK_ERRORS);

@@ -38,7 +38,7 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 	u64 nr = ctx->args[1];
 	if (nr != NR_MMAP && nr != NR_MUNMAP)
 		return 0;
-	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	u32 tgid = current_pid_tgid() >> 32;
 #if TARGET_MODE == 1
 	if (!targets.lookup(&tgid))
 		return 0;

@@ -55,7 +55,7 @@ static __always_inline int wanted(u32 tgid)
 
 int on_major_fault(struct perf_event_ctx *ctx)
 {
-	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	u32 tgid = current_pid_tgid() >> 32;
 	if (!wanted(tgid))
 		return 0;
 	struct fault_key key = { .tgid = tgid, .region = ctx->addr >> REGION_SHIFT };
@@ -73,7 +73,7 @@ int on_major_fault(struct perf_event_ctx *ctx)
 #ifdef USE_KPROBE
 int count_swap_read(struct pt_regs *ctx)
 {
-	u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	u32 tgid = current_pid_tgid() >> 32;
 	if (!wanted(tgid))
 		return 0;
 	u64 zero = 0, *n = swap_reads.lookup_or_try_init(&tgid, &zero);
@@ -85,7 +85,7 @@ int count_swap_read(struct pt_regs *ctx)
 
 static __always_inline void swap_call(void *ctx, const char *path, u32 on)
 {
-	struct swap_call c = { .pid = bpf_get_current_pid_tgid() >> 32, .on = on };
+	struct swap_call c = { .pid = current_pid_tgid() >> 32, .on = on };
 	bpf_get_current_comm(&c.comm, sizeof(c.comm));
 	bpf_probe_read_user_str(&c.path, sizeof(c.path), path);
 	swap_calls.perf_submit(ctx, &c, sizeof(c));

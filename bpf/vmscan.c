@@ -20,7 +20,7 @@ BPF_ARRAY(kswapd_wakes, u64, 1);
 
 static __always_inline u64 tkey(u32 kind)
 {
-	return ((u64)kind << 32) | (u32)bpf_get_current_pid_tgid();
+	return ((u64)kind << 32) | (u32)current_pid_tgid();
 }
 
 static __always_inline void begin(u32 kind)

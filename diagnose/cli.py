@@ -1,5 +1,6 @@
 """memdiag's command line: ``main(argv) -> int``. Typed errors become exit codes here, and only
-here: 0 a completed diagnosis (whatever it found), 2 bad usage, 1 a failure."""
+here: 0 a completed diagnosis (whatever it found), 2 bad usage, 1 a failure, 130 and 143 a SIGINT
+or SIGTERM that cut the command short (its partial report written)."""
 
 from __future__ import annotations
 
@@ -7,10 +8,15 @@ import argparse
 import os
 import sys
 
+from memdiag.probes.base import signals_caught
+
 from .commands import prepare, probe, rules, run, serve, top
-from .errors import MemdiagError
+from .errors import MemdiagError, SignalInterrupted
 
 _SUBCOMMANDS = {"top": top, "probe": probe, "rules": rules, "serve": serve, "prepare": prepare}
+# Commands that stop cleanly on SIGINT/SIGTERM: detach, write what they have, exit 128 + the signal.
+# (serve has its own handling: the web server's.)
+_CATCH_SIGNALS = (run, probe, top)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -39,10 +45,16 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args = parser.parse_args(argv)
         module = _SUBCOMMANDS.get(args.command, run)
-        return module.execute(args)
+        if module not in _CATCH_SIGNALS:
+            return module.execute(args)
+        with signals_caught():
+            return module.execute(args)
     except _BadUsage as e:
         print(str(e), file=sys.stderr)
         return 2
+    except SignalInterrupted as e:  # the partial output is written: say so, exit as the shell would
+        print(f"memdiag: {e}", file=sys.stderr)
+        return 128 + e.signum
     except MemdiagError as e:
         lines = str(e).splitlines() or [""]
         print("\n".join([f"memdiag: {lines[0]}", *lines[1:]]), file=sys.stderr)

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Literal
 
 from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, prepare, swapin, vmscan
-from memdiag.probes.base import ProbeResult, ProbeTarget
+from memdiag.probes.base import INTERRUPTION, ProbeResult, ProbeTarget, interrupted, phase
 from memdiag.rules.engine import Outcome, render, run_rules
 from memdiag.rules.model import FrameClass, Rule
 from pydantic import BaseModel
@@ -30,10 +30,11 @@ from .facts.process import cpu_seconds
 from .facts.runtime import read_runtime
 from .factset import counter_facts, probe_facts, target_facts
 from .observe import Observation, observe
-from .report import Counters, Culprit, TrailItem, Verdict
+from .report import Counters, Culprit, Interrupted, TrailItem, Verdict
 from .snapshot import Snapshot
 from .target import Target
 from .triage import Triage, triage
+from .units import fmt_duration
 
 PROBE_ORDER = ("faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop")
 FIRST_LOOK_SHARE = 0.3
@@ -94,6 +95,7 @@ class Engine:
         self.counted: set[str] = set()  # entry points the rate count counted
         self.site_rates: dict[str, float] | None = None  # their calls per second
         self.cpu_start = cpu_seconds(target.pid) if target.kind == "pid" and target.pid is not None else None
+        self.interruption: Interrupted | None = None  # a signal ended the diagnosis early
 
     # --- time ---------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -267,7 +269,10 @@ class Engine:
             self.decided.add(name)  # a probe is priced, run or refused once per diagnosis
             planned = min(seconds or float("inf"), self.left() - 1.0)  # as the loop below gives it, at most
             if name == "memleak" and planned >= MIN_PROBE_S:  # too little time left: not run, so not priced
-                self.budget_decision = self._price_memleak(planned)
+                if self._skipped_by_signal(name, rule):
+                    continue
+                with phase("pricing memleak (counting allocator calls)"):
+                    self.budget_decision = self._price_memleak(planned)
                 d = self.budget_decision
                 self.trail.append(
                     TrailItem(kind="budget", name="memleak", state=d.choice, reason=d.reason, at_s=self.elapsed())
@@ -280,6 +285,8 @@ class Engine:
                     continue
             queue.append((name, seconds, rule))
         for i, (name, seconds, rule) in enumerate(queue):
+            if self._skipped_by_signal(name, rule):
+                continue
             left = self.left() - 1.0
             share = left / (len(queue) - i)
             run_for = min(seconds, left) if seconds else share
@@ -294,7 +301,8 @@ class Engine:
                     )
                 )
                 continue
-            result = self._run_probe(name, run_for)
+            with phase(f"probe {name}"):
+                result = self._run_probe(name, run_for)
             self.results[name] = result
             why = f"asked by {rule}; {result.status}" + (f": {result.reason}" if result.reason else "")
             if result.backed_off:
@@ -331,10 +339,11 @@ class Engine:
         # a child process: the probes then load bytecode and keep their whole share of the window.
         threading.Thread(target=_warm_up, args=(probe_target(self.target).kind,), daemon=True).start()
         first_look = min(self.duration, max(FIRST_LOOK_MIN_S, FIRST_LOOK_SHARE * self.duration))
-        sampler.join(timeout=first_look)
+        with phase("counters (first look)"):
+            self._wait(sampler, stop, first_look)
         rounds = 0
         try:
-            while sampler.is_alive() and self.left() > MIN_PROBE_S and rounds < 4:
+            while sampler.is_alive() and self.left() > MIN_PROBE_S and rounds < 4 and not interrupted():
                 rounds += 1
                 partial = Observation(
                     target=self.target,
@@ -349,10 +358,15 @@ class Engine:
                 if not requests:
                     break
                 self.run_requests(requests)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:  # a caller that did not catch signals (memdiag's CLI does)
             stop.set()
-        sampler.join()  # the counters cover the whole window, probes or not
+        rules_cut = interrupted()  # the signal came before the rules had asked for everything
+        with phase("counters (rest of the window)"):
+            self._wait(sampler, stop)  # the counters cover the whole window, probes or not
+        sampler.join()
         obs: Observation = box["obs"]
+        if interrupted():
+            obs = obs.model_copy(update={"interrupted": True})
         facts, counters, tri = self.facts_of(obs)
         self.evaluate(facts)
         for rule, outcome in self.outcomes:
@@ -367,7 +381,57 @@ class Engine:
                 )
             )
         verdict, findings, advice = self._conclude(facts, tri)
+        if interrupted():
+            self.interruption = self._interruption(obs, rules_cut)
+            verdict = partial_verdict(verdict, self.interruption)
         return obs, counters, tri, facts, verdict, findings, advice
+
+    # --- signals -------------------------------------------------------------------------------
+    @staticmethod
+    def _wait(sampler: threading.Thread, stop: threading.Event, seconds: float | None = None) -> None:
+        """Wait for the sampler (at most seconds); a signal stops it: the counters end there."""
+        end = None if seconds is None else time.monotonic() + seconds
+        while sampler.is_alive() and (end is None or time.monotonic() < end):
+            if interrupted():
+                stop.set()
+                return
+            sampler.join(0.05 if end is None else max(0.0, min(0.05, end - time.monotonic())))
+
+    def _skipped_by_signal(self, name: str, rule: str) -> bool:
+        """After a signal no probe is priced or attached: it goes in the trail as not run."""
+        if not interrupted():
+            return False
+        self.trail.append(
+            TrailItem(
+                kind="probe",
+                name=name,
+                state="not-run",
+                at_s=self.elapsed(),
+                reason=f"asked by {rule}, but {INTERRUPTION.signal_name} interrupted the diagnosis first",
+            )
+        )
+        return True
+
+    def _interruption(self, obs: Observation, rules_cut: bool) -> Interrupted:
+        """What the signal cost the diagnosis: where it came and what was not gathered."""
+        missing = []
+        seen = obs.ended - obs.started
+        if seen < self.duration - 0.5:
+            missing.append(f"the counters after {fmt_duration(seen)} of the {fmt_duration(self.duration)} window")
+        for name, r in self.results.items():
+            if r.interrupted:
+                missing.append(f"{name}: stopped after {fmt_duration(r.duration_s)} of its time")
+            scan = getattr(r, "reach_scan", None)
+            if name == "memleak" and r.interrupted and (scan is None or scan.status != "ran"):
+                missing.append("the reachability scan (which outstanding blocks are leaked, which still anchored)")
+        missing += [f"{t.name}: not run" for t in self.trail if t.kind == "probe" and "interrupted the" in t.reason]
+        if rules_cut:
+            missing.append("any probe the rules would have asked for later")
+        at = (INTERRUPTION.at - self.started) if INTERRUPTION.at is not None else self.elapsed()
+        return Interrupted(
+            signal=INTERRUPTION.signal_name, phase=INTERRUPTION.phase or "unknown", at_s=round(at, 2),
+            not_gathered=missing,
+        )
 
     def _conclude(self, facts: dict, tri: Triage) -> tuple[Verdict, list[str], list[str]]:
         fired = [rule for rule, o in self.outcomes if o.state == "fired"]
@@ -425,3 +489,17 @@ class Engine:
             if r is not None and getattr(r, "stacks", None):
                 return r.stacks[0]
         return None
+
+
+PARTIAL_CONFIDENCE = 0.5  # at most this sure of a verdict a signal cut short
+
+
+def partial_verdict(verdict: Verdict, cut: Interrupted) -> Verdict:
+    """The verdict a signal cut short: said to be partial, its confidence halved (at most 50%)."""
+    return verdict.model_copy(
+        update={
+            "summary": f"PARTIAL: interrupted by {cut.signal} during {cut.phase}, so not everything was "
+            f"gathered; from what was: {verdict.summary}",
+            "confidence": round(min(verdict.confidence / 2, PARTIAL_CONFIDENCE), 2),
+        }
+    )

@@ -19,3 +19,13 @@ class PermissionNeeded(MemdiagError):
     """The diagnosis needs privileges this process does not have."""
 
     exit_code = 1
+
+
+class SignalInterrupted(MemdiagError):
+    """SIGINT or SIGTERM ended the command early (after its partial output was written); the exit
+    code is the shell's for that signal, 128 + its number."""
+
+    def __init__(self, signum: int, message: str):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum

@@ -48,6 +48,15 @@ class Verdict(_Model):
     culprit: Culprit = Culprit()
 
 
+class Interrupted(_Model):
+    """A SIGINT or SIGTERM ended the diagnosis early: the report is partial."""
+
+    signal: str  # SIGINT, SIGTERM
+    phase: str  # what memdiag was doing when it came
+    at_s: float  # seconds into the diagnosis
+    not_gathered: list[str] = []  # what the window would have gathered and did not
+
+
 class Finding(_Model):
     id: str
     summary: str
@@ -157,6 +166,7 @@ class Report(_Model):
     target: TargetInfo
     window: Window
     verdict: Verdict
+    interrupted: Interrupted | None = None  # None: the diagnosis ran to its end
     findings: list[Finding] = []
     next_steps: list[str] = []
     caveats: list[str] = []

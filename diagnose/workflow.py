@@ -220,6 +220,7 @@ def diagnose(
             target_exited_at=obs.exited_at,
         ),
         verdict=verdict,
+        interrupted=engine.interruption,
         findings=findings,
         next_steps=list(dict.fromkeys(advice + tri.next_steps)),
         caveats=tri.caveats + _stack_caveats(stacks) + _scan_caveats(engine.results.get("memleak")),

@@ -107,12 +107,30 @@ def require(*checks: Availability) -> None:
 
 
 def load(name: str, defines: dict[str, int | str]) -> Program:
-    """Load bpf/<name>.c built with its options as -D defines (compiled once, then cached)."""
+    """Load bpf/<name>.c built with its options as -D defines (compiled once, then cached), and
+    the pid namespace processes are named in when memdiag runs in one of its own."""
     require(kernel.bpf_runtime())
     try:
-        return Program(compiler.compiled(name, defines))
+        return Program(compiler.compiled(name, {**defines, **kernel.namespace_defines()}))
     except compiler.CompilerUnavailable as e:
         raise ProbeUnavailable(str(e)) from None
+
+
+def require_visible(target: ProbeTarget) -> None:
+    """In a pid namespace of memdiag's own, BPF names only the processes of that namespace: a
+    target in a namespace below it (a container in the container) cannot be seen by tracing."""
+    ns = kernel.pid_namespace()
+    if ns is None or target.kind == "system":
+        return
+    pids = target.pids()
+    outside = sorted(p for p in pids if kernel.pid_namespace_of(p) not in (ns[1], None))
+    if outside and len(outside) == len(pids):
+        who = f"PID {outside[0]}" if target.kind == "pid" else f"all {len(outside)} processes of {target.description}"
+        raise ProbeUnavailable(
+            f"{who} runs in a pid namespace nested below memdiag's: BPF can name only the processes of "
+            "memdiag's own pid namespace, so tracing cannot see the target; run memdiag in the target's "
+            "pid namespace or the host's"
+        )
 
 
 def set_targets(bpf, pids: set[int], table: str = "targets") -> None:
@@ -208,35 +226,127 @@ def bpf_stats():
                 _STATS.write_text(before)
 
 
+class Interruption:
+    """The first SIGINT or SIGTERM a command received, and the phase it came in. Process-wide,
+    as signal handlers are (they run in the main thread). The handler only records: every wait
+    polls it and ends early, every detach and release still runs to its end, so a signal never
+    cuts a cleanup short; a second one changes nothing (a third exits at once: the kernel then
+    detaches every probe and ptrace stop with the process's file descriptors and threads)."""
+
+    EXIT_NOW_AFTER = 3
+
+    def __init__(self) -> None:
+        self.signum: int | None = None
+        self.phase: str | None = None
+        self.at: float | None = None  # time.monotonic() of the first signal
+        self.count = 0
+        self.phases: list[str] = []  # the main thread's phases, innermost last
+        self.installed = False
+
+    @property
+    def caught(self) -> bool:
+        return self.signum is not None
+
+    @property
+    def signal_name(self) -> str:
+        return signal.Signals(self.signum).name if self.signum is not None else ""
+
+    def reset(self) -> None:
+        self.signum = self.phase = self.at = None
+        self.count = 0
+
+    def record(self, signum: int) -> None:
+        self.count += 1
+        if self.signum is None:
+            self.signum, self.at = signum, time.monotonic()
+            self.phase = self.phases[-1] if self.phases else "starting"
+        elif self.count >= self.EXIT_NOW_AFTER:
+            os._exit(128 + signum)
+
+    def wait(self, seconds: float, tick: float = 0.05) -> bool:
+        """Sleep up to seconds, ending early on a signal (time.sleep resumes after a handler).
+        True when a signal came."""
+        end = time.monotonic() + seconds
+        while not self.caught:
+            left = end - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(tick, left))
+        return True
+
+
+INTERRUPTION = Interruption()
+
+
+def _on_signal(signum, frame) -> None:
+    INTERRUPTION.record(signum)
+
+
+def _main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+@contextmanager
+def signals_caught():
+    """SIGINT and SIGTERM recorded (INTERRUPTION) instead of ending the process, for as long as
+    the context lasts; the outermost one installs the handler and starts a fresh record. Signal
+    handlers belong to the main thread: in a worker thread (memdiag serve) nothing changes."""
+    if not _main_thread() or INTERRUPTION.installed:
+        yield INTERRUPTION
+        return
+    INTERRUPTION.reset()
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s in old:
+        signal.signal(s, _on_signal)
+    INTERRUPTION.installed = True
+    try:
+        yield INTERRUPTION
+    finally:
+        INTERRUPTION.installed = False
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+@contextmanager
+def phase(name: str):
+    """Name what the main thread is doing, for a report to say where a signal interrupted it."""
+    if not _main_thread():
+        yield
+        return
+    INTERRUPTION.phases.append(name)
+    try:
+        yield
+    finally:
+        INTERRUPTION.phases.pop()
+
+
+def interrupted() -> bool:
+    """A signal came (only ever in the main thread's command: never in memdiag serve's workers)."""
+    return INTERRUPTION.installed and INTERRUPTION.caught
+
+
 class Stop:
     """Why a run ended, and when the target exited if it did."""
 
-    def __init__(self) -> None:
-        self.interrupted = False
+    def __init__(self, watch_signals: bool = False) -> None:
+        self.watch_signals = watch_signals
         self.backed_off = False
         self.target_exited_at: float | None = None
+
+    @property
+    def interrupted(self) -> bool:
+        return self.watch_signals and interrupted()
 
 
 @contextmanager
 def stop_on_signals():
     """SIGINT/SIGTERM end the run cleanly (the caller still detaches and reports). Signal handlers
     belong to the main thread; in a worker thread (memdiag serve) the run ends by its deadline."""
-    stop = Stop()
-    if threading.current_thread() is not threading.main_thread():
-        yield stop
+    if not _main_thread():
+        yield Stop()
         return
-
-    def handler(signum, frame):
-        stop.interrupted = True
-
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s in old:
-        signal.signal(s, handler)
-    try:
-        yield stop
-    finally:
-        for s, h in old.items():
-            signal.signal(s, h)
+    with signals_caught():
+        yield Stop(watch_signals=True)
 
 
 def run_for(
@@ -258,7 +368,11 @@ def run_for(
         if on_tick is not None and on_tick(elapsed):
             stop.backed_off = True  # the caller asked to stop early (over its overhead budget)
             return elapsed
-        time.sleep(min(tick, max(0.0, duration - elapsed)))
+        pause = min(tick, max(0.0, duration - elapsed))
+        if stop.watch_signals:
+            INTERRUPTION.wait(pause)  # a signal ends the wait at once, not at the next tick
+        else:
+            time.sleep(pause)
 
 
 def unavailable(name: str, target: ProbeTarget, reason: str) -> dict:
@@ -319,7 +433,8 @@ def run_probe(
     with everything still attached and armed (memleak's reachability scan reads its table there)."""
     started = time.time()
     try:
-        require(*requirements)
+        require(*requirements, kernel.pid_translation())
+        require_visible(target)
     except ProbeUnavailable as e:
         return result_cls(**unavailable(name, target, str(e)))
     mode = target_mode(target.kind, filtered)

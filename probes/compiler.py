@@ -115,6 +115,9 @@ def _compile_one(name: str, defines: dict[str, int | str], timeout: float) -> No
             capture_output=True,
             text=True,
             timeout=timeout,
+            # Out of the terminal's process group: a Ctrl-C is memdiag's to handle (it finishes what it
+            # loads, then stops cleanly), not a kill of the compiler under it.
+            start_new_session=True,
         )
     except subprocess.TimeoutExpired:
         raise CompileError(f"compiling {name}.c took over {timeout:.0f} s") from None

@@ -178,3 +178,55 @@ def raw_syscall_tracepoints(sys_root: Path = Path("/sys")) -> Availability:
 
 def syscall_numbers() -> dict[str, int]:
     return SYSCALLS.get(platform.machine(), {})
+
+
+PROC_PID_INIT_INO = 0xEFFFFFFC  # the initial pid namespace's inode number (include/linux/proc_ns.h)
+
+
+@functools.cache
+def pid_namespace(proc_root: str = "/proc") -> tuple[int, int] | None:
+    """The pid namespace /proc numbers processes in, as (device, inode) for the kernel's
+    bpf_get_ns_current_pid_tgid(); None when it is the initial one, whose numbers BPF's
+    bpf_get_current_pid_tgid() already gives. (Inside a container without the host's pid
+    namespace, every pid memdiag reads is a number the kernel's own helper does not give.)"""
+    for path in (f"{proc_root}/1/ns/pid", f"{proc_root}/self/ns/pid"):  # /proc's init is in its namespace
+        try:
+            st = os.stat(path)
+            break
+        except OSError:
+            continue
+    else:
+        return None
+    if st.st_ino == PROC_PID_INIT_INO:
+        return None
+    return (os.major(st.st_dev) << 20) | os.minor(st.st_dev), st.st_ino  # the kernel's dev_t (MKDEV)
+
+
+def pid_namespace_of(pid: int, proc_root: str = "/proc") -> int | None:
+    """The inode of a process's pid namespace (None: gone or unreadable)."""
+    try:
+        return os.stat(f"{proc_root}/{pid}/ns/pid").st_ino
+    except OSError:
+        return None
+
+
+def namespace_defines() -> dict[str, int | str]:
+    """-D options that make every program name processes as /proc does (bpf/memdiag.h)."""
+    ns = pid_namespace()
+    return {} if ns is None else {"PIDNS_DEV": f"{ns[0]}ULL", "PIDNS_INO": f"{ns[1]}ULL"}
+
+
+def pid_translation() -> Availability:
+    """Whether BPF can name processes as /proc does: always in the initial pid namespace; in
+    another, with bpf_get_ns_current_pid_tgid() (Linux 5.7)."""
+    if pid_namespace() is None:
+        return Availability(available=True, reason="memdiag runs in the initial pid namespace")
+    release = tuple(int(x) for x in platform.release().split("-")[0].split(".")[:2] if x.isdigit())
+    if release >= (5, 7):
+        return Availability(available=True, reason="pid namespace: bpf_get_ns_current_pid_tgid (Linux 5.7)")
+    return Availability(
+        available=False,
+        reason=f"memdiag runs in a pid namespace of its own and this kernel ({platform.release()}) lacks "
+        "bpf_get_ns_current_pid_tgid (Linux 5.7): BPF sees the host's process ids, not these, so tracing "
+        "cannot see the target; run memdiag in the host's pid namespace (e.g. a container with --pid=host)",
+    )

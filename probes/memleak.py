@@ -19,7 +19,7 @@ from pydantic import BaseModel
 from . import kernel
 from . import reach as reachscan
 from .allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
-from .base import ProbeResult, ProbeTarget, disarm, run_probe
+from .base import ProbeResult, ProbeTarget, disarm, phase, run_probe
 from .calibrate import Costs
 from .growth import Spaces
 from .overhead import DETACH_S, Meter, TracingCost
@@ -306,7 +306,8 @@ def run(
             spent = meter.read(bpf, placed, costs, site_rates).measured_ns or 0.0
             left_ms = max(0.0, allowance_ns - spent * (1 + DETACH_S / max(elapsed, 1e-3))) / 1e6
             allowed = left_ms if allowed is None else min(allowed, left_ms)
-        found, per_group = reachscan.scan(target.pid, read, allowed, interrupted)
+        with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
+            found, per_group = reachscan.scan(target.pid, read, allowed, interrupted)
         scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from . import brkstack, compiler, faults, memleak, mmapsnoop, oomkill, swapin, vmscan
 from .base import target_mode
-from .kernel import kprobes
+from .kernel import kprobes, namespace_defines
 
 
 def programs(target_kind: str) -> list[tuple[str, dict[str, int | str]]]:
@@ -32,6 +32,8 @@ def prepare(target_kinds: tuple[str, ...] = ("pid", "system")) -> tuple[int, int
         for p in programs(kind):
             if p not in wanted:
                 wanted.append(p)
+    # as base.load builds them: in a pid namespace of memdiag's own, with its numbers
+    wanted = [(name, {**defines, **namespace_defines()}) for name, defines in wanted]
     todo = [p for p in wanted if compiler.cached(*p) is None]
     compiler.compile_many(todo)
     return len(todo), len(wanted) - len(todo)

@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, swapin, vmscan
-from memdiag.probes.base import ProbeTarget
+from memdiag.probes.base import INTERRUPTION, ProbeTarget, phase
 from memdiag.probes.calibrate import host_costs
 
-from ..errors import PermissionNeeded, UsageError
+from ..errors import PermissionNeeded, SignalInterrupted, UsageError
+from ..options import COUNT, MILLISECONDS, PID, SECONDS
 from ..render.probe_text import render_probe
 from ..target import cgroup_target, pid_target
 from ..units import parse_size
@@ -40,14 +41,14 @@ def _size(text: str) -> int:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(PROBES), help="the probe to run")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--pid", type=int, help="trace this process")
+    group.add_argument("--pid", type=PID, help="trace this process")
     group.add_argument("--cgroup", metavar="PATH", help="trace the processes of this memory cgroup")
-    parser.add_argument("--duration", type=float, default=10.0, metavar="S", help="seconds to trace (default 10)")
+    parser.add_argument("--duration", type=SECONDS, default=10.0, metavar="S", help="seconds to trace (default 10)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--folded", type=Path, metavar="FILE", help="write folded stacks (flame graph input)")
-    parser.add_argument("--top", type=int, default=10, metavar="N", help="stacks or processes to show (default 10)")
+    parser.add_argument("--top", type=COUNT, default=10, metavar="N", help="stacks or processes to show (default 10)")
     mem = parser.add_argument_group("memleak")
-    mem.add_argument("--sample-every", type=int, default=1, metavar="N", help="trace 1 in N allocations")
+    mem.add_argument("--sample-every", type=COUNT, default=1, metavar="N", help="trace 1 in N allocations")
     mem.add_argument("--min-size", type=_size, default=0, metavar="SIZE", help="ignore smaller allocations")
     mem.add_argument("--max-size", type=_size, default=None, metavar="SIZE", help="ignore larger allocations")
     mem.add_argument(
@@ -61,7 +62,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     rch = parser.add_argument_group("reach")
     rch.add_argument(
         "--max-pause",
-        type=float,
+        type=MILLISECONDS,
         default=None,
         metavar="MS",
         help="skip the scan if it would stop the target longer (default: 2%% of --duration)",
@@ -69,10 +70,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def execute(args: argparse.Namespace) -> int:
-    if args.duration <= 0:
-        raise UsageError("--duration must be more than 0 seconds")
-    if args.sample_every < 1:
-        raise UsageError("--sample-every must be at least 1")
     if args.max_size is not None and args.max_size < args.min_size:
         raise UsageError("--max-size is smaller than --min-size")
     if os.geteuid() != 0:
@@ -88,10 +85,28 @@ def execute(args: argparse.Namespace) -> int:
     module = PROBES[args.name]
     if args.name == "reach" and (args.kernel or target.kind != "pid"):
         raise UsageError("probe reach scans one process's memory: give --pid (user-space allocations)")
-    if args.max_pause is not None and args.max_pause < 0:
-        raise UsageError("--max-pause must be 0 or more milliseconds")
+    with phase(f"probe {args.name}"):
+        result = _run(module, args, target)
+    if args.folded is not None:
+        lines = getattr(result, "folded", [])
+        try:
+            args.folded.write_text("".join(f"{line}\n" for line in lines))
+        except OSError as e:
+            raise UsageError(f"--folded {args.folded}: cannot write ({e.strerror or e})") from None
+    if args.json:
+        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+    else:
+        sys.stdout.write(render_probe(result, top=args.top))
+    if INTERRUPTION.caught:
+        raise SignalInterrupted(
+            INTERRUPTION.signum or 0, f"interrupted by {INTERRUPTION.signal_name} during {INTERRUPTION.phase}"
+        )
+    return 0 if result.status in ("ok", "partial", "unavailable") else 1
+
+
+def _run(module, args: argparse.Namespace, target: ProbeTarget):
     if args.name in ("memleak", "reach"):
-        result = module.run(
+        return module.run(
             target,
             args.duration,
             kernel_mode=args.kernel,
@@ -106,16 +121,4 @@ def execute(args: argparse.Namespace) -> int:
             if args.max_pause is not None
             else DEFAULT_BUDGET_PERCENT / 100 * args.duration * 1000,
         )
-    else:
-        result = module.run(target, args.duration)
-    if args.folded is not None:
-        lines = getattr(result, "folded", [])
-        try:
-            args.folded.write_text("".join(f"{line}\n" for line in lines))
-        except OSError as e:
-            raise UsageError(f"--folded {args.folded}: cannot write ({e.strerror or e})") from None
-    if args.json:
-        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
-    else:
-        sys.stdout.write(render_probe(result, top=args.top))
-    return 0 if result.status in ("ok", "partial", "unavailable") else 1
+    return module.run(target, args.duration)

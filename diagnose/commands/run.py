@@ -10,11 +10,14 @@ import tempfile
 import time
 from pathlib import Path
 
+from memdiag.probes.base import INTERRUPTION, phase
 from memdiag.rules.loader import RuleFileError
 
-from ..errors import PermissionNeeded, UsageError
+from ..errors import PermissionNeeded, SignalInterrupted, UsageError
+from ..options import INTERVAL, MILLISECONDS, PERCENT, PID, SECONDS
 from ..progress import Progress
 from ..render import render_all
+from ..report import Interrupted
 from ..target import Target, cgroup_target, pid_target, system_target
 from ..workflow import DEFAULT_BUDGET_PERCENT, DEFAULT_MAX_PAUSE_MS, diagnose, load_book
 
@@ -23,16 +26,16 @@ NICENESS = 10
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--pid", type=int, help="diagnose this process")
+    group.add_argument("--pid", type=PID, help="diagnose this process")
     group.add_argument(
         "--cgroup", metavar="PATH", help="diagnose this memory cgroup (a path in the hierarchy or under /sys/fs/cgroup)"
     )
     parser.add_argument(
-        "--duration", type=float, default=30.0, metavar="S", help="seconds to watch the counters (default 30)"
+        "--duration", type=SECONDS, default=30.0, metavar="S", help="seconds to watch the counters (default 30)"
     )
     parser.add_argument(
         "--interval",
-        type=float,
+        type=INTERVAL,
         default=None,
         metavar="S",
         help="seconds between samples (default: about 1, at least 10 samples)",
@@ -46,14 +49,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--budget",
-        type=float,
+        type=PERCENT,
         default=DEFAULT_BUDGET_PERCENT,
         metavar="PERCENT",
         help="how much the diagnosis may slow the target (default 2)",
     )
     parser.add_argument(
         "--max-pause",
-        type=float,
+        type=MILLISECONDS,
         default=DEFAULT_MAX_PAUSE_MS,
         metavar="MS",
         help=f"longest the reachability scan may stop the target, within the budget (default {DEFAULT_MAX_PAUSE_MS:g})",
@@ -108,14 +111,6 @@ def _output_dir(args: argparse.Namespace, target: Target) -> Path:
 
 
 def execute(args: argparse.Namespace) -> int:
-    if args.duration <= 0:
-        raise UsageError("--duration must be more than 0 seconds")
-    if args.interval is not None and args.interval <= 0:
-        raise UsageError("--interval must be more than 0 seconds")
-    if not 0 < args.budget <= 100:
-        raise UsageError("--budget must be a percentage between 0 and 100")
-    if args.max_pause < 0:
-        raise UsageError("--max-pause must be 0 or more milliseconds")
     try:
         rules = load_book(args.playbook)
     except RuleFileError as e:
@@ -138,10 +133,27 @@ def execute(args: argparse.Namespace) -> int:
         max_pause_ms=args.max_pause,
     )
     progress.done()
+    with phase("writing the report"):
+        _write(out, report)
+    if INTERRUPTION.caught and report.interrupted is None:  # it came while the whole report was written
+        at = time.time() - (time.monotonic() - (INTERRUPTION.at or time.monotonic())) - report.window.started
+        cut = Interrupted(signal=INTERRUPTION.signal_name, phase=INTERRUPTION.phase or "unknown", at_s=round(at, 2))
+        report = report.model_copy(update={"interrupted": cut})
+        _write(out, report)
+    print(f"{report.verdict.kind}: {report.verdict.summary}")
+    print(f"report: {out / 'report.md'}")
+    if INTERRUPTION.caught:
+        raise SignalInterrupted(
+            INTERRUPTION.signum or 0,
+            f"interrupted by {INTERRUPTION.signal_name} during {INTERRUPTION.phase}; "
+            f"partial report: {out / 'report.md'}",
+        )
+    return 0
+
+
+def _write(out: Path, report) -> None:
+    """Every file of the report, each replaced whole (a reader never sees half a file)."""
     for name, text in render_all(report).items():
         tmp = out / f".{name}.tmp"
         tmp.write_text(text)
         os.replace(tmp, out / name)
-    print(f"{report.verdict.kind}: {report.verdict.summary}")
-    print(f"report: {out / 'report.md'}")
-    return 0

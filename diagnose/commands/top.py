@@ -8,23 +8,26 @@ import sys
 import time
 from pathlib import Path
 
-from ..errors import UsageError
+from memdiag.probes.base import INTERRUPTION
+
+from ..errors import SignalInterrupted
 from ..facts.meminfo import read_meminfo
 from ..facts.process import ProcessMemory
 from ..facts.processes import read_all_processes
 from ..facts.psi import read_memory_pressure
 from ..facts.vmstat import read_vmstat
+from ..options import COUNT, INTERVAL
 from ..trends import counter_rate
 from ..units import fmt_bytes
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="print one table (after one interval) and exit")
-    parser.add_argument("--interval", type=float, default=1.0, metavar="S", help="refresh every S seconds")
+    parser.add_argument("--interval", type=INTERVAL, default=1.0, metavar="S", help="refresh every S seconds")
     parser.add_argument(
         "-n",
         "--lines",
-        type=int,
+        type=COUNT,
         default=None,
         metavar="N",
         help="show N processes (default: fit the terminal, 20 with --once)",
@@ -79,13 +82,10 @@ def render_table(
 
 
 def execute(args: argparse.Namespace) -> int:
-    if args.interval <= 0:
-        raise UsageError("--interval must be more than 0 seconds")
-    if args.lines is not None and args.lines <= 0:
-        raise UsageError("--lines must be at least 1")
     before, vm_before, t0 = read_all_processes(), read_vmstat(), time.monotonic()
     while True:
-        time.sleep(args.interval)
+        if INTERRUPTION.wait(args.interval):  # nothing to clean up: say which signal ended it
+            raise SignalInterrupted(INTERRUPTION.signum or 0, f"interrupted by {INTERRUPTION.signal_name}")
         after, vm_after, t1 = read_all_processes(), read_vmstat(), time.monotonic()
         if args.once:
             print(render_table(before, after, t1 - t0, args.lines or 20, vm_before=vm_before, vm_after=vm_after))

@@ -11,6 +11,7 @@ from ..facts.meminfo import MEMINFO_KEYS
 from ..report import CounterRow, Report
 from ..units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 from .sparkline import sparkline
+from .text import code, flattened, prose
 
 _SERIES_LABELS = {
     "process.rss": "process RSS",
@@ -82,7 +83,7 @@ def _rate(row: CounterRow) -> str:
 
 def _table(header: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |" for row in rows]
+    out += ["| " + " | ".join(prose(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
     return out
 
 
@@ -92,7 +93,7 @@ def _reach_line(r) -> str:
     return (
         f"at the scan: **leaked** {fmt_number(r.leaked_count)} blocks ({fmt_bytes(r.leaked_bytes)}; "
         f"{fmt_number(r.unreferenced_count)} not pointed at by another leaked block) · **anchored** "
-        f"{fmt_number(r.anchored_count)} blocks ({fmt_bytes(r.anchored_bytes)}){anchor}"
+        f"{fmt_number(r.anchored_count)} blocks ({fmt_bytes(r.anchored_bytes)}){prose(anchor)}"
     )
 
 
@@ -120,7 +121,7 @@ def _culprit_stack(c) -> str:
     parts = []
     for i, frame in enumerate(c.stack[:shown]):
         kind = kinds[i] if i < len(kinds) else ""
-        text = f"**`{frame}`**" if i == named else f"`{frame}`"
+        text = f"**{code(frame)}**" if i == named else code(frame)
         parts.append(text + _kind_note(kind if i != named or kind == "interpreter" else ""))
     more = len(c.stack) - shown
     return " ← ".join(parts) + (f" ← … {more} more" if more > 0 else "")
@@ -190,17 +191,27 @@ def _probe_figures(report: Report) -> list[str]:
 
 
 def render_markdown(report: Report) -> str:
+    report = flattened(report)  # nothing from outside breaks a line: no heading, row or block of its own
     v, t, w = report.verdict, report.target, report.window
-    lines = [f"# memdiag: {v.kind} — {t.description}", ""]
-    lines += [f"**Verdict ({v.kind}, confidence {v.confidence:.0%}):** {v.summary}", ""]
+    cut = report.interrupted
+    partial = " (partial: interrupted)" if cut is not None else ""
+    lines = [f"# memdiag: {v.kind}{partial} — {prose(t.description)}", ""]
+    lines += [f"**Verdict ({v.kind}, confidence {v.confidence:.0%}{partial}):** {prose(v.summary)}", ""]
+    if cut is not None:
+        lines += [
+            f"- **Interrupted** by {cut.signal} during {prose(cut.phase)}, {fmt_duration(cut.at_s)} into the "
+            "diagnosis: "
+            "this report is partial and its verdict rests only on what was gathered before"
+        ]
+        lines += [f"- Not gathered: {prose('; '.join(cut.not_gathered) or 'nothing')}"]
     culprit = v.culprit
     who = []
     if culprit.pid is not None:
-        who.append(f"PID {culprit.pid}" + (f" ({culprit.comm})" if culprit.comm else ""))
+        who.append(f"PID {culprit.pid}" + (f" ({prose(culprit.comm)})" if culprit.comm else ""))
     if culprit.cgroup:
-        who.append(f"cgroup `{culprit.cgroup}`")
+        who.append(f"cgroup {code(culprit.cgroup)}")
     if culprit.function:
-        who.append(f"function **`{culprit.function}`**")
+        who.append(f"function **{code(culprit.function)}**")
     if culprit.stack:
         who.append("stack " + _culprit_stack(culprit))
     if who:
@@ -210,11 +221,11 @@ def render_markdown(report: Report) -> str:
             "- A frame marked *wrapper, guessed* was passed over because its code only forwards what the "
             "allocator returned (read from its instructions, not from the playbook's `wrappers:` list)"
         ]
-    target_line = f"- Target: {t.description}"
+    target_line = f"- Target: {prose(t.description)}"
     if t.cmdline:
-        target_line += f" — `{' '.join(t.cmdline)[:200]}`"
+        target_line += f" — {code(' '.join(t.cmdline)[:200])}"
     if t.cgroup and t.kind == "pid":
-        target_line += f" — memory cgroup `{t.cgroup}` (v{t.cgroup_version})"
+        target_line += f" — memory cgroup {code(t.cgroup)} (v{t.cgroup_version})"
     lines += [target_line]
     lines += [
         f"- Window: {_utc(w.started)} to {_utc(w.ended)} ({fmt_duration(w.ended - w.started)} of "
@@ -226,19 +237,19 @@ def render_markdown(report: Report) -> str:
 
     if report.findings:
         lines += ["### Findings", ""]
-        lines += [f"- **{f.id}**: {f.summary}" for f in report.findings]
+        lines += [f"- **{prose(f.id)}**: {prose(f.summary)}" for f in report.findings]
         lines += [""]
 
     if report.stacks:
         lines += ["### Stacks", ""]
         for st in report.stacks:
             trend = f" — outstanding `{sparkline([float(v) for v in st.series])}`" if st.series else ""
-            lines += [f"- **{fmt_bytes(st.bytes)}** ({st.probe}: {st.detail}){trend}"]
+            lines += [f"- **{fmt_bytes(st.bytes)}** ({st.probe}: {prose(st.detail)}){trend}"]
             if st.reach is not None:
                 lines += [f"  - {_reach_line(st.reach)}"]
             kinds = st.frame_kinds
             lines += [
-                f"  {i}. `{frame}`{_kind_note(kinds[i - 1] if i <= len(kinds) else '')}"
+                f"  {i}. {code(frame)}{_kind_note(kinds[i - 1] if i <= len(kinds) else '')}"
                 for i, frame in enumerate(st.frames[:8], 1)
             ]
             if len(st.frames) > 8:
@@ -316,7 +327,8 @@ def render_markdown(report: Report) -> str:
         lines += ["No swap is configured.", ""]
 
     lines += ["## What to run next", ""]
-    lines += [f"{i}. {step}" for i, step in enumerate(report.next_steps, 1)] or ["Nothing: no further step is needed."]
+    steps = [f"{i}. {prose(step)}" for i, step in enumerate(report.next_steps, 1)]
+    lines += steps or ["Nothing: no further step is needed."]
     lines += [""]
 
     if report.trail:
@@ -347,12 +359,12 @@ def render_markdown(report: Report) -> str:
     lines += _probe_figures(report)
     lines += _overhead_lines(report.overhead, report.probes)
     if report.budget_decision:
-        lines += [f"- Allocation tracing: {report.budget_decision}"]
+        lines += [f"- Allocation tracing: {prose(report.budget_decision)}"]
     lines += [""]
 
     if report.caveats:
         lines += ["## Caveats", ""]
-        lines += [f"- {c}" for c in report.caveats] + [""]
+        lines += [f"- {prose(c)}" for c in report.caveats] + [""]
 
     lines += ["---", f"memdiag {report.memdiag_version}", ""]
     return "\n".join(lines)

@@ -1,0 +1,67 @@
+"""Text from outside memdiag (a target's command line and comm, cgroup names, symbols, and the
+summaries that quote them) made safe to place in Markdown, in one place: every string on one line
+(so none can start a heading, a table row, a list or an HTML block), prose without markup of its
+own (no HTML, links or emphasis), code spans that no backtick can close early."""
+
+from __future__ import annotations
+
+import re
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+
+M = TypeVar("M", bound=BaseModel)
+
+# C0 controls, DEL, and what Unicode treats as a line break (NEL, LINE/PARAGRAPH SEPARATOR)
+_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+_NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
+# What can open markup in prose, and only that (so ordinary text such as "<= 2%" reads as it is):
+# an HTML tag or autolink, an entity, an inline link or image, emphasis, a stray backtick, and a
+# backslash that would escape what follows. ('|' is left to the table writer, which escapes it in
+# every cell, code spans included.)
+_MARKUP = re.compile(r"\\(?=[!-/:-@\[-`{-~]|$)|<(?=[A-Za-z/!?])|&(?=#?[A-Za-z0-9]+;)|(?<=\])\(|\*(?=\S)|`")
+_CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
+
+
+def one_line(text: str) -> str:
+    """Every control character as a visible escape (a newline becomes the two characters \\n)."""
+    return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
+
+
+def flattened(model: M) -> M:
+    """The model with every string in it on one line (nothing else changed)."""
+    return type(model).model_validate(_flat(model.model_dump()))
+
+
+def _flat(value: Any) -> Any:
+    if isinstance(value, str):
+        return one_line(value)
+    if isinstance(value, dict):
+        return {k: _flat(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return type(value)(_flat(v) for v in value)
+    return value
+
+
+def prose(text: str) -> str:
+    """Text as it reads, without markup of its own: its code spans (`name`) kept, everything else
+    that could open HTML, a link, emphasis or a code span backslash-escaped."""
+    out, at = [], 0
+    for m in _CODE_SPAN.finditer(text):
+        out.append(_MARKUP.sub(_escaped, text[at : m.start()]))
+        out.append(m.group())
+        at = m.end()
+    out.append(_MARKUP.sub(_escaped, text[at:]))
+    return "".join(out)
+
+
+def _escaped(m: re.Match) -> str:
+    return "\\" + m.group()
+
+
+def code(text: str) -> str:
+    """A code span holding text verbatim, however many backticks it contains."""
+    longest = max((len(run) for run in re.findall("`+", text)), default=0)
+    fence = "`" * (longest + 1)
+    pad = " " if text.startswith("`") or text.endswith("`") or not text.strip() else ""
+    return f"{fence}{pad}{text}{pad}{fence}"
