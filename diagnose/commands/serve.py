@@ -226,7 +226,7 @@ def execute(args: argparse.Namespace) -> int:
         log_level="warning",
         access_log=False,
         http=bounded_protocol(limit),  # idle deadline and a cap on open connections (connections.py)
-        limit_concurrency=limit + 16,  # a backstop: the cap above keeps connections below it
+        limit_concurrency=limit + BACKLOG,  # a backstop: asyncio accepts up to BACKLOG at once before the cap acts
         backlog=BACKLOG,
         timeout_keep_alive=5,
         h11_max_incomplete_event_size=16 * 1024,  # request line and headers

@@ -35,8 +35,7 @@ class BoundedH11(H11Protocol):
         self._opened = self.loop.time()
         self._deadline: asyncio.TimerHandle | None = None
         self._arm()
-        if len(self.connections) > self.max_connections:
-            self._evict()
+        self._evict()
 
     def connection_lost(self, exc: Exception | None) -> None:
         if getattr(self, "_deadline", None) is not None:
@@ -63,10 +62,18 @@ class BoundedH11(H11Protocol):
             self.transport.close()
 
     def _evict(self) -> None:
-        """Close the oldest connection that is waiting, or this new one if every other is busy."""
-        waiting = [c for c in self.connections if c is not self and isinstance(c, BoundedH11) and c._waiting()]
-        victim = min(waiting, key=lambda c: c._opened) if waiting else self
-        victim.transport.close()
+        """While over the cap, close the oldest connection that is waiting, or this new one if every
+        other is busy. Closed transports stay in the set until asyncio calls connection_lost, a tick
+        later, so they are not counted: a burst of accepts must not all pick the same victim."""
+        live = [c for c in self.connections if isinstance(c, BoundedH11) and not c.transport.is_closing()]
+        excess = len(live) - self.max_connections
+        if excess <= 0:
+            return
+        waiting = sorted((c for c in live if c is not self and c._waiting()), key=lambda c: c._opened)
+        for victim in waiting[:excess]:
+            victim.transport.close()
+        if len(waiting) < excess:
+            self.transport.close()
 
 
 def bounded_protocol(max_connections: int, idle_seconds: float = IDLE_SECONDS) -> type[BoundedH11]:
