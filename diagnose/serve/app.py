@@ -184,7 +184,7 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
             if not grafana_signature_ok(
                 body, request.headers.get("x-grafana-alerting-signature"), cfg.grafana_secret, ts
             ):
-                raise _Refused(401, "bad X-Grafana-Alerting-Signature")
+                raise failed(request, "bad X-Grafana-Alerting-Signature")
         model = AlertmanagerPayload if source == "alertmanager" else GrafanaPayload
         try:
             payload = model.model_validate(_json(body))

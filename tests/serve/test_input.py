@@ -20,9 +20,9 @@ from flood import Flood, healthz_seconds
 PLANTED = "987654321"  # a value no real cgroup file holds
 
 
-def raw_request(port: int, head: bytes, body: bytes = b"") -> bytes:
+def raw_request(port: int, head: bytes, body: bytes = b"", source: str = "127.0.0.1") -> bytes:
     """Send bytes a urllib request could not (non-ASCII headers); the whole answer."""
-    with socket.create_connection(("127.0.0.1", port), timeout=30) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0)) as s:
         s.sendall(head + b"Content-Length: %d\r\nConnection: close\r\n\r\n" % len(body) + body)
         answer = b""
         while chunk := s.recv(65536):
@@ -124,6 +124,12 @@ def test_failed_authentications_are_limited_but_not_the_right_token(guarded):
         status, body = srv.post("/diagnose", {"pid": 4_000_000})
         assert status == 404 and "no such process" in body["error"]
     assert request(srv.url + "/healthz", token=None)[0] == 200
+    # a wrong Grafana signature is a failed authentication too (from another address: this one is spent)
+    alert = json.dumps({"alerts": [{"status": "firing", "labels": {"pid": "4000000"}}]}).encode()
+    head = b"POST /alerts/grafana HTTP/1.1\r\nHost: x\r\n" + f"Authorization: Bearer {TOKEN}\r\n".encode()
+    head += b"X-Grafana-Alerting-Signature: " + b"00" * 32 + b"\r\n"
+    answers = [raw_request(srv.port, head, alert, source="127.0.0.2")[:12] for _ in range(30)]
+    assert answers[0] == b"HTTP/1.1 401" and answers[-1] == b"HTTP/1.1 429"
 
 
 @pytest.fixture
