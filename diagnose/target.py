@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -52,10 +53,19 @@ def pid_target(pid: int, proc_root: Path = Path("/proc")) -> Target:
 
 
 def cgroup_target(arg: str, proc_root: Path = Path("/proc")) -> Target:
+    """A memory cgroup named by the user or a request, refused unless its folder, symlinks resolved,
+    lies inside the mounted cgroup hierarchy: `../../tmp/x` with planted memory.* files is never read."""
     try:
-        return Target(kind="cgroup", cgroup=resolve_cgroup(arg, proc_root))
+        loc = resolve_cgroup(arg, proc_root)
     except BadCgroup as e:
         raise UsageError(f"--cgroup: {e}") from None
+    real, mount = os.path.realpath(loc.fs_path), os.path.realpath(loc.mount_point)
+    if os.path.commonpath([real, mount]) != mount:
+        raise UsageError(f"--cgroup: {arg!r} resolves to {real}, outside the cgroup hierarchy mounted at {mount}")
+    if real != os.path.normpath(loc.fs_path) or ".." in Path(arg).parts:
+        # cgroupfs has no symlinks and no reason for `..`: a path that needs them is not a cgroup's own name
+        raise UsageError(f"--cgroup: {arg!r} goes through '..' or a symlink; name the cgroup by its own path")
+    return Target(kind="cgroup", cgroup=loc.model_copy(update={"fs_path": real}))
 
 
 def system_target() -> Target:

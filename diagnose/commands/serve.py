@@ -5,11 +5,44 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
+import socket
+import stat
 from pathlib import Path
 
 from ..errors import PermissionNeeded, UsageError
 from ..workflow import DEFAULT_BUDGET_PERCENT, load_book
+
+MAX_QUEUE = 10_000
+MAX_DURATION = 3600.0
+BACKLOG = 256  # connections the kernel holds before accept; each costs no descriptor of ours
+MAX_SECRET = 4096
+
+
+def _in_range(hi: float):
+    """An argparse type: a finite number in (0, hi]; nan, inf, 0 and negatives are usage errors."""
+
+    def number(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value) or not 0 < value <= hi:
+            raise argparse.ArgumentTypeError(f"{text} is not a number in (0, {hi:g}]")
+        return value
+
+    return number
+
+
+def _queue_size(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if not 1 <= value <= MAX_QUEUE:
+        raise argparse.ArgumentTypeError(f"{value} is not in 1..{MAX_QUEUE}")
+    return value
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -33,9 +66,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="incidents database and reports (default /var/lib/memdiag/serve)",
     )
-    parser.add_argument("--duration", type=float, default=30.0, metavar="S", help="window of each diagnosis")
-    parser.add_argument("--budget", type=float, default=DEFAULT_BUDGET_PERCENT, metavar="PERCENT")
-    parser.add_argument("--queue", type=int, default=16, metavar="N", help="diagnoses waiting at most (429 beyond)")
+    parser.add_argument(
+        "--duration", type=_in_range(MAX_DURATION), default=30.0, metavar="S", help="window of each diagnosis"
+    )
+    parser.add_argument("--budget", type=_in_range(100.0), default=DEFAULT_BUDGET_PERCENT, metavar="PERCENT")
+    parser.add_argument(
+        "--queue", type=_queue_size, default=16, metavar="N", help="diagnoses waiting at most (429 beyond)"
+    )
     parser.add_argument(
         "--grafana-secret-file",
         type=Path,
@@ -57,14 +94,32 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _secret(path: Path | None, what: str) -> str | None:
+    """A token or HMAC secret from a file only its owner (root or this user) can read or change."""
     if path is None:
         return None
     try:
-        value = path.read_text().strip()
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the start
     except OSError as e:
         raise UsageError(f"{what} {path}: cannot read ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{what} {path}: not a regular file")
+        if st.st_uid not in (0, os.geteuid()):
+            raise UsageError(f"{what} {path}: owned by uid {st.st_uid}, not root or you: run chown root {path}")
+        if st.st_mode & 0o077:
+            mode = stat.S_IMODE(st.st_mode)
+            raise UsageError(f"{what} {path}: readable or writable by others (mode {mode:o}): run chmod 600 {path}")
+        raw = os.read(fd, MAX_SECRET + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_SECRET:
+        raise UsageError(f"{what} {path}: longer than {MAX_SECRET} bytes")
+    value = raw.decode("ascii", "replace").strip()
     if not value:
         raise UsageError(f"{what} {path}: empty")
+    if not all(0x21 <= ord(c) <= 0x7E for c in value):
+        raise UsageError(f"{what} {path}: only printable ASCII without spaces can be sent in a header")
     return value
 
 
@@ -85,13 +140,28 @@ def _loopback(host: str) -> bool:
     return host == "localhost" or ipaddress.ip_address(host).is_loopback
 
 
+def _bind(host: str, port: int, text: str) -> socket.socket:
+    """The listening socket, bound before anything says it listens: a port in use is one line."""
+    host = "127.0.0.1" if host == "localhost" else host
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(BACKLOG)
+    except OSError as e:
+        sock.close()
+        raise UsageError(f"--listen {text}: cannot listen there ({e.strerror or e})") from None
+    return sock
+
+
 def execute(args: argparse.Namespace) -> int:
     import uvicorn
     from memdiag.rules.loader import RuleFileError
 
     from ..serve.app import Config, Metrics, create_app
+    from ..serve.connections import bounded_protocol, connection_limit
     from ..serve.oomwatch import OomWatcher, describe
-    from ..serve.security import RateLimiter
+    from ..serve.security import FailureLimiter
     from ..serve.store import Store
     from ..serve.targets import NotOnHost, target_from_labels
     from ..serve.worker import QueueFull, Worker
@@ -99,10 +169,12 @@ def execute(args: argparse.Namespace) -> int:
     host, port = _listen(args.listen)
     token = _secret(args.token_file, "--token-file")
     read_token = _secret(args.read_token_file, "--read-token-file")
+    grafana_secret = _secret(args.grafana_secret_file, "--grafana-secret-file")
     if token is None and not _loopback(host):
         raise UsageError(f"--listen {args.listen}: refusing to listen off loopback without --token-file")
     if os.geteuid() != 0:
         raise PermissionNeeded("memdiag serve runs BPF probes: run it as root")
+    listener = _bind(host, port, args.listen)
     try:
         rules = load_book(args.playbook)
     except RuleFileError as e:
@@ -150,11 +222,22 @@ def execute(args: argparse.Namespace) -> int:
         worker=worker,
         token=token,
         read_token=read_token,
-        grafana_secret=_secret(args.grafana_secret_file, "--grafana-secret-file"),
+        grafana_secret=grafana_secret,
         grafana_timestamp_header=args.grafana_timestamp_header,
-        limiter=RateLimiter(),
+        limiter=FailureLimiter(),
     )
     app = create_app(cfg, metrics)
+    limit = connection_limit()
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        http=bounded_protocol(limit),  # idle deadline and a cap on open connections (connections.py)
+        limit_concurrency=limit + BACKLOG,  # a backstop: asyncio accepts up to BACKLOG at once before the cap acts
+        backlog=BACKLOG,
+        timeout_keep_alive=5,
+        h11_max_incomplete_event_size=16 * 1024,  # request line and headers
+    )
     print(f"memdiag serve: listening on http://{args.listen} (data in {args.data})", flush=True)
-    uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False)).run()
+    uvicorn.Server(config).run(sockets=[listener])
     return 0

@@ -3,27 +3,32 @@ at once; diagnoses run in the worker."""
 
 from __future__ import annotations
 
+import asyncio
 import html
-import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import ValidationError
+from pydantic_core import from_json
 from starlette.applications import Starlette
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import UsageError
-from ..target import Target, cgroup_target, pid_target
+from ..target import Target, pid_target
 from .alerts import AlertmanagerPayload, DiagnoseRequest, GrafanaPayload
-from .security import RateLimiter, grafana_signature_ok, token_ok
+from .security import FailureLimiter, grafana_signature_ok, token_ok
 from .store import STATES, Store
-from .targets import BadLabel, NotOnHost, target_from_labels
+from .targets import BadLabel, NotOnHost, cgroup_by_path, target_from_labels
 from .worker import QueueFull, Worker
 
 MAX_BODY = 1 << 20
+BODY_SECONDS = 10.0  # a whole body must arrive within this: a trickling client holds nothing for long
+MAX_JSON_DEPTH = 16  # an Alertmanager or Grafana payload nests 4 deep; the JSON parser stops at 200 itself
+_LENGTH = re.compile(r"^[0-9]{1,12}$")
 
 
 @dataclass
@@ -33,7 +38,7 @@ class Config:
     token: str | None
     grafana_secret: str | None = None
     grafana_timestamp_header: str | None = None
-    limiter: RateLimiter | None = None
+    limiter: FailureLimiter | None = None
     read_token: str | None = None  # when set, reads (incidents, reports, metrics) need it or `token`
 
 
@@ -70,29 +75,60 @@ class _Refused(Exception):
 
 
 async def _body(request: Request) -> bytes:
+    """The request body, at most MAX_BODY bytes and within BODY_SECONDS, or _Refused."""
     length = request.headers.get("content-length")
-    if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+    if length is not None and (not _LENGTH.match(length) or int(length) > MAX_BODY):
         raise _Refused(413, f"body larger than {MAX_BODY} bytes")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise _Refused(413, f"body larger than {MAX_BODY} bytes")
-        chunks.append(chunk)
-    return b"".join(chunks)
+
+    async def read() -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise _Refused(413, f"body larger than {MAX_BODY} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    try:
+        return await asyncio.wait_for(read(), BODY_SECONDS)
+    except asyncio.TimeoutError:
+        raise _Refused(408, f"body not received within {BODY_SECONDS:g} s") from None
+    except ClientDisconnect:
+        raise _Refused(400, "client went away before the body was complete") from None
+
+
+def _too_deep(value, limit: int) -> bool:
+    """Whether lists and objects nest deeper than limit (walked without recursion)."""
+    stack = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item
+        if depth > limit:
+            return True
+        stack.extend((c, depth + 1) for c in children if isinstance(c, (dict, list)))
+    return False
 
 
 def _json(body: bytes):
+    """Parsed JSON, bounded: size by _body, nesting by the parser's own limit and MAX_JSON_DEPTH,
+    no NaN or Infinity, no invalid UTF-8 or lone surrogates (pydantic-core's Rust parser)."""
     try:
-        return json.loads(body)
-    except (ValueError, UnicodeDecodeError) as e:
+        value = from_json(body, allow_inf_nan=False)
+    except ValueError as e:
+        if "recursion limit" in str(e):
+            raise _Refused(400, f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
         raise _Refused(400, f"malformed JSON: {e}") from None
+    if isinstance(value, (dict, list)) and _too_deep(value, MAX_JSON_DEPTH):
+        raise _Refused(400, f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels")
+    return value
 
 
 def _validation(e: ValidationError) -> str:
+    """One line naming the first problem; label names in it are the sender's, so it is cut short."""
     first = e.errors()[0]
-    where = ".".join(str(p) for p in first["loc"])
-    return f"wrong payload shape: {where}: {first['msg']}" if where else f"wrong payload shape: {first['msg']}"
+    where = ".".join(str(p)[:64] for p in first["loc"])
+    line = f"wrong payload shape: {where}: {first['msg']}" if where else f"wrong payload shape: {first['msg']}"
+    return line[:300]
 
 
 def _target_json(t: Target) -> dict:
@@ -108,18 +144,27 @@ def _target_json(t: Target) -> dict:
 def create_app(cfg: Config, metrics: Metrics) -> Starlette:
     store, worker = cfg.store, cfg.worker
 
+    def failed(request: Request, reason: str) -> _Refused:
+        """A failed authentication: 401, or 429 once this address has failed too often. Only
+        failures count, so a sender with the right token is never refused for its address."""
+        client = request.client.host if request.client else "?"
+        if cfg.limiter is None:
+            return _Refused(401, reason)
+        if cfg.limiter.blocked(client):
+            return _Refused(429, "too many failed authentications from this address")
+        cfg.limiter.failed(client)
+        return _Refused(401, reason)
+
     def guard(request: Request) -> None:
-        if cfg.limiter is not None and not cfg.limiter.allow(request.client.host if request.client else "?"):
-            raise _Refused(429, "too many requests")
         if not token_ok(request.headers.get("authorization"), cfg.token):
-            raise _Refused(401, "missing or wrong bearer token")
+            raise failed(request, "missing or wrong bearer token")
 
     def guard_read(request: Request) -> None:
         if cfg.read_token is None:
             return
         header = request.headers.get("authorization")
         if not (token_ok(header, cfg.read_token) or (cfg.token is not None and token_ok(header, cfg.token))):
-            raise _Refused(401, "missing or wrong bearer token (reads need the read token)")
+            raise failed(request, "missing or wrong bearer token (reads need the read token)")
 
     def enqueue(source: str, target: Target, alert: dict | None, dedup: str | None, duration=None) -> tuple[str, bool]:
         incident, new = store.create(source, "queued", _target_json(target), alert, dedup_key=dedup)
@@ -139,7 +184,7 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
             if not grafana_signature_ok(
                 body, request.headers.get("x-grafana-alerting-signature"), cfg.grafana_secret, ts
             ):
-                raise _Refused(401, "bad X-Grafana-Alerting-Signature")
+                raise failed(request, "bad X-Grafana-Alerting-Signature")
         model = AlertmanagerPayload if source == "alertmanager" else GrafanaPayload
         try:
             payload = model.model_validate(_json(body))
@@ -191,7 +236,7 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
                 target = pid_target(req.pid)
             elif req.cgroup is not None:
                 target = (
-                    target_from_labels({"id": req.cgroup}) if req.cgroup.startswith("/") else cgroup_target(req.cgroup)
+                    target_from_labels({"id": req.cgroup}) if req.cgroup.startswith("/") else cgroup_by_path(req.cgroup)
                 )
             else:
                 target = target_from_labels({"container_id": req.container_id or ""})
@@ -253,6 +298,11 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
     async def not_found(request: Request, exc: Exception) -> Response:
         return _error(getattr(exc, "status_code", 404), getattr(exc, "detail", "not found") or "not found")
 
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        # A bug or a failing disk, not the request's fault: 503 tells Alertmanager to deliver again.
+        # Starlette still raises it on, so the traceback reaches the log.
+        return _error(503, f"internal error ({type(exc).__name__}); deliver again later")
+
     routes = [
         Route("/alerts/alertmanager", alertmanager, methods=["POST"]),
         Route("/alerts/grafana", grafana, methods=["POST"]),
@@ -262,4 +312,5 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
-    return Starlette(routes=routes, exception_handlers={_Refused: refused, 404: not_found, 405: not_found})
+    handlers = {_Refused: refused, 404: not_found, 405: not_found, Exception: unexpected}
+    return Starlette(routes=routes, exception_handlers=handlers)

@@ -1,49 +1,68 @@
-"""Every request is hostile until shown otherwise: bearer token (constant-time), body cap, rate
-limit per client, Grafana's HMAC signature."""
+"""Every request is hostile until shown otherwise: bearer token (constant-time), Grafana's HMAC
+signature, header values checked before use, and a limit on failed authentications per client."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import threading
 import time
+
+# What a bearer token, a hex signature or a timestamp can be: printable ASCII, bounded. A header
+# outside this (non-ASCII, control bytes, 10 kB) is a failed authentication, never an exception.
+_PRINTABLE = re.compile(r"^[\x21-\x7e]{1,1024}$")
+_HEX_SHA256 = re.compile(r"^[0-9a-fA-F]{64}$")
+
+
+def header_ok(value: str | None) -> bool:
+    """Whether a credential header's value is one that can be compared at all."""
+    return value is not None and _PRINTABLE.match(value.strip()) is not None
 
 
 def token_ok(header: str | None, token: str | None) -> bool:
     if token is None:
         return True
-    if not header or not header.startswith("Bearer "):
+    if not header or not header.startswith("Bearer ") or not header_ok(header[len("Bearer ") :]):
         return False
-    return hmac.compare_digest(header[len("Bearer ") :].strip().encode(), token.encode())
+    return hmac.compare_digest(header[len("Bearer ") :].strip().encode("ascii"), token.encode())
 
 
 def grafana_signature_ok(body: bytes, signature: str | None, secret: str, timestamp: str | None) -> bool:
     """X-Grafana-Alerting-Signature: hex HMAC-SHA256 of the body, or of '<timestamp>:<body>' when
     Grafana is configured with a timestamp header."""
-    if not signature:
+    if signature is None or not _HEX_SHA256.match(signature.strip()):
         return False
-    message = f"{timestamp}:".encode() + body if timestamp is not None else body
+    if timestamp is not None and not header_ok(timestamp):
+        return False
+    message = f"{timestamp.strip()}:".encode("ascii") + body if timestamp is not None else body
     expected = hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected, signature.strip().lower())
+    return hmac.compare_digest(expected.encode("ascii"), signature.strip().lower().encode("ascii"))
 
 
-class RateLimiter:
-    """A token bucket per client address."""
+class FailureLimiter:
+    """A token bucket per client address that only failures spend: a sender with the right token
+    is never refused for sharing an address with a guesser (authenticated work is bounded by the
+    diagnosis queue instead)."""
 
-    def __init__(self, rate_per_s: float = 10.0, burst: int = 30):
+    def __init__(self, rate_per_s: float = 1.0, burst: int = 20):
         self.rate, self.burst = rate_per_s, burst
         self._buckets: dict[str, tuple[float, float]] = {}
         self._lock = threading.Lock()
 
-    def allow(self, client: str) -> bool:
+    def _tokens(self, client: str, now: float) -> float:
+        tokens, last = self._buckets.get(client, (float(self.burst), now))
+        return min(self.burst, tokens + (now - last) * self.rate)
+
+    def blocked(self, client: str) -> bool:
+        """Whether this client has spent its failures: its next failure is answered 429, not 401."""
+        with self._lock:
+            return self._tokens(client, time.monotonic()) < 1
+
+    def failed(self, client: str) -> None:
         now = time.monotonic()
         with self._lock:
-            tokens, last = self._buckets.get(client, (float(self.burst), now))
-            tokens = min(self.burst, tokens + (now - last) * self.rate)
-            if tokens < 1:
-                self._buckets[client] = (tokens, now)
-                return False
-            self._buckets[client] = (tokens - 1, now)
-            if len(self._buckets) > 10000:  # forget idle clients
-                self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < 60}
-            return True
+            self._buckets[client] = (max(0.0, self._tokens(client, now) - 1), now)
+            if len(self._buckets) > 10000:  # forget clients whose buckets have refilled
+                full = self.burst / self.rate
+                self._buckets = {k: v for k, v in self._buckets.items() if now - v[1] < full}

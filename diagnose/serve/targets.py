@@ -72,6 +72,20 @@ def _cgroup_matching(predicate) -> Target:
     return cgroup_target(matches[0])
 
 
+def _cgroup_path_ok(value: str) -> bool:
+    """A cgroup named by its path in the hierarchy: allowed characters, no `.` or `..` steps."""
+    absolute = value if value.startswith("/") else "/" + value
+    return CGROUP_ID.match(absolute) is not None and not {".", ".."} & set(absolute.split("/"))
+
+
+def cgroup_by_path(value: str) -> Target:
+    """POST /diagnose's relative `cgroup`: the cgroup itself, validated by pattern, then resolved
+    (symlinks too) and refused outside the mounted hierarchy by cgroup_target."""
+    if not _cgroup_path_ok(value):
+        raise BadLabel("cgroup: not a cgroup path (letters, digits, _.:@=+- and '/', no '.' or '..' steps)")
+    return cgroup_target(value)
+
+
 def target_from_labels(labels: dict[str, str]) -> Target:
     """pid, container_id, pod uid or cAdvisor id, in that order. Within a cgroup the process
     diagnosed is the largest by RSS, unless a pid was named."""
@@ -98,7 +112,7 @@ def target_from_labels(labels: dict[str, str]) -> Target:
         target = _cgroup_matching(lambda d: any(f"pod{f}" in part for f in forms for part in d.split("/")))
     elif "id" in labels:
         value = labels["id"]
-        if not CGROUP_ID.match(value) or "/../" in value + "/" or "/./" in value + "/":
+        if not value.startswith("/") or not _cgroup_path_ok(value):
             raise BadLabel("label id: not a cgroup path")
         known = set(cgroup_dirs())
         if value.rstrip("/") not in known and value not in known:

@@ -138,6 +138,7 @@ def test_grafana_signature(server, workload, tmp_path):
 
     secret = tmp_path / "grafana-secret"
     secret.write_text("hush\n")
+    secret.chmod(0o600)
     srv = server(
         extra=[
             "--grafana-secret-file",
