@@ -127,7 +127,8 @@ def test_hostile_requests_are_refused_and_leave_nothing(server, workload):
         "alerts": [{"status": "firing", "labels": {"pid": str(w.pid)}}, {"status": "firing", "labels": {"id": "/../x"}}]
     }
     assert srv.post("/alerts/alertmanager", mixed)[0] == 422
-    assert srv.incidents() == []
+    # (the OOM watch may record a kill from elsewhere on the host meanwhile: not from these requests)
+    assert [i for i in srv.incidents() if i["source"] != "oomwatch"] == []
     statuses = [srv.post("/diagnose", b"{", token="wrong")[0] for _ in range(60)]
     assert 429 in statuses  # a flood is rate-limited
 
