@@ -49,7 +49,7 @@ def test_billion_laughs_is_refused_at_the_alias_that_blows_the_budget_fast(book)
     bomb = _write(book, billion_laughs())
     t0 = time.monotonic()
     err = _error(bomb)
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 5  # a bomb let through runs for minutes
     # *a3 is the first alias whose expansion passes 10,000 nodes: 9 * 9^3 lols on line 6
     assert err == (
         f"{bomb}:6: alias `*a3` expands the file past {MAX_ALIAS_NODES} nodes (a YAML alias bomb?); "
@@ -74,7 +74,7 @@ def test_an_alias_inside_its_own_anchor_and_deep_nesting_are_refused(book):
     deep = _write(book, "rules:\n  - " + "[" * 200_000 + "\n", name="deep.yaml")
     t0 = time.monotonic()
     assert _error(deep) == f"{deep}:2: nested deeper than 64 levels"
-    assert time.monotonic() - t0 < 1
+    assert time.monotonic() - t0 < 5  # a bomb let through runs for minutes
 
 
 def test_python_tags_are_not_constructed(book):
@@ -92,7 +92,7 @@ def test_size_cap_on_what_is_read(book):
     p.chmod(0o644)
     t0 = time.monotonic()
     assert _error(p) == f"{p}: larger than the 1 MiB limit for a rule file ({(50 << 20) + 7} bytes)"
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 5  # a bomb let through runs for minutes
     at_cap = _write(book, RULE.format(id="x").join(["rules:\n", ""]).ljust(MAX_BYTES, " "), name="cap.yaml")
     assert [r.id for r in load_file(at_cap)] == ["x"]  # exactly 1 MiB still loads
 
@@ -105,7 +105,7 @@ def test_fifo_device_folder_are_refused_without_blocking(book):
     assert _error(Path("/dev/zero")) == "/dev/zero: a character device, not a regular file; a rule file must be one"
     (book / "dir.yaml").mkdir()
     assert _error(book / "dir.yaml").endswith("dir.yaml: a folder, not a regular file; a rule file must be one")
-    assert time.monotonic() - t0 < 0.5
+    assert time.monotonic() - t0 < 5  # a bomb let through runs for minutes
     # a folder of playbooks refuses the file that is not one, by name, and keeps every error
     _write(book, RULE.format(id="fine").join(["rules:\n", ""]))
     with pytest.raises(RuleFileError) as e:
