@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import math
 import os
+import sqlite3
 from pathlib import Path
 
 from ..errors import PermissionNeeded, UsageError
@@ -45,6 +47,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grafana-timestamp-header", metavar="NAME", help="the timestamp header Grafana signs with, when configured"
     )
+    parser.add_argument(
+        "--max-incidents",
+        type=_positive_int,
+        default=10_000,
+        metavar="N",
+        help="incidents kept at most; the oldest finished ones (and their reports) go first (default 10000)",
+    )
+    parser.add_argument(
+        "--max-report-mb",
+        type=_positive_int,
+        default=512,
+        metavar="MB",
+        help="report bytes kept at most, oldest finished incidents evicted first (default 512)",
+    )
+    parser.add_argument(
+        "--dedupe-window",
+        type=_positive_float,
+        default=86_400.0,
+        metavar="S",
+        help="a diagnosed alert delivered again within this many seconds is not diagnosed again (default 86400, "
+        "longer than Alertmanager's default repeat_interval of 4 h)",
+    )
+    parser.add_argument(
+        "--max-attempts",
+        type=_positive_int,
+        default=3,
+        metavar="N",
+        help="diagnoses started per alert (restarts and re-deliveries) before it stays failed (default 3)",
+    )
     parser.add_argument("--no-oom-watch", action="store_true", help="do not watch for OOM kills")
     parser.add_argument(
         "--playbook",
@@ -54,6 +85,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PATH",
         help="also load this rule file or folder (root-owned, not group/world-writable); repeatable",
     )
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of at least 1")
+    return int(text)
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a finite number above 0")
+    return value
 
 
 def _secret(path: Path | None, what: str) -> str | None:
@@ -92,7 +139,7 @@ def execute(args: argparse.Namespace) -> int:
     from ..serve.app import Config, Metrics, create_app
     from ..serve.oomwatch import OomWatcher, describe
     from ..serve.security import RateLimiter
-    from ..serve.store import Store
+    from ..serve.store import DataInUse, Limits, Store, UnsafeData
     from ..serve.targets import NotOnHost, target_from_labels
     from ..serve.worker import QueueFull, Worker
 
@@ -107,10 +154,21 @@ def execute(args: argparse.Namespace) -> int:
         rules = load_book(args.playbook)
     except RuleFileError as e:
         raise UsageError(e.usage_text()) from None
+    os.umask(0o077)  # everything serve creates is the owner's only
+    limits = Limits(
+        max_incidents=args.max_incidents,
+        max_report_bytes=args.max_report_mb << 20,
+        dedupe_window=args.dedupe_window,
+        max_attempts=args.max_attempts,
+    )
     try:
-        store = Store(args.data)
-    except OSError as e:
-        raise UsageError(f"--data {args.data}: {e.strerror or e}") from None
+        store = Store(args.data, limits)
+    except (DataInUse, UnsafeData) as e:
+        raise UsageError(str(e)) from None
+    except (OSError, sqlite3.Error) as e:
+        raise UsageError(f"--data {args.data}: {getattr(e, 'strerror', None) or e}") from None
+    if store.resumed:
+        print(f"memdiag serve: {len(store.resumed)} diagnoses cut off by the last stop re-queued", flush=True)
     metrics = Metrics(store)
 
     def done(elapsed: float, report) -> None:
@@ -134,14 +192,14 @@ def execute(args: argparse.Namespace) -> int:
                 target = None
         record = e.model_dump()
         state = "queued" if target is not None else "recorded"
-        incident, _ = store.create(
-            "oomwatch", state, {"kind": "cgroup", "cgroup": cgroup} if cgroup else None, record, summary=describe(e)
-        )
+        where = {"kind": "cgroup", "cgroup": cgroup} if cgroup else None
+        # a refused write raises StorageFailing: the OOM watch keeps the kill and records it later
+        incident, _ = store.record("oomwatch", state, where, record, summary=describe(e))
         if target is not None:
             try:
                 worker.submit(incident.id, target)
             except QueueFull:
-                store.update(incident.id, state="recorded", error="queue full: recorded, not diagnosed")
+                store.settle(incident.id, state="recorded", error="queue full: recorded, not diagnosed")
 
     if not args.no_oom_watch:
         OomWatcher(on_kill)
