@@ -31,6 +31,9 @@ FINISHED = ("done", "failed", "interrupted", "resolved", "recorded")  # evictabl
 DB_NAME = "incidents.sqlite3"
 LOCK_NAME = "serve.lock"
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+MIN_FREE = 1 << 20  # less free space than this in --data: storage is failing (a report needs room)
+BUSY_MS = 2_000  # how long a write waits for a database locked by another process before it fails (only
+# another process can hold it: this one's writes are serialized by the store's own lock)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS incidents (
@@ -150,7 +153,7 @@ class Store:
         for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", DB_NAME + "-journal"):
             _no_symlink(data / name)
         os.close(os.open(db, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600))  # SQLite gives -wal/-shm its mode
-        self._db = sqlite3.connect(db, check_same_thread=False, isolation_level=None, timeout=10)
+        self._db = sqlite3.connect(db, check_same_thread=False, isolation_level=None, timeout=BUSY_MS / 1000)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
         have = {r[1] for r in self._db.execute("PRAGMA table_info(incidents)")}
@@ -387,27 +390,40 @@ class Store:
     def health(self) -> str | None:
         """None when storage works; else why not. Retries kept outcomes and probes the disk."""
         with self._lock:
-            if self.failure is None and not self._pending:
-                return None
-            self._flush()
-            probe = self.data / ".healthz-probe"
-            try:
-                _remove(probe)
-                fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
+            if self.failure is not None or self._pending:
+                self._db.execute("PRAGMA busy_timeout=200")  # a locked database must not hang /healthz
                 try:
-                    os.write(fd, b"\0" * (64 << 10))  # room for at least a small report
+                    self._flush()
                 finally:
-                    os.close(fd)
-                    with contextlib.suppress(OSError):
-                        os.unlink(probe)
-            except OSError as e:
-                self.failure = f"writing to {self.data}: {e.strerror or e}"
-            else:
-                if not self._pending:
-                    self.failure = None
+                    self._db.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+                self._probe()
+            room = os.statvfs(self.data)
+            free = room.f_bavail * room.f_frsize
             if self._pending:
                 return f"storage failing ({len(self._pending)} outcomes kept in memory): {self.failure}"
-            return f"storage failing: {self.failure}" if self.failure else None
+            if self.failure is not None:
+                return f"storage failing: {self.failure}"
+            if free < MIN_FREE:
+                return f"storage failing: {free} bytes free in {self.data} (under {MIN_FREE})"
+            return None
+
+    def _probe(self) -> None:
+        """Clear the kept failure if a small file can be written again."""
+        probe = self.data / ".healthz-probe"
+        try:
+            _remove(probe)
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
+            try:
+                os.write(fd, b"\0" * (64 << 10))  # room for at least a small report
+            finally:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(probe)
+        except OSError as e:
+            self.failure = f"writing to {self.data}: {e.strerror or e}"
+        else:
+            if not self._pending:
+                self.failure = None
 
     # -- reading ---------------------------------------------------------------------------------
 

@@ -61,9 +61,14 @@ class Worker:
         return len(self._queue)
 
     def submit(self, iid: str, target: Target | None, duration: float | None = None) -> None:
-        with self._ready:
+        """One diagnosis for an incident already stored (the OOM watch's); QueueFull beyond --queue."""
+        with self.admission:
             if len(self._queue) >= self.maxsize:
                 raise QueueFull
+            self._put(iid, target, duration)
+
+    def _put(self, iid: str, target: Target | None, duration: float | None) -> None:
+        with self._ready:
             self._queue.append((iid, target, duration))
             self._ready.notify()
 
@@ -78,7 +83,7 @@ class Worker:
             for j in jobs:
                 incident, how = self.store.admit(j.source, j.target_json, j.alert, j.dedup_key)
                 if how != "duplicate":
-                    self.submit(incident.id, j.target, j.duration)
+                    self._put(incident.id, j.target, j.duration)  # room checked above, under the same lock
                 out.append((incident, how))
             return out
 
