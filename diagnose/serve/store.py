@@ -236,8 +236,11 @@ class Store:
                     f"done earlier: {kind}: {summary}" if state == "done" else f"attempt {attempts} {state}: {error}"
                 )
                 fresh = state == "done" or attempts >= self.limits.max_attempts  # past the window: a new round
+                with contextlib.suppress(OSError):  # the old report goes: one incident, its latest outcome
+                    _remove(self.reports / iid)
                 self._write(
-                    "UPDATE incidents SET state='queued', updated=?, previous=?, error=NULL, attempts=? WHERE id=?",
+                    "UPDATE incidents SET state='queued', updated=?, previous=?, attempts=?, error=NULL, "
+                    "verdict_kind=NULL, summary=NULL, report_dir=NULL, report_bytes=0, duration_s=NULL WHERE id=?",
                     (time.time(), before, 0 if fresh else attempts, iid),
                 )
                 self._pending.pop(iid, None)
