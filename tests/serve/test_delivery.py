@@ -117,26 +117,56 @@ def small_tmpfs(root_required, tmp_path):
 def test_disk_full_during_a_diagnosis_fails_it_and_the_worker_goes_on(servers, small_tmpfs, sleeper):
     srv = servers(small_tmpfs, duration=3)
     pid = sleeper()
-    status, body = srv.post("/diagnose", {"pid": pid})
+    status, body = srv.post("/alerts/alertmanager", _am_group(pid, ["full"]))
     assert status == 202
-    srv.wait(body["id"], states=("running",), timeout=30)
+    iid = body["incidents"][0]["id"]
+    srv.wait(iid, states=("running",), timeout=30)
     filler = small_tmpfs / "filler"
     dd = subprocess.run(["dd", "if=/dev/zero", f"of={filler}", "bs=64k"], capture_output=True, text=True)
     assert "No space left" in dd.stderr  # the folder is full while the diagnosis runs
-    failed = srv.wait(body["id"], timeout=60)
+    failed = srv.wait(iid, timeout=60)
     assert failed["state"] == "failed" and "No space left" in failed["error"], failed
-    assert not (small_tmpfs / "reports" / body["id"]).exists()  # nothing half-written is left
+    assert not (small_tmpfs / "reports" / iid).exists()  # nothing half-written is left
     status, health = _healthz(srv)
     assert status == 503 and "storage failing" in health["reason"] and "No space left" in health["reason"]
     filler.unlink()
     _until(lambda: _healthz(srv)[0] == 200, 10, "healthz back to 200 after space is freed")
-    assert srv.wait(body["id"])["state"] == "failed"  # the outcome was kept (in the database by now)
+    assert srv.wait(iid)["state"] == "failed"  # the outcome was kept (in the database by now)
     status, again = srv.post("/diagnose", {"pid": pid})
     assert status == 202
     done = srv.wait(again["id"], timeout=60)  # the same worker thread, still alive
     assert done["state"] == "done", done
     md = srv.get(f"/incidents/{again['id']}?format=md")[1].decode()
     assert f"PID {pid} (sleep)" in md
+    # Alertmanager delivers the failed alert again: it is diagnosed now, on the same incident
+    status, body = srv.post("/alerts/alertmanager", _am_group(pid, ["full"]))
+    assert status == 202 and body["incidents"][0] == {
+        "id": iid,
+        "state": "queued",
+        "new": True,
+        "requeued": True,
+        "attempts": 1,
+    }
+    done = srv.wait(iid, timeout=60)
+    assert done["state"] == "done" and done["attempts"] == 2 and done["error"] is None
+    assert done["previous"].startswith("attempt 1 failed: writing the report: No space left on device")
+
+
+def test_a_done_alert_is_diagnosed_again_only_after_the_window(servers, sleeper, tmp_path):
+    srv = servers(tmp_path / "data", duration=1, extra=["--dedupe-window", "4"])
+    group = _am_group(sleeper(), ["win"])
+    iid = srv.post("/alerts/alertmanager", group)[1]["incidents"][0]["id"]
+    first = srv.wait(iid, timeout=60)
+    assert first["state"] == "done"
+    status, body = srv.post("/alerts/alertmanager", group)  # a repeat within the window
+    assert status == 202 and body["incidents"][0]["new"] is False
+    time.sleep(max(0.0, first["updated"] + 4.2 - time.time()))
+    status, body = srv.post("/alerts/alertmanager", group)  # past it: a fresh look, same incident
+    assert status == 202 and body["incidents"][0]["new"] is True and body["incidents"][0]["id"] == iid
+    again = srv.wait(iid, timeout=60)
+    assert again["state"] == "done" and again["attempts"] == 1 and again["updated"] > first["updated"]
+    assert again["previous"] == f"done earlier: {first['verdict_kind']}: {first['summary']}"
+    assert len(_all(srv)) == 1
 
 
 def test_kill9_mid_diagnosis_is_resumed_and_a_redelivery_is_not_diagnosed_again(
