@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
-import math
 import os
 import socket
+import sqlite3
 import stat
 from pathlib import Path
 
 from ..errors import PermissionNeeded, UsageError
+from ..options import COUNT, PERCENT, SECONDS, number
 from ..workflow import DEFAULT_BUDGET_PERCENT, load_book
 
 MAX_QUEUE = 10_000
@@ -20,29 +21,8 @@ BACKLOG = 256  # connections the kernel holds before accept; each costs no descr
 MAX_SECRET = 4096
 
 
-def _in_range(hi: float):
-    """An argparse type: a finite number in (0, hi]; nan, inf, 0 and negatives are usage errors."""
-
-    def number(text: str) -> float:
-        try:
-            value = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not math.isfinite(value) or not 0 < value <= hi:
-            raise argparse.ArgumentTypeError(f"{text} is not a number in (0, {hi:g}]")
-        return value
-
-    return number
-
-
-def _queue_size(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if not 1 <= value <= MAX_QUEUE:
-        raise argparse.ArgumentTypeError(f"{value} is not in 1..{MAX_QUEUE}")
-    return value
+_DURATION = number(0, MAX_DURATION, above=True, unit="seconds")
+_QUEUE = number(1, MAX_QUEUE, integer=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -67,11 +47,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="incidents database and reports (default /var/lib/memdiag/serve)",
     )
     parser.add_argument(
-        "--duration", type=_in_range(MAX_DURATION), default=30.0, metavar="S", help="window of each diagnosis"
+        "--duration", type=_DURATION, default=30.0, metavar="S", help="window of each diagnosis"
     )
-    parser.add_argument("--budget", type=_in_range(100.0), default=DEFAULT_BUDGET_PERCENT, metavar="PERCENT")
+    parser.add_argument("--budget", type=PERCENT, default=DEFAULT_BUDGET_PERCENT, metavar="PERCENT")
     parser.add_argument(
-        "--queue", type=_queue_size, default=16, metavar="N", help="diagnoses waiting at most (429 beyond)"
+        "--queue", type=_QUEUE, default=16, metavar="N", help="diagnoses waiting at most (429 beyond)"
     )
     parser.add_argument(
         "--grafana-secret-file",
@@ -81,6 +61,35 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--grafana-timestamp-header", metavar="NAME", help="the timestamp header Grafana signs with, when configured"
+    )
+    parser.add_argument(
+        "--max-incidents",
+        type=COUNT,
+        default=10_000,
+        metavar="N",
+        help="incidents kept at most; the oldest finished ones (and their reports) go first (default 10000)",
+    )
+    parser.add_argument(
+        "--max-report-mb",
+        type=COUNT,
+        default=512,
+        metavar="MB",
+        help="report bytes kept at most, oldest finished incidents evicted first (default 512)",
+    )
+    parser.add_argument(
+        "--dedupe-window",
+        type=SECONDS,
+        default=86_400.0,
+        metavar="S",
+        help="a diagnosed alert delivered again within this many seconds is not diagnosed again (default 86400, "
+        "longer than Alertmanager's default repeat_interval of 4 h)",
+    )
+    parser.add_argument(
+        "--max-attempts",
+        type=COUNT,
+        default=3,
+        metavar="N",
+        help="diagnoses started per alert (restarts and re-deliveries) before it stays failed (default 3)",
     )
     parser.add_argument("--no-oom-watch", action="store_true", help="do not watch for OOM kills")
     parser.add_argument(
@@ -162,7 +171,7 @@ def execute(args: argparse.Namespace) -> int:
     from ..serve.connections import bounded_protocol, connection_limit
     from ..serve.oomwatch import OomWatcher, describe
     from ..serve.security import FailureLimiter
-    from ..serve.store import Store
+    from ..serve.store import DataInUse, Limits, Store, UnsafeData
     from ..serve.targets import NotOnHost, target_from_labels
     from ..serve.worker import QueueFull, Worker
 
@@ -179,10 +188,21 @@ def execute(args: argparse.Namespace) -> int:
         rules = load_book(args.playbook)
     except RuleFileError as e:
         raise UsageError(e.usage_text()) from None
+    os.umask(0o077)  # everything serve creates is the owner's only
+    limits = Limits(
+        max_incidents=args.max_incidents,
+        max_report_bytes=args.max_report_mb << 20,
+        dedupe_window=args.dedupe_window,
+        max_attempts=args.max_attempts,
+    )
     try:
-        store = Store(args.data)
-    except OSError as e:
-        raise UsageError(f"--data {args.data}: {e.strerror or e}") from None
+        store = Store(args.data, limits)
+    except (DataInUse, UnsafeData) as e:
+        raise UsageError(str(e)) from None
+    except (OSError, sqlite3.Error) as e:
+        raise UsageError(f"--data {args.data}: {getattr(e, 'strerror', None) or e}") from None
+    if store.resumed:
+        print(f"memdiag serve: {len(store.resumed)} diagnoses cut off by the last stop re-queued", flush=True)
     metrics = Metrics(store)
 
     def done(elapsed: float, report) -> None:
@@ -206,14 +226,14 @@ def execute(args: argparse.Namespace) -> int:
                 target = None
         record = e.model_dump()
         state = "queued" if target is not None else "recorded"
-        incident, _ = store.create(
-            "oomwatch", state, {"kind": "cgroup", "cgroup": cgroup} if cgroup else None, record, summary=describe(e)
-        )
+        where = {"kind": "cgroup", "cgroup": cgroup} if cgroup else None
+        # a refused write raises StorageFailing: the OOM watch keeps the kill and records it later
+        incident, _ = store.record("oomwatch", state, where, record, summary=describe(e))
         if target is not None:
             try:
                 worker.submit(incident.id, target)
             except QueueFull:
-                store.update(incident.id, state="recorded", error="queue full: recorded, not diagnosed")
+                store.settle(incident.id, state="recorded", error="queue full: recorded, not diagnosed")
 
     if not args.no_oom_watch:
         OomWatcher(on_kill)

@@ -7,7 +7,6 @@ import asyncio
 import html
 import re
 from dataclasses import dataclass
-from pathlib import Path
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import ValidationError
@@ -21,14 +20,15 @@ from ..errors import UsageError
 from ..target import Target, pid_target
 from .alerts import AlertmanagerPayload, DiagnoseRequest, GrafanaPayload
 from .security import FailureLimiter, grafana_signature_ok, token_ok
-from .store import STATES, Store
+from .store import STATES, ReportGone, StorageFailing, Store
 from .targets import BadLabel, NotOnHost, cgroup_by_path, target_from_labels
-from .worker import QueueFull, Worker
+from .worker import Job, QueueFull, Worker
 
 MAX_BODY = 1 << 20
 BODY_SECONDS = 10.0  # a whole body must arrive within this: a trickling client holds nothing for long
 MAX_JSON_DEPTH = 16  # an Alertmanager or Grafana payload nests 4 deep; the JSON parser stops at 200 itself
 _LENGTH = re.compile(r"^[0-9]{1,12}$")
+DEFAULT_PAGE, MAX_PAGE = 100, 200  # a page of incidents: at most 200 records of at most 64 KiB
 
 
 @dataclass
@@ -56,6 +56,21 @@ class Metrics:
             "memdiag_probe_overhead_percent", "Measured overhead of the last diagnosis's probes", registry=self.registry
         )
         self.oom_kills = Counter("memdiag_oom_kills", "OOM kills seen by the OOM watch", registry=self.registry)
+        self.received = Counter(
+            "memdiag_alerts_received", "Alerts received in webhooks", ["source"], registry=self.registry
+        )
+        self.deliveries = Counter(
+            "memdiag_alert_deliveries",
+            "Firing alerts accepted, by outcome (new, requeued, duplicate)",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.refused = Counter(
+            "memdiag_alert_groups_refused",
+            "Alert groups refused with nothing stored",
+            ["reason"],
+            registry=self.registry,
+        )
         self.store = store
 
     def render(self) -> bytes:
@@ -131,6 +146,15 @@ def _validation(e: ValidationError) -> str:
     return line[:300]
 
 
+def _query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.isdigit() or not low <= int(raw) <= high:
+        raise _Refused(400, f"{name} is a whole number from {low} to {high}")
+    return int(raw)
+
+
 def _target_json(t: Target) -> dict:
     return {
         "kind": t.kind,
@@ -167,14 +191,20 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
             raise failed(request, "missing or wrong bearer token (reads need the read token)")
 
     def enqueue(source: str, target: Target, alert: dict | None, dedup: str | None, duration=None) -> tuple[str, bool]:
-        incident, new = store.create(source, "queued", _target_json(target), alert, dedup_key=dedup)
-        if new:
-            try:
-                worker.submit(incident.id, target, duration)
-            except QueueFull:
-                store.update(incident.id, state="failed", error="queue full")
-                raise _Refused(429, "diagnosis queue is full") from None
-        return incident.id, new
+        ((incident, how),) = admit([Job(source, target, _target_json(target), alert, dedup, duration)])
+        return incident.id, how != "duplicate"
+
+    def admit(jobs: list[Job]) -> list:
+        """All of a group or none of it: 429 when the queue cannot take every diagnosis it needs
+        (Alertmanager retries the group), 503 when storage refuses; in both cases nothing stored."""
+        try:
+            return worker.admit(jobs)
+        except QueueFull:
+            metrics.refused.labels(reason="queue full").inc()
+            raise _Refused(429, "diagnosis queue is full: nothing stored, deliver again later") from None
+        except StorageFailing as e:
+            metrics.refused.labels(reason="storage").inc()
+            raise _Refused(503, f"cannot store the incident: {e}") from None
 
     async def alerts(request: Request, source: str) -> Response:
         guard(request)
@@ -202,18 +232,29 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
                 raise _Refused(422, str(e)) from None
             except (NotOnHost, UsageError) as e:
                 raise _Refused(404, str(e)) from None
+        metrics.received.labels(source=source).inc(len(plans))
+        jobs = [Job(source, t, _target_json(t), a.model_dump(), a.dedup_key(source)) for a, t in plans if t is not None]
+        admitted = iter(admit(jobs))  # the diagnoses first: a 429 leaves nothing, not even the resolved records
         out = []
         for alert, target in plans:
-            record = alert.model_dump()
-            key = alert.dedup_key(source)
-            if target is None:
-                incident, new = store.create(
-                    source, "resolved", None, record, dedup_key=key, summary="alert resolved: recorded, not diagnosed"
-                )
-                out.append({"id": incident.id, "state": incident.state, "new": new})
+            if target is not None:
+                incident, how = next(admitted)
+                metrics.deliveries.labels(outcome=how).inc()
+                item = {"id": incident.id, "state": incident.state, "new": how != "duplicate"}
+                out.append({**item, "requeued": True, "attempts": incident.attempts} if how == "requeued" else item)
                 continue
-            iid, new = enqueue(source, target, record, key)
-            out.append({"id": iid, "state": store.get(iid).state, "new": new})  # type: ignore[union-attr]
+            try:
+                incident, new = store.record(
+                    source,
+                    "resolved",
+                    None,
+                    alert.model_dump(),
+                    dedup_key=alert.dedup_key(source),
+                    summary="alert resolved: recorded, not diagnosed",
+                )
+            except StorageFailing as e:
+                raise _Refused(503, f"cannot store the incident: {e}") from None
+            out.append({"id": incident.id, "state": incident.state, "new": new})
         return JSONResponse({"incidents": out}, status_code=202)
 
     async def alertmanager(request: Request) -> Response:
@@ -249,7 +290,10 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
 
     async def incidents(request: Request) -> Response:
         guard_read(request)
-        items = store.all()
+        limit = _query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
+        offset = _query_int(request, "offset", 0, 0, 1 << 62)
+        items, total = store.page(limit, offset)
+        more = offset + len(items) < total
         if request.query_params.get("format") == "html" or "text/html" in request.headers.get("accept", ""):
             rows = "".join(
                 f'<tr><td><a href="/incidents/{i.id}?format=html">{i.id}</a></td><td>{html.escape(i.source)}</td>'
@@ -257,12 +301,23 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
                 f"<td>{html.escape(i.summary or i.error or '')}</td></tr>"
                 for i in items
             )
+            shown = f"{offset + 1 if items else offset}–{offset + len(items)} of {total}"
+            link = f"/incidents?format=html&amp;limit={limit}&amp;offset={offset + limit}"
+            nxt = f' <a href="{link}">next</a>' if more else ""
             return HTMLResponse(
                 '<!doctype html><html><head><meta charset="utf-8"><title>memdiag incidents</title></head><body>'
-                '<h1>memdiag incidents</h1><table id="incidents"><tr><th>id</th><th>source</th><th>state</th>'
-                f"<th>verdict</th><th>summary</th></tr>{rows}</table></body></html>"
+                f'<h1>memdiag incidents</h1><p id="page">{shown}{nxt}</p><table id="incidents"><tr><th>id</th>'
+                f"<th>source</th><th>state</th><th>verdict</th><th>summary</th></tr>{rows}</table></body></html>"
             )
-        return JSONResponse({"incidents": [i.model_dump() for i in items]})
+        return JSONResponse(
+            {
+                "incidents": [i.model_dump() for i in items],
+                "total": total,
+                "limit": limit,
+                "offset": offset,
+                "next_offset": offset + limit if more else None,
+            }
+        )
 
     async def incident(request: Request) -> Response:
         guard_read(request)
@@ -274,18 +329,25 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
             raise _Refused(404, "no such incident")
         fmt = request.query_params.get("format")
         if fmt in ("md", "json", "html"):
-            if item.report_dir is None:
+            if item.report_dir is None or item.state != "done":
                 raise _Refused(404, f"incident {iid} has no report ({item.state})")
             name = {"md": "report.md", "json": "report.json", "html": "report.html"}[fmt]
-            text = (Path(item.report_dir) / name).read_text()
+            try:
+                raw = store.read_report(iid, name)
+            except ReportGone as e:
+                raise _Refused(410, str(e)) from None
             media = {"md": "text/markdown", "json": "application/json", "html": "text/html"}[fmt]
-            return Response(text, media_type=f"{media}; charset=utf-8")
+            return Response(raw, media_type=f"{media}; charset=utf-8")
         if fmt is not None:
             raise _Refused(400, "format is md, json or html")
         return JSONResponse(item.model_dump())
 
     async def healthz(request: Request) -> Response:
-        return JSONResponse({"ok": True, "queued": worker.queue.qsize()})
+        problems = [p for p in (worker.health(), store.health()) if p]
+        body = {"ok": not problems, "queued": worker.qsize(), "running": worker.current[0] if worker.current else None}
+        if problems:
+            return JSONResponse({**body, "reason": "; ".join(problems)}, status_code=503)
+        return JSONResponse(body)
 
     async def metrics_endpoint(request: Request) -> Response:
         guard_read(request)

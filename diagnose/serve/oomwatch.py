@@ -4,6 +4,8 @@ cgroup is diagnosed if anything in it still runs."""
 
 from __future__ import annotations
 
+import collections
+import sys
 import threading
 from collections.abc import Callable
 
@@ -28,6 +30,8 @@ class OomWatcher:
         self.stop = threading.Event()
         self.ready = threading.Event()
         self.error: str | None = None
+        # kills whose record failed (storage refusing): retried each poll; bounded, oldest dropped
+        self.backlog: collections.deque[OomEvent] = collections.deque(maxlen=1000)
         self.thread = threading.Thread(target=self._loop, name="memdiag-oomwatch", daemon=True)
         self.thread.start()
 
@@ -41,10 +45,18 @@ class OomWatcher:
         self.ready.set()
         try:
             while not self.stop.is_set():
-                for event in watch.poll(250):
+                self.backlog.extend(watch.poll(250))
+                for _ in range(len(self.backlog)):
+                    event = self.backlog.popleft()
                     try:
                         self.on_kill(event)
-                    except Exception:  # one bad record must not end the watch
-                        continue
+                    except Exception as e:  # noqa: BLE001 (kept and retried: the watch never ends)
+                        self.backlog.append(event)
+                        print(
+                            f"memdiag serve: OOM kill of PID {event.victim_pid} not recorded yet: {e}",
+                            file=sys.stderr,
+                            flush=True,
+                        )
+                        break
         finally:
             watch.close()

@@ -1,19 +1,39 @@
-"""Incidents in SQLite under --data, reports as folders beside it (owner-only). A diagnosis cut
-off by a restart is marked interrupted when the store opens again."""
+"""Incidents in SQLite under --data, reports as folders beside it: one server per folder (an
+exclusive lock), owner-only modes, no symlink followed, bounded in count and bytes, and never a
+lost outcome (a terminal state the database refuses is kept in memory and written later).
+
+Delivery rules (at-least-once): an alert key that is queued or running, or finished within the
+dedupe window, is a duplicate; anything else (failed, interrupted, or finished before the window)
+is re-queued on the same incident, with the attempt count and the previous outcome kept. A
+diagnosis cut off by a restart is re-queued when the store opens, up to `max_attempts` times."""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
+import shutil
 import sqlite3
+import stat
 import threading
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel
 
 STATES = ("queued", "running", "done", "failed", "interrupted", "resolved", "recorded")
+ACTIVE = ("queued", "running")
+FINISHED = ("done", "failed", "interrupted", "resolved", "recorded")  # evictable, oldest first
+DB_NAME = "incidents.sqlite3"
+LOCK_NAME = "serve.lock"
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+MIN_FREE = 1 << 20  # less free space than this in --data: storage is failing (a report needs room)
+BUSY_MS = 2_000  # how long a write waits for a database locked by another process before it fails (only
+# another process can hold it: this one's writes are serialized by the store's own lock)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS incidents (
@@ -32,6 +52,26 @@ CREATE TABLE IF NOT EXISTS incidents (
     duration_s REAL
 );
 """
+# Columns added after the first release: added to older databases when they open.
+_ADDED = {"attempts": "INTEGER NOT NULL DEFAULT 0", "previous": "TEXT", "report_bytes": "INTEGER NOT NULL DEFAULT 0"}
+_COLS = (
+    "id, created, updated, source, state, target, alert, verdict_kind, summary, report_dir, error, duration_s, "
+    "attempts, previous"
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_incidents: int = 10_000
+    max_report_bytes: int = 512 << 20
+    # A done diagnosis suppresses re-deliveries of its alert for this long. Alertmanager re-sends a
+    # still-firing alert (same fingerprint and startsAt, endsAt the zero time) every repeat_interval
+    # (4 h by default): a day is longer, so routine re-sends do not each cost a traced diagnosis,
+    # while a problem still firing the next day gets a fresh look.
+    dedupe_window: float = 86_400.0
+    max_attempts: int = 3  # diagnoses started per alert before it stays failed (a crash loop ends)
+    max_value_chars: int = 4096  # per string stored from an alert (annotations, labels)
+    max_record_bytes: int = 64 << 10  # per stored alert record
 
 
 class Incident(BaseModel):
@@ -47,113 +87,443 @@ class Incident(BaseModel):
     report_dir: str | None = None
     error: str | None = None
     duration_s: float | None = None
+    attempts: int = 0
+    previous: str | None = None  # why the attempt before this one did not finish (or what it found)
+
+
+class DataInUse(Exception):
+    """Another server holds the data folder's lock."""
+
+    def __init__(self, folder: Path, pid: str | None):
+        other = f"another memdiag serve (pid {pid})" if pid else "another memdiag serve"
+        super().__init__(f"--data {folder}: {other} is using this folder; one server per data folder")
+
+
+class UnsafeData(Exception):
+    """The data folder holds something memdiag will not follow or trust (a symlink)."""
+
+
+class StorageFailing(Exception):
+    """A database or report write failed; the reason is kept for /healthz."""
+
+
+class ReportGone(LookupError):
+    """The incident had a report but its file is no longer there."""
+
+
+def bound_record(record: dict, limits: Limits) -> dict:
+    """The alert as stored: long strings cut (and named under `truncated`), the whole record
+    capped; what intake accepted is never refused here, only shortened."""
+    cut: list[str] = []
+
+    def walk(value, where: str):
+        if isinstance(value, str) and len(value) > limits.max_value_chars:
+            cut.append(where)
+            return value[: limits.max_value_chars] + f"… [truncated, {len(value)} characters]"
+        if isinstance(value, dict):
+            return {k: walk(v, f"{where}.{k}" if where else str(k)) for k, v in value.items()}
+        if isinstance(value, list):
+            return [walk(v, f"{where}[{i}]") for i, v in enumerate(value)]
+        return value
+
+    out = walk(record, "")
+    if len(json.dumps(out)) > limits.max_record_bytes:
+        for bulky in ("annotations", "labels"):
+            if bulky in out and len(json.dumps(out)) > limits.max_record_bytes:
+                out[bulky] = {"_dropped": f"{bulky} over {limits.max_record_bytes} bytes: not stored"}
+                cut.append(bulky)
+    if cut:
+        out["truncated"] = cut
+    return out
 
 
 class Store:
-    def __init__(self, data: Path):
-        self.data = data
-        data.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self.reports = data / "reports"
-        self.reports.mkdir(exist_ok=True, mode=0o700)
+    def __init__(self, data: Path, limits: Limits | None = None):
+        self.data, self.limits = data, limits or Limits()
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(data / "incidents.sqlite3", check_same_thread=False, isolation_level=None)
+        self.failure: str | None = None  # the last storage error, until a write succeeds again
+        self._pending: dict[str, dict[str, Any]] = {}  # terminal updates the database refused
+        data.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._lockfd = _take_lock(data)  # before anything in the folder is modified
+        os.chmod(data, 0o700)
+        self.reports = data / "reports"
+        _real_dir(self.reports)
+        _tighten(self.reports)
+        db = data / DB_NAME
+        for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", DB_NAME + "-journal"):
+            _no_symlink(data / name)
+        os.close(os.open(db, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600))  # SQLite gives -wal/-shm its mode
+        self._db = sqlite3.connect(db, check_same_thread=False, isolation_level=None, timeout=BUSY_MS / 1000)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.executescript(_SCHEMA)
-        now = time.time()
-        self._db.execute(
-            "UPDATE incidents SET state='interrupted', updated=?, error='memdiag serve stopped during the diagnosis' "
-            "WHERE state IN ('running', 'queued')",
-            (now,),
-        )
+        have = {r[1] for r in self._db.execute("PRAGMA table_info(incidents)")}
+        for col, decl in _ADDED.items():
+            if col not in have:
+                self._db.execute(f"ALTER TABLE incidents ADD COLUMN {col} {decl}")
+        for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                _no_symlink(data / name)
+                os.chmod(data / name, 0o600)
+        self.resumed = self._recover()
 
-    def create(
-        self,
-        source: str,
-        state: str,
-        target: dict | None,
-        alert: dict | None,
-        dedup_key: str | None = None,
-        summary: str | None = None,
+    # -- opening ---------------------------------------------------------------------------------
+
+    def _recover(self) -> list[Incident]:
+        """Work cut off by a stop: re-queued (and it says so), or failed once attempts are spent."""
+        now, cap = time.time(), self.limits.max_attempts
+        rows = self._db.execute(
+            "SELECT id, state, attempts FROM incidents WHERE state IN ('queued', 'running') ORDER BY created"
+        ).fetchall()
+        for iid, state, attempts in rows:
+            if state == "running" and attempts >= cap:
+                self._db.execute(
+                    "UPDATE incidents SET state='failed', updated=?, error=? WHERE id=?",
+                    (
+                        now,
+                        f"interrupted in each of {attempts} attempts (memdiag serve stopped during the "
+                        "diagnosis): not retried",
+                        iid,
+                    ),
+                )
+                continue
+            why = (
+                f"attempt {attempts} interrupted: memdiag serve stopped during the diagnosis; resumed after restart"
+                if state == "running"
+                else "waiting when memdiag serve stopped; re-queued after restart"
+            )
+            self._db.execute("UPDATE incidents SET state='queued', updated=?, previous=? WHERE id=?", (now, why, iid))
+        return [i for i in (self._get(r[0]) for r in rows) if i is not None and i.state == "queued"]
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+            os.close(self._lockfd)
+
+    # -- intake ----------------------------------------------------------------------------------
+
+    def would_queue(self, dedup_key: str | None) -> bool:
+        """Whether `admit` would queue a diagnosis for this key (for the all-or-nothing check)."""
+        with self._lock:
+            return self._decide(dedup_key)[0] != "duplicate"
+
+    def _decide(self, key: str | None) -> tuple[str, tuple | None]:
+        if key is None:
+            return "new", None
+        row = self._db.execute(
+            "SELECT id, state, updated, attempts, error, verdict_kind, summary FROM incidents WHERE dedup_key=?",
+            (key,),
+        ).fetchone()
+        if row is None:
+            return "new", None
+        iid, state, updated, attempts, *_ = row
+        state = self._pending.get(iid, {}).get("state", state)
+        recent = time.time() - updated < self.limits.dedupe_window
+        if state in ACTIVE or (recent and (state == "done" or attempts >= self.limits.max_attempts)):
+            return "duplicate", row
+        return "requeue", row
+
+    def admit(
+        self, source: str, target: dict | None, alert: dict | None, dedup_key: str | None
+    ) -> tuple[Incident, str]:
+        """Queue a diagnosis: ("new" | "requeued" | "duplicate"). Raises StorageFailing."""
+        with self._lock:
+            how, row = self._decide(dedup_key)
+            if how == "duplicate":
+                return self._get(row[0]), "duplicate"  # type: ignore[index,return-value]
+            if how == "requeue":
+                iid, state, _, attempts, error, kind, summary = row  # type: ignore[misc]
+                before = (
+                    f"done earlier: {kind}: {summary}" if state == "done" else f"attempt {attempts} {state}: {error}"
+                )
+                fresh = state == "done" or attempts >= self.limits.max_attempts  # past the window: a new round
+                with contextlib.suppress(OSError):  # the old report goes: one incident, its latest outcome
+                    _remove(self.reports / iid)
+                self._write(
+                    "UPDATE incidents SET state='queued', updated=?, previous=?, attempts=?, error=NULL, "
+                    "verdict_kind=NULL, summary=NULL, report_dir=NULL, report_bytes=0, duration_s=NULL WHERE id=?",
+                    (time.time(), before, 0 if fresh else attempts, iid),
+                )
+                self._pending.pop(iid, None)
+                return self._get(iid), "requeued"  # type: ignore[return-value]
+            return self._insert(source, "queued", target, alert, dedup_key, None), "new"
+
+    def record(
+        self, source: str, state: str, target: dict | None, alert: dict | None, dedup_key=None, summary=None
     ) -> tuple[Incident, bool]:
-        """The incident, and whether it is new (False: the same alert was delivered before)."""
+        """An incident that is not diagnosed (resolved alert, OOM kill record); False if seen before."""
         with self._lock:
             if dedup_key is not None:
                 row = self._db.execute("SELECT id FROM incidents WHERE dedup_key=?", (dedup_key,)).fetchone()
                 if row:
                     return self._get(row[0]), False  # type: ignore[return-value]
-            now = time.time()
-            iid = uuid.uuid4().hex[:16]
-            self._db.execute(
-                "INSERT INTO incidents (id, created, updated, source, dedup_key, state, target, alert, summary) "
-                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    iid,
-                    now,
-                    now,
-                    source,
-                    dedup_key,
-                    state,
-                    json.dumps(target) if target else None,
-                    json.dumps(alert) if alert else None,
-                    summary,
-                ),
-            )
-            return self._get(iid), True  # type: ignore[return-value]
+            incident = self._insert(source, state, target, alert, dedup_key, summary)
+            self._evict()
+            return incident, True
 
-    def update(self, iid: str, **fields: Any) -> None:
-        fields["updated"] = time.time()
-        cols = ", ".join(f"{k}=?" for k in fields)
+    def _insert(self, source, state, target, alert, dedup_key, summary) -> Incident:
+        now, iid = time.time(), uuid.uuid4().hex[:16]
+        stored = bound_record(alert, self.limits) if alert else None
+        self._write(
+            "INSERT INTO incidents (id, created, updated, source, dedup_key, state, target, alert, summary) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (
+                iid,
+                now,
+                now,
+                source,
+                dedup_key,
+                state,
+                json.dumps(target) if target else None,
+                json.dumps(stored) if stored else None,
+                summary,
+            ),
+        )
+        return self._get(iid)  # type: ignore[return-value]
+
+    # -- the worker's side -----------------------------------------------------------------------
+
+    def start(self, iid: str) -> Incident | None:
+        """Mark running and count the attempt (the count survives a crash: it caps crash loops)."""
         with self._lock:
-            self._db.execute(f"UPDATE incidents SET {cols} WHERE id=?", (*fields.values(), iid))  # noqa: S608
+            with contextlib.suppress(StorageFailing):  # run anyway: the outcome is kept in memory if need be
+                self._write(
+                    "UPDATE incidents SET state='running', attempts=attempts+1, updated=? WHERE id=?",
+                    (time.time(), iid),
+                )
+            return self._get(iid)
+
+    def settle(self, iid: str, **fields: Any) -> None:
+        """A terminal outcome. Never raises: a refused write is kept and retried (flush, health)."""
+        fields["updated"] = time.time()
+        with self._lock:
+            self._pending[iid] = {**self._pending.get(iid, {}), **fields}
+            self._flush()
+            if not self._pending:
+                with contextlib.suppress(StorageFailing, OSError):
+                    self._evict()
+
+    def _flush(self) -> None:
+        for iid in list(self._pending):
+            fields = self._pending[iid]
+            cols = ", ".join(f"{k}=?" for k in fields)
+            try:
+                self._write(f"UPDATE incidents SET {cols} WHERE id=?", (*fields.values(), iid))  # noqa: S608
+            except StorageFailing:
+                return
+            del self._pending[iid]
+
+    def _write(self, sql: str, params: tuple) -> None:
+        try:
+            self._db.execute(sql, params)
+        except sqlite3.Error as e:
+            self.failure = f"database: {e}"
+            raise StorageFailing(self.failure) from None
+
+    def write_report(self, iid: str, files: dict[str, str]) -> tuple[str, int]:
+        """Write reports/<id>/<name> without following any symlink; (folder, bytes). On any error
+        nothing half-written is left and StorageFailing says why."""
+        folder = self.reports / iid
+        try:
+            _remove(folder)
+            os.mkdir(folder, 0o700)
+            dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+            try:
+                size = 0
+                for name, text in files.items():
+                    raw = text.encode()
+                    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600, dir_fd=dfd)
+                    try:
+                        view = memoryview(raw)
+                        while view:
+                            view = view[os.write(fd, view) :]
+                    finally:
+                        os.close(fd)
+                    size += len(raw)
+            finally:
+                os.close(dfd)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                _remove(folder)
+            self.failure = f"writing the report: {e}"
+            raise StorageFailing(f"writing the report: {e.strerror or e} ({e.filename or folder})") from None
+        with self._lock, contextlib.suppress(StorageFailing):
+            self._write("UPDATE incidents SET report_bytes=? WHERE id=?", (size, iid))
+        return str(folder), size
+
+    def read_report(self, iid: str, name: str) -> bytes:
+        try:
+            dfd = os.open(self.reports / iid, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+            try:
+                fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=dfd)
+            finally:
+                os.close(dfd)
+        except FileNotFoundError:
+            raise ReportGone(f"the report file {name} of incident {iid} is gone (evicted or removed)") from None
+        except OSError as e:
+            raise ReportGone(f"the report file {name} of incident {iid} cannot be read: {e.strerror}") from None
+        with os.fdopen(fd, "rb") as f:
+            return f.read()
+
+    # -- bounds and health -----------------------------------------------------------------------
+
+    def _evict(self) -> None:
+        """Oldest finished incidents (and their report folders) go while a cap is exceeded."""
+        lim = self.limits
+        while True:
+            count, size = self._db.execute("SELECT COUNT(*), COALESCE(SUM(report_bytes), 0) FROM incidents").fetchone()
+            if count <= lim.max_incidents and size <= lim.max_report_bytes:
+                return
+            over = max(count - lim.max_incidents, 1)
+            marks = ",".join("?" * len(FINISHED))
+            victims = [
+                r[0]
+                for r in self._db.execute(
+                    f"SELECT id FROM incidents WHERE state IN ({marks}) ORDER BY updated LIMIT ?",  # noqa: S608
+                    (*FINISHED, min(over, 100)),
+                )
+                if r[0] not in self._pending
+            ]
+            if not victims:
+                return  # only active work left: it finishes first
+            for iid in victims:
+                with contextlib.suppress(OSError):
+                    _remove(self.reports / iid)
+                self._write("DELETE FROM incidents WHERE id=?", (iid,))
+
+    def health(self) -> str | None:
+        """None when storage works; else why not. Retries kept outcomes and probes the disk."""
+        with self._lock:
+            if self.failure is not None or self._pending:
+                self._db.execute("PRAGMA busy_timeout=200")  # a locked database must not hang /healthz
+                try:
+                    self._flush()
+                finally:
+                    self._db.execute(f"PRAGMA busy_timeout={BUSY_MS}")
+                self._probe()
+            room = os.statvfs(self.data)
+            free = room.f_bavail * room.f_frsize
+            if self._pending:
+                return f"storage failing ({len(self._pending)} outcomes kept in memory): {self.failure}"
+            if self.failure is not None:
+                return f"storage failing: {self.failure}"
+            if free < MIN_FREE:
+                return f"storage failing: {free} bytes free in {self.data} (under {MIN_FREE})"
+            return None
+
+    def _probe(self) -> None:
+        """Clear the kept failure if a small file can be written again."""
+        probe = self.data / ".healthz-probe"
+        try:
+            _remove(probe)
+            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
+            try:
+                os.write(fd, b"\0" * (64 << 10))  # room for at least a small report
+            finally:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(probe)
+        except OSError as e:
+            self.failure = f"writing to {self.data}: {e.strerror or e}"
+        else:
+            if not self._pending:
+                self.failure = None
+
+    # -- reading ---------------------------------------------------------------------------------
 
     def _get(self, iid: str) -> Incident | None:
-        row = self._db.execute(
-            "SELECT id, created, updated, source, state, target, alert, verdict_kind, summary, report_dir, error, "
-            "duration_s FROM incidents WHERE id=?",
-            (iid,),
-        ).fetchone()
-        return _incident(row) if row else None
+        row = self._db.execute(f"SELECT {_COLS} FROM incidents WHERE id=?", (iid,)).fetchone()  # noqa: S608
+        return self._overlay(_incident(row)) if row else None
+
+    def _overlay(self, incident: Incident) -> Incident:
+        kept = self._pending.get(incident.id)
+        return incident.model_copy(update=kept) if kept else incident
 
     def get(self, iid: str) -> Incident | None:
         with self._lock:
             return self._get(iid)
 
-    def all(self, limit: int = 500) -> list[Incident]:
+    def page(self, limit: int, offset: int) -> tuple[list[Incident], int]:
+        """Newest first: one page, and the total."""
         with self._lock:
+            total = self._db.execute("SELECT COUNT(*) FROM incidents").fetchone()[0]
             rows = self._db.execute(
-                "SELECT id, created, updated, source, state, target, alert, verdict_kind, summary, report_dir, error, "
-                "duration_s FROM incidents ORDER BY created DESC LIMIT ?",
-                (limit,),
+                f"SELECT {_COLS} FROM incidents ORDER BY created DESC, id LIMIT ? OFFSET ?",  # noqa: S608
+                (limit, offset),
             ).fetchall()
-        return [_incident(r) for r in rows]
+            return [self._overlay(_incident(r)) for r in rows], total
+
+    def all(self, limit: int = 500) -> list[Incident]:
+        return self.page(limit, 0)[0]
 
     def counts(self) -> dict[str, int]:
         with self._lock:
-            rows = self._db.execute("SELECT state, COUNT(*) FROM incidents GROUP BY state").fetchall()
-        return {state: n for state, n in rows}
+            rows = self._db.execute("SELECT id, state FROM incidents WHERE state IN ('queued', 'running')").fetchall()
+            counts = dict(self._db.execute("SELECT state, COUNT(*) FROM incidents GROUP BY state").fetchall())
+        for iid, state in rows:  # outcomes kept in memory count as what they are
+            kept = self._pending.get(iid, {}).get("state")
+            if kept and kept != state:
+                counts[state] -= 1
+                counts[kept] = counts.get(kept, 0) + 1
+        return counts
 
-    def report_dir(self, iid: str) -> Path:
-        d = self.reports / iid
-        d.mkdir(mode=0o700, exist_ok=True)
-        return d
+
+def _take_lock(data: Path) -> int:
+    path = data / LOCK_NAME
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
+    except OSError as e:
+        if e.errno == 40:  # ELOOP: a symlink planted as the lock file
+            raise UnsafeData(f"--data {data}: {LOCK_NAME} is a symbolic link: refusing to follow it") from None
+        raise
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        other = os.pread(fd, 32, 0).decode(errors="replace").strip()
+        os.close(fd)
+        raise DataInUse(data, other if other.isdigit() else None) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    os.fchmod(fd, 0o600)
+    return fd
+
+
+def _no_symlink(path: Path) -> None:
+    if path.is_symlink():
+        raise UnsafeData(f"{path} is a symbolic link: refusing to follow it (remove it)")
+
+
+def _real_dir(path: Path) -> None:
+    """`path` as a real folder: a symlink or file planted there is removed, never followed."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    path.mkdir(mode=0o700, exist_ok=True)
+
+
+def _tighten(folder: Path) -> None:
+    """Owner-only modes under `folder`, whatever they were (symlinks are left unfollowed)."""
+    os.chmod(folder, 0o700)
+    for root, dirs, files in os.walk(folder):
+        for name in dirs + files:
+            p = os.path.join(root, name)
+            mode = os.lstat(p).st_mode
+            if not stat.S_ISLNK(mode):
+                os.chmod(p, 0o700 if stat.S_ISDIR(mode) else 0o600)
+
+
+def _remove(path: Path) -> None:
+    """Remove a file, symlink or folder at `path` (a symlink itself, never what it points to)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISDIR(mode):
+        shutil.rmtree(path)
+    else:
+        os.unlink(path)
 
 
 def _incident(row) -> Incident:
-    keys = (
-        "id",
-        "created",
-        "updated",
-        "source",
-        "state",
-        "target",
-        "alert",
-        "verdict_kind",
-        "summary",
-        "report_dir",
-        "error",
-        "duration_s",
-    )
-    d = dict(zip(keys, row, strict=True))
+    d = dict(zip(_COLS.split(", "), row, strict=True))
     for k in ("target", "alert"):
         d[k] = json.loads(d[k]) if d[k] else None
     return Incident(**d)

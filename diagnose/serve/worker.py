@@ -1,21 +1,38 @@
-"""One diagnosis at a time (the overhead budget is per host), from a bounded queue."""
+"""One diagnosis at a time (the overhead budget is per host), from a bounded queue. The worker
+never dies: every failure ends its incident as failed with the reason, and the loop goes on."""
 
 from __future__ import annotations
 
+import collections
 import os
-import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
+from ..errors import UsageError
 from ..render import render_all
-from ..target import Target
+from ..target import Target, cgroup_target, pid_target
 from ..workflow import diagnose
-from .store import Store
+from .store import Incident, StorageFailing, Store
+from .targets import BadLabel, NotOnHost, target_from_labels
+
+STUCK_FACTOR, STUCK_SLACK = 3, 120.0  # "running far past its window": 3x the window plus 2 minutes
 
 
 class QueueFull(Exception):
     pass
+
+
+@dataclass
+class Job:
+    source: str
+    target: Target
+    target_json: dict | None
+    alert: dict | None
+    dedup_key: str | None
+    duration: float | None = None
 
 
 class Worker:
@@ -29,43 +46,124 @@ class Worker:
         on_done: Callable[[float, object], None] | None = None,
     ):
         self.store, self.duration, self.budget, self.rules = store, duration, budget, rules
-        self.queue: queue.Queue[tuple[str, Target, float | None]] = queue.Queue(maxsize=maxsize)
+        self.maxsize = maxsize
+        self._queue: collections.deque[tuple[str, Target | None, float | None]] = collections.deque()
+        self._ready = threading.Condition()
+        self.admission = threading.Lock()  # capacity check and queueing of one group, together
         self.on_done = on_done
+        self.current: tuple[str, float, float] | None = None  # (incident, monotonic start, window)
+        for incident in store.resumed:  # cut off by a restart: their targets are looked up again
+            self._queue.append((incident.id, None, None))
         self.thread = threading.Thread(target=self._loop, name="memdiag-worker", daemon=True)
         self.thread.start()
 
-    def submit(self, iid: str, target: Target, duration: float | None = None) -> None:
-        try:
-            self.queue.put_nowait((iid, target, duration))
-        except queue.Full:
-            raise QueueFull from None
+    def qsize(self) -> int:
+        return len(self._queue)
+
+    def submit(self, iid: str, target: Target | None, duration: float | None = None) -> None:
+        """One diagnosis for an incident already stored (the OOM watch's); QueueFull beyond --queue."""
+        with self.admission:
+            if len(self._queue) >= self.maxsize:
+                raise QueueFull
+            self._put(iid, target, duration)
+
+    def _put(self, iid: str, target: Target | None, duration: float | None) -> None:
+        with self._ready:
+            self._queue.append((iid, target, duration))
+            self._ready.notify()
+
+    def admit(self, jobs: list[Job]) -> list[tuple[Incident, str]]:
+        """Queue a group all-or-nothing: QueueFull (nothing stored) unless every diagnosis it needs
+        fits; StorageFailing if the database refuses. Per job: the incident and new/requeued/duplicate."""
+        with self.admission:
+            needed = sum(1 for j in jobs if self.store.would_queue(j.dedup_key))
+            if self.maxsize - len(self._queue) < needed:
+                raise QueueFull
+            out = []
+            for j in jobs:
+                incident, how = self.store.admit(j.source, j.target_json, j.alert, j.dedup_key)
+                if how != "duplicate":
+                    self._put(incident.id, j.target, j.duration)  # room checked above, under the same lock
+                out.append((incident, how))
+            return out
+
+    def health(self) -> str | None:
+        """None when the worker can take work; else why not."""
+        if not self.thread.is_alive():
+            return "the diagnosis worker has stopped"
+        current = self.current
+        if current is not None:
+            iid, started, window = current
+            late = time.monotonic() - started
+            if late > STUCK_FACTOR * window + STUCK_SLACK:
+                return f"the diagnosis worker is stuck: incident {iid} running for {late:.0f} s (window {window:g} s)"
+        return None
+
+    def _next(self) -> tuple[str, Target | None, float | None]:
+        with self._ready:
+            while not self._queue:
+                self._ready.wait()
+            return self._queue.popleft()
 
     def _loop(self) -> None:
         os.nice(10)  # per thread on Linux: the diagnoses yield the CPU to the services they watch
         while True:
-            iid, target, duration = self.queue.get()
-            self.store.update(iid, state="running")
-            started = time.monotonic()
+            iid, target, duration = self._next()
             try:
-                report = diagnose(target, duration or self.duration, budget_percent=self.budget, rules=self.rules)
-                out = self.store.report_dir(iid)
-                for name, text in render_all(report).items():
-                    (out / name).write_text(text)
-                    (out / name).chmod(0o600)
-                elapsed = time.monotonic() - started
-                self.store.update(
-                    iid,
-                    state="done",
-                    verdict_kind=report.verdict.kind,
-                    summary=report.verdict.summary,
-                    report_dir=str(out),
-                    duration_s=elapsed,
-                )
-                if self.on_done:
-                    self.on_done(elapsed, report)
-            except Exception as e:  # a failed diagnosis is recorded, the worker goes on
-                self.store.update(
-                    iid, state="failed", error=f"{type(e).__name__}: {e}", duration_s=time.monotonic() - started
-                )
+                self._run(iid, target, duration or self.duration)
+            except Exception as e:  # noqa: BLE001 (last line: even a failure to record a failure)
+                print(f"memdiag serve: incident {iid}: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
             finally:
-                self.queue.task_done()
+                self.current = None
+
+    def _run(self, iid: str, target: Target | None, window: float) -> None:
+        self.current = (iid, time.monotonic(), window)
+        started = time.monotonic()
+        try:
+            incident = self.store.start(iid)
+            if target is None:
+                target = _target_again(incident)
+            report = diagnose(target, window, budget_percent=self.budget, rules=self.rules)
+            folder, _ = self.store.write_report(iid, render_all(report))
+        except Exception as e:  # a failed diagnosis is recorded, the worker goes on
+            self.store.settle(iid, state="failed", error=_reason(e), duration_s=time.monotonic() - started)
+            return
+        elapsed = time.monotonic() - started
+        self.store.settle(
+            iid,
+            state="done",
+            verdict_kind=report.verdict.kind,
+            summary=report.verdict.summary,
+            report_dir=folder,
+            duration_s=elapsed,
+            error=None,
+        )
+        if self.on_done:
+            self.on_done(elapsed, report)
+
+
+def _reason(e: Exception) -> str:
+    if isinstance(e, StorageFailing):
+        return str(e)
+    return f"{type(e).__name__}: {e}"
+
+
+def _target_again(incident: Incident | None) -> Target:
+    """The target of a re-queued incident, looked up again on this host (it may be gone)."""
+    if incident is None:
+        raise LookupError("the incident is gone from the database")
+    labels = (incident.alert or {}).get("labels")
+    t = incident.target or {}
+    try:
+        if labels and incident.source in ("alertmanager", "grafana"):
+            return target_from_labels(labels)
+        if t.get("kind") == "pid" and t.get("pid"):
+            target = pid_target(int(t["pid"]))
+            if t.get("comm") and target.comm != t["comm"]:
+                raise LookupError(f"PID {t['pid']} is now {target.comm}, not {t['comm']}: the target has exited")
+            return target
+        if t.get("cgroup"):
+            return cgroup_target(t["cgroup"])
+    except (BadLabel, NotOnHost, UsageError) as e:
+        raise LookupError(f"the target is gone: {e}") from None
+    raise LookupError("nothing recorded to find the target again")
