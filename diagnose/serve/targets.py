@@ -28,6 +28,10 @@ class NotOnHost(LookupError):
     """A valid label naming nothing on this host (404)."""
 
 
+class Ambiguous(BadLabel):
+    """A valid label naming more than one thing on this host (422, listing them)."""
+
+
 def _memory_root() -> tuple[int, Path] | None:
     mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
     v1 = next((m for m in mounts if m.fstype == "cgroup" and "memory" in m.super_options), None)
@@ -64,12 +68,45 @@ def _largest_process(cg: CgroupLocation) -> int | None:
     return max(procs.values(), key=lambda p: p.rss or 0).pid
 
 
-def _cgroup_matching(predicate) -> Target:
-    matches = [d for d in cgroup_dirs() if predicate(d)]
+# How runtimes and the kubelet name a container's or a pod's own cgroup folder (the last path
+# step): `<id>` (cgroupfs: /docker/<id>, /kubepods/<qos>/pod<uid>/<id>), `<runtime>-<id>.scope`
+# (systemd: docker-, cri-containerd-, crio-, libpod-), `libpod-<id>` (podman, v1 /libpod_parent);
+# a pod: `pod<uid>` or `kubepods-<qos>-pod<uid with _>.slice`. A step that merely contains the id
+# (`x<id>`, `<id>-backup`) is not the container's.
+_CONTAINER_STEP = re.compile(r"^(?:[A-Za-z0-9_.:]+(?:-[A-Za-z0-9_.:]+)*-)?([0-9a-f]{12,64})(?:\.scope)?$")
+_POD_STEP = re.compile(r"^(?:[A-Za-z0-9_.:]+(?:-[A-Za-z0-9_.:]+)*-)?pod([0-9a-f_-]{36})(?:\.slice)?$")
+MAX_LISTED = 5
+
+
+def _cgroup_matching(step_matches, what: str) -> Target:
+    """The one cgroup whose own folder names this container or pod. Folders inside a match are
+    the same workload (children of the scope); two unrelated matches are ambiguous: anyone who may
+    make a cgroup could otherwise take another container's alerts."""
+    matches = sorted((d for d in cgroup_dirs() if d != "/" and step_matches(d.rsplit("/", 1)[-1])), key=len)
     if not matches:
-        raise NotOnHost("no such container or pod on this host")
-    matches.sort(key=len)  # the scope itself, not its children
-    return cgroup_target(matches[0])
+        raise NotOnHost(f"no such {what} on this host")
+    roots = [d for d in matches if not any(d.startswith(m + "/") for m in matches if m != d)]
+    if len(roots) > 1:
+        more = f" and {len(roots) - MAX_LISTED} more" if len(roots) > MAX_LISTED else ""
+        listed = ", ".join(roots[:MAX_LISTED]) + more
+        raise Ambiguous(f"{what} matches {len(roots)} cgroups: {listed}")
+    return cgroup_target(roots[0])
+
+
+def _container_step(cid: str):
+    def matches(step: str) -> bool:
+        m = _CONTAINER_STEP.match(step)
+        return m is not None and "conmon" not in step and m.group(1).startswith(cid)
+
+    return matches
+
+
+def _pod_step(forms: set[str]):
+    def matches(step: str) -> bool:
+        m = _POD_STEP.match(step)
+        return m is not None and m.group(1) in forms
+
+    return matches
 
 
 def _cgroup_path_ok(value: str) -> bool:
@@ -103,13 +140,13 @@ def target_from_labels(labels: dict[str, str]) -> Target:
         if not m:
             raise BadLabel("label container_id: expected containerd://, cri-o:// or docker:// and a hex id")
         cid = m.group(1)
-        target = _cgroup_matching(lambda d: any(cid in part for part in d.split("/")))
+        target = _cgroup_matching(_container_step(cid), "container")
     elif "uid" in labels or "pod_uid" in labels:
         uid = labels.get("uid") or labels["pod_uid"]
         if not POD_UID.match(uid):
             raise BadLabel("label uid: not a pod uid")
         forms = {uid.replace("_", "-"), uid.replace("-", "_")}
-        target = _cgroup_matching(lambda d: any(f"pod{f}" in part for f in forms for part in d.split("/")))
+        target = _cgroup_matching(_pod_step(forms), "pod")
     elif "id" in labels:
         value = labels["id"]
         if not value.startswith("/") or not _cgroup_path_ok(value):

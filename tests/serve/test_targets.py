@@ -60,3 +60,21 @@ def test_valid_labels_naming_nothing_here(root_required):
         target_from_labels({"id": "/no/such/cgroup"})
     with pytest.raises(NotOnHost):
         target_from_labels({"pid": "4000000"})
+
+
+def test_a_cgroup_that_only_contains_the_id_is_not_the_container(memcg):
+    """A folder named x<id> (anyone allowed to make a cgroup could) does not take the container's
+    alerts; two unrelated folders naming the same container are ambiguous, listed, not guessed."""
+    cid = uuid.uuid4().hex + uuid.uuid4().hex
+    parent = memcg(None, name=f"memdiag-test-kube-{cid[:8]}")
+    real = memcg(None, name=f"{parent.name}/docker-{cid}.scope")
+    memcg(None, name=f"memdiag-test-x{cid}")
+    memcg(None, name=f"memdiag-test-{cid}-backup")
+    for label in (f"docker://{cid}", cid[:12]):
+        t = target_from_labels({"container_id": label})
+        assert t.kind == "cgroup" and t.cgroup.path == real.path, label
+    twin = memcg(None, name=f"memdiag-test-crio-{cid}.scope")
+    with pytest.raises(BadLabel) as e:
+        target_from_labels({"container_id": cid})
+    assert str(e.value).startswith("container matches 2 cgroups: ")
+    assert real.path in str(e.value) and twin.path in str(e.value)
