@@ -291,15 +291,7 @@ class Engine:
             share = left / (len(queue) - i)
             run_for = min(seconds, left) if seconds else share
             if run_for < MIN_PROBE_S:
-                self.trail.append(
-                    TrailItem(
-                        kind="probe",
-                        name=name,
-                        state="not-run",
-                        at_s=self.elapsed(),
-                        reason=f"asked by {rule}, but only {max(left, 0):.0f} s of the window were left",
-                    )
-                )
+                self._not_run(name, f"asked by {rule}, but only {max(left, 0):.0f} s of the window were left")
                 continue
             with phase(f"probe {name}"):
                 result = self._run_probe(name, run_for)
@@ -397,19 +389,14 @@ class Engine:
                 return
             sampler.join(0.05 if end is None else max(0.0, min(0.05, end - time.monotonic())))
 
+    def _not_run(self, name: str, reason: str) -> None:
+        self.trail.append(TrailItem(kind="probe", name=name, state="not-run", at_s=self.elapsed(), reason=reason))
+
     def _skipped_by_signal(self, name: str, rule: str) -> bool:
         """After a signal no probe is priced or attached: it goes in the trail as not run."""
         if not interrupted():
             return False
-        self.trail.append(
-            TrailItem(
-                kind="probe",
-                name=name,
-                state="not-run",
-                at_s=self.elapsed(),
-                reason=f"asked by {rule}, but {INTERRUPTION.signal_name} interrupted the diagnosis first",
-            )
-        )
+        self._not_run(name, f"asked by {rule}, but {INTERRUPTION.signal_name} interrupted the diagnosis first")
         return True
 
     def _interruption(self, obs: Observation, rules_cut: bool) -> Interrupted:
