@@ -254,6 +254,17 @@ def test_errors_stop_at_fifty_and_count_the_rest(book):
         ("!!binary aGk=", ":2: the tag `tag:yaml.org,2002:binary` is not allowed in a rule file"),
         ("!!set {a: null}", ":2: the tag `tag:yaml.org,2002:set` is not allowed in a rule file"),
     ],
+    ids=[
+        "int-5000-digits",
+        "hex-5000-digits",
+        "int-abc",
+        "float-abc",
+        "bool-maybe",
+        "null-x",
+        "timestamp",
+        "binary",
+        "set",
+    ],
 )
 def test_a_scalar_that_cannot_be_built_is_a_rule_file_error_with_its_line(book, value, expect):
     p = _write(book, RULE.format(id=value).join(["rules:\n", ""]))
