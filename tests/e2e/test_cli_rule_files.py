@@ -1,13 +1,14 @@
 """Hostile rule files through the real CLI: each is refused in one line, fast, in little memory,
 never hangs; the working folder's playbooks/ never reaches a verdict; the site folder is policy
-only when it is owned and not writable by others. Each memdiag is a child whose own peak RSS is
-read from wait4."""
+only when it is owned and not writable by others. Each memdiag is a grandchild whose own peak RSS
+is read from wait4."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,26 +40,50 @@ class Ran:
         self.returncode, self.stdout, self.stderr, self.seconds, self.peak_rss = rc, out, err, seconds, peak_rss
 
 
+# memdiag's own peak RSS: a child forked (or vforked) by pytest inherits pytest's RSS high-water
+# mark in ru_maxrss across exec, so a test that made pytest big once made every memdiag here look
+# big. A small launcher forks memdiag and reports the grandchild's rusage, which starts clean.
+LAUNCHER = (
+    "import os, sys\n"
+    "fd = int(sys.argv[1])\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.close(fd)\n"
+    "    os.execv(sys.argv[2], sys.argv[2:])\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "os.write(fd, str(usage.ru_maxrss).encode())\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
 def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 10) -> Ran:
-    """memdiag as a child; its own peak RSS from wait4 (not the largest of all children so far)."""
+    """memdiag as a grandchild (see LAUNCHER); its own peak RSS from wait4."""
+    rss_r, rss_w = os.pipe()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.monotonic()
-        proc = subprocess.Popen([MEMDIAG, *args], stdout=out, stderr=err, cwd=cwd, env={**os.environ, **(env or {})})
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() - t0 > timeout:
-                proc.kill()
-                os.wait4(proc.pid, 0)
-                proc.returncode = -9
-                pytest.fail(f"memdiag {' '.join(args)} still running after {timeout} s")
-            time.sleep(0.01)
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", LAUNCHER, str(rss_w), MEMDIAG, *args],
+            stdout=out,
+            stderr=err,
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            pass_fds=(rss_w,),
+            start_new_session=True,  # a timeout kills memdiag too
+        )
+        os.close(rss_w)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            pytest.fail(f"memdiag {' '.join(args)} still running after {timeout} s")
+        finally:
+            with os.fdopen(rss_r, "rb") as f:
+                peak = f.read()
         seconds = time.monotonic() - t0
         out.seek(0)
         err.seek(0)
-        return Ran(proc.returncode, out.read().decode(), err.read().decode(), seconds, usage.ru_maxrss * 1024)
+        return Ran(proc.returncode, out.read().decode(), err.read().decode(), seconds, int(peak or 0) * 1024)
 
 
 def _owned_folder(path: Path, mode: int = 0o755) -> Path:
