@@ -130,23 +130,23 @@ def _scalar(tag: str, text: str, line: int):
     """A scalar typed by the YAML 1.2 core schema: an untagged plain one by what it looks like,
     a tagged one (!!str, !!int, !!float, !!bool, !!null) only if it is what its tag says."""
     kind = tag.removeprefix(_TAG) if tag.startswith(_TAG) else None
+    looks = "str" if kind == "str" else next((k for k, pattern in _CORE.items() if pattern.fullmatch(text)), "str")
     if tag == _PLAIN:
-        kind = next((k for k, pattern in _CORE.items() if pattern.fullmatch(text)), "str")
+        kind = looks
     elif kind not in ("str", *_CORE):
         raise RuleFileError([f":{line}: the tag `{tag}` is not allowed in a rule file"])
-    elif kind == "float" and _CORE["int"].fullmatch(text):
-        pass
-    elif kind != "str" and not _CORE[kind].fullmatch(text):
+    elif looks != kind and (kind, looks) != ("float", "int"):
         raise RuleFileError([f":{line}: `{text[:40]}` is not a valid {kind} (tagged !!{kind})"])
-    if kind in ("int", "float") and len(text) > MAX_NUMBER:
+    if looks in ("int", "float") and len(text) > MAX_NUMBER:
         raise RuleFileError([f":{line}: a number of {len(text)} characters; at most {MAX_NUMBER}"])
     if kind == "null":
         return None
     if kind == "bool":
         return text.lower() == "true"
-    if kind == "int":
+    if looks == "int":  # an int, or an int tagged !!float
         base = {"0o": 8, "0x": 16}.get(text[:2], 10)
-        return int(text[2:] if base != 10 else text, base)
+        number = int(text[2:] if base != 10 else text, base)
+        return float(number) if kind == "float" else number
     if kind == "float":
         low = text.lower()
         return math.nan if low == ".nan" else float(low.replace(".inf", "inf"))

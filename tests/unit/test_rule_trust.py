@@ -276,7 +276,7 @@ def test_scalars_are_typed_by_the_yaml_1_2_core_schema(book):
     dated = _write(book, RULE.format(id="2020-02-30").join(["rules:\n", ""]))
     assert [r.id for r in load_file(dated)] == ["2020-02-30"]  # was a ValueError: day is out of range
     verdict = "{{kind: growth, summary: s, confidence: {c}, priority: {p}}}"
-    for c, p, want in [("!!float 1", "0x10", (1.0, 16)), (".5", "0o17", (0.5, 15)), ("1e-1", "-3", (0.1, -3))]:
+    for c, p, want in [("!!float 0x1", "0x10", (1.0, 16)), (".5", "0o17", (0.5, 15)), ("1e-1", "-3", (0.1, -3))]:
         f = _write(book, VERDICT_RULE.format(verdict=verdict.format(c=c, p=p)), name="v.yaml")
         v = load_file(f)[0].then.verdict
         assert (v.confidence, v.priority) == want
