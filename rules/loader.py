@@ -64,8 +64,8 @@ _NODE = (*_OPEN, yaml.ScalarEvent, yaml.AliasEvent)
 
 def _check_events(text: str) -> None:
     """Refuse, before any tree is built, nesting deeper than MAX_DEPTH, more than MAX_NODES nodes,
-    a scalar longer than MAX_SCALAR, and aliases that would add more than MAX_ALIAS_NODES nodes or MAX_ALIAS_BYTES bytes
-    of scalars (or that point into their own anchor). One pass, no tree."""
+    a scalar longer than MAX_SCALAR, and aliases that would add more than MAX_ALIAS_NODES nodes or
+    MAX_ALIAS_BYTES bytes of scalars (or that point into their own anchor). One pass, no tree."""
     sizes: dict[str, tuple[int, int]] = {}  # anchor -> (nodes, scalar bytes) an alias to it stands for
     open_: list[list] = []  # [anchor, nodes so far, bytes so far] of each collection being read
     added = added_bytes = written = 0

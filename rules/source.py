@@ -65,8 +65,8 @@ class RuleFileError(Exception):
     """One or more errors in rule files, each as 'file:line: message' (or 'file: message')."""
 
     def __init__(self, errors: list[str], more: int = 0):
-        """Keeps the first MAX_ERRORS errors, each cut to MAX_ERROR_CHARS; more: how many others
-        were found (and not kept) before these."""
+        """Keeps the first MAX_ERRORS errors, each cut to MAX_ERROR_CHARS; more: how many other
+        errors were found and only counted."""
         kept = [e if len(e) <= MAX_ERROR_CHARS else e[: MAX_ERROR_CHARS - 1] + "…" for e in errors[:MAX_ERRORS]]
         super().__init__("\n".join(kept))
         self.errors = kept
