@@ -2,19 +2,24 @@
 be unique across all files. Policy is the shipped playbook, then the site folder, then --playbook
 paths (memdiag.rules.source says where policy may come from and reads the bytes, bounded).
 
-YAML is read with the safe loader after one pass over its events that refuses deep nesting and
-aliases that expand past a small budget: a billion-laughs file fails at its first big alias."""
+YAML is composed (never constructed) after one pass over its events that refuses deep nesting,
+long scalars and aliases that expand past a small budget of nodes and bytes: a billion-laughs file
+fails at its first big alias. Scalars are typed by the YAML 1.2 core schema, by memdiag: str, int,
+float, bool, null, nothing else (no YAML 1.1 base-60 numbers, timestamps, yes/no), so no scalar can
+cost more than its length or fail anywhere but here, with its line."""
 
 from __future__ import annotations
 
+import math
 import os
+import re
 from pathlib import Path
 
 import yaml
 from pydantic import ValidationError
 
 from .model import FrameClass, Playbook, Rule
-from .source import RuleFileError, folder_entries, is_shipped, read_rule_file, shipped_dir, site_dir
+from .source import Errors, RuleFileError, folder_entries, is_shipped, read_rule_file, shipped_dir, site_dir
 
 __all__ = [
     "RuleFileError",
@@ -26,53 +31,87 @@ __all__ = [
     "shipped_playbooks",
 ]
 
-_Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml when present: the same rules, faster
 MAX_DEPTH = 64  # the shipped playbook nests 10 deep
+MAX_NODES = 20_000  # written in one file: the shipped playbook has 634; a composed node costs ~0.5 KiB
 MAX_ALIAS_NODES = 10_000  # nodes aliases may add: an anchor reused a few times, never a bomb
+MAX_ALIAS_BYTES = 1 << 20  # scalar bytes aliases may add: an error names a rule by its id, once per error
+MAX_SCALAR = 64 << 10  # a rule's longest text is a line or two
+MAX_NUMBER = 100  # characters of a number: a priority, a confidence
+
+_PLAIN = "tag:memdiag,2026:plain"  # an untagged plain scalar, typed below by the core schema
+_TAG = "tag:yaml.org,2002:"
+_CORE = {  # YAML 1.2 core schema (https://yaml.org/spec/1.2.2/#1032-tag-resolution)
+    "null": re.compile(r"~|null|Null|NULL|"),
+    "bool": re.compile(r"true|True|TRUE|false|False|FALSE"),
+    "int": re.compile(r"[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+"),
+    "float": re.compile(r"[-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?|[-+]?\.(inf|Inf|INF)|\.(nan|NaN|NAN)"),
+}
+
+
+class _Loader(getattr(yaml, "CBaseLoader", yaml.BaseLoader)):  # libyaml when present: the same rules, faster
+    """Parses and composes only; an untagged plain scalar keeps the tag _PLAIN for _scalar to type."""
+
+    def resolve(self, kind, value, implicit):
+        if kind is yaml.ScalarNode and implicit[0]:
+            return _PLAIN
+        return super().resolve(kind, value, implicit)
+
+
 _OPEN = (yaml.SequenceStartEvent, yaml.MappingStartEvent)
 _CLOSE = (yaml.SequenceEndEvent, yaml.MappingEndEvent)
+_NODE = (*_OPEN, yaml.ScalarEvent, yaml.AliasEvent)
 
 
 def _check_events(text: str) -> None:
-    """Refuse, before any tree is built, nesting deeper than MAX_DEPTH and aliases that would add
-    more than MAX_ALIAS_NODES nodes (or that point into their own anchor). One pass, no tree."""
-    sizes: dict[str, int] = {}  # anchor -> how many nodes an alias to it stands for
-    open_: list[list] = []  # [anchor, nodes so far] of each collection being read
-    added = 0
+    """Refuse, before any tree is built, nesting deeper than MAX_DEPTH, more than MAX_NODES nodes,
+    a scalar longer than MAX_SCALAR, and aliases that would add more than MAX_ALIAS_NODES nodes or
+    MAX_ALIAS_BYTES bytes of scalars (or that point into their own anchor). One pass, no tree."""
+    sizes: dict[str, tuple[int, int]] = {}  # anchor -> (nodes, scalar bytes) an alias to it stands for
+    open_: list[list] = []  # [anchor, nodes so far, bytes so far] of each collection being read
+    added = added_bytes = written = 0
     for ev in yaml.parse(text, Loader=_Loader):
         line = ev.start_mark.line + 1 if ev.start_mark else 1
+        written += isinstance(ev, _NODE)
+        if written > MAX_NODES:
+            raise RuleFileError([f":{line}: more than {MAX_NODES} YAML nodes; a playbook has hundreds"])
         if isinstance(ev, _OPEN):
             if len(open_) >= MAX_DEPTH:
                 raise RuleFileError([f":{line}: nested deeper than {MAX_DEPTH} levels"])
-            open_.append([ev.anchor, 1])
+            open_.append([ev.anchor, 1, 0])
             continue
         if isinstance(ev, _CLOSE):
-            anchor, n = open_.pop()
+            anchor, n, size = open_.pop()
         elif isinstance(ev, yaml.ScalarEvent):
-            anchor, n = ev.anchor, 1
+            if len(ev.value) > MAX_SCALAR:
+                raise RuleFileError([f":{line}: a scalar of {len(ev.value)} characters; at most {MAX_SCALAR}"])
+            anchor, n, size = ev.anchor, 1, len(ev.value.encode())
         elif isinstance(ev, yaml.AliasEvent):
-            if any(a == ev.anchor for a, _ in open_):
+            if any(a == ev.anchor for a, _, _ in open_):
                 raise RuleFileError([f":{line}: alias `*{ev.anchor}` refers to the node that contains it"])
-            anchor, n = None, sizes.get(ev.anchor, 1)
-            added += n
-            if added > MAX_ALIAS_NODES:
+            anchor, (n, size) = None, sizes.get(ev.anchor, (1, 0))
+            added, added_bytes = added + n, added_bytes + size
+            if added > MAX_ALIAS_NODES or added_bytes > MAX_ALIAS_BYTES:
+                past = f"{MAX_ALIAS_NODES} nodes" if added > MAX_ALIAS_NODES else f"{MAX_ALIAS_BYTES >> 20} MiB"
                 raise RuleFileError(
                     [
-                        f":{line}: alias `*{ev.anchor}` expands the file past {MAX_ALIAS_NODES} nodes "
+                        f":{line}: alias `*{ev.anchor}` expands the file past {past} "
                         "(a YAML alias bomb?); an anchor may be reused only a little"
                     ]
                 )
         else:
             continue
         if anchor:
-            sizes[anchor] = n
+            sizes[anchor] = (n, size)
         if open_:
             open_[-1][1] += n
+            open_[-1][2] += size
 
 
-def _to_python(node: yaml.Node, path: tuple, lines: dict[tuple, int], scalars: yaml.constructor.SafeConstructor):
+def _to_python(node: yaml.Node, path: tuple, lines: dict[tuple, int]):
     lines[path] = node.start_mark.line + 1
-    if not node.tag.startswith("tag:yaml.org,2002:") or "python/" in node.tag:
+    if isinstance(node, yaml.ScalarNode):
+        return _scalar(node.tag, node.value, lines[path])
+    if node.tag not in (f"{_TAG}map", f"{_TAG}seq"):
         raise RuleFileError([f":{lines[path]}: the tag `{node.tag}` is not allowed in a rule file"])
     if isinstance(node, yaml.MappingNode):
         out = {}
@@ -82,11 +121,42 @@ def _to_python(node: yaml.Node, path: tuple, lines: dict[tuple, int], scalars: y
             key = key_node.value
             if key in out:
                 raise RuleFileError([f":{key_node.start_mark.line + 1}: duplicate key `{key}`"])
-            out[key] = _to_python(value_node, (*path, key), lines, scalars)
+            out[key] = _to_python(value_node, (*path, key), lines)
         return out
-    if isinstance(node, yaml.SequenceNode):
-        return [_to_python(v, (*path, i), lines, scalars) for i, v in enumerate(node.value)]
-    return scalars.construct_object(node)  # a scalar, typed as YAML types it
+    return [_to_python(v, (*path, i), lines) for i, v in enumerate(node.value)]
+
+
+def _scalar(tag: str, text: str, line: int):
+    """A scalar typed by the YAML 1.2 core schema: an untagged plain one by what it looks like,
+    a tagged one (!!str, !!int, !!float, !!bool, !!null) only if it is what its tag says."""
+    kind = tag.removeprefix(_TAG) if tag.startswith(_TAG) else None
+    looks = "str" if kind == "str" else next((k for k, pattern in _CORE.items() if pattern.fullmatch(text)), "str")
+    if tag == _PLAIN:
+        kind = looks
+    elif kind not in ("str", *_CORE):
+        raise RuleFileError([f":{line}: the tag `{tag}` is not allowed in a rule file"])
+    elif looks != kind and (kind, looks) != ("float", "int"):
+        raise RuleFileError([f":{line}: `{text[:40]}` is not a valid {kind} (tagged !!{kind})"])
+    if looks in ("int", "float") and len(text) > MAX_NUMBER:
+        raise RuleFileError([f":{line}: a number of {len(text)} characters; at most {MAX_NUMBER}"])
+    if kind == "null":
+        return None
+    if kind == "bool":
+        return text.lower() == "true"
+    if looks == "int":  # an int, or an int tagged !!float
+        base = {"0o": 8, "0x": 16}.get(text[:2], 10)
+        number = int(text[2:] if base != 10 else text, base)
+        return float(number) if kind == "float" else number
+    if kind == "float":
+        low = text.lower()
+        return math.nan if low == ".nan" else float(low.replace(".inf", "inf"))
+    return text
+
+
+def _short(name: object) -> str:
+    """A rule's name as errors show it: an id of 64 KiB is not repeated in every message."""
+    text = str(name)
+    return text if len(text) <= 60 else text[:59] + "…"
 
 
 def _line_of(loc: tuple, lines: dict[tuple, int]) -> int:
@@ -121,7 +191,7 @@ def _parse(path: Path, text: str) -> tuple[object, dict[tuple, int]]:
         node = yaml.compose(text, Loader=_Loader)
         if node is None:
             raise RuleFileError([":1: empty file (expected `rules:` with a list of rules, or `wrappers:`)"])
-        return _to_python(node, (), lines, yaml.constructor.SafeConstructor()), lines
+        return _to_python(node, (), lines), lines
     except yaml.YAMLError as e:
         raise _yaml_error(path, text, e) from None
     except RuleFileError as e:
@@ -142,14 +212,14 @@ def load_file_parts(path: Path, trusted: bool = True) -> Playbook:
         raise RuleFileError(
             [f"{path}:1: a playbook is a mapping with `rules` (a list of rules) and/or `wrappers` (a list of frames)"]
         )
-    errors: list[str] = []
+    errors = Errors()
     rules: list[Rule] = []
     for i, raw in enumerate(data.get("rules", [])):
         try:
             rule = Rule.model_validate(raw)
         except ValidationError as e:
             name = raw.get("id", i) if isinstance(raw, dict) else i
-            errors += _errors(path, ("rules", i), f"rule {name}", e, lines)
+            _errors(errors, path, ("rules", i), f"rule {_short(name)}", e, lines)
             continue
         rules.append(rule.model_copy(update={"source": f"{path}:{lines.get(('rules', i), 1)}"}))
     wrappers: list[FrameClass] = []
@@ -157,16 +227,19 @@ def load_file_parts(path: Path, trusted: bool = True) -> Playbook:
         try:
             entry = FrameClass.model_validate(raw)
         except ValidationError as e:
-            errors += _errors(path, ("wrappers", i), f"wrappers entry {i + 1}", e, lines)
+            _errors(errors, path, ("wrappers", i), f"wrappers entry {i + 1}", e, lines)
             continue
         wrappers.append(entry.model_copy(update={"source": f"{path}:{lines.get(('wrappers', i), 1)}"}))
-    if errors:
-        raise RuleFileError(errors)
+    errors.raise_any()
     return Playbook(rules=rules, wrappers=wrappers)
 
 
-def _errors(path: Path, at: tuple, what: str, e: ValidationError, lines: dict[tuple, int]) -> list[str]:
-    """Each validation error of one list item as 'file:line: what where: message'."""
+def _errors(errors: Errors, path: Path, at: tuple, what: str, e: ValidationError, lines: dict[tuple, int]) -> None:
+    """Each validation error of one list item as 'file:line: what where: message'; only counted
+    once errors holds as many as are shown."""
+    if errors.full:
+        errors.count(e.error_count())
+        return
     out = []
     for err in e.errors():
         loc = (*at, *err["loc"])
@@ -176,7 +249,7 @@ def _errors(path: Path, at: tuple, what: str, e: ValidationError, lines: dict[tu
             msg = f"unknown key `{err['loc'][-1]}`"
             where = ".".join(str(p) for p in err["loc"][:-1])
         out.append(f"{path}:{_line_of(loc, lines)}: {what}{' ' + where if where else ''}: {msg}")
-    return out
+    errors.add(out)
 
 
 def shipped_playbooks() -> list[Path]:
@@ -215,7 +288,7 @@ def load_playbooks(paths: list[Path], trusted: bool = True) -> list[Rule]:
 def load_playbook(paths: list[Path], trusted: bool = True) -> Playbook:
     """All rules and wrappers of these files as one playbook; every error of every file reported
     together. A site's wrappers add to the shipped ones. trusted=False only lints (rules check)."""
-    errors: list[str] = []
+    errors = Errors()
     rules: list[Rule] = []
     wrappers: list[FrameClass] = []
     first: dict[str, str] = {}
@@ -223,15 +296,16 @@ def load_playbook(paths: list[Path], trusted: bool = True) -> Playbook:
         try:
             loaded = load_file_parts(path, trusted)
         except RuleFileError as e:
-            errors += e.errors
+            errors.add(e.errors, e.more)
             continue
         wrappers += loaded.wrappers
         for rule in loaded.rules:
             if rule.id in first:
-                errors.append(f"{rule.source}: duplicate rule id `{rule.id}` (first defined at {first[rule.id]})")
+                errors.add(
+                    [f"{rule.source}: duplicate rule id `{_short(rule.id)}` (first defined at {first[rule.id]})"]
+                )
                 continue
             first[rule.id] = rule.source
             rules.append(rule)
-    if errors:
-        raise RuleFileError(errors)
+    errors.raise_any()
     return Playbook(rules=rules, wrappers=wrappers)  # the whole set validates as one playbook

@@ -1,13 +1,14 @@
 """Hostile rule files through the real CLI: each is refused in one line, fast, in little memory,
 never hangs; the working folder's playbooks/ never reaches a verdict; the site folder is policy
-only when it is owned and not writable by others. Each memdiag is a child whose own peak RSS is
-read from wait4."""
+only when it is owned and not writable by others. Each memdiag is a grandchild whose own peak RSS
+is read from wait4."""
 
 from __future__ import annotations
 
 import json
 import os
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -39,26 +40,50 @@ class Ran:
         self.returncode, self.stdout, self.stderr, self.seconds, self.peak_rss = rc, out, err, seconds, peak_rss
 
 
+# memdiag's own peak RSS: a child forked (or vforked) by pytest inherits pytest's RSS high-water
+# mark in ru_maxrss across exec, so a test that made pytest big once made every memdiag here look
+# big. A small launcher forks memdiag and reports the grandchild's rusage, which starts clean.
+LAUNCHER = (
+    "import os, sys\n"
+    "fd = int(sys.argv[1])\n"
+    "pid = os.fork()\n"
+    "if pid == 0:\n"
+    "    os.close(fd)\n"
+    "    os.execv(sys.argv[2], sys.argv[2:])\n"
+    "_, status, usage = os.wait4(pid, 0)\n"
+    "os.write(fd, str(usage.ru_maxrss).encode())\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
 def run(*args: str, cwd: Path | None = None, env: dict | None = None, timeout: float = 10) -> Ran:
-    """memdiag as a child; its own peak RSS from wait4 (not the largest of all children so far)."""
+    """memdiag as a grandchild (see LAUNCHER); its own peak RSS from wait4."""
+    rss_r, rss_w = os.pipe()
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         t0 = time.monotonic()
-        proc = subprocess.Popen([MEMDIAG, *args], stdout=out, stderr=err, cwd=cwd, env={**os.environ, **(env or {})})
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.monotonic() - t0 > timeout:
-                proc.kill()
-                os.wait4(proc.pid, 0)
-                proc.returncode = -9
-                pytest.fail(f"memdiag {' '.join(args)} still running after {timeout} s")
-            time.sleep(0.01)
-        proc.returncode = os.waitstatus_to_exitcode(status)  # reaped here: Popen must not wait again
+        proc = subprocess.Popen(
+            [sys.executable, "-I", "-S", "-c", LAUNCHER, str(rss_w), MEMDIAG, *args],
+            stdout=out,
+            stderr=err,
+            cwd=cwd,
+            env={**os.environ, **(env or {})},
+            pass_fds=(rss_w,),
+            start_new_session=True,  # a timeout kills memdiag too
+        )
+        os.close(rss_w)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            pytest.fail(f"memdiag {' '.join(args)} still running after {timeout} s")
+        finally:
+            with os.fdopen(rss_r, "rb") as f:
+                peak = f.read()
         seconds = time.monotonic() - t0
         out.seek(0)
         err.seek(0)
-        return Ran(proc.returncode, out.read().decode(), err.read().decode(), seconds, usage.ru_maxrss * 1024)
+        return Ran(proc.returncode, out.read().decode(), err.read().decode(), seconds, int(peak or 0) * 1024)
 
 
 def _owned_folder(path: Path, mode: int = 0o755) -> Path:
@@ -100,6 +125,20 @@ def _fifty_megabytes(folder: Path) -> Path:
     return p
 
 
+def _alias_bytes(folder: Path) -> Path:
+    """100 KB that repeat a 60 KB id 3000 times: once 180 MB of text and a gigabyte of error lines."""
+    return _file(folder, "repeat.yaml", 'rules:\n  - {id: &s "' + "y" * 60_000 + '"}\n' + "  - {id: *s}\n" * 3000)
+
+
+def _base_60(folder: Path) -> Path:
+    """One YAML 1.1 base-60 int of 1 MiB: 24 s of CPU to build."""
+    return _file(folder, "base60.yaml", "rules:\n  - id: 1" + ":59" * 349_000 + "\n")
+
+
+def _bool_maybe(folder: Path) -> Path:
+    return _file(folder, "maybe.yaml", "rules:\n  - id: !!bool maybe\n")
+
+
 HANG_S = 10
 
 
@@ -110,8 +149,12 @@ HANG_S = 10
         (lambda _: Path("/dev/zero"), "/dev/zero: a character device, not a regular file"),
         (_fifo, "fifo.yaml: a FIFO, not a regular file"),
         (_fifty_megabytes, f"big.yaml: larger than the 1 MiB limit for a rule file ({50 * MiB + 7} bytes)"),
+        (_alias_bytes, "repeat.yaml:20: alias `*s` expands the file past 1 MiB (a YAML alias bomb?)"),
+        (_base_60, f"base60.yaml:2: a scalar of {1 + 3 * 349_000} characters; at most 65536"),
+        (_bool_maybe, "maybe.yaml:2: `maybe` is not a valid bool (tagged !!bool)"),
+        (lambda _: Path("/proc/kmsg"), "/proc/kmsg: a file of procfs (a kernel interface), not a rule file; refused"),
     ],
-    ids=["billion-laughs", "dev-zero", "fifo", "50MB"],
+    ids=["billion-laughs", "dev-zero", "fifo", "50MB", "alias-bytes", "base-60", "bool-maybe", "proc-kmsg"],
 )
 def test_hostile_playbook_is_refused_in_one_line_fast_and_small(root_required, tmp_path, make, expect):
     path = make(_owned_folder(tmp_path / "book"))
@@ -195,3 +238,40 @@ def test_a_playbook_path_in_a_loose_folder_is_refused_with_the_fix(root_required
         f"memdiag: bad rule file: {rule}: not trusted policy: {loose} is writable by its group (mode 0770); "
         f"fix: chmod go-w {loose}\n"
     )
+
+
+def test_a_lint_of_thousands_of_errors_prints_fifty_and_a_count(tmp_path):
+    bad = _file(_owned_folder(tmp_path / "book"), "bad.yaml", "rules: [" + ",".join(["a"] * 5000) + "]\n")
+    r = run("rules", "check", str(bad))
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.splitlines()
+    assert lines[0] == "memdiag: bad rule files:" and len(lines) == 52, lines[:3]
+    assert lines[1] == f"  {bad}:1: rule 0: Input should be a valid dictionary or instance of Rule"
+    assert lines[-1] == "  ... and 4950 more"
+    assert r.seconds < HANG_S and r.peak_rss < SMALL_RSS, (r.seconds, r.peak_rss)
+
+
+def test_a_trace_pipe_is_refused_unread_and_its_events_stay(root_required, tmp_path):
+    """A tracing instance's trace_pipe: root-owned and regular, so it passed as trusted policy; a
+    read took the events from the tracer reading it, or failed with EAGAIN (exit 1)."""
+    instance = Path("/sys/kernel/tracing/instances") / f"memdiag-rulefix-{os.getpid()}"
+    if not instance.parent.is_dir():
+        pytest.skip("no tracefs at /sys/kernel/tracing")
+    instance.mkdir()
+    try:
+        pipe = instance / "trace_pipe"
+        (instance / "trace_marker").write_text("kept for its reader\n")
+        for args in (("rules", "list", str(pipe)), ("--pid", str(os.getpid()), "--playbook", str(pipe))):
+            r = run(*args, "--output", str(tmp_path / "out")) if args[0] == "--pid" else run(*args)
+            assert r.returncode == 2, r.stderr
+            assert r.stderr == (
+                f"memdiag: bad rule file: {pipe}: a file of tracefs (a kernel interface), not a rule file; "
+                "refused unread\n"
+            )
+        fd = os.open(pipe, os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            assert b"kept for its reader" in os.read(fd, 1 << 16)  # the event is still there to read
+        finally:
+            os.close(fd)
+    finally:
+        instance.rmdir()

@@ -8,8 +8,15 @@ import time
 from pathlib import Path
 
 import pytest
-from memdiag.rules.loader import MAX_ALIAS_NODES, RuleFileError, load_file, load_playbook, playbook_paths
-from memdiag.rules.source import MAX_BYTES, untrusted_reason
+from memdiag.rules.loader import (
+    MAX_ALIAS_NODES,
+    RuleFileError,
+    load_file,
+    load_file_parts,
+    load_playbook,
+    playbook_paths,
+)
+from memdiag.rules.source import MAX_BYTES, read_at_most, untrusted_reason
 
 RULE = "  - id: {id}\n    description: d\n    when: process.rss > 1GiB\n    then: {{finding: x}}\n"
 NOBODY = 65534
@@ -187,3 +194,151 @@ def test_text_that_is_not_yaml_or_not_utf8_gets_one_line_with_its_line(book):
     assert _error(raw) == f"{raw}:2: not UTF-8 text (byte 18)"
     key = _write(book, "{[a]: 1}\n", name="key.yaml")
     assert _error(key) == f"{key}:1: a key must be a plain name"
+
+
+# --- attack review 1: bytes, scalars, special files -------------------------------------------------
+
+VERDICT_RULE = (
+    "rules:\n  - id: v\n    description: d\n    when: process.rss > 1GiB\n    then:\n      verdict: {verdict}\n"
+)
+
+
+def test_aliases_are_budgeted_by_the_bytes_they_repeat(book):
+    """A 60 KB id reused 3000 times is 180 MB of text (and of error lines) from a 100 KB file."""
+    bomb = _write(book, 'rules:\n  - {id: &s "' + "y" * 60_000 + '"}\n' + "  - {id: *s}\n" * 3000)
+    # each alias repeats 60,000 bytes: the 18th (line 20) passes 1 MiB
+    assert _error(bomb) == (
+        f"{bomb}:20: alias `*s` expands the file past 1 MiB (a YAML alias bomb?); an anchor may be reused only a little"
+    )
+    few = _write(book, 'rules:\n  - {id: &s "' + "y" * 60_000 + '"}\n' + "  - {id: *s}\n" * 2, name="few.yaml")
+    with pytest.raises(RuleFileError) as e:
+        load_file(few)
+    # within the budget the errors name the rule by a short prefix of its id, not 60 KB each
+    assert e.value.errors[0] == f"{few}:2: rule {'y' * 59}… when: Field required"
+    assert max(len(m) for m in e.value.errors) < 200
+
+
+def test_errors_stop_at_fifty_and_count_the_rest(book):
+    many = _write(book, "rules: [" + ",".join(["a"] * 5000) + "]\n")
+    with pytest.raises(RuleFileError) as e:
+        load_file(many)
+    assert len(e.value.errors) == 50 and e.value.more == 4950
+    assert e.value.errors[49] == f"{many}:1: rule 49: Input should be a valid dictionary or instance of Rule"
+    lines = e.value.usage_text().splitlines()
+    assert lines[0] == "bad rule files:" and len(lines) == 52 and lines[-1] == "  ... and 4950 more"
+    # across files too: the second file's errors are counted, not kept
+    other = _write(book, "rules: [" + ",".join(["b"] * 3000) + "]\n", name="other.yaml")
+    with pytest.raises(RuleFileError) as e:
+        load_playbook([many, other], trusted=False)
+    assert len(e.value.errors) == 50 and e.value.more == 7950
+    # one error line is cut, however long the text it quotes
+    long = _write(
+        book, "rules:\n" + RULE.format(id="x").replace("process.rss", "process." + "z" * 5000), name="long.yaml"
+    )
+    with pytest.raises(RuleFileError) as e:
+        load_file(long)
+    assert "unknown fact `process.zzz" in e.value.errors[0]
+    assert len(e.value.errors[0]) == 1000 and e.value.errors[0].endswith("…")
+
+
+@pytest.mark.parametrize(
+    ("value", "expect"),
+    [
+        ("1" * 5000, ":2: a number of 5000 characters; at most 100"),
+        ("0x" + "f" * 5000, ":2: a number of 5002 characters; at most 100"),
+        ("!!int abc", ":2: `abc` is not a valid int (tagged !!int)"),
+        ("!!float abc", ":2: `abc` is not a valid float (tagged !!float)"),
+        ("!!bool maybe", ":2: `maybe` is not a valid bool (tagged !!bool)"),
+        ("!!null x", ":2: `x` is not a valid null (tagged !!null)"),
+        ("!!timestamp abc", ":2: the tag `tag:yaml.org,2002:timestamp` is not allowed in a rule file"),
+        ("!!binary aGk=", ":2: the tag `tag:yaml.org,2002:binary` is not allowed in a rule file"),
+        ("!!set {a: null}", ":2: the tag `tag:yaml.org,2002:set` is not allowed in a rule file"),
+    ],
+    ids=[
+        "int-5000-digits",
+        "hex-5000-digits",
+        "int-abc",
+        "float-abc",
+        "bool-maybe",
+        "null-x",
+        "timestamp",
+        "binary",
+        "set",
+    ],
+)
+def test_a_scalar_that_cannot_be_built_is_a_rule_file_error_with_its_line(book, value, expect):
+    p = _write(book, RULE.format(id=value).join(["rules:\n", ""]))
+    assert _error(p) == f"{p}{expect}"
+
+
+def test_scalars_are_typed_by_the_yaml_1_2_core_schema(book):
+    """No YAML 1.1: a date, 1:20 and yes stay text; hex, octal and tagged numbers are numbers."""
+    dated = _write(book, RULE.format(id="2020-02-30").join(["rules:\n", ""]))
+    assert [r.id for r in load_file(dated)] == ["2020-02-30"]  # was a ValueError: day is out of range
+    verdict = "{{kind: growth, summary: s, confidence: {c}, priority: {p}}}"
+    for c, p, want in [("!!float 0x1", "0x10", (1.0, 16)), (".5", "0o17", (0.5, 15)), ("1e-1", "-3", (0.1, -3))]:
+        f = _write(book, VERDICT_RULE.format(verdict=verdict.format(c=c, p=p)), name="v.yaml")
+        v = load_file(f)[0].then.verdict
+        assert (v.confidence, v.priority) == want
+    sexagesimal = _write(book, VERDICT_RULE.format(verdict=verdict.format(c="1.0", p="1:20")), name="s.yaml")
+    assert "priority: Input should be a valid integer" in _error(sexagesimal)  # 1:20 is text, not 80
+    yes = _write(book, "wrappers:\n  - {kind: wrapper, function: yes, note: on}\n", name="w.yaml")
+    assert [(w.function, w.note) for w in load_file_parts(yes).wrappers] == [("yes", "on")]
+
+
+def test_a_base_60_megabyte_scalar_is_refused_before_it_is_built(book):
+    """YAML 1.1 built `1:59:59:...` quadratically: 24 s of CPU for 1 MiB."""
+    p = book / "sexagesimal.yaml"
+    p.write_text("rules:\n  - id: 1" + ":59" * 349_000 + "\n")
+    p.chmod(0o644)
+    t0 = time.monotonic()
+    assert _error(p) == f"{p}:2: a scalar of {1 + 3 * 349_000} characters; at most 65536"
+    assert time.monotonic() - t0 < 10  # a hang check, not a timing test: it took 24 s
+
+
+@pytest.mark.parametrize(
+    ("path", "fs"),
+    [
+        ("/proc/self/status", "procfs"),
+        ("/proc/kmsg", "procfs"),
+        ("/sys/kernel/mm/transparent_hugepage/enabled", "sysfs"),
+    ],
+)
+def test_files_of_kernel_filesystems_are_refused_unread(path, fs):
+    if not os.path.exists(path):
+        pytest.skip(f"{path} is not on this kernel")
+    assert _error(Path(path), trusted=False) == (
+        f"{path}: a file of {fs} (a kernel interface), not a rule file; refused unread"
+    )
+
+
+def test_a_trace_pipe_is_refused_unread(root_required):
+    """A tracing instance's trace_pipe is a root-owned regular file whose read takes the events
+    from its other readers (or fails with EAGAIN when there are none)."""
+    tracing = Path("/sys/kernel/tracing")
+    if not (tracing / "instances").is_dir():
+        pytest.skip("no tracefs at /sys/kernel/tracing")
+    instance = tracing / "instances" / f"memdiag-rulefix-{os.getpid()}"
+    instance.mkdir()
+    try:
+        pipe = instance / "trace_pipe"
+        assert _error(pipe) == f"{pipe}: a file of tracefs (a kernel interface), not a rule file; refused unread"
+    finally:
+        instance.rmdir()
+
+
+def test_an_error_while_reading_is_a_rule_file_error():
+    """EAGAIN from a real non-blocking read with nothing to read (a pipe: no kernel file needed)."""
+    r, w = os.pipe2(os.O_NONBLOCK)
+    try:
+        with pytest.raises(RuleFileError) as e:
+            read_at_most(r, 100, Path("/etc/x.yaml"))
+        assert e.value.errors == ["/etc/x.yaml: cannot read (Resource temporarily unavailable)"]
+        os.write(w, b"rules: []\n")
+        os.close(w)
+        w = -1
+        assert read_at_most(r, 100, Path("/etc/x.yaml")) == b"rules: []\n"
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
