@@ -3,12 +3,14 @@ here: 0 a completed diagnosis (whatever it found), 2 bad usage, 1 a failure, 130
 or SIGTERM that cut the command short (its partial report written).
 
 Only the standard library and errors.py are imported at start: the commands (pydantic, bcc's
-helpers) load inside main's handlers, so a Ctrl-C during the imports is one line and exit 130 too."""
+helpers) load inside main's handlers, with SIGINT held until they are loaded, so a Ctrl-C during
+the imports is one line and exit 130 too."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
 from .errors import MemdiagError, SignalInterrupted
@@ -25,8 +27,14 @@ class _BadUsage(Exception):
 
 def _commands() -> dict:
     """The subcommands by name (the main job, the diagnosis, under None)."""
-    from .commands import prepare, probe, rules, run, serve, top
-
+    # A Ctrl-C is held until the imports are done: a KeyboardInterrupt raised inside a compiled
+    # extension's initialisation (pydantic-core importing datetime) comes out as that extension's own
+    # panic, not as an interrupt. Released here, it is one inside main's handlers.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        from .commands import prepare, probe, rules, run, serve, top
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
     return {None: run, "top": top, "probe": probe, "rules": rules, "serve": serve, "prepare": prepare}
 
 
