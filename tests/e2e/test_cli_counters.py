@@ -109,12 +109,12 @@ def test_pid_that_exits_normally_during_the_window(workload, tmp_path):
 @pytest.mark.parametrize(
     "args, code, message",
     [
-        (["--pid", "999999999"], 2, "--pid 999999999: no such process"),
+        (["--pid", "4194304"], 2, "--pid 4194304: no such process"),  # pids are below pid_max, at most this
         (["--pid", "-4"], 2, "argument --pid: '-4' is not a whole number at least 1"),
         (["--pid", "2"], 2, "kernel thread"),
         (["--cgroup", "/no/such/cgroup"], 2, "is not a memory cgroup"),
         (["--cgroup", "/etc"], 2, "is not a memory cgroup"),
-        (["--duration", "0"], 2, "argument --duration: '0' is not a finite number more than 0 seconds"),
+        (["--duration", "0"], 2, "--duration: '0' is not a finite number more than 0 and at most 86400 seconds"),
         (["--duration", "nan"], 2, "argument --duration: 'nan' is not a finite number"),
         (["--duration", "inf"], 2, "argument --duration: 'inf' is not a finite number"),
         (["--duration", "-1"], 2, "argument --duration: '-1' is not a finite number more than 0"),
