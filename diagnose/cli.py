@@ -1,22 +1,19 @@
 """memdiag's command line: ``main(argv) -> int``. Typed errors become exit codes here, and only
 here: 0 a completed diagnosis (whatever it found), 2 bad usage, 1 a failure, 130 and 143 a SIGINT
-or SIGTERM that cut the command short (its partial report written)."""
+or SIGTERM that cut the command short (its partial report written).
+
+Only the standard library and errors.py are imported at start: the commands (pydantic, bcc's
+helpers) load inside main's handlers, with SIGINT held until they are loaded, so a Ctrl-C during
+the imports is one line and exit 130 too."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 
-from memdiag.probes.base import signals_caught
-
-from .commands import prepare, probe, rules, run, serve, top
 from .errors import MemdiagError, SignalInterrupted
-
-_SUBCOMMANDS = {"top": top, "probe": probe, "rules": rules, "serve": serve, "prepare": prepare}
-# Commands that stop cleanly on SIGINT/SIGTERM: detach, write what they have, exit 128 + the signal.
-# (serve has its own handling: the web server's.)
-_CATCH_SIGNALS = (run, probe, top)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -28,38 +25,46 @@ class _BadUsage(Exception):
     pass
 
 
+def _commands() -> dict:
+    """The subcommands by name (the main job, the diagnosis, under None)."""
+    # A Ctrl-C is held until the imports are done: a KeyboardInterrupt raised inside a compiled
+    # extension's initialisation (pydantic-core importing datetime) comes out as that extension's own
+    # panic, not as an interrupt. Released here, it is one inside main's handlers.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        from .commands import prepare, probe, rules, run, serve, top
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    return {None: run, "top": top, "probe": probe, "rules": rules, "serve": serve, "prepare": prepare}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="memdiag",
         description="Automated Linux memory diagnosis: counters first, then the code behind the growth.",
     )
-    run.add_arguments(parser)
+    commands = _commands()
+    commands[None].add_arguments(parser)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for name, module in _SUBCOMMANDS.items():
-        module.add_arguments(sub.add_parser(name, help=module.__doc__.strip().splitlines()[0]))
+    for name, module in commands.items():
+        if name is not None:
+            module.add_arguments(sub.add_parser(name, help=module.__doc__.strip().splitlines()[0]))
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-        module = _SUBCOMMANDS.get(args.command, run)
-        if module not in _CATCH_SIGNALS:
-            return module.execute(args)
-        with signals_caught():
-            return module.execute(args)
+        return _execute(build_parser().parse_args(argv))
     except _BadUsage as e:
-        print(str(e), file=sys.stderr)
+        _say(str(e), prefix="")
         return 2
     except SignalInterrupted as e:  # the partial output is written: say so, exit as the shell would
-        print(f"memdiag: {e}", file=sys.stderr)
+        _say(str(e))
         return 128 + e.signum
     except MemdiagError as e:
-        lines = str(e).splitlines() or [""]
-        print("\n".join([f"memdiag: {lines[0]}", *lines[1:]]), file=sys.stderr)
+        _say(str(e))
         return e.exit_code
-    except KeyboardInterrupt:
+    except KeyboardInterrupt:  # perhaps during the imports: nothing more to load to say so
         print("memdiag: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
@@ -67,11 +72,35 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as e:  # the last line of defence: one line, unless debugging
         if os.environ.get("MEMDIAG_DEBUG"):
             raise
-        print(
-            f"memdiag: internal error: {type(e).__name__}: {e} (set MEMDIAG_DEBUG=1 for the traceback)", file=sys.stderr
-        )
+        _say(f"internal error: {type(e).__name__}: {e} (set MEMDIAG_DEBUG=1 for the traceback)")
         return 1
 
 
+def _execute(args: argparse.Namespace) -> int:
+    from memdiag.probes.base import signals_caught
+
+    commands = _commands()
+    module = commands[args.command]
+    # Commands that stop cleanly on SIGINT/SIGTERM: detach, write what they have, exit 128 + the
+    # signal. (serve has its own handling: the web server's.)
+    if module not in (commands[None], commands["probe"], commands["top"]):
+        return module.execute(args)
+    with signals_caught():
+        return module.execute(args)
+
+
+def _say(message: str, prefix: str = "memdiag: ") -> None:
+    """A message on stderr, its first line prefixed; whatever outside text it quotes (a path, a
+    rule file's line, a comm) with its control characters visible."""
+    from .render.text import plain
+
+    lines = message.splitlines() or [""]
+    print("\n".join([prefix + plain(lines[0]), *map(plain, lines[1:])]), file=sys.stderr)
+
+
 def entry() -> None:  # console script entry point
-    sys.exit(main(sys.argv[1:]))
+    try:
+        code = main(sys.argv[1:])
+    except KeyboardInterrupt:  # a second Ctrl-C, while the first was being reported
+        code = 130
+    sys.exit(code)

@@ -7,6 +7,18 @@ import argparse
 import math
 from collections.abc import Callable
 
+from .units import parse_size
+
+
+def _shown(x: float) -> str:
+    """A bound as written in the message: whole numbers in full (4294967295, not 4.29497e+09)."""
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
+def _quoted(text: str) -> str:
+    """The value as given, for the message (a 5000-digit number shown by its first 40)."""
+    return repr(text) if len(text) <= 40 else repr(text[:40]) + "..."
+
 
 def number(
     minimum: float | None = None,
@@ -22,32 +34,63 @@ def number(
     def described() -> str:
         parts = []
         if minimum is not None:
-            parts.append(f"{'more than' if above else 'at least'} {minimum:g}")
+            parts.append(f"{'more than' if above else 'at least'} {_shown(minimum)}")
         if maximum is not None:
-            parts.append(f"at most {maximum:g}")
+            parts.append(f"at most {_shown(maximum)}")
         kind = "a whole number" if integer else "a finite number"
         return kind + (" " + " and ".join(parts) if parts else "") + (f" {unit}" if unit else "")
 
     def parse(text: str) -> float:
         try:
             value: float = int(text, 10) if integer else float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not {described()}") from None
+        except ValueError:  # also a whole number of more digits than Python converts (4300)
+            raise argparse.ArgumentTypeError(f"{_quoted(text)} is not {described()}") from None
         if not math.isfinite(value):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {described()}")
+            raise argparse.ArgumentTypeError(f"{_quoted(text)} is not {described()}")
         too_low = minimum is not None and (value <= minimum if above else value < minimum)
         if too_low or (maximum is not None and value > maximum):
-            raise argparse.ArgumentTypeError(f"{text!r} is not {described()}")
+            raise argparse.ArgumentTypeError(f"{_quoted(text)} is not {described()}")
         return value
 
     parse.__name__ = "number"  # argparse names the type in some messages
     return parse
 
 
+def size(maximum: int) -> Callable[[str], int]:
+    """An argparse type: a size in bytes ('4096', '64KiB', '1.5GiB') of at most maximum."""
+
+    def parse(text: str) -> int:
+        try:
+            value = parse_size(text)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        if value > maximum:
+            pib = f"{maximum / 2**50:g} PiB"
+            raise argparse.ArgumentTypeError(f"{_quoted(text)} is not a size of at most {maximum} bytes ({pib})")
+        return value
+
+    parse.__name__ = "size"
+    return parse
+
+
+# Bounds. A diagnosis or a probe watches for at most a day (serve's diagnoses for at most an hour);
+# a pid is at most the kernel's PID_MAX_LIMIT (4M); memleak's sampling draws a 32-bit random number
+# (bpf_get_prandom_u32() % N); no allocation is bigger than the largest user address space of a
+# 64-bit Linux (57-bit, 128 PiB), which also keeps every size a plain 64-bit literal in the BPF source.
+MAX_SECONDS = 86_400
+PID_MAX_LIMIT = 4_194_304
+MAX_SAMPLE_EVERY = 2**32 - 1
+MAX_BYTES = 2**57
+MAX_ROWS = 100_000
+
 # The options several commands share, so each is checked the same way everywhere.
-SECONDS = number(0, above=True, unit="seconds")
-INTERVAL = number(0.01, unit="seconds")  # below 10 ms, reading /proc is all memdiag would do
+SECONDS = number(0, above=True, unit="seconds")  # serve's --dedupe-window (serve bounds its own)
+DURATION = number(0, MAX_SECONDS, above=True, unit="seconds")
+INTERVAL = number(0.01, MAX_SECONDS, unit="seconds")  # below 10 ms, reading /proc is all memdiag would do
 PERCENT = number(0, 100, above=True, unit="percent")
-MILLISECONDS = number(0, unit="milliseconds")
-PID = number(1, integer=True)
-COUNT = number(1, integer=True)
+MILLISECONDS = number(0, MAX_SECONDS * 1000, unit="milliseconds")
+PID = number(1, PID_MAX_LIMIT, integer=True)
+COUNT = number(1, integer=True)  # serve's counts (serve bounds its own)
+ROWS = number(1, MAX_ROWS, integer=True)  # lines or stacks to show
+SAMPLE_EVERY = number(1, MAX_SAMPLE_EVERY, integer=True)
+SIZE = size(MAX_BYTES)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from .render.text import plain
 from .snapshot import Snapshot
 from .units import fmt_bytes, fmt_duration
 
@@ -17,7 +18,7 @@ class Progress:
 
     def step(self, text: str) -> None:
         if self.enabled:
-            self.stream.write(f"\r\x1b[K{text}")
+            self.stream.write(f"\r\x1b[K{plain(text)}")  # the step may name the target (its comm)
             self.stream.flush()
 
     def on_sample(self, snap: Snapshot, elapsed: float) -> None:

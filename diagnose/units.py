@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 
 def fmt_bytes(n: float | None) -> str:
     if n is None:
@@ -77,6 +79,8 @@ def parse_size(text: str) -> int:
         value = float(number)
     except ValueError:
         raise ValueError(f"{text!r} is not a size (examples: 4096, 64KiB, 1MiB, 2GiB)") from None
+    if not math.isfinite(value):  # '1e400' is a float, and inf bytes no size
+        raise ValueError(f"{text!r} is not a size (examples: 4096, 64KiB, 1MiB, 2GiB)")
     if value < 0:
         raise ValueError(f"{text!r}: a size cannot be negative")
     return int(value * _SIZE_UNITS[unit])

@@ -12,10 +12,11 @@ from memdiag.probes.base import INTERRUPTION, ProbeTarget, phase
 from memdiag.probes.calibrate import host_costs
 
 from ..errors import PermissionNeeded, SignalInterrupted, UsageError
-from ..options import COUNT, MILLISECONDS, PID, SECONDS
+from ..options import DURATION, MILLISECONDS, PID, ROWS, SAMPLE_EVERY, SIZE
+from ..outfiles import write_file
 from ..render.probe_text import render_probe
+from ..render.text import json_text
 from ..target import cgroup_target, pid_target
-from ..units import parse_size
 from ..workflow import DEFAULT_BUDGET_PERCENT
 
 PROBES = {
@@ -31,29 +32,22 @@ PROBES = {
 }
 
 
-def _size(text: str) -> int:
-    try:
-        return parse_size(text)
-    except ValueError as e:
-        raise argparse.ArgumentTypeError(str(e)) from None
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("name", choices=sorted(PROBES), help="the probe to run")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--pid", type=PID, help="trace this process")
     group.add_argument("--cgroup", metavar="PATH", help="trace the processes of this memory cgroup")
-    parser.add_argument("--duration", type=SECONDS, default=10.0, metavar="S", help="seconds to trace (default 10)")
+    parser.add_argument("--duration", type=DURATION, default=10.0, metavar="S", help="seconds to trace (default 10)")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
     parser.add_argument("--folded", type=Path, metavar="FILE", help="write folded stacks (flame graph input)")
-    parser.add_argument("--top", type=COUNT, default=10, metavar="N", help="stacks or processes to show (default 10)")
+    parser.add_argument("--top", type=ROWS, default=10, metavar="N", help="stacks or processes to show (default 10)")
     mem = parser.add_argument_group("memleak")
-    mem.add_argument("--sample-every", type=COUNT, default=1, metavar="N", help="trace 1 in N allocations")
-    mem.add_argument("--min-size", type=_size, default=0, metavar="SIZE", help="ignore smaller allocations")
-    mem.add_argument("--max-size", type=_size, default=None, metavar="SIZE", help="ignore larger allocations")
+    mem.add_argument("--sample-every", type=SAMPLE_EVERY, default=1, metavar="N", help="trace 1 in N allocations")
+    mem.add_argument("--min-size", type=SIZE, default=0, metavar="SIZE", help="ignore smaller allocations")
+    mem.add_argument("--max-size", type=SIZE, default=None, metavar="SIZE", help="ignore larger allocations")
     mem.add_argument(
         "--snoop",
-        type=_size,
+        type=SIZE,
         default=0,
         metavar="SIZE",
         help="also list single allocations of at least SIZE (e.g. 1MiB)",
@@ -90,11 +84,11 @@ def execute(args: argparse.Namespace) -> int:
     if args.folded is not None:
         lines = getattr(result, "folded", [])
         try:
-            args.folded.write_text("".join(f"{line}\n" for line in lines))
+            write_file(args.folded, "".join(f"{line}\n" for line in lines))
         except OSError as e:
             raise UsageError(f"--folded {args.folded}: cannot write ({e.strerror or e})") from None
     if args.json:
-        sys.stdout.write(result.model_dump_json(indent=2) + "\n")
+        sys.stdout.write(json_text(result.model_dump_json(indent=2)) + "\n")
     else:
         sys.stdout.write(render_probe(result, top=args.top))
     if INTERRUPTION.caught:

@@ -18,6 +18,7 @@ from memdiag.rules.source import folder_entries, untrusted_reason
 from memdiag.rules.units import KIND_NAMES
 
 from ..errors import UsageError
+from ..render.text import plain
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -52,12 +53,12 @@ def execute(args: argparse.Namespace) -> int:
         print(f"ok: {len(rules)} rules{extra} in {len(paths)} file(s)")
         for p in paths if lint else []:
             if why := untrusted_reason(p):
-                print(f"note: {p} is not trusted policy ({why}); a diagnosis would refuse it")
+                print(f"note: {plain(p)} is not trusted policy ({plain(why)}); a diagnosis would refuse it")
         return 0
     if args.wrappers:
         for w in book.wrappers:
             match = " in ".join(f"{k} {v}" for k, v in (("function", w.function), ("module", w.module)) if v)
-            print(f"{w.kind:<12} {match:<44} {w.source}" + (f"  ({w.note})" if w.note else ""))
+            print(plain(f"{w.kind:<12} {match:<44} {w.source}" + (f"  ({w.note})" if w.note else "")))
         return 0
     for rule in rules:
         then = []
@@ -67,7 +68,8 @@ def execute(args: argparse.Namespace) -> int:
             then.append("probes " + ", ".join(p.name for p in rule.then.probes))
         if rule.then.finding:
             then.append("finding")
-        print(f"{rule.id:<34} {rule.source}\n    {rule.description}\n    -> {'; '.join(then)}")
+        shown = [plain(x) for x in (rule.id, rule.source, rule.description, "; ".join(then))]
+        print("{:<34} {}\n    {}\n    -> {}".format(*shown))
     return 0
 
 

@@ -6,17 +6,18 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from memdiag.probes.base import INTERRUPTION, phase
 from memdiag.rules.loader import RuleFileError
 
-from ..errors import PermissionNeeded, SignalInterrupted, UsageError
-from ..options import INTERVAL, MILLISECONDS, PERCENT, PID, SECONDS
+from ..errors import MemdiagError, PermissionNeeded, SignalInterrupted, UsageError
+from ..options import DURATION, INTERVAL, MILLISECONDS, PERCENT, PID
+from ..outfiles import ReportFolder, open_report_folder
 from ..progress import Progress
 from ..render import render_all
+from ..render.text import plain
 from ..report import Interrupted
 from ..target import Target, cgroup_target, pid_target, system_target
 from ..workflow import DEFAULT_BUDGET_PERCENT, DEFAULT_MAX_PAUSE_MS, diagnose, load_book
@@ -31,7 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cgroup", metavar="PATH", help="diagnose this memory cgroup (a path in the hierarchy or under /sys/fs/cgroup)"
     )
     parser.add_argument(
-        "--duration", type=SECONDS, default=30.0, metavar="S", help="seconds to watch the counters (default 30)"
+        "--duration", type=DURATION, default=30.0, metavar="S", help="seconds to watch the counters (default 30)"
     )
     parser.add_argument(
         "--interval",
@@ -45,7 +46,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=Path,
         default=None,
         metavar="DIR",
-        help="folder for the report (default: a new timestamped folder here)",
+        help="folder for the report, created mode 700 if new; an existing one must be root's or yours and not "
+        "group/world-writable (default: a new timestamped folder here)",
     )
     parser.add_argument(
         "--budget",
@@ -94,20 +96,13 @@ def _target(args: argparse.Namespace) -> Target:
     return system_target()
 
 
-def _output_dir(args: argparse.Namespace, target: Target) -> Path:
-    """Create (and prove writable) the report folder before the window, not after it."""
+def _output_dir(args: argparse.Namespace, target: Target) -> ReportFolder:
+    """Create (and prove writable, and safe from other users) the report folder before the window."""
     if args.output is not None:
-        out = args.output
-    else:
-        suffix = f"-pid{target.pid}" if target.pid else ""
-        out = Path.cwd() / f"memdiag-{time.strftime('%Y%m%d-%H%M%S')}{suffix}"
-    try:
-        out.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=out):
-            pass
-    except OSError as e:
-        raise UsageError(f"--output {out}: cannot write there ({e.strerror or e})") from None
-    return out
+        return open_report_folder(args.output, f"--output {args.output}")
+    suffix = f"-pid{target.pid}" if target.pid else ""
+    out = Path.cwd() / f"memdiag-{time.strftime('%Y%m%d-%H%M%S')}{suffix}"
+    return open_report_folder(out, f"report folder {out}")
 
 
 def execute(args: argparse.Namespace) -> int:
@@ -116,7 +111,12 @@ def execute(args: argparse.Namespace) -> int:
     except RuleFileError as e:
         raise UsageError(e.usage_text()) from None
     target = _target(args)
-    out = _output_dir(args, target)
+    with _output_dir(args, target) as folder:
+        return _diagnose(args, target, rules, folder)
+
+
+def _diagnose(args: argparse.Namespace, target: Target, rules, folder: ReportFolder) -> int:
+    out = folder.path
     # memdiag's own work (bcc's compiler, symbolization) must not compete with the target for CPU:
     # on a small machine that costs the target more than the probes do (see BENCHMARKS.md).
     os.nice(NICENESS)
@@ -134,14 +134,14 @@ def execute(args: argparse.Namespace) -> int:
     )
     progress.done()
     with phase("writing the report"):
-        _write(out, report)
+        _write(folder, report)
     if INTERRUPTION.caught and report.interrupted is None:  # it came while the whole report was written
         at = time.time() - (time.monotonic() - (INTERRUPTION.at or time.monotonic())) - report.window.started
         cut = Interrupted(signal=INTERRUPTION.signal_name, phase=INTERRUPTION.phase or "unknown", at_s=round(at, 2))
         report = report.model_copy(update={"interrupted": cut})
-        _write(out, report)
-    print(f"{report.verdict.kind}: {report.verdict.summary}")
-    print(f"report: {out / 'report.md'}")
+        _write(folder, report)
+    print(f"{report.verdict.kind}: {plain(report.verdict.summary)}")
+    print(f"report: {plain(out / 'report.md')}")
     if INTERRUPTION.caught:
         raise SignalInterrupted(
             INTERRUPTION.signum or 0,
@@ -151,9 +151,12 @@ def execute(args: argparse.Namespace) -> int:
     return 0
 
 
-def _write(out: Path, report) -> None:
-    """Every file of the report, each replaced whole (a reader never sees half a file)."""
-    for name, text in render_all(report).items():
-        tmp = out / f".{name}.tmp"
-        tmp.write_text(text)
-        os.replace(tmp, out / name)
+def _write(folder: ReportFolder, report) -> None:
+    """Every file of the report, each replaced whole; the verdict kept in the message if that fails."""
+    try:
+        folder.write(render_all(report))
+    except OSError as e:
+        raise MemdiagError(
+            f"cannot write the report in {folder.path} ({e.strerror or e}); "
+            f"the verdict was {report.verdict.kind}: {report.verdict.summary}"
+        ) from None

@@ -16,7 +16,8 @@ from ..facts.process import ProcessMemory
 from ..facts.processes import read_all_processes
 from ..facts.psi import read_memory_pressure
 from ..facts.vmstat import read_vmstat
-from ..options import COUNT, INTERVAL
+from ..options import INTERVAL, ROWS
+from ..render.text import plain
 from ..trends import counter_rate
 from ..units import fmt_bytes
 
@@ -27,7 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "-n",
         "--lines",
-        type=COUNT,
+        type=ROWS,
         default=None,
         metavar="N",
         help="show N processes (default: fit the terminal, 20 with --once)",
@@ -74,7 +75,7 @@ def render_table(
     rows.sort(key=lambda r: (r[0], r[1]), reverse=True)
     for growth, _, p, minflt, majflt in rows[:lines]:
         out.append(
-            f"{p.pid:>7} {p.comm[:16]:<16} {_mib(p.rss):>9} {_mib(p.rss_anon):>9} {_mib(p.rss_file):>8} "
+            f"{p.pid:>7} {plain(p.comm[:16]):<16} {_mib(p.rss):>9} {_mib(p.rss_anon):>9} {_mib(p.rss_file):>8} "
             f"{_mib(p.rss_shmem):>7} {_mib(p.vm_size):>10} {_mib(p.vm_swap):>7} {growth / 1024:>10.1f} "
             f"{minflt or 0:>9.0f} {majflt or 0:>8.0f}"
         )

@@ -1,4 +1,5 @@
-"""A probe's result as text for the terminal (`memdiag probe NAME`)."""
+"""A probe's result as text for the terminal (`memdiag probe NAME`). Every string in the result
+(comm, paths, frames, reasons) is shown with its control characters visible: it is the target's to choose."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import time
 from memdiag.probes.base import ProbeResult
 
 from ..units import fmt_bytes, fmt_duration
+from .text import flattened
 
 
 def _header(r: ProbeResult) -> list[str]:
@@ -54,6 +56,7 @@ def _reach(r) -> str:
 
 
 def render_probe(r: ProbeResult, top: int = 10) -> str:
+    r = flattened(r)  # no ESC, newline or other control character from outside reaches the terminal
     lines = _header(r)
     name = r.name
     if name in ("faults", "brkstack", "mmapsnoop"):

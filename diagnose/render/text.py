@@ -1,7 +1,8 @@
-"""Text from outside memdiag (a target's command line and comm, cgroup names, symbols, and the
-summaries that quote them) made safe to place in Markdown, in one place: every string on one line
-(so none can start a heading, a table row, a list or an HTML block), prose without markup of its
-own (no HTML, links or emphasis), code spans that no backtick can close early."""
+"""Text from outside memdiag (a target's command line and comm, cgroup names, paths, symbols, and the
+summaries that quote them) made safe to show, in one place: every string on one line with its control
+characters visible (so none can start a heading, a table row, a list or an HTML block in Markdown, nor
+move the cursor, recolour or retitle a terminal), prose without markup of its own (no HTML, links or
+emphasis), code spans that no backtick can close early."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from pydantic import BaseModel
 
 M = TypeVar("M", bound=BaseModel)
 
-# C0 controls, DEL, and what Unicode treats as a line break (NEL, LINE/PARAGRAPH SEPARATOR)
-_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")
+# C0 controls (ESC among them), DEL, the C1 controls (CSI \x9b and OSC \x9d start terminal sequences
+# on their own), and what Unicode treats as a line break (NEL is C1; LINE/PARAGRAPH SEPARATOR)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # What can open markup in prose, and only that (so ordinary text such as "<= 2%" reads as it is):
 # an HTML tag or autolink, an entity, an inline link or image, emphasis, a stray backtick, and a
@@ -26,6 +28,21 @@ _CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
 def one_line(text: str) -> str:
     """Every control character as a visible escape (a newline becomes the two characters \\n)."""
     return _CONTROL.sub(lambda m: _NAMED.get(m.group(), f"\\x{ord(m.group()):02x}"), text)
+
+
+def plain(text: object) -> str:
+    """Outside text for a terminal or a plain-text stream: one line, control characters visible
+    (ESC shows as the four characters \\x1b). The one function every print of outside text uses."""
+    return one_line(str(text))
+
+
+def json_text(text: str) -> str:
+    """JSON text with DEL, the C1 controls and the Unicode line separators written as \\u escapes
+    (JSON writers escape only C0): the same value, nothing a terminal acts on."""
+    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+_JSON_RAW = re.compile("[\x7f-\x9f\u2028\u2029]")
 
 
 def flattened(model: M) -> M:

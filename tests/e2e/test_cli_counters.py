@@ -109,16 +109,16 @@ def test_pid_that_exits_normally_during_the_window(workload, tmp_path):
 @pytest.mark.parametrize(
     "args, code, message",
     [
-        (["--pid", "999999999"], 2, "--pid 999999999: no such process"),
+        (["--pid", "4194304"], 2, "--pid 4194304: no such process"),  # pids are below pid_max, at most this
         (["--pid", "-4"], 2, "argument --pid: '-4' is not a whole number at least 1"),
         (["--pid", "2"], 2, "kernel thread"),
         (["--cgroup", "/no/such/cgroup"], 2, "is not a memory cgroup"),
         (["--cgroup", "/etc"], 2, "is not a memory cgroup"),
-        (["--duration", "0"], 2, "argument --duration: '0' is not a finite number more than 0 seconds"),
+        (["--duration", "0"], 2, "--duration: '0' is not a finite number more than 0 and at most 86400 seconds"),
         (["--duration", "nan"], 2, "argument --duration: 'nan' is not a finite number"),
         (["--duration", "inf"], 2, "argument --duration: 'inf' is not a finite number"),
         (["--duration", "-1"], 2, "argument --duration: '-1' is not a finite number more than 0"),
-        (["--interval", "1e-9"], 2, "argument --interval: '1e-9' is not a finite number at least 0.01 seconds"),
+        (["--interval", "1e-9"], 2, "argument --interval: '1e-9' is not a finite number at least 0.01 and at most"),
         (["--interval", "nan"], 2, "argument --interval: 'nan' is not a finite number"),
         (["--budget", "nan"], 2, "argument --budget: 'nan' is not a finite number more than 0 and at most 100"),
         (["--budget", "-5"], 2, "argument --budget: '-5' is not a finite number more than 0 and at most 100"),
@@ -130,6 +130,28 @@ def test_pid_that_exits_normally_during_the_window(workload, tmp_path):
         (["--pid", str(os.getpid()), "--output", "/proc/memdiag-cannot-write"], 2, "cannot write there"),
         (["--pid", "abc"], 2, "argument --pid: 'abc' is not a whole number at least 1"),
         (["--bogus"], 2, "unrecognized arguments"),
+        # every number has an upper bound, checked before anything runs (the BPF side takes u32/u64)
+        (["--duration", "1e300"], 2, "--duration: '1e300' is not a finite number more than 0 and at most 86400"),
+        (["--interval", "86401"], 2, "at least 0.01 and at most 86400 seconds"),
+        (["--max-pause", "1e12"], 2, "--max-pause: '1e12' is not a finite number at least 0 and at most 86400000"),
+        (["--pid", "4194305"], 2, "argument --pid: '4194305' is not a whole number at least 1 and at most 4194304"),
+        (["--pid", "9" * 5000], 2, "argument --pid: '9999999999999999999999999999999999999999'... is not a whole"),
+        (["top", "--lines", "100001"], 2, "argument -n/--lines: '100001' is not a whole number at least 1 and at most"),
+        (["probe", "memleak", "--duration", "1e300"], 2, "'1e300' is not a finite number more than 0 and at most"),
+        (["probe", "memleak", "--top", "1e3"], 2, "argument --top: '1e3' is not a whole number"),
+        (
+            ["probe", "memleak", "--sample-every", "99999999999999999999"],
+            2,
+            "argument --sample-every: '99999999999999999999' is not a whole number at least 1 and at most 4294967295",
+        ),
+        (
+            ["probe", "memleak", "--min-size", "99999999999999999999999"],
+            2,
+            "argument --min-size: '99999999999999999999999' is not a size of at most 144115188075855872 bytes",
+        ),
+        (["probe", "memleak", "--max-size", "1e18"], 2, "argument --max-size: '1e18' is not a size of at most"),
+        (["probe", "memleak", "--snoop", "1e30"], 2, "argument --snoop: '1e30' is not a size of at most"),
+        (["probe", "memleak", "--snoop", "1e400"], 2, "argument --snoop: '1e400' is not a size (examples"),
     ],
 )
 def test_bad_input_one_line_error(memdiag, root_required, args, code, message):

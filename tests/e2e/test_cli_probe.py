@@ -51,7 +51,7 @@ def test_probe_interrupted_by_a_signal_still_reports(root_required, workload, si
 
 
 def test_probe_bad_input(memdiag, root_required):
-    r = memdiag("probe", "memleak", "--pid", "999999999", "--duration", "1")
+    r = memdiag("probe", "memleak", "--pid", "4194304", "--duration", "1")  # no pid reaches PID_MAX_LIMIT
     assert r.returncode == 2 and "no such process" in r.stderr and "Traceback" not in r.stderr
     r = memdiag("probe", "memleak", "--pid", "1", "--min-size", "lots")
     assert r.returncode == 2 and "is not a size" in r.stderr

@@ -208,3 +208,34 @@ def test_sparkline():
 
 def test_every_figure_of_the_fixture_is_in_its_tables():
     assert check_figures(json.loads(render_json(fixture_report()))) == []
+
+
+def test_plain_text_shows_every_control_character():
+    from memdiag.diagnose.render.text import json_text, plain
+
+    hostile = "\x1b[31mRED\n# HEAD\t\x07\x7f\x9b2J\x9d0;t\x85\u2028ok é"
+    shown = plain(hostile)
+    assert shown == "\\x1b[31mRED\\n# HEAD\\t\\x07\\x7f\\x9b2J\\x9d0;t\\x85\\x2028ok é"
+    assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in shown)
+    assert plain(Path("/tmp/a\x1bb")) == "/tmp/a\\x1bb"
+    raw = json.dumps({"comm": hostile}, ensure_ascii=False)
+    safe = json_text(raw)
+    assert json.loads(safe) == {"comm": hostile}  # the same value
+    assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in safe)
+
+
+def test_probe_text_shows_outside_strings_escaped():
+    from memdiag.diagnose.render.probe_text import render_probe
+    from memdiag.probes.faults import FaultsResult, ProcessFaults
+
+    r = FaultsResult(
+        name="faults",
+        status="ok",
+        reason="target \x1b]0;title\x07 gone",
+        target="PID 7 (\x1b[2J)",
+        per_process=[ProcessFaults(pid=7, comm="\x1b[31mRED\n# HEAD", faults=3, bytes=12288)],
+    )
+    text = render_probe(r)
+    assert "\x1b" not in text and "\x07" not in text
+    assert text.splitlines()[0] == "faults: ok (target \\x1b]0;title\\x07 gone)"
+    assert "  PID       7 \\x1b[31mRED\\n# HEAD         3 faults  12.0 KiB" in text.splitlines()

@@ -1,0 +1,143 @@
+"""Files memdiag (as root) writes where a user said, made so that no other user can redirect them.
+
+A report folder is used only if no one but root and memdiag's own user can add entries to it: an
+existing folder owned by someone else, or group/world-writable, is refused; a new one is created
+mode 700 (reports hold command lines, paths and symbols of the target, which may be private).
+Every file is written through a descriptor of its folder (opened with O_NOFOLLOW) under a temporary
+name created with O_EXCL|O_NOFOLLOW, then renamed over the final name: a symlink planted at either
+name is removed or replaced, never followed. The folder's own path is the user's to choose, but its
+last component may not be a symlink (the predictable default name must not lead elsewhere)."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import pwd
+from pathlib import Path
+
+from .errors import UsageError
+
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+FOLDER_MODE = 0o700
+FILE_MODE = 0o600
+
+
+class ReportFolder:
+    """An open report folder, checked: write its files through it, then close it."""
+
+    def __init__(self, path: Path, fd: int):
+        self.path, self.fd = path, fd
+
+    def write(self, files: dict[str, str]) -> None:
+        """Each file replaced whole (a reader never sees half a file). OSError as the system says."""
+        for name, text in files.items():
+            _replace(self.fd, name, text)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> ReportFolder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def open_report_folder(path: Path, label: str) -> ReportFolder:
+    """The folder at path (created mode 700 if missing), proved writable; UsageError (label names it:
+    "--output DIR" or "report folder DIR") when it cannot be written or another user could write to it."""
+    created = False
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        os.mkdir(path, FOLDER_MODE)
+        created = True
+    except FileExistsError:
+        pass
+    except OSError as e:
+        raise UsageError(f"{label}: cannot write there ({e.strerror or e})") from None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
+    except OSError as e:
+        raise UsageError(f"{label}: {_open_problem(path, e)}") from None
+    try:
+        st = os.fstat(fd)
+        if created and st.st_uid == os.geteuid():
+            os.fchmod(fd, FOLDER_MODE)  # whatever the umask took away or left
+            st = os.fstat(fd)
+        if problem := _unsafe(st, path):
+            raise UsageError(f"{label}: {problem}")
+        _prove_writable(fd)
+    except OSError as e:
+        os.close(fd)
+        raise UsageError(f"{label}: cannot write there ({e.strerror or e})") from None
+    except UsageError:
+        os.close(fd)
+        raise
+    return ReportFolder(path, fd)
+
+
+def write_file(path: Path, text: str) -> None:
+    """One file at a path the user named, replaced whole; a symlink at that name is replaced, not
+    followed. OSError as the system says."""
+    dfd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        _replace(dfd, path.name, text)
+    finally:
+        os.close(dfd)
+
+
+def _replace(dfd: int, name: str, text: str) -> None:
+    tmp = f".{name}.tmp"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(tmp, dir_fd=dfd)  # a leftover, or a planted link: the link goes, its target stays
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE, dir_fd=dfd)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
+            f.write(text)
+        os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp, dir_fd=dfd)
+        raise
+
+
+def _unsafe(st: os.stat_result, path: Path) -> str | None:
+    """Why another user could plant links in this folder, or None."""
+    if st.st_uid not in (0, os.geteuid()):
+        return (
+            f"refusing a report folder owned by {_user(st.st_uid)}: its owner could plant links that memdiag "
+            f"would write through; name a new folder (memdiag creates it, mode 700) or one owned by root"
+        )
+    if st.st_mode & 0o022:
+        return (
+            f"refusing a report folder others can write to (mode {st.st_mode & 0o7777:o}): they could plant "
+            f"links that memdiag would write through; run chmod go-w {path} or name a new folder"
+        )
+    return None
+
+
+def _open_problem(path: Path, e: OSError) -> str:
+    if e.errno in (errno.ELOOP, errno.ENOTDIR) and os.path.islink(path):  # (O_DIRECTORY: ENOTDIR for a link)
+        return f"is a symbolic link; name the folder itself ({os.path.realpath(path)})"
+    if e.errno == errno.ENOTDIR:
+        return "not a folder"
+    return f"cannot write there ({e.strerror or e})"
+
+
+def _user(uid: int) -> str:
+    try:
+        return f"uid {uid} ({pwd.getpwuid(uid).pw_name})"
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _prove_writable(dfd: int) -> None:
+    """Before the window, not after it: create and remove a file in the folder."""
+    name = f".memdiag-{os.getpid()}.probe"
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dfd)
+    os.close(os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE, dir_fd=dfd))
+    os.unlink(name, dir_fd=dfd)
