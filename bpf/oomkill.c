@@ -34,8 +34,9 @@ BPF_ARRAY(stats, u64, 2); /* 0 events, 1 stack errors */
 
 #if defined(PIDNS_INO) && defined(TASK_THREAD_PID)
 /* the victim's host pid (what the tracepoint and the kernel log give) -> its pid in memdiag's
- * namespace, 0 when it is not in it; read and deleted by the loader */
-BPF_HASH(victim_ns, u32, u32, 256);
+ * namespace, 0 when it is not in it; read and deleted by the loader (LRU: an entry whose event
+ * was lost never fills the map) */
+BPF_TABLE("lru_hash", u32, u32, victim_ns, 256);
 
 /* How deep pid namespaces nest (MAX_PID_NS_LEVEL, include/linux/pid_namespace.h). */
 #define MAX_PID_NS_LEVEL 32
