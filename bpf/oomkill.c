@@ -7,9 +7,10 @@
  *
  * In a pid namespace of memdiag's own the tracepoint's pid is the host's, a number memdiag's /proc
  * does not show: the trigger is `current` (current_pid_tgid gives it in memdiag's namespace), and
- * a raw tracepoint on the same event, which receives the victim's task_struct (6.8+), records the
- * victim's pid in memdiag's namespace in victim_ns (0: the victim is not in it). Struct offsets
- * come from the kernel's BTF (probes/btf.py), not from the headers bcc compiles against. */
+ * a raw tracepoint on the same event, which receives the victim's task_struct (kernels whose
+ * tracepoint has a uid field), records the victim's pid in memdiag's namespace in victim_ns (0:
+ * the victim is not in it). Struct offsets come from the kernel's BTF (probes/btf.py), not from
+ * the headers bcc compiles against. */
 #include "memdiag.h"
 
 struct oom_event {

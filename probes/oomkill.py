@@ -98,7 +98,9 @@ def build_options() -> dict[str, int | str]:
         defines["HAVE_VICTIM_RSS"] = 1
     if "__data_loc char[] comm" in fmt:
         defines["HAVE_VICTIM_COMM"] = 1
-    if "anon_rss" in fmt and kernel.pid_namespace() is not None:
+    # the tracepoint's uid field came with its task_struct argument (TP_PROTO(task, uid)); before,
+    # the raw tracepoint received a bare pid
+    if "uid_t uid" in fmt and kernel.pid_namespace() is not None:
         defines.update(_victim_task_offsets())
     return defines
 
@@ -106,7 +108,7 @@ def build_options() -> dict[str, int | str]:
 def _victim_task_offsets() -> dict[str, int | str]:
     """Where the victim's pid in each namespace sits (task->thread_pid->numbers[level]), from the
     kernel's BTF; empty (no translation: victims get victim_pid None) when BTF lacks any of them.
-    The raw tracepoint receives the task since the tracepoint grew its RSS fields (6.8)."""
+    Only in a pid namespace of memdiag's own: in the host's, the tracepoint's pid is /proc's."""
     b = btf.vmlinux()
     if b is None:
         return {}
