@@ -69,6 +69,15 @@ class OomEvent(BaseModel):
     trigger_user_stack: list[str] = []
     trigger_kernel_stack: list[str] = []
 
+    def victim(self) -> str:
+        """ "PID n (comm)"; a victim outside memdiag's pid namespace by the host's number, said so."""
+        pid = f"PID {self.victim_pid}" if self.victim_pid is not None else f"host PID {self.victim_host_pid}"
+        return f"{pid} ({self.victim_comm})"
+
+    def trigger(self) -> str:
+        pid = f"PID {self.trigger_pid}" if self.trigger_pid is not None else "a task outside memdiag's pid namespace"
+        return f"{pid} ({self.trigger_comm})"
+
 
 class OomKillResult(ProbeResult):
     kills: list[OomEvent] = []

@@ -17,14 +17,11 @@ from ..units import fmt_bytes
 def describe(e: OomEvent) -> str:
     scope = "cgroup limit" if e.cgroup_oom else "system out of memory"
     limit = f" (limit {fmt_bytes(e.limit)})" if e.limit else ""
-    # a process outside memdiag's pid namespace has no number here: the host's, said to be one
-    victim = f"PID {e.victim_pid}" if e.victim_pid is not None else f"host PID {e.victim_host_pid}"
-    trigger = f"PID {e.trigger_pid} " if e.trigger_pid is not None else ""
     outside = f" ({e.outside_namespace})" if e.outside_namespace else ""
     return (
-        f"OOM killer killed {victim} ({e.victim_comm}), anon RSS {fmt_bytes(e.anon_rss)}: {scope}"
-        f" in {e.memcg or e.victim_cgroup or 'unknown cgroup'}{limit}; triggered by {trigger}"
-        f"({e.trigger_comm}); host MemAvailable {fmt_bytes(e.mem_available)}{outside}"
+        f"OOM killer killed {e.victim()}, anon RSS {fmt_bytes(e.anon_rss)}: {scope}"
+        f" in {e.memcg or e.victim_cgroup or 'unknown cgroup'}{limit}; triggered by {e.trigger()}"
+        f"; host MemAvailable {fmt_bytes(e.mem_available)}{outside}"
     )
 
 

@@ -13,6 +13,8 @@ import time
 
 from kit import MEMDIAG, build
 from memdiag.diagnose.facts.kmsg import read_oom_kills
+from memdiag.diagnose.serve.oomwatch import describe
+from memdiag.probes.oomkill import OomEvent
 
 MiB = 1 << 20
 
@@ -123,6 +125,8 @@ def test_an_oom_victim_outside_memdiags_namespace_is_said_to_be_outside(memcg, w
         "and the trigger is not in it"
     )
     assert k["victim_cgroup"] == outside.path  # from the kernel log: no /proc/<host pid> was read
+    said = describe(OomEvent.model_validate(k))  # serve's incident summary
+    assert f"killed host PID {host_hog.pid} (hog)" in said and "triggered by a task outside memdiag's" in said
     k = kills[inside.path]
     assert k["victim_pid"] == ns_pid and k["trigger_pid"] == ns_pid and k["outside_namespace"] is None, k
     assert k["victim_host_pid"] != ns_pid
