@@ -3,7 +3,12 @@ its limit, cgroup OOM or system OOM, host MemAvailable at that moment.
 
 On the oom:mark_victim tracepoint (near-zero cost: it fires only on a kill). Where kprobes exist
 oom_kill_process would add the OOM control structure; this probe needs only the tracepoint, and
-completes each kill from the kernel log (constraint, oom_memcg) and the victim's cgroup files."""
+completes each kill from the kernel log (constraint, oom_memcg) and the victim's cgroup files.
+
+Pids are memdiag's /proc numbers. In a pid namespace of memdiag's own, the kernel (tracepoint
+and log) names the victim by its host pid: the program translates it (bpf/oomkill.c victim_ns),
+and a victim or trigger outside memdiag's namespace has no number here: its pid is None, the
+host's number is kept in victim_host_pid, and /proc is never read for it."""
 
 from __future__ import annotations
 
@@ -23,7 +28,7 @@ from memdiag.diagnose.facts.kmsg import OomKill, read_oom_kills
 from memdiag.diagnose.facts.meminfo import read_meminfo
 from pydantic import BaseModel
 
-from . import kernel
+from . import btf, kernel
 from .base import (
     ProbeResult,
     ProbeTarget,
@@ -43,9 +48,11 @@ FORMAT = "events/oom/mark_victim/format"
 
 class OomEvent(BaseModel):
     when: float
-    victim_pid: int
+    victim_pid: int | None  # as memdiag's /proc names it; None: not in memdiag's pid namespace
+    victim_host_pid: int | None = None  # as the kernel and its log name it (the initial namespace)
     victim_comm: str
-    trigger_pid: int
+    trigger_pid: int | None  # None: the trigger is not in memdiag's pid namespace
+    outside_namespace: str | None = None  # says which of victim and trigger memdiag's /proc cannot see
     trigger_comm: str
     cgroup_oom: bool | None = None  # None: the kernel log did not say
     constraint: str | None = None
@@ -61,6 +68,15 @@ class OomEvent(BaseModel):
     oom_score_adj: int | None = None
     trigger_user_stack: list[str] = []
     trigger_kernel_stack: list[str] = []
+
+    def victim(self) -> str:
+        """ "PID n (comm)"; a victim outside memdiag's pid namespace by the host's number, said so."""
+        pid = f"PID {self.victim_pid}" if self.victim_pid is not None else f"host PID {self.victim_host_pid}"
+        return f"{pid} ({self.victim_comm})"
+
+    def trigger(self) -> str:
+        pid = f"PID {self.trigger_pid}" if self.trigger_pid is not None else "a task outside memdiag's pid namespace"
+        return f"{pid} ({self.trigger_comm})"
 
 
 class OomKillResult(ProbeResult):
@@ -91,7 +107,32 @@ def build_options() -> dict[str, int | str]:
         defines["HAVE_VICTIM_RSS"] = 1
     if "__data_loc char[] comm" in fmt:
         defines["HAVE_VICTIM_COMM"] = 1
+    # the tracepoint's uid field came with its task_struct argument (TP_PROTO(task, uid)); before,
+    # the raw tracepoint received a bare pid
+    if "uid_t uid" in fmt and kernel.pid_namespace() is not None:
+        defines.update(_victim_task_offsets())
     return defines
+
+
+def _victim_task_offsets() -> dict[str, int | str]:
+    """Where the victim's pid in each namespace sits (task->thread_pid->numbers[level]), from the
+    kernel's BTF; empty (no translation: victims get victim_pid None) when BTF lacks any of them.
+    Only in a pid namespace of memdiag's own: in the host's, the tracepoint's pid is /proc's."""
+    b = btf.vmlinux()
+    if b is None:
+        return {}
+    inum = (b.offset("pid_namespace", "ns"), b.offset("ns_common", "inum"))
+    found = {
+        "TASK_PID": b.offset("task_struct", "pid"),
+        "TASK_THREAD_PID": b.offset("task_struct", "thread_pid"),
+        "PID_LEVEL": b.offset("pid", "level"),
+        "PID_NUMBERS": b.offset("pid", "numbers"),
+        "UPID_SIZE": b.size("upid"),
+        "UPID_NR": b.offset("upid", "nr"),
+        "UPID_NS": b.offset("upid", "ns"),
+        "PIDNS_INUM": None if None in inum else inum[0] + inum[1],
+    }
+    return {} if None in found.values() else found
 
 
 class OomWatch:
@@ -104,6 +145,8 @@ class OomWatch:
         self.lost = 0
         self.pending: list[OomEvent] = []
         self.spaces: dict[int, AddressSpace] = {}
+        self.in_namespace = kernel.pid_namespace() is not None
+        self.translated = "victim_ns" in self.bpf.tables if self.in_namespace else True
         self._boot_offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
         self.bpf["events"].open_perf_buffer(self._on_event, lost_cb=self._on_lost)
 
@@ -113,14 +156,11 @@ class OomWatch:
     def _on_event(self, cpu, data, size) -> None:
         e = self.bpf["events"].event(data)
         meminfo = read_meminfo()
-        victim_cgroup = limit = None
-        loc = locate_memory_cgroup(e.victim_pid)  # the victim is often still there for a moment
-        if loc is not None:
-            victim_cgroup = loc.path
-            with contextlib.suppress(BadCgroup, OSError):
-                limit = read_cgroup_memory(loc).effective_limit
+        victim = self._victim_pid(e.victim_host_pid)
+        trigger = e.trigger_pid or None  # 0: current_pid_tgid found it outside memdiag's namespace
+        victim_cgroup, limit = _cgroup_of(victim)  # the victim is often still there for a moment
         # A trigger that is also the victim may be gone already: use the maps kept while it ran.
-        space = AddressSpace.of(e.trigger_pid) or self.spaces.get(e.trigger_pid)
+        space = (AddressSpace.of(trigger) or self.spaces.get(trigger)) if trigger else None
         user_stack = []
         if e.user_stack_id >= 0:
             sym = Symbolizer(space)
@@ -134,9 +174,10 @@ class OomWatch:
         self.pending.append(
             OomEvent(
                 when=self._boot_offset + e.ts_ns / 1e9,
-                victim_pid=e.victim_pid,
+                victim_pid=victim,
+                victim_host_pid=e.victim_host_pid,
                 victim_comm=victim_comm or "",
-                trigger_pid=e.trigger_pid,
+                trigger_pid=trigger,
                 trigger_comm=e.trigger_comm.decode(errors="replace"),
                 victim_cgroup=victim_cgroup,
                 limit=limit,
@@ -152,14 +193,51 @@ class OomWatch:
             )
         )
 
+    def _victim_pid(self, host_pid: int) -> int | None:
+        """The victim as memdiag's /proc names it: the host's pid in the initial namespace; in a
+        namespace of memdiag's own, the program's translation (None: not in it, or not yet)."""
+        if not self.in_namespace:
+            return host_pid
+        if not self.translated:
+            return None
+        try:
+            nr = self.bpf["victim_ns"][host_pid].value
+        except KeyError:
+            return None  # the raw tracepoint may not have run yet: poll() asks again
+        del self.bpf["victim_ns"][host_pid]
+        return nr or None
+
+    def _settle(self, e: OomEvent) -> OomEvent:
+        """A namespace event whose victim was not translated on arrival: ask once more, then say
+        honestly which of victim and trigger memdiag's /proc cannot name."""
+        if not self.in_namespace:
+            return e
+        update: dict = {}
+        if e.victim_pid is None and e.victim_host_pid is not None:
+            victim = self._victim_pid(e.victim_host_pid)
+            if victim is not None:
+                update["victim_pid"] = victim
+                update["victim_cgroup"], update["limit"] = _cgroup_of(victim)
+        outside = []
+        if update.get("victim_pid", e.victim_pid) is None:
+            how = "is not in it" if self.translated else "cannot be named in it on this kernel (no BTF offsets)"
+            outside.append(f"the victim (host PID {e.victim_host_pid}) {how}")
+        if e.trigger_pid is None:
+            outside.append("the trigger is not in it")
+        if outside:
+            update["outside_namespace"] = "memdiag runs in a pid namespace of its own: " + " and ".join(outside)
+        return e.model_copy(update=update)
+
     def poll(self, timeout_ms: int = 200) -> list[OomEvent]:
         """Events that arrived, completed from the kernel log (which the kernel writes as it kills)."""
         self.bpf.perf_buffer_poll(timeout=timeout_ms)
         if not self.pending:
             return []
         time.sleep(0.05)  # the log lines follow the tracepoint by microseconds
+        # the log names victims by host pid, in any namespace: matched with the tracepoint's host pid
         logged = {k.victim_pid: k for k in (read_oom_kills() or [])}
-        done, self.pending = [_complete(e, logged.get(e.victim_pid)) for e in self.pending], []
+        done = [_complete(self._settle(e), logged.get(e.victim_host_pid)) for e in self.pending]
+        self.pending = []
         return done
 
     def keep_maps(self, pids: set[int]) -> None:
@@ -174,6 +252,16 @@ class OomWatch:
 
     def close(self) -> None:
         self.bpf.cleanup()
+
+
+def _cgroup_of(pid: int | None) -> tuple[str | None, int | None]:
+    """The memory cgroup of a process memdiag's /proc shows, and its effective limit."""
+    loc = locate_memory_cgroup(pid) if pid else None
+    if loc is None:
+        return None, None
+    with contextlib.suppress(BadCgroup, OSError):
+        return loc.path, read_cgroup_memory(loc).effective_limit
+    return loc.path, None
 
 
 def _complete(e: OomEvent, log: OomKill | None) -> OomEvent:

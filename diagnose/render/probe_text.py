@@ -98,10 +98,12 @@ def render_probe(r: ProbeResult, top: int = 10) -> str:
         for k in r.kills:  # type: ignore[attr-defined]
             scope = "cgroup OOM" if k.cgroup_oom else ("system OOM" if k.cgroup_oom is False else "OOM")
             lines.append(
-                f"  {scope}: killed PID {k.victim_pid} ({k.victim_comm}), anon RSS {fmt_bytes(k.anon_rss)}; "
-                f"trigger PID {k.trigger_pid} ({k.trigger_comm}); memcg {k.memcg or k.victim_cgroup}, "
+                f"  {scope}: killed {k.victim()}, anon RSS {fmt_bytes(k.anon_rss)}; "
+                f"trigger {k.trigger()}; memcg {k.memcg or k.victim_cgroup}, "
                 f"limit {fmt_bytes(k.limit)}; host MemAvailable {fmt_bytes(k.mem_available)}"
             )
+            if k.outside_namespace:
+                lines.append(f"    {k.outside_namespace}")
             lines += _stack(k.trigger_kernel_stack, depth=6)
         if not r.kills:  # type: ignore[attr-defined]
             lines.append("  no OOM kill")

@@ -17,10 +17,11 @@ from ..units import fmt_bytes
 def describe(e: OomEvent) -> str:
     scope = "cgroup limit" if e.cgroup_oom else "system out of memory"
     limit = f" (limit {fmt_bytes(e.limit)})" if e.limit else ""
+    outside = f" ({e.outside_namespace})" if e.outside_namespace else ""
     return (
-        f"OOM killer killed PID {e.victim_pid} ({e.victim_comm}), anon RSS {fmt_bytes(e.anon_rss)}: {scope}"
-        f" in {e.memcg or e.victim_cgroup or 'unknown cgroup'}{limit}; triggered by PID {e.trigger_pid} "
-        f"({e.trigger_comm}); host MemAvailable {fmt_bytes(e.mem_available)}"
+        f"OOM killer killed {e.victim()}, anon RSS {fmt_bytes(e.anon_rss)}: {scope}"
+        f" in {e.memcg or e.victim_cgroup or 'unknown cgroup'}{limit}; triggered by {e.trigger()}"
+        f"; host MemAvailable {fmt_bytes(e.mem_available)}{outside}"
     )
 
 
@@ -52,8 +53,9 @@ class OomWatcher:
                         self.on_kill(event)
                     except Exception as e:  # noqa: BLE001 (kept and retried: the watch never ends)
                         self.backlog.append(event)
+                        pid = event.victim_pid or event.victim_host_pid
                         print(
-                            f"memdiag serve: OOM kill of PID {event.victim_pid} not recorded yet: {e}",
+                            f"memdiag serve: OOM kill of PID {pid} not recorded yet: {e}",
                             file=sys.stderr,
                             flush=True,
                         )
