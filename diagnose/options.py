@@ -84,13 +84,11 @@ MAX_BYTES = 2**57
 MAX_ROWS = 100_000
 
 # The options several commands share, so each is checked the same way everywhere.
-SECONDS = number(0, above=True, unit="seconds")  # serve's --dedupe-window (serve bounds its own)
 DURATION = number(0, MAX_SECONDS, above=True, unit="seconds")
 INTERVAL = number(0.01, MAX_SECONDS, unit="seconds")  # below 10 ms, reading /proc is all memdiag would do
 PERCENT = number(0, 100, above=True, unit="percent")
 MILLISECONDS = number(0, MAX_SECONDS * 1000, unit="milliseconds")
 PID = number(1, PID_MAX_LIMIT, integer=True)
-COUNT = number(1, integer=True)  # serve's counts (serve bounds its own)
 ROWS = number(1, MAX_ROWS, integer=True)  # lines or stacks to show
 SAMPLE_EVERY = number(1, MAX_SAMPLE_EVERY, integer=True)
 SIZE = size(MAX_BYTES)

@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 
 from ..errors import PermissionNeeded, UsageError
-from ..options import COUNT, PERCENT, SECONDS, number
+from ..options import PERCENT, number
 from ..workflow import DEFAULT_BUDGET_PERCENT, load_book
 
 MAX_QUEUE = 10_000
@@ -23,6 +23,10 @@ MAX_SECRET = 4096
 
 _DURATION = number(0, MAX_DURATION, above=True, unit="seconds")
 _QUEUE = number(1, MAX_QUEUE, integer=True)
+_INCIDENTS = number(1, 1_000_000, integer=True)  # a row is at most ~64 KiB: 1M rows is already 64 GiB
+_REPORT_MB = number(1, 1 << 20, integer=True)  # 1 TiB
+_WINDOW = number(0, 365 * 86_400, above=True, unit="seconds")
+_ATTEMPTS = number(1, 100, integer=True)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,21 +68,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-incidents",
-        type=COUNT,
+        type=_INCIDENTS,
         default=10_000,
         metavar="N",
         help="incidents kept at most; the oldest finished ones (and their reports) go first (default 10000)",
     )
     parser.add_argument(
         "--max-report-mb",
-        type=COUNT,
+        type=_REPORT_MB,
         default=512,
         metavar="MB",
         help="report bytes kept at most, oldest finished incidents evicted first (default 512)",
     )
     parser.add_argument(
         "--dedupe-window",
-        type=SECONDS,
+        type=_WINDOW,
         default=86_400.0,
         metavar="S",
         help="a diagnosed alert delivered again within this many seconds is not diagnosed again (default 86400, "
@@ -86,7 +90,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument(
         "--max-attempts",
-        type=COUNT,
+        type=_ATTEMPTS,
         default=3,
         metavar="N",
         help="diagnoses started per alert (restarts and re-deliveries) before it stays failed (default 3)",

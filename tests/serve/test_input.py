@@ -212,7 +212,7 @@ def test_serve_options_and_secret_files_are_one_line_exit_2(memdiag, root_requir
         (["--budget", "nan"], "more than 0 and at most 100 percent"),
         (["--budget", "101"], "more than 0 and at most 100 percent"),
         (["--max-attempts", "0"], "--max-attempts: '0' is not a whole number at least 1"),
-        (["--dedupe-window", "nan"], "--dedupe-window: 'nan' is not a finite number more than 0 seconds"),
+        (["--dedupe-window", "nan"], "--dedupe-window: 'nan' is not a finite number more than 0 and at most 31536000"),
         (["--token-file", str(loose)], f"readable or writable by others (mode 644): run chmod 600 {loose}"),
         (["--read-token-file", str(group)], "run chmod 600"),
         (["--grafana-secret-file", str(loose)], "--grafana-secret-file"),
