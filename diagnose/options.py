@@ -1,11 +1,13 @@
-"""Validating argparse types for numeric options, in one place: a value that is not a finite
-number in its range is a usage error (one line, exit 2) before anything runs."""
+"""Options several commands share, declared in one place: validating argparse types for numeric
+options (a value that is not a finite number in its range is a usage error, one line, exit 2,
+before anything runs) and the --playbook option."""
 
 from __future__ import annotations
 
 import argparse
 import math
 from collections.abc import Callable
+from pathlib import Path
 
 from .units import parse_size
 
@@ -92,3 +94,14 @@ PID = number(1, PID_MAX_LIMIT, integer=True)
 ROWS = number(1, MAX_ROWS, integer=True)  # lines or stacks to show
 SAMPLE_EVERY = number(1, MAX_SAMPLE_EVERY, integer=True)
 SIZE = size(MAX_BYTES)
+
+
+def add_playbook_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--playbook",
+        type=Path,
+        action="append",
+        default=[],
+        metavar="PATH",
+        help="also load this rule file (or folder of *.yaml), root-owned and not group/world-writable; repeatable",
+    )

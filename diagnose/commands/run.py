@@ -13,7 +13,7 @@ from memdiag.probes.base import INTERRUPTION, phase
 from memdiag.rules.loader import RuleFileError
 
 from ..errors import MemdiagError, PermissionNeeded, SignalInterrupted, UsageError
-from ..options import DURATION, INTERVAL, MILLISECONDS, PERCENT, PID
+from ..options import DURATION, INTERVAL, MILLISECONDS, PERCENT, PID, add_playbook_option
 from ..outfiles import ReportFolder, open_report_folder
 from ..progress import Progress
 from ..render import render_all
@@ -64,14 +64,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"longest the reachability scan may stop the target, within the budget (default {DEFAULT_MAX_PAUSE_MS:g})",
     )
     parser.add_argument("--quiet", action="store_true", help="print only the verdict and the report's path")
-    parser.add_argument(
-        "--playbook",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="also load this rule file (or folder of *.yaml), root-owned and not group/world-writable; repeatable",
-    )
+    add_playbook_option(parser)
 
 
 def _target(args: argparse.Namespace) -> Target:

@@ -12,7 +12,7 @@ import stat
 from pathlib import Path
 
 from ..errors import PermissionNeeded, UsageError
-from ..options import PERCENT, number
+from ..options import PERCENT, add_playbook_option, number
 from ..workflow import DEFAULT_BUDGET_PERCENT, load_book
 
 MAX_QUEUE = 10_000
@@ -96,14 +96,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="diagnoses started per alert (restarts and re-deliveries) before it stays failed (default 3)",
     )
     parser.add_argument("--no-oom-watch", action="store_true", help="do not watch for OOM kills")
-    parser.add_argument(
-        "--playbook",
-        type=Path,
-        action="append",
-        default=[],
-        metavar="PATH",
-        help="also load this rule file or folder (root-owned, not group/world-writable); repeatable",
-    )
+    add_playbook_option(parser)
 
 
 def _secret(path: Path | None, what: str) -> str | None:
