@@ -264,6 +264,13 @@ def _cgroup_of(pid: int | None) -> tuple[str | None, int | None]:
     return loc.path, None
 
 
+def _limit_of(cgroup_path: str) -> int | None:
+    """The effective limit of a memory cgroup named by its path (None: gone or unreadable)."""
+    with contextlib.suppress(BadCgroup, OSError):
+        return read_cgroup_memory(resolve_cgroup(cgroup_path)).effective_limit
+    return None
+
+
 def _complete(e: OomEvent, log: OomKill | None) -> OomEvent:
     update: dict = {}
     if log is not None:
@@ -272,13 +279,17 @@ def _complete(e: OomEvent, log: OomKill | None) -> OomEvent:
             cgroup_oom=log.cgroup_oom,
             memcg=log.oom_memcg if log.cgroup_oom else log.task_memcg,
         )
-        if e.victim_cgroup is None:
+        # The kernel's own record of the victim's cgroup at the kill wins over /proc's: a dying
+        # victim read from /proc can already show the root (seen in CI: "/" for a task killed in
+        # its 64 MiB cgroup), and the limit read beside it is then the root's.
+        if log.task_memcg and log.task_memcg != e.victim_cgroup:
             update["victim_cgroup"] = log.task_memcg
+            update["limit"] = _limit_of(log.task_memcg)
         if not e.victim_comm:
             update["victim_comm"] = log.victim_comm
         if e.anon_rss is None:
             update.update(anon_rss=log.anon_rss, file_rss=log.file_rss, shmem_rss=log.shmem_rss, total_vm=log.total_vm)
-        if e.limit is None and update.get("memcg"):
+        if e.limit is None and "limit" not in update and update.get("memcg"):
             with contextlib.suppress(BadCgroup, OSError):
                 update["limit"] = read_cgroup_memory(resolve_cgroup(update["memcg"])).effective_limit
     return e.model_copy(update=update)
