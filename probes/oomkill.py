@@ -279,10 +279,10 @@ def _complete(e: OomEvent, log: OomKill | None) -> OomEvent:
             cgroup_oom=log.cgroup_oom,
             memcg=log.oom_memcg if log.cgroup_oom else log.task_memcg,
         )
-        # The kernel's own record of the victim's cgroup at the kill wins over /proc's: a dying
-        # victim read from /proc can already show the root (seen in CI: "/" for a task killed in
-        # its 64 MiB cgroup), and the limit read beside it is then the root's.
-        if log.task_memcg and log.task_memcg != e.victim_cgroup:
+        # A dying victim read from /proc can already show the root (seen in CI: "/" for a task
+        # killed in its 64 MiB cgroup), and the limit read beside it is then the root's: the
+        # kernel's own record of its cgroup at the kill is taken instead.
+        if log.task_memcg and e.victim_cgroup in (None, "/") and log.task_memcg != e.victim_cgroup:
             update["victim_cgroup"] = log.task_memcg
             update["limit"] = _limit_of(log.task_memcg)
         if not e.victim_comm:
