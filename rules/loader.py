@@ -256,6 +256,20 @@ def shipped_playbooks() -> list[Path]:
     return sorted(shipped_dir().glob("*.yaml"))
 
 
+def named_paths(given: list[Path], trusted: bool) -> list[Path]:
+    """Exactly the files named, and the *.yaml of the folders named (folders checked for trust
+    when trusted; files are checked when they are read)."""
+    paths: list[Path] = []
+    for p in given:
+        if p.is_dir():
+            paths += folder_entries(p, trusted=trusted)
+        elif os.path.lexists(p):
+            paths.append(p)
+        else:
+            raise RuleFileError([f"{p}: no such file or folder"])
+    return paths
+
+
 def playbook_paths(extra: list[Path] | None = None, site: Path | None = None) -> list[Path]:
     """Policy, in order: the shipped playbook, the site folder's *.yaml (site, default
     $MEMDIAG_PLAYBOOK_DIR or /etc/memdiag/playbooks; absent is fine), then the paths given (files,
@@ -265,13 +279,7 @@ def playbook_paths(extra: list[Path] | None = None, site: Path | None = None) ->
     site = site_dir() if site is None else site
     if os.path.lexists(site):
         paths += folder_entries(site, trusted=True)
-    for p in extra or []:
-        if p.is_dir():
-            paths += folder_entries(p, trusted=True)
-        elif os.path.lexists(p):
-            paths.append(p)
-        else:
-            raise RuleFileError([f"{p}: no such file or folder"])
+    paths += named_paths(extra or [], trusted=True)
     seen, unique = set(), []
     for p in paths:
         if p.resolve() not in seen:

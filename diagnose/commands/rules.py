@@ -9,12 +9,11 @@ diagnosis does, refusing what is not trusted."""
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from memdiag.rules.catalog import FACTS
-from memdiag.rules.loader import RuleFileError, load_playbook, playbook_paths
-from memdiag.rules.source import folder_entries, untrusted_reason
+from memdiag.rules.loader import RuleFileError, load_playbook, named_paths, playbook_paths
+from memdiag.rules.source import untrusted_reason
 from memdiag.rules.units import KIND_NAMES
 
 from ..errors import UsageError
@@ -43,7 +42,7 @@ def execute(args: argparse.Namespace) -> int:
         return 0
     lint = args.action == "check" and bool(args.paths)
     try:
-        paths = _lint_paths(args.paths) if lint else playbook_paths(args.paths)
+        paths = named_paths(args.paths, trusted=False) if lint else playbook_paths(args.paths)
         book = load_playbook(paths, trusted=not lint)
     except RuleFileError as e:
         raise UsageError(e.usage_text()) from None
@@ -71,16 +70,3 @@ def execute(args: argparse.Namespace) -> int:
         shown = [plain(x) for x in (rule.id, rule.source, rule.description, "; ".join(then))]
         print("{:<34} {}\n    {}\n    -> {}".format(*shown))
     return 0
-
-
-def _lint_paths(given: list[Path]) -> list[Path]:
-    """Exactly the files named, and the *.yaml of the folders named: nothing else, no trust check."""
-    paths: list[Path] = []
-    for p in given:
-        if p.is_dir():
-            paths += folder_entries(p, trusted=False)
-        elif os.path.lexists(p):
-            paths.append(p)
-        else:
-            raise RuleFileError([f"{p}: no such file or folder"])
-    return paths
