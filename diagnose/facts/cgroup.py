@@ -146,6 +146,15 @@ def locate_memory_cgroup(pid: int, proc_root: Path = Path("/proc")) -> CgroupLoc
     return None
 
 
+def _has_file(folder: Path, name: str) -> bool:
+    """Whether folder/name exists; a name the kernel refuses (ENAMETOOLONG, EACCES) is no cgroup,
+    where Path.exists() would raise."""
+    try:
+        return (folder / name).exists()
+    except OSError:
+        return False
+
+
 def resolve_cgroup(arg: str, proc_root: Path = Path("/proc")) -> CgroupLocation:
     """A user's --cgroup: a directory under a cgroup mount, or a path inside the memory hierarchy
     (``/system.slice/x.service``). Raise BadCgroup with a one-line reason otherwise."""
@@ -163,7 +172,7 @@ def resolve_cgroup(arg: str, proc_root: Path = Path("/proc")) -> CgroupLocation:
             candidates.append((version, mount, mp / arg.lstrip("/")))
     for version, mount, fs in candidates:
         marker = "memory.limit_in_bytes" if version == 1 else "memory.current"
-        if fs.is_dir() and (fs / marker).exists():
+        if _has_file(fs, marker):
             inside = fs.relative_to(mount.mount_point).as_posix()
             path = mount.root.rstrip("/") + ("" if inside == "." else "/" + inside)
             return CgroupLocation(version=version, path=path or "/", fs_path=str(fs), mount_point=mount.mount_point)

@@ -112,7 +112,7 @@ def _pod_step(forms: set[str]):
 def _cgroup_path_ok(value: str) -> bool:
     """A cgroup named by its path in the hierarchy: allowed characters, no `.` or `..` steps."""
     absolute = value if value.startswith("/") else "/" + value
-    return CGROUP_ID.match(absolute) is not None and not {".", ".."} & set(absolute.split("/"))
+    return CGROUP_ID.fullmatch(absolute) is not None and not {".", ".."} & set(absolute.split("/"))
 
 
 def cgroup_by_path(value: str) -> Target:
@@ -128,7 +128,7 @@ def target_from_labels(labels: dict[str, str]) -> Target:
     diagnosed is the largest by RSS, unless a pid was named."""
     if "pid" in labels:
         value = labels["pid"]
-        if not PID.match(value):
+        if not PID.fullmatch(value):
             raise BadLabel("label pid: not a process id")
         try:
             read_process(int(value))
@@ -136,14 +136,14 @@ def target_from_labels(labels: dict[str, str]) -> Target:
             raise NotOnHost(f"label pid: no process {int(value)} on this host") from None
         return pid_target(int(value))
     if "container_id" in labels:
-        m = CONTAINER.match(labels["container_id"])
+        m = CONTAINER.fullmatch(labels["container_id"])
         if not m:
             raise BadLabel("label container_id: expected containerd://, cri-o:// or docker:// and a hex id")
         cid = m.group(1)
         target = _cgroup_matching(_container_step(cid), "container")
     elif "uid" in labels or "pod_uid" in labels:
-        uid = labels.get("uid") or labels["pod_uid"]
-        if not POD_UID.match(uid):
+        uid = labels["uid"] if "uid" in labels else labels["pod_uid"]
+        if not POD_UID.fullmatch(uid):
             raise BadLabel("label uid: not a pod uid")
         forms = {uid.replace("_", "-"), uid.replace("-", "_")}
         target = _cgroup_matching(_pod_step(forms), "pod")

@@ -14,17 +14,17 @@ import asyncio
 import hashlib
 import hmac
 import json
-import os
 import re
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from memdiag.diagnose.errors import UsageError
 from memdiag.diagnose.serve.app import Config, Metrics, create_app
 from memdiag.diagnose.serve.security import FailureLimiter
 from memdiag.diagnose.serve.store import Store
-from memdiag.diagnose.serve.targets import cgroup_dirs
+from memdiag.diagnose.serve.targets import BadLabel, NotOnHost, cgroup_by_path, target_from_labels
 from memdiag.diagnose.serve.worker import Worker
 
 TOKEN, SECRET = "fuzz-token-1b7e", "fuzz-secret"
@@ -101,32 +101,42 @@ def app(tmp_path_factory):
         a.loop.close()
 
 
-_KNOWN_CGROUPS = None
 PID_MAX_LIMIT = 4_194_304  # include/linux/threads.h
 
 
-def _on_host(value) -> bool:
+def _resolves(key: str, value) -> bool:
+    """Whether the server's own resolution finds a target for this value under this key: the same
+    functions the endpoints call, so the defusing cannot drift from what the server accepts (CI's
+    host had a cgroup this one lacks, and a re-implemented match missed it)."""
+    if not isinstance(value, str):
+        return False
+    tries = [lambda: target_from_labels({key: value})] if key != "cgroup" else []
+    if key in ("cgroup", "id"):
+        tries += [lambda: cgroup_by_path(value), lambda: target_from_labels({"id": value})]
+    for attempt in tries:
+        try:
+            attempt()
+            return True
+        except (BadLabel, NotOnHost, UsageError):
+            pass
+    return False
+
+
+def _on_host(key: str, value) -> bool:
     """Whether a generated target value names something on this host (it would start a diagnosis)."""
-    global _KNOWN_CGROUPS
     # Any pid the kernel could hand out counts: one that is free when the body is generated may be
     # a new process by the time it is posted (seen: a diagnosis started, then a flaky replay).
     if isinstance(value, int) and not isinstance(value, bool):
         return 0 < value <= PID_MAX_LIMIT
-    if not isinstance(value, str):
-        return False
-    if re.fullmatch(r"[0-9]{1,10}", value) and 0 < int(value) <= PID_MAX_LIMIT:
+    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,10}\s*", value) and 0 < int(value) <= PID_MAX_LIMIT:
         return True
-    if _KNOWN_CGROUPS is None:
-        _KNOWN_CGROUPS = set(cgroup_dirs())
-    return os.path.normpath("/" + value.strip()) in _KNOWN_CGROUPS or any(
-        len(value) >= 8 and value in part for d in _KNOWN_CGROUPS for part in d.split("/")
-    )
+    return _resolves(key, value)
 
 
 def defuse(value):
     """The payload with every target-looking value that exists here replaced by one that does not."""
     if isinstance(value, dict):
-        return {k: (ABSENT if k in TARGET_KEYS and _on_host(v) else defuse(v)) for k, v in value.items()}
+        return {k: (ABSENT if k in TARGET_KEYS and _on_host(k, v) else defuse(v)) for k, v in value.items()}
     if isinstance(value, list):
         return [defuse(v) for v in value]
     return value

@@ -112,6 +112,16 @@ def test_bombs_hostile_headers_and_loose_types_are_4xx_and_store_nothing(guarded
         "/alerts/alertmanager", {"alerts": [{"status": "resolved", "labels": {"pid": "1"}, "annotations": big}]}
     )
     assert status == 422 and "exceed 32768 characters" in body["error"]
+    # found by the fuzz: a name longer than the kernel's 255 (ENAMETOOLONG) is no cgroup, an empty uid
+    # beside pod_uid is a bad label, and a trailing newline is not part of a valid pid
+    status, body = srv.post("/diagnose", {"cgroup": "x" * 300})
+    assert status == 404 and "is not a memory cgroup" in body["error"], body
+    firing = [{"status": "firing", "labels": {"uid": "", "pod_uid": "x"}}]
+    status, body = srv.post("/alerts/alertmanager", {"alerts": firing})
+    assert status == 422 and "not a pod uid" in body["error"], body
+    firing = [{"status": "firing", "labels": {"pid": f"{os.getpid()}\n"}}]
+    status, body = srv.post("/alerts/alertmanager", {"alerts": firing})
+    assert status == 422 and "not a process id" in body["error"], body
     assert srv.incidents() == []
 
 
