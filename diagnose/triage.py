@@ -310,6 +310,14 @@ class _Growth:
         self.caveats: list[str] = []
 
 
+def _kills_during(obs: Observation, counters: Counters) -> int:
+    """OOM kills of the target during the window: its cgroup's counter, else the kernel log's records."""
+    n, source = oom_kills_in_window(obs)
+    if n is not None and source.startswith("the cgroup"):
+        return n
+    return sum(1 for k in counters.oom_kills if k.when is not None and k.when >= obs.started - 1.0)
+
+
 def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> _Growth:
     out = _Growth()
     name, tr = growth
@@ -332,6 +340,16 @@ def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> 
             "track outstanding allocations by stack and watch which never levels off (memleak probe)",
             "trace brk/mmap by stack to see which code reserves the memory (brkstack, mmapsnoop)",
         ]
+    elif tr.shape == "levelled" and (killed := _kills_during(obs, counters)):
+        # A level reached between OOM kills is what the last kill left, not a cache's bound: the kernel
+        # cut the growth (CI saw a 32 MiB OOM loop sampled flat for 2.4 s between kills).
+        summary = (
+            f"{what} of {who} ended at {fmt_bytes(tr.last)} (between {fmt_bytes(tr.low)} and {fmt_bytes(tr.peak)} "
+            f"over {fmt_duration(tr.seconds)}) with {killed} OOM kill{'s' if killed > 1 else ''} in the window: "
+            "the kernel cut the growth, so the level says nothing of a bound"
+        )
+        out.findings.append(Finding(id="growth-killed", summary=summary, evidence={**evidence, "oom_kills": killed}))
+        out.verdict = Verdict(kind="inconclusive", summary=summary, confidence=0.4, culprit=culprit)
     elif tr.shape == "levelled":
         summary = (
             f"{what} of {who} grew {fmt_bytes(tr.delta)} then levelled off at {fmt_bytes(tr.last)} "

@@ -165,6 +165,21 @@ def test_oom_loop_counts_kills_by_the_kernel_counter_and_is_no_plateau():
     assert any(f["id"] == "growth-sawtooth" for f in rep["findings"])
 
 
+def test_a_level_between_oom_kills_is_no_plateau():
+    """CI's shape: the OOM loop's samples rose from 17 to 25 MiB, then stayed level for the last 2.4 s
+    between kills. The cgroup's counter says the kernel killed in the window: no cache is read from it."""
+    usage = [17 * MiB + min(t, 6) * int(1.4 * MiB) for t in range(9)]
+    snaps = [_snap(t, usage=u, oom_kill=3 + t // 3, failcnt=40 * t, procs=[730]) for t, u in enumerate(usage)]
+    last = {730: _proc(730, "worker", 20 * MiB), MEMDIAG: _proc(MEMDIAG, "memdiag", 90 * MiB)}
+    rep = _report(_observation(Target(kind="cgroup", cgroup=CG), snaps, {}, last, []))
+    assert check_figures(rep) == []
+    assert rep["counters"]["trends"]["cgroup.usage"]["shape"] == "levelled"
+    assert not [f for f in rep["findings"] if "plateau" in f["summary"] or "cache" in f["summary"]], rep["findings"]
+    killed = next(f for f in rep["findings"] if f["id"] == "growth-killed")
+    assert "with 2 OOM kills in the window: the kernel cut the growth" in killed["summary"], killed["summary"]
+    assert rep["verdict"]["kind"] == "oom", rep["verdict"]
+
+
 def test_oom_loop_old_figures_are_caught():
     rep = _oom_loop()
     old_verdict = "OOM killer killed PID 729 (worker) (25 kills recorded) at its cgroup limit (/app, limit 64.0 MiB)"
