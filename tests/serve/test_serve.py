@@ -18,7 +18,7 @@ def _now(offset_s: float = 0) -> str:
 
 
 def test_alertmanager_to_incident_end_to_end(server, alertmanager, workload):
-    srv = server()
+    srv = server(extra=["--no-oom-watch"])  # the watch is host-wide: another test's OOM kill is an incident too
     am = alertmanager(srv.url + "/alerts/alertmanager")
     w = workload("leak", "2048")
     alert = [
