@@ -26,6 +26,13 @@ fi
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
+# --test: promtool checks the shipped alert rules (deploy/prometheus); it comes with Debian's
+# prometheus, whose server (and node-exporter) the tests do not want running.
+new_prometheus=0
+if [ "${1:-}" = "--test" ] && ! command -v promtool >/dev/null; then
+    need+=(prometheus)
+    new_prometheus=1
+fi
 headers_pkg="linux-headers-$release"
 private_hdr="/var/lib/memdiag/kernel-headers/$release"
 have_exact_headers=0
@@ -52,6 +59,9 @@ if [ ${#need[@]} -gt 0 ] || [ $have_exact_headers -eq 0 ]; then
         say "installing ${need[*]}"
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
     fi
+fi
+if [ $new_prometheus -eq 1 ] && [ -d /run/systemd/system ]; then
+    systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
 fi
 
 # --- kernel headers ----------------------------------------------------------------------
