@@ -72,7 +72,9 @@ def test_daemonset_is_not_privileged_and_mounts_the_host():
     assert set(sc["capabilities"]["add"]) == {"BPF", "PERFMON", "SYS_PTRACE", "SYS_ADMIN", "SYS_RESOURCE", "SYSLOG"}
     mounts = {m["mountPath"]: m for m in c["volumeMounts"]}
     volumes = {v["name"]: v for v in pod["volumes"]}
-    for path in ("/sys/kernel/tracing", "/sys/kernel/debug", "/sys/fs/cgroup", "/lib/modules", "/usr/src", "/var/lib/memdiag"):
+    host = ("/sys/kernel/tracing", "/sys/kernel/debug", "/sys/fs/cgroup", "/lib/modules", "/usr/src")
+    host += ("/var/lib/memdiag",)
+    for path in host:
         assert volumes[mounts[path]["name"]]["hostPath"]["path"] == path
     for path in ("/sys/fs/cgroup", "/lib/modules", "/usr/src", "/etc/memdiag"):
         assert mounts[path]["readOnly"] is True
