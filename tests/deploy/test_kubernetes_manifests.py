@@ -171,3 +171,29 @@ def test_alertmanager_example_passes_amtool():
     memdiag = config["route"]["routes"][0]
     assert memdiag["matchers"] == ['memdiag_target!="none"', 'memdiag_target!=""'] and memdiag["group_by"] == ["..."]
     assert all(r["matchers"][0].startswith('node="') for r in memdiag["routes"])
+
+
+EXAMPLE = "kubernetes/alertmanager-config.example.yml"
+
+
+@pytest.mark.parametrize(
+    "config, labels, receiver",
+    [
+        (EXAMPLE, ["memdiag_target=pid", "pid=42", "node=node-b"], "memdiag-node-b"),
+        (EXAMPLE, ["memdiag_target=id", "id=/x", "node=node-a"], "memdiag-node-a"),
+        (EXAMPLE, ["memdiag_target=none", "node=node-a"], "default"),
+        (EXAMPLE, ["node=node-a"], "default"),
+        ("alertmanager-receiver.yml", ["alertname=MemoryProcessGrowth", "memdiag_target=pid", "pid=42"], "memdiag"),
+        ("alertmanager-receiver.yml", ["alertname=MemoryProcessGroupGrowth", "memdiag_target=none"], "default"),
+    ],
+)
+def test_alertmanager_routes_alerts_with_a_target_to_their_node(config, labels, receiver):
+    """amtool's own router: an alert memdiag can take goes to its node's agent, one it cannot to people."""
+    if shutil.which("amtool") is None:
+        pytest.skip("amtool missing: scripts/setup.sh --test installs prometheus-alertmanager")
+    path = K8S.parent / config
+    done = subprocess.run(
+        ["amtool", "config", "routes", "test", f"--config.file={path}", *labels], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == receiver
