@@ -26,12 +26,16 @@ fi
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
-# --test: promtool checks the shipped alert rules (deploy/prometheus); it comes with Debian's
-# prometheus, whose server (and node-exporter) the tests do not want running.
-new_prometheus=0
-if [ "${1:-}" = "--test" ] && ! command -v promtool >/dev/null; then
-    need+=(prometheus)
-    new_prometheus=1
+# --test: promtool checks the shipped alert rules (deploy/prometheus) against the real
+# process-exporter's series; both come with servers (and node-exporter) not wanted running.
+new_services=()
+if [ "${1:-}" = "--test" ]; then
+    if ! command -v promtool >/dev/null; then
+        need+=(prometheus)
+        new_services+=(prometheus)
+        command -v prometheus-node-exporter >/dev/null || new_services+=(prometheus-node-exporter)
+    fi
+    command -v prometheus-process-exporter >/dev/null || { need+=(prometheus-process-exporter); new_services+=(prometheus-process-exporter); }
 fi
 headers_pkg="linux-headers-$release"
 private_hdr="/var/lib/memdiag/kernel-headers/$release"
@@ -60,8 +64,8 @@ if [ ${#need[@]} -gt 0 ] || [ $have_exact_headers -eq 0 ]; then
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
     fi
 fi
-if [ $new_prometheus -eq 1 ] && [ -d /run/systemd/system ]; then
-    systemctl disable --now prometheus prometheus-node-exporter >/dev/null 2>&1 || true
+if [ ${#new_services[@]} -gt 0 ] && [ -d /run/systemd/system ]; then
+    systemctl disable --now "${new_services[@]}" >/dev/null 2>&1 || true
 fi
 
 # --- kernel headers ----------------------------------------------------------------------

@@ -5,8 +5,12 @@ they name as memdiag's target is one memdiag serve reads and accepts in the shap
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
+import socket
 import subprocess
+import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -102,3 +106,64 @@ def test_fired_alerts_carry_their_target_label_in_a_shape_memdiag_accepts():
         assert all(labels.get(n) for n in wanted.split(",")), labels
         with contextlib.suppress(NotOnHost):  # valid, and not on this host
             assert isinstance(target_from_labels(labels), Target)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _resident(metrics: str) -> dict[str, float]:
+    """groupname -> resident bytes, from process-exporter's exposition text."""
+    pattern = r'^namedprocess_namegroup_memory_bytes\{groupname="([^"]*)",memtype="resident"\} (\S+)$'
+    return {m.group(1): float(m.group(2)) for m in re.finditer(pattern, metrics, re.M)}
+
+
+def test_real_process_exporter_series_give_the_rule_a_pid(tmp_path):
+    """Debian's process-exporter, named "{{.Comm}}:{{.PID}}" as the README says, run on loopback:
+    the rule's own selector and label_replace regexes (read from the rules file) take the pid of a
+    real process from its group name, and memdiag resolves that pid; a "{{.Comm}}" group gives none."""
+    exporter = shutil.which("prometheus-process-exporter")
+    if exporter is None:
+        pytest.skip("prometheus-process-exporter missing: scripts/setup.sh --test installs it")
+    expr = next(r["expr"] for r in _rules() if r["alert"] == "MemoryProcessGrowth")
+    selector = re.search(r'groupname=~"([^"]+)"', expr).group(1)
+    extract = re.search(r'"pid", "\$1", "groupname", "([^"]+)"', expr).group(1)
+    config = tmp_path / "process-exporter.yml"
+    config.write_text(
+        "process_names:\n"
+        '  - name: "{{.Comm}}:{{.PID}}"\n'
+        "    cmdline: ['^sleep 61\\.25$']\n"
+        '  - name: "{{.Comm}}"\n'
+        "    cmdline: ['^sleep 61\\.5$']\n"
+    )
+    one = subprocess.Popen(["sleep", "61.25"])
+    many = subprocess.Popen(["sleep", "61.5"])
+    port = _free_port()
+    proc = subprocess.Popen(
+        [exporter, f"-web.listen-address=127.0.0.1:{port}", f"-config.path={config}", "-threads=false"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        series: dict[str, float] = {}
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and proc.poll() is None and len(series) < 2:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as r:
+                    series = _resident(r.read().decode())
+            except OSError:
+                pass
+            time.sleep(0.2)
+        assert set(series) == {f"sleep:{one.pid}", "sleep"}, proc.stderr.read().decode() if proc.poll() is not None else series
+        assert series[f"sleep:{one.pid}"] > 0
+        assert re.fullmatch(selector, f"sleep:{one.pid}") and not re.fullmatch(selector, "sleep")
+        pid = re.fullmatch(extract, f"sleep:{one.pid}").group(1)
+        assert target_from_labels({"pid": pid, "groupname": f"sleep:{one.pid}"}).pid == one.pid
+        with pytest.raises(BadLabel, match="no label names a target"):
+            target_from_labels({"groupname": "sleep"})
+    finally:
+        for p in (proc, one, many):
+            p.kill()
+            p.wait(timeout=10)
