@@ -156,7 +156,8 @@ def test_real_process_exporter_series_give_the_rule_a_pid(tmp_path):
             except OSError:
                 pass
             time.sleep(0.2)
-        assert set(series) == {f"sleep:{one.pid}", "sleep"}, proc.stderr.read().decode() if proc.poll() is not None else series
+        said = proc.stderr.read().decode() if proc.poll() is not None else series
+        assert set(series) == {f"sleep:{one.pid}", "sleep"}, said
         assert series[f"sleep:{one.pid}"] > 0
         assert re.fullmatch(selector, f"sleep:{one.pid}") and not re.fullmatch(selector, "sleep")
         pid = re.fullmatch(extract, f"sleep:{one.pid}").group(1)
