@@ -26,6 +26,17 @@ fi
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
+# --test: promtool checks the shipped alert rules (deploy/prometheus) against the real
+# process-exporter's series; both come with servers (and node-exporter) not wanted running.
+new_services=()
+if [ "${1:-}" = "--test" ]; then
+    if ! command -v promtool >/dev/null; then
+        need+=(prometheus)
+        new_services+=(prometheus)
+        command -v prometheus-node-exporter >/dev/null || new_services+=(prometheus-node-exporter)
+    fi
+    command -v prometheus-process-exporter >/dev/null || { need+=(prometheus-process-exporter); new_services+=(prometheus-process-exporter); }
+fi
 headers_pkg="linux-headers-$release"
 private_hdr="/var/lib/memdiag/kernel-headers/$release"
 have_exact_headers=0
@@ -52,6 +63,9 @@ if [ ${#need[@]} -gt 0 ] || [ $have_exact_headers -eq 0 ]; then
         say "installing ${need[*]}"
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
     fi
+fi
+if [ ${#new_services[@]} -gt 0 ] && [ -d /run/systemd/system ]; then
+    systemctl disable --now "${new_services[@]}" >/dev/null 2>&1 || true
 fi
 
 # --- kernel headers ----------------------------------------------------------------------
