@@ -426,3 +426,17 @@ def test_runtime_cli_listings():
     assert [(p.uid, p.name, p.namespace) for p in parse_crictl_pods(CRICTL_PODS)] == [(UID, "orderd-5d8f7", "shop")]
     for nothing in (None, {}, [], "x", {"containers": "x"}, {"items": [1, 2]}):
         assert parse_podman_ps(nothing) == parse_crictl_ps(nothing) == parse_crictl_pods(nothing) == []
+
+
+def test_a_v2_container_s_processes_one_folder_down(v2_kubernetes):
+    """cgroup v2 keeps a scope that delegates to a leaf free of processes: the container's are the
+    leaf's. A folder with processes of its own is read alone (v1, and v2 leaves)."""
+    from memdiag.diagnose.facts.cgroup import cgroup_pids
+
+    mount, _, pod, _ = v2_kubernetes
+    scope = mount / pod.lstrip("/") / f"cri-containerd-{A}.scope"
+    assert cgroup_pids(scope) == [300, 301]
+    assert cgroup_pids(mount / pod.lstrip("/")) == [290, 300, 301]  # the pod: all its containers
+    _write(scope / "cgroup.procs", "299\n")
+    assert cgroup_pids(scope) == [299]
+    assert cgroup_pids(mount / "no-such-folder") == []
