@@ -22,7 +22,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import AmbiguousTarget, UnknownTarget, UsageError
 from .facts._parse import read_text
-from .facts.cgroup import limit_bytes, memory_hierarchy
+from .facts.cgroup import cgroup_pids, limit_bytes, memory_hierarchy
 from .facts.container import ContainerCgroup, Runtime, list_containers, list_pods, parse_container_path
 from .facts.process import innermost_pid
 
@@ -277,10 +277,8 @@ def _hierarchy(mount: Path | None) -> Path:
 
 def _main_pid(folder: Path, proc_root: Path) -> int | None:
     """The container's first process: the one that is pid 1 in its own namespace (NSpid's last
-    field), else the lowest pid in the container's folders."""
-    pids = sorted(
-        int(p) for procs in folder.rglob("cgroup.procs") for p in (read_text(procs) or "").split() if p.isdigit()
-    )
+    field), else the lowest pid in the container's cgroup."""
+    pids = sorted(cgroup_pids(folder))
     for pid in pids:
         if pid != 1 and innermost_pid(read_text(proc_root / str(pid) / "status") or "") == 1:
             return pid
