@@ -12,6 +12,7 @@ from ..containers import container_of_cgroup, installed_clis, resolve_container,
 from ..errors import AmbiguousTarget, UnknownTarget, UsageError
 from ..facts._parse import read_text
 from ..facts.cgroup import CgroupLocation, memory_hierarchy
+from ..facts.container import pod_cgroup
 from ..facts.process import ProcessGone, read_process
 from ..facts.processes import read_all_processes
 from ..target import Target, cgroup_target, pid_target
@@ -157,6 +158,9 @@ def _cgroup_target(labels: dict[str, str]) -> Target:
         known = set(cgroup_dirs())
         if value.rstrip("/") not in known and value not in known:
             raise NotOnHost("label id: no such cgroup on this host")
+        pod = pod_cgroup(value)
+        if pod is not None and pod.path == value.rstrip("/"):  # cAdvisor's pod-level series: the pod
+            return cgroup_target(value).model_copy(update={"pod": _resolved(lambda: resolve_pod(None, None, pod.uid))})
         return cgroup_target(value)
     if "name" in labels:
         name = _label(labels, "name", NAME, "a container name") or ""
