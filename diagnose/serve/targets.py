@@ -181,7 +181,7 @@ def target_from_labels(labels: dict[str, str]) -> Target:
             read_process(int(value))
         except ProcessGone:
             raise NotOnHost(f"label pid: no process {int(value)} on this host") from None
-        return _with_container(pid_target(int(value)))
+        return with_container(pid_target(int(value)))
     return _with_pid(_cgroup_target(labels))
 
 
@@ -189,11 +189,11 @@ def _with_pid(target: Target) -> Target:
     """A cgroup target as its largest process (memleak is priced per process), keeping its container and pod."""
     pid = _largest_process(target.cgroup) if target.cgroup else None
     if pid is None:
-        return _with_container(target)
-    return _with_container(pid_target(pid).model_copy(update={"container": target.container, "pod": target.pod}))
+        return with_container(target)
+    return with_container(pid_target(pid).model_copy(update={"container": target.container, "pod": target.pod}))
 
 
-def _with_container(target: Target) -> Target:
+def with_container(target: Target) -> Target:
     """The target with the container its cgroup is in, when no label said it already."""
     if target.container is not None or target.cgroup is None:
         return target
