@@ -108,6 +108,24 @@ def _memory_mounts(mounts: list[Mount]) -> tuple[Mount | None, Mount | None]:
     return v1, v2
 
 
+def memory_hierarchy(proc_root: Path = Path("/proc")) -> tuple[Literal[1, 2], Mount] | None:
+    """The mount holding the memory controller, as locate_memory_cgroup chooses it: v1's memory
+    hierarchy when mounted (hybrid layouts), else cgroup2. None: no memory controller mounted."""
+    v1, v2 = _memory_mounts(parse_mountinfo(read_text(proc_root / "self" / "mountinfo") or ""))
+    if v1 is not None:
+        return 1, v1
+    return (2, v2) if v2 is not None else None
+
+
+def limit_bytes(fs_path: Path) -> int | None:
+    """A cgroup folder's own memory limit (memory.max, or v1's memory.limit_in_bytes); None: unlimited."""
+    for name in ("memory.max", "memory.limit_in_bytes"):
+        text = read_text(fs_path / name)
+        if text is not None:
+            return _bytes_or_unlimited(text)
+    return None
+
+
 def _under(mount: Mount, cg_path: str) -> Path:
     # A mount's root is the cgroup it exposes (cgroup namespaces, bind mounts in containers).
     rel = os.path.relpath(cg_path, mount.root) if mount.root != "/" else cg_path.lstrip("/")
@@ -204,9 +222,27 @@ def _int_map(text: str | None) -> dict[str, int]:
     return {k: v for k, raw in kv_lines(text).items() if (v := int_or_none(raw)) is not None}
 
 
+def _pids_in(fs: Path) -> list[int]:
+    return [int(p) for p in (read_text(fs / "cgroup.procs") or "").split() if p.isdigit()]
+
+
+def cgroup_pids(fs: Path) -> list[int]:
+    """The processes of a cgroup folder: its own, or, when it has none, those of the folders below
+    it. cgroup v2 keeps a cgroup that delegates to children free of processes of its own (a
+    container's `libpod-<id>.scope` whose processes are in its `container` leaf), while its memory
+    counts theirs."""
+    own = _pids_in(fs)
+    if own:
+        return own
+    try:
+        below = sorted(fs.rglob("cgroup.procs"))
+    except OSError:
+        return []
+    return sorted({pid for procs in below for pid in _pids_in(procs.parent)})
+
+
 def _procs(fs: Path) -> list[int]:
-    text = read_text(fs / "cgroup.procs") or ""
-    return [int(p) for p in text.split() if p.isdigit()]
+    return cgroup_pids(fs)
 
 
 def _v2_effective_limit(fs: Path, mount_point: Path) -> int | None:
