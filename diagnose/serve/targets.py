@@ -148,9 +148,8 @@ def _cgroup_target(labels: dict[str, str]) -> Target:
         if not m:
             raise BadLabel("label container_id: expected containerd://, cri-o:// or docker:// and a hex id")
         return _container_target(m.group(1), "label container_id", by_name=False)
-    pod = _pod_target(labels)
-    if pod is not None:
-        return pod
+    # cAdvisor's id is this host's own cgroup path: exact, and needs no runtime CLI, where a pod's
+    # namespace and name do (crictl); it comes first when a series carries both.
     if "id" in labels:
         value = labels["id"]
         if not value.startswith("/") or not _cgroup_path_ok(value):
@@ -162,6 +161,9 @@ def _cgroup_target(labels: dict[str, str]) -> Target:
         if pod is not None and pod.path == value.rstrip("/"):  # cAdvisor's pod-level series: the pod
             return cgroup_target(value).model_copy(update={"pod": _resolved(lambda: resolve_pod(None, None, pod.uid))})
         return cgroup_target(value)
+    pod = _pod_target(labels)
+    if pod is not None:
+        return pod
     if "name" in labels:
         name = _label(labels, "name", NAME, "a container name") or ""
         return _container_target(name, "label name")
@@ -169,8 +171,8 @@ def _cgroup_target(labels: dict[str, str]) -> Target:
 
 
 def target_from_labels(labels: dict[str, str]) -> Target:
-    """pid; container_id; a pod by uid, or by namespace and pod (with container: one of its
-    containers); cAdvisor's id (a cgroup path); name (a container's). Within a cgroup the process
+    """pid; container_id; cAdvisor's id (a cgroup path); a pod by uid, or by namespace and pod (with
+    container: one of its containers); name (a container's). Within a cgroup the process
     diagnosed is the largest by RSS, unless a pid was named; the target carries its container and
     pod, whichever label named it."""
     if "pid" in labels:
