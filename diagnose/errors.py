@@ -15,6 +15,14 @@ class UsageError(MemdiagError):
     exit_code = 2
 
 
+class UnknownTarget(UsageError):
+    """A container or pod reference that names nothing on this host (serve: 404)."""
+
+
+class AmbiguousTarget(UsageError):
+    """A container or pod reference that names more than one (serve: 422); the message lists them."""
+
+
 class PermissionNeeded(MemdiagError):
     """The diagnosis needs privileges this process does not have."""
 

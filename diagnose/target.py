@@ -8,6 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
+from .containers import ContainerInfo, PodInfo, resolve_container
 from .errors import UsageError
 from .facts.cgroup import BadCgroup, CgroupLocation, locate_memory_cgroup, resolve_cgroup
 from .facts.process import ProcessGone, read_process
@@ -22,10 +23,17 @@ class Target(BaseModel):
     cmdline: list[str] = []
     start_ticks: int | None = None
     cgroup: CgroupLocation | None = None
+    container: ContainerInfo | None = None  # the container the target is (or runs in), when one
+    pod: PodInfo | None = None  # the Kubernetes pod the target is, when a pod was named
 
     def describe(self) -> str:
         if self.kind == "pid":
-            return f"PID {self.pid} ({self.comm})"
+            inside = f" in {self.container.describe()}" if self.container is not None else ""
+            return f"PID {self.pid} ({self.comm}){inside}"
+        if self.kind == "cgroup" and self.container is not None:
+            return self.container.describe()
+        if self.kind == "cgroup" and self.pod is not None:
+            return self.pod.describe()
         if self.kind == "cgroup" and self.cgroup is not None:
             return f"cgroup {self.cgroup.path} (v{self.cgroup.version})"
         return "the whole system"
@@ -66,6 +74,13 @@ def cgroup_target(arg: str, proc_root: Path = Path("/proc")) -> Target:
         # cgroupfs has no symlinks and no reason for `..`: a path that needs them is not a cgroup's own name
         raise UsageError(f"--cgroup: {arg!r} goes through '..' or a symlink; name the cgroup by its own path")
     return Target(kind="cgroup", cgroup=loc.model_copy(update={"fs_path": real}))
+
+
+def container_target(ref: str, proc_root: Path = Path("/proc")) -> Target:
+    """A container named by id, id prefix or name: its memory cgroup, diagnosed as --cgroup does."""
+    info = resolve_container(ref, proc_root=proc_root)
+    target = cgroup_target(info.cgroup, proc_root)
+    return target.model_copy(update={"container": info})
 
 
 def system_target() -> Target:

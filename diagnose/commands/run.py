@@ -1,4 +1,4 @@
-"""The main job: ``memdiag --pid N | --cgroup PATH`` (or no target: the whole system) samples the
+"""The main job: ``memdiag --pid N | --cgroup PATH | --container ID|NAME`` (or no target: the whole system) samples the
 counters over a window, writes report.md and report.json, prints the verdict and the path."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..progress import Progress
 from ..render import render_all
 from ..render.text import plain
 from ..report import Interrupted
-from ..target import Target, cgroup_target, pid_target, system_target
+from ..target import Target, cgroup_target, container_target, pid_target, system_target
 from ..workflow import DEFAULT_BUDGET_PERCENT, DEFAULT_MAX_PAUSE_MS, diagnose, load_book
 
 NICENESS = 10
@@ -30,6 +30,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--pid", type=PID, help="diagnose this process")
     group.add_argument(
         "--cgroup", metavar="PATH", help="diagnose this memory cgroup (a path in the hierarchy or under /sys/fs/cgroup)"
+    )
+    group.add_argument(
+        "--container",
+        metavar="ID|NAME",
+        help="diagnose this container's memory cgroup: its full id, a unique id prefix (4 hex digits or more) or "
+        "its name (names through podman, docker or crictl)",
     )
     parser.add_argument(
         "--duration", type=DURATION, default=30.0, metavar="S", help="seconds to watch the counters (default 30)"
@@ -86,6 +92,8 @@ def _target(args: argparse.Namespace) -> Target:
         return target
     if args.cgroup is not None:
         return cgroup_target(args.cgroup)
+    if args.container is not None:
+        return container_target(args.container)
     return system_target()
 
 
@@ -94,6 +102,8 @@ def _output_dir(args: argparse.Namespace, target: Target) -> ReportFolder:
     if args.output is not None:
         return open_report_folder(args.output, f"--output {args.output}")
     suffix = f"-pid{target.pid}" if target.pid else ""
+    if target.container is not None:
+        suffix = f"-{target.container.short_id}"
     out = Path.cwd() / f"memdiag-{time.strftime('%Y%m%d-%H%M%S')}{suffix}"
     return open_report_folder(out, f"report folder {out}")
 

@@ -108,6 +108,24 @@ def _memory_mounts(mounts: list[Mount]) -> tuple[Mount | None, Mount | None]:
     return v1, v2
 
 
+def memory_hierarchy(proc_root: Path = Path("/proc")) -> tuple[Literal[1, 2], Mount] | None:
+    """The mount holding the memory controller, as locate_memory_cgroup chooses it: v1's memory
+    hierarchy when mounted (hybrid layouts), else cgroup2. None: no memory controller mounted."""
+    v1, v2 = _memory_mounts(parse_mountinfo(read_text(proc_root / "self" / "mountinfo") or ""))
+    if v1 is not None:
+        return 1, v1
+    return (2, v2) if v2 is not None else None
+
+
+def limit_bytes(fs_path: Path) -> int | None:
+    """A cgroup folder's own memory limit (memory.max, or v1's memory.limit_in_bytes); None: unlimited."""
+    for name in ("memory.max", "memory.limit_in_bytes"):
+        text = read_text(fs_path / name)
+        if text is not None:
+            return _bytes_or_unlimited(text)
+    return None
+
+
 def _under(mount: Mount, cg_path: str) -> Path:
     # A mount's root is the cgroup it exposes (cgroup namespaces, bind mounts in containers).
     rel = os.path.relpath(cg_path, mount.root) if mount.root != "/" else cg_path.lstrip("/")

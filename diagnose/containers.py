@@ -1,0 +1,377 @@
+"""A container or a Kubernetes pod named by a user or an alert, resolved to its memory cgroup on this
+host: what the cgroup tree shows (facts/container.py: the runtimes' folder names, hence full ids),
+completed with names, images and pods from the runtime's own CLI when one is installed (podman,
+docker, crictl), asked for its whole list with a short timeout and never through a shell. A
+reference is compared with what the list holds; it is never passed to the CLI.
+
+Short ids: any unique prefix of at least MIN_PREFIX hex digits, as `podman`/`docker` accept any
+unique prefix. Four, not one: below four digits a prefix picks among so few values that on a host
+of a few hundred containers it is usually ambiguous anyway, and it is too easily a typo or a name."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
+
+from .errors import AmbiguousTarget, UnknownTarget, UsageError
+from .facts._parse import read_text
+from .facts.cgroup import limit_bytes, memory_hierarchy
+from .facts.container import ContainerCgroup, Runtime, list_containers, list_pods, parse_container_path
+
+MIN_PREFIX = 4
+MAX_LISTED = 5
+CLI_TIMEOUT_S = 5.0
+CLIS = ("podman", "docker", "crictl")
+# A reference: a runtime's id (hex, with an optional `docker://`-style scheme as in Kubernetes'
+# containerStatuses) or a name (Docker's and podman's rule: [a-zA-Z0-9][a-zA-Z0-9_.-]*; Kubernetes
+# names are a subset).
+_SCHEME = re.compile(r"^(?:docker|containerd|cri-o)://")
+_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
+_HEX = re.compile(r"^[0-9a-f]+$")
+_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$|^[0-9a-f]{32}$")
+
+
+class ContainerInfo(BaseModel):
+    """A running container: its cgroup, and what its runtime says of it when asked."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str  # full, 64 hex
+    name: str | None = None
+    image: str | None = None
+    runtime: Runtime
+    cgroup: str  # the container's own path inside the memory hierarchy
+    pod_uid: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
+    host_pid: int | None = None  # the container's main process, as the host numbers it
+    limit_bytes: int | None = None  # the container's own memory limit; None: unlimited
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12]
+
+    def describe(self) -> str:
+        return f"container {self.name} ({self.short_id})" if self.name else f"container {self.short_id}"
+
+
+class PodInfo(BaseModel):
+    """A Kubernetes pod: its cgroup (every container of the pod below it) and its containers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uid: str
+    name: str | None = None
+    namespace: str | None = None
+    qos: str | None = None
+    cgroup: str
+    limit_bytes: int | None = None
+    containers: list[ContainerInfo] = []
+
+    def describe(self) -> str:
+        named = f"{self.namespace}/{self.name}" if self.name else self.uid
+        return f"pod {named}"
+
+
+class _Listed(BaseModel):
+    """One container as a runtime's CLI lists it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str
+    names: tuple[str, ...] = ()
+    image: str | None = None
+    runtime: Runtime
+    pid: int | None = None
+    pod_uid: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
+
+
+class _Pod(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    uid: str
+    name: str
+    namespace: str | None = None
+
+
+# --- the runtimes' CLIs --------------------------------------------------------------------------
+
+
+def _run_json(argv: list[str]):
+    """The CLI's JSON output; None when it is missing, fails (a docker client without a daemon),
+    times out or writes something else."""
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if done.returncode != 0:
+        return None
+    try:
+        return json.loads(done.stdout or "null")
+    except ValueError:
+        # docker's `--format '{{json .}}'` writes one object a line
+        try:
+            return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+        except ValueError:
+            return None
+
+
+def _podman(exe: str) -> list[_Listed]:
+    rows = _run_json([exe, "ps", "--all", "--format", "json"]) or []
+    out = []
+    for r in rows if isinstance(rows, list) else []:
+        labels = r.get("Labels") or {}
+        out.append(
+            _Listed(
+                id=str(r.get("Id", "")),
+                names=tuple(r.get("Names") or ()),
+                image=r.get("Image") or None,
+                runtime="podman",
+                pid=r.get("Pid") or None,
+                pod_uid=labels.get("io.kubernetes.pod.uid"),
+                pod=r.get("PodName") or labels.get("io.kubernetes.pod.name") or None,
+                namespace=labels.get("io.kubernetes.pod.namespace"),
+            )
+        )
+    return out
+
+
+def _docker(exe: str) -> list[_Listed]:
+    rows = _run_json([exe, "ps", "--all", "--no-trunc", "--format", "{{json .}}"]) or []
+    ids = [str(r.get("ID", "")) for r in rows if isinstance(r, dict)]
+    details = (_run_json([exe, "inspect", "--type", "container", "--", *ids]) or []) if ids else []
+    out = []
+    for r in details if isinstance(details, list) else []:
+        labels = (r.get("Config") or {}).get("Labels") or {}
+        out.append(
+            _Listed(
+                id=str(r.get("Id", "")),
+                names=(str(r.get("Name", "")).lstrip("/"),),
+                image=(r.get("Config") or {}).get("Image") or None,
+                runtime="docker",
+                pid=(r.get("State") or {}).get("Pid") or None,
+                pod_uid=labels.get("io.kubernetes.pod.uid"),
+                pod=labels.get("io.kubernetes.pod.name"),
+                namespace=labels.get("io.kubernetes.pod.namespace"),
+            )
+        )
+    return out
+
+
+def _crictl(exe: str) -> list[_Listed]:
+    listing = _run_json([exe, "ps", "--all", "-o", "json"]) or {}
+    out = []
+    for r in listing.get("containers", []) if isinstance(listing, dict) else []:
+        labels = r.get("labels") or {}
+        out.append(
+            _Listed(
+                id=str(r.get("id", "")),
+                names=(str((r.get("metadata") or {}).get("name", "")),),
+                image=(r.get("image") or {}).get("image") or r.get("imageRef") or None,
+                runtime="unknown",  # crictl speaks for containerd or CRI-O; the cgroup path says which
+                pod_uid=labels.get("io.kubernetes.pod.uid"),
+                pod=labels.get("io.kubernetes.pod.name"),
+                namespace=labels.get("io.kubernetes.pod.namespace"),
+            )
+        )
+    return out
+
+
+_LISTERS = {"podman": _podman, "docker": _docker, "crictl": _crictl}
+
+
+def installed_clis() -> tuple[str, ...]:
+    """The runtime CLIs on PATH."""
+    return tuple(name for name in CLIS if shutil.which(name))
+
+
+def _listed(clis: Sequence[str]) -> list[_Listed]:
+    out = []
+    for name in clis:
+        exe = shutil.which(name)
+        if exe is not None:
+            out.extend(_LISTERS[name](exe))
+    return out
+
+
+def _crictl_pods() -> list[_Pod]:
+    exe = shutil.which("crictl")
+    listing = (_run_json([exe, "pods", "-o", "json"]) if exe else None) or {}
+    pods = []
+    for r in listing.get("items", []) if isinstance(listing, dict) else []:
+        meta = r.get("metadata") or {}
+        if meta.get("uid") and meta.get("name"):
+            pods.append(_Pod(uid=meta["uid"], name=meta["name"], namespace=meta.get("namespace")))
+    return pods
+
+
+# --- the cgroup tree -------------------------------------------------------------------------------
+
+
+def _hierarchy(mount: Path | None) -> Path:
+    if mount is not None:
+        return mount
+    found = memory_hierarchy()
+    if found is None:
+        raise UsageError("no memory cgroup hierarchy is mounted on this host: containers cannot be found")
+    return Path(found[1].mount_point)
+
+
+def _main_pid(folder: Path, proc_root: Path) -> int | None:
+    """The container's first process: the one that is pid 1 in its own namespace (NSpid's last
+    field), else the lowest pid in the container's folders."""
+    pids = sorted(
+        int(p) for procs in folder.rglob("cgroup.procs") for p in (read_text(procs) or "").split() if p.isdigit()
+    )
+    for pid in pids:
+        status = read_text(proc_root / str(pid) / "status") or ""
+        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
+        if len(nspid) > 1 and nspid[-1] == "1":
+            return pid
+    return pids[0] if pids else None
+
+
+def _info(found: ContainerCgroup, listed: _Listed | None, mount: Path, proc_root: Path) -> ContainerInfo:
+    folder = mount / found.path.lstrip("/")
+    runtime = found.runtime if found.runtime != "unknown" or listed is None else listed.runtime
+    return ContainerInfo(
+        id=found.id,
+        name=listed.names[0] if listed and listed.names and listed.names[0] else None,
+        image=listed.image if listed else None,
+        runtime=runtime,
+        cgroup=found.path,
+        pod_uid=found.pod_uid or (listed.pod_uid if listed else None),
+        pod=listed.pod if listed else None,
+        namespace=listed.namespace if listed else None,
+        host_pid=(listed.pid if listed and listed.pid else None) or _main_pid(folder, proc_root),
+        limit_bytes=limit_bytes(folder),
+    )
+
+
+def _one_line(items: list[str]) -> str:
+    more = f" and {len(items) - MAX_LISTED} more" if len(items) > MAX_LISTED else ""
+    return ", ".join(items[:MAX_LISTED]) + more
+
+
+def _label(c: ContainerCgroup, listed: dict[str, _Listed]) -> str:
+    entry = listed.get(c.id)
+    name = entry.names[0] if entry and entry.names else None
+    return f"{c.id[:12]} ({name})" if name else c.id[:12]
+
+
+def resolve_container(
+    ref: str,
+    *,
+    mount: Path | None = None,
+    clis: Sequence[str] | None = None,
+    proc_root: Path = Path("/proc"),
+    min_prefix: int = MIN_PREFIX,
+) -> ContainerInfo:
+    """A running container by full id, unique id prefix (at least min_prefix hex digits) or name
+    (names need a runtime CLI). In that order, as the runtimes themselves look a reference up.
+    mount: the memory hierarchy folder (default this host's); clis: the CLIs to ask (default the
+    installed ones). Raises UnknownTarget / AmbiguousTarget (usage errors) with one line."""
+    given = ref
+    ref = _SCHEME.sub("", ref.strip())
+    if not _REF.fullmatch(ref):
+        raise UsageError(f"--container {given!r}: not a container id or name (letters, digits, '_', '.', '-')")
+    base = _hierarchy(mount)
+    running = list_containers(base)
+    clis = installed_clis() if clis is None else tuple(clis)
+    listed = {entry.id: entry for entry in _listed(clis)}
+    by_id = {c.id: c for c in running}
+    chosen = [by_id[ref]] if ref in by_id else []
+    if not chosen:
+        named = {i for i, entry in listed.items() if ref in entry.names}
+        chosen = [c for c in running if c.id in named]
+        if named and not chosen:
+            raise UnknownTarget(f"--container {ref}: the container is not running (no cgroup on this host)")
+    if not chosen and _HEX.fullmatch(ref):
+        if len(ref) < min_prefix:
+            raise UsageError(f"--container {ref}: an id prefix needs at least {min_prefix} hex digits")
+        chosen = [c for c in running if c.id.startswith(ref)]
+    if not chosen:
+        hint = "" if clis else "; names need podman, docker or crictl, none is installed: give the id"
+        there = _one_line([_label(c, listed) for c in running]) or "none"
+        raise UnknownTarget(f"--container {ref}: no such running container{hint} (running: {there})")
+    if len(chosen) > 1:
+        raise AmbiguousTarget(
+            f"--container {ref}: ambiguous, matches {len(chosen)} containers: "
+            + _one_line([_label(c, listed) for c in chosen])
+        )
+    return _info(chosen[0], listed.get(chosen[0].id), base, proc_root)
+
+
+def container_of_cgroup(
+    path: str,
+    *,
+    mount: Path | None = None,
+    clis: Sequence[str] | None = None,
+    proc_root: Path = Path("/proc"),
+) -> ContainerInfo | None:
+    """The container a cgroup path (a process's, an OOM kill's) is or is inside; None: no container."""
+    found = parse_container_path(path)
+    if found is None:
+        return None
+    listed = {e.id: e for e in _listed(installed_clis() if clis is None else clis)}
+    return _info(found, listed.get(found.id), _hierarchy(mount), proc_root)
+
+
+def resolve_pod(
+    namespace: str | None,
+    pod: str | None,
+    uid: str | None,
+    *,
+    mount: Path | None = None,
+    clis: Sequence[str] | None = None,
+    proc_root: Path = Path("/proc"),
+) -> PodInfo:
+    """A Kubernetes pod by uid, or by namespace and name (which needs crictl: the cgroup tree
+    knows pods by uid only). Raises UnknownTarget / AmbiguousTarget / UsageError with one line."""
+    clis = installed_clis() if clis is None else tuple(clis)
+    names: dict[str, _Pod] = {p.uid: p for p in _crictl_pods()} if "crictl" in clis else {}
+    if uid is None:
+        if pod is None:
+            raise UsageError("pod: give a pod uid, or its namespace and name")
+        if "crictl" not in clis:
+            raise UsageError(f"pod {pod}: pod names need crictl, which is not installed here: give the pod's uid")
+        uids = [p.uid for p in names.values() if p.name == pod and namespace in (None, p.namespace)]
+        if len(uids) > 1:
+            listed = [f"{names[u].namespace}/{pod} ({u})" for u in uids]
+            raise AmbiguousTarget(f"pod {pod}: in {len(uids)} namespaces, give the namespace: {_one_line(listed)}")
+        if not uids:
+            raise UnknownTarget(f"pod {namespace + '/' if namespace else ''}{pod}: no such pod on this host")
+        uid = uids[0]
+    uid = uid.replace("_", "-")
+    if not _UID.fullmatch(uid):
+        raise UsageError(f"pod uid {uid!r}: not a pod uid")
+    base = _hierarchy(mount)
+    found = [p for p in list_pods(base) if p.uid == uid]
+    if not found:
+        raise UnknownTarget(f"pod {uid}: no cgroup of this pod on this host")
+    if len(found) > 1:
+        raise AmbiguousTarget(f"pod {uid}: matches {len(found)} cgroups: {_one_line([p.path for p in found])}")
+    listed = {e.id: e for e in _listed(clis)}
+    members = [
+        _info(c, listed.get(c.id), base, proc_root)
+        for c in list_containers(base)
+        if c.path.startswith(found[0].path + "/")
+    ]
+    known = names.get(uid)
+    return PodInfo(
+        uid=uid,
+        name=known.name if known else next((c.pod for c in members if c.pod), None),
+        namespace=known.namespace if known else next((c.namespace for c in members if c.namespace), None),
+        qos=found[0].qos,
+        cgroup=found[0].path,
+        limit_bytes=limit_bytes(base / found[0].path.lstrip("/")),
+        containers=members,
+    )
