@@ -12,6 +12,7 @@ matched is no file: the frame stays unknown, and the reason is counted in `unmat
 from __future__ import annotations
 
 import bisect
+import contextlib
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -67,6 +68,7 @@ class AddressSpace:
         # /proc/PID, for map_files; None when the space was not read from a /proc
         self.proc = os.path.dirname(root) if root.endswith("/root") else None
         self._files: dict[str, str | None] = {}  # mapping path -> the file that holds it (None: none)
+        self._held: dict[str, int] = {}  # mapping path -> an open descriptor of its file (hold())
         self.unmatched: Counter[str] = Counter()  # why a mapped file had no file: reason -> look-ups
 
     @classmethod
@@ -98,7 +100,8 @@ class AddressSpace:
 
     def _resolve(self, mapping: Mapping) -> str | None:
         first = self.first_mapping_of(mapping.path) or mapping
-        mapped = f"{self.proc}/map_files/{first.start:x}-{first.end:x}" if self.proc else None
+        held = self._held.get(mapping.path)
+        mapped = f"/proc/self/fd/{held}" if held is not None else _map_file(self.proc, first) if self.proc else None
         # None: exited, or map_files not readable (no CAP_SYS_ADMIN in memdiag's namespace)
         exact = _stat(mapped) if mapped else None
         want = (exact.st_dev, exact.st_ino) if exact else (first.dev, first.inode) if first.inode else None
@@ -115,11 +118,35 @@ class AddressSpace:
                 return path
         return mapped if exact else None
 
+    def hold(self) -> AddressSpace:
+        """Open the executable mappings' files now, while the process lives: a process about to
+        exit (an OOM victim) takes its map_files and root with it. Each held file is then read
+        as /proc/self/fd/N until close()."""
+        for m in self.mappings:
+            if self.proc and m.executable and m.is_file and m.path not in self._held:
+                first = self.first_mapping_of(m.path) or m
+                with contextlib.suppress(OSError):
+                    self._held[m.path] = os.open(_map_file(self.proc, first), os.O_RDONLY | os.O_CLOEXEC)
+        return self
+
+    def close(self) -> None:
+        for fd in self._held.values():
+            os.close(fd)
+        self._held.clear()
+        self._files.clear()  # a descriptor's number may be reused for another file
+
+    def __del__(self) -> None:
+        self.close()
+
     def first_mapping_of(self, path: str) -> Mapping | None:
         return next((m for m in self.mappings if m.path == path), None)
 
     def modules(self) -> list[str]:
         return sorted({m.path for m in self.mappings if m.is_file})
+
+
+def _map_file(proc: str, m: Mapping) -> str:
+    return f"{proc}/map_files/{m.start:x}-{m.end:x}"
 
 
 def _stat(path: str) -> os.stat_result | None:
