@@ -6,6 +6,7 @@ exited. Two builds of tests/workloads/twobuild.c name their function alpha_work 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
@@ -143,6 +144,12 @@ def test_a_container_is_named_from_its_own_files_also_when_its_image_file_is_rep
         inside = f"/proc/{c.pid}/root/app/twobuild"
         # the overlay's file is not the mapped inode by number: it was taken for its build id
         assert space.file_path(space.find(address)) == inside
+        # its libc is a copy of the host's: the same build, read by the host's path (parsed once),
+        # but uprobes need the very inode the container maps, which the host's file is not
+        libc = space.first_mapping_of(next(p for p in space.modules() if "/libc.so" in p))
+        mapped = os.stat(f"/proc/{c.pid}/map_files/{libc.start:x}-{libc.end:x}")
+        assert space.file_path(libc) == libc.path and os.stat(libc.path).st_ino != mapped.st_ino
+        assert os.stat(space.inode_path(libc)).st_ino == mapped.st_ino
         podman("cp", str(build("twobuild", BETA)), f"{c.id}:/app/twobuild")
         assert elf_info(inside).symbol_named("beta_work") is not None
         name, space = function_at(c.pid, address)
