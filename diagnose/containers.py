@@ -14,15 +14,17 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import AmbiguousTarget, UnknownTarget, UsageError
 from .facts._parse import read_text
-from .facts.cgroup import limit_bytes, memory_hierarchy
+from .facts.cgroup import cgroup_pids, limit_bytes, memory_hierarchy
 from .facts.container import ContainerCgroup, Runtime, list_containers, list_pods, parse_container_path
+from .facts.process import innermost_pid
 
 MIN_PREFIX = 4
 MAX_LISTED = 5
@@ -124,65 +126,108 @@ def _run_json(argv: list[str]):
             return None
 
 
-def _podman(exe: str) -> list[_Listed]:
-    rows = _run_json([exe, "ps", "--all", "--format", "json"]) or []
+def _rows(data, key: str | None = None) -> list[dict]:
+    """The objects of a CLI's JSON list (or of data[key]); anything else is no row."""
+    if key is not None:
+        data = data.get(key) if isinstance(data, dict) else None
+    return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
+
+
+def _kept(make, rows: list[dict]) -> list:
+    """make(row) for each row, leaving out a row of a shape this version does not know."""
     out = []
-    for r in rows if isinstance(rows, list) else []:
-        labels = r.get("Labels") or {}
-        out.append(
-            _Listed(
-                id=str(r.get("Id", "")),
-                names=tuple(r.get("Names") or ()),
-                image=r.get("Image") or None,
-                runtime="podman",
-                pid=r.get("Pid") or None,
-                pod_uid=labels.get("io.kubernetes.pod.uid"),
-                pod=r.get("PodName") or labels.get("io.kubernetes.pod.name") or None,
-                namespace=labels.get("io.kubernetes.pod.namespace"),
-            )
-        )
+    for r in rows:
+        try:
+            out.append(make(r))
+        except (ValidationError, AttributeError, KeyError, TypeError):
+            continue
     return out
+
+
+def _k8s(labels: dict) -> dict:
+    """The pod of a container, from the labels the kubelet puts on it."""
+    return {
+        "pod_uid": labels.get("io.kubernetes.pod.uid"),
+        "pod": labels.get("io.kubernetes.pod.name"),
+        "namespace": labels.get("io.kubernetes.pod.namespace"),
+    }
+
+
+def parse_podman_ps(data) -> list[_Listed]:
+    """`podman ps --all --format json`: a list of {Id, Names, Image, Pid, PodName, Labels}."""
+
+    def make(r: dict) -> _Listed:
+        pod = _k8s(r.get("Labels") or {})
+        pod["pod"] = r.get("PodName") or pod["pod"]  # a podman pod (`podman pod create`)
+        return _Listed(
+            id=r["Id"],
+            names=tuple(r.get("Names") or ()),
+            image=r.get("Image") or None,
+            runtime="podman",
+            pid=r.get("Pid") or None,
+            **pod,
+        )
+
+    return _kept(make, _rows(data))
+
+
+def parse_docker_inspect(data) -> list[_Listed]:
+    """`docker inspect`: a list of {Id, Name: "/name", State: {Pid}, Config: {Image, Labels}}."""
+
+    def make(r: dict) -> _Listed:
+        config = r.get("Config") or {}
+        return _Listed(
+            id=r["Id"],
+            names=(str(r.get("Name") or "").lstrip("/"),),
+            image=config.get("Image") or None,
+            runtime="docker",
+            pid=(r.get("State") or {}).get("Pid") or None,
+            **_k8s(config.get("Labels") or {}),
+        )
+
+    return _kept(make, _rows(data))
+
+
+def parse_crictl_ps(data) -> list[_Listed]:
+    """`crictl ps --all -o json`: {containers: [{id, metadata: {name}, image: {image}, imageRef, labels}]}."""
+
+    def make(r: dict) -> _Listed:
+        image = (r.get("image") or {}).get("image") or None
+        if image is None or image.startswith("sha256:"):  # an image id: the reference names it better
+            image = r.get("imageRef") or image
+        return _Listed(
+            id=r["id"],
+            names=((r.get("metadata") or {}).get("name") or "",),
+            image=image,
+            runtime="unknown",  # crictl speaks for containerd or CRI-O alike: the cgroup path says which
+            **_k8s(r.get("labels") or {}),
+        )
+
+    return _kept(make, _rows(data, "containers"))
+
+
+def parse_crictl_pods(data) -> list[_Pod]:
+    """`crictl pods -o json`: {items: [{id, metadata: {name, uid, namespace}}]}."""
+
+    def make(r: dict) -> _Pod:
+        meta = r.get("metadata") or {}
+        return _Pod(uid=meta["uid"], name=meta["name"], namespace=meta.get("namespace"))
+
+    return _kept(make, _rows(data, "items"))
+
+
+def _podman(exe: str) -> list[_Listed]:
+    return parse_podman_ps(_run_json([exe, "ps", "--all", "--format", "json"]))
 
 
 def _docker(exe: str) -> list[_Listed]:
-    rows = _run_json([exe, "ps", "--all", "--no-trunc", "--format", "{{json .}}"]) or []
-    ids = [str(r.get("ID", "")) for r in rows if isinstance(r, dict)]
-    details = (_run_json([exe, "inspect", "--type", "container", "--", *ids]) or []) if ids else []
-    out = []
-    for r in details if isinstance(details, list) else []:
-        labels = (r.get("Config") or {}).get("Labels") or {}
-        out.append(
-            _Listed(
-                id=str(r.get("Id", "")),
-                names=(str(r.get("Name", "")).lstrip("/"),),
-                image=(r.get("Config") or {}).get("Image") or None,
-                runtime="docker",
-                pid=(r.get("State") or {}).get("Pid") or None,
-                pod_uid=labels.get("io.kubernetes.pod.uid"),
-                pod=labels.get("io.kubernetes.pod.name"),
-                namespace=labels.get("io.kubernetes.pod.namespace"),
-            )
-        )
-    return out
+    rows = _rows(_run_json([exe, "ps", "--all", "--no-trunc", "--format", "{{json .}}"]))
+    ids = [r["ID"] for r in rows if isinstance(r.get("ID"), str) and _HEX.fullmatch(r["ID"])]
+    return parse_docker_inspect(_run_json([exe, "inspect", "--type", "container", "--", *ids])) if ids else []
 
 
 def _crictl(exe: str) -> list[_Listed]:
-    listing = _run_json([exe, "ps", "--all", "-o", "json"]) or {}
-    out = []
-    for r in listing.get("containers", []) if isinstance(listing, dict) else []:
-        labels = r.get("labels") or {}
-        out.append(
-            _Listed(
-                id=str(r.get("id", "")),
-                names=(str((r.get("metadata") or {}).get("name", "")),),
-                image=(r.get("image") or {}).get("image") or r.get("imageRef") or None,
-                runtime="unknown",  # crictl speaks for containerd or CRI-O; the cgroup path says which
-                pod_uid=labels.get("io.kubernetes.pod.uid"),
-                pod=labels.get("io.kubernetes.pod.name"),
-                namespace=labels.get("io.kubernetes.pod.namespace"),
-            )
-        )
-    return out
+    return parse_crictl_ps(_run_json([exe, "ps", "--all", "-o", "json"]))
 
 
 _LISTERS = {"podman": _podman, "docker": _docker, "crictl": _crictl}
@@ -193,24 +238,29 @@ def installed_clis() -> tuple[str, ...]:
     return tuple(name for name in CLIS if shutil.which(name))
 
 
-def _listed(clis: Sequence[str]) -> list[_Listed]:
-    out = []
+def _listing(clis: tuple[str, ...]) -> dict[str, _Listed]:
+    """The containers the CLIs list, by id; one listing serves for CACHE_S (an alert group names
+    many containers at once: one CLI call, not one per alert)."""
+    now = time.monotonic()
+    cached = _CACHE.get(clis)
+    if cached is not None and now - cached[0] < CACHE_S:
+        return cached[1]
+    out: dict[str, _Listed] = {}
     for name in clis:
         exe = shutil.which(name)
         if exe is not None:
-            out.extend(_LISTERS[name](exe))
+            out.update((entry.id, entry) for entry in _LISTERS[name](exe) if entry.id)
+    _CACHE[clis] = (now, out)
     return out
+
+
+_CACHE: dict[tuple[str, ...], tuple[float, dict[str, _Listed]]] = {}
+CACHE_S = 2.0
 
 
 def _crictl_pods() -> list[_Pod]:
     exe = shutil.which("crictl")
-    listing = (_run_json([exe, "pods", "-o", "json"]) if exe else None) or {}
-    pods = []
-    for r in listing.get("items", []) if isinstance(listing, dict) else []:
-        meta = r.get("metadata") or {}
-        if meta.get("uid") and meta.get("name"):
-            pods.append(_Pod(uid=meta["uid"], name=meta["name"], namespace=meta.get("namespace")))
-    return pods
+    return parse_crictl_pods(_run_json([exe, "pods", "-o", "json"])) if exe else []
 
 
 # --- the cgroup tree -------------------------------------------------------------------------------
@@ -227,14 +277,10 @@ def _hierarchy(mount: Path | None) -> Path:
 
 def _main_pid(folder: Path, proc_root: Path) -> int | None:
     """The container's first process: the one that is pid 1 in its own namespace (NSpid's last
-    field), else the lowest pid in the container's folders."""
-    pids = sorted(
-        int(p) for procs in folder.rglob("cgroup.procs") for p in (read_text(procs) or "").split() if p.isdigit()
-    )
+    field), else the lowest pid in the container's cgroup."""
+    pids = sorted(cgroup_pids(folder))
     for pid in pids:
-        status = read_text(proc_root / str(pid) / "status") or ""
-        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
-        if len(nspid) > 1 and nspid[-1] == "1":
+        if pid != 1 and innermost_pid(read_text(proc_root / str(pid) / "status") or "") == 1:
             return pid
     return pids[0] if pids else None
 
@@ -274,39 +320,47 @@ def resolve_container(
     clis: Sequence[str] | None = None,
     proc_root: Path = Path("/proc"),
     min_prefix: int = MIN_PREFIX,
+    said: str = "--container",
+    by_name: bool = True,
+    list_running: bool = True,
 ) -> ContainerInfo:
-    """A running container by full id, unique id prefix (at least min_prefix hex digits) or name
-    (names need a runtime CLI). In that order, as the runtimes themselves look a reference up.
+    """A running container by full id, name (through a runtime CLI) or unique id prefix (at least
+    min_prefix hex digits): in that order, as the runtimes look a reference up themselves.
     mount: the memory hierarchy folder (default this host's); clis: the CLIs to ask (default the
-    installed ones). Raises UnknownTarget / AmbiguousTarget (usage errors) with one line."""
+    installed ones); said: what the messages call the reference; by_name: whether ref may be a name
+    (not a label that holds an id: a miss then costs no CLI call); list_running: whether an unknown
+    one's message lists the running containers (a user's help, not a webhook sender's).
+    Raises UnknownTarget / AmbiguousTarget (usage errors) or UsageError, each one line."""
     given = ref
     ref = _SCHEME.sub("", ref.strip())
     if not _REF.fullmatch(ref):
-        raise UsageError(f"--container {given!r}: not a container id or name (letters, digits, '_', '.', '-')")
+        raise UsageError(f"{said} {given!r}: not a container id or name (letters, digits, '_', '.', '-')")
     base = _hierarchy(mount)
     running = list_containers(base)
     clis = installed_clis() if clis is None else tuple(clis)
-    listed = {entry.id: entry for entry in _listed(clis)}
-    by_id = {c.id: c for c in running}
-    chosen = [by_id[ref]] if ref in by_id else []
-    if not chosen:
+    chosen = [c for c in running if c.id == ref]
+    listed: dict[str, _Listed] = {}
+    if not chosen and by_name:
+        listed = _listing(clis)
         named = {i for i, entry in listed.items() if ref in entry.names}
         chosen = [c for c in running if c.id in named]
         if named and not chosen:
-            raise UnknownTarget(f"--container {ref}: the container is not running (no cgroup on this host)")
+            raise UnknownTarget(f"{said} {ref}: the container is not running (no cgroup on this host)")
     if not chosen and _HEX.fullmatch(ref):
         if len(ref) < min_prefix:
-            raise UsageError(f"--container {ref}: an id prefix needs at least {min_prefix} hex digits")
+            raise UsageError(f"{said} {ref}: an id prefix needs at least {min_prefix} hex digits")
         chosen = [c for c in running if c.id.startswith(ref)]
     if not chosen:
-        hint = "" if clis else "; names need podman, docker or crictl, none is installed: give the id"
+        hint = "" if clis or not by_name else "; names need podman, docker or crictl, none is installed: give the id"
         there = _one_line([_label(c, listed) for c in running]) or "none"
-        raise UnknownTarget(f"--container {ref}: no such running container{hint} (running: {there})")
+        running_now = f" (running: {there})" if list_running else ""
+        raise UnknownTarget(f"{said} {ref}: no such running container{hint}{running_now}")
+    listed = listed or _listing(clis)
     if len(chosen) > 1:
-        raise AmbiguousTarget(
-            f"--container {ref}: ambiguous, matches {len(chosen)} containers: "
-            + _one_line([_label(c, listed) for c in chosen])
-        )
+        shown = [_label(c, listed) for c in chosen]
+        if len(set(shown)) < len(shown):  # one id in two cgroups: only the paths tell them apart
+            shown = [c.path for c in chosen]
+        raise AmbiguousTarget(f"{said} {ref}: ambiguous, matches {len(chosen)} containers: {_one_line(shown)}")
     return _info(chosen[0], listed.get(chosen[0].id), base, proc_root)
 
 
@@ -321,7 +375,7 @@ def container_of_cgroup(
     found = parse_container_path(path)
     if found is None:
         return None
-    listed = {e.id: e for e in _listed(installed_clis() if clis is None else clis)}
+    listed = _listing(installed_clis() if clis is None else tuple(clis))
     return _info(found, listed.get(found.id), _hierarchy(mount), proc_root)
 
 
@@ -359,7 +413,7 @@ def resolve_pod(
         raise UnknownTarget(f"pod {uid}: no cgroup of this pod on this host")
     if len(found) > 1:
         raise AmbiguousTarget(f"pod {uid}: matches {len(found)} cgroups: {_one_line([p.path for p in found])}")
-    listed = {e.id: e for e in _listed(clis)}
+    listed = _listing(clis)
     members = [
         _info(c, listed.get(c.id), base, proc_root)
         for c in list_containers(base)

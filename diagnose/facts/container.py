@@ -73,12 +73,14 @@ def _is_kubepods(step: str) -> bool:
 
 
 def _pod_at(steps: list[str]) -> tuple[int, str, str | None] | None:
-    """(index of the pod's step, uid with dashes, qos) for the first pod folder under a kubepods one."""
+    """(index of the pod's step, uid with dashes, qos) of the first pod folder in the path."""
     for i, step in enumerate(steps):
-        if not any(_is_kubepods(s) for s in steps[:i]):
-            continue
+        # systemd's slice names carry their parents (a-b-c.slice is in a-b.slice): the slice itself
+        # says kubepods; the cgroupfs driver's bare pod<uid> counts only under a kubepods folder.
         if m := _POD_SLICE.match(step):
             return i, _dashed(m.group(2)), m.group(1) or "guaranteed"
+        if not any(_is_kubepods(s) for s in steps[:i]):
+            continue
         if m := _POD_DIR.match(step):
             parent = steps[i - 1]
             return i, _dashed(m.group(1)), parent if parent in _QOS else "guaranteed"
@@ -125,9 +127,7 @@ def parse_container_path(path: str) -> ContainerCgroup | None:
 def list_containers(mount: Path) -> list[ContainerCgroup]:
     """Every container whose own folder is in this memory hierarchy folder (a v1 memory mount or
     the v2 root), sorted by path; folders inside a container are not listed again."""
-    found = [
-        c for path in _own_folders(mount) if (c := parse_container_path(path)) is not None and c.path == path
-    ]
+    found = [c for path in _own_folders(mount) if (c := parse_container_path(path)) is not None and c.path == path]
     return sorted(found, key=lambda c: c.path)
 
 
