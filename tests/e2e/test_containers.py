@@ -4,9 +4,10 @@ CLI and by a real `memdiag serve`, with real BPF."""
 
 from __future__ import annotations
 
+import secrets
 from pathlib import Path
 
-from containers import Image, container, leftovers, ns_pid, processes_in, shared_libraries
+from containers import Image, container, leftovers, ns_pid, podman, processes_in, shared_libraries
 from kit import build
 
 MiB = 1 << 20
@@ -43,3 +44,65 @@ def test_the_kit_removes_its_image_and_containers(root_required):
         assert c.name not in leftovers()[0]
     names, tags = leftovers()
     assert c.name not in names and image.tag.split(":")[0] not in tags
+
+
+# --- bad container references: one line on stderr, exit 2, nothing started ----------------------
+
+
+def _usage_error(memdiag, tmp_path: Path, *args: str) -> str:
+    """memdiag ARGS must stop at a usage error: one stderr line, exit 2, nothing on stdout, no report."""
+    out = tmp_path / f"report-{secrets.token_hex(4)}"
+    r = memdiag(*args, "--duration", "5", "--output", str(out))
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(lines) == 1 and r.stdout == "", (r.returncode, r.stdout, r.stderr)
+    assert not out.exists()
+    return lines[0]
+
+
+def test_an_unknown_container_name_is_one_line_listing_what_runs(podman_container, memdiag, tmp_path):
+    c = podman_container("leak", "64")
+    line = _usage_error(memdiag, tmp_path, "--container", "no-such-container-7f3a")
+    assert "no-such-container-7f3a" in line and "no such running container" in line
+    assert f"{c.short_id} ({c.name})" in line  # what does run, so the user can pick
+
+
+def test_an_unknown_id_and_a_short_prefix_are_one_line_each(podman_container, memdiag, tmp_path):
+    c = podman_container("leak", "64")
+    other = "f" * 64 if not c.id.startswith("f") else "e" * 64
+    line = _usage_error(memdiag, tmp_path, "--container", other)
+    assert other in line and "no such running container" in line
+    line = _usage_error(memdiag, tmp_path, "--container", f"containerd://{other[:12]}")
+    assert other[:12] in line and "no such running container" in line
+    line = _usage_error(memdiag, tmp_path, "--container", c.id[:3])
+    assert c.id[:3] in line and "at least 4 hex digits" in line
+
+
+def test_an_empty_or_malformed_reference_is_one_line(podman_container, memdiag, tmp_path):
+    podman_container("leak", "64")
+    for ref in ("", " ", "../etc", "a b", "-x"):
+        line = _usage_error(memdiag, tmp_path, f"--container={ref}")
+        assert "--container" in line, (ref, line)
+
+
+def test_a_stopped_container_is_said_to_be_not_running(podman_container, memdiag, tmp_path):
+    c = podman_container("leak", "64")
+    podman("stop", "--time", "0", c.id)
+    line = _usage_error(memdiag, tmp_path, "--container", c.name)
+    assert c.name in line and "not running" in line
+
+
+def test_an_ambiguous_prefix_lists_the_containers_it_matches(podman_container, memcg, memdiag, tmp_path):
+    """A podman container and, on the same host, a Docker (cgroupfs driver) container folder whose id
+    shares its first 8 hex digits: the cgroup tree alone lists both, so the prefix is ambiguous."""
+    c = podman_container("leak", "64")
+    twin = c.id[:8] + ("0" if c.id[8] != "0" else "1") + secrets.token_hex(28)[:55]
+    parent = memcg(None)
+    (parent.fs_path / "docker").mkdir()
+    (parent.fs_path / "docker" / twin).mkdir()
+    try:
+        line = _usage_error(memdiag, tmp_path, "--container", c.id[:8])
+        assert "ambiguous" in line and "2 containers" in line, line
+        assert f"{c.short_id} ({c.name})" in line and twin[:12] in line
+    finally:
+        (parent.fs_path / "docker" / twin).rmdir()
+        (parent.fs_path / "docker").rmdir()
