@@ -23,6 +23,7 @@ from .errors import AmbiguousTarget, UnknownTarget, UsageError
 from .facts._parse import read_text
 from .facts.cgroup import limit_bytes, memory_hierarchy
 from .facts.container import ContainerCgroup, Runtime, list_containers, list_pods, parse_container_path
+from .facts.process import innermost_pid
 
 MIN_PREFIX = 4
 MAX_LISTED = 5
@@ -232,9 +233,7 @@ def _main_pid(folder: Path, proc_root: Path) -> int | None:
         int(p) for procs in folder.rglob("cgroup.procs") for p in (read_text(procs) or "").split() if p.isdigit()
     )
     for pid in pids:
-        status = read_text(proc_root / str(pid) / "status") or ""
-        nspid = next((line.split()[1:] for line in status.splitlines() if line.startswith("NSpid:")), [])
-        if len(nspid) > 1 and nspid[-1] == "1":
+        if pid != 1 and innermost_pid(read_text(proc_root / str(pid) / "status") or "") == 1:
             return pid
     return pids[0] if pids else None
 

@@ -250,6 +250,7 @@ def process_rows(obs: Observation, n: int = 3) -> list[ProcessRow]:
                 rss_first=before.rss if before else None,
                 rss_last=after.rss,
                 majflt_delta=faults,
+                ns_pid=after.ns_pid,
             )
         )
     chosen: dict[int, ProcessRow] = {}

@@ -8,6 +8,7 @@ from typing import Any, Literal
 from memdiag.probes.reach import StackReach
 from pydantic import BaseModel, ConfigDict, Field
 
+from .containers import ContainerInfo, PodInfo
 from .facts.kmsg import OomKill
 from .trends import Trend
 
@@ -27,6 +28,8 @@ class TargetInfo(_Model):
     cmdline: list[str] = []
     cgroup: str | None = None
     cgroup_version: int | None = None
+    container: ContainerInfo | None = None  # the container the target is or runs in
+    pod: PodInfo | None = None  # the Kubernetes pod the target is
 
 
 class Culprit(_Model):
@@ -145,6 +148,7 @@ class ProcessRow(_Model):
     rss_first: int | None = None  # None: it started during the window
     rss_last: int | None = None
     majflt_delta: int | None = None
+    ns_pid: int | None = None  # the pid inside its own pid namespace (a container's); None: unknown
 
     @property
     def growth(self) -> int:

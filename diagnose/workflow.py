@@ -41,6 +41,8 @@ def target_info(target: Target) -> TargetInfo:
         cmdline=target.cmdline,
         cgroup=target.cgroup.path if target.cgroup else None,
         cgroup_version=target.cgroup.version if target.cgroup else None,
+        container=target.container,
+        pod=target.pod,
     )
 
 

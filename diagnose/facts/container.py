@@ -125,9 +125,7 @@ def parse_container_path(path: str) -> ContainerCgroup | None:
 def list_containers(mount: Path) -> list[ContainerCgroup]:
     """Every container whose own folder is in this memory hierarchy folder (a v1 memory mount or
     the v2 root), sorted by path; folders inside a container are not listed again."""
-    found = [
-        c for path in _own_folders(mount) if (c := parse_container_path(path)) is not None and c.path == path
-    ]
+    found = [c for path in _own_folders(mount) if (c := parse_container_path(path)) is not None and c.path == path]
     return sorted(found, key=lambda c: c.path)
 
 

@@ -35,6 +35,15 @@ class ProcessMemory(Fact):
     minflt: int | None = None
     majflt: int | None = None
     start_ticks: int | None = None  # field 22 of stat: tells a reused pid from the original
+    ns_pid: int | None = None  # the pid its own (innermost) pid namespace gives it: a container's pid; None: unknown
+
+
+def innermost_pid(status: str) -> int | None:
+    """The last field of status's NSpid line (4.1+): the pid as the process's own pid namespace
+    numbers it, the same as the host's outside any container. None: no such line."""
+    line = next((x for x in status.splitlines() if x.startswith("NSpid:")), None)
+    fields = line.split()[1:] if line else []
+    return int_or_none(fields[-1]) if fields else None
 
 
 def _parse_stat(text: str) -> dict[str, int | str | None]:
@@ -84,6 +93,7 @@ def parse_process(
         minflt=parsed.get("minflt"),  # type: ignore[arg-type]
         majflt=parsed.get("majflt"),  # type: ignore[arg-type]
         start_ticks=parsed.get("start_ticks"),  # type: ignore[arg-type]
+        ns_pid=innermost_pid(status),
     )
 
 

@@ -157,15 +157,49 @@ def _overhead_lines(o, probes=()) -> list[str]:
     return lines
 
 
+def _container_lines(report: Report) -> list[str]:
+    """The target in its container's and pod's terms: names, ids, image, limit and OOM kills."""
+    t, lines = report.target, []
+    c = t.container
+    if c is not None:
+        named = f"**{prose(c.name)}**, " if c.name else ""
+        image = f", image {code(c.image)}" if c.image else ""
+        lines += [f"- Container: {named}id {code(c.id[:12])} (full {code(c.id)}), {c.runtime}{image}"]
+    pod = t.pod
+    uid = pod.uid if pod is not None else (c.pod_uid if c is not None else None)
+    name = pod.name if pod is not None else (c.pod if c is not None else None)
+    namespace = pod.namespace if pod is not None else (c.namespace if c is not None else None)
+    if uid or name:
+        shown = code(f"{namespace}/{name}" if namespace else name) + " " if name else ""
+        qos = f", {pod.qos}" if pod is not None and pod.qos else ""
+        lines += [f"- Pod: {shown}(uid {code(uid or 'unknown')}{qos})"]
+    holder = c if c is not None else pod
+    if holder is not None:
+        limit = fmt_bytes(holder.limit_bytes) if holder.limit_bytes is not None else "none"
+        kills = next((r.last for r in report.counters.rows if r.scope == "cgroup" and r.name == "oom_kill"), None)
+        killed = f", OOM kills {fmt_number(kills)} (the cgroup's counter)" if kills is not None else ""
+        whose = "Container" if c is not None else "Pod"
+        lines += [f"- {whose} memory: limit {limit}{killed}, cgroup {code(holder.cgroup)}"]
+    if c is not None and c.host_pid is not None:
+        lines += [f"- Main process: PID {c.host_pid} on the host"]
+    return lines
+
+
+def _process_cell(r, in_container: bool) -> str:
+    inside = f", PID {r.ns_pid} in the container" if in_container and r.ns_pid not in (None, r.pid) else ""
+    return f"PID {r.pid} ({r.comm}){inside}"
+
+
 def _processes(report: Report) -> list[str]:
     """The target's processes the lists quote (largest, fastest growing, paying in major faults)."""
     rows = report.counters.processes
     if not rows:
         return []
     scope = {"pid": "the target", "cgroup": "in the cgroup", "system": "memdiag's own left out"}[report.target.kind]
+    in_container = report.target.container is not None or report.target.pod is not None
     table = [
         [
-            f"PID {r.pid} ({r.comm})",
+            _process_cell(r, in_container),
             fmt_bytes(r.rss_first) if r.rss_first is not None else "– (started in the window)",
             fmt_bytes(r.rss_last),
             f"{'+' if r.growth > 0 else ''}{fmt_bytes(r.growth)}",
@@ -227,6 +261,7 @@ def render_markdown(report: Report) -> str:
     if t.cgroup and t.kind == "pid":
         target_line += f" — memory cgroup {code(t.cgroup)} (v{t.cgroup_version})"
     lines += [target_line]
+    lines += _container_lines(report)
     lines += [
         f"- Window: {_utc(w.started)} to {_utc(w.ended)} ({fmt_duration(w.ended - w.started)} of "
         f"{fmt_duration(w.requested_s)} asked, {w.samples} samples)"
