@@ -4,6 +4,7 @@ CLI and by a real `memdiag serve`, with real BPF."""
 
 from __future__ import annotations
 
+import json
 import secrets
 from pathlib import Path
 
@@ -44,6 +45,53 @@ def test_the_kit_removes_its_image_and_containers(root_required):
         assert c.name not in leftovers()[0]
     names, tags = leftovers()
     assert c.name not in names and image.tag.split(":")[0] not in tags
+
+
+
+# --- a leak in a container, named by the container -------------------------------------------------
+
+
+def _diagnose_container(memdiag, out: Path, ref: str, duration: str = "15") -> tuple[dict, str]:
+    r = memdiag("--container", ref, "--duration", duration, "--output", str(out), timeout=240)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    return json.loads((out / "report.json").read_text()), (out / "report.md").read_text()
+
+
+def _comm(pid: int) -> str:
+    return Path(f"/proc/{pid}/comm").read_text().strip()
+
+
+def test_a_leak_in_a_container_named_by_its_name(podman_container, memdiag, tmp_path):
+    """With --init the leak is not the container's first process (podman-init, i.e. catatonit, is): the culprit
+    still the leak, by its host pid, with its own pid in the container beside it."""
+    c = podman_container("leak", "2048", memory="256m", memory_swap="256m", init=True)
+    [leak] = [p for p in processes_in(c.cgroup) if _comm(p) == "leak"]
+    inside = ns_pid(leak)
+    assert inside != leak and inside > 1
+    rep, md = _diagnose_container(memdiag, tmp_path, c.name)
+    v = rep["verdict"]
+    assert v["kind"] in ("leak", "growth") and "leak_order_history" in v["summary"], v
+    assert v["culprit"]["function"] == "leak_order_history" and v["culprit"]["pid"] == leak
+    assert any("leak_order_history+0x" in f and "[leak]" in f for f in v["culprit"]["stack"])
+    t = rep["target"]
+    assert t["kind"] == "cgroup" and t["cgroup"] == c.cgroup
+    assert t["container"]["id"] == c.id and t["container"]["name"] == c.name
+    assert t["container"]["image"] == c.image.tag and t["container"]["limit_bytes"] == 256 * MiB
+    assert md.startswith(f"# memdiag: {v['kind']} — container {c.name} ({c.short_id})")
+    assert f"- Container: **{c.name}**, id `{c.short_id}` (full `{c.id}`), podman, image `{c.image.tag}`" in md
+    assert f"- Container memory: limit 256 MiB, OOM kills 0 (the cgroup's counter), cgroup `{c.cgroup}`" in md
+    assert f"PID {leak} (leak), PID {inside} in the container" in md
+    assert f"- Main process: PID {c.pid} on the host" in md and _comm(c.pid) == "podman-init"
+
+
+def test_a_leak_in_a_container_named_by_a_short_id(podman_container, memdiag, tmp_path):
+    c = podman_container("leak", "2048", memory="128m", memory_swap="128m")
+    rep, md = _diagnose_container(memdiag, tmp_path, c.short_id)
+    v = rep["verdict"]
+    assert "leak_order_history" in v["summary"] and v["culprit"]["pid"] == c.pid, v
+    assert rep["target"]["container"]["id"] == c.id and rep["target"]["container"]["host_pid"] == c.pid
+    assert f"- Container: **{c.name}**, id `{c.short_id}`" in md and "limit 128 MiB" in md
+    assert f"PID {c.pid} (leak), PID 1 in the container" in md  # the workload is the container's init
 
 
 # --- bad container references: one line on stderr, exit 2, nothing started ----------------------
