@@ -14,6 +14,7 @@ import json
 import re
 import shutil
 import subprocess
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -194,13 +195,24 @@ def installed_clis() -> tuple[str, ...]:
     return tuple(name for name in CLIS if shutil.which(name))
 
 
-def _listed(clis: Sequence[str]) -> list[_Listed]:
-    out = []
+def _listing(clis: tuple[str, ...]) -> dict[str, _Listed]:
+    """The containers the CLIs list, by id; one listing serves for CACHE_S (an alert group names
+    many containers at once: one CLI call, not one per alert)."""
+    now = time.monotonic()
+    cached = _CACHE.get(clis)
+    if cached is not None and now - cached[0] < CACHE_S:
+        return cached[1]
+    out: dict[str, _Listed] = {}
     for name in clis:
         exe = shutil.which(name)
         if exe is not None:
-            out.extend(_LISTERS[name](exe))
+            out.update((entry.id, entry) for entry in _LISTERS[name](exe) if entry.id)
+    _CACHE[clis] = (now, out)
     return out
+
+
+_CACHE: dict[tuple[str, ...], tuple[float, dict[str, _Listed]]] = {}
+CACHE_S = 2.0
 
 
 def _crictl_pods() -> list[_Pod]:
@@ -273,39 +285,47 @@ def resolve_container(
     clis: Sequence[str] | None = None,
     proc_root: Path = Path("/proc"),
     min_prefix: int = MIN_PREFIX,
+    said: str = "--container",
+    by_name: bool = True,
+    list_running: bool = True,
 ) -> ContainerInfo:
-    """A running container by full id, unique id prefix (at least min_prefix hex digits) or name
-    (names need a runtime CLI). In that order, as the runtimes themselves look a reference up.
+    """A running container by full id, name (through a runtime CLI) or unique id prefix (at least
+    min_prefix hex digits): in that order, as the runtimes look a reference up themselves.
     mount: the memory hierarchy folder (default this host's); clis: the CLIs to ask (default the
-    installed ones). Raises UnknownTarget / AmbiguousTarget (usage errors) with one line."""
+    installed ones); said: what the messages call the reference; by_name: whether ref may be a name
+    (not a label that holds an id: a miss then costs no CLI call); list_running: whether an unknown
+    one's message lists the running containers (a user's help, not a webhook sender's).
+    Raises UnknownTarget / AmbiguousTarget (usage errors) or UsageError, each one line."""
     given = ref
     ref = _SCHEME.sub("", ref.strip())
     if not _REF.fullmatch(ref):
-        raise UsageError(f"--container {given!r}: not a container id or name (letters, digits, '_', '.', '-')")
+        raise UsageError(f"{said} {given!r}: not a container id or name (letters, digits, '_', '.', '-')")
     base = _hierarchy(mount)
     running = list_containers(base)
     clis = installed_clis() if clis is None else tuple(clis)
-    listed = {entry.id: entry for entry in _listed(clis)}
-    by_id = {c.id: c for c in running}
-    chosen = [by_id[ref]] if ref in by_id else []
-    if not chosen:
+    chosen = [c for c in running if c.id == ref]
+    listed: dict[str, _Listed] = {}
+    if not chosen and by_name:
+        listed = _listing(clis)
         named = {i for i, entry in listed.items() if ref in entry.names}
         chosen = [c for c in running if c.id in named]
         if named and not chosen:
-            raise UnknownTarget(f"--container {ref}: the container is not running (no cgroup on this host)")
+            raise UnknownTarget(f"{said} {ref}: the container is not running (no cgroup on this host)")
     if not chosen and _HEX.fullmatch(ref):
         if len(ref) < min_prefix:
-            raise UsageError(f"--container {ref}: an id prefix needs at least {min_prefix} hex digits")
+            raise UsageError(f"{said} {ref}: an id prefix needs at least {min_prefix} hex digits")
         chosen = [c for c in running if c.id.startswith(ref)]
     if not chosen:
-        hint = "" if clis else "; names need podman, docker or crictl, none is installed: give the id"
+        hint = "" if clis or not by_name else "; names need podman, docker or crictl, none is installed: give the id"
         there = _one_line([_label(c, listed) for c in running]) or "none"
-        raise UnknownTarget(f"--container {ref}: no such running container{hint} (running: {there})")
+        running_now = f" (running: {there})" if list_running else ""
+        raise UnknownTarget(f"{said} {ref}: no such running container{hint}{running_now}")
+    listed = listed or _listing(clis)
     if len(chosen) > 1:
-        raise AmbiguousTarget(
-            f"--container {ref}: ambiguous, matches {len(chosen)} containers: "
-            + _one_line([_label(c, listed) for c in chosen])
-        )
+        shown = [_label(c, listed) for c in chosen]
+        if len(set(shown)) < len(shown):  # one id in two cgroups: only the paths tell them apart
+            shown = [c.path for c in chosen]
+        raise AmbiguousTarget(f"{said} {ref}: ambiguous, matches {len(chosen)} containers: {_one_line(shown)}")
     return _info(chosen[0], listed.get(chosen[0].id), base, proc_root)
 
 
@@ -320,7 +340,7 @@ def container_of_cgroup(
     found = parse_container_path(path)
     if found is None:
         return None
-    listed = {e.id: e for e in _listed(installed_clis() if clis is None else clis)}
+    listed = _listing(installed_clis() if clis is None else tuple(clis))
     return _info(found, listed.get(found.id), _hierarchy(mount), proc_root)
 
 
@@ -358,7 +378,7 @@ def resolve_pod(
         raise UnknownTarget(f"pod {uid}: no cgroup of this pod on this host")
     if len(found) > 1:
         raise AmbiguousTarget(f"pod {uid}: matches {len(found)} cgroups: {_one_line([p.path for p in found])}")
-    listed = {e.id: e for e in _listed(clis)}
+    listed = _listing(clis)
     members = [
         _info(c, listed.get(c.id), base, proc_root)
         for c in list_containers(base)

@@ -73,12 +73,14 @@ def _is_kubepods(step: str) -> bool:
 
 
 def _pod_at(steps: list[str]) -> tuple[int, str, str | None] | None:
-    """(index of the pod's step, uid with dashes, qos) for the first pod folder under a kubepods one."""
+    """(index of the pod's step, uid with dashes, qos) of the first pod folder in the path."""
     for i, step in enumerate(steps):
-        if not any(_is_kubepods(s) for s in steps[:i]):
-            continue
+        # systemd's slice names carry their parents (a-b-c.slice is in a-b.slice): the slice itself
+        # says kubepods; the cgroupfs driver's bare pod<uid> counts only under a kubepods folder.
         if m := _POD_SLICE.match(step):
             return i, _dashed(m.group(2)), m.group(1) or "guaranteed"
+        if not any(_is_kubepods(s) for s in steps[:i]):
+            continue
         if m := _POD_DIR.match(step):
             parent = steps[i - 1]
             return i, _dashed(m.group(1)), parent if parent in _QOS else "guaranteed"

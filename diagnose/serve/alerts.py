@@ -76,4 +76,5 @@ class DiagnoseRequest(BaseModel):
     pid: int | None = Field(None, ge=1, le=4_194_304)
     cgroup: str | None = Field(None, min_length=1, max_length=4096)
     container_id: str | None = Field(None, max_length=200)
+    container: str | None = Field(None, min_length=1, max_length=260)  # an id, a 12+ digit id prefix or a name
     duration: float | None = Field(None, gt=0, le=600, allow_inf_nan=False)

@@ -21,7 +21,7 @@ from ..target import Target, pid_target
 from .alerts import AlertmanagerPayload, DiagnoseRequest, GrafanaPayload
 from .security import FailureLimiter, grafana_signature_ok, token_ok
 from .store import STATES, ReportGone, StorageFailing, Store
-from .targets import BadLabel, NotOnHost, cgroup_by_path, target_from_labels
+from .targets import BadLabel, NotOnHost, cgroup_by_path, container_by_ref, target_from_labels
 from .worker import Job, QueueFull, Worker
 
 MAX_BODY = 1 << 20
@@ -162,6 +162,8 @@ def _target_json(t: Target) -> dict:
         "comm": t.comm,
         "cgroup": t.cgroup.path if t.cgroup else None,
         "description": t.describe(),
+        "container": t.container.model_dump() if t.container else None,
+        "pod": t.pod.model_dump(exclude={"containers"}) if t.pod else None,
     }
 
 
@@ -269,9 +271,9 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
             req = DiagnoseRequest.model_validate(_json(await _body(request)))
         except ValidationError as e:
             raise _Refused(422, _validation(e)) from None
-        named = [k for k in ("pid", "cgroup", "container_id") if getattr(req, k) is not None]
+        named = [k for k in ("pid", "cgroup", "container_id", "container") if getattr(req, k) is not None]
         if len(named) != 1:
-            raise _Refused(422, "name exactly one of pid, cgroup, container_id")
+            raise _Refused(422, "name exactly one of pid, cgroup, container_id, container")
         try:
             if req.pid is not None:
                 target = pid_target(req.pid)
@@ -279,6 +281,8 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
                 target = (
                     target_from_labels({"id": req.cgroup}) if req.cgroup.startswith("/") else cgroup_by_path(req.cgroup)
                 )
+            elif req.container is not None:
+                target = container_by_ref(req.container)
             else:
                 target = target_from_labels({"container_id": req.container_id or ""})
         except BadLabel as e:

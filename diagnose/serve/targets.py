@@ -8,14 +8,22 @@ import os
 import re
 from pathlib import Path
 
-from ..facts.cgroup import CgroupLocation, parse_mountinfo
+from ..containers import container_of_cgroup, installed_clis, resolve_container, resolve_pod
+from ..errors import AmbiguousTarget, UnknownTarget, UsageError
+from ..facts._parse import read_text
+from ..facts.cgroup import CgroupLocation, memory_hierarchy
 from ..facts.process import ProcessGone, read_process
 from ..facts.processes import read_all_processes
 from ..target import Target, cgroup_target, pid_target
 
 PID = re.compile(r"^[1-9][0-9]{0,9}$")
 CONTAINER = re.compile(r"^(?:(?:containerd|cri-o|docker)://)?([0-9a-f]{12,64})$")
-POD_UID = re.compile(r"^[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}$")
+# a UUID (either separator: the systemd driver writes _), or a static pod's 32-hex config hash
+POD_UID = re.compile(r"^[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}$|^[0-9a-f]{32}$")
+K8S_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?$")  # DNS-1123: namespaces, pods, containers
+NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")  # Docker's and podman's container names
+CONTAINER_SCHEME = re.compile(r"^(?:containerd|cri-o|docker)://")
+MIN_LABEL_PREFIX = 12  # a label's short id is the runtimes' 12-digit display form, never shorter
 CGROUP_ID = re.compile(r"^/(?:[A-Za-z0-9_.:@=+-]+/)*[A-Za-z0-9_.:@=+-]*$")
 MAX_DEPTH = 12
 
@@ -32,21 +40,12 @@ class Ambiguous(BadLabel):
     """A valid label naming more than one thing on this host (422, listing them)."""
 
 
-def _memory_root() -> tuple[int, Path] | None:
-    mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
-    v1 = next((m for m in mounts if m.fstype == "cgroup" and "memory" in m.super_options), None)
-    if v1 is not None:
-        return 1, Path(v1.mount_point)
-    v2 = next((m for m in mounts if m.fstype == "cgroup2"), None)
-    return (2, Path(v2.mount_point)) if v2 is not None else None
-
-
 def cgroup_dirs() -> list[str]:
     """Every cgroup of the memory hierarchy, as paths inside it (/kubepods/pod.../abc)."""
-    root = _memory_root()
-    if root is None:
+    found = memory_hierarchy()
+    if found is None:
         return []
-    base = root[1]
+    base = Path(found[1].mount_point)
     out = []
     for dirpath, dirnames, _files in os.walk(base):
         depth = len(Path(dirpath).relative_to(base).parts)
@@ -58,55 +57,12 @@ def cgroup_dirs() -> list[str]:
 
 
 def _largest_process(cg: CgroupLocation) -> int | None:
-    try:
-        pids = [int(p) for p in Path(cg.fs_path, "cgroup.procs").read_text().split()]
-    except OSError:
-        return None
-    procs = read_all_processes(pids=pids)
+    """The largest process by RSS in the cgroup or below it (a pod's processes are in its containers')."""
+    pids = [int(p) for f in Path(cg.fs_path).rglob("cgroup.procs") for p in (read_text(f) or "").split() if p.isdigit()]
+    procs = read_all_processes(pids=pids) if pids else {}
     if not procs:
         return None
     return max(procs.values(), key=lambda p: p.rss or 0).pid
-
-
-# How runtimes and the kubelet name a container's or a pod's own cgroup folder (the last path
-# step): `<id>` (cgroupfs: /docker/<id>, /kubepods/<qos>/pod<uid>/<id>), `<runtime>-<id>.scope`
-# (systemd: docker-, cri-containerd-, crio-, libpod-), `libpod-<id>` (podman, v1 /libpod_parent);
-# a pod: `pod<uid>` or `kubepods-<qos>-pod<uid with _>.slice`. A step that merely contains the id
-# (`x<id>`, `<id>-backup`) is not the container's.
-_CONTAINER_STEP = re.compile(r"^(?:[A-Za-z0-9_.:]+(?:-[A-Za-z0-9_.:]+)*-)?([0-9a-f]{12,64})(?:\.scope)?$")
-_POD_STEP = re.compile(r"^(?:[A-Za-z0-9_.:]+(?:-[A-Za-z0-9_.:]+)*-)?pod([0-9a-f_-]{36})(?:\.slice)?$")
-MAX_LISTED = 5
-
-
-def _cgroup_matching(step_matches, what: str) -> Target:
-    """The one cgroup whose own folder names this container or pod. Folders inside a match are
-    the same workload (children of the scope); two unrelated matches are ambiguous: anyone who may
-    make a cgroup could otherwise take another container's alerts."""
-    matches = sorted((d for d in cgroup_dirs() if d != "/" and step_matches(d.rsplit("/", 1)[-1])), key=len)
-    if not matches:
-        raise NotOnHost(f"no such {what} on this host")
-    roots = [d for d in matches if not any(d.startswith(m + "/") for m in matches if m != d)]
-    if len(roots) > 1:
-        more = f" and {len(roots) - MAX_LISTED} more" if len(roots) > MAX_LISTED else ""
-        listed = ", ".join(roots[:MAX_LISTED]) + more
-        raise Ambiguous(f"{what} matches {len(roots)} cgroups: {listed}")
-    return cgroup_target(roots[0])
-
-
-def _container_step(cid: str):
-    def matches(step: str) -> bool:
-        m = _CONTAINER_STEP.match(step)
-        return m is not None and "conmon" not in step and m.group(1).startswith(cid)
-
-    return matches
-
-
-def _pod_step(forms: set[str]):
-    def matches(step: str) -> bool:
-        m = _POD_STEP.match(step)
-        return m is not None and m.group(1) in forms
-
-    return matches
 
 
 def _cgroup_path_ok(value: str) -> bool:
@@ -123,9 +79,96 @@ def cgroup_by_path(value: str) -> Target:
     return cgroup_target(value)
 
 
+def _resolved(find):
+    """A container or pod lookup with its errors in serve's terms: unknown 404, ambiguous and
+    invalid 422 (the one line listing what matched)."""
+    try:
+        return find()
+    except AmbiguousTarget as e:
+        raise Ambiguous(str(e)) from None
+    except UnknownTarget as e:
+        raise NotOnHost(str(e)) from None
+    except UsageError as e:
+        raise BadLabel(str(e)) from None
+
+
+def _label(labels: dict[str, str], key: str, pattern: re.Pattern, what: str) -> str | None:
+    value = labels.get(key)
+    if value is None or value == "":
+        return None
+    if not pattern.fullmatch(value):
+        raise BadLabel(f"label {key}: not {what}")
+    return value
+
+
+def _pod_target(labels: dict[str, str]) -> Target | None:
+    """A pod by uid, or by namespace and pod (kube-state-metrics, cAdvisor); `container` picks one
+    of its containers (cAdvisor's "POD" and "" are the pod itself)."""
+    uid = _label(labels, "uid", POD_UID, "a pod uid") or _label(labels, "pod_uid", POD_UID, "a pod uid")
+    pod = _label(labels, "pod", K8S_NAME, "a pod name")
+    if uid is None and pod is None:
+        return None
+    if uid is None and "id" in labels and "crictl" not in installed_clis():
+        return None  # a pod name needs crictl; cAdvisor's id names the cgroup itself
+    namespace = _label(labels, "namespace", K8S_NAME, "a namespace")
+    info = _resolved(lambda: resolve_pod(namespace, pod, uid))
+    member = _label(labels, "container", K8S_NAME, "a container name")
+    if member is None or member == "POD":
+        return cgroup_target(info.cgroup).model_copy(update={"pod": info})
+    chosen = [c for c in info.containers if c.name == member]
+    if len(chosen) > 1:
+        raise Ambiguous(f"label container: pod {info.uid} has {len(chosen)} running containers named {member}")
+    if chosen:
+        return cgroup_target(chosen[0].cgroup).model_copy(update={"container": chosen[0], "pod": info})
+    if any(c.name for c in info.containers):
+        raise NotOnHost(f"label container: pod {info.uid} has no running container named {member}")
+    # Container names come from crictl only; without it, the pod (which holds the container) it is.
+    return cgroup_target(info.cgroup).model_copy(update={"pod": info})
+
+
+def container_by_ref(ref: str) -> Target:
+    """POST /diagnose's `container`: a full id, a 12-digit or longer id prefix, or a name."""
+    if not NAME.fullmatch(CONTAINER_SCHEME.sub("", ref)):
+        raise BadLabel("container: not a container id or name (letters, digits, '_', '.', '-')")
+    return _with_pid(_container_target(ref, "container"))
+
+
+def _container_target(ref: str, said: str, by_name: bool = True) -> Target:
+    def find():
+        return resolve_container(ref, min_prefix=MIN_LABEL_PREFIX, said=said, by_name=by_name, list_running=False)
+
+    info = _resolved(find)
+    return cgroup_target(info.cgroup).model_copy(update={"container": info})
+
+
+def _cgroup_target(labels: dict[str, str]) -> Target:
+    if "container_id" in labels:
+        m = CONTAINER.fullmatch(labels["container_id"])
+        if not m:
+            raise BadLabel("label container_id: expected containerd://, cri-o:// or docker:// and a hex id")
+        return _container_target(m.group(1), "label container_id", by_name=False)
+    pod = _pod_target(labels)
+    if pod is not None:
+        return pod
+    if "id" in labels:
+        value = labels["id"]
+        if not value.startswith("/") or not _cgroup_path_ok(value):
+            raise BadLabel("label id: not a cgroup path")
+        known = set(cgroup_dirs())
+        if value.rstrip("/") not in known and value not in known:
+            raise NotOnHost("label id: no such cgroup on this host")
+        return cgroup_target(value)
+    if "name" in labels:
+        name = _label(labels, "name", NAME, "a container name") or ""
+        return _container_target(name, "label name")
+    raise BadLabel("no label names a target: give pid, container_id, uid, namespace and pod, id or name")
+
+
 def target_from_labels(labels: dict[str, str]) -> Target:
-    """pid, container_id, pod uid or cAdvisor id, in that order. Within a cgroup the process
-    diagnosed is the largest by RSS, unless a pid was named."""
+    """pid; container_id; a pod by uid, or by namespace and pod (with container: one of its
+    containers); cAdvisor's id (a cgroup path); name (a container's). Within a cgroup the process
+    diagnosed is the largest by RSS, unless a pid was named; the target carries its container and
+    pod, whichever label named it."""
     if "pid" in labels:
         value = labels["pid"]
         if not PID.fullmatch(value):
@@ -134,28 +177,20 @@ def target_from_labels(labels: dict[str, str]) -> Target:
             read_process(int(value))
         except ProcessGone:
             raise NotOnHost(f"label pid: no process {int(value)} on this host") from None
-        return pid_target(int(value))
-    if "container_id" in labels:
-        m = CONTAINER.fullmatch(labels["container_id"])
-        if not m:
-            raise BadLabel("label container_id: expected containerd://, cri-o:// or docker:// and a hex id")
-        cid = m.group(1)
-        target = _cgroup_matching(_container_step(cid), "container")
-    elif "uid" in labels or "pod_uid" in labels:
-        uid = labels["uid"] if "uid" in labels else labels["pod_uid"]
-        if not POD_UID.fullmatch(uid):
-            raise BadLabel("label uid: not a pod uid")
-        forms = {uid.replace("_", "-"), uid.replace("-", "_")}
-        target = _cgroup_matching(_pod_step(forms), "pod")
-    elif "id" in labels:
-        value = labels["id"]
-        if not value.startswith("/") or not _cgroup_path_ok(value):
-            raise BadLabel("label id: not a cgroup path")
-        known = set(cgroup_dirs())
-        if value.rstrip("/") not in known and value not in known:
-            raise NotOnHost("label id: no such cgroup on this host")
-        target = cgroup_target(value)
-    else:
-        raise BadLabel("no label names a target: give pid, container_id, uid or id")
+        return _with_container(pid_target(int(value)))
+    return _with_pid(_cgroup_target(labels))
+
+
+def _with_pid(target: Target) -> Target:
+    """A cgroup target as its largest process (memleak is priced per process), keeping its container and pod."""
     pid = _largest_process(target.cgroup) if target.cgroup else None
-    return pid_target(pid) if pid is not None else target
+    if pid is None:
+        return _with_container(target)
+    return _with_container(pid_target(pid).model_copy(update={"container": target.container, "pod": target.pod}))
+
+
+def _with_container(target: Target) -> Target:
+    """The target with the container its cgroup is in, when no label said it already."""
+    if target.container is not None or target.cgroup is None:
+        return target
+    return target.model_copy(update={"container": container_of_cgroup(target.cgroup.path)})

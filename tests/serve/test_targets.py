@@ -11,7 +11,8 @@ MiB = 1 << 20
 
 def test_container_id_finds_the_scope_and_its_largest_process(workload, memcg):
     cid = uuid.uuid4().hex + uuid.uuid4().hex  # 64 hex digits, like a container id
-    cg = memcg(None, name=f"memdiag-test-docker-{cid}.scope")
+    parent = memcg(None)  # stands for system.slice: the runtime's own folder name is the last step
+    cg = memcg(None, name=f"{parent.name}/docker-{cid}.scope")
     small = workload("churn", "1000", cgroup=cg)
     big = workload("cache", "32", "1", cgroup=cg)
     import time
@@ -20,6 +21,7 @@ def test_container_id_finds_the_scope_and_its_largest_process(workload, memcg):
     for label in (f"docker://{cid}", f"containerd://{cid}", cid):
         t = target_from_labels({"container_id": label})
         assert t.kind == "pid" and t.pid == big.pid, label
+        assert t.container.id == cid and t.container.runtime == "docker" and t.container.cgroup == cg.path, label
     assert small.pid != big.pid
 
 
@@ -73,8 +75,67 @@ def test_a_cgroup_that_only_contains_the_id_is_not_the_container(memcg):
     for label in (f"docker://{cid}", cid[:12]):
         t = target_from_labels({"container_id": label})
         assert t.kind == "cgroup" and t.cgroup.path == real.path, label
-    twin = memcg(None, name=f"memdiag-test-crio-{cid}.scope")
+    other = memcg(None)
+    twin = memcg(None, name=f"{other.name}/crio-{cid}.scope")
     with pytest.raises(BadLabel) as e:
         target_from_labels({"container_id": cid})
-    assert str(e.value).startswith("container matches 2 cgroups: ")
-    assert real.path in str(e.value) and twin.path in str(e.value)
+    assert str(e.value) == f"label container_id {cid}: ambiguous, matches 2 containers: " + ", ".join(
+        sorted([real.path, twin.path])
+    )
+
+
+def test_pod_uid_in_cgroupfs_naming_with_its_container(workload, memcg):
+    """/kubepods/burstable/pod<uid>/<id>: the uid label names the pod; the process diagnosed is
+    the pod's largest, which runs in a container folder below it, and the target says which."""
+    uid, cid = str(uuid.uuid4()), uuid.uuid4().hex + uuid.uuid4().hex
+    top = memcg(None)
+    kube = memcg(None, name=f"{top.name}/kubepods")
+    qos = memcg(None, name=f"{kube.name}/burstable")
+    pod = memcg(None, name=f"{qos.name}/pod{uid}")
+    ctr = memcg(None, name=f"{pod.name}/{cid}")
+    w = workload("churn", "1000", cgroup=ctr)
+    t = target_from_labels({"uid": uid})
+    assert t.kind == "pid" and t.pid == w.pid
+    assert t.pod.uid == uid and t.pod.qos == "burstable" and t.pod.cgroup == pod.path
+    assert [c.id for c in t.pod.containers] == [cid]
+    assert t.container.id == cid and t.container.pod_uid == uid and t.container.host_pid == w.pid
+
+
+def test_pod_names_need_crictl_and_cadvisor_id_stands_in(memcg):
+    """Without crictl a pod name cannot be resolved: one clear line; with cAdvisor's id beside it,
+    the id (the cgroup itself) is used."""
+    from memdiag.diagnose.containers import installed_clis
+
+    if "crictl" in installed_clis():
+        pytest.skip("crictl is installed: pod names resolve through it")
+    with pytest.raises(BadLabel) as e:
+        target_from_labels({"namespace": "shop", "pod": "orderd-5d8f", "container": "orderd"})
+    assert str(e.value) == "pod orderd-5d8f: pod names need crictl, which is not installed here: give the pod's uid"
+    cg = memcg(None)
+    t = target_from_labels({"namespace": "shop", "pod": "orderd-5d8f", "id": cg.path})
+    assert t.kind == "cgroup" and t.cgroup.path == cg.path
+
+
+@pytest.mark.parametrize(
+    "labels, message",
+    [
+        ({"pod": "Not_A_Pod"}, "label pod: not a pod name"),
+        ({"uid": "12345678-1234-1234-1234-12345678"}, "label uid: not a pod uid"),
+        ({"name": "-x"}, "label name: not a container name"),
+        (
+            {"container_id": "docker://abc"},
+            "label container_id: expected containerd://, cri-o:// or docker:// and a hex id",
+        ),
+    ],
+)
+def test_bad_container_and_pod_labels(labels, message):
+    with pytest.raises(BadLabel) as e:
+        target_from_labels(labels)
+    assert str(e.value) == message
+
+
+def test_a_name_label_that_names_no_container(root_required):
+    with pytest.raises(NotOnHost) as e:
+        target_from_labels({"name": "memdiag-no-such-container"})
+    assert str(e.value).startswith("label name memdiag-no-such-container: no such running container")
+    assert "running:" not in str(e.value)  # a webhook's sender is not told what runs here
