@@ -10,6 +10,7 @@ from pathlib import Path
 
 from containers import Image, container, leftovers, ns_pid, podman, processes_in, shared_libraries
 from kit import build
+from serve.conftest import Server
 
 MiB = 1 << 20
 
@@ -154,3 +155,70 @@ def test_an_ambiguous_prefix_lists_the_containers_it_matches(podman_container, m
     finally:
         (parent.fs_path / "docker" / twin).rmdir()
         (parent.fs_path / "docker").rmdir()
+
+
+# --- an alert with container labels, to a real `memdiag serve` ----------------------------------
+
+
+def _alertmanager_body(labels: dict) -> dict:
+    """A whole Alertmanager v4 webhook notification carrying one firing alert with these labels."""
+    return {
+        "version": "4",
+        "status": "firing",
+        "receiver": "memdiag",
+        "groupKey": '{}:{alertname="ContainerMemoryGrowth"}',
+        "truncatedAlerts": 0,
+        "groupLabels": {"alertname": "ContainerMemoryGrowth"},
+        "commonLabels": labels,
+        "commonAnnotations": {},
+        "externalURL": "http://alertmanager:9093",
+        "alerts": [
+            {
+                "status": "firing",
+                "labels": labels,
+                "annotations": {"summary": "container memory climbing"},
+                "startsAt": "2026-12-01T02:00:00Z",
+                "endsAt": "0001-01-01T00:00:00Z",
+                "generatorURL": "",
+                "fingerprint": secrets.token_hex(8),
+            }
+        ],
+    }
+
+
+def test_an_alert_with_container_labels_becomes_that_containers_diagnosis(podman_container, tmp_path):
+    c = podman_container("leak", "2048", memory="256m", memory_swap="256m")
+    bystander = podman_container("churn", "1000")  # another container on the host, not the alert's
+    srv = Server(tmp_path / "data", duration=15).start()
+    try:
+        labels = {
+            "alertname": "ContainerMemoryGrowth",
+            "container_id": f"containerd://{c.id}",
+            "image": c.image.tag,
+            "name": c.name,
+        }
+        status, body = srv.post("/alerts/alertmanager", _alertmanager_body(labels))
+        assert status == 202, body
+        [incident] = srv.incidents()
+        assert incident["source"] == "alertmanager"
+        t = incident["target"]
+        assert t["pid"] == c.pid and t["container"]["id"] == c.id and t["container"]["name"] == c.name
+        assert c.name in t["description"] and bystander.name not in t["description"]
+        done = srv.wait(incident["id"], timeout=180)
+        assert done["state"] == "done" and "leak_order_history" in done["summary"], done
+        rep = json.loads(srv.get(f"/incidents/{incident['id']}?format=json")[1])
+        assert rep["verdict"]["culprit"]["pid"] == c.pid and rep["target"]["container"]["name"] == c.name
+        md = srv.get(f"/incidents/{incident['id']}?format=md")[1].decode()
+        assert md.startswith(f"# memdiag: {done['verdict_kind']} — PID {c.pid} (leak) in container {c.name}")
+        assert f"- Container: **{c.name}**, id `{c.short_id}`" in md and "limit 256 MiB" in md
+        # POST /diagnose by name names the same container; an unknown one is refused in one line
+        status, body = srv.post("/diagnose", {"container": bystander.name})
+        assert status == 202, body
+        assert {i["target"]["container"]["name"] for i in srv.incidents()} == {c.name, bystander.name}
+        status, body = srv.post("/diagnose", {"container": "no-such-container-7f3a"})
+        assert status == 404 and "no-such-container-7f3a" in body["error"], body
+        status, body = srv.post("/alerts/alertmanager", _alertmanager_body({"container_id": "docker://" + "0" * 64}))
+        assert status == 404, body
+        assert len(srv.incidents()) == 2
+    finally:
+        srv.stop()
