@@ -44,6 +44,8 @@ def _who(obs: Observation) -> str:
     t = obs.target
     if t.kind == "pid":
         return f"PID {t.pid} ({t.comm})"
+    if t.kind == "cgroup" and (t.container is not None or t.pod is not None):
+        return t.describe()  # a container's or pod's cgroup: named as the user named it
     if t.kind == "cgroup" and t.cgroup is not None:
         return f"cgroup {t.cgroup.path}"
     return "the system"

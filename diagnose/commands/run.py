@@ -12,6 +12,7 @@ from pathlib import Path
 from memdiag.probes.base import INTERRUPTION, phase
 from memdiag.rules.loader import RuleFileError
 
+from ..containers import container_of_cgroup
 from ..errors import MemdiagError, PermissionNeeded, SignalInterrupted, UsageError
 from ..options import DURATION, INTERVAL, MILLISECONDS, PERCENT, PID, add_playbook_option
 from ..outfiles import ReportFolder, open_report_folder
@@ -89,6 +90,8 @@ def _target(args: argparse.Namespace) -> Target:
             raise PermissionNeeded(f"cannot read {smaps}: permission denied; {hint}") from None
         except FileNotFoundError:
             pass  # kernels before 4.14 have no smaps_rollup; status still gives RSS
+        if target.cgroup is not None:  # a process in a container: the report names the container too
+            target = target.model_copy(update={"container": container_of_cgroup(target.cgroup.path)})
         return target
     if args.cgroup is not None:
         return cgroup_target(args.cgroup)

@@ -173,6 +173,9 @@ def _container_lines(report: Report) -> list[str]:
         shown = code(f"{namespace}/{name}" if namespace else name) + " " if name else ""
         qos = f", {pod.qos}" if pod is not None and pod.qos else ""
         lines += [f"- Pod: {shown}(uid {code(uid or 'unknown')}{qos})"]
+    if c is None and pod is not None and pod.containers:
+        members = [f"{code(m.name)} ({m.short_id})" if m.name else code(m.short_id) for m in pod.containers]
+        lines += [f"- Containers of the pod: {', '.join(members)}"]
     holder = c if c is not None else pod
     if holder is not None:
         limit = fmt_bytes(holder.limit_bytes) if holder.limit_bytes is not None else "none"
@@ -181,7 +184,9 @@ def _container_lines(report: Report) -> list[str]:
         whose = "Container" if c is not None else "Pod"
         lines += [f"- {whose} memory: limit {limit}{killed}, cgroup {code(holder.cgroup)}"]
     if c is not None and c.host_pid is not None:
-        lines += [f"- Main process: PID {c.host_pid} on the host"]
+        row = next((r for r in report.counters.processes if r.pid == c.host_pid), None)
+        inside = f", PID {row.ns_pid} in the container" if row and row.ns_pid not in (None, row.pid) else ""
+        lines += [f"- Main process: PID {c.host_pid} on the host{inside}"]
     return lines
 
 
@@ -195,8 +200,11 @@ def _processes(report: Report) -> list[str]:
     rows = report.counters.processes
     if not rows:
         return []
-    scope = {"pid": "the target", "cgroup": "in the cgroup", "system": "memdiag's own left out"}[report.target.kind]
-    in_container = report.target.container is not None or report.target.pod is not None
+    t = report.target
+    scope = {"pid": "the target", "cgroup": "in the cgroup", "system": "memdiag's own left out"}[t.kind]
+    if t.kind == "cgroup" and (t.container is not None or t.pod is not None):
+        scope = "in the container" if t.container is not None else "in the pod"
+    in_container = t.container is not None or t.pod is not None
     table = [
         [
             _process_cell(r, in_container),

@@ -239,3 +239,70 @@ def test_probe_text_shows_outside_strings_escaped():
     assert "\x1b" not in text and "\x07" not in text
     assert text.splitlines()[0] == "faults: ok (target \\x1b]0;title\\x07 gone)"
     assert "  PID       7 \\x1b[31mRED\\n# HEAD         3 faults  12.0 KiB" in text.splitlines()
+
+
+def container_report() -> Report:
+    """The fixture as a diagnosis of a Kubernetes container by --container: the target carries the
+    container and its pod, the processes their pids inside the container."""
+    from memdiag.diagnose.containers import ContainerInfo
+
+    cid = "3f9a2c" + "7b" * 29
+    cgroup = (
+        "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod1d2c3b4a_5e6f_4a8b_9c0d_1e2f3a4b5c6d.slice/"
+        f"cri-containerd-{cid}.scope"
+    )
+    base = fixture_report()
+    target = TargetInfo(
+        kind="cgroup",
+        description="container orderd (3f9a2c7b7b7b)",
+        cgroup=cgroup,
+        cgroup_version=2,
+        container=ContainerInfo(
+            id=cid,
+            name="orderd",
+            image="registry.example/shop/orderd:1.4",
+            runtime="containerd",
+            cgroup=cgroup,
+            pod_uid="1d2c3b4a-5e6f-4a8b-9c0d-1e2f3a4b5c6d",
+            pod="orderd-5d8f7",
+            namespace="shop",
+            host_pid=123,
+            limit_bytes=512 * MiB,
+        ),
+    )
+    processes = [
+        ProcessRow(pid=123, comm="orderd", rss_first=100 * MiB, rss_last=124 * MiB, majflt_delta=6, ns_pid=1),
+        ProcessRow(pid=140, comm="sh", rss_first=1 * MiB, rss_last=1 * MiB, majflt_delta=0, ns_pid=9),
+    ]
+    counters = base.counters.model_copy(update={"processes": processes})
+    return base.model_copy(update={"target": target, "counters": counters})
+
+
+def test_markdown_of_a_container_whole_output():
+    _check("report_container.md", render_markdown(container_report()))
+
+
+def test_container_json_round_trips_and_its_figures_hold():
+    report = container_report()
+    assert Report.model_validate_json(render_json(report)) == report
+    assert check_figures(json.loads(render_json(report))) == []
+
+
+def test_markdown_of_a_pod_whole_output():
+    """A pod named by its uid (an alert's labels): the pod's cgroup, qos and limit; no container line."""
+    from memdiag.diagnose.containers import PodInfo
+
+    base = container_report()
+    pod = PodInfo(
+        uid="1d2c3b4a-5e6f-4a8b-9c0d-1e2f3a4b5c6d",
+        name="orderd-5d8f7",
+        namespace="shop",
+        qos="burstable",
+        cgroup="/kubepods/burstable/pod1d2c3b4a-5e6f-4a8b-9c0d-1e2f3a4b5c6d",
+        limit_bytes=1 << 30,
+        containers=[base.target.container],
+    )
+    target = TargetInfo(
+        kind="cgroup", description="pod shop/orderd-5d8f7", cgroup=pod.cgroup, cgroup_version=1, pod=pod
+    )
+    _check("report_pod.md", render_markdown(base.model_copy(update={"target": target})))
