@@ -75,7 +75,7 @@ class OomEvent(BaseModel):
         its number in a pid namespace of its own beside it."""
         pid = f"PID {self.victim_pid}" if self.victim_pid is not None else f"host PID {self.victim_host_pid}"
         own = self.victim_own_pid
-        inside = f", PID {own} in its pid namespace" if own is not None and own != self.victim_host_pid else ""
+        inside = f", PID {own} in its pid namespace" if own not in (None, self.victim_pid, self.victim_host_pid) else ""
         return f"{pid} ({self.victim_comm}{inside})"
 
     def trigger(self) -> str:
