@@ -27,6 +27,7 @@ from ..units import fmt_bytes
 
 FORGET_AFTER_S = 600.0  # a container gone from the cgroup tree this long is no longer remembered
 MAX_KNOWN = 4096
+LOOKUPS_PER_POLL = 4
 
 
 def describe(e: OomEvent, container: ContainerInfo | None = None) -> str:
@@ -77,9 +78,12 @@ class KnownContainers:
     def refresh(self) -> None:
         if self.mount is None:
             return
-        now = time.monotonic()
+        now, asked = time.monotonic(), 0
         for c in list_containers(self.mount):
-            if c.id not in self.known and len(self.known) < MAX_KNOWN:
+            # a few runtime look-ups a poll (each runs its CLI): many new containers at once do not
+            # hold up the kills behind them
+            if c.id not in self.known and len(self.known) < MAX_KNOWN and asked < LOOKUPS_PER_POLL:
+                asked += 1
                 info = _lookup(c.path)
                 if info is not None:
                     self.known[c.id] = info
