@@ -19,7 +19,7 @@ from pathlib import Path
 
 from memdiag.probes.oomkill import OomEvent, OomWatch
 
-from ..containers import ContainerInfo, container_of_cgroup
+from ..containers import CACHE_S, ContainerInfo, container_of_cgroup, installed_clis
 from ..errors import UsageError
 from ..facts.cgroup import memory_hierarchy
 from ..facts.container import list_containers, parse_container_path
@@ -28,6 +28,8 @@ from ..units import fmt_bytes
 FORGET_AFTER_S = 600.0  # a container gone from the cgroup tree this long is no longer remembered
 MAX_KNOWN = 4096
 LOOKUPS_PER_POLL = 4
+NAMELESS_RETRY_S = 1.0  # a container the runtime did not name is asked again after this
+NAMELESS_TRIES = 10
 
 
 def describe(e: OomEvent, container: ContainerInfo | None = None) -> str:
@@ -74,23 +76,40 @@ class KnownContainers:
         self.mount = Path(found[1].mount_point) if found else None
         self.known: dict[str, ContainerInfo] = {}
         self.seen: dict[str, float] = {}  # id -> when last in the cgroup tree
+        self.first: dict[str, float] = {}  # id -> when first in it
+        self.asked: dict[str, tuple[float, int]] = {}  # id -> when the runtime was last asked, how often
 
     def refresh(self) -> None:
         if self.mount is None:
             return
         now, asked = time.monotonic(), 0
         for c in list_containers(self.mount):
-            # a few runtime look-ups a poll (each runs its CLI): many new containers at once do not
-            # hold up the kills behind them
-            if c.id not in self.known and len(self.known) < MAX_KNOWN and asked < LOOKUPS_PER_POLL:
+            self.seen[c.id] = now
+            self.first.setdefault(c.id, now)
+            # a few runtime look-ups a poll (each may run its CLI): many new containers at once do
+            # not hold up the kills behind them
+            if asked < LOOKUPS_PER_POLL and self._ask(c.id, now):
                 asked += 1
                 info = _lookup(c.path)
                 if info is not None:
                     self.known[c.id] = info
-            self.seen[c.id] = now
         for cid in [cid for cid, t in self.seen.items() if now - t > FORGET_AFTER_S]:
             self.seen.pop(cid)
+            self.first.pop(cid, None)
             self.known.pop(cid, None)
+            self.asked.pop(cid, None)
+
+    def _ask(self, cid: str, now: float) -> bool:
+        """Whether to ask the runtime about this container now: not known yet, or known without a
+        name and not asked for a while (a runtime's listing taken just before the container was
+        made does not name it; a host without a runtime CLI never will)."""
+        info, (last, times) = self.known.get(cid), self.asked.get(cid, (0.0, 0))
+        if info is not None and (info.name is not None or times >= NAMELESS_TRIES or now - last < NAMELESS_RETRY_S):
+            return False
+        if info is None and len(self.known) >= MAX_KNOWN:
+            return False
+        self.asked[cid] = (now, times + 1)
+        return True
 
     def of(self, e: OomEvent) -> ContainerInfo | None:
         """The container of a kill's victim (else of the cgroup whose limit was hit): what the
@@ -99,12 +118,25 @@ class KnownContainers:
             found = parse_container_path(cgroup) if cgroup else None
             if found is None:
                 continue
-            now, before = _lookup(cgroup), self.known.get(found.id)  # type: ignore[arg-type]
-            if now is None or before is None:
-                return now or before
-            kept = {k: v for k, v in before.model_dump().items() if getattr(now, k) is None}
-            return now.model_copy(update=kept)
+            info = _merged(_lookup(cgroup), self.known.get(found.id))  # type: ignore[arg-type]
+            if info is not None and info.name is None and self._young(found.id) and installed_clis():
+                # the runtime's listing is reused for CACHE_S (diagnose/containers.py), and one
+                # taken before this container was made does not name it: once more, after that
+                time.sleep(CACHE_S)
+                info = _merged(_lookup(cgroup), info)  # type: ignore[arg-type]
+            return info
         return None
+
+    def _young(self, cid: str) -> bool:
+        first = self.first.get(cid)
+        return first is None or time.monotonic() - first < 2 * CACHE_S
+
+
+def _merged(now: ContainerInfo | None, before: ContainerInfo | None) -> ContainerInfo | None:
+    """What the runtime says now, completed with what it said before (a removed container's name)."""
+    if now is None or before is None:
+        return now or before
+    return now.model_copy(update={k: v for k, v in before.model_dump().items() if getattr(now, k) is None})
 
 
 def _lookup(cgroup: str) -> ContainerInfo | None:
