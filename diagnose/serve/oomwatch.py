@@ -22,7 +22,7 @@ from memdiag.probes.oomkill import OomEvent, OomWatch
 from ..containers import CACHE_S, ContainerInfo, container_of_cgroup, installed_clis
 from ..errors import UsageError
 from ..facts.cgroup import memory_hierarchy
-from ..facts.container import list_containers, parse_container_path
+from ..facts.container import list_containers, parse_container_path, parse_pod_path
 from ..units import fmt_bytes
 
 FORGET_AFTER_S = 600.0  # a container gone from the cgroup tree this long is no longer remembered
@@ -38,32 +38,48 @@ def describe(e: OomEvent, container: ContainerInfo | None = None) -> str:
     outside = f" ({e.outside_namespace})" if e.outside_namespace else ""
     where = e.memcg or e.victim_cgroup or "unknown cgroup"
     return (
-        f"OOM killer killed {e.victim()}{_in(container)}, anon RSS {fmt_bytes(e.anon_rss)}: {scope}"
+        f"OOM killer killed {e.victim()}{_in(container, e)}, anon RSS {fmt_bytes(e.anon_rss)}: {scope}"
         f" in {where}{limit}; triggered by {e.trigger()}"
         f"; host MemAvailable {fmt_bytes(e.mem_available)}{outside}"
     )
 
 
-def _in(c: ContainerInfo | None) -> str:
+def _in(c: ContainerInfo | None, e: OomEvent) -> str:
     if c is None:
-        return ""
+        pod = _pod_of(e)
+        return f" in pod {pod[0]}" if pod else ""
     pod = f"{c.namespace}/{c.pod}" if c.pod and c.namespace else c.pod or c.pod_uid
     return f" in {c.describe()}" + (f" of pod {pod}" if pod else "")
 
 
 def incident_place(e: OomEvent, container: ContainerInfo | None) -> dict | None:
-    """Where the kill happened, as the incident's target: the container (and pod) when there is one."""
+    """Where the kill happened, as the incident's target: the container (and pod) when there is
+    one, else the Kubernetes pod whose cgroup it was in (a pod-level limit), else the cgroup."""
     cgroup = e.memcg or e.victim_cgroup
-    if container is None:
-        return {"kind": "cgroup", "cgroup": cgroup} if cgroup else None
-    return {"kind": "container", "cgroup": cgroup, "container": container.model_dump()}
+    if container is not None:
+        return {"kind": "container", "cgroup": cgroup, "container": container.model_dump()}
+    pod = _pod_of(e)
+    if pod is not None:
+        return {"kind": "pod", "cgroup": cgroup, "pod_uid": pod[0], "qos": pod[1]}
+    return {"kind": "cgroup", "cgroup": cgroup} if cgroup else None
 
 
 def incident_key(e: OomEvent, container: ContainerInfo | None) -> str:
-    """One kill, under its container when it has one: a kill recorded twice (a retried write) is
-    one incident, and a container's kills share the prefix oom:<runtime>:<id>:."""
-    place = f"{container.runtime}:{container.id}" if container else f"cgroup:{e.memcg or e.victim_cgroup or '?'}"
+    """One kill, under its container (else pod) when it has one: a kill recorded twice (a retried
+    write) is one incident, and a container's kills share the prefix oom:<runtime>:<id>:."""
+    pod = _pod_of(e)
+    if container is not None:
+        place = f"{container.runtime}:{container.id}"
+    elif pod is not None:
+        place = f"pod:{pod[0]}"
+    else:
+        place = f"cgroup:{e.memcg or e.victim_cgroup or '?'}"
     return f"oom:{place}:{e.victim_host_pid}:{e.when:.6f}"
+
+
+def _pod_of(e: OomEvent) -> tuple[str, str | None] | None:
+    """(uid, qos) of the Kubernetes pod the victim's (else the limited) cgroup is in."""
+    return next((p for cg in (e.victim_cgroup, e.memcg) if cg and (p := parse_pod_path(cg))), None)
 
 
 class KnownContainers:

@@ -129,6 +129,14 @@ def test_a_kill_in_a_kubernetes_pod_names_the_pod_and_is_keyed_by_its_container(
     assert incident_key(e, c) == f"oom:containerd:{cid}:4242:1700000000.250000"
     said = describe(e, c)
     assert f"killed PID 4242 (api, PID 7 in its pid namespace) in container api ({cid[:12]}) of pod shop/web-7f" in said
-    # a kill outside any container keeps today's words and its cgroup as the place
-    assert incident_place(e, None) == {"kind": "cgroup", "cgroup": cgroup}
-    assert " in container " not in describe(e, None)
+    # a pod-level limit whose victim's container is not known: the pod is the place
+    pod_cgroup = cgroup.rsplit("/", 1)[0]
+    at_pod = e.model_copy(update={"memcg": pod_cgroup, "victim_cgroup": None})
+    assert incident_place(at_pod, None) == {"kind": "pod", "cgroup": pod_cgroup, "pod_uid": uid, "qos": "burstable"}
+    assert incident_key(at_pod, None) == f"oom:pod:{uid}:4242:1700000000.250000"
+    assert f"(api, PID 7 in its pid namespace) in pod {uid}, anon RSS" in describe(at_pod, None)
+    # a kill outside any container or pod keeps today's words and its cgroup as the place
+    plain = e.model_copy(update={"memcg": "/app", "victim_cgroup": "/app"})
+    assert incident_place(plain, None) == {"kind": "cgroup", "cgroup": "/app"}
+    assert incident_key(plain, None) == "oom:cgroup:/app:4242:1700000000.250000"
+    assert " in container " not in describe(plain, None) and " in pod " not in describe(plain, None)
