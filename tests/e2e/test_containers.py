@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 import secrets
+import time
 from pathlib import Path
 
 from containers import Image, container, leftovers, ns_pid, podman, processes_in, shared_libraries
 from kit import build
+from memdiag.diagnose.serve.oomwatch import KnownContainers
 from serve.conftest import Server
 
 MiB = 1 << 20
@@ -227,3 +229,17 @@ def test_an_alert_with_container_labels_becomes_that_containers_diagnosis(podman
         assert len(_asked(srv)) == 2
     finally:
         srv.stop()
+
+
+def test_the_oom_watch_names_a_container_started_just_after_a_runtime_listing(podman_container):
+    """serve's OOM watch learns each new container's name once, while it runs; a container started
+    within the containers listing's cache (2 s) of an earlier listing must still get its name."""
+    first = podman_container("leak", "64")
+    known = KnownContainers()
+    known.refresh()  # asks podman for the list (cached), names `first`
+    assert known.known[first.id].name == first.name
+    t0 = time.monotonic()
+    second = podman_container("leak", "64")
+    known.refresh()
+    assert time.monotonic() - t0 < 2.0  # the case: the cached listing predates `second`
+    assert known.known[second.id].name == second.name, known.known[second.id]
