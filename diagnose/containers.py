@@ -307,10 +307,11 @@ def _one_line(items: list[str]) -> str:
     return ", ".join(items[:MAX_LISTED]) + more
 
 
-def _label(c: ContainerCgroup, listed: dict[str, _Listed]) -> str:
+def _label(c: ContainerCgroup, listed: dict[str, _Listed], full: bool = False) -> str:
     entry = listed.get(c.id)
     name = entry.names[0] if entry and entry.names else None
-    return f"{c.id[:12]} ({name})" if name else c.id[:12]
+    shown = c.id if full else c.id[:12]
+    return f"{shown} ({name})" if name else shown
 
 
 def resolve_container(
@@ -358,7 +359,9 @@ def resolve_container(
     listed = listed or _listing(clis)
     if len(chosen) > 1:
         shown = [_label(c, listed) for c in chosen]
-        if len(set(shown)) < len(shown):  # one id in two cgroups: only the paths tell them apart
+        if len(set(shown)) < len(shown):  # short ids alike: the full ones tell them apart
+            shown = [_label(c, listed, full=True) for c in chosen]
+        if len(set(shown)) < len(shown):  # one id in two cgroups: only the paths do
             shown = [c.path for c in chosen]
         raise AmbiguousTarget(f"{said} {ref}: ambiguous, matches {len(chosen)} containers: {_one_line(shown)}")
     return _info(chosen[0], listed.get(chosen[0].id), base, proc_root)
