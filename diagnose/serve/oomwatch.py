@@ -85,7 +85,7 @@ def _pod_of(e: OomEvent) -> tuple[str, str | None] | None:
 class KnownContainers:
     """The containers of this host as their runtime described them while they ran, by id: the
     cgroup tree is read each poll (a walk of the memory hierarchy's folders), the runtime's CLI
-    only for a container not seen before."""
+    only for a container not seen before, or seen without a name (asked again a few times)."""
 
     def __init__(self) -> None:
         found = memory_hierarchy()
