@@ -18,11 +18,11 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from .errors import AmbiguousTarget, UnknownTarget, UsageError
 from .facts._parse import read_text
-from .facts.cgroup import limit_bytes, memory_hierarchy
+from .facts.cgroup import cgroup_pids, limit_bytes, memory_hierarchy
 from .facts.container import ContainerCgroup, Runtime, list_containers, list_pods, parse_container_path
 from .facts.process import innermost_pid
 
@@ -126,65 +126,108 @@ def _run_json(argv: list[str]):
             return None
 
 
-def _podman(exe: str) -> list[_Listed]:
-    rows = _run_json([exe, "ps", "--all", "--format", "json"]) or []
+def _rows(data, key: str | None = None) -> list[dict]:
+    """The objects of a CLI's JSON list (or of data[key]); anything else is no row."""
+    if key is not None:
+        data = data.get(key) if isinstance(data, dict) else None
+    return [r for r in data if isinstance(r, dict)] if isinstance(data, list) else []
+
+
+def _kept(make, rows: list[dict]) -> list:
+    """make(row) for each row, leaving out a row of a shape this version does not know."""
     out = []
-    for r in rows if isinstance(rows, list) else []:
-        labels = r.get("Labels") or {}
-        out.append(
-            _Listed(
-                id=str(r.get("Id", "")),
-                names=tuple(r.get("Names") or ()),
-                image=r.get("Image") or None,
-                runtime="podman",
-                pid=r.get("Pid") or None,
-                pod_uid=labels.get("io.kubernetes.pod.uid"),
-                pod=r.get("PodName") or labels.get("io.kubernetes.pod.name") or None,
-                namespace=labels.get("io.kubernetes.pod.namespace"),
-            )
-        )
+    for r in rows:
+        try:
+            out.append(make(r))
+        except (ValidationError, AttributeError, KeyError, TypeError):
+            continue
     return out
+
+
+def _k8s(labels: dict) -> dict:
+    """The pod of a container, from the labels the kubelet puts on it."""
+    return {
+        "pod_uid": labels.get("io.kubernetes.pod.uid"),
+        "pod": labels.get("io.kubernetes.pod.name"),
+        "namespace": labels.get("io.kubernetes.pod.namespace"),
+    }
+
+
+def parse_podman_ps(data) -> list[_Listed]:
+    """`podman ps --all --format json`: a list of {Id, Names, Image, Pid, PodName, Labels}."""
+
+    def make(r: dict) -> _Listed:
+        pod = _k8s(r.get("Labels") or {})
+        pod["pod"] = r.get("PodName") or pod["pod"]  # a podman pod (`podman pod create`)
+        return _Listed(
+            id=r["Id"],
+            names=tuple(r.get("Names") or ()),
+            image=r.get("Image") or None,
+            runtime="podman",
+            pid=r.get("Pid") or None,
+            **pod,
+        )
+
+    return _kept(make, _rows(data))
+
+
+def parse_docker_inspect(data) -> list[_Listed]:
+    """`docker inspect`: a list of {Id, Name: "/name", State: {Pid}, Config: {Image, Labels}}."""
+
+    def make(r: dict) -> _Listed:
+        config = r.get("Config") or {}
+        return _Listed(
+            id=r["Id"],
+            names=(str(r.get("Name") or "").lstrip("/"),),
+            image=config.get("Image") or None,
+            runtime="docker",
+            pid=(r.get("State") or {}).get("Pid") or None,
+            **_k8s(config.get("Labels") or {}),
+        )
+
+    return _kept(make, _rows(data))
+
+
+def parse_crictl_ps(data) -> list[_Listed]:
+    """`crictl ps --all -o json`: {containers: [{id, metadata: {name}, image: {image}, imageRef, labels}]}."""
+
+    def make(r: dict) -> _Listed:
+        image = (r.get("image") or {}).get("image") or None
+        if image is None or image.startswith("sha256:"):  # an image id: the reference names it better
+            image = r.get("imageRef") or image
+        return _Listed(
+            id=r["id"],
+            names=((r.get("metadata") or {}).get("name") or "",),
+            image=image,
+            runtime="unknown",  # crictl speaks for containerd or CRI-O alike: the cgroup path says which
+            **_k8s(r.get("labels") or {}),
+        )
+
+    return _kept(make, _rows(data, "containers"))
+
+
+def parse_crictl_pods(data) -> list[_Pod]:
+    """`crictl pods -o json`: {items: [{id, metadata: {name, uid, namespace}}]}."""
+
+    def make(r: dict) -> _Pod:
+        meta = r.get("metadata") or {}
+        return _Pod(uid=meta["uid"], name=meta["name"], namespace=meta.get("namespace"))
+
+    return _kept(make, _rows(data, "items"))
+
+
+def _podman(exe: str) -> list[_Listed]:
+    return parse_podman_ps(_run_json([exe, "ps", "--all", "--format", "json"]))
 
 
 def _docker(exe: str) -> list[_Listed]:
-    rows = _run_json([exe, "ps", "--all", "--no-trunc", "--format", "{{json .}}"]) or []
-    ids = [str(r.get("ID", "")) for r in rows if isinstance(r, dict)]
-    details = (_run_json([exe, "inspect", "--type", "container", "--", *ids]) or []) if ids else []
-    out = []
-    for r in details if isinstance(details, list) else []:
-        labels = (r.get("Config") or {}).get("Labels") or {}
-        out.append(
-            _Listed(
-                id=str(r.get("Id", "")),
-                names=(str(r.get("Name", "")).lstrip("/"),),
-                image=(r.get("Config") or {}).get("Image") or None,
-                runtime="docker",
-                pid=(r.get("State") or {}).get("Pid") or None,
-                pod_uid=labels.get("io.kubernetes.pod.uid"),
-                pod=labels.get("io.kubernetes.pod.name"),
-                namespace=labels.get("io.kubernetes.pod.namespace"),
-            )
-        )
-    return out
+    rows = _rows(_run_json([exe, "ps", "--all", "--no-trunc", "--format", "{{json .}}"]))
+    ids = [r["ID"] for r in rows if isinstance(r.get("ID"), str) and _HEX.fullmatch(r["ID"])]
+    return parse_docker_inspect(_run_json([exe, "inspect", "--type", "container", "--", *ids])) if ids else []
 
 
 def _crictl(exe: str) -> list[_Listed]:
-    listing = _run_json([exe, "ps", "--all", "-o", "json"]) or {}
-    out = []
-    for r in listing.get("containers", []) if isinstance(listing, dict) else []:
-        labels = r.get("labels") or {}
-        out.append(
-            _Listed(
-                id=str(r.get("id", "")),
-                names=(str((r.get("metadata") or {}).get("name", "")),),
-                image=(r.get("image") or {}).get("image") or r.get("imageRef") or None,
-                runtime="unknown",  # crictl speaks for containerd or CRI-O; the cgroup path says which
-                pod_uid=labels.get("io.kubernetes.pod.uid"),
-                pod=labels.get("io.kubernetes.pod.name"),
-                namespace=labels.get("io.kubernetes.pod.namespace"),
-            )
-        )
-    return out
+    return parse_crictl_ps(_run_json([exe, "ps", "--all", "-o", "json"]))
 
 
 _LISTERS = {"podman": _podman, "docker": _docker, "crictl": _crictl}
@@ -217,13 +260,7 @@ CACHE_S = 2.0
 
 def _crictl_pods() -> list[_Pod]:
     exe = shutil.which("crictl")
-    listing = (_run_json([exe, "pods", "-o", "json"]) if exe else None) or {}
-    pods = []
-    for r in listing.get("items", []) if isinstance(listing, dict) else []:
-        meta = r.get("metadata") or {}
-        if meta.get("uid") and meta.get("name"):
-            pods.append(_Pod(uid=meta["uid"], name=meta["name"], namespace=meta.get("namespace")))
-    return pods
+    return parse_crictl_pods(_run_json([exe, "pods", "-o", "json"])) if exe else []
 
 
 # --- the cgroup tree -------------------------------------------------------------------------------
@@ -240,10 +277,8 @@ def _hierarchy(mount: Path | None) -> Path:
 
 def _main_pid(folder: Path, proc_root: Path) -> int | None:
     """The container's first process: the one that is pid 1 in its own namespace (NSpid's last
-    field), else the lowest pid in the container's folders."""
-    pids = sorted(
-        int(p) for procs in folder.rglob("cgroup.procs") for p in (read_text(procs) or "").split() if p.isdigit()
-    )
+    field), else the lowest pid in the container's cgroup."""
+    pids = sorted(cgroup_pids(folder))
     for pid in pids:
         if pid != 1 and innermost_pid(read_text(proc_root / str(pid) / "status") or "") == 1:
             return pid
@@ -272,10 +307,11 @@ def _one_line(items: list[str]) -> str:
     return ", ".join(items[:MAX_LISTED]) + more
 
 
-def _label(c: ContainerCgroup, listed: dict[str, _Listed]) -> str:
+def _label(c: ContainerCgroup, listed: dict[str, _Listed], full: bool = False) -> str:
     entry = listed.get(c.id)
     name = entry.names[0] if entry and entry.names else None
-    return f"{c.id[:12]} ({name})" if name else c.id[:12]
+    shown = c.id if full else c.id[:12]
+    return f"{shown} ({name})" if name else shown
 
 
 def resolve_container(
@@ -323,7 +359,9 @@ def resolve_container(
     listed = listed or _listing(clis)
     if len(chosen) > 1:
         shown = [_label(c, listed) for c in chosen]
-        if len(set(shown)) < len(shown):  # one id in two cgroups: only the paths tell them apart
+        if len(set(shown)) < len(shown):  # short ids alike: the full ones tell them apart
+            shown = [_label(c, listed, full=True) for c in chosen]
+        if len(set(shown)) < len(shown):  # one id in two cgroups: only the paths do
             shown = [c.path for c in chosen]
         raise AmbiguousTarget(f"{said} {ref}: ambiguous, matches {len(chosen)} containers: {_one_line(shown)}")
     return _info(chosen[0], listed.get(chosen[0].id), base, proc_root)

@@ -15,6 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
+from memdiag.diagnose.facts.cgroup import cgroup_pids
 from pydantic import BaseModel, ConfigDict
 
 from . import bpfsys as sys_
@@ -50,10 +51,7 @@ class ProbeTarget(BaseModel):
         if self.kind == "pid" and self.pid is not None:
             return {self.pid}
         if self.kind == "cgroup" and self.cgroup_fs is not None:
-            try:
-                return {int(p) for p in Path(self.cgroup_fs, "cgroup.procs").read_text().split()}
-            except OSError:
-                return set()
+            return set(cgroup_pids(Path(self.cgroup_fs)))  # a v2 container's processes may be one folder down
         return set()
 
     def alive(self) -> bool:

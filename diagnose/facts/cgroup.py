@@ -222,9 +222,27 @@ def _int_map(text: str | None) -> dict[str, int]:
     return {k: v for k, raw in kv_lines(text).items() if (v := int_or_none(raw)) is not None}
 
 
+def _pids_in(fs: Path) -> list[int]:
+    return [int(p) for p in (read_text(fs / "cgroup.procs") or "").split() if p.isdigit()]
+
+
+def cgroup_pids(fs: Path) -> list[int]:
+    """The processes of a cgroup folder: its own, or, when it has none, those of the folders below
+    it. cgroup v2 keeps a cgroup that delegates to children free of processes of its own (a
+    container's `libpod-<id>.scope` whose processes are in its `container` leaf), while its memory
+    counts theirs."""
+    own = _pids_in(fs)
+    if own:
+        return own
+    try:
+        below = sorted(fs.rglob("cgroup.procs"))
+    except OSError:
+        return []
+    return sorted({pid for procs in below for pid in _pids_in(procs.parent)})
+
+
 def _procs(fs: Path) -> list[int]:
-    text = read_text(fs / "cgroup.procs") or ""
-    return [int(p) for p in text.split() if p.isdigit()]
+    return cgroup_pids(fs)
 
 
 def _v2_effective_limit(fs: Path, mount_point: Path) -> int | None:

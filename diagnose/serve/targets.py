@@ -12,6 +12,7 @@ from ..containers import container_of_cgroup, installed_clis, resolve_container,
 from ..errors import AmbiguousTarget, UnknownTarget, UsageError
 from ..facts._parse import read_text
 from ..facts.cgroup import CgroupLocation, memory_hierarchy
+from ..facts.container import pod_cgroup
 from ..facts.process import ProcessGone, read_process
 from ..facts.processes import read_all_processes
 from ..target import Target, cgroup_target, pid_target
@@ -157,6 +158,9 @@ def _cgroup_target(labels: dict[str, str]) -> Target:
         known = set(cgroup_dirs())
         if value.rstrip("/") not in known and value not in known:
             raise NotOnHost("label id: no such cgroup on this host")
+        pod = pod_cgroup(value)
+        if pod is not None and pod.path == value.rstrip("/"):  # cAdvisor's pod-level series: the pod
+            return cgroup_target(value).model_copy(update={"pod": _resolved(lambda: resolve_pod(None, None, pod.uid))})
         return cgroup_target(value)
     if "name" in labels:
         name = _label(labels, "name", NAME, "a container name") or ""
@@ -177,7 +181,7 @@ def target_from_labels(labels: dict[str, str]) -> Target:
             read_process(int(value))
         except ProcessGone:
             raise NotOnHost(f"label pid: no process {int(value)} on this host") from None
-        return _with_container(pid_target(int(value)))
+        return with_container(pid_target(int(value)))
     return _with_pid(_cgroup_target(labels))
 
 
@@ -185,11 +189,11 @@ def _with_pid(target: Target) -> Target:
     """A cgroup target as its largest process (memleak is priced per process), keeping its container and pod."""
     pid = _largest_process(target.cgroup) if target.cgroup else None
     if pid is None:
-        return _with_container(target)
-    return _with_container(pid_target(pid).model_copy(update={"container": target.container, "pod": target.pod}))
+        return with_container(target)
+    return with_container(pid_target(pid).model_copy(update={"container": target.container, "pod": target.pod}))
 
 
-def _with_container(target: Target) -> Target:
+def with_container(target: Target) -> Target:
     """The target with the container its cgroup is in, when no label said it already."""
     if target.container is not None or target.cgroup is None:
         return target

@@ -16,7 +16,7 @@ from ..render import render_all
 from ..target import Target, cgroup_target, pid_target
 from ..workflow import diagnose
 from .store import Incident, StorageFailing, Store
-from .targets import BadLabel, NotOnHost, target_from_labels
+from .targets import BadLabel, NotOnHost, target_from_labels, with_container
 
 STUCK_FACTOR, STUCK_SLACK = 3, 120.0  # "running far past its window": 3x the window plus 2 minutes
 
@@ -161,9 +161,9 @@ def _target_again(incident: Incident | None) -> Target:
             target = pid_target(int(t["pid"]))
             if t.get("comm") and target.comm != t["comm"]:
                 raise LookupError(f"PID {t['pid']} is now {target.comm}, not {t['comm']}: the target has exited")
-            return target
+            return with_container(target)
         if t.get("cgroup"):
-            return cgroup_target(t["cgroup"])
+            return with_container(cgroup_target(t["cgroup"]))
     except (BadLabel, NotOnHost, UsageError) as e:
         raise LookupError(f"the target is gone: {e}") from None
     raise LookupError("nothing recorded to find the target again")

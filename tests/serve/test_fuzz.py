@@ -24,7 +24,7 @@ from memdiag.diagnose.errors import UsageError
 from memdiag.diagnose.serve.app import Config, Metrics, create_app
 from memdiag.diagnose.serve.security import FailureLimiter
 from memdiag.diagnose.serve.store import Store
-from memdiag.diagnose.serve.targets import BadLabel, NotOnHost, cgroup_by_path, target_from_labels
+from memdiag.diagnose.serve.targets import BadLabel, NotOnHost, cgroup_by_path, container_by_ref, target_from_labels
 from memdiag.diagnose.serve.worker import Worker
 
 TOKEN, SECRET = "fuzz-token-1b7e", "fuzz-secret"
@@ -36,7 +36,7 @@ FUZZ = settings(
     database=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.filter_too_much],
 )
-TARGET_KEYS = {"pid", "id", "cgroup", "container_id", "uid", "pod_uid"}
+TARGET_KEYS = {"pid", "id", "cgroup", "container_id", "container", "uid", "pod_uid", "pod", "name"}
 ABSENT = "4194304"  # above any pid_max: never a process
 seen = {"bodies": 0}
 
@@ -110,7 +110,9 @@ def _resolves(key: str, value) -> bool:
     host had a cgroup this one lacks, and a re-implemented match missed it)."""
     if not isinstance(value, str):
         return False
-    tries = [lambda: target_from_labels({key: value})] if key != "cgroup" else []
+    tries = [lambda: target_from_labels({key: value})] if key not in ("cgroup", "container") else []
+    if key == "container":  # POST /diagnose's container: an id, a 12+ digit prefix or a name
+        tries += [lambda: container_by_ref(value)]
     if key in ("cgroup", "id"):
         tries += [lambda: cgroup_by_path(value), lambda: target_from_labels({"id": value})]
     for attempt in tries:
@@ -211,6 +213,7 @@ diagnose_body = st.fixed_dictionaries(
         "pid": st.integers(min_value=-5, max_value=5_000_000) | scalars,
         "cgroup": label_value | scalars,
         "container_id": label_value | scalars,
+        "container": label_value | scalars,
         "duration": st.floats() | st.integers(-10, 1000) | scalars,
         "extra": scalars,
     },

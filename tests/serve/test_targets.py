@@ -99,6 +99,8 @@ def test_pod_uid_in_cgroupfs_naming_with_its_container(workload, memcg):
     assert t.pod.uid == uid and t.pod.qos == "burstable" and t.pod.cgroup == pod.path
     assert [c.id for c in t.pod.containers] == [cid]
     assert t.container.id == cid and t.container.pod_uid == uid and t.container.host_pid == w.pid
+    t = target_from_labels({"id": pod.path})  # cAdvisor's pod-level series
+    assert t.pid == w.pid and t.pod.uid == uid and t.pod.cgroup == pod.path and t.container.id == cid
 
 
 def test_pod_names_need_crictl_and_cadvisor_id_stands_in(memcg):

@@ -266,12 +266,15 @@ def v2_kubernetes(tmp_path):
 
 def test_v2_kubernetes_tree(v2_kubernetes):
     mount, proc, pod, other = v2_kubernetes
-    assert [(c.runtime, c.id[:4], c.pod_uid, c.qos) for c in list_containers(mount)] == [
-        ("containerd", C[:4], UID, "burstable"),  # sorted by path
-        ("containerd", A[:4], UID, "burstable"),
-        ("cri-o", B[:4], other, "guaranteed"),
-        ("docker", "d4d4", None, None),
-    ]
+    assert (
+        [(c.runtime, c.id[:4], c.pod_uid, c.qos) for c in list_containers(mount)]
+        == [
+            ("containerd", C[:4], UID, "burstable"),  # sorted by path
+            ("containerd", A[:4], UID, "burstable"),
+            ("cri-o", B[:4], other, "guaranteed"),
+            ("docker", "d4d4", None, None),
+        ]
+    )
     assert [(p.uid, p.qos, p.path) for p in list_pods(mount)] == [
         (UID, "burstable", pod),
         (other, "guaranteed", f"/kubepods.slice/kubepods-pod{other.replace('-', '_')}.slice"),
@@ -320,3 +323,120 @@ def test_nspid_in_the_process_reader():
     assert parse_process(4242, status, None, None, None).ns_pid == 1  # the innermost namespace's
     assert parse_process(7, "Name:\tsh\nPid:\t7\nNSpid:\t7\n", None, None, None).ns_pid == 7
     assert parse_process(7, "Name:\tsh\nPid:\t7\n", None, None, None).ns_pid is None  # before 4.1
+
+
+# The runtime CLIs' JSON, in their documented shapes (podman's as podman 4.3 writes it here).
+PODMAN_PS = [
+    {
+        "Id": A,
+        "Image": "localhost/orderd:latest",
+        "Names": ["orderd"],
+        "Pid": 4242,
+        "Pod": "",
+        "PodName": "",
+        "Labels": None,
+        "State": "running",
+    },
+    {"Id": B, "Names": ["web"], "Pid": 0, "Labels": {"io.kubernetes.pod.name": "web-1"}},
+    {"Names": ["no-id"]},  # a shape this version does not know: left out
+    "junk",
+]
+DOCKER_INSPECT = [
+    {
+        "Id": C,
+        "Name": "/k8s_orderd_orderd-5d8f7_shop_" + UID + "_0",
+        "State": {"Status": "running", "Pid": 777},
+        "Config": {
+            "Image": "registry.example/shop/orderd:1.4",
+            "Labels": {
+                "io.kubernetes.pod.name": "orderd-5d8f7",
+                "io.kubernetes.pod.namespace": "shop",
+                "io.kubernetes.pod.uid": UID,
+            },
+        },
+    }
+]
+CRICTL_PS = {
+    "containers": [
+        {
+            "id": A,
+            "podSandboxId": C,
+            "metadata": {"name": "orderd", "attempt": 0},
+            "image": {"image": "sha256:" + "e5" * 32},
+            "imageRef": "registry.example/shop/orderd@sha256:" + "e5" * 32,
+            "state": "CONTAINER_RUNNING",
+            "labels": {
+                "io.kubernetes.container.name": "orderd",
+                "io.kubernetes.pod.name": "orderd-5d8f7",
+                "io.kubernetes.pod.namespace": "shop",
+                "io.kubernetes.pod.uid": UID,
+            },
+        },
+        {"id": B, "metadata": None, "image": {"image": "docker.io/library/redis:7"}, "labels": {}},
+    ]
+}
+CRICTL_PODS = {
+    "items": [
+        {"id": C, "metadata": {"name": "orderd-5d8f7", "uid": UID, "namespace": "shop", "attempt": 0}},
+        {"id": B, "metadata": {"name": "half"}},  # no uid: left out
+    ]
+}
+
+
+def test_runtime_cli_listings():
+    from memdiag.diagnose.containers import (
+        parse_crictl_pods,
+        parse_crictl_ps,
+        parse_docker_inspect,
+        parse_podman_ps,
+    )
+
+    def shown(rows):
+        return [(r.id[:4], r.names, r.image, r.runtime, r.pid, r.pod_uid, r.pod, r.namespace) for r in rows]
+
+    assert shown(parse_podman_ps(PODMAN_PS)) == [
+        ("a1a1", ("orderd",), "localhost/orderd:latest", "podman", 4242, None, None, None),
+        ("a1a1", ("web",), None, "podman", None, None, "web-1", None),
+    ]
+    assert shown(parse_docker_inspect(DOCKER_INSPECT)) == [
+        (
+            "0f0f",
+            (f"k8s_orderd_orderd-5d8f7_shop_{UID}_0",),
+            "registry.example/shop/orderd:1.4",
+            "docker",
+            777,
+            UID,
+            "orderd-5d8f7",
+            "shop",
+        ),
+    ]
+    assert shown(parse_crictl_ps(CRICTL_PS)) == [
+        (
+            "a1a1",
+            ("orderd",),
+            "registry.example/shop/orderd@sha256:" + "e5" * 32,
+            "unknown",
+            None,
+            UID,
+            "orderd-5d8f7",
+            "shop",
+        ),
+        ("a1a1", ("",), "docker.io/library/redis:7", "unknown", None, None, None, None),
+    ]
+    assert [(p.uid, p.name, p.namespace) for p in parse_crictl_pods(CRICTL_PODS)] == [(UID, "orderd-5d8f7", "shop")]
+    for nothing in (None, {}, [], "x", {"containers": "x"}, {"items": [1, 2]}):
+        assert parse_podman_ps(nothing) == parse_crictl_ps(nothing) == parse_crictl_pods(nothing) == []
+
+
+def test_a_v2_container_s_processes_one_folder_down(v2_kubernetes):
+    """cgroup v2 keeps a scope that delegates to a leaf free of processes: the container's are the
+    leaf's. A folder with processes of its own is read alone (v1, and v2 leaves)."""
+    from memdiag.diagnose.facts.cgroup import cgroup_pids
+
+    mount, _, pod, _ = v2_kubernetes
+    scope = mount / pod.lstrip("/") / f"cri-containerd-{A}.scope"
+    assert cgroup_pids(scope) == [300, 301]
+    assert cgroup_pids(mount / pod.lstrip("/")) == [290, 300, 301]  # the pod: all its containers
+    _write(scope / "cgroup.procs", "299\n")
+    assert cgroup_pids(scope) == [299]
+    assert cgroup_pids(mount / "no-such-folder") == []
