@@ -98,10 +98,29 @@ class AddressSpace:
             self.unmatched[f"{mapping.path}: no file on this host is the one PID {self.pid} maps"] += 1
         return found
 
+    def inode_path(self, mapping: Mapping | None) -> str | None:
+        """A path to the very inode this mapping maps, for uprobes: they attach to an inode, and
+        another file of the same build (a container's copy of the host's libc) never fires. The
+        file file_path found when it is that inode (through overlayfs, the layer's inode number),
+        else map_files, which the kernel follows to the mapped inode."""
+        found = self.file_path(mapping)
+        if found is None or mapping is None:
+            return None
+        mapped = self._mapped(self.first_mapping_of(mapping.path) or mapping)
+        exact, st = _stat(mapped) if mapped else None, _stat(found)
+        if exact is None or (st is not None and st.st_ino == exact.st_ino):
+            return found
+        return mapped
+
+    def _mapped(self, first: Mapping) -> str | None:
+        held = self._held.get(first.path)
+        if held is not None:
+            return f"/proc/self/fd/{held}"
+        return _map_file(self.proc, first) if self.proc else None
+
     def _resolve(self, mapping: Mapping) -> str | None:
         first = self.first_mapping_of(mapping.path) or mapping
-        held = self._held.get(mapping.path)
-        mapped = f"/proc/self/fd/{held}" if held is not None else _map_file(self.proc, first) if self.proc else None
+        mapped = self._mapped(first)
         # None: exited, or map_files not readable (no CAP_SYS_ADMIN in memdiag's namespace)
         exact = _stat(mapped) if mapped else None
         want = (exact.st_dev, exact.st_ino) if exact else (first.dev, first.inode) if first.inode else None

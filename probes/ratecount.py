@@ -117,8 +117,8 @@ def _count(
     try:
         placed = time.monotonic()
         for slot, p in enumerate(sites):
-            # the file as this process maps it (AddressSpace.file_path), as memleak does
-            path = space.file_path(space.first_mapping_of(p.module))
+            # the very file this process maps (AddressSpace.inode_path), as memleak does
+            path = space.inode_path(space.first_mapping_of(p.module))
             if path is None:
                 raise OSError(f"{p.module} is not the file PID {pid} maps")
             bpf.attach_uprobe(

@@ -19,14 +19,17 @@ from pathlib import Path
 
 from memdiag.probes.oomkill import OomEvent, OomWatch
 
-from ..containers import ContainerInfo, container_of_cgroup
+from ..containers import CACHE_S, ContainerInfo, container_of_cgroup, installed_clis
 from ..errors import UsageError
 from ..facts.cgroup import memory_hierarchy
-from ..facts.container import list_containers, parse_container_path
+from ..facts.container import list_containers, parse_container_path, parse_pod_path
 from ..units import fmt_bytes
 
 FORGET_AFTER_S = 600.0  # a container gone from the cgroup tree this long is no longer remembered
 MAX_KNOWN = 4096
+LOOKUPS_PER_POLL = 4
+NAMELESS_RETRY_S = 1.0  # a container the runtime did not name is asked again after this
+NAMELESS_TRIES = 10
 
 
 def describe(e: OomEvent, container: ContainerInfo | None = None) -> str:
@@ -35,32 +38,48 @@ def describe(e: OomEvent, container: ContainerInfo | None = None) -> str:
     outside = f" ({e.outside_namespace})" if e.outside_namespace else ""
     where = e.memcg or e.victim_cgroup or "unknown cgroup"
     return (
-        f"OOM killer killed {e.victim()}{_in(container)}, anon RSS {fmt_bytes(e.anon_rss)}: {scope}"
+        f"OOM killer killed {e.victim()}{_in(container, e)}, anon RSS {fmt_bytes(e.anon_rss)}: {scope}"
         f" in {where}{limit}; triggered by {e.trigger()}"
         f"; host MemAvailable {fmt_bytes(e.mem_available)}{outside}"
     )
 
 
-def _in(c: ContainerInfo | None) -> str:
+def _in(c: ContainerInfo | None, e: OomEvent) -> str:
     if c is None:
-        return ""
+        pod = _pod_of(e)
+        return f" in pod {pod[0]}" if pod else ""
     pod = f"{c.namespace}/{c.pod}" if c.pod and c.namespace else c.pod or c.pod_uid
     return f" in {c.describe()}" + (f" of pod {pod}" if pod else "")
 
 
 def incident_place(e: OomEvent, container: ContainerInfo | None) -> dict | None:
-    """Where the kill happened, as the incident's target: the container (and pod) when there is one."""
+    """Where the kill happened, as the incident's target: the container (and pod) when there is
+    one, else the Kubernetes pod whose cgroup it was in (a pod-level limit), else the cgroup."""
     cgroup = e.memcg or e.victim_cgroup
-    if container is None:
-        return {"kind": "cgroup", "cgroup": cgroup} if cgroup else None
-    return {"kind": "container", "cgroup": cgroup, "container": container.model_dump()}
+    if container is not None:
+        return {"kind": "container", "cgroup": cgroup, "container": container.model_dump()}
+    pod = _pod_of(e)
+    if pod is not None:
+        return {"kind": "pod", "cgroup": cgroup, "pod_uid": pod[0], "qos": pod[1]}
+    return {"kind": "cgroup", "cgroup": cgroup} if cgroup else None
 
 
 def incident_key(e: OomEvent, container: ContainerInfo | None) -> str:
-    """One kill, under its container when it has one: a kill recorded twice (a retried write) is
-    one incident, and a container's kills share the prefix oom:<runtime>:<id>:."""
-    place = f"{container.runtime}:{container.id}" if container else f"cgroup:{e.memcg or e.victim_cgroup or '?'}"
+    """One kill, under its container (else pod) when it has one: a kill recorded twice (a retried
+    write) is one incident, and a container's kills share the prefix oom:<runtime>:<id>:."""
+    pod = _pod_of(e)
+    if container is not None:
+        place = f"{container.runtime}:{container.id}"
+    elif pod is not None:
+        place = f"pod:{pod[0]}"
+    else:
+        place = f"cgroup:{e.memcg or e.victim_cgroup or '?'}"
     return f"oom:{place}:{e.victim_host_pid}:{e.when:.6f}"
+
+
+def _pod_of(e: OomEvent) -> tuple[str, str | None] | None:
+    """(uid, qos) of the Kubernetes pod the victim's (else the limited) cgroup is in."""
+    return next((p for cg in (e.victim_cgroup, e.memcg) if cg and (p := parse_pod_path(cg))), None)
 
 
 class KnownContainers:
@@ -73,20 +92,40 @@ class KnownContainers:
         self.mount = Path(found[1].mount_point) if found else None
         self.known: dict[str, ContainerInfo] = {}
         self.seen: dict[str, float] = {}  # id -> when last in the cgroup tree
+        self.first: dict[str, float] = {}  # id -> when first in it
+        self.asked: dict[str, tuple[float, int]] = {}  # id -> when the runtime was last asked, how often
 
     def refresh(self) -> None:
         if self.mount is None:
             return
-        now = time.monotonic()
+        now, asked = time.monotonic(), 0
         for c in list_containers(self.mount):
-            if c.id not in self.known and len(self.known) < MAX_KNOWN:
+            self.seen[c.id] = now
+            self.first.setdefault(c.id, now)
+            # a few runtime look-ups a poll (each may run its CLI): many new containers at once do
+            # not hold up the kills behind them
+            if asked < LOOKUPS_PER_POLL and self._ask(c.id, now):
+                asked += 1
                 info = _lookup(c.path)
                 if info is not None:
                     self.known[c.id] = info
-            self.seen[c.id] = now
         for cid in [cid for cid, t in self.seen.items() if now - t > FORGET_AFTER_S]:
             self.seen.pop(cid)
+            self.first.pop(cid, None)
             self.known.pop(cid, None)
+            self.asked.pop(cid, None)
+
+    def _ask(self, cid: str, now: float) -> bool:
+        """Whether to ask the runtime about this container now: not known yet, or known without a
+        name and not asked for a while (a runtime's listing taken just before the container was
+        made does not name it; a host without a runtime CLI never will)."""
+        info, (last, times) = self.known.get(cid), self.asked.get(cid, (0.0, 0))
+        if info is not None and (info.name is not None or times >= NAMELESS_TRIES or now - last < NAMELESS_RETRY_S):
+            return False
+        if info is None and len(self.known) >= MAX_KNOWN:
+            return False
+        self.asked[cid] = (now, times + 1)
+        return True
 
     def of(self, e: OomEvent) -> ContainerInfo | None:
         """The container of a kill's victim (else of the cgroup whose limit was hit): what the
@@ -95,12 +134,25 @@ class KnownContainers:
             found = parse_container_path(cgroup) if cgroup else None
             if found is None:
                 continue
-            now, before = _lookup(cgroup), self.known.get(found.id)  # type: ignore[arg-type]
-            if now is None or before is None:
-                return now or before
-            kept = {k: v for k, v in before.model_dump().items() if getattr(now, k) is None}
-            return now.model_copy(update=kept)
+            info = _merged(_lookup(cgroup), self.known.get(found.id))  # type: ignore[arg-type]
+            if info is not None and info.name is None and self._young(found.id) and installed_clis():
+                # the runtime's listing is reused for CACHE_S (diagnose/containers.py), and one
+                # taken before this container was made does not name it: once more, after that
+                time.sleep(CACHE_S)
+                info = _merged(_lookup(cgroup), info)  # type: ignore[arg-type]
+            return info
         return None
+
+    def _young(self, cid: str) -> bool:
+        first = self.first.get(cid)
+        return first is None or time.monotonic() - first < 2 * CACHE_S
+
+
+def _merged(now: ContainerInfo | None, before: ContainerInfo | None) -> ContainerInfo | None:
+    """What the runtime says now, completed with what it said before (a removed container's name)."""
+    if now is None or before is None:
+        return now or before
+    return now.model_copy(update={k: v for k, v in before.model_dump().items() if getattr(now, k) is None})
 
 
 def _lookup(cgroup: str) -> ContainerInfo | None:

@@ -6,12 +6,14 @@ exited. Two builds of tests/workloads/twobuild.c name their function alpha_work 
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
 
 import pytest
+from containers import Image, podman
 from kit import build
 from memdiag.probes.elf import elf_info
 from memdiag.probes.procmaps import AddressSpace
@@ -128,3 +130,28 @@ def test_a_file_at_the_same_path_is_used_when_it_is_the_mapped_one(tmp_path):
     after = AddressSpace(pid, space.mappings, root=space.root)
     assert Symbolizer(after).frame(address).function == "alpha_work"
     assert after.file_path(after.find(address)) == str(path) and not after.unmatched
+
+
+def test_a_container_is_named_from_its_own_files_also_when_its_image_file_is_replaced(podman_container):
+    """A real podman container (overlayfs): its binary is read as it maps it, checked by build
+    id, and after `podman cp` puts another build at its path inside the container (what its
+    /proc/PID/root now shows), still from the mapped file."""
+    with Image({"twobuild": build("twobuild", ALPHA)}) as image:
+        c = podman_container("twobuild", image=image)
+        address = int(c.logs().split()[2], 16)
+        name, space = function_at(c.pid, address)
+        assert name == "alpha_work"
+        inside = f"/proc/{c.pid}/root/app/twobuild"
+        # the overlay's file is not the mapped inode by number: it was taken for its build id
+        assert space.file_path(space.find(address)) == inside
+        # its libc is a copy of the host's: the same build, read by the host's path (parsed once),
+        # but uprobes need the very inode the container maps, which the host's file is not
+        libc = space.first_mapping_of(next(p for p in space.modules() if "/libc.so" in p))
+        mapped = os.stat(f"/proc/{c.pid}/map_files/{libc.start:x}-{libc.end:x}")
+        assert space.file_path(libc) == libc.path and os.stat(libc.path).st_ino != mapped.st_ino
+        assert os.stat(space.inode_path(libc)).st_ino == mapped.st_ino
+        podman("cp", str(build("twobuild", BETA)), f"{c.id}:/app/twobuild")
+        assert elf_info(inside).symbol_named("beta_work") is not None
+        name, space = function_at(c.pid, address)
+        assert name == "alpha_work"
+        assert space.file_path(space.find(address)).startswith(f"/proc/{c.pid}/map_files/")

@@ -5,8 +5,11 @@ ran. Other tests on this machine may OOM-kill at the same time: incidents are pi
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import time
+from pathlib import Path
 
 from containers import podman
 from memdiag.diagnose.containers import ContainerInfo
@@ -29,6 +32,22 @@ def kill_incident(srv, host_pid: int, timeout: float = 30) -> dict:
     raise AssertionError(f"no OOM incident for host PID {host_pid}: {srv.incidents()}")
 
 
+def watching(srv, timeout: float = 120) -> None:
+    """Until the server's OOM watch has its program loaded and attached (a perf event open beside it)."""
+    deadline = time.monotonic() + timeout
+    fds = Path(f"/proc/{srv.proc.pid}/fd")
+    while time.monotonic() < deadline:
+        links = set()
+        for fd in fds.iterdir():
+            with contextlib.suppress(OSError):
+                links.add(os.readlink(fd))
+        if {"anon_inode:bpf-prog", "anon_inode:[perf_event]"} <= links:
+            time.sleep(0.5)
+            return
+        time.sleep(0.2)
+    raise AssertionError("the OOM watch never attached")
+
+
 def gone(c, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while c.running() and time.monotonic() < deadline:
@@ -37,7 +56,7 @@ def gone(c, timeout: float = 30) -> None:
 
 def test_a_container_oom_kill_is_an_incident_under_the_containers_name(server, podman_container):
     srv = server()
-    time.sleep(5)  # the watch compiles and attaches
+    watching(srv)
     # 4 MiB every 100 ms: past the 32 MiB limit within a second or so
     c = podman_container("hog", "256", "4", "100", memory="32m")
     gone(c)
@@ -59,10 +78,10 @@ def test_a_container_oom_kill_is_an_incident_under_the_containers_name(server, p
 
 def test_a_container_removed_at_once_is_named_from_what_was_seen_while_it_ran(server, podman_container):
     srv = server()
-    time.sleep(5)
-    # --rm: podman removes the container as soon as its process is killed; 2 MiB every 200 ms
-    # keeps it alive for about three seconds, long enough for the watch to see it run
-    c = podman_container("hog", "256", "2", "200", memory="32m", extra=["--rm"])
+    watching(srv)
+    # --rm: podman removes the container as soon as its process is killed; 1 MiB every 200 ms
+    # keeps it alive for about six seconds, long enough for the watch to see it run
+    c = podman_container("hog", "256", "1", "200", memory="32m", extra=["--rm"])
     gone(c)
     incident = kill_incident(srv, c.pid)
     assert podman("container", "exists", c.id, check=False).returncode == 1  # removed: only memdiag knows
@@ -110,6 +129,14 @@ def test_a_kill_in_a_kubernetes_pod_names_the_pod_and_is_keyed_by_its_container(
     assert incident_key(e, c) == f"oom:containerd:{cid}:4242:1700000000.250000"
     said = describe(e, c)
     assert f"killed PID 4242 (api, PID 7 in its pid namespace) in container api ({cid[:12]}) of pod shop/web-7f" in said
-    # a kill outside any container keeps today's words and its cgroup as the place
-    assert incident_place(e, None) == {"kind": "cgroup", "cgroup": cgroup}
-    assert " in container " not in describe(e, None)
+    # a pod-level limit whose victim's container is not known: the pod is the place
+    pod_cgroup = cgroup.rsplit("/", 1)[0]
+    at_pod = e.model_copy(update={"memcg": pod_cgroup, "victim_cgroup": None})
+    assert incident_place(at_pod, None) == {"kind": "pod", "cgroup": pod_cgroup, "pod_uid": uid, "qos": "burstable"}
+    assert incident_key(at_pod, None) == f"oom:pod:{uid}:4242:1700000000.250000"
+    assert f"(api, PID 7 in its pid namespace) in pod {uid}, anon RSS" in describe(at_pod, None)
+    # a kill outside any container or pod keeps today's words and its cgroup as the place
+    plain = e.model_copy(update={"memcg": "/app", "victim_cgroup": "/app"})
+    assert incident_place(plain, None) == {"kind": "cgroup", "cgroup": "/app"}
+    assert incident_key(plain, None) == "oom:cgroup:/app:4242:1700000000.250000"
+    assert " in container " not in describe(plain, None) and " in pod " not in describe(plain, None)
