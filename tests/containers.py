@@ -78,13 +78,19 @@ def _add_file(tar: tarfile.TarFile, source: Path, arcname: str, added: set[str])
     added.add(arcname)
 
 
+def in_image(program: str) -> str:
+    """Where a program of the image is: /app/NAME, or the absolute path it was given as."""
+    return program if program.startswith("/") else f"{APP_DIR}/{program}"
+
+
 def write_rootfs(tarball: Path, programs: dict[str, Path]) -> None:
-    """A root-fs tarball: each program at /app/NAME, every library it loads at its host path, and
-    the few files a process expects (/etc/passwd for root, empty /tmp)."""
+    """A root-fs tarball: each program at /app/NAME (at NAME itself when it is an absolute path),
+    every library it loads at its host path, and the few files a process expects (/etc/passwd for
+    root, empty /tmp)."""
     added: set[str] = set()
     with tarfile.open(tarball, "w") as tar:
         for name, binary in programs.items():
-            _add_file(tar, binary, f"{APP_DIR}/{name}", added)
+            _add_file(tar, binary, in_image(name), added)
             for lib in shared_libraries(binary):
                 _add_file(tar, Path(lib), lib, added)
         for d in ("tmp", "etc", "proc", "sys", "dev", "run"):
@@ -180,8 +186,8 @@ def run_container(
     extra: Iterable[str] = (),
     timeout: float = 30,
 ) -> Container:
-    """Start /app/PROGRAM ARGS in a container of image; wait for its `ready` line (None: do not wait).
-    The caller removes it (Container.remove, or the pytest fixture)."""
+    """Start /app/PROGRAM (or PROGRAM, an absolute path) ARGS in a container of image; wait for its
+    `ready` line (None: do not wait). The caller removes it (Container.remove, or the pytest fixture)."""
     name = name or f"memdiag-test-{uuid.uuid4().hex[:8]}"
     opts = ["--runtime", "runc", "--network", "none", *host_ulimits(), "--name", name]
     if memory:
@@ -191,7 +197,7 @@ def run_container(
     if init:
         opts.append("--init")
     t0 = time.monotonic()
-    cid = podman("run", "--detach", *opts, *extra, image.tag, f"{APP_DIR}/{program}", *args).stdout.strip()
+    cid = podman("run", "--detach", *opts, *extra, image.tag, in_image(program), *args).stdout.strip()
     try:
         pid = int(podman("inspect", "--format", "{{.State.Pid}}", cid).stdout)
         c = Container(cid, name, pid, memory_cgroup_of(pid), image)

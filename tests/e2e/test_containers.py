@@ -97,6 +97,30 @@ def test_a_leak_in_a_container_named_by_a_short_id(podman_container, memdiag, tm
     assert f"PID {c.pid} (leak), PID 1 in the container" in md  # the workload is the container's init
 
 
+
+def test_a_containerized_pid_is_symbolized_from_the_containers_file_not_the_hosts_same_path(
+    podman_container, memdiag, tmp_path, root_required
+):
+    """The container's binary sits at a path that on the host holds another program (the kit's
+    hog): frames come from the file the process maps (leak's functions), never from the host's
+    file of the same path (hog's). Named by its host pid, the target still carries its container."""
+    decoy = build("hog")
+    with Image({str(decoy): build("leak")}) as image:
+        c = podman_container(str(decoy), "2048", image=image, memory="256m", memory_swap="256m")
+        assert _comm(c.pid) == "hog" and Path(f"/proc/{c.pid}/root{decoy}").read_bytes() == build("leak").read_bytes()
+        r = memdiag("--pid", str(c.pid), "--duration", "15", "--output", str(tmp_path / "out"), timeout=240)
+        assert r.returncode == 0, r.stderr
+        rep = json.loads((tmp_path / "out" / "report.json").read_text())
+    v = rep["verdict"]
+    assert v["culprit"]["function"] == "leak_order_history" and v["culprit"]["pid"] == c.pid, v
+    frames = [f for s in rep["stacks"] for f in s["frames"]]
+    assert any("leak_order_history+0x" in f and "[hog]" in f for f in frames)
+    assert not any("working_set" in f for f in frames), frames  # hog's own functions: the host's file
+    assert rep["target"]["container"]["id"] == c.id and rep["target"]["container"]["name"] == c.name
+    md = (tmp_path / "out" / "report.md").read_text()
+    assert md.startswith(f"# memdiag: {v['kind']} — PID {c.pid} (hog) in container {c.name} ({c.short_id})")
+
+
 # --- bad container references: one line on stderr, exit 2, nothing started ----------------------
 
 
