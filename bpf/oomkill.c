@@ -9,7 +9,8 @@
  * does not show: the trigger is `current` (current_pid_tgid gives it in memdiag's namespace), and
  * a raw tracepoint on the same event, which receives the victim's task_struct (kernels whose
  * tracepoint has a uid field), records the victim's pid in memdiag's namespace in victim_ns (0:
- * the victim is not in it). Struct offsets come from the kernel's BTF (probes/btf.py), not from
+ * the victim is not in it), and in any namespace the victim's number in its own innermost pid
+ * namespace (what a container's ps shows). Struct offsets come from the kernel's BTF (probes/btf.py), not from
  * the headers bcc compiles against. */
 #include "memdiag.h"
 
@@ -33,11 +34,16 @@ BPF_PERF_OUTPUT(events);
 BPF_STACK_TRACE(stacks, 1024);
 BPF_ARRAY(stats, u64, 2); /* 0 events, 1 stack errors */
 
-#if defined(PIDNS_INO) && defined(TASK_THREAD_PID)
-/* the victim's host pid (what the tracepoint and the kernel log give) -> its pid in memdiag's
- * namespace, 0 when it is not in it; read and deleted by the loader (LRU: an entry whose event
- * was lost never fills the map) */
-BPF_TABLE("lru_hash", u32, u32, victim_ns, 256);
+#if defined(TASK_THREAD_PID)
+/* The victim's pid in memdiag's namespace (0: not in it; only computed when memdiag runs in a
+ * namespace of its own) and in its own innermost namespace (a container's number for it). */
+struct victim_pids {
+	u32 ns_nr;
+	u32 inner_nr;
+};
+/* the victim's host pid (what the tracepoint and the kernel log give) -> its other numbers; read
+ * and deleted by the loader (LRU: an entry whose event was lost never fills the map) */
+BPF_TABLE("lru_hash", u32, struct victim_pids, victim_ns, 256);
 
 /* How deep pid namespaces nest (MAX_PID_NS_LEVEL, include/linux/pid_namespace.h). */
 #define MAX_PID_NS_LEVEL 32
@@ -46,12 +52,16 @@ RAW_TRACEPOINT_PROBE(mark_victim)
 {
 	void *task = (void *)ctx->args[0]; /* TP_PROTO(struct task_struct *task, uid_t uid) */
 	void *pid = NULL;
-	u32 host = 0, level = 0, nr = 0;
+	u32 host = 0, level = 0;
+	struct victim_pids v = {};
 	bpf_probe_read_kernel(&host, sizeof(host), task + TASK_PID);
 	bpf_probe_read_kernel(&pid, sizeof(pid), task + TASK_THREAD_PID);
 	if (pid == NULL)
 		return 0;
 	bpf_probe_read_kernel(&level, sizeof(level), pid + PID_LEVEL);
+	if (level <= MAX_PID_NS_LEVEL) /* the number its own namespace gives it: numbers[level] */
+		bpf_probe_read_kernel(&v.inner_nr, sizeof(v.inner_nr), pid + PID_NUMBERS + level * UPID_SIZE + UPID_NR);
+#ifdef PIDNS_INO
 	/* pid_nr_ns(): the task's number at each level, up to its own; memdiag's is the one whose
 	 * namespace has memdiag's inode */
 #pragma unroll
@@ -66,11 +76,12 @@ RAW_TRACEPOINT_PROBE(mark_victim)
 			break;
 		bpf_probe_read_kernel(&inum, sizeof(inum), ns + PIDNS_INUM);
 		if (inum == (u32)PIDNS_INO) {
-			bpf_probe_read_kernel(&nr, sizeof(nr), upid + UPID_NR);
+			bpf_probe_read_kernel(&v.ns_nr, sizeof(v.ns_nr), upid + UPID_NR);
 			break;
 		}
 	}
-	victim_ns.update(&host, &nr);
+#endif
+	victim_ns.update(&host, &v);
 	return 0;
 }
 #endif

@@ -282,16 +282,20 @@ def _decoded(fde: FDE) -> list[dict]:
 
 
 @functools.lru_cache(maxsize=256)
-def _open(path: str, mtime_ns: int) -> ElfInfo | None:
+def _open(path: str, mtime_ns: int, inode: tuple[int, int]) -> ElfInfo | None:
     try:
         return ElfInfo(path)
     except (OSError, ELFError):
         return None
 
 
-def elf_info(path: str) -> ElfInfo | None:
+def elf_info(path: str | None) -> ElfInfo | None:
+    """The parsed file at path (None: no file, as AddressSpace.file_path says of an unmatched one).
+    Cached by path and inode: a /proc/PID/map_files name can come back for another process."""
+    if path is None:
+        return None
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return _open(path, st.st_mtime_ns)
+    return _open(path, st.st_mtime_ns, (st.st_dev, st.st_ino))

@@ -207,7 +207,10 @@ def run(
             for p in sorted(alloc.placements, key=lambda p: hotness(p.function, site_rates)):
                 if p.function not in wanted:
                     continue
-                path = space.file_path(space.first_mapping_of(p.module))
+                path = space.inode_path(space.first_mapping_of(p.module))
+                if path is None:  # the file this process maps is not reachable: no uprobe on a look-alike
+                    info["errors"].append(f"{p.function}: {p.module} is not the file PID {pid} maps")
+                    continue
                 try:
                     bpf.attach_uprobe(
                         name=path.encode(),

@@ -50,6 +50,7 @@ class OomEvent(BaseModel):
     when: float
     victim_pid: int | None  # as memdiag's /proc names it; None: not in memdiag's pid namespace
     victim_host_pid: int | None = None  # as the kernel and its log name it (the initial namespace)
+    victim_own_pid: int | None = None  # in its own innermost pid namespace (a container's ps); None: unknown
     victim_comm: str
     trigger_pid: int | None  # None: the trigger is not in memdiag's pid namespace
     outside_namespace: str | None = None  # says which of victim and trigger memdiag's /proc cannot see
@@ -70,9 +71,12 @@ class OomEvent(BaseModel):
     trigger_kernel_stack: list[str] = []
 
     def victim(self) -> str:
-        """ "PID n (comm)"; a victim outside memdiag's pid namespace by the host's number, said so."""
+        """ "PID n (comm)"; a victim outside memdiag's pid namespace by the host's number, said so;
+        its number in a pid namespace of its own beside it."""
         pid = f"PID {self.victim_pid}" if self.victim_pid is not None else f"host PID {self.victim_host_pid}"
-        return f"{pid} ({self.victim_comm})"
+        own = self.victim_own_pid
+        inside = f", PID {own} in its pid namespace" if own not in (None, self.victim_pid, self.victim_host_pid) else ""
+        return f"{pid} ({self.victim_comm}{inside})"
 
     def trigger(self) -> str:
         pid = f"PID {self.trigger_pid}" if self.trigger_pid is not None else "a task outside memdiag's pid namespace"
@@ -109,15 +113,15 @@ def build_options() -> dict[str, int | str]:
         defines["HAVE_VICTIM_COMM"] = 1
     # the tracepoint's uid field came with its task_struct argument (TP_PROTO(task, uid)); before,
     # the raw tracepoint received a bare pid
-    if "uid_t uid" in fmt and kernel.pid_namespace() is not None:
+    if "uid_t uid" in fmt:
         defines.update(_victim_task_offsets())
     return defines
 
 
 def _victim_task_offsets() -> dict[str, int | str]:
     """Where the victim's pid in each namespace sits (task->thread_pid->numbers[level]), from the
-    kernel's BTF; empty (no translation: victims get victim_pid None) when BTF lacks any of them.
-    Only in a pid namespace of memdiag's own: in the host's, the tracepoint's pid is /proc's."""
+    kernel's BTF; empty when BTF lacks any of them (no translation: in a pid namespace of memdiag's
+    own victims get victim_pid None; anywhere, victim_own_pid stays None)."""
     b = btf.vmlinux()
     if b is None:
         return {}
@@ -146,7 +150,8 @@ class OomWatch:
         self.pending: list[OomEvent] = []
         self.spaces: dict[int, AddressSpace] = {}
         self.in_namespace = kernel.pid_namespace() is not None
-        self.translated = "victim_ns" in self.bpf.tables if self.in_namespace else True
+        self.has_numbers = "victim_ns" in self.bpf.tables
+        self.translated = self.has_numbers if self.in_namespace else True
         self._boot_offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
         self.bpf["events"].open_perf_buffer(self._on_event, lost_cb=self._on_lost)
 
@@ -156,11 +161,13 @@ class OomWatch:
     def _on_event(self, cpu, data, size) -> None:
         e = self.bpf["events"].event(data)
         meminfo = read_meminfo()
-        victim = self._victim_pid(e.victim_host_pid)
+        victim, own = self._victim_pids(e.victim_host_pid)
         trigger = e.trigger_pid or None  # 0: current_pid_tgid found it outside memdiag's namespace
         victim_cgroup, limit = _cgroup_of(victim)  # the victim is often still there for a moment
         # A trigger that is also the victim may be gone already: use the maps kept while it ran.
-        space = (AddressSpace.of(trigger) or self.spaces.get(trigger)) if trigger else None
+        # Its files are held open at once: a dying process's map_files and root go with it.
+        now = AddressSpace.of(trigger) if trigger else None
+        space = now.hold() if now is not None else self.spaces.get(trigger) if trigger else None
         user_stack = []
         if e.user_stack_id >= 0:
             sym = Symbolizer(space)
@@ -176,6 +183,7 @@ class OomWatch:
                 when=self._boot_offset + e.ts_ns / 1e9,
                 victim_pid=victim,
                 victim_host_pid=e.victim_host_pid,
+                victim_own_pid=own,
                 victim_comm=victim_comm or "",
                 trigger_pid=trigger,
                 trigger_comm=e.trigger_comm.decode(errors="replace"),
@@ -193,31 +201,35 @@ class OomWatch:
             )
         )
 
-    def _victim_pid(self, host_pid: int) -> int | None:
-        """The victim as memdiag's /proc names it: the host's pid in the initial namespace; in a
-        namespace of memdiag's own, the program's translation (None: not in it, or not yet)."""
+    def _victim_pids(self, host_pid: int) -> tuple[int | None, int | None]:
+        """The victim as memdiag's /proc names it (the host's pid in the initial namespace; in a
+        namespace of memdiag's own, the program's translation, None: not in it, or not yet) and
+        as its own pid namespace does (None: not known yet, or not on this kernel)."""
+        numbers = None
+        if self.has_numbers:
+            try:
+                numbers = self.bpf["victim_ns"][host_pid]
+            except KeyError:
+                pass  # the raw tracepoint may not have run yet: poll() asks again
+            else:
+                del self.bpf["victim_ns"][host_pid]
+        own = (numbers.inner_nr or None) if numbers is not None else None
         if not self.in_namespace:
-            return host_pid
-        if not self.translated:
-            return None
-        try:
-            nr = self.bpf["victim_ns"][host_pid].value
-        except KeyError:
-            return None  # the raw tracepoint may not have run yet: poll() asks again
-        del self.bpf["victim_ns"][host_pid]
-        return nr or None
+            return host_pid, own
+        return ((numbers.ns_nr or None) if numbers is not None else None), own
 
     def _settle(self, e: OomEvent) -> OomEvent:
-        """A namespace event whose victim was not translated on arrival: ask once more, then say
-        honestly which of victim and trigger memdiag's /proc cannot name."""
-        if not self.in_namespace:
-            return e
+        """An event whose victim's numbers were not in the program's map on arrival: ask once more;
+        in a namespace of memdiag's own, say honestly which of victim and trigger its /proc cannot name."""
         update: dict = {}
-        if e.victim_pid is None and e.victim_host_pid is not None:
-            victim = self._victim_pid(e.victim_host_pid)
-            if victim is not None:
+        if e.victim_own_pid is None and self.has_numbers and e.victim_host_pid is not None:
+            victim, own = self._victim_pids(e.victim_host_pid)
+            update["victim_own_pid"] = own
+            if self.in_namespace and e.victim_pid is None and victim is not None:
                 update["victim_pid"] = victim
                 update["victim_cgroup"], update["limit"] = _cgroup_of(victim)
+        if not self.in_namespace:
+            return e.model_copy(update=update)
         outside = []
         if update.get("victim_pid", e.victim_pid) is None:
             how = "is not in it" if self.translated else "cannot be named in it on this kernel (no BTF offsets)"
@@ -245,7 +257,7 @@ class OomWatch:
         for pid in pids:
             space = AddressSpace.of(pid)
             if space is not None:
-                self.spaces[pid] = space
+                self.spaces[pid] = space.hold()
 
     def stats(self) -> tuple[int, int]:
         return self.bpf["stats"][0].value, self.bpf["stats"][1].value

@@ -117,9 +117,12 @@ def _count(
     try:
         placed = time.monotonic()
         for slot, p in enumerate(sites):
+            # the very file this process maps (AddressSpace.inode_path), as memleak does
+            path = space.inode_path(space.first_mapping_of(p.module))
+            if path is None:
+                raise OSError(f"{p.module} is not the file PID {pid} maps")
             bpf.attach_uprobe(
-                # the file as this process reaches it (through /proc/PID/root), as memleak does
-                name=space.file_path(space.first_mapping_of(p.module)).encode(),
+                name=path.encode(),
                 sym=p.function.encode(),
                 sym_off=p.offset,
                 fn_name=f"count_site_{slot}".encode(),

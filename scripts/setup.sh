@@ -19,9 +19,10 @@ fi
 need=()
 # libc6-dbg: glibc's symbols by build-id, so frames inside malloc are named, not [unknown]
 packages=(bpfcc-tools python3-bpfcc python3-venv gcc g++ libc6-dev libc6-dbg make libjemalloc2 util-linux)
-# --test: what only the test suite needs (a real Alertmanager to send webhooks, a real browser)
+# --test: what only the test suite needs (a real Alertmanager to send webhooks, a real browser,
+# a real container runtime: podman with runc, since crun refuses hybrid cgroup hosts)
 if [ "${1:-}" = "--test" ]; then
-    packages+=(prometheus-alertmanager curl chromium strace)
+    packages+=(prometheus-alertmanager curl chromium strace podman runc)
 fi
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")

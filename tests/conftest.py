@@ -4,6 +4,7 @@ silent skips in CI (MEMDIAG_NO_SKIP=1 turns a skip into a failure)."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -12,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from containers import run_container, workload_image  # noqa: E402
 from figures import read_report  # noqa: E402
 from kit import MEMDIAG, MemoryCgroup, Workload, swapfile  # noqa: E402
 
@@ -91,3 +93,34 @@ def run_memdiag(*args: str, timeout: float = 180, caps: bool = True) -> subproce
 @pytest.fixture
 def memdiag():
     return run_memdiag
+
+
+# The workloads the session's container image holds (at /app/NAME; tests/containers.py).
+CONTAINER_WORKLOADS = ("leak", "hog", "registry", "churn")
+
+
+@pytest.fixture(scope="session")
+def podman_image():
+    """One image of the workload kit per session (tagged for this run), removed at the end."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: podman with runc and cgroupfs")
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        pytest.skip("needs podman and runc (scripts/setup.sh --test installs them)")
+    with workload_image(*CONTAINER_WORKLOADS) as image:
+        yield image
+
+
+@pytest.fixture
+def podman_container(podman_image):
+    """Start containers (tests/containers.py run_container; the session image unless image= is
+    given); all removed at the end of the test, also when it fails."""
+    started = []
+
+    def start(program: str, *args: str, image=None, **kw):
+        c = run_container(image or podman_image, program, *args, **kw)
+        started.append(c)
+        return c
+
+    yield start
+    for c in started:
+        c.remove()

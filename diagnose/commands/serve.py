@@ -166,7 +166,7 @@ def execute(args: argparse.Namespace) -> int:
 
     from ..serve.app import Config, Metrics, create_app
     from ..serve.connections import bounded_protocol, connection_limit
-    from ..serve.oomwatch import OomWatcher, describe
+    from ..serve.oomwatch import OomWatcher, describe, incident_key, incident_place
     from ..serve.security import FailureLimiter
     from ..serve.store import DataInUse, Limits, Store, UnsafeData
     from ..serve.targets import NotOnHost, target_from_labels
@@ -209,7 +209,7 @@ def execute(args: argparse.Namespace) -> int:
 
     worker = Worker(store, args.duration, args.budget, rules, maxsize=args.queue, on_done=done)
 
-    def on_kill(e) -> None:
+    def on_kill(e, container) -> None:
         metrics.oom_kills.inc()
         cgroup = e.memcg or e.victim_cgroup
         target = None
@@ -221,12 +221,14 @@ def execute(args: argparse.Namespace) -> int:
             # the victim may linger in cgroup.procs while it dies: only a survivor is diagnosed
             if target is not None and (target.kind != "pid" or target.pid == e.victim_pid):
                 target = None
-        record = e.model_dump()
+            if target is not None and container is not None:
+                target = target.model_copy(update={"container": container})  # the report in its terms
+        record = {**e.model_dump(), "container": container.model_dump() if container else None}
         state = "queued" if target is not None else "recorded"
-        where = {"kind": "cgroup", "cgroup": cgroup} if cgroup else None
+        where, key = incident_place(e, container), incident_key(e, container)
         # a refused write raises StorageFailing: the OOM watch keeps the kill and records it later
-        incident, _ = store.record("oomwatch", state, where, record, summary=describe(e))
-        if target is not None:
+        incident, new = store.record("oomwatch", state, where, record, key, summary=describe(e, container))
+        if target is not None and new:
             try:
                 worker.submit(incident.id, target)
             except QueueFull:

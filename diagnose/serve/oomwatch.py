@@ -1,44 +1,191 @@
 """The always-on OOM watch: the oomkill probe polled for as long as the server runs; each kill
 becomes an incident with victim, trigger, cgroup, limit and host memory at that moment, and the
-cgroup is diagnosed if anything in it still runs."""
+cgroup is diagnosed if anything in it still runs.
+
+A kill inside a container is attributed to it (and to its Kubernetes pod) from the victim's
+cgroup path, and its incident is named and keyed by the container. The container is often gone
+when its kill is recorded (its main process was the victim; `podman run --rm` removes it at
+once): what its runtime said of it is taken while it runs (KnownContainers), and the runtime is
+asked again at the kill for containers it did not see (an exited container is still listed)."""
 
 from __future__ import annotations
 
 import collections
 import sys
 import threading
+import time
 from collections.abc import Callable
+from pathlib import Path
 
 from memdiag.probes.oomkill import OomEvent, OomWatch
 
+from ..containers import CACHE_S, ContainerInfo, container_of_cgroup, installed_clis
+from ..errors import UsageError
+from ..facts.cgroup import memory_hierarchy
+from ..facts.container import list_containers, parse_container_path, parse_pod_path
 from ..units import fmt_bytes
 
+FORGET_AFTER_S = 600.0  # a container gone from the cgroup tree this long is no longer remembered
+MAX_KNOWN = 4096
+LOOKUPS_PER_POLL = 4
+NAMELESS_RETRY_S = 1.0  # a container the runtime did not name is asked again after this
+NAMELESS_TRIES = 10
 
-def describe(e: OomEvent) -> str:
+
+def describe(e: OomEvent, container: ContainerInfo | None = None) -> str:
     scope = "cgroup limit" if e.cgroup_oom else "system out of memory"
     limit = f" (limit {fmt_bytes(e.limit)})" if e.limit else ""
     outside = f" ({e.outside_namespace})" if e.outside_namespace else ""
+    where = e.memcg or e.victim_cgroup or "unknown cgroup"
     return (
-        f"OOM killer killed {e.victim()}, anon RSS {fmt_bytes(e.anon_rss)}: {scope}"
-        f" in {e.memcg or e.victim_cgroup or 'unknown cgroup'}{limit}; triggered by {e.trigger()}"
+        f"OOM killer killed {e.victim()}{_in(container, e)}, anon RSS {fmt_bytes(e.anon_rss)}: {scope}"
+        f" in {where}{limit}; triggered by {e.trigger()}"
         f"; host MemAvailable {fmt_bytes(e.mem_available)}{outside}"
     )
 
 
+def _in(c: ContainerInfo | None, e: OomEvent) -> str:
+    if c is None:
+        pod = _pod_of(e)
+        return f" in pod {pod[0]}" if pod else ""
+    pod = f"{c.namespace}/{c.pod}" if c.pod and c.namespace else c.pod or c.pod_uid
+    return f" in {c.describe()}" + (f" of pod {pod}" if pod else "")
+
+
+def incident_place(e: OomEvent, container: ContainerInfo | None) -> dict | None:
+    """Where the kill happened, as the incident's target: the container (and pod) when there is
+    one, else the Kubernetes pod whose cgroup it was in (a pod-level limit), else the cgroup."""
+    cgroup = e.memcg or e.victim_cgroup
+    if container is not None:
+        return {"kind": "container", "cgroup": cgroup, "container": container.model_dump()}
+    pod = _pod_of(e)
+    if pod is not None:
+        return {"kind": "pod", "cgroup": cgroup, "pod_uid": pod[0], "qos": pod[1]}
+    return {"kind": "cgroup", "cgroup": cgroup} if cgroup else None
+
+
+def incident_key(e: OomEvent, container: ContainerInfo | None) -> str:
+    """One kill, under its container (else pod) when it has one: a kill recorded twice (a retried
+    write) is one incident, and a container's kills share the prefix oom:<runtime>:<id>:."""
+    pod = _pod_of(e)
+    if container is not None:
+        place = f"{container.runtime}:{container.id}"
+    elif pod is not None:
+        place = f"pod:{pod[0]}"
+    else:
+        place = f"cgroup:{e.memcg or e.victim_cgroup or '?'}"
+    return f"oom:{place}:{e.victim_host_pid}:{e.when:.6f}"
+
+
+def _pod_of(e: OomEvent) -> tuple[str, str | None] | None:
+    """(uid, qos) of the Kubernetes pod the victim's (else the limited) cgroup is in."""
+    return next((p for cg in (e.victim_cgroup, e.memcg) if cg and (p := parse_pod_path(cg))), None)
+
+
+class KnownContainers:
+    """The containers of this host as their runtime described them while they ran, by id: the
+    cgroup tree is read each poll (a walk of the memory hierarchy's folders), the runtime's CLI
+    only for a container not seen before, or seen without a name (asked again a few times)."""
+
+    def __init__(self) -> None:
+        found = memory_hierarchy()
+        self.mount = Path(found[1].mount_point) if found else None
+        self.known: dict[str, ContainerInfo] = {}
+        self.seen: dict[str, float] = {}  # id -> when last in the cgroup tree
+        self.first: dict[str, float] = {}  # id -> when first in it
+        self.asked: dict[str, tuple[float, int]] = {}  # id -> when the runtime was last asked, how often
+
+    def refresh(self) -> None:
+        if self.mount is None:
+            return
+        now, asked = time.monotonic(), 0
+        for c in list_containers(self.mount):
+            self.seen[c.id] = now
+            self.first.setdefault(c.id, now)
+            # a few runtime look-ups a poll (each may run its CLI): many new containers at once do
+            # not hold up the kills behind them
+            if asked < LOOKUPS_PER_POLL and self._ask(c.id, now):
+                asked += 1
+                info = _lookup(c.path)
+                if info is not None:
+                    self.known[c.id] = info
+        for cid in [cid for cid, t in self.seen.items() if now - t > FORGET_AFTER_S]:
+            self.seen.pop(cid)
+            self.first.pop(cid, None)
+            self.known.pop(cid, None)
+            self.asked.pop(cid, None)
+
+    def _ask(self, cid: str, now: float) -> bool:
+        """Whether to ask the runtime about this container now: not known yet, or known without a
+        name and not asked for a while (a runtime's listing taken just before the container was
+        made does not name it; a host without a runtime CLI never will)."""
+        info, (last, times) = self.known.get(cid), self.asked.get(cid, (0.0, 0))
+        if info is not None and (info.name is not None or times >= NAMELESS_TRIES or now - last < NAMELESS_RETRY_S):
+            return False
+        if info is None and len(self.known) >= MAX_KNOWN:
+            return False
+        self.asked[cid] = (now, times + 1)
+        return True
+
+    def of(self, e: OomEvent) -> ContainerInfo | None:
+        """The container of a kill's victim (else of the cgroup whose limit was hit): what the
+        runtime says now, completed with what it said while the container ran."""
+        for cgroup in (e.victim_cgroup, e.memcg):
+            found = parse_container_path(cgroup) if cgroup else None
+            if found is None:
+                continue
+            info = _merged(_lookup(cgroup), self.known.get(found.id))  # type: ignore[arg-type]
+            if info is not None and info.name is None and self._young(found.id) and installed_clis():
+                # the runtime's listing is reused for CACHE_S (diagnose/containers.py), and one
+                # taken before this container was made does not name it: once more, after that
+                time.sleep(CACHE_S)
+                info = _merged(_lookup(cgroup), info)  # type: ignore[arg-type]
+            return info
+        return None
+
+    def _young(self, cid: str) -> bool:
+        first = self.first.get(cid)
+        return first is None or time.monotonic() - first < 2 * CACHE_S
+
+
+def _merged(now: ContainerInfo | None, before: ContainerInfo | None) -> ContainerInfo | None:
+    """What the runtime says now, completed with what it said before (a removed container's name)."""
+    if now is None or before is None:
+        return now or before
+    return now.model_copy(update={k: v for k, v in before.model_dump().items() if getattr(now, k) is None})
+
+
+def _lookup(cgroup: str) -> ContainerInfo | None:
+    try:
+        return container_of_cgroup(cgroup)
+    except (UsageError, OSError, ValueError):  # no memory hierarchy, a vanished folder: no name
+        return None
+
+
+def attribute(e: OomEvent, known: KnownContainers) -> tuple[OomEvent, ContainerInfo | None]:
+    """The kill and its container; the container's limit as seen while it ran stands in for a
+    limit that could not be read at the kill (its cgroup removed)."""
+    container = known.of(e)
+    if container is not None and e.limit is None and container.limit_bytes is not None:
+        e = e.model_copy(update={"limit": container.limit_bytes})
+    return e, container
+
+
 class OomWatcher:
-    def __init__(self, on_kill: Callable[[OomEvent], None]):
+    def __init__(self, on_kill: Callable[[OomEvent, ContainerInfo | None], None]):
         self.on_kill = on_kill
         self.stop = threading.Event()
         self.ready = threading.Event()
         self.error: str | None = None
         # kills whose record failed (storage refusing): retried each poll; bounded, oldest dropped
-        self.backlog: collections.deque[OomEvent] = collections.deque(maxlen=1000)
+        self.backlog: collections.deque[tuple[OomEvent, ContainerInfo | None]] = collections.deque(maxlen=1000)
         self.thread = threading.Thread(target=self._loop, name="memdiag-oomwatch", daemon=True)
         self.thread.start()
 
     def _loop(self) -> None:
         try:
             watch = OomWatch()
+            known = KnownContainers()
         except Exception as e:  # unavailable kernel features: the server runs on without the watch
             self.error = str(e)
             self.ready.set()
@@ -46,19 +193,31 @@ class OomWatcher:
         self.ready.set()
         try:
             while not self.stop.is_set():
-                self.backlog.extend(watch.poll(250))
-                for _ in range(len(self.backlog)):
-                    event = self.backlog.popleft()
-                    try:
-                        self.on_kill(event)
-                    except Exception as e:  # noqa: BLE001 (kept and retried: the watch never ends)
-                        self.backlog.append(event)
-                        pid = event.victim_pid or event.victim_host_pid
-                        print(
-                            f"memdiag serve: OOM kill of PID {pid} not recorded yet: {e}",
-                            file=sys.stderr,
-                            flush=True,
-                        )
-                        break
+                self._refresh(known)
+                # attributed once, on arrival: the container may be gone by a retry
+                self.backlog.extend(attribute(e, known) for e in watch.poll(250))
+                self._deliver()
         finally:
             watch.close()
+
+    @staticmethod
+    def _refresh(known: KnownContainers) -> None:
+        try:
+            known.refresh()
+        except (OSError, ValueError) as e:  # a folder removed mid-walk: the next poll reads again
+            print(f"memdiag serve: containers not read: {e}", file=sys.stderr, flush=True)
+
+    def _deliver(self) -> None:
+        for _ in range(len(self.backlog)):
+            event, container = self.backlog.popleft()
+            try:
+                self.on_kill(event, container)
+            except Exception as e:  # noqa: BLE001 (kept and retried: the watch never ends)
+                self.backlog.append((event, container))
+                pid = event.victim_pid or event.victim_host_pid
+                print(
+                    f"memdiag serve: OOM kill of PID {pid} not recorded yet: {e}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+                break
