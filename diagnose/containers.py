@@ -15,7 +15,7 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -238,12 +238,13 @@ def installed_clis() -> tuple[str, ...]:
     return tuple(name for name in CLIS if shutil.which(name))
 
 
-def _listing(clis: tuple[str, ...]) -> dict[str, _Listed]:
+def _listing(clis: tuple[str, ...], need: Iterable[str] = ()) -> dict[str, _Listed]:
     """The containers the CLIs list, by id; one listing serves for CACHE_S (an alert group names
-    many containers at once: one CLI call, not one per alert)."""
+    many containers at once: one CLI call, not one per alert), unless it lacks an id in `need`
+    (a container started since): then the CLIs are asked again (~40 ms here)."""
     now = time.monotonic()
     cached = _CACHE.get(clis)
-    if cached is not None and now - cached[0] < CACHE_S:
+    if cached is not None and now - cached[0] < CACHE_S and all(i in cached[1] for i in need):
         return cached[1]
     out: dict[str, _Listed] = {}
     for name in clis:
@@ -342,7 +343,7 @@ def resolve_container(
     chosen = [c for c in running if c.id == ref]
     listed: dict[str, _Listed] = {}
     if not chosen and by_name:
-        listed = _listing(clis)
+        listed = _listing(clis, need=[c.id for c in running])
         named = {i for i, entry in listed.items() if ref in entry.names}
         chosen = [c for c in running if c.id in named]
         if named and not chosen:
@@ -356,7 +357,7 @@ def resolve_container(
         there = _one_line([_label(c, listed) for c in running]) or "none"
         running_now = f" (running: {there})" if list_running else ""
         raise UnknownTarget(f"{said} {ref}: no such running container{hint}{running_now}")
-    listed = listed or _listing(clis)
+    listed = listed or _listing(clis, need=[c.id for c in chosen])
     if len(chosen) > 1:
         shown = [_label(c, listed) for c in chosen]
         if len(set(shown)) < len(shown):  # short ids alike: the full ones tell them apart
@@ -378,7 +379,7 @@ def container_of_cgroup(
     found = parse_container_path(path)
     if found is None:
         return None
-    listed = _listing(installed_clis() if clis is None else tuple(clis))
+    listed = _listing(installed_clis() if clis is None else tuple(clis), need=[found.id])
     return _info(found, listed.get(found.id), _hierarchy(mount), proc_root)
 
 
