@@ -7,8 +7,10 @@ runc (crun refuses this host's hybrid cgroups), the cgroupfs manager (no systemd
 and explicit ulimits (podman's default exceeds the host's hard limit). Everything made is removed
 on exit, also when the test using it fails: ``podman rm -f``, ``podman rmi``, the tarball.
 
-Measured on the 2-core test machine: an image build (tar + import) takes ~1 s, a container start
-to its workload's ready line ~0.5 s; the pytest fixtures still build one image per session."""
+Measured on the 2-core test machine (podman 4.3, runc 1.1.5, overlay storage): an image build
+(tar + import) takes 0.13 s for one workload, 0.4 s for redis-server and its tools; a container
+start to its workload's ready line 0.12-0.15 s; removal ~0.15 s. Cheap, yet the pytest fixtures
+build one image per session (podman_image in tests/conftest.py)."""
 
 from __future__ import annotations
 
