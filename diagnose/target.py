@@ -8,10 +8,12 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
 
-from .containers import ContainerInfo, PodInfo, resolve_container
+from .containers import ContainerInfo, PodInfo, container_of_cgroup, resolve_container
 from .errors import UsageError
+from .facts._parse import read_text
 from .facts.cgroup import BadCgroup, CgroupLocation, locate_memory_cgroup, resolve_cgroup
 from .facts.process import ProcessGone, read_process
+from .facts.processes import read_all_processes
 
 
 class Target(BaseModel):
@@ -77,11 +79,39 @@ def cgroup_target(arg: str, proc_root: Path = Path("/proc")) -> Target:
 
 
 def container_target(ref: str, proc_root: Path = Path("/proc")) -> Target:
-    """A container named by id, id prefix or name: its memory cgroup, diagnosed as --cgroup does."""
+    """A container named by id, id prefix or name: its largest process, carrying the container (as
+    serve does with a container's alert: the same target from the CLI and from an alert)."""
     info = resolve_container(ref, proc_root=proc_root)
     target = cgroup_target(info.cgroup, proc_root)
-    return target.model_copy(update={"container": info})
+    return as_largest_process(target.model_copy(update={"container": info}), proc_root)
+
+
+def largest_process(cg: CgroupLocation, proc_root: Path = Path("/proc")) -> int | None:
+    """The largest process by RSS in the cgroup or below it (a pod's processes are in its containers')."""
+    pids = [int(p) for f in Path(cg.fs_path).rglob("cgroup.procs") for p in (read_text(f) or "").split() if p.isdigit()]
+    procs = read_all_processes(proc_root, pids=pids) if pids else {}
+    if not procs:
+        return None
+    return max(procs.values(), key=lambda p: p.rss or 0).pid
+
+
+def as_largest_process(target: Target, proc_root: Path = Path("/proc")) -> Target:
+    """A container's or pod's cgroup diagnosed as its largest process: allocation tracing (memleak,
+    the reachability scan) is priced and attached per process, and leak versus cache needs it. The
+    container and pod stay with the target; an empty cgroup stays a cgroup target."""
+    pid = largest_process(target.cgroup, proc_root) if target.cgroup else None
+    if pid is None:
+        return with_container(target)
+    own = pid_target(pid, proc_root).model_copy(update={"container": target.container, "pod": target.pod})
+    return with_container(own)
 
 
 def system_target() -> Target:
     return Target(kind="system")
+
+
+def with_container(target: Target) -> Target:
+    """The target with the container its cgroup is in, when no label said it already."""
+    if target.container is not None or target.cgroup is None:
+        return target
+    return target.model_copy(update={"container": container_of_cgroup(target.cgroup.path)})

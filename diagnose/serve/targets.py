@@ -8,14 +8,12 @@ import os
 import re
 from pathlib import Path
 
-from ..containers import container_of_cgroup, installed_clis, resolve_container, resolve_pod
+from ..containers import installed_clis, resolve_container, resolve_pod
 from ..errors import AmbiguousTarget, UnknownTarget, UsageError
-from ..facts._parse import read_text
-from ..facts.cgroup import CgroupLocation, memory_hierarchy
+from ..facts.cgroup import memory_hierarchy
 from ..facts.container import pod_cgroup
 from ..facts.process import ProcessGone, read_process
-from ..facts.processes import read_all_processes
-from ..target import Target, cgroup_target, pid_target
+from ..target import Target, as_largest_process, cgroup_target, pid_target, with_container
 
 PID = re.compile(r"^[1-9][0-9]{0,9}$")
 CONTAINER = re.compile(r"^(?:(?:containerd|cri-o|docker)://)?([0-9a-f]{12,64})$")
@@ -55,15 +53,6 @@ def cgroup_dirs() -> list[str]:
         rel = "/" + Path(dirpath).relative_to(base).as_posix()
         out.append("/" if rel == "/." else rel)
     return out
-
-
-def _largest_process(cg: CgroupLocation) -> int | None:
-    """The largest process by RSS in the cgroup or below it (a pod's processes are in its containers')."""
-    pids = [int(p) for f in Path(cg.fs_path).rglob("cgroup.procs") for p in (read_text(f) or "").split() if p.isdigit()]
-    procs = read_all_processes(pids=pids) if pids else {}
-    if not procs:
-        return None
-    return max(procs.values(), key=lambda p: p.rss or 0).pid
 
 
 def _cgroup_path_ok(value: str) -> bool:
@@ -131,7 +120,7 @@ def container_by_ref(ref: str) -> Target:
     """POST /diagnose's `container`: a full id, a 12-digit or longer id prefix, or a name."""
     if not NAME.fullmatch(CONTAINER_SCHEME.sub("", ref)):
         raise BadLabel("container: not a container id or name (letters, digits, '_', '.', '-')")
-    return _with_pid(_container_target(ref, "container"))
+    return as_largest_process(_container_target(ref, "container"))
 
 
 def _container_target(ref: str, said: str, by_name: bool = True) -> Target:
@@ -184,19 +173,4 @@ def target_from_labels(labels: dict[str, str]) -> Target:
         except ProcessGone:
             raise NotOnHost(f"label pid: no process {int(value)} on this host") from None
         return with_container(pid_target(int(value)))
-    return _with_pid(_cgroup_target(labels))
-
-
-def _with_pid(target: Target) -> Target:
-    """A cgroup target as its largest process (memleak is priced per process), keeping its container and pod."""
-    pid = _largest_process(target.cgroup) if target.cgroup else None
-    if pid is None:
-        return with_container(target)
-    return with_container(pid_target(pid).model_copy(update={"container": target.container, "pod": target.pod}))
-
-
-def with_container(target: Target) -> Target:
-    """The target with the container its cgroup is in, when no label said it already."""
-    if target.container is not None or target.cgroup is None:
-        return target
-    return target.model_copy(update={"container": container_of_cgroup(target.cgroup.path)})
+    return as_largest_process(_cgroup_target(labels))

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..render import render_all
-from ..target import Target, cgroup_target, pid_target
+from ..target import Target, cgroup_target, pid_target, with_container
 from ..workflow import diagnose
 from .store import Incident, StorageFailing, Store
-from .targets import BadLabel, NotOnHost, target_from_labels, with_container
+from .targets import BadLabel, NotOnHost, target_from_labels
 
 STUCK_FACTOR, STUCK_SLACK = 3, 120.0  # "running far past its window": 3x the window plus 2 minutes
 

@@ -43,7 +43,7 @@ def test_bad_references_are_one_line_and_exit_2(memdiag, root_required, memcg):
     _one_line_exit_2(r, "memdiag: argument --pid: not allowed with argument --container (see --help)")
 
 
-def test_a_container_by_id_prefix_is_diagnosed_as_its_cgroup(memdiag, root_required, memcg, workload, tmp_path):
+def test_a_container_by_id_prefix_is_its_largest_process(memdiag, root_required, memcg, workload, tmp_path):
     parent = memcg(None)
     cid = _cid()
     cg = memcg(256 * MiB, name=f"{parent.name}/docker-{cid}.scope")
@@ -53,7 +53,7 @@ def test_a_container_by_id_prefix_is_diagnosed_as_its_cgroup(memdiag, root_requi
     assert r.returncode == 0, r.stderr
     rep = json.loads((out / "report.json").read_text())
     c = rep["target"]["container"]
-    assert rep["target"]["kind"] == "cgroup" and rep["target"]["cgroup"] == cg.path
+    assert rep["target"]["kind"] == "pid" and rep["target"]["pid"] == w.pid and rep["target"]["cgroup"] == cg.path
     assert (c["id"], c["runtime"], c["cgroup"], c["limit_bytes"], c["host_pid"]) == (
         cid,
         "docker",
@@ -62,7 +62,7 @@ def test_a_container_by_id_prefix_is_diagnosed_as_its_cgroup(memdiag, root_requi
         w.pid,
     )
     md = Path(out / "report.md").read_text().splitlines()
-    assert md[0] == f"# memdiag: {rep['verdict']['kind']} — container {cid[:12]}"
+    assert md[0] == f"# memdiag: {rep['verdict']['kind']} — PID {w.pid} (leak) in container {cid[:12]}"
     assert f"- Container: id `{cid[:12]}` (full `{cid}`), docker" in md
     assert f"- Container memory: limit 256 MiB, OOM kills 0 (the cgroup's counter), cgroup `{cg.path}`" in md
     assert f"- Main process: PID {w.pid} on the host" in md

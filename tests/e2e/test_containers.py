@@ -73,14 +73,14 @@ def test_a_leak_in_a_container_named_by_its_name(podman_container, memdiag, tmp_
     assert inside != leak and inside > 1
     rep, md = _diagnose_container(memdiag, tmp_path, c.name)
     v = rep["verdict"]
-    assert v["kind"] in ("leak", "growth") and "leak_order_history" in v["summary"], v
+    assert v["kind"] == "leak" and "leak_order_history" in v["summary"], v  # memleak ran on the container's process
     assert v["culprit"]["function"] == "leak_order_history" and v["culprit"]["pid"] == leak
     assert any("leak_order_history+0x" in f and "[leak]" in f for f in v["culprit"]["stack"])
     t = rep["target"]
-    assert t["kind"] == "cgroup" and t["cgroup"] == c.cgroup
+    assert t["kind"] == "pid" and t["pid"] == leak and t["cgroup"] == c.cgroup  # its largest process, as serve does
     assert t["container"]["id"] == c.id and t["container"]["name"] == c.name
     assert t["container"]["image"] == c.image.tag and t["container"]["limit_bytes"] == 256 * MiB
-    assert md.startswith(f"# memdiag: {v['kind']} — container {c.name} ({c.short_id})")
+    assert md.startswith(f"# memdiag: leak — PID {leak} (leak) in container {c.name} ({c.short_id})")
     assert f"- Container: **{c.name}**, id `{c.short_id}` (full `{c.id}`), podman, image `{c.image.tag}`" in md
     assert f"- Container memory: limit 256 MiB, OOM kills 0 (the cgroup's counter), cgroup `{c.cgroup}`" in md
     assert f"PID {leak} (leak), PID {inside} in the container" in md
