@@ -19,7 +19,7 @@ from pathlib import Path
 
 from memdiag.probes.oomkill import OomEvent, OomWatch
 
-from ..containers import CACHE_S, ContainerInfo, container_of_cgroup, installed_clis
+from ..containers import ContainerInfo, container_of_cgroup
 from ..errors import UsageError
 from ..facts.cgroup import memory_hierarchy
 from ..facts.container import list_containers, parse_container_path, parse_pod_path
@@ -92,7 +92,6 @@ class KnownContainers:
         self.mount = Path(found[1].mount_point) if found else None
         self.known: dict[str, ContainerInfo] = {}
         self.seen: dict[str, float] = {}  # id -> when last in the cgroup tree
-        self.first: dict[str, float] = {}  # id -> when first in it
         self.asked: dict[str, tuple[float, int]] = {}  # id -> when the runtime was last asked, how often
 
     def refresh(self) -> None:
@@ -101,7 +100,6 @@ class KnownContainers:
         now, asked = time.monotonic(), 0
         for c in list_containers(self.mount):
             self.seen[c.id] = now
-            self.first.setdefault(c.id, now)
             # a few runtime look-ups a poll (each may run its CLI): many new containers at once do
             # not hold up the kills behind them
             if asked < LOOKUPS_PER_POLL and self._ask(c.id, now):
@@ -111,7 +109,6 @@ class KnownContainers:
                     self.known[c.id] = info
         for cid in [cid for cid, t in self.seen.items() if now - t > FORGET_AFTER_S]:
             self.seen.pop(cid)
-            self.first.pop(cid, None)
             self.known.pop(cid, None)
             self.asked.pop(cid, None)
 
@@ -134,18 +131,10 @@ class KnownContainers:
             found = parse_container_path(cgroup) if cgroup else None
             if found is None:
                 continue
-            info = _merged(_lookup(cgroup), self.known.get(found.id))  # type: ignore[arg-type]
-            if info is not None and info.name is None and self._young(found.id) and installed_clis():
-                # the runtime's listing is reused for CACHE_S (diagnose/containers.py), and one
-                # taken before this container was made does not name it: once more, after that
-                time.sleep(CACHE_S)
-                info = _merged(_lookup(cgroup), info)  # type: ignore[arg-type]
-            return info
+            # _lookup asks the runtime again when its cached listing predates this container
+            # (diagnose/containers.py _listing): no wait here, the kills behind this one are not held up
+            return _merged(_lookup(cgroup), self.known.get(found.id))  # type: ignore[arg-type]
         return None
-
-    def _young(self, cid: str) -> bool:
-        first = self.first.get(cid)
-        return first is None or time.monotonic() - first < 2 * CACHE_S
 
 
 def _merged(now: ContainerInfo | None, before: ContainerInfo | None) -> ContainerInfo | None:
