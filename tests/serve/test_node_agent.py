@@ -1,0 +1,201 @@
+"""Node agent mode against a real Alertmanager: two `memdiag serve --node` agents pull from one
+Alertmanager, each takes only its own node's alerts (real workload pids), a silenced alert is
+not taken, re-polling makes no second incident, an alert silenced while its diagnosis runs stops
+nothing, and an Alertmanager that goes away and comes back shows in /healthz."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+import uuid
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+from conftest import Server, free_port, request
+from kit import MEMDIAG
+
+POLL = 1.0
+
+
+class Alertmanager:
+    """A real prometheus-alertmanager on a fixed loopback port, stoppable and restartable there."""
+
+    def __init__(self, tmp: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.cfg = tmp / "am.yml"
+        self.cfg.write_text('route:\n  receiver: "null"\nreceivers:\n  - name: "null"\n')
+        self.storage = tmp / "am-data"
+        self.storage.mkdir()
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Alertmanager:
+        self.proc = subprocess.Popen(
+            [
+                "prometheus-alertmanager",
+                f"--config.file={self.cfg}",
+                f"--storage.path={self.storage}",
+                f"--web.listen-address=127.0.0.1:{self.port}",
+                "--cluster.listen-address=",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            try:
+                if request(self.url + "/-/ready", token=None, timeout=2)[0] == 200:
+                    return self
+            except OSError:
+                time.sleep(0.2)
+        raise RuntimeError("alertmanager did not start")
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+    def post(self, path: str, payload) -> dict | list:
+        status, raw = request(self.url + path, "POST", json.dumps(payload).encode(), token=None)
+        assert status == 200, raw
+        return json.loads(raw or b"null")
+
+    def fire(self, **labels: str) -> None:
+        self.post("/api/v2/alerts", [{"labels": labels, "annotations": {"summary": "test"}}])
+
+    def silence(self, **labels: str) -> str:
+        now = datetime.now(timezone.utc)
+        body = {
+            "matchers": [{"name": k, "value": v, "isRegex": False, "isEqual": True} for k, v in labels.items()],
+            "startsAt": (now - timedelta(minutes=1)).isoformat(),
+            "endsAt": (now + timedelta(hours=1)).isoformat(),
+            "createdBy": "test_node_agent",
+            "comment": "test",
+        }
+        return self.post("/api/v2/silences", body)["silenceID"]
+
+
+@pytest.fixture
+def alertmanager(root_required, tmp_path):
+    am = Alertmanager(tmp_path).start()
+    yield am
+    am.stop()
+
+
+@pytest.fixture
+def agents(root_required, tmp_path, alertmanager):
+    started: list[Server] = []
+
+    def start(node: str, duration: float = 3) -> Server:
+        extra = ["--node", node, "--alertmanager", alertmanager.url, "--poll", str(POLL), "--no-oom-watch"]
+        s = Server(tmp_path / f"data-{node}", duration=duration, extra=extra).start()
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.stop()
+
+
+def _alerting(srv: Server, alertname: str) -> list[dict]:
+    return [i for i in srv.incidents() if i["alert"] and i["alert"]["labels"].get("alertname") == alertname]
+
+
+def _until(check, timeout: float, what: str):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"not within {timeout:g} s: {what}")
+
+
+def test_two_agents_take_only_their_own_nodes_alerts(workload, alertmanager, agents):
+    wa, wb = workload("leak", "256"), workload("leak", "256")
+    a, b = agents("a"), agents("b")
+    quiet = alertmanager.silence(alertname="Quiet")
+    run = uuid.uuid4().hex[:8]  # alertnames of this run only
+    grow = f"Grow{run}"
+
+    fired = time.monotonic()
+    alertmanager.fire(alertname=grow, node="a", pid=str(wa.pid))
+    alertmanager.fire(alertname=grow, node="b", pid=str(wb.pid))
+    alertmanager.fire(alertname="Quiet", node="a", pid=str(wa.pid))
+    (ia,) = _until(lambda: _alerting(a, grow), 15, "agent a takes node a's alert")
+    latency_a = time.monotonic() - fired
+    (ib,) = _until(lambda: _alerting(b, grow), 15, "agent b takes node b's alert")
+    latency_b = time.monotonic() - fired
+    print(f"poll latency (alert posted -> incident, --poll {POLL:g}): a {latency_a:.2f} s, b {latency_b:.2f} s")
+
+    assert ia["source"] == "alertmanager" and ia["target"]["pid"] == wa.pid
+    assert ia["alert"]["labels"]["node"] == "a" and ia["alert"]["endsAt"] == "0001-01-01T00:00:00Z"
+    assert ib["target"]["pid"] == wb.pid and ib["alert"]["labels"]["node"] == "b"
+
+    # node b's alert is silenced while its diagnosis runs: the diagnosis goes on, the record says why
+    silence = alertmanager.silence(alertname=grow, node="b")
+    gone = _until(
+        lambda: [i for i in b.incidents() if i["state"] == "resolved"], 10, "agent b records the silenced alert"
+    )
+    assert f"silenced by {silence}" in gone[0]["summary"] and "continues" in gone[0]["summary"]
+    assert gone[0]["alert"]["labels"] == {"alertname": grow, "node": "b", "pid": str(wb.pid)}
+    done_b = b.wait(ib["id"], timeout=90)
+    assert done_b["state"] == "done", done_b
+    assert done_b["target"]["pid"] == wb.pid
+    done_a = a.wait(ia["id"], timeout=90)
+    assert done_a["state"] == "done", done_a
+
+    # several polls later: still one incident per alert, the silenced alert never taken, nothing crossed
+    time.sleep(3 * POLL)
+    incidents_a, incidents_b = a.incidents(), b.incidents()
+    assert [i["id"] for i in incidents_a] == [ia["id"]], incidents_a
+    assert all(i["alert"]["labels"]["node"] == "b" for i in incidents_b), incidents_b
+    assert not any(i["alert"]["labels"]["alertname"] == "Quiet" for i in incidents_a + incidents_b)
+    assert quiet  # the silence Alertmanager made
+
+
+def test_alertmanager_down_then_back_shows_in_healthz(alertmanager, agents):
+    agent = agents("a")
+    assert request(agent.url + "/healthz")[0] == 200
+    alertmanager.stop()
+    stopped = time.monotonic()
+
+    def unhealthy():
+        status, raw = request(agent.url + "/healthz")
+        return json.loads(raw) if status == 503 else None
+
+    body = _until(unhealthy, 30, "/healthz turns 503 with Alertmanager stopped")
+    print(f"Alertmanager stopped -> /healthz 503 in {time.monotonic() - stopped:.1f} s: {body['reason']}")
+    assert f"Alertmanager {alertmanager.url} failing: cannot connect" in body["reason"]
+    assert "polls in a row" in body["reason"]
+
+    alertmanager.start()
+    back = time.monotonic()
+    _until(lambda: request(agent.url + "/healthz")[0] == 200, 30, "/healthz healthy again")
+    print(f"Alertmanager back -> /healthz 200 in {time.monotonic() - back:.1f} s")
+    agent.stop()
+    log = agent.proc.stderr.read()
+    failing = [line for line in log.splitlines() if "failing" in line]
+    assert len(failing) == 1, log  # one line for the change of state, not one per failed poll
+    assert "answers again after" in log
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--node", "a"], "--node and --alertmanager go together"),
+        (["--alertmanager", "http://127.0.0.1:9093"], "--node and --alertmanager go together"),
+        (["--node", 'a"b', "--alertmanager", "http://127.0.0.1:9093"], "--node 'a\"b': expected a node name"),
+        (["--node", "a", "--alertmanager", "ftp://x"], "--alertmanager ftp://x: expected http://HOST:PORT"),
+        (["--node", "a", "--alertmanager", "http://h:99999"], "--alertmanager http://h:99999: Port out of range"),
+        (["--node", "a", "--alertmanager", "http://u:p@h"], "no query, fragment or credentials"),
+        (["--node", "a", "--alertmanager", "http://h", "--poll", "0"], "--poll: '0' is not a finite number"),
+    ],
+)
+def test_bad_pull_options_are_one_line(tmp_path, args, message):
+    r = subprocess.run([MEMDIAG, "serve", "--data", str(tmp_path / "d"), *args], capture_output=True, text=True)
+    assert r.returncode == 2, r.stderr
+    assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert not (tmp_path / "d").exists()  # refused before anything was made
