@@ -187,13 +187,15 @@ def _pull_options(args: argparse.Namespace) -> tuple[str, str, str | None] | Non
 
 
 def _start_poller(pull: tuple[str, str, str | None], poll: float, store, worker, metrics):
-    from functools import partial
-
     from ..serve.app import take_alerts
     from ..serve.pull import Poller
 
     url, node, token = pull
-    take = partial(take_alerts, store, worker, metrics, "alertmanager")
+
+    def take(alerts, **kw):
+        metrics.received.labels(source="alertmanager-pull").inc(sum(a.status == "firing" for a in alerts))
+        return take_alerts(store, worker, metrics, "alertmanager", alerts, **kw)
+
     print(f'memdiag serve: pulling alerts with node="{node}" from {url} every {poll:g} s', flush=True)
     return Poller(url, node, token, poll, take).start()
 

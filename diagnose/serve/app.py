@@ -368,7 +368,10 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
         return JSONResponse(item.model_dump())
 
     async def healthz(request: Request) -> Response:
-        problems = [p for p in (worker.health(), store.health(), *(c() for c in cfg.checks)) if p]
+        # ?scope=process: only what a restart of this process could mend (a liveness probe's question),
+        # not the services it depends on (an Alertmanager down is no reason to kill a diagnosis)
+        others = () if request.query_params.get("scope") == "process" else (c() for c in cfg.checks)
+        problems = [p for p in (worker.health(), store.health(), *others) if p]
         body = {"ok": not problems, "queued": worker.qsize(), "running": worker.current[0] if worker.current else None}
         if problems:
             return JSONResponse({**body, "reason": "; ".join(problems)}, status_code=503)

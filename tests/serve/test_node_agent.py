@@ -13,25 +13,42 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 import pytest
-from conftest import Server, free_port, request
+from conftest import TOKEN, Server, free_port, request
 from kit import MEMDIAG
 
 POLL = 1.0
 
 
 class Alertmanager:
-    """A real prometheus-alertmanager on a fixed loopback port, stoppable and restartable there."""
+    """A real prometheus-alertmanager on a fixed loopback port, stoppable and restartable there;
+    with `webhook`, it also sends node a's alerts to that URL (as per-node routes do)."""
 
     def __init__(self, tmp: Path):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.cfg = tmp / "am.yml"
-        self.cfg.write_text('route:\n  receiver: "null"\nreceivers:\n  - name: "null"\n')
         self.storage = tmp / "am-data"
         self.storage.mkdir()
         self.proc: subprocess.Popen | None = None
 
+    def configure(self, webhook: str | None) -> None:
+        text = 'route:\n  receiver: "null"\n'
+        if webhook:
+            text += (
+                "  routes:\n    - matchers: ['node=\"a\"']\n      receiver: node-a\n      group_by: ['...']\n"
+                "      group_wait: 0s\n      group_interval: 1s\n"
+            )
+        text += 'receivers:\n  - name: "null"\n'
+        if webhook:
+            text += (
+                f"  - name: node-a\n    webhook_configs:\n      - url: {webhook}/alerts/alertmanager\n"
+                f"        http_config:\n          authorization:\n            credentials: {TOKEN}\n"
+            )
+        self.cfg.write_text(text)
+
     def start(self) -> Alertmanager:
+        if not self.cfg.exists():
+            self.configure(None)
         self.proc = subprocess.Popen(
             [
                 "prometheus-alertmanager",
@@ -79,24 +96,35 @@ class Alertmanager:
 
 @pytest.fixture
 def alertmanager(root_required, tmp_path):
-    am = Alertmanager(tmp_path).start()
+    am = Alertmanager(tmp_path)
     yield am
     am.stop()
 
 
 @pytest.fixture
 def agents(root_required, tmp_path, alertmanager):
-    started: list[Server] = []
+    """agents("a", "b"): started agents pulling from `alertmanager` (started after them here, so
+    node a's agent can also be its webhook receiver); all stopped at the end."""
+    made: list[Server] = []
 
-    def start(node: str, duration: float = 3) -> Server:
-        extra = ["--node", node, "--alertmanager", alertmanager.url, "--poll", str(POLL), "--no-oom-watch"]
-        s = Server(tmp_path / f"data-{node}", duration=duration, extra=extra).start()
-        started.append(s)
-        return s
+    def start(*nodes: str, webhook_a: bool = False, duration: float = 3) -> list[Server]:
+        for node in nodes:
+            extra = ["--node", node, "--alertmanager", alertmanager.url, "--poll", str(POLL), "--no-oom-watch"]
+            made.append(Server(tmp_path / f"data-{node}", duration=duration, extra=extra))
+        alertmanager.configure(made[0].url if webhook_a else None)
+        alertmanager.start()
+        return [s.start() for s in made]
 
     yield start
-    for s in started:
+    for s in made:
         s.stop()
+
+
+def _metric(srv: Server, name: str, labels: str) -> float:
+    for line in srv.get("/metrics")[1].decode().splitlines():
+        if line.startswith(f"{name}{{{labels}}} "):
+            return float(line.split()[-1])
+    return 0.0
 
 
 def _alerting(srv: Server, alertname: str) -> list[dict]:
@@ -115,7 +143,7 @@ def _until(check, timeout: float, what: str):
 
 def test_two_agents_take_only_their_own_nodes_alerts(workload, alertmanager, agents):
     wa, wb = workload("leak", "256"), workload("leak", "256")
-    a, b = agents("a"), agents("b")
+    a, b = agents("a", "b", webhook_a=True)
     quiet = alertmanager.silence(alertname="Quiet")
     run = uuid.uuid4().hex[:8]  # alertnames of this run only
     grow = f"Grow{run}"
@@ -128,7 +156,7 @@ def test_two_agents_take_only_their_own_nodes_alerts(workload, alertmanager, age
     latency_a = time.monotonic() - fired
     (ib,) = _until(lambda: _alerting(b, grow), 15, "agent b takes node b's alert")
     latency_b = time.monotonic() - fired
-    print(f"poll latency (alert posted -> incident, --poll {POLL:g}): a {latency_a:.2f} s, b {latency_b:.2f} s")
+    print(f"alert posted -> incident: a {latency_a:.2f} s (webhook, pull), b {latency_b:.2f} s (pull, --poll {POLL:g})")
 
     assert ia["source"] == "alertmanager" and ia["target"]["pid"] == wa.pid
     assert ia["alert"]["labels"]["node"] == "a" and ia["alert"]["endsAt"] == "0001-01-01T00:00:00Z"
@@ -147,6 +175,11 @@ def test_two_agents_take_only_their_own_nodes_alerts(workload, alertmanager, age
     done_a = a.wait(ia["id"], timeout=90)
     assert done_a["state"] == "done", done_a
 
+    # node a's alert also came by webhook (its route): the same key, so the same incident
+    assert _metric(a, "memdiag_alerts_received_total", 'source="alertmanager"') >= 1
+    assert _metric(a, "memdiag_alerts_received_total", 'source="alertmanager-pull"') >= 1
+    assert _metric(a, "memdiag_alert_deliveries_total", 'outcome="duplicate"') >= 1
+
     # several polls later: still one incident per alert, the silenced alert never taken, nothing crossed
     time.sleep(3 * POLL)
     incidents_a, incidents_b = a.incidents(), b.incidents()
@@ -157,7 +190,7 @@ def test_two_agents_take_only_their_own_nodes_alerts(workload, alertmanager, age
 
 
 def test_alertmanager_down_then_back_shows_in_healthz(alertmanager, agents):
-    agent = agents("a")
+    (agent,) = agents("a")
     assert request(agent.url + "/healthz")[0] == 200
     alertmanager.stop()
     stopped = time.monotonic()
@@ -170,6 +203,7 @@ def test_alertmanager_down_then_back_shows_in_healthz(alertmanager, agents):
     print(f"Alertmanager stopped -> /healthz 503 in {time.monotonic() - stopped:.1f} s: {body['reason']}")
     assert f"Alertmanager {alertmanager.url} failing: cannot connect" in body["reason"]
     assert "polls in a row" in body["reason"]
+    assert request(agent.url + "/healthz?scope=process")[0] == 200  # the liveness probe's: no restart for it
 
     alertmanager.start()
     back = time.monotonic()
