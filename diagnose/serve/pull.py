@@ -129,10 +129,14 @@ def fetch(url: str, token: str | None, timeout: float = TIMEOUT_S) -> list[Pulle
     if len(body) > MAX_RESPONSE:
         raise PullFailed(f"answer larger than {MAX_RESPONSE} bytes")
     try:
-        return _ALERTS.validate_python(from_json(body, allow_inf_nan=False))
-    except ValueError as e:  # ValidationError is a ValueError
-        first = e.errors()[0]["msg"] if isinstance(e, ValidationError) else str(e)
-        raise PullFailed(f"not a list of alerts: {first}"[:300]) from None
+        value = from_json(body, allow_inf_nan=False)
+    except ValueError as e:
+        raise PullFailed(f"not JSON: {e}"[:300]) from None
+    try:
+        return _ALERTS.validate_python(value)
+    except ValidationError as e:
+        where = ".".join(str(p)[:64] for p in e.errors()[0]["loc"])
+        raise PullFailed(f"not a list of alerts: {where}: {e.errors()[0]['msg']}"[:300]) from None
 
 
 def _log(line: str) -> None:
@@ -153,7 +157,7 @@ class Poller:
         log: Callable[[str], None] = _log,
     ):
         self.base, self.url, self.token, self.interval = base, alerts_url(base, node), token, interval
-        self.take, self.log = take, log
+        self.take, self.log, self.timeout = take, log, TIMEOUT_S
         self.taken: dict[str, PulledAlert] = {}  # fingerprint|startsAt -> the alert, while it is active
         self.refused: dict[str, str] = {}  # fingerprint|startsAt -> why it was not taken (said once)
         self.failures, self.reason, self.since = 0, "", 0.0
@@ -187,7 +191,7 @@ class Poller:
 
     def poll_once(self) -> None:
         try:
-            alerts = fetch(self.url, self.token)
+            alerts = fetch(self.url, self.token, self.timeout)
         except PullFailed as e:
             self._failed(str(e))
             return

@@ -5,6 +5,7 @@ nothing, and an Alertmanager that goes away and comes back shows in /healthz."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import time
@@ -233,3 +234,78 @@ def test_bad_pull_options_are_one_line(tmp_path, args, message):
     assert r.returncode == 2, r.stderr
     assert message in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert not (tmp_path / "d").exists()  # refused before anything was made
+
+
+def test_alertmanager_errors_back_off_and_show_in_health(tmp_path):
+    """The poller against a real HTTP server answering as a broken Alertmanager would: 5xx, a
+    body that is not JSON, JSON that is not a list of alerts, no answer in time. None stops it;
+    each counts as a failure with its own reason, the log says so once, and a good answer clears it."""
+    import http.server
+    import threading
+
+    from memdiag.diagnose.serve.pull import FAILURES_UNHEALTHY, Poller
+
+    answers = [(500, b"oops"), (200, b"not json"), (200, b'{"alerts": 1}'), ("slow", b"[]"), (200, b"[]")]
+    paths: list[str] = []
+
+    class Broken(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802 (the standard library's name)
+            paths.append(self.path)
+            status, body = answers.pop(0)
+            if status == "slow":
+                time.sleep(1.5)
+                status = 200
+            self.send_response(status)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            with contextlib.suppress(BrokenPipeError):  # the slow answer's reader has given up
+                self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Broken)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        logged: list[str] = []
+        taken: list = []
+        base = f"http://127.0.0.1:{httpd.server_address[1]}"
+        poller = Poller(base, "node-a", None, 1.0, lambda alerts, **kw: taken.append(alerts), logged.append)
+        poller.timeout = 0.5
+        poller.thread.start = lambda: None  # polled by hand below; health() needs a live thread
+        poller.thread = threading.current_thread()
+        reasons, delays = [], []
+        for _ in range(4):
+            poller.poll_once()
+            reasons.append(poller.reason)
+            delays.append(poller.delay())
+        assert reasons == [
+            "HTTP 500 Internal Server Error",
+            reasons[1],
+            reasons[2],
+            "no answer within 0.5 s",
+        ], reasons
+        assert reasons[1].startswith("not JSON: expected ident") and reasons[2].startswith("not a list of alerts: ")
+        assert delays == [2.0, 4.0, 8.0, 16.0]  # doubling from --poll 1 ...
+        poller.failures = 20
+        assert poller.delay() == 60.0  # ... up to a minute
+        poller.failures = 4
+        assert FAILURES_UNHEALTHY <= 4 and f"Alertmanager {base} failing: no answer" in poller.health()
+        assert len(logged) == 1 and logged[0].startswith(f"Alertmanager {base} failing: HTTP 500")
+        poller.poll_once()
+        assert poller.health() is None and poller.failures == 0 and taken == []
+        assert logged[1] == f"Alertmanager {base} answers again after 4 failed polls"
+        assert "filter=node%3D%22node-a%22" in paths[0] and "active=true" in paths[0]
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+
+
+def test_alertmanager_token_file_checked_like_the_others(tmp_path):
+    token = tmp_path / "am-token"
+    token.write_text("secret\n")
+    token.chmod(0o644)
+    args = ["--node", "a", "--alertmanager", "http://127.0.0.1:9093", "--alertmanager-token-file", str(token)]
+    r = subprocess.run([MEMDIAG, "serve", "--data", str(tmp_path / "d"), *args], capture_output=True, text=True)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert f"--alertmanager-token-file {token}: readable or writable by others (mode 644)" in r.stderr
