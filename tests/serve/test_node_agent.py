@@ -153,6 +153,9 @@ def test_two_agents_take_only_their_own_nodes_alerts(workload, alertmanager, age
     alertmanager.fire(alertname=grow, node="a", pid=str(wa.pid))
     alertmanager.fire(alertname=grow, node="b", pid=str(wb.pid))
     alertmanager.fire(alertname="Quiet", node="a", pid=str(wa.pid))
+    exited = subprocess.Popen(["true"])
+    exited.wait()
+    alertmanager.fire(alertname=f"Gone{run}", node="a", pid=str(exited.pid))  # not on this host any more
     (ia,) = _until(lambda: _alerting(a, grow), 15, "agent a takes node a's alert")
     latency_a = time.monotonic() - fired
     (ib,) = _until(lambda: _alerting(b, grow), 15, "agent b takes node b's alert")
@@ -188,6 +191,11 @@ def test_two_agents_take_only_their_own_nodes_alerts(workload, alertmanager, age
     assert all(i["alert"]["labels"]["node"] == "b" for i in incidents_b), incidents_b
     assert not any(i["alert"]["labels"]["alertname"] == "Quiet" for i in incidents_a + incidents_b)
     assert quiet  # the silence Alertmanager made
+    a.stop()
+    log = a.proc.stderr.read()
+    refused = [line for line in log.splitlines() if f"(Gone{run}) not taken" in line]
+    # said once, not once per poll
+    assert len(refused) == 1 and f"no process {exited.pid} on this host" in refused[0], log
 
 
 def test_alertmanager_down_then_back_shows_in_healthz(alertmanager, agents):
