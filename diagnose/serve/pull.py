@@ -77,7 +77,7 @@ class PulledAlert(BaseModel):
         return self.status.state
 
 
-_ALERTS = TypeAdapter(Annotated[list[PulledAlert], Field(max_length=MAX_ALERTS)])
+_LIST = TypeAdapter(Annotated[list[dict], Field(max_length=MAX_ALERTS)])
 
 
 class PullFailed(Exception):
@@ -112,8 +112,9 @@ def alerts_url(base: str, node: str) -> str:
     return f"{base}/api/v2/alerts?{urlencode(query)}"
 
 
-def fetch(url: str, token: str | None, timeout: float = TIMEOUT_S) -> list[PulledAlert]:
-    """The alerts at url, or PullFailed with the reason."""
+def fetch(url: str, token: str | None, timeout: float = TIMEOUT_S) -> tuple[list[PulledAlert], list[str]]:
+    """The alerts at url and a line per alert that is not one memdiag can take (too many labels,
+    a wrong type: the others are taken all the same), or PullFailed with the reason."""
     req = urllib.request.Request(url, headers={"Accept": "application/json"})
     if token is not None:
         req.add_header("Authorization", f"Bearer {token}")
@@ -133,10 +134,18 @@ def fetch(url: str, token: str | None, timeout: float = TIMEOUT_S) -> list[Pulle
     except ValueError as e:
         raise PullFailed(f"not JSON: {e}"[:300]) from None
     try:
-        return _ALERTS.validate_python(value)
+        items = _LIST.validate_python(value)
     except ValidationError as e:
-        where = ".".join(str(p)[:64] for p in e.errors()[0]["loc"])
-        raise PullFailed(f"not a list of alerts: {where}: {e.errors()[0]['msg']}"[:300]) from None
+        raise PullFailed(f"not a list of alerts: {e.errors()[0]['msg']}"[:300]) from None
+    alerts, bad = [], []
+    for item in items:
+        try:
+            alerts.append(PulledAlert.model_validate(item))
+        except ValidationError as e:
+            where = ".".join(str(p)[:64] for p in e.errors()[0]["loc"])
+            fingerprint = str(item.get("fingerprint", "?"))[:32]
+            bad.append(f"alert {fingerprint} not taken: {where}: {e.errors()[0]['msg']}"[:300])
+    return alerts, bad
 
 
 def _log(line: str) -> None:
@@ -160,6 +169,7 @@ class Poller:
         self.take, self.log, self.timeout = take, log, TIMEOUT_S
         self.taken: dict[str, PulledAlert] = {}  # fingerprint|startsAt -> the alert, while it is active
         self.refused: dict[str, str] = {}  # fingerprint|startsAt -> why it was not taken (said once)
+        self.bad: set[str] = set()  # alerts not in a shape memdiag takes, as logged
         self.failures, self.reason, self.since = 0, "", 0.0
         self.polls = 0
         self.thread = threading.Thread(target=self._loop, name="memdiag-pull", daemon=True)
@@ -191,7 +201,7 @@ class Poller:
 
     def poll_once(self) -> None:
         try:
-            alerts = fetch(self.url, self.token, self.timeout)
+            alerts, bad = fetch(self.url, self.token, self.timeout)
         except PullFailed as e:
             self._failed(str(e))
             return
@@ -202,6 +212,9 @@ class Poller:
         if self.failures:
             self.log(f"Alertmanager {self.base} answers again after {self.failures} failed polls")
         self.failures = 0
+        for line in set(bad) - self.bad:
+            self.log(line)
+        self.bad = set(bad)  # each said once while Alertmanager lists it
         try:
             self._handle(alerts)
         except Exception as e:  # noqa: BLE001

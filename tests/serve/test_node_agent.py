@@ -253,7 +253,12 @@ def test_alertmanager_errors_back_off_and_show_in_health(tmp_path):
 
     from memdiag.diagnose.serve.pull import FAILURES_UNHEALTHY, Poller
 
-    answers = [(500, b"oops"), (200, b"not json"), (200, b'{"alerts": 1}'), ("slow", b"[]"), (200, b"[]")]
+    status = {"state": "active", "silencedBy": [], "inhibitedBy": []}
+    good = {"labels": {"node": "node-a", "pid": "1"}, "startsAt": "2026-01-01T00:00:00.000Z", "fingerprint": "f1"}
+    big = {**good, "fingerprint": "f2", "labels": {f"l{i}": "x" for i in range(65)}}  # over 64 labels
+    listing = json.dumps([{**good, "status": status}, {**big, "status": status}]).encode()
+    answers = [(500, b"oops"), (200, b"not json"), (200, b'{"alerts": 1}'), ("slow", b"[]")]
+    answers += [(200, listing), (200, listing)]
     paths: list[str] = []
 
     class Broken(http.server.BaseHTTPRequestHandler):
@@ -301,8 +306,15 @@ def test_alertmanager_errors_back_off_and_show_in_health(tmp_path):
         assert FAILURES_UNHEALTHY <= 4 and f"Alertmanager {base} failing: no answer" in poller.health()
         assert len(logged) == 1 and logged[0].startswith(f"Alertmanager {base} failing: HTTP 500")
         poller.poll_once()
-        assert poller.health() is None and poller.failures == 0 and taken == []
+        assert poller.health() is None and poller.failures == 0
         assert logged[1] == f"Alertmanager {base} answers again after 4 failed polls"
+        # one alert memdiag cannot take does not hold up the others; it is said once
+        assert logged[2].startswith("alert f2 not taken: labels: ") and len(logged) == 3, logged
+        assert [[(a.fingerprint, a.status, a.endsAt) for a in group] for group in taken] == [
+            [("f1", "firing", "0001-01-01T00:00:00Z")]
+        ]
+        poller.poll_once()
+        assert len(logged) == 3 and len(taken) == 1  # polled again: nothing new said, nothing taken again
         assert "filter=node%3D%22node-a%22" in paths[0] and "active=true" in paths[0]
     finally:
         httpd.shutdown()
