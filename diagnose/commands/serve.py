@@ -27,6 +27,7 @@ _INCIDENTS = number(1, 1_000_000, integer=True)  # a row is at most ~64 KiB: 1M 
 _REPORT_MB = number(1, 1 << 20, integer=True)  # 1 TiB
 _WINDOW = number(0, 365 * 86_400, above=True, unit="seconds")
 _ATTEMPTS = number(1, 100, integer=True)
+_POLL = number(1, 3600, unit="seconds")  # Alertmanager evaluates every few seconds: faster buys nothing
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -96,6 +97,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="diagnoses started per alert (restarts and re-deliveries) before it stays failed (default 3)",
     )
     parser.add_argument("--no-oom-watch", action="store_true", help="do not watch for OOM kills")
+    parser.add_argument(
+        "--node",
+        metavar="NAME",
+        help="node agent mode: pull from --alertmanager the active alerts whose `node` label is NAME "
+        "(webhooks are still accepted)",
+    )
+    parser.add_argument(
+        "--alertmanager", metavar="URL", help="Alertmanager to pull this node's alerts from (API v2), with --node"
+    )
+    parser.add_argument(
+        "--alertmanager-token-file", type=Path, metavar="F", help="bearer token for --alertmanager (behind a proxy)"
+    )
+    parser.add_argument(
+        "--poll", type=_POLL, default=15.0, metavar="S", help="seconds between pulls from --alertmanager (default 15)"
+    )
     add_playbook_option(parser)
 
 
@@ -160,6 +176,34 @@ def _bind(host: str, port: int, text: str) -> socket.socket:
     return sock
 
 
+def _pull_options(args: argparse.Namespace) -> tuple[str, str, str | None] | None:
+    """(Alertmanager URL, node, token) of node agent mode, checked; None without it."""
+    from ..serve.pull import check_node, check_url
+
+    if (args.node is None) != (args.alertmanager is None):
+        raise UsageError("--node and --alertmanager go together (node agent mode)")
+    if args.node is None:
+        if args.alertmanager_token_file is not None:
+            raise UsageError("--alertmanager-token-file needs --alertmanager")
+        return None
+    token = _secret(args.alertmanager_token_file, "--alertmanager-token-file")
+    return check_url(args.alertmanager), check_node(args.node), token
+
+
+def _start_poller(pull: tuple[str, str, str | None], poll: float, store, worker, metrics):
+    from ..serve.app import take_alerts
+    from ..serve.pull import Poller
+
+    url, node, token = pull
+
+    def take(alerts, **kw):
+        metrics.received.labels(source="alertmanager-pull").inc(sum(a.status == "firing" for a in alerts))
+        return take_alerts(store, worker, metrics, "alertmanager", alerts, **kw)
+
+    print(f'memdiag serve: pulling alerts with node="{node}" from {url} every {poll:g} s', flush=True)
+    return Poller(url, node, token, poll, take).start()
+
+
 def execute(args: argparse.Namespace) -> int:
     import uvicorn
     from memdiag.rules.loader import RuleFileError
@@ -173,6 +217,7 @@ def execute(args: argparse.Namespace) -> int:
     from ..serve.worker import QueueFull, Worker
 
     host, port = _listen(args.listen)
+    pull = _pull_options(args)
     token = _secret(args.token_file, "--token-file")
     read_token = _secret(args.read_token_file, "--read-token-file")
     grafana_secret = _secret(args.grafana_secret_file, "--grafana-secret-file")
@@ -245,6 +290,8 @@ def execute(args: argparse.Namespace) -> int:
         grafana_timestamp_header=args.grafana_timestamp_header,
         limiter=FailureLimiter(),
     )
+    if pull is not None:
+        cfg.checks = (_start_poller(pull, args.poll, store, worker, metrics).health,)
     app = create_app(cfg, metrics)
     limit = connection_limit()
     config = uvicorn.Config(

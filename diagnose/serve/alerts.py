@@ -6,6 +6,7 @@ and every label and annotation map is bounded at intake: what is stored is what 
 from __future__ import annotations
 
 import hashlib
+import re
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -22,6 +23,7 @@ Annotations = Annotated[
     dict[_Key, Annotated[str, Field(max_length=MAX_ANNOTATION_VALUE)]], Field(max_length=MAX_LABELS)
 ]
 _Short = Annotated[str, Field(max_length=256)]
+_STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
 
 
 class _Lenient(BaseModel):
@@ -46,8 +48,15 @@ class Alert(_Lenient):
     def dedup_key(self, source: str) -> str:
         """Same fingerprint, status, startsAt and endsAt: the same notification, delivered again."""
         ident = self.fingerprint or repr(sorted(self.labels.items()))
-        raw = "|".join((source, ident, self.status, self.startsAt, self.endsAt))
+        raw = "|".join((source, ident, self.status, _millis(self.startsAt), _millis(self.endsAt)))
         return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _millis(stamp: str) -> str:
+    """An RFC 3339 time to milliseconds: Alertmanager's webhooks carry nanoseconds
+    (2026-12-01T02:59:31.54955362Z), its API v2 milliseconds (…31.549Z); one alert, one key."""
+    m = _STAMP.match(stamp)
+    return f"{m[1]}.{((m[2] or '') + '000')[:3]}{m[3]}" if m else stamp
 
 
 class AlertmanagerPayload(_Lenient):

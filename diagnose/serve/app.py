@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import html
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
@@ -18,7 +19,7 @@ from starlette.routing import Route
 
 from ..errors import UsageError
 from ..target import Target, pid_target
-from .alerts import AlertmanagerPayload, DiagnoseRequest, GrafanaPayload
+from .alerts import Alert, AlertmanagerPayload, DiagnoseRequest, GrafanaPayload
 from .security import FailureLimiter, grafana_signature_ok, token_ok
 from .store import STATES, ReportGone, StorageFailing, Store
 from .targets import BadLabel, NotOnHost, cgroup_by_path, container_by_ref, target_from_labels
@@ -40,6 +41,7 @@ class Config:
     grafana_timestamp_header: str | None = None
     limiter: FailureLimiter | None = None
     read_token: str | None = None  # when set, reads (incidents, reports, metrics) need it or `token`
+    checks: tuple[Callable[[], str | None], ...] = ()  # more health sources (the Alertmanager poller's)
 
 
 class Metrics:
@@ -84,32 +86,32 @@ def _error(status: int, reason: str) -> JSONResponse:
     return JSONResponse({"error": reason}, status_code=status)
 
 
-class _Refused(Exception):
+class Refused(Exception):
     def __init__(self, status: int, reason: str):
         self.status, self.reason = status, reason
 
 
 async def _body(request: Request) -> bytes:
-    """The request body, at most MAX_BODY bytes and within BODY_SECONDS, or _Refused."""
+    """The request body, at most MAX_BODY bytes and within BODY_SECONDS, or Refused."""
     length = request.headers.get("content-length")
     if length is not None and (not _LENGTH.match(length) or int(length) > MAX_BODY):
-        raise _Refused(413, f"body larger than {MAX_BODY} bytes")
+        raise Refused(413, f"body larger than {MAX_BODY} bytes")
 
     async def read() -> bytes:
         chunks, size = [], 0
         async for chunk in request.stream():
             size += len(chunk)
             if size > MAX_BODY:
-                raise _Refused(413, f"body larger than {MAX_BODY} bytes")
+                raise Refused(413, f"body larger than {MAX_BODY} bytes")
             chunks.append(chunk)
         return b"".join(chunks)
 
     try:
         return await asyncio.wait_for(read(), BODY_SECONDS)
     except asyncio.TimeoutError:
-        raise _Refused(408, f"body not received within {BODY_SECONDS:g} s") from None
+        raise Refused(408, f"body not received within {BODY_SECONDS:g} s") from None
     except ClientDisconnect:
-        raise _Refused(400, "client went away before the body was complete") from None
+        raise Refused(400, "client went away before the body was complete") from None
 
 
 def _too_deep(value, limit: int) -> bool:
@@ -131,10 +133,10 @@ def _json(body: bytes):
         value = from_json(body, allow_inf_nan=False)
     except ValueError as e:
         if "recursion limit" in str(e):
-            raise _Refused(400, f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
-        raise _Refused(400, f"malformed JSON: {e}") from None
+            raise Refused(400, f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
+        raise Refused(400, f"malformed JSON: {e}") from None
     if isinstance(value, (dict, list)) and _too_deep(value, MAX_JSON_DEPTH):
-        raise _Refused(400, f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels")
+        raise Refused(400, f"malformed JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     return value
 
 
@@ -151,7 +153,7 @@ def _query_int(request: Request, name: str, default: int, low: int, high: int) -
     if raw is None:
         return default
     if not raw.isdigit() or not low <= int(raw) <= high:
-        raise _Refused(400, f"{name} is a whole number from {low} to {high}")
+        raise Refused(400, f"{name} is a whole number from {low} to {high}")
     return int(raw)
 
 
@@ -167,19 +169,80 @@ def _target_json(t: Target) -> dict:
     }
 
 
+def admit_jobs(worker: Worker, metrics: Metrics, jobs: list[Job]) -> list:
+    """All of a group or none of it: 429 when the queue cannot take every diagnosis it needs
+    (Alertmanager retries the group), 503 when storage refuses; in both cases nothing stored."""
+    try:
+        return worker.admit(jobs)
+    except QueueFull:
+        metrics.refused.labels(reason="queue full").inc()
+        raise Refused(429, "diagnosis queue is full: nothing stored, deliver again later") from None
+    except StorageFailing as e:
+        metrics.refused.labels(reason="storage").inc()
+        raise Refused(503, f"cannot store the incident: {e}") from None
+
+
+def take_alerts(
+    store: Store,
+    worker: Worker,
+    metrics: Metrics,
+    source: str,
+    alerts: list[Alert],
+    resolved_summary: str = "alert resolved: recorded, not diagnosed",
+) -> list[dict]:
+    """The one path from alerts to incidents, for webhooks and for alerts pulled from Alertmanager
+    (pull.py): every alert checked before any is acted on (Refused 422/404: nothing stored), then
+    the firing ones admitted all-or-nothing (Refused 429/503) and the resolved ones recorded.
+    Per alert: {"id", "state", "new"} (and "requeued", "attempts" for a re-queued one)."""
+    plans = []
+    for alert in alerts:  # per alert: a truncated group's top-level status can be wrong
+        if alert.status == "resolved":
+            plans.append((alert, None))
+            continue
+        try:
+            plans.append((alert, target_from_labels(alert.labels)))
+        except BadLabel as e:
+            raise Refused(422, str(e)) from None
+        except (NotOnHost, UsageError) as e:
+            raise Refused(404, str(e)) from None
+    jobs = [Job(source, t, _target_json(t), a.model_dump(), a.dedup_key(source)) for a, t in plans if t is not None]
+    admitted = iter(admit_jobs(worker, metrics, jobs))  # diagnoses first: a 429 leaves nothing, not even resolved
+    out = []
+    for alert, target in plans:
+        if target is not None:
+            incident, how = next(admitted)
+            metrics.deliveries.labels(outcome=how).inc()
+            item = {"id": incident.id, "state": incident.state, "new": how != "duplicate"}
+            out.append({**item, "requeued": True, "attempts": incident.attempts} if how == "requeued" else item)
+            continue
+        try:
+            incident, new = store.record(
+                source,
+                "resolved",
+                None,
+                alert.model_dump(),
+                dedup_key=alert.dedup_key(source),
+                summary=resolved_summary,
+            )
+        except StorageFailing as e:
+            raise Refused(503, f"cannot store the incident: {e}") from None
+        out.append({"id": incident.id, "state": incident.state, "new": new})
+    return out
+
+
 def create_app(cfg: Config, metrics: Metrics) -> Starlette:
     store, worker = cfg.store, cfg.worker
 
-    def failed(request: Request, reason: str) -> _Refused:
+    def failed(request: Request, reason: str) -> Refused:
         """A failed authentication: 401, or 429 once this address has failed too often. Only
         failures count, so a sender with the right token is never refused for its address."""
         client = request.client.host if request.client else "?"
         if cfg.limiter is None:
-            return _Refused(401, reason)
+            return Refused(401, reason)
         if cfg.limiter.blocked(client):
-            return _Refused(429, "too many failed authentications from this address")
+            return Refused(429, "too many failed authentications from this address")
         cfg.limiter.failed(client)
-        return _Refused(401, reason)
+        return Refused(401, reason)
 
     def guard(request: Request) -> None:
         if not token_ok(request.headers.get("authorization"), cfg.token):
@@ -197,16 +260,7 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
         return incident.id, how != "duplicate"
 
     def admit(jobs: list[Job]) -> list:
-        """All of a group or none of it: 429 when the queue cannot take every diagnosis it needs
-        (Alertmanager retries the group), 503 when storage refuses; in both cases nothing stored."""
-        try:
-            return worker.admit(jobs)
-        except QueueFull:
-            metrics.refused.labels(reason="queue full").inc()
-            raise _Refused(429, "diagnosis queue is full: nothing stored, deliver again later") from None
-        except StorageFailing as e:
-            metrics.refused.labels(reason="storage").inc()
-            raise _Refused(503, f"cannot store the incident: {e}") from None
+        return admit_jobs(worker, metrics, jobs)
 
     async def alerts(request: Request, source: str) -> Response:
         guard(request)
@@ -221,42 +275,9 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
         try:
             payload = model.model_validate(_json(body))
         except ValidationError as e:
-            raise _Refused(422, _validation(e)) from None
-        # Validate every alert before acting on any: nothing half-made.
-        plans = []
-        for alert in payload.alerts:  # per alert: a truncated group's top-level status can be wrong
-            if alert.status == "resolved":
-                plans.append((alert, None))
-                continue
-            try:
-                plans.append((alert, target_from_labels(alert.labels)))
-            except BadLabel as e:
-                raise _Refused(422, str(e)) from None
-            except (NotOnHost, UsageError) as e:
-                raise _Refused(404, str(e)) from None
-        metrics.received.labels(source=source).inc(len(plans))
-        jobs = [Job(source, t, _target_json(t), a.model_dump(), a.dedup_key(source)) for a, t in plans if t is not None]
-        admitted = iter(admit(jobs))  # the diagnoses first: a 429 leaves nothing, not even the resolved records
-        out = []
-        for alert, target in plans:
-            if target is not None:
-                incident, how = next(admitted)
-                metrics.deliveries.labels(outcome=how).inc()
-                item = {"id": incident.id, "state": incident.state, "new": how != "duplicate"}
-                out.append({**item, "requeued": True, "attempts": incident.attempts} if how == "requeued" else item)
-                continue
-            try:
-                incident, new = store.record(
-                    source,
-                    "resolved",
-                    None,
-                    alert.model_dump(),
-                    dedup_key=alert.dedup_key(source),
-                    summary="alert resolved: recorded, not diagnosed",
-                )
-            except StorageFailing as e:
-                raise _Refused(503, f"cannot store the incident: {e}") from None
-            out.append({"id": incident.id, "state": incident.state, "new": new})
+            raise Refused(422, _validation(e)) from None
+        metrics.received.labels(source=source).inc(len(payload.alerts))
+        out = take_alerts(store, worker, metrics, source, payload.alerts)
         return JSONResponse({"incidents": out}, status_code=202)
 
     async def alertmanager(request: Request) -> Response:
@@ -270,10 +291,10 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
         try:
             req = DiagnoseRequest.model_validate(_json(await _body(request)))
         except ValidationError as e:
-            raise _Refused(422, _validation(e)) from None
+            raise Refused(422, _validation(e)) from None
         named = [k for k in ("pid", "cgroup", "container_id", "container") if getattr(req, k) is not None]
         if len(named) != 1:
-            raise _Refused(422, "name exactly one of pid, cgroup, container_id, container")
+            raise Refused(422, "name exactly one of pid, cgroup, container_id, container")
         try:
             if req.pid is not None:
                 target = pid_target(req.pid)
@@ -286,9 +307,9 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
             else:
                 target = target_from_labels({"container_id": req.container_id or ""})
         except BadLabel as e:
-            raise _Refused(422, str(e)) from None
+            raise Refused(422, str(e)) from None
         except (NotOnHost, UsageError) as e:
-            raise _Refused(404, str(e).removeprefix("--pid ").removeprefix("--cgroup: ")) from None
+            raise Refused(404, str(e).removeprefix("--pid ").removeprefix("--cgroup: ")) from None
         iid, _ = enqueue("api", target, None, None, req.duration)
         return JSONResponse({"id": iid, "state": "queued"}, status_code=202)
 
@@ -327,27 +348,30 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
         guard_read(request)
         iid = request.path_params["iid"]
         if not iid.isalnum() or len(iid) > 32:
-            raise _Refused(404, "no such incident")
+            raise Refused(404, "no such incident")
         item = store.get(iid)
         if item is None:
-            raise _Refused(404, "no such incident")
+            raise Refused(404, "no such incident")
         fmt = request.query_params.get("format")
         if fmt in ("md", "json", "html"):
             if item.report_dir is None or item.state != "done":
-                raise _Refused(404, f"incident {iid} has no report ({item.state})")
+                raise Refused(404, f"incident {iid} has no report ({item.state})")
             name = {"md": "report.md", "json": "report.json", "html": "report.html"}[fmt]
             try:
                 raw = store.read_report(iid, name)
             except ReportGone as e:
-                raise _Refused(410, str(e)) from None
+                raise Refused(410, str(e)) from None
             media = {"md": "text/markdown", "json": "application/json", "html": "text/html"}[fmt]
             return Response(raw, media_type=f"{media}; charset=utf-8")
         if fmt is not None:
-            raise _Refused(400, "format is md, json or html")
+            raise Refused(400, "format is md, json or html")
         return JSONResponse(item.model_dump())
 
     async def healthz(request: Request) -> Response:
-        problems = [p for p in (worker.health(), store.health()) if p]
+        # ?scope=process: only what a restart of this process could mend (a liveness probe's question),
+        # not the services it depends on (an Alertmanager down is no reason to kill a diagnosis)
+        others = () if request.query_params.get("scope") == "process" else (c() for c in cfg.checks)
+        problems = [p for p in (worker.health(), store.health(), *others) if p]
         body = {"ok": not problems, "queued": worker.qsize(), "running": worker.current[0] if worker.current else None}
         if problems:
             return JSONResponse({**body, "reason": "; ".join(problems)}, status_code=503)
@@ -358,7 +382,7 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
         return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     async def refused(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, _Refused)
+        assert isinstance(exc, Refused)
         return _error(exc.status, exc.reason)
 
     async def not_found(request: Request, exc: Exception) -> Response:
@@ -378,5 +402,5 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/metrics", metrics_endpoint, methods=["GET"]),
     ]
-    handlers = {_Refused: refused, 404: not_found, 405: not_found, Exception: unexpected}
+    handlers = {Refused: refused, 404: not_found, 405: not_found, Exception: unexpected}
     return Starlette(routes=routes, exception_handlers=handlers)

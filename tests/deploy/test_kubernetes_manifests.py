@@ -80,7 +80,9 @@ def test_daemonset_is_not_privileged_and_mounts_the_host():
         assert mounts[path]["readOnly"] is True
     env = {e["name"]: e for e in c["env"]}
     assert env["NODE_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "spec.nodeName"
-    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert c["livenessProbe"]["httpGet"] == {"path": "/healthz?scope=process", "port": "http"}
+    assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
+    assert "--node=$(NODE_NAME)" in c["args"]  # the kubelet expands it from the env var checked above
     assert c["resources"]["limits"]["memory"] == "512Mi"
 
 
@@ -132,6 +134,10 @@ def test_daemonset_command_line_starts_memdiag_serve(tmp_path):
         key, _, value = arg.partition("=")
         if key == "--listen":
             value = f"127.0.0.1:{port}"
+        elif key == "--node":
+            value = value.replace("$(NODE_NAME)", "node-a")  # as the kubelet expands it
+        elif key == "--alertmanager":
+            value = f"http://127.0.0.1:{_free_port()}"  # none there: the agent starts all the same
         elif value.startswith("/"):
             value = str(tmp_path / value.lstrip("/"))
             if key.endswith("token-file"):
