@@ -501,11 +501,19 @@ def triage(obs: Observation, counters: Counters) -> Triage:
             )
     if pressure_reasons:
         culprits = _pressure_culprits(counters)
-        summary = f"memory pressure on {who}: " + ", ".join(pressure_reasons)
+        # PSI, swap-in, direct reclaim and MemAvailable are the host's figures; only a cgroup at its
+        # limit is the target's own. Host-wide pressure is not put on a target that did not pay for it
+        # (pod's trial: a container was called "under pressure" from another test's swap-off).
+        own = target.kind == "system" or any(f.id == "cgroup-at-limit" for f in pressure_findings)
+        paid = any(r.majflt_delta for r in counters.processes)
+        where = who if own else f"the host (host-wide counters, seen from {who})"
+        summary = f"memory pressure on {where}: " + ", ".join(pressure_reasons)
         if growth_verdict is not None and growth_verdict.kind == "growth":
             summary += f"; caused by growth: {growth_verdict.summary.split('; escalation')[0]}"
         if culprits:
             summary += f"; {culprits}"
+        if not own and not paid:
+            summary += f"; {who} paid no major faults in the window: not shown to cause or suffer it"
         candidates["pressure"] = Verdict(
             kind="pressure",
             summary=summary,

@@ -205,6 +205,22 @@ def test_pressure_lists_hold_the_cgroups_processes_only():
     assert "tasks spent 1.4 s in direct or cgroup reclaim" in reclaim["summary"]
 
 
+def test_host_pressure_is_not_put_on_a_target_that_did_not_pay():
+    """Swap-in and PSI are the host's figures: a cgroup far below its limit whose processes took no
+    major fault is not 'under pressure' (a container was, from another test's swap-off)."""
+    snaps = [
+        _snap(t, usage=20 * MiB, procs=[800], psi_us=int(t * 300_000), vm={"pswpin": 15_000 * t})
+        for t in range(31)
+    ]
+    first, last = {800: _proc(800, "redis", 18 * MiB, 0)}, {800: _proc(800, "redis", 19 * MiB, 0)}
+    rep = _report(_observation(Target(kind="cgroup", cgroup=CG), snaps, first, last))
+    assert check_figures(rep) == []
+    v = rep["verdict"]
+    assert v["kind"] == "pressure", v
+    assert v["summary"].startswith("memory pressure on the host (host-wide counters, seen from cgroup /app"), v
+    assert "paid no major faults in the window: not shown to cause or suffer it" in v["summary"], v
+
+
 def test_pressure_old_lists_and_rounding_are_caught():
     rep = _pressure()
     old = (
