@@ -30,6 +30,7 @@ RULES = ROOT / "deploy" / "prometheus" / "memdiag-rules.yml"
 RECEIVER = ROOT / "deploy" / "alertmanager-receiver.yml"
 SPEED_UP = 180  # 30 min windows -> 10 s, 15 min holds -> 5 s, an hour -> 20 s
 HOUR = "3600"
+LEAK_KIB_S = 6144  # the loop's leak, 6 MiB/s: about twice the copy's floor of 64 MiB in 20 s (its hour)
 # A time constant in the rules: a duration inside a range selector's brackets or as a rule's whole
 # `for:` value, or the number of seconds in an hour.
 TIME = re.compile(r"((?:(?<=\[)|(?<=^\s{8}for: ))\d+(?:ms|[smhdwy])(?=\]|$)|(?<![\w.])3600(?![\w.]))", re.M)

@@ -14,10 +14,19 @@ import time
 
 import pytest
 from kit import build
-from loop import RULES, SPEED_UP, Prometheus, process_exporter, receiver_config, scaled_rules, time_changes
+from loop import (
+    LEAK_KIB_S,
+    RULES,
+    SPEED_UP,
+    Prometheus,
+    get_text,
+    process_exporter,
+    receiver_config,
+    scaled_rules,
+    time_changes,
+)
 from serve.conftest import alertmanager, free_port, server  # noqa: F401 (fixtures shared with tests/serve)
 
-LEAK_KIB_S = 6144  # 6 MiB/s: twice the copy's floor of 64 MiB per 20 s (its hour)
 ALERT = "MemoryProcessGrowth"
 
 
@@ -36,16 +45,16 @@ def test_test_speed_rules_differ_from_the_shipped_ones_only_in_time():
     assert SPEED_UP == 180
 
 
-def _wait_for(what: str, get, timeout: float):
+def _wait_for(what: str, get, timeout: float, context):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if found := get():
             return found
         time.sleep(0.25)
-    raise AssertionError(f"no {what} within {timeout:.0f} s")
+    raise AssertionError(f"no {what} within {timeout:.0f} s; {context()}")
 
 
-def test_leak_goes_exporter_prometheus_alertmanager_memdiag_to_its_function(server, alertmanager, workload, tmp_path):
+def test_leak_goes_exporter_prometheus_alertmanager_memdiag_to_its_function(server, alertmanager, workload, tmp_path):  # noqa: F811
     for tool in ("prometheus", "prometheus-process-exporter", "prometheus-alertmanager"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} missing: scripts/setup.sh --test installs it")
@@ -61,10 +70,13 @@ def test_leak_goes_exporter_prometheus_alertmanager_memdiag_to_its_function(serv
         steady = workload("churn", "1000")  # named "churn:PID" too: flat, so no alert
         started = time.time()
         w = workload("leak", str(LEAK_KIB_S))
-        incident = _wait_for("incident", srv.incidents, 60)[0]
+        alerts = f"{prom.url}/api/v1/alerts"
+        incident = _wait_for("incident", srv.incidents, 60, lambda: f"Prometheus's alerts: {get_text(alerts)}")[0]
         done = srv.wait(incident["id"], timeout=60)
         fired = prom.first_firing(ALERT)
-        growth = prom.first_growth(f'namedprocess_namegroup_memory_bytes{{groupname="leak:{w.pid}",memtype="resident"}}')
+        growth = prom.first_growth(
+            f'namedprocess_namegroup_memory_bytes{{groupname="leak:{w.pid}",memtype="resident"}}'
+        )
         flat = prom.query(f'ALERTS{{groupname="churn:{steady.pid}"}}')
     assert len(srv.incidents()) == 1, srv.incidents()  # one alert, one incident; the flat process none
     assert flat == []
