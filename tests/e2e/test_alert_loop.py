@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import time
+from pathlib import Path
 
 import pytest
 from kit import build
@@ -85,7 +86,11 @@ def test_leak_goes_exporter_prometheus_alertmanager_memdiag_to_its_function(serv
     assert labels["memdiag_target"] == "pid" and labels["node"] == "127.0.0.1"
     assert incident["source"] == "alertmanager" and incident["target"]["pid"] == w.pid
     assert incident["alert"]["labels"]["alertname"] == ALERT and incident["alert"]["labels"]["pid"] == str(w.pid)
-    assert done["state"] == "done" and done["verdict_kind"] in ("leak", "growth"), done
+    # (host-wide pressure outranks growth in the playbook: another job swapping on the same machine
+    # turns the verdict into "pressure", said here with the host's PSI)
+    psi = Path("/proc/pressure/memory").read_text().replace("\n", "; ")
+    said = f"{done['state']}: {done['verdict_kind']}: {done['summary']} (host memory PSI: {psi})"
+    assert done["state"] == "done" and done["verdict_kind"] in ("leak", "growth"), said
     assert "leak_order_history" in done["summary"], done["summary"]
     md = srv.get(f"/incidents/{incident['id']}?format=md")[1].decode()
     assert md.startswith(f"# memdiag: {done['verdict_kind']} — PID {w.pid} (leak)")
