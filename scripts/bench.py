@@ -495,7 +495,7 @@ def loop_section() -> list[str]:
         "group_wait 1 s (shipped: 10 s); `memdiag serve --duration 14`. First sample showing growth: the first "
         "scrape whose resident bytes exceed the scrape before (Prometheus's timestamp); firing: the first "
         'evaluation with ALERTS{alertstate="firing"}; incident created and verdict: the incident\'s own times. '
-        f"At the shipped speed the growth-to-firing step takes {SPEED_UP} times longer (here "
+        f"At the shipped speed the growth-to-firing step takes about {SPEED_UP} times longer (here "
         f"{statistics.median(r['growth_to_firing_s'] for r in runs) * SPEED_UP / 60:.0f} min) and the rest of the "
         "loop the same seconds, plus the shipped group_wait's extra 9 s.",
         "",

@@ -91,16 +91,22 @@ def get_text(url: str, timeout: float = 5) -> str:
         return r.read().decode()
 
 
-def _wait(what: str, proc: subprocess.Popen, ready, timeout: float = 30) -> None:
+def _start(cmd: list[str], log: Path) -> subprocess.Popen:
+    """A server with its output in a log file (a pipe nobody reads would stall a chatty server)."""
+    with open(log, "wb") as out:
+        return subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+
+
+def _wait(what: str, proc: subprocess.Popen, log: Path, ready, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            raise RuntimeError(f"{what} exited: {proc.stderr.read().decode()[-2000:]}")
+            raise RuntimeError(f"{what} exited: {log.read_text(errors='replace')[-2000:]}")
         with contextlib.suppress(OSError, ValueError, KeyError):
             if ready():
                 return
         time.sleep(0.2)
-    raise RuntimeError(f"{what} not ready within {timeout:.0f} s")
+    raise RuntimeError(f"{what} not ready within {timeout:.0f} s: {log.read_text(errors='replace')[-2000:]}")
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -111,8 +117,6 @@ def _stop(proc: subprocess.Popen) -> None:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(15)
-    if proc.stderr:
-        proc.stderr.close()
 
 
 @contextlib.contextmanager
@@ -123,13 +127,11 @@ def process_exporter(folder: Path, port: int, exes: list[Path]) -> Iterator[str]
     groups = [{"name": "{{.Comm}}:{{.PID}}", "exe": [str(e) for e in exes]}]
     config.write_text(yaml.safe_dump({"process_names": groups}))
     address = f"127.0.0.1:{port}"
-    proc = subprocess.Popen(
-        ["prometheus-process-exporter", f"-web.listen-address={address}", f"-config.path={config}", "-threads=false"],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    log = folder / "process-exporter.log"
+    cmd = ["prometheus-process-exporter", f"-web.listen-address={address}", f"-config.path={config}", "-threads=false"]
+    proc = _start(cmd, log)
     try:
-        _wait("process-exporter", proc, lambda: get_text(f"http://{address}/metrics") is not None)
+        _wait("process-exporter", proc, log, lambda: get_text(f"http://{address}/metrics") is not None)
         yield address
     finally:
         _stop(proc)
@@ -158,12 +160,13 @@ class Prometheus:
             f"--storage.tsdb.path={folder / 'prometheus-data'}",
             f"--web.listen-address=127.0.0.1:{port}",
         ]
+        self.log = folder / "prometheus.log"
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> Prometheus:
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        self.proc = _start(self.cmd, self.log)
         try:  # ready, and the exporter scraped once: a workload started now is seen from its start
-            _wait("prometheus", self.proc, lambda: self.query('up{job="process"} == 1'))
+            _wait("prometheus", self.proc, self.log, lambda: self.query('up{job="process"} == 1'))
         except BaseException:
             _stop(self.proc)
             raise
