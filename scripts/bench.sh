@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Benchmarks on this machine (root): memdiag against bcc's memleak, per-event costs, accuracy.
-# Rewrites BENCHMARKS.md. BENCH_RUNS=N sets the runs per figure (default 3); --only slowdown|costs|reach
-# rewrites that section alone (1, 3 or 5).
+# Rewrites BENCHMARKS.md. BENCH_RUNS=N sets the runs per figure (default 3); --only slowdown|costs|reach|loop
+# rewrites that section alone (1, 3, 5 or 6); `loop` alone is --only loop (the alert loop, section 6).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
-"$here/scripts/setup.sh"
+[ "${1:-}" = loop ] && set -- --only loop
+# --test: the alert loop (section 6) runs Debian's Prometheus, process-exporter and Alertmanager
+"$here/scripts/setup.sh" --test
 exec "$here/.venv/bin/python" "$here/scripts/bench.py" "$@"

@@ -123,11 +123,13 @@ def server(root_required, tmp_path):
 def alertmanager(root_required, tmp_path):
     procs = []
 
-    def start(receiver_url: str, repeat_interval: str = "1h") -> str:
+    def start(receiver_url: str, repeat_interval: str = "1h", config: str | None = None) -> str:
+        """Its URL. config: a whole configuration instead (e.g. the shipped receiver, tests/loop.py)."""
         port = free_port()
         cfg = tmp_path / f"am-{port}.yml"
         cfg.write_text(
-            "route:\n  receiver: memdiag\n  group_by: ['alertname', 'pid']\n  group_wait: 1s\n"
+            config
+            or "route:\n  receiver: memdiag\n  group_by: ['alertname', 'pid']\n  group_wait: 1s\n"
             f"  group_interval: 5s\n  repeat_interval: {repeat_interval}\n"
             "receivers:\n  - name: memdiag\n    webhook_configs:\n"
             f"      - url: {receiver_url}\n        send_resolved: true\n"
