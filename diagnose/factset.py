@@ -102,6 +102,11 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         if usage is not None:
             f["cgroup.usage_rate"] = usage.recent_rate_per_s if usage.shape == "climbing" else usage.rate_per_s
             f["cgroup.usage_shape"] = usage.shape
+    f["pressure.target_pays"] = (
+        obs.target.kind == "system"
+        or bool(f.get("cgroup.limit_hits"))
+        or any(r.majflt_delta for r in counters.processes)
+    )
     f["oom.kills"] = len(counters.oom_kills)
     f["oom.cgroup_limit"] = counters.oom_kills[-1].cgroup_oom if counters.oom_kills else None
     return f

@@ -61,6 +61,12 @@ _DEFS = [
     ("cgroup.limit", "bytes", "the lowest memory limit up the cgroup tree"),
     ("cgroup.usage_percent", "percent", "usage as a share of the limit"),
     ("cgroup.limit_hits", "number", "times the limit was hit during the window"),
+    (
+        "pressure.target_pays",
+        "bool",
+        "the target pays for memory pressure: it is the whole system, its cgroup hit its own limit, "
+        "or its processes took major faults in the window",
+    ),
     ("cgroup.oom_kills", "number", "OOM kills the cgroup has recorded since it was created"),
     ("cgroup.usage_rate", "bytes_per_s", "growth rate of the cgroup's usage"),
     ("cgroup.usage_shape", "string", "climbing, levelled, sawtooth, flat, shrinking or unknown"),

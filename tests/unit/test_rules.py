@@ -217,9 +217,20 @@ def test_playbook_without_a_scan_falls_back_to_the_trend_with_less_confidence():
 
 
 def test_playbook_oom_and_pressure_precedence():
-    facts = {**BASE, "oom.kills": 1, "summary.oom": "killed", "system.psi_some": 50.0, "summary.pressure": "p"}
+    paid = {"pressure.target_pays": True, "summary.pressure": "p"}
+    facts = {**BASE, **paid, "oom.kills": 1, "summary.oom": "killed", "system.psi_some": 50.0}
     assert _verdicts(facts)[:2] == ["oom", "pressure"]
-    assert _verdicts({**BASE, "system.swapin_rate": 500.0, "summary.pressure": "p"})[0] == "pressure"
+    assert _verdicts({**BASE, **paid, "system.swapin_rate": 500.0})[0] == "pressure"
+
+
+def test_playbook_host_pressure_the_target_did_not_pay_comes_after_its_growth():
+    """Swap-in is the host's figure: a target that took no major fault and hit no limit of its own
+    is diagnosed by what was seen in it (growth), the host's pressure after it (the loop test saw a
+    leak called 'pressure' from another test's swap)."""
+    host = {"pressure.target_pays": False, "summary.pressure": "p", "system.swapin_rate": 500.0}
+    growing = {"process.rss_shape": "climbing", "process.rss_rate": 1e6, "summary.growth": "grows"}
+    assert _verdicts({**BASE, **host, **growing})[0] == "growth"
+    assert _verdicts({**BASE, **host})[0] == "pressure"  # nothing else seen: the host's pressure, said as such
 
 
 def test_playbook_healthy_when_stable():
