@@ -109,21 +109,33 @@ class _Pod(BaseModel):
 
 def _run_json(argv: list[str]):
     """The CLI's JSON output; None when it is missing, fails (a docker client without a daemon),
-    times out or writes something else."""
+    times out or writes something else (not UTF-8, nested past the parser's depth). A CLI that timed
+    out is not asked again for FAILED_BACKOFF_S: a hung runtime must not hold up the OOM watch."""
+    exe = argv[0]
+    if time.monotonic() < _FAILED_UNTIL.get(exe, 0.0):
+        return None
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, timeout=CLI_TIMEOUT_S, check=False)
+        done = subprocess.run(argv, capture_output=True, timeout=CLI_TIMEOUT_S, check=False)
+    except subprocess.TimeoutExpired:
+        _FAILED_UNTIL[exe] = time.monotonic() + FAILED_BACKOFF_S
+        return None
     except (OSError, subprocess.SubprocessError):
         return None
     if done.returncode != 0:
         return None
+    text = done.stdout.decode("utf-8", errors="replace")
     try:
-        return json.loads(done.stdout or "null")
-    except ValueError:
+        return json.loads(text or "null")
+    except (ValueError, RecursionError):
         # docker's `--format '{{json .}}'` writes one object a line
         try:
-            return [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
-        except ValueError:
+            return [json.loads(line) for line in text.splitlines() if line.strip()]
+        except (ValueError, RecursionError):
             return None
+
+
+_FAILED_UNTIL: dict[str, float] = {}
+FAILED_BACKOFF_S = 30.0
 
 
 def _rows(data, key: str | None = None) -> list[dict]:
@@ -153,6 +165,15 @@ def _k8s(labels: dict) -> dict:
     }
 
 
+def _names(value) -> tuple[str, ...]:
+    """Podman's Names: a list (podman 2+) or one string (1.x); anything else names nothing."""
+    if isinstance(value, str):
+        return (value,)
+    if isinstance(value, list):
+        return tuple(v for v in value if isinstance(v, str))
+    return ()
+
+
 def parse_podman_ps(data) -> list[_Listed]:
     """`podman ps --all --format json`: a list of {Id, Names, Image, Pid, PodName, Labels}."""
 
@@ -161,7 +182,7 @@ def parse_podman_ps(data) -> list[_Listed]:
         pod["pod"] = r.get("PodName") or pod["pod"]  # a podman pod (`podman pod create`)
         return _Listed(
             id=r["Id"],
-            names=tuple(r.get("Names") or ()),
+            names=_names(r.get("Names")),
             image=r.get("Image") or None,
             runtime="podman",
             pid=r.get("Pid") or None,
@@ -240,19 +261,28 @@ def installed_clis() -> tuple[str, ...]:
 
 def _listing(clis: tuple[str, ...], need: Iterable[str] = ()) -> dict[str, _Listed]:
     """The containers the CLIs list, by id; one listing serves for CACHE_S (an alert group names
-    many containers at once: one CLI call, not one per alert), unless it lacks an id in `need`
-    (a container started since): then the CLIs are asked again (~40 ms here)."""
+    many containers at once: one CLI call, not one per alert), unless it lacks an id in `need` that
+    was first wanted after it was taken (a container started since): then the CLIs are asked again,
+    once — an id the runtime does not know (another runtime's container) costs no more calls."""
     now = time.monotonic()
     cached = _CACHE.get(clis)
-    if cached is not None and now - cached[0] < CACHE_S and all(i in cached[1] for i in need):
+    if len(_WANTED) > MAX_WANTED:
+        _WANTED.clear()
+    wanted = {i: _WANTED.setdefault(i, now) for i in need}
+    fresh = cached is not None and now - cached[0] < CACHE_S
+    if fresh and all(i in cached[1] or t <= cached[0] for i, t in wanted.items()):
         return cached[1]
     out: dict[str, _Listed] = {}
     for name in clis:
         exe = shutil.which(name)
         if exe is not None:
             out.update((entry.id, entry) for entry in _LISTERS[name](exe) if entry.id)
-    _CACHE[clis] = (now, out)
+    _CACHE[clis] = (time.monotonic(), out)
     return out
+
+
+_WANTED: dict[str, float] = {}  # id -> when first wanted
+MAX_WANTED = 4096
 
 
 _CACHE: dict[tuple[str, ...], tuple[float, dict[str, _Listed]]] = {}

@@ -10,8 +10,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .containers import ContainerInfo, PodInfo, container_of_cgroup, resolve_container
 from .errors import UsageError
-from .facts._parse import read_text
-from .facts.cgroup import BadCgroup, CgroupLocation, locate_memory_cgroup, resolve_cgroup
+from .facts.cgroup import BadCgroup, CgroupLocation, cgroup_pids, locate_memory_cgroup, resolve_cgroup
 from .facts.process import ProcessGone, read_process
 from .facts.processes import read_all_processes
 
@@ -88,7 +87,7 @@ def container_target(ref: str, proc_root: Path = Path("/proc")) -> Target:
 
 def largest_process(cg: CgroupLocation, proc_root: Path = Path("/proc")) -> int | None:
     """The largest process by RSS in the cgroup or below it (a pod's processes are in its containers')."""
-    pids = [int(p) for f in Path(cg.fs_path).rglob("cgroup.procs") for p in (read_text(f) or "").split() if p.isdigit()]
+    pids = cgroup_pids(Path(cg.fs_path))  # guarded: a folder removed during the walk (at an OOM kill)
     procs = read_all_processes(proc_root, pids=pids) if pids else {}
     if not procs:
         return None
@@ -102,8 +101,11 @@ def as_largest_process(target: Target, proc_root: Path = Path("/proc")) -> Targe
     pid = largest_process(target.cgroup, proc_root) if target.cgroup else None
     if pid is None:
         return with_container(target)
-    own = pid_target(pid, proc_root).model_copy(update={"container": target.container, "pod": target.pod})
-    return with_container(own)
+    try:
+        own = pid_target(pid, proc_root)
+    except UsageError:  # it exited since: the cgroup is what is left to diagnose ("--pid N" was never said)
+        return with_container(target)
+    return with_container(own.model_copy(update={"container": target.container, "pod": target.pod}))
 
 
 def system_target() -> Target:

@@ -266,7 +266,10 @@ def execute(args: argparse.Namespace) -> int:
             # the victim may linger in cgroup.procs while it dies: only a survivor is diagnosed
             if target is not None and (target.kind != "pid" or target.pid == e.victim_pid):
                 target = None
-            if target is not None and container is not None:
+            # the survivor diagnosed may be in another container of the pod (or none): the victim's
+            # container (named at the kill) stands in only for the same container
+            same = target is not None and container is not None and target.container is not None
+            if same and target.container.id == container.id:
                 target = target.model_copy(update={"container": container})  # the report in its terms
         record = {**e.model_dump(), "container": container.model_dump() if container else None}
         state = "queued" if target is not None else "recorded"

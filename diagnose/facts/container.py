@@ -72,19 +72,19 @@ def _is_kubepods(step: str) -> bool:
     return step == "kubepods" or (step.endswith(".slice") and step[: -len(".slice")].split("-")[-1] == "kubepods")
 
 
-def _pod_at(steps: list[str]) -> tuple[int, str, str | None] | None:
-    """(index of the pod's step, uid with dashes, qos) of the first pod folder in the path."""
-    for i, step in enumerate(steps):
+def _pod_at(steps: list[str], before: int | None = None) -> tuple[int, str, str | None] | None:
+    """(index of the pod's step, uid with dashes, qos) of the innermost pod folder in the path, or
+    in its first `before` steps (a container's own pod: kind or a kubelet inside a pod nests pods)."""
+    found = None
+    for i, step in enumerate(steps[:before]):
         # systemd's slice names carry their parents (a-b-c.slice is in a-b.slice): the slice itself
         # says kubepods; the cgroupfs driver's bare pod<uid> counts only under a kubepods folder.
         if m := _POD_SLICE.match(step):
-            return i, _dashed(m.group(2)), m.group(1) or "guaranteed"
-        if not any(_is_kubepods(s) for s in steps[:i]):
-            continue
-        if m := _POD_DIR.match(step):
+            found = i, _dashed(m.group(2)), m.group(1) or "guaranteed"
+        elif any(_is_kubepods(s) for s in steps[:i]) and (m := _POD_DIR.match(step)):
             parent = steps[i - 1]
-            return i, _dashed(m.group(1)), parent if parent in _QOS else "guaranteed"
-    return None
+            found = i, _dashed(m.group(1)), parent if parent in _QOS else "guaranteed"
+    return found
 
 
 def parse_pod_path(path: str) -> tuple[str, str | None] | None:
@@ -108,18 +108,17 @@ def _container_step(steps: list[str], i: int) -> tuple[Runtime, str] | None:
 def parse_container_path(path: str) -> ContainerCgroup | None:
     """The container a cgroup path is, or is inside (the innermost, for a container in a container)."""
     steps = _steps(path)
-    pod = _pod_at(steps)
     for i in range(len(steps) - 1, -1, -1):
         found = _container_step(steps, i)
         if found is None:
             continue
-        inside_pod = pod is not None and pod[0] < i
+        pod = _pod_at(steps, before=i)  # the container's own pod: the innermost one above it
         return ContainerCgroup(
             runtime=found[0],
             id=found[1],
             path="/" + "/".join(steps[: i + 1]),
-            pod_uid=pod[1] if inside_pod else None,
-            qos=pod[2] if inside_pod else None,
+            pod_uid=pod[1] if pod else None,
+            qos=pod[2] if pod else None,
         )
     return None
 

@@ -160,6 +160,15 @@ def attribute(e: OomEvent, known: KnownContainers) -> tuple[OomEvent, ContainerI
     return e, container
 
 
+def _attributed(e: OomEvent, known: KnownContainers) -> tuple[OomEvent, ContainerInfo | None]:
+    """attribute(), and a kill recorded without its container rather than a watch that ends."""
+    try:
+        return attribute(e, known)
+    except Exception as err:  # noqa: BLE001
+        print(f"memdiag serve: the container of an OOM kill not found: {err}", file=sys.stderr, flush=True)
+        return e, None
+
+
 class OomWatcher:
     def __init__(self, on_kill: Callable[[OomEvent, ContainerInfo | None], None]):
         self.on_kill = on_kill
@@ -184,7 +193,7 @@ class OomWatcher:
             while not self.stop.is_set():
                 self._refresh(known)
                 # attributed once, on arrival: the container may be gone by a retry
-                self.backlog.extend(attribute(e, known) for e in watch.poll(250))
+                self.backlog.extend(_attributed(e, known) for e in watch.poll(250))
                 self._deliver()
         finally:
             watch.close()
@@ -193,7 +202,7 @@ class OomWatcher:
     def _refresh(known: KnownContainers) -> None:
         try:
             known.refresh()
-        except (OSError, ValueError) as e:  # a folder removed mid-walk: the next poll reads again
+        except Exception as e:  # noqa: BLE001 (a folder removed mid-walk, a runtime's odd answer: the watch goes on)
             print(f"memdiag serve: containers not read: {e}", file=sys.stderr, flush=True)
 
     def _deliver(self) -> None:

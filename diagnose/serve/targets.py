@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from ..containers import installed_clis, resolve_container, resolve_pod
+from ..containers import resolve_container, resolve_pod
 from ..errors import AmbiguousTarget, UnknownTarget, UsageError
 from ..facts.cgroup import memory_hierarchy
 from ..facts.container import pod_cgroup
@@ -98,12 +98,12 @@ def _pod_target(labels: dict[str, str]) -> Target | None:
     pod = _label(labels, "pod", K8S_NAME, "a pod name")
     if uid is None and pod is None:
         return None
-    if uid is None and "id" in labels and "crictl" not in installed_clis():
-        return None  # a pod name needs crictl; cAdvisor's id names the cgroup itself
     namespace = _label(labels, "namespace", K8S_NAME, "a namespace")
     info = _resolved(lambda: resolve_pod(namespace, pod, uid))
-    member = _label(labels, "container", K8S_NAME, "a container name")
-    if member is None or member == "POD":
+    # cAdvisor's "POD" (the sandbox) and "" are the pod itself; checked before the name's pattern
+    sandbox = labels.get("container") in ("POD", "")
+    member = None if sandbox else _label(labels, "container", K8S_NAME, "a container name")
+    if member is None:
         return cgroup_target(info.cgroup).model_copy(update={"pod": info})
     chosen = [c for c in info.containers if c.name == member]
     if len(chosen) > 1:

@@ -440,3 +440,46 @@ def test_a_v2_container_s_processes_one_folder_down(v2_kubernetes):
     _write(scope / "cgroup.procs", "299\n")
     assert cgroup_pids(scope) == [299]
     assert cgroup_pids(mount / "no-such-folder") == []
+
+
+def test_a_container_in_a_pod_in_a_container_is_in_the_inner_pod():
+    """kind or a kubelet inside a pod nests pods: a container's pod is the innermost one above it
+    (the review found the outer pod named for the inner container)."""
+    outer, inner = "11111111-2222-3333-4444-555555555555", "66666666-7777-8888-9999-000000000000"
+    a, b = "a" * 64, "b" * 64
+    outer_path = f"/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{outer.replace('-', '_')}.slice"
+    path = (
+        f"{outer_path}/cri-containerd-{a}.scope/kubelet.slice/kubelet-kubepods.slice/"
+        f"kubelet-kubepods-besteffort.slice/kubelet-kubepods-besteffort-pod{inner.replace('-', '_')}.slice/"
+        f"cri-containerd-{b}.scope"
+    )
+    c = parse_container_path(path)
+    assert (c.id, c.pod_uid, c.qos) == (b, inner, "besteffort")
+    c = parse_container_path(f"{outer_path}/cri-containerd-{a}.scope")
+    assert (c.id, c.pod_uid, c.qos) == (a, outer, "burstable")
+    assert parse_pod_path(path) == (inner, "besteffort")
+
+
+def test_podman_names_as_one_string_is_one_name():
+    """podman 1.x writes Names as a string: one name, not its letters."""
+    from memdiag.diagnose.containers import parse_podman_ps
+
+    [row] = parse_podman_ps([{"Id": "a" * 64, "Names": "web"}])
+    assert row.names == ("web",)
+    [row] = parse_podman_ps([{"Id": "a" * 64, "Names": [1, "web"]}])
+    assert row.names == ("web",)
+
+
+def test_odd_runtime_output_is_no_listing(tmp_path):
+    """A CLI writing bytes that are not UTF-8 or JSON nested past the parser's depth lists nothing,
+    and raises nothing (it killed the OOM watch's thread)."""
+    from memdiag.diagnose import containers
+
+    for name, body in (("deep", "[" * 100_000 + "]" * 100_000), ("bytes", None)):
+        exe = tmp_path / name
+        out = "printf '\\377\\376{'" if body is None else f"cat {tmp_path / 'deep.json'}"
+        if body is not None:
+            (tmp_path / "deep.json").write_text(body)
+        exe.write_text(f"#!/bin/sh\n{out}\n")
+        exe.chmod(0o755)
+        assert containers._run_json([str(exe)]) is None
