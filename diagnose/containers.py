@@ -23,7 +23,16 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from .errors import AmbiguousTarget, UnknownTarget, UsageError
 from .facts._parse import read_text
 from .facts.cgroup import cgroup_pids, limit_bytes, memory_hierarchy
-from .facts.container import ContainerCgroup, Runtime, list_containers, list_pods, parse_container_path
+from .facts.container import (
+    CONTAINER_REF,
+    ID_SCHEME,
+    POD_UID,
+    ContainerCgroup,
+    Runtime,
+    list_containers,
+    list_pods,
+    parse_container_path,
+)
 from .facts.process import innermost_pid
 
 MIN_PREFIX = 4
@@ -33,10 +42,7 @@ CLIS = ("podman", "docker", "crictl")
 # A reference: a runtime's id (hex, with an optional `docker://`-style scheme as in Kubernetes'
 # containerStatuses) or a name (Docker's and podman's rule: [a-zA-Z0-9][a-zA-Z0-9_.-]*; Kubernetes
 # names are a subset).
-_SCHEME = re.compile(r"^(?:docker|containerd|cri-o)://")
-_REF = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")
 _HEX = re.compile(r"^[0-9a-f]+$")
-_UID = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$|^[0-9a-f]{32}$")
 
 
 class ContainerInfo(BaseModel):
@@ -364,8 +370,8 @@ def resolve_container(
     one's message lists the running containers (a user's help, not a webhook sender's).
     Raises UnknownTarget / AmbiguousTarget (usage errors) or UsageError, each one line."""
     given = ref
-    ref = _SCHEME.sub("", ref.strip())
-    if not _REF.fullmatch(ref):
+    ref = ID_SCHEME.sub("", ref.strip())
+    if not CONTAINER_REF.fullmatch(ref):
         raise UsageError(f"{said} {given!r}: not a container id or name (letters, digits, '_', '.', '-')")
     base = _hierarchy(mount)
     running = list_containers(base)
@@ -439,7 +445,7 @@ def resolve_pod(
             raise UnknownTarget(f"pod {namespace + '/' if namespace else ''}{pod}: no such pod on this host")
         uid = uids[0]
     uid = uid.replace("_", "-")
-    if not _UID.fullmatch(uid):
+    if not POD_UID.fullmatch(uid):
         raise UsageError(f"pod uid {uid!r}: not a pod uid")
     base = _hierarchy(mount)
     found = [p for p in list_pods(base) if p.uid == uid]

@@ -321,3 +321,19 @@ def read_cgroup_memory(loc: CgroupLocation) -> CgroupMemory:
     if not Path(loc.fs_path).is_dir():
         raise BadCgroup(f"cgroup {loc.path} no longer exists")
     return read_cgroup_v1(loc) if loc.version == 1 else read_cgroup_v2(loc)
+
+
+CGROUP_MAX_DEPTH = 16  # deepest folder walked; real layouts (Kubernetes' systemd slices) stop at 7
+
+
+def cgroup_folders(mount: Path):
+    """(path inside the hierarchy) of every folder under a hierarchy's mount, the root excluded,
+    at most CGROUP_MAX_DEPTH deep: the one walk of the cgroup tree (containers, pods, serve's ids)."""
+    base = str(mount)
+    for dirpath, dirnames, _files in os.walk(base):
+        rel = os.path.relpath(dirpath, base)
+        steps = [] if rel == "." else rel.split(os.sep)
+        if len(steps) >= CGROUP_MAX_DEPTH:
+            dirnames[:] = []
+        if steps:
+            yield "/" + "/".join(steps)

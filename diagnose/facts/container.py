@@ -18,12 +18,13 @@ Pure: reads folder names only, never runs anything."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict
+
+from .cgroup import cgroup_folders
 
 Runtime = Literal["podman", "docker", "containerd", "cri-o", "unknown"]
 
@@ -42,10 +43,15 @@ _BARE = re.compile(rf"^({_ID})$")
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}|[0-9a-f]{32}"
 # systemd driver: `kubepods[-<qos>]-pod<uid with _>.slice`, possibly under a prefix (kind's
 # `kubelet-kubepods-...`), cgroupfs driver: `pod<uid>`.
+# What users and alerts name: a pod uid (dashes or the systemd slice's underscores), a container id
+# or name as Docker and podman accept it, and Kubernetes' `<runtime>://` before an id. One home for
+# the CLI's and serve's checks (use with fullmatch / sub).
+POD_UID = re.compile(_UID)
+CONTAINER_REF = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,252}")
+ID_SCHEME = re.compile(r"^(?:docker|containerd|cri-o)://")
 _POD_SLICE = re.compile(rf"^(?:[a-z0-9_]+-)*kubepods(?:-(burstable|besteffort))?-pod({_UID})\.slice$")
 _POD_DIR = re.compile(rf"^pod({_UID})$")
 _QOS = ("burstable", "besteffort")
-MAX_DEPTH = 16  # deepest folder list_containers looks in; real layouts stop at 7
 
 
 class ContainerCgroup(BaseModel):
@@ -126,7 +132,7 @@ def parse_container_path(path: str) -> ContainerCgroup | None:
 def list_containers(mount: Path) -> list[ContainerCgroup]:
     """Every container whose own folder is in this memory hierarchy folder (a v1 memory mount or
     the v2 root), sorted by path; folders inside a container are not listed again."""
-    found = [c for path in _own_folders(mount) if (c := parse_container_path(path)) is not None and c.path == path]
+    found = [c for path in cgroup_folders(mount) if (c := parse_container_path(path)) is not None and c.path == path]
     return sorted(found, key=lambda c: c.path)
 
 
@@ -149,19 +155,7 @@ def pod_cgroup(path: str) -> PodCgroup | None:
     return PodCgroup(uid=found[1], qos=found[2], path="/" + "/".join(steps[: found[0] + 1]))
 
 
-def _own_folders(mount: Path):
-    """(path inside the hierarchy) of every folder under mount, at most MAX_DEPTH deep."""
-    base = str(mount)
-    for dirpath, dirnames, _files in os.walk(base):
-        rel = os.path.relpath(dirpath, base)
-        steps = [] if rel == "." else rel.split(os.sep)
-        if len(steps) >= MAX_DEPTH:
-            dirnames[:] = []
-        if steps:
-            yield "/" + "/".join(steps)
-
-
 def list_pods(mount: Path) -> list[PodCgroup]:
     """Every Kubernetes pod whose own folder is in this memory hierarchy folder, sorted by path."""
-    pods = [p for path in _own_folders(mount) if (p := pod_cgroup(path)) is not None and p.path == path]
+    pods = [p for path in cgroup_folders(mount) if (p := pod_cgroup(path)) is not None and p.path == path]
     return sorted(pods, key=lambda p: p.path)

@@ -4,27 +4,22 @@ memory hierarchy); it is never used to build a file path or a command."""
 
 from __future__ import annotations
 
-import os
 import re
 from pathlib import Path
 
 from ..containers import resolve_container, resolve_pod
 from ..errors import AmbiguousTarget, UnknownTarget, UsageError
-from ..facts.cgroup import memory_hierarchy
-from ..facts.container import pod_cgroup
+from ..facts.cgroup import cgroup_folders, memory_hierarchy
+from ..facts.container import CONTAINER_REF, ID_SCHEME, POD_UID, pod_cgroup
 from ..facts.process import ProcessGone, read_process
 from ..target import Target, as_largest_process, cgroup_target, pid_target, with_container
 
 PID = re.compile(r"^[1-9][0-9]{0,9}$")
 CONTAINER = re.compile(r"^(?:(?:containerd|cri-o|docker)://)?([0-9a-f]{12,64})$")
 # a UUID (either separator: the systemd driver writes _), or a static pod's 32-hex config hash
-POD_UID = re.compile(r"^[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}$|^[0-9a-f]{32}$")
 K8S_NAME = re.compile(r"^[a-z0-9](?:[a-z0-9.-]{0,251}[a-z0-9])?$")  # DNS-1123: namespaces, pods, containers
-NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,252}$")  # Docker's and podman's container names
-CONTAINER_SCHEME = re.compile(r"^(?:containerd|cri-o|docker)://")
 MIN_LABEL_PREFIX = 12  # a label's short id is the runtimes' 12-digit display form, never shorter
 CGROUP_ID = re.compile(r"^/(?:[A-Za-z0-9_.:@=+-]+/)*[A-Za-z0-9_.:@=+-]*$")
-MAX_DEPTH = 12
 
 
 class BadLabel(ValueError):
@@ -40,19 +35,9 @@ class Ambiguous(BadLabel):
 
 
 def cgroup_dirs() -> list[str]:
-    """Every cgroup of the memory hierarchy, as paths inside it (/kubepods/pod.../abc)."""
+    """Every cgroup of the memory hierarchy, as paths inside it (/kubepods/pod.../abc), the root first."""
     found = memory_hierarchy()
-    if found is None:
-        return []
-    base = Path(found[1].mount_point)
-    out = []
-    for dirpath, dirnames, _files in os.walk(base):
-        depth = len(Path(dirpath).relative_to(base).parts)
-        if depth >= MAX_DEPTH:
-            dirnames[:] = []
-        rel = "/" + Path(dirpath).relative_to(base).as_posix()
-        out.append("/" if rel == "/." else rel)
-    return out
+    return ["/", *cgroup_folders(Path(found[1].mount_point))] if found is not None else []
 
 
 def _cgroup_path_ok(value: str) -> bool:
@@ -118,7 +103,7 @@ def _pod_target(labels: dict[str, str]) -> Target | None:
 
 def container_by_ref(ref: str) -> Target:
     """POST /diagnose's `container`: a full id, a 12-digit or longer id prefix, or a name."""
-    if not NAME.fullmatch(CONTAINER_SCHEME.sub("", ref)):
+    if not CONTAINER_REF.fullmatch(ID_SCHEME.sub("", ref)):
         raise BadLabel("container: not a container id or name (letters, digits, '_', '.', '-')")
     return as_largest_process(_container_target(ref, "container"))
 
@@ -154,7 +139,7 @@ def _cgroup_target(labels: dict[str, str]) -> Target:
     if pod is not None:
         return pod
     if "name" in labels:
-        name = _label(labels, "name", NAME, "a container name") or ""
+        name = _label(labels, "name", CONTAINER_REF, "a container name") or ""
         return _container_target(name, "label name")
     raise BadLabel("no label names a target: give pid, container_id, uid, namespace and pod, id or name")
 
