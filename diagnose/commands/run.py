@@ -12,7 +12,6 @@ from pathlib import Path
 from memdiag.probes.base import INTERRUPTION, phase
 from memdiag.rules.loader import RuleFileError
 
-from ..containers import container_of_cgroup
 from ..errors import MemdiagError, PermissionNeeded, SignalInterrupted, UsageError
 from ..options import DURATION, INTERVAL, MILLISECONDS, PERCENT, PID, add_playbook_option
 from ..outfiles import ReportFolder, open_report_folder
@@ -20,7 +19,7 @@ from ..progress import Progress
 from ..render import render_all
 from ..render.text import plain
 from ..report import Interrupted
-from ..target import Target, cgroup_target, container_target, pid_target, system_target
+from ..target import Target, cgroup_target, container_target, pid_target, system_target, with_container
 from ..workflow import DEFAULT_BUDGET_PERCENT, DEFAULT_MAX_PAUSE_MS, diagnose, load_book
 
 NICENESS = 10
@@ -90,9 +89,7 @@ def _target(args: argparse.Namespace) -> Target:
             raise PermissionNeeded(f"cannot read {smaps}: permission denied; {hint}") from None
         except FileNotFoundError:
             pass  # kernels before 4.14 have no smaps_rollup; status still gives RSS
-        if target.cgroup is not None:  # a process in a container: the report names the container too
-            target = target.model_copy(update={"container": container_of_cgroup(target.cgroup.path)})
-        return target
+        return with_container(target)  # a process in a container: the report names the container too
     if args.cgroup is not None:
         return cgroup_target(args.cgroup)
     if args.container is not None:
