@@ -179,7 +179,11 @@ def _container_lines(report: Report) -> list[str]:
     holder = c if c is not None else pod
     if holder is not None:
         limit = fmt_bytes(holder.limit_bytes) if holder.limit_bytes is not None else "none"
-        kills = next((r.last for r in report.counters.rows if r.scope == "cgroup" and r.name == "oom_kill"), None)
+        # the counters are those of the target's own cgroup: beside another cgroup's path (a pod's, its
+        # largest process being in one of its containers) they would be untrue
+        own = report.target.cgroup == holder.cgroup
+        rows = report.counters.rows if own else []
+        kills = next((r.last for r in rows if r.scope == "cgroup" and r.name == "oom_kill"), None)
         killed = f", OOM kills {fmt_number(kills)} (the cgroup's counter)" if kills is not None else ""
         whose = "Container" if c is not None else "Pod"
         lines += [f"- {whose} memory: limit {limit}{killed}, cgroup {code(holder.cgroup)}"]
