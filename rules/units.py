@@ -1,5 +1,6 @@
 """Quantities in rule files: sizes (64MiB), rates (1000/s, 1MiB/s), percentages (5%), durations
-(30s, 5m), plain numbers, strings and booleans. Each literal carries the kind of its unit so a
+(30s, 5min), plain numbers, strings and booleans. A bare `m` is refused: it read as mebibytes where
+the rule docs promised minutes (`5m`), so a rule says `5min` or `5MiB`. Each literal carries the kind of its unit so a
 comparison of a size with a percentage is refused when the rule file is loaded."""
 
 from __future__ import annotations
@@ -16,7 +17,6 @@ _SIZE = {
     "k": 1 << 10,
     "mb": 1000**2,
     "mib": 1 << 20,
-    "m": 1 << 20,
     "gb": 1000**3,
     "gib": 1 << 30,
     "g": 1 << 30,
@@ -24,7 +24,7 @@ _SIZE = {
     "tib": 1 << 40,
     "t": 1 << 40,
 }
-_TIME = {"ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
+_TIME = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
 _NUMBER = r"[-+]?\d+(?:\.\d+)?"
 _RE = re.compile(rf"^\s*({_NUMBER})\s*([a-zA-Z%]*)\s*(/\s*(?:s|sec|second|m|min|minute|h|hour))?\s*$")
 _PER = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
@@ -54,6 +54,9 @@ def parse_quantity(value: object) -> tuple[float | str | bool, Kind]:
         return value, "string"
     number, unit, per = float(m.group(1)), m.group(2).lower(), m.group(3)
     divisor = _PER[per.strip("/ ").lower()] if per else None
+    if unit == "m":
+        n = m.group(1)
+        raise ValueError(f"{value!r}: 'm' is ambiguous: write {n}min for a duration or {n}MiB for a size")
     if unit == "%":
         if per:
             raise ValueError(f"{value!r}: a percentage per time is not a unit memdiag knows")
@@ -67,7 +70,7 @@ def parse_quantity(value: object) -> tuple[float | str | bool, Kind]:
         return number * _TIME[unit], "seconds"
     if unit == "":
         return number, "number"
-    raise ValueError(f"{value!r}: unknown unit {unit!r} (sizes: B KiB MiB GiB; rates: /s; %; durations: s m h)")
+    raise ValueError(f"{value!r}: unknown unit {unit!r} (sizes: B KiB MiB GiB; rates: /s; %; durations: ms s min h d)")
 
 
 def format_quantity(value: object, kind: Kind) -> str:

@@ -28,11 +28,19 @@ def test_quantities():
     assert parse_quantity("60MiB/min") == (MiB, "bytes_per_s")
     assert parse_quantity("1000/s") == (1000, "per_s")
     assert parse_quantity("5%") == (5, "percent")
-    assert parse_quantity("2m") == (2 * MiB, "bytes")  # m alone is a size, as in free -m
+    assert parse_quantity("5min") == (300, "seconds")
+    for ambiguous in ("2m", "2M", "2m/s"):  # it was 2 MiB where the rule docs promised minutes
+        with pytest.raises(ValueError, match="'m' is ambiguous: write 2min for a duration or 2MiB for a size"):
+            parse_quantity(ambiguous)
     assert parse_quantity("30s") == (30, "seconds")
     assert parse_quantity("climbing") == ("climbing", "string")
     with pytest.raises(ValueError, match="unknown unit"):
         parse_quantity("5parsecs")
+
+
+def test_an_ambiguous_m_in_a_rule_file_is_refused_with_its_line(tmp_path):
+    errs = _errors(tmp_path, "rules:\n  - id: f\n    when: process.rss_growth > 5m\n    then: {finding: x}\n")
+    assert len(errs) == 1 and ":3:" in errs[0] and "write 5min for a duration or 5MiB for a size" in errs[0], errs
 
 
 def test_shipped_playbook_loads_with_sources():
