@@ -137,28 +137,6 @@ def perf_events(proc_root: Path = Path("/proc")) -> Availability:
     return Availability(available=False, reason="perf events not compiled into this kernel (CONFIG_PERF_EVENTS)")
 
 
-@functools.lru_cache(maxsize=1)
-def fentry() -> Availability:
-    """fentry needs BTF and BPF trampolines. Config and symbols can say yes while the kernel still
-    refuses (lockdown, ftrace disabled: seen on 6.18 here, EPERM), so load a tiny program to know."""
-    if not Path("/sys/kernel/btf/vmlinux").exists():
-        return Availability(
-            available=False, reason="fentry unavailable: the kernel has no BTF (/sys/kernel/btf/vmlinux)"
-        )
-    if platform.machine() not in ("x86_64", "aarch64"):
-        return Availability(available=False, reason=f"fentry unavailable: no BPF trampolines on {platform.machine()}")
-    ready = prepare_bcc_environment()
-    if not ready.available:
-        return Availability(available=False, reason=f"fentry not checked: {ready.reason}")
-    from bcc import BPF
-
-    try:
-        BPF(text="KFUNC_PROBE(do_nanosleep) { return 0; }").cleanup()
-    except Exception as e:  # bcc raises bare Exception on a refused load
-        return Availability(available=False, reason=f"fentry unavailable: the kernel refused an fentry program ({e})")
-    return Availability(available=True, reason="fentry program loaded")
-
-
 # Syscall numbers the raw-syscall probes filter on, by architecture (arch/*/entry/syscalls).
 SYSCALLS = {
     "x86_64": {"NR_BRK": 12, "NR_MMAP": 9, "NR_MUNMAP": 11},

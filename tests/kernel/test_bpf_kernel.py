@@ -77,17 +77,18 @@ def test_perf_event_software_page_faults(root_required, bcc_ready, workload):
         b.cleanup()
 
 
-def test_detects_missing_kprobes_with_reason():
+def test_kprobe_detection_follows_what_this_kernel_offers():
+    """Whatever the kernel: its own config says whether kprobes are built in, and the detection
+    agrees (this project's 6.18 kernel has CONFIG_KPROBES unset: the reason must name it)."""
+    import gzip
+
+    config = gzip.decompress(Path("/proc/config.gz").read_bytes()).decode()
     k = kernel.kprobes()
-    assert not k.available
-    assert "kprobes not compiled into this kernel" in k.reason
-    assert "CONFIG_KPROBES is not set" in k.reason
-
-
-def test_detects_refused_fentry_with_reason(root_required):
-    f = kernel.fentry()
-    assert not f.available
-    assert f.reason.startswith("fentry unavailable")
+    if "CONFIG_KPROBES=y" in config.splitlines():
+        assert k.available, k.reason
+    else:
+        assert "# CONFIG_KPROBES is not set" in config
+        assert not k.available and k.reason == "kprobes not compiled into this kernel (CONFIG_KPROBES is not set)"
 
 
 def test_kprobe_detection_on_a_kernel_that_has_them(tmp_path):
