@@ -1,5 +1,5 @@
-"""What this kernel offers BPF: tracepoints, uprobes and perf events attach for real; kprobes and
-fentry are detected as missing with their reason (this 6.18 kernel has neither)."""
+"""What this kernel offers BPF: tracepoints, uprobes and perf events attach for real; kprobes are
+detected as the kernel's own config says (with the reason when they are missing)."""
 
 import time
 from pathlib import Path
