@@ -491,14 +491,7 @@ def triage(obs: Observation, counters: Counters) -> Triage:
     # --- candidate verdicts: the playbook decides which applies; the code only describes ------
     candidates: dict[str, Verdict] = {}
     if oom is not None:
-        candidates["oom"] = oom
-        next_steps.insert(0, "keep an OOM watch running (oomkill probe) to catch the next kill with its trigger stack")
-        if oom.culprit.cgroup:
-            next_steps.insert(
-                1,
-                "compare the cgroup limit with the workload's real peak; look at what grows "
-                "inside it (faults / memleak probes on the restarted process)",
-            )
+        candidates["oom"] = oom  # its advice is the playbook's (oom-kill): an OOM report said each step twice
     if pressure_reasons:
         culprits = _pressure_culprits(counters)
         # PSI, swap-in, direct reclaim and MemAvailable are the host's figures; only a cgroup at its
