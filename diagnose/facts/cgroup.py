@@ -241,10 +241,6 @@ def cgroup_pids(fs: Path) -> list[int]:
     return sorted({pid for procs in below for pid in _pids_in(procs.parent)})
 
 
-def _procs(fs: Path) -> list[int]:
-    return cgroup_pids(fs)
-
-
 def _v2_effective_limit(fs: Path, mount_point: Path) -> int | None:
     limits = []
     node = fs
@@ -279,7 +275,7 @@ def read_cgroup_v2(loc: CgroupLocation) -> CgroupMemory:
         events_local=_int_map(read_text(fs / "memory.events.local")),
         stat=_int_map(read_text(fs / "memory.stat")),
         pressure=read_psi_file(fs / "memory.pressure"),
-        procs=_procs(fs),
+        procs=cgroup_pids(fs),
     )
 
 
@@ -313,7 +309,7 @@ def read_cgroup_v1(loc: CgroupLocation) -> CgroupMemory:
         oom_kill_disable=bool(oom_control["oom_kill_disable"]) if "oom_kill_disable" in oom_control else None,
         stat=stat,
         pressure=None,  # v1 has no per-cgroup PSI file
-        procs=_procs(fs),
+        procs=cgroup_pids(fs),
     )
 
 
