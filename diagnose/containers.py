@@ -18,12 +18,9 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, ValidationError
-
-from .errors import AmbiguousTarget, UnknownTarget, UsageError
-from .facts._parse import read_text
-from .facts.cgroup import cgroup_pids, limit_bytes, memory_hierarchy
-from .facts.container import (
+from memdiag.system._parse import read_text
+from memdiag.system.cgroup import cgroup_pids, limit_bytes, memory_hierarchy
+from memdiag.system.container import (
     CONTAINER_REF,
     ID_SCHEME,
     POD_UID,
@@ -33,7 +30,10 @@ from .facts.container import (
     list_pods,
     parse_container_path,
 )
-from .facts.process import innermost_pid
+from memdiag.system.process import innermost_pid
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from .errors import AmbiguousTarget, UnknownTarget, UsageError
 
 MIN_PREFIX = 4
 MAX_LISTED = 5

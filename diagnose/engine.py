@@ -21,20 +21,20 @@ from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkil
 from memdiag.probes.base import INTERRUPTION, ProbeResult, ProbeTarget, interrupted, phase
 from memdiag.rules.engine import Outcome, render, run_rules
 from memdiag.rules.model import FrameClass, Rule
+from memdiag.system.kmsg import read_oom_kills
+from memdiag.system.process import cpu_seconds
+from memdiag.system.runtime import read_runtime
+from memdiag.system.units import fmt_duration
 from pydantic import BaseModel
 
 from .culprit import Classes, default_classes
 from .evidence import build_counters
-from .facts.kmsg import read_oom_kills
-from .facts.process import cpu_seconds
-from .facts.runtime import read_runtime
 from .factset import counter_facts, probe_facts, target_facts
 from .observe import Observation, observe
 from .report import Counters, Culprit, Interrupted, TrailItem, Verdict
 from .snapshot import Snapshot
 from .target import Target
 from .triage import Triage, triage
-from .units import fmt_duration
 
 PROBE_ORDER = ("faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop")
 FIRST_LOOK_SHARE = 0.3
@@ -416,7 +416,9 @@ class Engine:
             missing.append("any probe the rules would have asked for later")
         at = (INTERRUPTION.at - self.started) if INTERRUPTION.at is not None else self.elapsed()
         return Interrupted(
-            signal=INTERRUPTION.signal_name, phase=INTERRUPTION.phase or "unknown", at_s=round(at, 2),
+            signal=INTERRUPTION.signal_name,
+            phase=INTERRUPTION.phase or "unknown",
+            at_s=round(at, 2),
             not_gathered=missing,
         )
 

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from .facts.cgroup import memcg_matches
-from .facts.kmsg import OomKill
+from memdiag.system.cgroup import memcg_matches
+from memdiag.system.kmsg import OomKill
+
 from .observe import Observation
 from .report import CounterRow, Counters, ProcessRow, SlabGrowth
 from .trends import Trend, counter_rate, growth_trend

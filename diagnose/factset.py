@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import shlex
 
+from memdiag.system.runtime import Runtime
+
 from .culprit import Classes, default_classes
 from .evidence import psi_stall_percent, window_seconds
-from .facts.runtime import Runtime
 from .leakcache import classify
 from .observe import Observation
 from .report import Counters

@@ -15,10 +15,10 @@ from __future__ import annotations
 
 from typing import Literal
 
+from memdiag.system.units import fmt_duration
 from pydantic import BaseModel
 
 from .trends import growth_trend
-from .units import fmt_duration
 
 Shape = Literal["leak", "cache", "growth", "none"]
 LEAK_MAX_FREE_RATIO = 0.5

@@ -8,13 +8,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from memdiag.system.kmsg import OomKill, read_oom_kills
+from memdiag.system.process import ProcessMemory
+from memdiag.system.processes import read_all_processes
+from memdiag.system.slab import SlabCache, read_slabinfo
+from memdiag.system.swaps import SwapDevice, read_swaps
 from pydantic import BaseModel, ConfigDict
 
-from .facts.kmsg import OomKill, read_oom_kills
-from .facts.process import ProcessMemory
-from .facts.processes import read_all_processes
-from .facts.slab import SlabCache, read_slabinfo
-from .facts.swaps import SwapDevice, read_swaps
 from .snapshot import Snapshot, TargetExited, take_snapshot
 from .target import Target
 

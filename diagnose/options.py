@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from .units import parse_size
+from memdiag.system.units import parse_size
 
 
 def _shown(x: float) -> str:

@@ -6,9 +6,10 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from memdiag.system.units import fmt_bytes, fmt_duration
+
 from .render.text import plain
 from .snapshot import Snapshot
-from .units import fmt_bytes, fmt_duration
 
 
 class Progress:

@@ -6,10 +6,10 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from memdiag.probes.reach import StackReach
+from memdiag.system.kmsg import OomKill
 from pydantic import BaseModel, ConfigDict, Field
 
 from .containers import ContainerInfo, PodInfo
-from .facts.kmsg import OomKill
 from .trends import Trend
 
 VerdictKind = Literal["leak", "cache", "growth", "pressure", "oom", "healthy", "inconclusive"]

@@ -5,13 +5,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from memdiag.system.cgroup import BadCgroup, CgroupMemory, read_cgroup_memory
+from memdiag.system.meminfo import MemInfo, read_meminfo
+from memdiag.system.process import ProcessGone, ProcessMemory, read_process
+from memdiag.system.psi import Psi, read_memory_pressure
+from memdiag.system.vmstat import VmStat, read_vmstat
 from pydantic import BaseModel, ConfigDict
 
-from .facts.cgroup import BadCgroup, CgroupMemory, read_cgroup_memory
-from .facts.meminfo import MemInfo, read_meminfo
-from .facts.process import ProcessGone, ProcessMemory, read_process
-from .facts.psi import Psi, read_memory_pressure
-from .facts.vmstat import VmStat, read_vmstat
 from .target import Target
 
 

@@ -6,13 +6,13 @@ import os
 from pathlib import Path
 from typing import Literal
 
+from memdiag.system.cgroup import BadCgroup, CgroupLocation, cgroup_pids, locate_memory_cgroup, resolve_cgroup
+from memdiag.system.process import ProcessGone, read_process
+from memdiag.system.processes import read_all_processes
 from pydantic import BaseModel, ConfigDict
 
 from .containers import ContainerInfo, PodInfo, container_of_cgroup, resolve_container
 from .errors import UsageError
-from .facts.cgroup import BadCgroup, CgroupLocation, cgroup_pids, locate_memory_cgroup, resolve_cgroup
-from .facts.process import ProcessGone, read_process
-from .facts.processes import read_all_processes
 
 
 class Target(BaseModel):

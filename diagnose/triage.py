@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import time
 
+from memdiag.system.kmsg import OomKill
+from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
+
 from .evidence import psi_stall_percent, window_seconds
-from .facts.kmsg import OomKill
 from .observe import Observation
 from .report import Counters, Culprit, Finding, ProcessRow, Verdict
 from .trends import Trend, counter_rate
-from .units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 
 # Documented thresholds (general, not tuned to any workload):
 PSI_SOME_PERCENT = 10.0  # tasks stalled on memory >10% of the window: the stall is felt

@@ -9,6 +9,7 @@ from pathlib import Path
 from memdiag.probes.base import ProbeResult
 from memdiag.rules.loader import load_playbook, playbook_paths
 from memdiag.rules.model import Playbook, Rule
+from memdiag.system.units import fmt_number
 
 from .culprit import Classes, shipped_wrappers
 from .engine import PROBE_ORDER, BudgetDecision, Engine
@@ -16,7 +17,6 @@ from .factset import probe_figures
 from .report import Finding, Overhead, ProbeStatus, Report, StackReport, TargetInfo, Window
 from .snapshot import Snapshot
 from .target import Target
-from .units import fmt_number
 
 DEFAULT_BUDGET_PERCENT = 2.0
 # The longest one stop of the target for the reachability scan, whatever the budget: a budget is a
@@ -250,8 +250,9 @@ def _overhead(
     return Overhead(
         budget_percent=budget,
         estimated_percent=d.estimated_percent if d else None,
-        estimate_of=None if d is None else ("allocation tracing" if d.choice == "full" else
-                                            "allocation tracing, not attached"),
+        estimate_of=None
+        if d is None
+        else ("allocation tracing" if d.choice == "full" else "allocation tracing, not attached"),
         measured_percent=sum(rows) if rows else None,
         tracing_probes_percent=pct(tracing.probes_ns) if tracing else None,
         tracing_cpu_percent=pct(tracing.cpu_ns) if tracing else None,

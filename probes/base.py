@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Literal
 
-from memdiag.diagnose.facts.cgroup import cgroup_pids
+from memdiag.system.cgroup import cgroup_pids
 from pydantic import BaseModel, ConfigDict
 
 from . import bpfsys as sys_

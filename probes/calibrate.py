@@ -112,8 +112,13 @@ def _traps(libc, malloc: Placement, free: Placement) -> tuple[float, float, floa
         base = _best(libc)
         cost = {}
         for slot, (emulated, (p, off)) in enumerate(sites.items()):
-            bpf.attach_uprobe(name=p.module.encode(), sym=p.function.encode(), sym_off=off,
-                              fn_name=f"count_site_{slot}".encode(), pid=pid)
+            bpf.attach_uprobe(
+                name=p.module.encode(),
+                sym=p.function.encode(),
+                sym_off=off,
+                fn_name=f"count_site_{slot}".encode(),
+                pid=pid,
+            )
             cost[emulated] = _best(libc) - base
             bpf.detach_all()
         # a return probe: malloc+0 with and without its return probe (memleak's entry probe on a

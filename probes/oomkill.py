@@ -17,15 +17,15 @@ import threading
 import time
 from collections.abc import Callable
 
-from memdiag.diagnose.facts.cgroup import (
+from memdiag.system.cgroup import (
     BadCgroup,
     locate_memory_cgroup,
     memcg_matches,
     read_cgroup_memory,
     resolve_cgroup,
 )
-from memdiag.diagnose.facts.kmsg import OomKill, read_oom_kills
-from memdiag.diagnose.facts.meminfo import read_meminfo
+from memdiag.system.kmsg import OomKill, read_oom_kills
+from memdiag.system.meminfo import read_meminfo
 from pydantic import BaseModel
 
 from . import btf, kernel

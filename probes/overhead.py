@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from memdiag.diagnose.facts.process import cpu_seconds
+from memdiag.system.process import cpu_seconds
 from pydantic import BaseModel
 
 from .allocator import BPF_FUNCTION, Placement

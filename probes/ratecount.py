@@ -165,6 +165,4 @@ def _count(
         for p, a, b, o in zip(sites, n0, n, observed, strict=True)
     ]
     paid = sum(t * trap_ns.get(p.function, 0.0) for t, p in zip(total, sites, strict=True))
-    return Rates(
-        allocator=alloc.name, counts=counts, cost_ns=paid, hits=sum(total), probes_s=time.monotonic() - placed
-    )
+    return Rates(allocator=alloc.name, counts=counts, cost_ns=paid, hits=sum(total), probes_s=time.monotonic() - placed)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import threading
 
-from memdiag.diagnose.facts.cgroup import locate_memory_cgroup
-from memdiag.diagnose.facts.swaps import SwapDevice, read_swaps
+from memdiag.system.cgroup import locate_memory_cgroup
+from memdiag.system.swaps import SwapDevice, read_swaps
 from pydantic import BaseModel
 
 from . import bpfsys, kernel

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .units import Kind
+from memdiag.system.units import Kind
 
 
 @dataclass(frozen=True)

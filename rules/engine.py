@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from typing import Literal
 
+from memdiag.system.units import format_quantity
 from pydantic import BaseModel, ConfigDict
 
 from .catalog import FACTS
 from .model import AllOf, AnyOf, Comparison, Condition, NotOf, Present, Rule, template_facts
-from .units import format_quantity
 
 State = Literal["fired", "not-fired", "skipped", "error"]
 

@@ -22,10 +22,10 @@ import difflib
 import re
 from typing import Literal
 
+from memdiag.system.units import KIND_NAMES, Kind, parse_quantity
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from .catalog import FACTS
-from .units import KIND_NAMES, Kind, parse_quantity
 
 PROBE_NAMES = ("faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop")
 VERDICT_KINDS = ("leak", "cache", "growth", "pressure", "oom", "healthy", "inconclusive")

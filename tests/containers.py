@@ -249,4 +249,3 @@ def leftovers(prefix: str = "memdiag-test-") -> tuple[list[str], list[str]]:
     names = podman("ps", "--all", "--format", "{{.Names}}", check=False).stdout.split()
     tags = podman("images", "--format", "{{.Repository}}", check=False).stdout.split()
     return [n for n in names if n.startswith(prefix)], [t for t in tags if prefix in t]
-

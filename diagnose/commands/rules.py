@@ -14,7 +14,7 @@ from pathlib import Path
 from memdiag.rules.catalog import FACTS
 from memdiag.rules.loader import RuleFileError, load_playbook, named_paths, playbook_paths
 from memdiag.rules.source import untrusted_reason
-from memdiag.rules.units import KIND_NAMES
+from memdiag.system.units import KIND_NAMES
 
 from ..errors import UsageError
 from ..render.text import plain

@@ -51,13 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="incidents database and reports (default /var/lib/memdiag/serve)",
     )
-    parser.add_argument(
-        "--duration", type=_DURATION, default=30.0, metavar="S", help="window of each diagnosis"
-    )
+    parser.add_argument("--duration", type=_DURATION, default=30.0, metavar="S", help="window of each diagnosis")
     parser.add_argument("--budget", type=PERCENT, default=DEFAULT_BUDGET_PERCENT, metavar="PERCENT")
-    parser.add_argument(
-        "--queue", type=_QUEUE, default=16, metavar="N", help="diagnoses waiting at most (429 beyond)"
-    )
+    parser.add_argument("--queue", type=_QUEUE, default=16, metavar="N", help="diagnoses waiting at most (429 beyond)")
     parser.add_argument(
         "--grafana-secret-file",
         type=Path,

@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 
 from memdiag.rules.catalog import FACTS
-from memdiag.rules.units import format_quantity
+from memdiag.system.meminfo import MEMINFO_KEYS
+from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate, format_quantity
 
-from ..facts.meminfo import MEMINFO_KEYS
 from ..report import CounterRow, Report
-from ..units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 from .sparkline import sparkline
 from .text import code, flattened, prose
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 import time
 
 from memdiag.probes.base import ProbeResult
+from memdiag.system.units import fmt_bytes, fmt_duration
 
-from ..units import fmt_bytes, fmt_duration
 from .text import flattened
 
 

@@ -18,12 +18,12 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memdiag.probes.oomkill import OomEvent, OomWatch
+from memdiag.system.cgroup import memory_hierarchy
+from memdiag.system.container import list_containers, parse_container_path, parse_pod_path
+from memdiag.system.units import fmt_bytes
 
 from ..containers import ContainerInfo, container_of_cgroup
 from ..errors import UsageError
-from ..facts.cgroup import memory_hierarchy
-from ..facts.container import list_containers, parse_container_path, parse_pod_path
-from ..units import fmt_bytes
 
 FORGET_AFTER_S = 600.0  # a container gone from the cgroup tree this long is no longer remembered
 MAX_KNOWN = 4096

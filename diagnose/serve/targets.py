@@ -7,11 +7,12 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from memdiag.system.cgroup import cgroup_folders, memory_hierarchy
+from memdiag.system.container import CONTAINER_REF, ID_SCHEME, POD_UID, pod_cgroup
+from memdiag.system.process import ProcessGone, read_process
+
 from ..containers import resolve_container, resolve_pod
 from ..errors import AmbiguousTarget, UnknownTarget, UsageError
-from ..facts.cgroup import cgroup_folders, memory_hierarchy
-from ..facts.container import CONTAINER_REF, ID_SCHEME, POD_UID, pod_cgroup
-from ..facts.process import ProcessGone, read_process
 from ..target import Target, as_largest_process, cgroup_target, pid_target, with_container
 
 PID = re.compile(r"^[1-9][0-9]{0,9}$")

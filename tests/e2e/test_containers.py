@@ -50,7 +50,6 @@ def test_the_kit_removes_its_image_and_containers(root_required):
     assert c.name not in names and image.tag.split(":")[0] not in tags
 
 
-
 # --- a leak in a container, named by the container -------------------------------------------------
 
 
@@ -95,7 +94,6 @@ def test_a_leak_in_a_container_named_by_a_short_id(podman_container, memdiag, tm
     assert rep["target"]["container"]["id"] == c.id and rep["target"]["container"]["host_pid"] == c.pid
     assert f"- Container: **{c.name}**, id `{c.short_id}`" in md and "limit 128 MiB" in md
     assert f"PID {c.pid} (leak), PID 1 in the container" in md  # the workload is the container's init
-
 
 
 def test_a_containerized_pid_is_symbolized_from_the_containers_file_not_the_hosts_same_path(

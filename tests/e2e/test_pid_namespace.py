@@ -12,9 +12,9 @@ import subprocess
 import time
 
 from kit import MEMDIAG, build
-from memdiag.diagnose.facts.kmsg import read_oom_kills
 from memdiag.diagnose.serve.oomwatch import describe
 from memdiag.probes.oomkill import OomEvent
+from memdiag.system.kmsg import read_oom_kills
 
 MiB = 1 << 20
 

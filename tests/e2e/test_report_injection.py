@@ -73,8 +73,8 @@ def test_hostile_command_line_and_comm_stay_text(memdiag, root_required, tmp_pat
 
     tokens = MarkdownIt("commonmark", {"html": True}).enable("table").parse(md)
     headings = [(t.tag, tokens[i + 1].content) for i, t in enumerate(tokens) if t.type == "heading_open"]
-    assert [h for h in headings if h[0] == "h1"] == [(
-        "h1", f"memdiag: {rep['verdict']['kind']} — PID {target.pid} (ok\\n# c|\\<i>\\`x)")
+    assert [h for h in headings if h[0] == "h1"] == [
+        ("h1", f"memdiag: {rep['verdict']['kind']} — PID {target.pid} (ok\\n# c|\\<i>\\`x)")
     ], headings
     assert not [h for h in headings if "Verdict" in h[1] or "c|" in h[1] and h[0] != "h1"], headings
     assert not [t for t in tokens if t.type in ("html_block", "html_inline")]

@@ -3,14 +3,14 @@
 import time
 
 import psutil
-from memdiag.diagnose.facts.cgroup import locate_memory_cgroup, read_cgroup_memory, resolve_cgroup
-from memdiag.diagnose.facts.kmsg import read_oom_kills
-from memdiag.diagnose.facts.meminfo import read_meminfo
-from memdiag.diagnose.facts.process import read_process
-from memdiag.diagnose.facts.psi import read_memory_pressure
-from memdiag.diagnose.facts.slab import read_slabinfo
-from memdiag.diagnose.facts.swaps import read_swaps
-from memdiag.diagnose.facts.vmstat import read_vmstat
+from memdiag.system.cgroup import locate_memory_cgroup, read_cgroup_memory, resolve_cgroup
+from memdiag.system.kmsg import read_oom_kills
+from memdiag.system.meminfo import read_meminfo
+from memdiag.system.process import read_process
+from memdiag.system.psi import read_memory_pressure
+from memdiag.system.slab import read_slabinfo
+from memdiag.system.swaps import read_swaps
+from memdiag.system.vmstat import read_vmstat
 
 MiB = 1 << 20
 

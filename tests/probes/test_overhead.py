@@ -7,11 +7,11 @@ import time
 
 import pytest
 from kit import BenchAlloc
-from memdiag.diagnose.facts.process import cpu_seconds
 from memdiag.probes import memleak
 from memdiag.probes.allocator import find_allocator
 from memdiag.probes.base import ProbeTarget
 from memdiag.probes.calibrate import host_costs
+from memdiag.system.process import cpu_seconds
 
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
 

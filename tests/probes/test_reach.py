@@ -111,8 +111,10 @@ def test_pointers_rewritten_in_a_tight_loop_are_never_leaked(workload, attempt):
     s = _stack(r, "add_node")
     assert s.reach.leaked_count == 0
     assert s.reach.anchored_count == s.outstanding_count > 100
-    # held from the lists' heads (shuffle's .bss), or through nodes allocated before memleak attached
-    assert s.reach.anchor_kind in ("static", "untracked"), s.reach
+    # Which root is credited depends on the instant of the stop: the lists' heads (.bss), nodes
+    # allocated before memleak attached (untracked), or a register or local that points into a
+    # run of nodes behind an untracked one (free_oldest walks the lists with interior pointers).
+    assert s.reach.anchor is not None and s.reach.anchor_bytes > 0, s.reach
 
 
 def test_a_one_gib_target_is_priced_skipped_over_budget_and_measured_when_allowed(workload):

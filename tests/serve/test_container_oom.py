@@ -22,9 +22,7 @@ MiB = 1 << 20
 def kill_incident(srv, host_pid: int, timeout: float = 30) -> dict:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        found = [
-            i for i in srv.incidents() if i["source"] == "oomwatch" and i["alert"]["victim_host_pid"] == host_pid
-        ]
+        found = [i for i in srv.incidents() if i["source"] == "oomwatch" and i["alert"]["victim_host_pid"] == host_pid]
         if found:
             (incident,) = found
             return incident

@@ -5,7 +5,7 @@ documented file formats (Documentation/admin-guide/cgroup-v2.rst)."""
 from pathlib import Path
 
 import pytest
-from memdiag.diagnose.facts.cgroup import (
+from memdiag.system.cgroup import (
     BadCgroup,
     locate_memory_cgroup,
     read_cgroup_memory,

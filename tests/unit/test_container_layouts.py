@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from memdiag.diagnose.containers import container_of_cgroup, resolve_container, resolve_pod
 from memdiag.diagnose.errors import AmbiguousTarget, UnknownTarget, UsageError
-from memdiag.diagnose.facts.container import (
+from memdiag.system.container import (
     list_containers,
     list_pods,
     parse_container_path,
     parse_pod_path,
 )
-from memdiag.diagnose.facts.process import parse_process
+from memdiag.system.process import parse_process
 
 A = "a1" * 32  # 64 hex digits: a container id
 B = "a1a1" + "b2" * 30  # shares its first 4 digits with A
@@ -431,7 +431,7 @@ def test_runtime_cli_listings():
 def test_a_v2_container_s_processes_one_folder_down(v2_kubernetes):
     """cgroup v2 keeps a scope that delegates to a leaf free of processes: the container's are the
     leaf's. A folder with processes of its own is read alone (v1, and v2 leaves)."""
-    from memdiag.diagnose.facts.cgroup import cgroup_pids
+    from memdiag.system.cgroup import cgroup_pids
 
     mount, _, pod, _ = v2_kubernetes
     scope = mount / pod.lstrip("/") / f"cri-containerd-{A}.scope"

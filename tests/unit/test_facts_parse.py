@@ -1,12 +1,12 @@
 """Fact parsers on fixture text in the kernel's documented formats (no kernel needed)."""
 
-from memdiag.diagnose.facts.kmsg import parse_kmsg_line, parse_kmsg_records
-from memdiag.diagnose.facts.meminfo import parse_meminfo
-from memdiag.diagnose.facts.process import parse_process
-from memdiag.diagnose.facts.psi import parse_psi, read_psi_file
-from memdiag.diagnose.facts.slab import PAGE_SIZE, parse_slabinfo
-from memdiag.diagnose.facts.swaps import parse_swaps
-from memdiag.diagnose.facts.vmstat import parse_vmstat
+from memdiag.system.kmsg import parse_kmsg_line, parse_kmsg_records
+from memdiag.system.meminfo import parse_meminfo
+from memdiag.system.process import parse_process
+from memdiag.system.psi import parse_psi, read_psi_file
+from memdiag.system.slab import PAGE_SIZE, parse_slabinfo
+from memdiag.system.swaps import parse_swaps
+from memdiag.system.vmstat import parse_vmstat
 
 MEMINFO = """MemTotal:       24576000 kB
 MemFree:         1000000 kB

@@ -10,12 +10,6 @@ import re
 
 from figures import check_figures
 from memdiag.diagnose.evidence import build_counters
-from memdiag.diagnose.facts.cgroup import CgroupLocation, CgroupMemory
-from memdiag.diagnose.facts.kmsg import OomKill
-from memdiag.diagnose.facts.meminfo import MemInfo
-from memdiag.diagnose.facts.process import ProcessMemory
-from memdiag.diagnose.facts.psi import Psi, PsiLine
-from memdiag.diagnose.facts.vmstat import VmStat
 from memdiag.diagnose.factset import counter_facts
 from memdiag.diagnose.observe import Observation
 from memdiag.diagnose.render.jsonout import render_json
@@ -26,6 +20,12 @@ from memdiag.diagnose.target import Target
 from memdiag.diagnose.triage import triage
 from memdiag.diagnose.workflow import load_rules
 from memdiag.rules.engine import render, run_rules
+from memdiag.system.cgroup import CgroupLocation, CgroupMemory
+from memdiag.system.kmsg import OomKill
+from memdiag.system.meminfo import MemInfo
+from memdiag.system.process import ProcessMemory
+from memdiag.system.psi import Psi, PsiLine
+from memdiag.system.vmstat import VmStat
 
 MiB, GiB = 1 << 20, 1 << 30
 T0 = 1_800_000_000.0
@@ -209,8 +209,7 @@ def test_host_pressure_is_not_put_on_a_target_that_did_not_pay():
     """Swap-in and PSI are the host's figures: a cgroup far below its limit whose processes took no
     major fault is not 'under pressure' (a container was, from another test's swap-off)."""
     snaps = [
-        _snap(t, usage=20 * MiB, procs=[800], psi_us=int(t * 300_000), vm={"pswpin": 15_000 * t})
-        for t in range(31)
+        _snap(t, usage=20 * MiB, procs=[800], psi_us=int(t * 300_000), vm={"pswpin": 15_000 * t}) for t in range(31)
     ]
     first, last = {800: _proc(800, "redis", 18 * MiB, 0)}, {800: _proc(800, "redis", 19 * MiB, 0)}
     rep = _report(_observation(Target(kind="cgroup", cgroup=CG), snaps, first, last))

@@ -6,7 +6,6 @@ import os
 from pathlib import Path
 
 from figures import check_figures
-from memdiag.diagnose.facts.kmsg import OomKill
 from memdiag.diagnose.render.jsonout import render_json
 from memdiag.diagnose.render.markdown import render_markdown
 from memdiag.diagnose.render.sparkline import sparkline
@@ -28,6 +27,7 @@ from memdiag.diagnose.report import (
 )
 from memdiag.diagnose.trends import growth_trend
 from memdiag.probes.reach import StackReach
+from memdiag.system.kmsg import OomKill
 
 GOLDEN = Path(__file__).parent / "golden"
 MiB = 1 << 20

@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 from memdiag.rules.engine import render, run_rule, run_rules
 from memdiag.rules.loader import RuleFileError, load_file, load_playbooks, shipped_playbooks
-from memdiag.rules.units import parse_quantity
+from memdiag.system.units import parse_quantity
 
 MiB = 1 << 20
 

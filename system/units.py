@@ -1,12 +1,61 @@
-"""Quantities in rule files: sizes (64MiB), rates (1000/s, 1MiB/s), percentages (5%), durations
-(30s, 5min), plain numbers, strings and booleans. A bare `m` is refused: it read as mebibytes where
-the rule docs promised minutes (`5m`), so a rule says `5min` or `5MiB`. Each literal carries the kind of its unit so a
-comparison of a size with a percentage is refused when the rule file is loaded."""
+"""Units, one home: quantities as a user writes them (command-line sizes, rule literals) parsed by
+one parser, and figures formatted for reports and the terminal by one set of formatters.
+
+Sizes: B, KiB/MiB/GiB/TiB (and k/g/t for them), kB/MB/GB/TB (powers of 1000). Durations: ms, s,
+min, h, d. Rates: a size or a count per s/min/h. A bare `m` is refused everywhere: it read as
+mebibytes where the rule docs promised minutes (`5m`), so a user writes `5min` or `5MiB`."""
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Literal
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "unknown"
+    sign = "-" if n < 0 else ""
+    n = abs(n)
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            value = n / size
+            return f"{sign}{value:.1f} {unit}" if value < 100 else f"{sign}{value:.0f} {unit}"
+    return f"{sign}{n:.0f} B"
+
+
+def fmt_rate(bytes_per_s: float | None) -> str:
+    """Memory growth reads best per minute (leaks are slow; a per-second figure hides them)."""
+    if bytes_per_s is None:
+        return "unknown"
+    return f"{fmt_bytes(bytes_per_s * 60)}/min"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    if 0 < seconds < 0.0005:  # a figure that rounds to nothing is still not "0 s"
+        return "<1 ms"
+    if 0 < seconds < 0.9995:  # a pause or a stall of a fraction of a second is not "0 s"
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 9.95:  # 1.36 s is not "1 s": a third of it would vanish in the rounding
+        return f"{seconds:.1f} s"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 48 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def fmt_number(x: float | None, digits: int = 1) -> str:
+    if x is None:
+        return "unknown"
+    if abs(x) >= 100 or float(x).is_integer():
+        return f"{x:,.0f}"
+    return f"{x:,.{digits}f}"
+
 
 Kind = Literal["bytes", "bytes_per_s", "per_s", "percent", "seconds", "number", "string", "bool"]
 
@@ -74,8 +123,6 @@ def parse_quantity(value: object) -> tuple[float | str | bool, Kind]:
 
 
 def format_quantity(value: object, kind: Kind) -> str:
-    from memdiag.diagnose.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
-
     if value is None:
         return "unknown"
     if kind == "bytes":
@@ -91,3 +138,17 @@ def format_quantity(value: object, kind: Kind) -> str:
     if kind == "number":
         return fmt_number(value)  # type: ignore[arg-type]
     return str(value)
+
+
+def parse_size(text: str) -> int:
+    """'64MiB', '4096', '1.5GiB' -> bytes, by the one quantity parser. ValueError with the reason."""
+    example = "(examples: 4096, 64KiB, 1MiB, 2GiB)"
+    try:
+        value, kind = parse_quantity(text.strip())
+    except ValueError as e:
+        raise ValueError(f"{e} {example}") from None
+    if kind not in ("bytes", "number") or not math.isfinite(value):  # type: ignore[arg-type]
+        raise ValueError(f"{text!r} is not a size {example}")
+    if value < 0:  # type: ignore[operator]
+        raise ValueError(f"{text!r}: a size cannot be negative")
+    return int(value)  # type: ignore[arg-type]
