@@ -19,7 +19,7 @@ from typing import Literal
 
 from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, prepare, swapin, vmscan
 from memdiag.probes.base import INTERRUPTION, ProbeResult, ProbeTarget, interrupted, phase
-from memdiag.rules.engine import Outcome, render, run_rules
+from memdiag.rules.engine import Outcome, advice_of, render, run_rules
 from memdiag.rules.model import FrameClass, Rule
 from memdiag.system.kmsg import read_oom_kills
 from memdiag.system.process import cpu_seconds
@@ -112,8 +112,7 @@ class Engine:
         f["target.name"] = self.target.describe()
         t = self.target
         f.update(target_facts(t.kind, t.pid, t.cmdline, self.runtime))
-        for name, verdict in tri.candidates.items():
-            f[f"summary.{name}"] = verdict.summary
+        f.update(tri.facts)  # the counters in words: summary.*
         f.update(probe_facts(self.results, f.get("process.rss_shape"), self.classes))
         if self.budget_decision is not None:
             f["alloc.rate"] = self.budget_decision.call_rate
@@ -423,13 +422,14 @@ class Engine:
         )
 
     def _conclude(self, facts: dict, tri: Triage) -> tuple[Verdict, list[str], list[str]]:
+        """The verdict of the highest-priority fired rule; findings and next steps of all fired rules."""
         fired = [rule for rule, o in self.outcomes if o.state == "fired"]
         findings = [render(r.then.finding, facts) for r in fired if r.then.finding]
-        advice = [render(a, facts) for r in fired for a in r.then.advice]
+        advice = advice_of(fired, facts)
         verdicts = [r for r in fired if r.then.verdict is not None]
-        if not verdicts:
-            v = tri.verdict  # no playbook verdict fired: the counters' own reading, said as such
-            return v.model_copy(update={"summary": v.summary + " (no playbook rule concluded)"}), findings, advice
+        if not verdicts:  # a playbook without a floor (the shipped one has `no-conclusion`)
+            none = Verdict(kind="inconclusive", summary="no playbook rule concluded", confidence=0.0)
+            return none.model_copy(update={"culprit": self._culprit("inconclusive", tri)}), findings, advice
         best = max(verdicts, key=lambda r: r.then.verdict.priority)  # type: ignore[union-attr]
         action = best.then.verdict
         assert action is not None
@@ -447,11 +447,10 @@ class Engine:
     def _culprit(self, kind: str, tri: Triage) -> Culprit:
         t = self.target
         base = Culprit(pid=t.pid, comm=t.comm, cgroup=t.cgroup.path if t.cgroup else None)
-        if kind == "oom" and "oom" in tri.candidates:
-            return tri.candidates["oom"].culprit
-        candidate = tri.candidates.get("growth") or tri.candidates.get("plateau")
-        if candidate is not None and t.kind != "pid":
-            base = candidate.culprit
+        if kind == "oom" and "oom" in tri.culprits:
+            return tri.culprits["oom"]
+        if "growth" in tri.culprits and t.kind != "pid":
+            base = tri.culprits["growth"]
         stack = self._stack_for(kind)
         if stack is None:
             return base

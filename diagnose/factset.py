@@ -13,6 +13,7 @@ from .leakcache import classify
 from .observe import Observation
 from .report import Counters
 from .trends import counter_rate, growth_trend
+from .triage import kills_during, memory_level, memory_shape
 
 
 def app_function(frames: list[str], forwards: list[bool] | None = None, classes: Classes | None = None) -> str | None:
@@ -39,6 +40,8 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         "target.exited": obs.exited_at is not None,
         "budget.percent": budget_percent,
         "window.seconds": window_seconds(obs),
+        "window.samples": len(obs.snapshots),
+        "memory.shape": memory_shape(counters),
     }
     if not obs.snapshots:
         return f
@@ -70,6 +73,10 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     # the target's processes as the report's process table has them: never memdiag's own
     growth = [r.growth for r in counters.processes if r.rss_first is not None]
     f["system.top_grower_growth"] = max(growth) if growth else None
+    top = max(counters.processes, key=lambda r: (r.growth, r.rss_last or 0)) if counters.processes else None
+    f["system.top_grower_pid"] = str(top.pid) if top else None
+    f["system.mem_available_shape"] = avail.shape if avail else "unknown"
+    f["memory.level"] = memory_level(counters)
 
     rss = counters.trends.get("process.rss")
     if rss is not None and last.process is not None:
@@ -109,6 +116,7 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         or any(r.majflt_delta for r in counters.processes)
     )
     f["oom.kills"] = len(counters.oom_kills)
+    f["oom.kills_in_window"] = kills_during(obs, counters)
     f["oom.cgroup_limit"] = counters.oom_kills[-1].cgroup_oom if counters.oom_kills else None
     return f
 

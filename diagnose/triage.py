@@ -1,9 +1,8 @@
-"""The counters-only diagnosis: from an Observation and its Counters to findings and a verdict.
+"""The counters in words: from an Observation and its Counters to findings, caveats and the
+descriptive `summary.*` facts (an OOM kill, the pressure figures, the growth series' shape).
 
-Order of precedence, most specific first: an OOM kill that concerns the target; memory pressure
-(stalls, swap-in, direct reclaim, a cgroup pinned at its limit); growth that is still climbing;
-growth that levelled off (a bounded cache); stable memory (healthy). Counters tell the shape of
-the growth, never its cause: every growth verdict says which probe would name the code."""
+No thresholds, no verdicts and no precedence live here: those are the playbook's rules
+(playbooks/default.yaml). Counters tell the shape of the growth, never its cause."""
 
 from __future__ import annotations
 
@@ -14,31 +13,23 @@ from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 
 from .evidence import psi_stall_percent, window_seconds
 from .observe import Observation
-from .report import Counters, Culprit, Finding, ProcessRow, Verdict
+from .report import Counters, Culprit, Finding, ProcessRow
 from .trends import Trend, counter_rate
-
-# Documented thresholds (general, not tuned to any workload):
-PSI_SOME_PERCENT = 10.0  # tasks stalled on memory >10% of the window: the stall is felt
-PSI_FULL_PERCENT = 5.0  # all tasks stalled >5%: the workload is losing throughput
-SWAPIN_PAGES_PER_S = 64.0  # sustained swap-in of 256 KiB/s (4 KiB pages) means the working set is out
-LOW_AVAILABLE_PERCENT = 10.0  # MemAvailable under 10% of MemTotal: reclaim is near
-CGROUP_FULL_PERCENT = 90.0  # usage within 10% of the cgroup limit: the limit is about to bite
 
 
 class Triage:
-    """Findings, caveats and next steps from the counters, and candidate verdicts by name (oom,
-    pressure, growth, plateau, exited, stable, too_few) for the playbook to choose from."""
+    """What the counters say in words: findings, caveats, the descriptive `summary.*` facts the
+    playbook's verdicts quote, and the culprit each reading names (oom: the victim; growth: the
+    target, or its fastest grower). No verdict and no threshold: those are the playbook's."""
 
     def __init__(
         self,
-        verdict: Verdict,
         findings: list[Finding],
-        next_steps: list[str],
         caveats: list[str],
-        candidates: dict[str, Verdict] | None = None,
+        facts: dict[str, str],
+        culprits: dict[str, Culprit],
     ):
-        self.verdict, self.findings, self.next_steps, self.caveats = verdict, findings, next_steps, caveats
-        self.candidates = candidates if candidates is not None else {}
+        self.findings, self.caveats, self.facts, self.culprits = findings, caveats, facts, culprits
 
 
 def _who(obs: Observation) -> str:
@@ -174,7 +165,9 @@ def _kill_count(obs: Observation, kills: list[OomKill]) -> str | None:
     return text
 
 
-def _oom_verdict(obs: Observation, kills: list[OomKill], cg_kills: int | None) -> Verdict | None:
+def _oom_summary(obs: Observation, kills: list[OomKill], cg_kills: int | None) -> tuple[str, Culprit] | None:
+    """The OOM kill in words (victim, the limit or the host, the host's memory, how many kills) and
+    its culprit: present when the kernel log holds kills, or a cgroup target's counter recorded some."""
     target = obs.target
     last_cg = obs.snapshots[-1].cgroup if obs.snapshots else None
     limit = last_cg.effective_limit if last_cg else None
@@ -190,17 +183,12 @@ def _oom_verdict(obs: Observation, kills: list[OomKill], cg_kills: int | None) -
         parts.append(f"{_who(obs)} has recorded {cg_kills} OOM kill(s) (memory.oom_control/events)")
     if cgroup_killed:
         memcg = (victim.oom_memcg if victim and victim.oom_memcg else _cgroup_path(obs)) or "its cgroup"
-        where = f"at its cgroup limit ({memcg}, limit {fmt_bytes(limit)})" if limit else f"in cgroup {memcg}"
-        parts.append(where)
-        if (
-            meminfo
-            and meminfo.mem_available is not None
-            and meminfo.available_percent is not None
-            and meminfo.available_percent > LOW_AVAILABLE_PERCENT
-        ):
+        parts.append(f"at its cgroup limit ({memcg}, limit {fmt_bytes(limit)})" if limit else f"in cgroup {memcg}")
+        # the host's memory beside the limit; whether that clears the host is the playbook's call
+        if meminfo and meminfo.mem_available is not None and meminfo.available_percent is not None:
             parts.append(
                 f"while the host has {fmt_bytes(meminfo.mem_available)} available "
-                "(the limit killed it, not host memory)"
+                f"({meminfo.available_percent:.0f}% of RAM)"
             )
     else:
         parts.append("system out of memory")
@@ -213,78 +201,63 @@ def _oom_verdict(obs: Observation, kills: list[OomKill], cg_kills: int | None) -
         comm=victim.victim_comm if victim else None,
         cgroup=(victim.task_memcg if victim else None) or _cgroup_path(obs),
     )
-    confidence = 0.95 if victim is not None else 0.8
-    return Verdict(kind="oom", summary=summary, confidence=confidence, culprit=culprit)
+    return summary, culprit
 
 
 def _pct(x: float | None) -> str:
     return "unknown" if x is None else f"{x:.1f}%"
 
 
-def _pressure(obs: Observation, counters: Counters) -> tuple[list[Finding], list[str]]:
-    """Findings of pressure, and the short reasons for the verdict line."""
-    findings: list[Finding] = []
-    reasons: list[str] = []
+def _pressure_figures(obs: Observation) -> list[str]:
+    """Every pressure figure that moved in the window (and MemAvailable, a level): no threshold here,
+    the playbook's rules say which of them make pressure."""
     secs = window_seconds(obs)
     first, last = obs.snapshots[0], obs.snapshots[-1]
+    out: list[str] = []
     some, full = psi_stall_percent(obs, "some"), psi_stall_percent(obs, "full")
-    if (some is not None and some >= PSI_SOME_PERCENT) or (full is not None and full >= PSI_FULL_PERCENT):
-        reasons.append(f"tasks stalled on memory {_pct(some)} of the window (PSI some; full {_pct(full)})")
-        findings.append(
-            Finding(id="psi-stall", summary=reasons[-1], evidence={"psi_some_percent": some, "psi_full_percent": full})
-        )
+    if some or full:
+        out.append(f"tasks stalled on memory {_pct(some)} of the window (PSI some; full {_pct(full)})")
     swapin = counter_rate(first.vmstat.get("pswpin"), last.vmstat.get("pswpin"), secs)
-    if swapin is not None and swapin >= SWAPIN_PAGES_PER_S:
-        swapout = counter_rate(first.vmstat.get("pswpout"), last.vmstat.get("pswpout"), secs)
-        reasons.append(f"swap-in {fmt_number(swapin)} pages/s")
-        findings.append(
-            Finding(
-                id="swap-in",
-                summary=(
-                    f"swapping in {fmt_number(swapin)} pages/s (out {fmt_number(swapout or 0)} pages/s): the "
-                    "working set no longer fits in memory; swap is the symptom, growth is the cause"
-                ),
-                evidence={"pswpin_per_s": swapin, "pswpout_per_s": swapout},
-            )
-        )
+    if swapin:
+        out.append(f"swap-in {fmt_number(swapin)} pages/s")
     stalls = counter_rate(first.vmstat.get("allocstall"), last.vmstat.get("allocstall"), secs)
     if stalls:
-        reasons.append(f"direct reclaim {stalls:.1f} stalls/s")
-        findings.append(
-            Finding(
-                id="direct-reclaim",
-                summary=f"allocations stalled in direct reclaim {stalls:.1f} times/s",
-                evidence={"allocstall_per_s": stalls},
-            )
-        )
+        out.append(f"direct reclaim {stalls:.1f} stalls/s")
     pct = last.meminfo.available_percent
-    if pct is not None and pct < LOW_AVAILABLE_PERCENT:
-        reasons.append(f"MemAvailable {pct:.0f}% of RAM")
-        findings.append(
-            Finding(
-                id="low-available",
-                summary=f"MemAvailable is {fmt_bytes(last.meminfo.mem_available)} ({pct:.1f}% of RAM)",
-                evidence={"mem_available": last.meminfo.mem_available, "percent": pct},
-            )
-        )
-    cg = last.cgroup
-    if cg is not None and cg.effective_limit and cg.usage is not None:
+    if pct is not None:
+        out.append(f"MemAvailable {pct:.0f}% of RAM")
+    cg, hits = last.cgroup, _limit_hits(obs)
+    if cg is not None and cg.effective_limit and cg.usage is not None and hits:
         used = 100.0 * cg.usage / cg.effective_limit
-        fails = (cg.failcnt or 0) - (first.cgroup.failcnt or 0) if first.cgroup else 0
-        if used >= CGROUP_FULL_PERCENT and fails > 0:
-            reasons.append(f"cgroup {cg.path} at {used:.0f}% of its {fmt_bytes(cg.effective_limit)} limit")
-            findings.append(
-                Finding(
-                    id="cgroup-at-limit",
-                    summary=(
-                        f"cgroup {cg.path} uses {fmt_bytes(cg.usage)} of {fmt_bytes(cg.effective_limit)} "
-                        f"({used:.0f}%) and hit its limit {fmt_number(fails)} times in the window: it reclaims "
-                        "(or swaps) its own memory to stay under it"
-                    ),
-                    evidence={"usage": cg.usage, "limit": cg.effective_limit, "failcnt_delta": fails},
-                )
-            )
-    return findings, reasons
+        out.append(f"cgroup {cg.path} at {used:.0f}% of its {fmt_bytes(cg.effective_limit)} limit")
+    return out
+
+
+def _limit_hits(obs: Observation) -> int:
+    first, last = obs.snapshots[0].cgroup, obs.snapshots[-1].cgroup
+    if first is None or last is None:
+        return 0
+    return (last.failcnt or 0) - (first.failcnt or 0)
+
+
+def _pressure_summary(obs: Observation, counters: Counters, growth: _Growth) -> str:
+    """The pressure in words: where it is felt, its figures, the growth behind it, who pays, who is biggest."""
+    who, target = _who(obs), obs.target
+    # PSI, swap-in, direct reclaim and MemAvailable are the host's figures; only a cgroup that hit its
+    # limit is the target's own. Host-wide pressure is not put on a target that did not pay for it
+    # (pod's trial: a container was called "under pressure" from another test's swap-off).
+    own = target.kind == "system" or _limit_hits(obs) > 0
+    paid = any(r.majflt_delta for r in counters.processes)
+    where = who if own else f"the host (host-wide counters, seen from {who})"
+    summary = f"memory pressure on {where}: " + ", ".join(_pressure_figures(obs))
+    if growth.kind == "growth" and growth.summary:
+        summary += f"; caused by growth: {growth.summary.split('; escalation')[0]}"
+    culprits = _pressure_culprits(counters)
+    if culprits:
+        summary += f"; {culprits}"
+    if not own and not paid:
+        summary += f"; {who} paid no major faults in the window: not shown to cause or suffer it"
+    return summary
 
 
 def _pressure_culprits(counters: Counters) -> str:
@@ -304,21 +277,29 @@ def _pressure_culprits(counters: Counters) -> str:
 
 
 class _Growth:
-    """What the growth series says: findings, the candidate verdict, next steps, caveats."""
+    """What the growth series says: findings, caveats, its sentence by name (growth, plateau,
+    sawtooth, cut_by_oom: the `summary.*` fact it becomes) and the culprit it names."""
 
     def __init__(self) -> None:
         self.findings: list[Finding] = []
-        self.verdict: Verdict | None = None
-        self.next_steps: list[str] = []
         self.caveats: list[str] = []
+        self.kind: str | None = None
+        self.summary: str | None = None
+        self.culprit: Culprit | None = None
 
 
-def _kills_during(obs: Observation, counters: Counters) -> int:
+def kills_during(obs: Observation, counters: Counters) -> int:
     """OOM kills of the target during the window: its cgroup's counter, else the kernel log's records."""
     n, source = oom_kills_in_window(obs)
     if n is not None and source.startswith("the cgroup"):
         return n
     return sum(1 for k in counters.oom_kills if k.when is not None and k.when >= obs.started - 1.0)
+
+
+def _said(out: _Growth, kind: str, summary: str, finding: str, evidence: dict) -> _Growth:
+    out.kind, out.summary = kind, summary
+    out.findings.append(Finding(id=finding, summary=summary, evidence=evidence))
+    return out
 
 
 def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> _Growth:
@@ -327,23 +308,15 @@ def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> 
     who, target = _who(obs), obs.target
     what = "RSS" if name == "process.rss" else "memory usage"
     evidence = {"series": name, **tr.model_dump()}
-    culprit = Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs))
+    out.culprit = Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs))
     top = _top_growers(counters, 1) if target.kind == "cgroup" else []
     if top:
-        culprit = Culprit(pid=top[0].pid, comm=top[0].comm, cgroup=_cgroup_path(obs))
+        out.culprit = Culprit(pid=top[0].pid, comm=top[0].comm, cgroup=_cgroup_path(obs))
     if tr.shape == "climbing":
         summary = _growth_text(what, who, tr) + " and is still climbing"
         proj = _projection(obs, tr.rate_per_s or 0.0)
-        if proj:
-            summary += f"; {proj}"
-        out.findings.append(Finding(id="growth-climbing", summary=summary, evidence=evidence))
-        out.verdict = Verdict(kind="growth", summary=summary, confidence=0.7, culprit=culprit)
-        out.next_steps += [
-            "trace page faults by stack to see which code touches the new pages (faults probe)",
-            "track outstanding allocations by stack and watch which never levels off (memleak probe)",
-            "trace brk/mmap by stack to see which code reserves the memory (brkstack, mmapsnoop)",
-        ]
-    elif tr.shape == "levelled" and (killed := _kills_during(obs, counters)):
+        return _said(out, "growth", summary + (f"; {proj}" if proj else ""), "growth-climbing", evidence)
+    if tr.shape == "levelled" and (killed := kills_during(obs, counters)):
         # A level reached between OOM kills is what the last kill left, not a cache's bound: the kernel
         # cut the growth (CI saw a 32 MiB OOM loop sampled flat for 2.4 s between kills).
         summary = (
@@ -351,32 +324,25 @@ def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> 
             f"over {fmt_duration(tr.seconds)}) with {killed} OOM kill{'s' if killed > 1 else ''} in the window: "
             "the kernel cut the growth, so the level says nothing of a bound"
         )
-        out.findings.append(Finding(id="growth-killed", summary=summary, evidence={**evidence, "oom_kills": killed}))
-        out.verdict = Verdict(kind="inconclusive", summary=summary, confidence=0.4, culprit=culprit)
-    elif tr.shape == "levelled":
+        return _said(out, "cut_by_oom", summary, "growth-killed", {**evidence, "oom_kills": killed})
+    if tr.shape == "levelled":
         summary = (
             f"{what} of {who} grew {fmt_bytes(tr.delta)} then levelled off at {fmt_bytes(tr.last)} "
             f"for the last {fmt_duration(tr.levelled_for_s)} of {fmt_duration(tr.seconds)}: a plateau, "
             "consistent with a bounded cache filling to its size, not a leak"
         )
-        out.findings.append(Finding(id="growth-plateau", summary=summary, evidence=evidence))
-        out.verdict = Verdict(kind="cache", summary=summary, confidence=0.5, culprit=culprit)
-        out.next_steps.append(
-            "confirm with memleak's per-stack trend: a cache's outstanding bytes stay "
-            "bounded and it frees as much as it allocates"
-        )
         out.caveats.append(
             "counters show the shape of growth, not its cause: a leak that paused also looks like a plateau for a while"
         )
-    elif tr.shape == "sawtooth":
+        return _said(out, "plateau", summary, "growth-plateau", evidence)
+    if tr.shape == "sawtooth":
         summary = (
             f"{what} of {who} rose and fell over {fmt_duration(tr.seconds)}, between {fmt_bytes(tr.low)} and "
             f"{fmt_bytes(tr.peak)} ({fmt_bytes(tr.last)} at the end): it fell and grew again (swapped out, freed, "
             "or killed and restarted), so no one rate describes it"
         )
-        out.findings.append(Finding(id="growth-sawtooth", summary=summary, evidence=evidence))
-        out.verdict = Verdict(kind="inconclusive", summary=summary, confidence=0.4, culprit=culprit)
-    elif tr.shape == "shrinking":
+        return _said(out, "sawtooth", summary, "growth-sawtooth", evidence)
+    if tr.shape == "shrinking":
         out.findings.append(
             Finding(
                 id="shrinking", summary=f"{what} of {who} shrank by {fmt_bytes(-(tr.delta or 0))}", evidence=evidence
@@ -402,57 +368,47 @@ def _system_growth(obs: Observation, counters: Counters) -> _Growth:
     if proj:
         summary += f"; {proj}"
     out.findings.append(
-        Finding(
-            id="system-growth",
-            summary=summary,
-            evidence={"top_growers": [q.model_dump() for q in top]},
-        )
+        Finding(id="system-growth", summary=summary, evidence={"top_growers": [q.model_dump() for q in top]})
     )
-    out.verdict = Verdict(
-        kind="growth",
-        summary=summary + "; escalation needed: page-fault stacks",
-        confidence=0.6,
-        culprit=Culprit(pid=p.pid, comm=p.comm),
-    )
-    out.next_steps.append(f"diagnose the grower: memdiag --pid {p.pid}")
+    out.kind, out.summary = "growth", summary + "; escalation needed: page-fault stacks"
+    out.culprit = Culprit(pid=p.pid, comm=p.comm)
     return out
 
 
-def triage(obs: Observation, counters: Counters) -> Triage:
-    findings: list[Finding] = []
-    caveats: list[str] = []
-    next_steps: list[str] = []
-    who = _who(obs)
-    target = obs.target
-
+def _caveats(obs: Observation) -> list[str]:
+    caveats = []
     if obs.exited_at is not None:
         at = obs.exited_at - obs.started
         caveats.append(
-            f"{who} exited {fmt_duration(at)} into the {fmt_duration(obs.requested_s)} window "
+            f"{_who(obs)} exited {fmt_duration(at)} into the {fmt_duration(obs.requested_s)} window "
             f"({time.strftime('%H:%M:%S', time.localtime(obs.exited_at))}); "
             "the evidence covers the time it ran"
         )
     if obs.interrupted:
         caveats.append("the window was cut short by an interrupt; trends cover less time than asked")
+    return caveats
 
-    if len(obs.snapshots) < 3 and not counters.oom_kills:
-        summary = (
-            f"{who} exited before enough samples were taken ({len(obs.snapshots)})"
-            if obs.exited_at
-            else f"too few samples ({len(obs.snapshots)}) to tell a trend"
-        )
-        verdict = Verdict(
-            kind="inconclusive",
-            summary=summary,
-            confidence=0.2,
-            culprit=Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs)),
-        )
-        return Triage(verdict, findings, ["run again with a longer --duration"], caveats, {"too_few": verdict})
 
-    # --- OOM kills ---------------------------------------------------------------------------
-    last_cg = obs.snapshots[-1].cgroup if obs.snapshots else None
+def _vsz_caveat(obs: Observation) -> list[str]:
+    """VSZ is not RSS: a reservation that grows without pages behind it is not memory used."""
+    if not (obs.snapshots and obs.snapshots[0].process and obs.snapshots[-1].process):
+        return []
+    a, b = obs.snapshots[0].process, obs.snapshots[-1].process
+    if not (a.vm_size and b.vm_size and a.rss is not None and b.rss is not None):
+        return []
+    vsz_growth, rss_growth = b.vm_size - a.vm_size, b.rss - a.rss
+    if vsz_growth <= 4 * max(rss_growth, 1 << 20):
+        return []
+    return [
+        f"VSZ grew {fmt_bytes(vsz_growth)} but RSS only {fmt_bytes(rss_growth)}: "
+        "address space reserved, not memory used (VSZ is not RSS)"
+    ]
+
+
+def _oom_part(obs: Observation, counters: Counters) -> tuple[list[Finding], tuple[str, Culprit] | None]:
+    last_cg = obs.snapshots[-1].cgroup
     cg_kills = last_cg.oom_kill if last_cg else None
-    findings += _oom_findings(obs, counters.oom_kills[-3:])  # the latest as examples: the table has them all
+    findings = _oom_findings(obs, counters.oom_kills[-3:])  # the latest as examples: the table has them all
     if last_cg is not None and cg_kills:
         findings.append(
             Finding(
@@ -464,85 +420,42 @@ def triage(obs: Observation, counters: Counters) -> Triage:
                 evidence={"oom_kill": cg_kills, "limit": last_cg.effective_limit, "cgroup": last_cg.path},
             )
         )
-    oom = _oom_verdict(obs, counters.oom_kills, cg_kills) if obs.snapshots else None
+    return findings, _oom_summary(obs, counters.oom_kills, cg_kills)
 
-    # --- pressure --------------------------------------------------------------------------
-    pressure_findings, pressure_reasons = _pressure(obs, counters) if obs.snapshots else ([], [])
-    findings += pressure_findings
 
-    # --- growth ------------------------------------------------------------------------------
+def triage(obs: Observation, counters: Counters) -> Triage:
+    """The counters in words. Each `summary.*` fact is there when its reading applies (an OOM kill,
+    the growth series' shape, the window's pressure figures); the playbook decides which is the verdict."""
+    caveats = _caveats(obs)
+    if not obs.snapshots:
+        return Triage([], caveats, {}, {})
+    findings, oom = _oom_part(obs, counters)
     growth = _growth_series(obs, counters)
     g = _growth(obs, counters, growth) if growth is not None else _system_growth(obs, counters)
     findings += g.findings
-    next_steps += g.next_steps
-    caveats += g.caveats
-    growth_verdict = g.verdict
-
-    # VSZ is not RSS: a reservation that grows without pages behind it is not memory used.
-    if obs.snapshots and obs.snapshots[0].process and obs.snapshots[-1].process:
-        a, b = obs.snapshots[0].process, obs.snapshots[-1].process
-        if a.vm_size and b.vm_size and a.rss is not None and b.rss is not None:
-            vsz_growth, rss_growth = b.vm_size - a.vm_size, b.rss - a.rss
-            if vsz_growth > 4 * max(rss_growth, 1 << 20):
-                caveats.append(
-                    f"VSZ grew {fmt_bytes(vsz_growth)} but RSS only {fmt_bytes(rss_growth)}: "
-                    "address space reserved, not memory used (VSZ is not RSS)"
-                )
-
-    # --- candidate verdicts: the playbook decides which applies; the code only describes ------
-    candidates: dict[str, Verdict] = {}
+    caveats += g.caveats + _vsz_caveat(obs)
+    facts = {"summary.pressure": _pressure_summary(obs, counters, g)}
+    culprits: dict[str, Culprit] = {}
     if oom is not None:
-        candidates["oom"] = oom  # its advice is the playbook's (oom-kill): an OOM report said each step twice
-    if pressure_reasons:
-        culprits = _pressure_culprits(counters)
-        # PSI, swap-in, direct reclaim and MemAvailable are the host's figures; only a cgroup at its
-        # limit is the target's own. Host-wide pressure is not put on a target that did not pay for it
-        # (pod's trial: a container was called "under pressure" from another test's swap-off).
-        own = target.kind == "system" or any(f.id == "cgroup-at-limit" for f in pressure_findings)
-        paid = any(r.majflt_delta for r in counters.processes)
-        where = who if own else f"the host (host-wide counters, seen from {who})"
-        summary = f"memory pressure on {where}: " + ", ".join(pressure_reasons)
-        if growth_verdict is not None and growth_verdict.kind == "growth":
-            summary += f"; caused by growth: {growth_verdict.summary.split('; escalation')[0]}"
-        if culprits:
-            summary += f"; {culprits}"
-        if not own and not paid:
-            summary += f"; {who} paid no major faults in the window: not shown to cause or suffer it"
-        candidates["pressure"] = Verdict(
-            kind="pressure",
-            summary=summary,
-            confidence=0.7,
-            culprit=growth_verdict.culprit
-            if growth_verdict
-            else Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs)),
-        )
-        next_steps += [
-            "see reclaim and swap as latency: vmscan, drsnoop and swapin probes",
-            "find what grows: page-fault stacks of the largest consumers",
-        ]
-    if growth_verdict is not None:
-        kind = {"growth": "growth", "cache": "plateau"}.get(growth_verdict.kind, "sawtooth")
-        candidates[kind] = growth_verdict
-    if obs.exited_at is not None:
-        candidates["exited"] = Verdict(
-            kind="inconclusive",
-            summary=f"{who} exited during the window and the kernel log shows no OOM kill of it",
-            confidence=0.3,
-            culprit=Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs)),
-        )
-    tr = growth[1] if growth else counters.trends.get("system.mem_available")
-    level = f" at {fmt_bytes(tr.last)}" if tr and tr.last is not None else ""
-    if not candidates:
-        candidates["stable"] = Verdict(
-            kind="healthy",
-            summary=f"memory of {who} is stable{level} over {fmt_duration(window_seconds(obs))}; "
-            "no pressure, no OOM kill",
-            confidence=0.6,
-            culprit=Culprit(pid=target.pid, comm=target.comm, cgroup=_cgroup_path(obs)),
-        )
-    # The same precedence the shipped playbook encodes, used only when no playbook verdict fires.
-    for name in ("oom", "pressure", "growth", "plateau", "exited", "sawtooth", "stable"):
-        if name in candidates:
-            verdict = candidates[name]
-            break
-    return Triage(verdict, findings, next_steps, caveats, candidates)
+        facts["summary.oom"], culprits["oom"] = oom
+    if g.kind is not None and g.summary is not None:
+        facts[f"summary.{g.kind}"] = g.summary
+    if g.culprit is not None and g.kind in ("growth", "plateau"):
+        culprits["growth"] = g.culprit
+    return Triage(findings, caveats, facts, culprits)
+
+
+def memory_shape(counters: Counters) -> str:
+    """The shape of the target's own memory series: its RSS for a process, its usage for a cgroup."""
+    for name in ("process.rss", "cgroup.usage"):
+        if name in counters.trends:
+            return counters.trends[name].shape
+    return "unknown"
+
+
+def memory_level(counters: Counters) -> int | None:
+    """Where the target's memory ended: its RSS or usage, or MemAvailable for the whole system."""
+    for name in ("process.rss", "cgroup.usage", "system.mem_available"):
+        if name in counters.trends:
+            return counters.trends[name].last
+    return None

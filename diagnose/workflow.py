@@ -224,7 +224,7 @@ def diagnose(
         verdict=verdict,
         interrupted=engine.interruption,
         findings=findings,
-        next_steps=list(dict.fromkeys(advice + tri.next_steps)),
+        next_steps=advice,  # the playbook's, each key once (rules.engine.advice_of)
         caveats=tri.caveats + _stack_caveats(stacks) + _scan_caveats(engine.results.get("memleak")),
         probes=probes,
         overhead=_overhead(budget_percent, d, probes, engine.results.get("memleak"), window_s),

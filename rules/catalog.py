@@ -30,6 +30,14 @@ _DEFS = [
         "the runtime and the module holding its code: CPython 3.11 (/usr/bin/python3.11)",
     ),
     ("window.seconds", "seconds", "how long the counters were watched"),
+    ("window.samples", "number", "how many counter samples the window holds (a trend needs three)"),
+    (
+        "memory.shape",
+        "string",
+        "the target's own memory series (RSS of a process, usage of a cgroup): climbing, levelled, sawtooth, "
+        "flat, shrinking or unknown",
+    ),
+    ("memory.level", "bytes", "where that series ended (MemAvailable for the whole system)"),
     # system
     ("system.mem_total", "bytes", "MemTotal"),
     ("system.mem_available", "bytes", "MemAvailable at the end of the window"),
@@ -46,6 +54,8 @@ _DEFS = [
     ("system.psi_full", "percent", "share of the window all tasks stalled on memory (PSI)"),
     ("system.sunreclaim_growth", "bytes", "growth of unreclaimable slab over the window"),
     ("system.top_grower_growth", "bytes", "RSS growth of the fastest-growing process"),
+    ("system.top_grower_pid", "string", "the fastest-growing process's id, as commands take it"),
+    ("system.mem_available_shape", "string", "MemAvailable over the window: climbing, shrinking, flat ..."),
     # process
     ("process.rss", "bytes", "RSS at the end of the window"),
     ("process.rss_anon", "bytes", "anonymous RSS"),
@@ -72,15 +82,18 @@ _DEFS = [
     ("cgroup.usage_shape", "string", "climbing, levelled, sawtooth, flat, shrinking or unknown"),
     ("oom.kills", "number", "OOM kills that concern the target (kernel log)"),
     ("oom.cgroup_limit", "bool", "the latest of them was a cgroup limit's (not the host's)"),
-    # what the counters say, in words, per candidate verdict (present when the counters support it)
-    ("summary.oom", "string", "the OOM kill: victim, trigger, cgroup limit, host memory"),
-    ("summary.pressure", "string", "the pressure: stalls, swap-in, reclaim, who pays, who is biggest"),
-    ("summary.growth", "string", "the growth: rate, duration, projection to the limit"),
+    (
+        "oom.kills_in_window",
+        "number",
+        "OOM kills of the target during the window: its cgroup's counter, else the kernel log's records",
+    ),
+    # what the counters say, in words (present when the reading applies; the rules decide which is the verdict)
+    ("summary.oom", "string", "the OOM kill: victim, trigger, cgroup limit, host memory, how many kills"),
+    ("summary.pressure", "string", "the pressure figures that moved, where they are felt, who pays, who is biggest"),
+    ("summary.growth", "string", "memory still climbing: rate, duration, projection to the limit"),
     ("summary.plateau", "string", "growth that levelled off"),
     ("summary.sawtooth", "string", "memory that rose and fell (kills, restarts, flushes): no steady trend"),
-    ("summary.exited", "string", "the target exited, not by the OOM killer"),
-    ("summary.stable", "string", "memory stable, no pressure"),
-    ("summary.too_few", "string", "too few samples to tell"),
+    ("summary.cut_by_oom", "string", "memory that levelled off between OOM kills: the kernel cut the growth"),
     # the budget
     ("budget.percent", "percent", "how much the diagnosis may slow the target"),
     ("alloc.rate", "per_s", "allocating calls (malloc, operator new ...) per second, from a bounded count"),

@@ -103,3 +103,12 @@ def run_rule(rule: Rule, facts: dict) -> Outcome:
 
 def run_rules(rules: list[Rule], facts: dict) -> list[tuple[Rule, Outcome]]:
     return [(rule, run_rule(rule, facts)) for rule in rules]
+
+
+def advice_of(fired: list[Rule], facts: dict) -> list[str]:
+    """The next steps of the fired rules, in rule order, each key once (see model.Advice)."""
+    steps: dict[str, str] = {}
+    for rule in fired:
+        for key, text in rule.then.advice_items(rule.id):
+            steps.setdefault(key, render(text, facts))
+    return list(steps.values())

@@ -11,7 +11,7 @@ A playbook file:
           finding: RSS grows {process.rss_rate}
           probes: [{name: faults, duration: 10s}]
           verdict: {kind: growth, summary: "...", confidence: 0.6, priority: 20}
-          advice: ["..."]
+          advice: ["...", {key: find-growth, text: "..."}]   # a key: the step once, whichever rules give it
     wrappers:                                # frames passed over when the culprit is named
       - {function: "xmalloc", kind: wrapper, note: "our allocation wrapper"}
 """
@@ -151,15 +151,28 @@ class VerdictAction(_Strict):
     priority: int = 0  # the highest-priority verdict that fires wins
 
 
+class Advice(_Strict):
+    """A next step with a key: rules that give the same key give the step once (the first fired
+    rule's wording). A plain string is keyed by its rule, so two rules never merge it by its text."""
+
+    key: str = Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    text: str
+
+
 class Then(_Strict):
     finding: str | None = None
     probes: list[ProbeRequest] = []
     verdict: VerdictAction | None = None
-    advice: list[str] = []
+    advice: list[str | Advice] = []
+
+    def advice_items(self, rule_id: str) -> list[tuple[str, str]]:
+        """(key, text) of each next step: its own key, else the rule's id and its place."""
+        return [(a.key, a.text) if isinstance(a, Advice) else (f"{rule_id}#{i}", a) for i, a in enumerate(self.advice)]
 
     @model_validator(mode="after")
     def _templates(self) -> Then:
-        texts = [self.finding or "", *self.advice, self.verdict.summary if self.verdict else ""]
+        steps = [a.text if isinstance(a, Advice) else a for a in self.advice]
+        texts = [self.finding or "", *steps, self.verdict.summary if self.verdict else ""]
         for text in texts:
             for name in template_facts(text):
                 known_fact(name)

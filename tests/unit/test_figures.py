@@ -68,7 +68,7 @@ def _report(obs, probes=()) -> dict:
     counters = build_counters(obs)
     tri = triage(obs, counters)
     facts = counter_facts(obs, counters, 2.0) | {"target.name": obs.target.describe()}
-    facts |= {f"summary.{name}": v.summary for name, v in tri.candidates.items()}
+    facts |= tri.facts
     for p in probes:
         facts |= p.figures
     fired = [r for r, o in run_rules(load_rules(), facts) if o.state == "fired"]

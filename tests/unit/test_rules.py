@@ -242,4 +242,6 @@ def test_playbook_host_pressure_the_target_did_not_pay_comes_after_its_growth():
 
 
 def test_playbook_healthy_when_stable():
-    assert _verdicts({**BASE, "process.rss_shape": "flat", "summary.stable": "stable"}) == ["healthy"]
+    facts = {**BASE, "process.rss_shape": "flat", "memory.shape": "flat", "window.samples": 30}
+    assert _verdicts(facts) == ["healthy", "inconclusive"]  # stable, then the floor (no-conclusion)
+    assert _verdicts({**facts, "window.samples": 2, "oom.kills": 0}) == ["inconclusive", "inconclusive"]
