@@ -1,0 +1,204 @@
+"""Verdict policy lives in the playbook alone: on fixture snapshots run through the real counters,
+triage and fact set, a copy of the shipped playbook with one YAML edit changes the verdict. Each
+test fails if the threshold, the verdict or the precedence were still decided in Python."""
+
+from pathlib import Path
+
+from memdiag.diagnose.evidence import build_counters
+from memdiag.diagnose.factset import counter_facts
+from memdiag.diagnose.observe import Observation
+from memdiag.diagnose.snapshot import Snapshot
+from memdiag.diagnose.target import Target
+from memdiag.diagnose.triage import triage
+from memdiag.rules.engine import advice_of, render, run_rules
+from memdiag.rules.loader import load_playbooks, shipped_playbooks
+from memdiag.system.meminfo import MemInfo
+from memdiag.system.process import ProcessMemory
+from memdiag.system.psi import Psi, PsiLine
+from memdiag.system.vmstat import VmStat
+
+MiB, GiB = 1 << 20, 1 << 30
+T0 = 1_800_000_000.0
+SHIPPED = shipped_playbooks()[0].read_text()
+
+
+def _proc(rss: int, majflt: int = 0) -> ProcessMemory:
+    return ProcessMemory(pid=500, comm="orderd", cmdline=["orderd"], rss=rss, majflt=majflt, start_ticks=500)
+
+
+def _facts(rss, *, swapin_per_s=0, allocstall_per_s=0.0, majflt=0) -> dict:
+    """A process over len(rss) one-second samples, with the host's swap-in and direct reclaim
+    rates as given, through the real pipeline: counters, triage, fact set."""
+    snaps = [
+        Snapshot(
+            t=t,
+            wall=T0 + t,
+            meminfo=MemInfo(mem_total=8 * GiB, mem_available=6 * GiB, mem_free=6 * GiB),
+            vmstat=VmStat(
+                counters={
+                    "pswpin": swapin_per_s * t,
+                    "pswpout": 0,
+                    "allocstall": int(allocstall_per_s * t),
+                    "pgmajfault": majflt * t,
+                    "oom_kill": 7,
+                }
+            ),  # fmt: skip
+            psi=Psi(
+                some=PsiLine(avg10=0, avg60=0, avg300=0, total_us=0),
+                full=PsiLine(avg10=0, avg60=0, avg300=0, total_us=0),
+            ),
+            process=_proc(r, majflt * t),
+        )
+        for t, r in enumerate(rss)
+    ]
+    obs = Observation(
+        target=Target(kind="pid", pid=500, comm="orderd", start_ticks=500), requested_s=len(rss), started=T0,
+        ended=T0 + snaps[-1].t, snapshots=snaps, oom_kills=[], processes_first={500: _proc(rss[0])},
+        processes_last={500: _proc(rss[-1], majflt * len(rss))}, memdiag_pid=4000,
+    )  # fmt: skip
+    counters = build_counters(obs)
+    return counter_facts(obs, counters, 2.0) | {"target.name": obs.target.describe()} | triage(obs, counters).facts
+
+
+FLAT = [100 * MiB] * 21
+CLIMBING = [100 * MiB + t * 4 * MiB for t in range(20)]
+
+
+def _playbook(tmp_path: Path, *edits: tuple[str, str], extra: str = "") -> list:
+    """The shipped playbook with each (old, new) edit made once, and extra rules appended."""
+    text = SHIPPED
+    for old, new in edits:
+        assert text.count(old) == 1, old
+        text = text.replace(old, new)
+    path = tmp_path / "site.yaml"
+    path.write_text(text + extra)
+    return load_playbooks([path])
+
+
+def _verdict(rules: list, facts: dict) -> tuple[str, str, str]:
+    """The rule the engine would conclude with (the highest-priority fired verdict): id, kind, summary."""
+    fired = [r for r, o in run_rules(rules, facts) if o.state == "fired" and r.then.verdict]
+    best = max(fired, key=lambda r: r.then.verdict.priority)
+    return best.id, best.then.verdict.kind, render(best.then.verdict.summary, facts)
+
+
+SHIPPED_RULES = load_playbooks(shipped_playbooks())
+
+
+def test_a_swap_in_threshold_is_a_yaml_edit(tmp_path):
+    facts = _facts(FLAT, swapin_per_s=100, majflt=5)  # the target pays: its process took major faults
+    rule, kind, summary = _verdict(SHIPPED_RULES, facts)
+    assert (rule, kind) == ("memory-pressure", "pressure")
+    assert "swap-in 100 pages/s" in summary and "PID 500 (orderd" in summary, summary
+    stricter = _playbook(tmp_path, ("&swap-in system.swapin_rate > 64/s", "&swap-in system.swapin_rate > 200/s"))
+    assert _verdict(stricter, facts)[:2] == ("stable", "healthy")
+
+
+def test_the_direct_reclaim_threshold_is_the_playbooks_alone(tmp_path):
+    """Triage fired on any reclaim rate above zero, the playbook at 1/s: now only the playbook's counts."""
+    facts = _facts(FLAT, allocstall_per_s=0.5, majflt=5)
+    assert facts["system.direct_reclaim_rate"] == 0.5
+    assert _verdict(SHIPPED_RULES, facts)[:2] == ("stable", "healthy")
+    fired = {r.id for r, o in run_rules(SHIPPED_RULES, facts) if o.state == "fired"}
+    assert "direct-reclaim" not in fired  # no finding of it either
+    looser = _playbook(tmp_path, ("system.direct_reclaim_rate > 1/s", "system.direct_reclaim_rate > 0.25/s"))
+    assert _verdict(looser, facts)[:2] == ("memory-pressure", "pressure")
+    fired = [r for r, o in run_rules(looser, facts) if o.state == "fired"]
+    findings = [render(r.then.finding, facts) for r in fired if r.then.finding]
+    assert "allocations stalled in direct reclaim 0.5/s" in findings, findings
+
+
+def test_too_few_samples_is_a_threshold_of_the_playbook(tmp_path):
+    facts = _facts(FLAT[:4])
+    assert _verdict(SHIPPED_RULES, facts)[:2] == ("stable", "healthy")
+    patient = _playbook(
+        tmp_path,
+        ('{all: ["window.samples < 3", "oom.kills == 0"]}', '{all: ["window.samples < 5", "oom.kills == 0"]}'),
+        ("when: window.samples >= 3\n", "when: window.samples >= 5\n"),
+    )
+    rule, kind, summary = _verdict(patient, facts)
+    assert (rule, kind, summary) == ("too-few-samples", "inconclusive", "too few samples (4) to tell a trend")
+
+
+def test_a_new_verdict_is_a_yaml_edit(tmp_path):
+    facts = _facts(FLAT)
+    assert _verdict(SHIPPED_RULES, facts)[:2] == ("stable", "healthy")
+    extra = """
+  - id: site-rss-ceiling
+    description: this site's services must stay under 64 MiB resident
+    when: process.rss > 64MiB
+    then:
+      verdict:
+        kind: growth
+        summary: "{target.name} holds {process.rss}, over the 64 MiB ceiling"
+        confidence: 0.7
+        priority: 15
+      advice: ["restart {target.name} in its 64 MiB cgroup"]
+"""
+    rules = _playbook(tmp_path, extra=extra)
+    rule, kind, summary = _verdict(rules, facts)
+    assert (rule, kind) == ("site-rss-ceiling", "growth")
+    assert summary == "PID 500 (orderd) holds 100 MiB, over the 64 MiB ceiling"
+    fired = [r for r, o in run_rules(rules, facts) if o.state == "fired"]
+    assert advice_of(fired, facts) == ["restart PID 500 (orderd) in its 64 MiB cgroup"]
+
+
+def test_a_site_precedence_is_a_yaml_edit(tmp_path):
+    """Host pressure the target did not pay for comes after the target's own growth in the shipped
+    playbook; a site that wants the host's pressure first raises its priority."""
+    facts = _facts(CLIMBING, swapin_per_s=500)  # host swap, no major fault of the target's
+    assert facts["pressure.target_pays"] is False and facts["memory.shape"] == "climbing"
+    assert _verdict(SHIPPED_RULES, facts)[:2] == ("rss-climbing", "growth")
+    host_first = _playbook(
+        tmp_path,
+        ("confidence: 0.4, priority: 10}", "confidence: 0.4, priority: 25}"),
+    )
+    rule, kind, summary = _verdict(host_first, facts)
+    assert (rule, kind) == ("host-memory-pressure", "pressure")
+    assert summary.startswith("memory pressure on the host (host-wide counters, seen from PID 500 (orderd))"), summary
+    assert "caused by growth: RSS of PID 500 (orderd) grew" in summary
+
+
+def test_a_site_can_put_stable_above_host_pressure_it_did_not_pay(tmp_path):
+    """Once "stable" was whatever Python found no candidate for, so no playbook could rank it above
+    host pressure; now it is a rule with a priority like any other."""
+    facts = _facts(FLAT, swapin_per_s=500)
+    assert facts["pressure.target_pays"] is False
+    assert _verdict(SHIPPED_RULES, facts)[:2] == ("host-memory-pressure", "pressure")
+    calm = _playbook(tmp_path, ("confidence: 0.6, priority: 1}", "confidence: 0.6, priority: 11}"))
+    assert _verdict(calm, facts)[:2] == ("stable", "healthy")
+
+
+def test_stable_is_a_rule_and_can_be_outranked(tmp_path):
+    facts = _facts(FLAT)
+    assert "summary.stable" not in facts and "summary.too_few" not in facts  # no verdict text from Python
+    rule, kind, summary = _verdict(SHIPPED_RULES, facts)
+    assert (rule, kind) == ("stable", "healthy")
+    assert summary == "memory of PID 500 (orderd) is stable at 100 MiB over 20 s; no pressure, no OOM kill"
+    # a site that calls every quiet window inconclusive: the floor above stable
+    floor_first = _playbook(tmp_path, ("confidence: 0.1, priority: 0}", "confidence: 0.1, priority: 3}"))
+    assert _verdict(floor_first, facts)[:2] == ("no-conclusion", "inconclusive")
+
+
+def test_next_steps_are_given_once_by_key_not_by_text(tmp_path):
+    facts = _facts(CLIMBING, swapin_per_s=500, majflt=5)
+    fired = [r for r, o in run_rules(SHIPPED_RULES, facts) if o.state == "fired"]
+    assert {"memory-pressure", "rss-climbing"} <= {r.id for r in fired}
+    steps = advice_of(fired, facts)
+    assert len(steps) == len(set(steps))
+    # memory-pressure's wording of "find what grows" is kept; host-memory-pressure would say it otherwise
+    assert "swap is the symptom: find what grows (memdiag probe faults on the largest consumers)" in steps
+    assert "find what grows: page-fault stacks of the largest consumers" not in steps
+    assert steps.count("see reclaim and swap as latency: vmscan, drsnoop and swapin probes") == 1
+    extra = """
+  - id: site-a
+    when: process.rss > 1MiB
+    then: {advice: ["call the on-call", {key: find-what-grows, text: "another wording"}]}
+  - id: site-b
+    when: process.rss > 1MiB
+    then: {advice: ["call the on-call"]}
+"""
+    rules = _playbook(tmp_path, extra=extra)
+    steps = advice_of([r for r, o in run_rules(rules, facts) if o.state == "fired"], facts)
+    assert steps.count("call the on-call") == 2  # keyed by rule: two rules, two steps, even in one wording
+    assert "another wording" not in steps  # the key was given already
