@@ -190,6 +190,7 @@ def test_next_steps_are_given_once_by_key_not_by_text(tmp_path):
     assert "swap is the symptom: find what grows (memdiag probe faults on the largest consumers)" in steps
     assert "find what grows: page-fault stacks of the largest consumers" not in steps
     assert steps.count("see reclaim and swap as latency: vmscan, drsnoop and swapin probes") == 1
+    assert steps.index("swap is the symptom: find what grows (memdiag probe faults on the largest consumers)") == 0
     extra = """
   - id: site-a
     when: process.rss > 1MiB
