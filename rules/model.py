@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import difflib
 import re
-from typing import Literal
+from typing import Annotated, Literal
 
 from memdiag.system.units import KIND_NAMES, Kind, parse_quantity
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from .catalog import FACTS
 
@@ -159,11 +159,19 @@ class Advice(_Strict):
     text: str
 
 
+def _step_kind(v: object) -> str:
+    return "keyed" if isinstance(v, (dict, Advice)) else "text"
+
+
+# a next step: a string, or {key, text}; told apart by shape so an error names only the one meant
+Step = Annotated[Annotated[str, Tag("text")] | Annotated[Advice, Tag("keyed")], Discriminator(_step_kind)]
+
+
 class Then(_Strict):
     finding: str | None = None
     probes: list[ProbeRequest] = []
     verdict: VerdictAction | None = None
-    advice: list[str | Advice] = []
+    advice: list[Step] = []
 
     def advice_items(self, rule_id: str) -> list[tuple[str, str]]:
         """(key, text) of each next step: its own key, else the rule's id and its place."""

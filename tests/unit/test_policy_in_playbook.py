@@ -4,6 +4,7 @@ test fails if the threshold, the verdict or the precedence were still decided in
 
 from pathlib import Path
 
+import pytest
 from memdiag.diagnose.evidence import build_counters
 from memdiag.diagnose.factset import counter_facts
 from memdiag.diagnose.observe import Observation
@@ -11,7 +12,7 @@ from memdiag.diagnose.snapshot import Snapshot
 from memdiag.diagnose.target import Target
 from memdiag.diagnose.triage import triage
 from memdiag.rules.engine import advice_of, render, run_rules
-from memdiag.rules.loader import load_playbooks, shipped_playbooks
+from memdiag.rules.loader import RuleFileError, load_file, load_playbooks, shipped_playbooks
 from memdiag.system.meminfo import MemInfo
 from memdiag.system.process import ProcessMemory
 from memdiag.system.psi import Psi, PsiLine
@@ -203,3 +204,18 @@ def test_next_steps_are_given_once_by_key_not_by_text(tmp_path):
     steps = advice_of([r for r, o in run_rules(rules, facts) if o.state == "fired"], facts)
     assert steps.count("call the on-call") == 2  # keyed by rule: two rules, two steps, even in one wording
     assert "another wording" not in steps  # the key was given already
+
+
+def test_a_keyed_step_is_strict_with_its_line(tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(
+        "rules:\n  - id: a\n    when: process.rss > 1MiB\n    then:\n      advice:\n"
+        '        - "fine"\n        - {key: k, txt: "typo"}\n        - {key: Bad Key, text: "{proces.rss}"}\n'
+    )
+    with pytest.raises(RuleFileError) as e:
+        load_file(path)
+    assert e.value.errors == [
+        f"{path}:7: rule a then.advice.1.keyed.text: Field required",
+        f"{path}:7: rule a then.advice.1.keyed: unknown key `txt`",
+        f"{path}:8: rule a then.advice.2.keyed.key: String should match pattern '^[a-z0-9][a-z0-9_.-]*$'",
+    ]
