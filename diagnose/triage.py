@@ -188,7 +188,7 @@ def _oom_summary(obs: Observation, kills: list[OomKill], cg_kills: int | None) -
         if meminfo and meminfo.mem_available is not None and meminfo.available_percent is not None:
             parts.append(
                 f"while the host has {fmt_bytes(meminfo.mem_available)} available "
-                f"({meminfo.available_percent:.0f}% of RAM)"
+                f"({meminfo.available_percent:.1f}% of RAM)"
             )
     else:
         parts.append("system out of memory")
