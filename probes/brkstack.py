@@ -12,6 +12,7 @@ from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
 from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
 from .procmaps import AddressSpace
+from .text import event_stack_lines
 
 METHOD = "raw tracepoints sys_enter/sys_exit (brk), kernel stacks + .eh_frame unwinding"
 
@@ -38,6 +39,11 @@ def current_break(pid: int) -> int | None:
         return int(fields[47 - 3])
     except (OSError, IndexError, ValueError):
         return None
+
+
+def describe(r: BrkResult, top: int) -> list[str]:
+    """The result's lines under its header in `memdiag probe brkstack`."""
+    return event_stack_lines(r, top, "calls")
 
 
 def build_options() -> dict[str, int | str]:

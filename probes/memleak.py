@@ -14,6 +14,7 @@ import ctypes as ct
 import os
 import time
 
+from memdiag.system.units import fmt_bytes, fmt_duration
 from pydantic import BaseModel
 
 from . import kernel
@@ -25,6 +26,7 @@ from .growth import Spaces
 from .overhead import DETACH_S, Meter, TracingCost
 from .reach import ReachScan, StackReach
 from .stacks import Symbolizer, folded, recover
+from .text import stack_lines
 
 STAT_NAMES = (
     "allocs",
@@ -107,6 +109,42 @@ class MemleakResult(ProbeResult):
         """The stack with the most leaked bytes (nothing points at them), if the scan found any."""
         scanned = [s for s in self.stacks if s.reach is not None and s.reach.leaked_bytes > 0]
         return max(scanned, key=lambda s: s.reach.leaked_bytes) if scanned else None  # type: ignore[union-attr]
+
+
+def describe(r: MemleakResult, top: int) -> list[str]:
+    """The result's lines under its header in `memdiag probe memleak` (and reach): where the probes
+    went, the stacks with outstanding blocks and what the scan found of them, big allocations."""
+    lines = [f"  allocator: {r.allocator}" + (f" ({r.allocator_module})" if r.allocator_module else "")]
+    lines += [f"    probe on {p}" for p in r.placements]
+    if r.missing_entry_points:
+        lines.append("    not in this process: " + ", ".join(r.missing_entry_points))
+    lines += [f"    could not attach: {e}" for e in r.attach_errors]
+    for s in r.stacks[:top]:
+        age = f", oldest {fmt_duration(s.oldest_age_s)}" if s.oldest_age_s is not None else ""
+        trend = " -> ".join(fmt_bytes(v) for v in s.series[-6:])
+        lines.append(
+            f"  {fmt_bytes(s.outstanding_bytes)} outstanding in {s.outstanding_count:,} allocations "
+            f"({s.allocs:,} allocs, {s.frees:,} frees{age}) PID {s.pid}:"
+        )
+        lines += stack_lines(s.frames)
+        if trend:
+            lines.append(f"      outstanding: {trend}")
+        if s.reach is not None:
+            lines.append(f"      {_reach_line(s.reach)}")
+    if r.reach_scan is not None:
+        lines.append(f"  reachability scan: {r.reach_scan.describe()}")
+    for b in r.big_allocations[:top]:
+        lines.append(f"  big allocation {fmt_bytes(b.size)} by PID {b.pid} ({b.comm}):")
+        lines += stack_lines(b.frames)
+    return lines
+
+
+def _reach_line(r: StackReach) -> str:
+    anchor = f"; most from {r.anchor} ({fmt_bytes(r.anchor_bytes)})" if r.anchor else ""
+    return (
+        f"at the scan: leaked {r.leaked_count:,} blocks ({fmt_bytes(r.leaked_bytes)}, {r.unreferenced_count:,} "
+        f"unreferenced), anchored {r.anchored_count:,} ({fmt_bytes(r.anchored_bytes)}){anchor}"
+    )
 
 
 def requirements(kernel_mode: bool) -> list[kernel.Availability]:

@@ -3,11 +3,13 @@ or shared, writable), and munmap() per process: the reservations that precede re
 
 from __future__ import annotations
 
+from memdiag.system.units import fmt_bytes
 from pydantic import BaseModel
 
 from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
 from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
+from .text import event_stack_lines
 
 METHOD = "raw tracepoint sys_enter (mmap/munmap), kernel stacks + .eh_frame unwinding"
 
@@ -36,6 +38,12 @@ def kind_name(kind: int) -> str:
 
 def requirements() -> list[kernel.Availability]:
     return [kernel.raw_syscall_tracepoints()]
+
+
+def describe(r: MmapResult, top: int) -> list[str]:
+    """The result's lines under its header in `memdiag probe mmapsnoop`."""
+    mapped = f"  mapped {fmt_bytes(r.mapped_bytes)}, unmapped {fmt_bytes(r.unmapped_bytes)}"
+    return [*event_stack_lines(r, top, "calls"), mapped]
 
 
 def build_options() -> dict[str, int | str]:
