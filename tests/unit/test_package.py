@@ -5,6 +5,8 @@ import sys
 import zipfile
 from pathlib import Path
 
+from memdiag.probes.registry import REGISTRY
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -29,7 +31,7 @@ def test_wheel_layout(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     assert top == {"memdiag", next(t for t in top if t.endswith(".dist-info"))}  # nothing else at the top
-    for probe in ("faults", "memleak", "oomkill", "swapin", "vmscan", "drsnoop", "brkstack", "mmapsnoop"):
+    for probe in REGISTRY.names:
         assert f"memdiag/bpf/{probe}.c" in names
         assert f"memdiag/probes/{probe}.py" in names
     assert "memdiag/bpf/memdiag.h" in names
