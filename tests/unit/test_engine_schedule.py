@@ -5,7 +5,6 @@ rules are the shipped playbook's, so what runs in memleak's place is what the pl
 from types import SimpleNamespace
 
 import pytest
-
 from memdiag.diagnose.engine import MIN_PROBE_S, BudgetDecision, Engine
 from memdiag.diagnose.target import Target
 from memdiag.diagnose.workflow import load_rules
