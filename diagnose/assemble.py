@@ -37,6 +37,11 @@ def target_info(target: Target) -> TargetInfo:
     )
 
 
+def _percent(ns: float | None, window_s: float) -> float | None:
+    """The target's time (ns) as a share of the window; None stays None (not measured)."""
+    return None if ns is None else 100 * ns / (window_s * 1e9)
+
+
 def _overhead_percent(r: ProbeResult, window_s: float) -> float | None:
     """What a probe cost the target over the whole window: for memleak, as measured on the target
     while it ran (probes/overhead.py); for the others, their BPF run time (tracepoints trap nothing)."""
@@ -49,7 +54,7 @@ def _overhead_percent(r: ProbeResult, window_s: float) -> float | None:
         return 0.0 if r.status in ("ok", "partial") else None
     if r.cost.bpf_run_ns is None:
         return None  # the kernel kept no run time: unknown, not free
-    return 100.0 * r.cost.bpf_run_ns / (window_s * 1e9)
+    return _percent(r.cost.bpf_run_ns, window_s)
 
 
 def _one_off_rows(
@@ -64,7 +69,7 @@ def _one_off_rows(
             method="one uprobe per entry point, each count stopped after ~1,000 calls or 0.25 s",
             duration_s=seconds,
             events=events,
-            overhead_percent=100 * ns / (window_s * 1e9),
+            overhead_percent=_percent(ns, window_s),
         )
         for step, seconds, ns, events in one_offs
     ]
@@ -203,9 +208,6 @@ def _overhead(
     rows = [p.overhead_percent for p in probes if p.overhead_percent is not None]
     tracing = getattr(ml, "tracing_cost", None)
 
-    def pct(ns: float | None) -> float | None:
-        return None if ns is None else 100 * ns / (window_s * 1e9)
-
     return Overhead(
         budget_percent=budget,
         estimated_percent=d.estimated_percent if d else None,
@@ -213,8 +215,8 @@ def _overhead(
         if d is None
         else ("allocation tracing" if d.choice == "full" else "allocation tracing, not attached"),
         measured_percent=sum(rows) if rows else None,
-        tracing_probes_percent=pct(tracing.probes_ns) if tracing else None,
-        tracing_cpu_percent=pct(tracing.cpu_ns) if tracing else None,
+        tracing_probes_percent=_percent(tracing.probes_ns, window_s) if tracing else None,
+        tracing_cpu_percent=_percent(tracing.cpu_ns, window_s) if tracing else None,
         window_s=window_s,
     )
 

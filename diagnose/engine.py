@@ -170,7 +170,7 @@ class Engine:
         from memdiag.probes.allocator import ALLOCATING, find_allocator
         from memdiag.probes.calibrate import host_costs
         from memdiag.probes.overhead import price, trap_ns
-        from memdiag.probes.ratecount import COUNTED, estimate_call_rates
+        from memdiag.probes.ratecount import estimate_call_rates
 
         if self.target.kind != "pid" or self.target.pid is None:
             return BudgetDecision(
@@ -198,7 +198,17 @@ class Engine:
         decision = self._decide(price(first_step, rates.per_s(), costs), allocating, rates, prefix, run_s)
         if decision.choice != "full":
             return decision
-        # not priced out by the allocating calls alone: count the others (free, calloc, realloc, mmap ...)
+        return self._price_every(alloc, traps, rates, run_s)
+
+    def _price_every(self, alloc, traps: dict[str, float], rates, run_s: float) -> BudgetDecision:
+        """The second step, when the allocating calls alone did not price memleak out: count the
+        others (free, calloc, realloc, mmap ...) and price every site."""
+        from memdiag.probes.allocator import ALLOCATING
+        from memdiag.probes.overhead import price
+        from memdiag.probes.ratecount import COUNTED, estimate_call_rates
+
+        assert self.target.pid is not None and self.costs is not None
+        allocating = sum(r.per_s for r in rates.counts)
         others = tuple(f for f in COUNTED if f not in ALLOCATING)
         more = estimate_call_rates(self.target.pid, trap_ns=traps, alloc=alloc, functions=others)
         if more is not None:
@@ -218,7 +228,7 @@ class Engine:
         if more is None:  # the second count failed: price each free as an allocation's (they pair up)
             per_s.setdefault("free", allocating)
         self.site_rates = per_s
-        return self._decide(price(alloc.placements, per_s, costs), allocating, every, "", run_s)
+        return self._decide(price(alloc.placements, per_s, self.costs), allocating, every, "", run_s)
 
     def _spend(self, step: str, rates) -> None:
         """A one-off step's cost to the target, kept for the probe table (merged by step)."""
