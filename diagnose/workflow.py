@@ -52,6 +52,7 @@ def diagnose(
     proc_root: Path = Path("/proc"),
     max_pause_ms: float = DEFAULT_MAX_PAUSE_MS,
 ) -> Report:
+    """Diagnose the target over the window: the engine under the playbook's rules, then the Report."""
     book = _playbook(rules)
     engine = Engine(
         book.rules,
