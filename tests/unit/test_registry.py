@@ -81,3 +81,10 @@ def test_no_second_list_of_probes_in_the_package():
             if path.name != "registry.py":
                 lists += _name_lists(path, names)
     assert not lists, "probe names listed outside probes/registry.py"
+
+
+def test_the_rule_model_loads_no_probe_loader():
+    code = "import sys, memdiag.rules.model; print(sorted(m for m in sys.modules if m.startswith('memdiag.probes')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['memdiag.probes', 'memdiag.probes.registry']"
