@@ -156,8 +156,8 @@ class Engine:
         for name, verdict in tri.candidates.items():
             f[f"summary.{name}"] = verdict.summary
         f.update(probe_facts(self.results, f.get("process.rss_shape"), self.classes))
-        if self.budget_decision is not None:
-            f.update(self.budget_decision.facts())
+        # not priced (memleak not asked for, or no time left for it): the fallback rule is false, not missing
+        f.update(self.budget_decision.facts() if self.budget_decision is not None else {"alloc.tracing": "none"})
         return f, counters, tri
 
     # --- probes ---------------------------------------------------------------------------

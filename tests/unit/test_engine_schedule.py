@@ -121,3 +121,20 @@ def test_the_budget_decision_is_the_projected_share_of_the_window():
     dear = e._decide(_price(1e8), 1000.0, rates, "malloc alone: ", 12.0)
     assert dear.choice == "fallback" and "> budget 2%: every uprobe hit is a trap" in dear.reason
     assert dear.reason.startswith("malloc alone: malloc+0") and dear.facts()["alloc.tracing"] == "fallback"
+
+
+def test_unpriced_memleak_leaves_the_fallback_rule_false_not_missing():
+    from memdiag.diagnose.observe import Observation
+    from memdiag.rules.engine import run_rules
+
+    fake = FakeProbes()
+    e = engine(fake)
+    obs = Observation(target=e.target, requested_s=30.0, started=0.0, ended=1.0, snapshots=[], oom_kills=[])
+    facts, _c, _t = e.facts_of(obs)
+    assert facts["alloc.tracing"] == "none" and "alloc.rate" not in facts
+    states = {rule.id: o.state for rule, o in run_rules(e.rules, facts)}
+    assert states["memleak-over-budget"] == "not-fired"  # a report's trail lists no skipped rule for it
+    e.budget_decision = BudgetDecision(choice="unknown", reason="no allocator found")
+    facts, _c, _t = e.facts_of(obs)
+    states = {rule.id: o.state for rule, o in run_rules(e.rules, facts)}
+    assert states["memleak-over-budget"] == "fired"
