@@ -207,7 +207,6 @@ class Thread:
     sp: int
     ip: int
     bp: int
-    pending_signal: int = 0
     tp: int | None = None  # the thread pointer (x86-64 fs_base): its TLS lies just below it
     stack: bytes = b""  # its stack from sp - red zone up, copied while stopped (to name frames)
     stack_base: int = 0
@@ -366,7 +365,7 @@ def stopped(pid: int):
                 raise ScanAborted(f"a 32-bit target: memdiag reads {arch.MACHINE} registers only")
             words = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw) - 7, 8)]
             tp = words[tp_i] if tp_i is not None else None
-            threads.append(Thread(tid, raw, words[sp_i], words[ip_i], words[bp_i], sig, tp))
+            threads.append(Thread(tid, raw, words[sp_i], words[ip_i], words[bp_i], tp))
         yield threads
     finally:
         for tid, sig in seized.items():
@@ -978,7 +977,7 @@ def scan(
     if not _alive(pid):
         why = "the target exited during the scan: nothing is concluded from it"
         return ReachScan(status="failed", reason=why, paused_ms=box["paused_ms"], **info), {}
-    return _classify(pid, box, info)
+    return _classify(box, info)
 
 
 def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: dict) -> None:
@@ -1017,7 +1016,7 @@ def _alive(pid: int) -> bool:
     return _state(pid, pid) not in (None, "Z", "X")
 
 
-def _classify(pid: int, box: dict, info: dict) -> tuple[ReachScan, dict[int, StackReach]]:
+def _classify(box: dict, info: dict) -> tuple[ReachScan, dict[int, StackReach]]:
     """Leaked or anchored per block, the anchors named, per group; after the target runs again."""
     import numpy as np
 
