@@ -56,11 +56,6 @@ PAGEMAP_WINDOW = 1 << 16  # pages of /proc/PID/pagemap read at a time (512 KiB: 
 MAX_EDGES = 4_000_000  # block-to-block references kept (8 bytes each); past it the scan gives up
 D_STATE_WAIT_S = 0.2  # how long a thread may stay in uninterruptible sleep before the scan gives up
 STOP_TIMEOUT_S = 1.0  # a thread that does not stop in this time (uninterruptible sleep) aborts the scan
-# x86-64 (TLS variant II): a thread's static TLS lies just below its thread pointer, the thread
-# control block (glibc's struct pthread, 2,304 bytes in 2.36) at and above it. The static TLS is the
-# modules' PT_TLS segments plus the surplus glibc keeps for dlopen()ed ones (1,664 bytes in 2.36).
-TCB_BYTES = 2304
-TLS_SURPLUS = 1664
 SAMPLE_CHUNKS = 16  # chunks of the target's memory matched while it runs, to price the pause
 SWAP_READ_BYTES_PER_S = 50 << 20  # reading swapped pages back: random 4 KiB reads of a virtual disk
 FIXED_MS = 2.0  # listing the mappings and the threads under the stop (measured: ~1 ms)
@@ -688,7 +683,7 @@ def _tls_segment(elf):
 def _static_tls_bytes(space: AddressSpace) -> int:
     """The size of a thread's static TLS: every loaded module's PT_TLS segment, aligned, plus
     glibc's surplus."""
-    total = TLS_SURPLUS
+    total = arch.TLS_SURPLUS
     for path in space.modules():
         m = space.first_mapping_of(path)
         elf = elf_info(space.file_path(m)) if m is not None else None
@@ -713,7 +708,7 @@ def _split_tls(regions: list[Region], threads: list[Thread], tls_bytes: int) -> 
             continue
         r = regions[i]
         floor = t.sp if r.mapping.start <= t.sp < r.mapping.end else r.mapping.start
-        lo, hi = max(r.start, t.tp - tls_bytes, floor), min(r.end, t.tp + TCB_BYTES)
+        lo, hi = max(r.start, t.tp - tls_bytes, floor), min(r.end, t.tp + arch.TCB_BYTES)
         if lo >= hi or r.tier == TIER_STATIC:  # a module's own data keeps its symbols
             continue
         parts = [Region(r.start, lo, r.tier, r.mapping, r.tid, r.module)] if r.start < lo else []

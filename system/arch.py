@@ -12,7 +12,8 @@ makes the probes x86-64 only:
 - uprobe placement and the forwarder test read x86-64 machine code (disassembler(); the probes
   match capstone's x86 instruction ids themselves);
 - the reachability scan reads NT_PRSTATUS register sets (USER_REGS, which knows aarch64 too) and
-  skips the x86-64 SysV red zone below the stack pointer (RED_ZONE);
+  skips the x86-64 SysV red zone below the stack pointer (RED_ZONE); it finds threads' TLS by the
+  x86-64 layout (TLS variant II: TCB_BYTES, TLS_SURPLUS), which aarch64's register set does not give;
 - distro libraries live in the Debian multiarch folder (LIB_DIRS).
 
 The bpf(2) and perf_event_open(2) numbers are known for aarch64 as well (SYSCALLS), so the
@@ -53,6 +54,11 @@ USER_REGS = {
 # x86-64 DWARF register numbers (SysV psABI, figure 3.36), as .eh_frame rules name them
 DWARF_BP, DWARF_SP, DWARF_RA = 6, 7, 16
 RED_ZONE = 128  # x86-64 SysV: a leaf function may keep data this far below the stack pointer
+# x86-64 (TLS variant II): a thread's static TLS lies just below its thread pointer, the thread
+# control block (glibc's struct pthread, 2,304 bytes in 2.36) at and above it. The static TLS is the
+# modules' PT_TLS segments plus the surplus glibc keeps for dlopen()ed ones (1,664 bytes in 2.36).
+TCB_BYTES = 2304
+TLS_SURPLUS = 1664
 
 MULTIARCH = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}  # Debian's library triplets
 LIB_DIRS = tuple(f"{root}/{MULTIARCH.get(MACHINE, MACHINE + '-linux-gnu')}" for root in ("/lib", "/usr/lib"))
