@@ -95,9 +95,6 @@ class ProbeResult(BaseModel):
     cost: Cost = Cost()
 
 
-bpf_source = compiler.source
-
-
 def require(*checks: Availability) -> None:
     for check in checks:
         if not check.available:

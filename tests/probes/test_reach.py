@@ -7,9 +7,10 @@ import dataclasses
 import pytest
 from memdiag.probes import memleak, reach
 from memdiag.probes.base import ProbeTarget
+from memdiag.system import arch
 
 MiB = 1 << 20
-JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+JEMALLOC = arch.library("libjemalloc.so.2")
 
 
 def _scan(w, seconds: float = 6, allowed_ms: float | None = None):

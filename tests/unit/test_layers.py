@@ -5,7 +5,6 @@ import ast
 from pathlib import Path
 
 import pytest
-
 from memdiag.system.units import parse_quantity, parse_size
 
 ROOT = Path(__file__).resolve().parents[2]

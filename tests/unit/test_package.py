@@ -51,7 +51,7 @@ def test_wheel_layout(tmp_path):
 
 
 def test_bpf_sources_load_from_the_installed_package():
-    from memdiag.probes.base import bpf_source
+    from memdiag.probes.compiler import source
 
-    src = bpf_source("faults")
+    src = source("faults")
     assert src.is_absolute() and src.exists() and (src.parent / "memdiag.h").exists()
