@@ -13,7 +13,7 @@ def test_wheel_layout(tmp_path):
     # built from a copy: setuptools writes build/ and *.egg-info beside the sources, and the
     # checkout may not be the tester's to write (the fast layer runs unprivileged)
     src = tmp_path / "src"
-    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__"))
+    shutil.copytree(ROOT, src, ignore=shutil.ignore_patterns(".*", "tests", "build", "*.egg-info", "__pycache__"))
     out = tmp_path / "dist"
     subprocess.run(
         [
