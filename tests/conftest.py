@@ -22,7 +22,6 @@ from containers import run_container, workload_image  # noqa: E402
 from figures import read_report  # noqa: E402
 from kit import MEMDIAG, MemoryCgroup, Workload, swapfile  # noqa: E402
 
-
 # Fixtures that drive the real machine: root, BPF, cgroups, swap, workloads, the console script,
 # podman, servers run as root. A test using one (directly or through another fixture) is `bpf`.
 BPF_FIXTURES = frozenset(
