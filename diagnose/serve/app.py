@@ -8,6 +8,7 @@ import html
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import ValidationError
@@ -42,6 +43,17 @@ class Config:
     limiter: FailureLimiter | None = None
     read_token: str | None = None  # when set, reads (incidents, reports, metrics) need it or `token`
     checks: tuple[Callable[[], str | None], ...] = ()  # more health sources (the Alertmanager poller's)
+    oom_watch: Any = None  # the OomWatcher (oomwatch.py) when the watch runs: /healthz says whether it is attached
+
+
+def oom_watch_state(watcher) -> str:
+    """What /healthz says of the OOM watch: off, starting (compiling and attaching), attached, or
+    unavailable with the reason (the server runs on without it, so this is not a health problem)."""
+    if watcher is None:
+        return "off"
+    if not watcher.ready.is_set():
+        return "starting"
+    return f"unavailable: {watcher.error}" if watcher.error else "attached"
 
 
 class Metrics:
@@ -393,7 +405,12 @@ class Api:
         others = () if request.query_params.get("scope") == "process" else (c() for c in self.cfg.checks)
         worker = self.worker
         problems = [p for p in (worker.health(), self.store.health(), *others) if p]
-        body = {"ok": not problems, "queued": worker.qsize(), "running": worker.current[0] if worker.current else None}
+        body = {
+            "ok": not problems,
+            "queued": worker.qsize(),
+            "running": worker.current[0] if worker.current else None,
+            "oom_watch": oom_watch_state(self.cfg.oom_watch),
+        }
         if problems:
             return JSONResponse({**body, "reason": "; ".join(problems)}, status_code=503)
         return JSONResponse(body)
