@@ -80,7 +80,7 @@ def execute(args: argparse.Namespace) -> int:
     if args.name == "reach" and (args.kernel or target.kind != "pid"):
         raise UsageError("probe reach scans one process's memory: give --pid (user-space allocations)")
     # one line once the probe is attached: a caller waits for it instead of guessing a load time
-    ATTACHED.append(lambda name: print(f"memdiag probe {name}: attached", file=sys.stderr, flush=True))
+    ATTACHED.append(lambda _: print(f"memdiag probe {args.name}: attached", file=sys.stderr, flush=True))
     with phase(f"probe {args.name}"):
         result = _run(module, args, target)
     if args.folded is not None:
