@@ -4,6 +4,7 @@ cleanly, bad input refused in one line."""
 import json
 import signal
 import subprocess
+import time
 
 import pytest
 from kit import MEMDIAG, wait_for_line
@@ -42,6 +43,7 @@ def test_probe_interrupted_by_a_signal_still_reports(root_required, workload, si
     )
     try:
         wait_for_line(p, "memdiag probe faults: attached")  # the probe has a 60 s window
+        time.sleep(2)  # the leak faults under the probe for a measured while before the signal
         p.send_signal(sig)
         out, err = p.communicate(timeout=120)
     finally:
