@@ -66,19 +66,22 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.bpf)  # a workload run for tens of seconds is the real kernel's
 
 
+def _failure(message: str) -> pytest.ExceptionInfo:
+    try:  # raised, so it has the traceback pytest's report needs
+        raise AssertionError(message)
+    except AssertionError as e:
+        return pytest.ExceptionInfo.from_exception(e)
+
+
 def pytest_runtest_makereport(item, call):
     if call.excinfo is None or not call.excinfo.errisinstance(pytest.skip.Exception):
         return
     if os.geteuid() != 0 and item.get_closest_marker("bpf") is None and "root" in str(call.excinfo.value):
         # the fast layer runs without root: a test there that wants root lacks its `bpf` marker
-        call.excinfo = pytest.ExceptionInfo.from_exception(
-            AssertionError(f"needs root but is not marked bpf: {call.excinfo.value}")
-        )
+        call.excinfo = _failure(f"needs root but is not marked bpf: {call.excinfo.value}")
     elif os.environ.get("MEMDIAG_NO_SKIP") == "1":
         # Skips are failures when the environment promises everything (this machine, CI).
-        call.excinfo = pytest.ExceptionInfo.from_exception(
-            AssertionError(f"skipped where nothing may skip: {call.excinfo.value}")
-        )
+        call.excinfo = _failure(f"skipped where nothing may skip: {call.excinfo.value}")
 
 
 @pytest.fixture
