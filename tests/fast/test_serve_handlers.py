@@ -6,6 +6,9 @@ refusals of bad requests. The targets are real processes this test starts."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import json
 import subprocess
 import threading
 
@@ -251,3 +254,16 @@ def test_one_incident_and_its_missing_report(serve):
     assert client.get("/incidents/0123abcd", headers=AUTH).status_code == 404
     assert client.get("/nowhere").json() == {"error": "Not Found"}
     assert client.get("/diagnose").status_code == 405
+
+
+def test_grafana_needs_its_signature_when_a_secret_is_set(serve, target):
+    client, store, worker = serve(grafana_secret="hush", grafana_timestamp_header="X-Ts")
+    body = json.dumps({"version": "1", "alerts": [_alert(target, "g1")]}).encode()
+    good = hmac.new(b"hush", b"1700000000:" + body, hashlib.sha256).hexdigest()
+    headers = {**AUTH, "Content-Type": "application/json", "X-Ts": "1700000000"}
+    r = client.post("/alerts/grafana", content=body, headers={**headers, "X-Grafana-Alerting-Signature": "00" * 32})
+    assert (r.status_code, r.json()) == (401, {"error": "bad X-Grafana-Alerting-Signature"})
+    r = client.post("/alerts/grafana", content=body, headers={**headers, "X-Grafana-Alerting-Signature": good})
+    assert r.status_code == 202 and r.json()["incidents"][0]["new"] is True
+    assert [j.source for j in worker.queued] == ["grafana"]
+    assert 'memdiag_alerts_received_total{source="grafana"} 1.0' in client.get("/metrics").text
