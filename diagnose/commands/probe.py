@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, swapin, vmscan
-from memdiag.probes.base import INTERRUPTION, ProbeTarget, phase
+from memdiag.probes.base import ATTACHED, INTERRUPTION, ProbeTarget, phase
 from memdiag.probes.calibrate import host_costs
 
 from ..errors import PermissionNeeded, SignalInterrupted, UsageError
@@ -79,6 +79,8 @@ def execute(args: argparse.Namespace) -> int:
     module = PROBES[args.name]
     if args.name == "reach" and (args.kernel or target.kind != "pid"):
         raise UsageError("probe reach scans one process's memory: give --pid (user-space allocations)")
+    # one line once the probe is attached: a caller waits for it instead of guessing a load time
+    ATTACHED.append(lambda _: print(f"memdiag probe {args.name}: attached", file=sys.stderr, flush=True))
     with phase(f"probe {args.name}"):
         result = _run(module, args, target)
     if args.folded is not None:

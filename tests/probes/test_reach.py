@@ -3,6 +3,7 @@ points at, held ones are anchored with the root named, and nothing that is only 
 register, another thread's stack, a list being rewritten) is ever called leaked."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from memdiag.probes import memleak, reach
@@ -201,7 +202,10 @@ def test_a_traced_target_is_left_alone(workload):
     w = workload("errleak", "2000", "7")
     tracer = subprocess.Popen(["strace", "-q", "-o", "/dev/null", "-p", str(w.pid)])
     try:
-        time.sleep(1)
+        deadline = time.monotonic() + 30
+        while f"TracerPid:\t{tracer.pid}\n" not in Path(f"/proc/{w.pid}/status").read_text():
+            assert time.monotonic() < deadline, "strace never attached"
+            time.sleep(0.05)  # until strace has attached: the kernel says so in TracerPid
         r = memleak.run(ProbeTarget.for_pid(w.pid), 2, scan_reach=True)
         scan = r.reach_scan
         assert scan.status == "failed" and scan.paused_ms is None
