@@ -8,6 +8,8 @@ from __future__ import annotations
 import ctypes as ct
 from pathlib import Path
 
+from memdiag.system import arch
+
 from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
 from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
@@ -48,7 +50,7 @@ def describe(r: BrkResult, top: int) -> list[str]:
 
 def build_options() -> dict[str, int | str]:
     """The syscall numbers the program compares the raw tracepoint's id with."""
-    return dict(kernel.syscall_numbers())
+    return dict(arch.syscall_defines())
 
 
 def run(target: ProbeTarget, duration: float, top: int = 50) -> BrkResult:

@@ -3,6 +3,7 @@ or shared, writable), and munmap() per process: the reservations that precede re
 
 from __future__ import annotations
 
+from memdiag.system import arch
 from memdiag.system.units import fmt_bytes
 from pydantic import BaseModel
 
@@ -48,7 +49,7 @@ def describe(r: MmapResult, top: int) -> list[str]:
 
 def build_options() -> dict[str, int | str]:
     """The syscall numbers the program compares the raw tracepoint's id with."""
-    return dict(kernel.syscall_numbers())
+    return dict(arch.syscall_defines())
 
 
 def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:

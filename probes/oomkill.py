@@ -34,6 +34,7 @@ from .base import (
     ProbeResult,
     ProbeTarget,
     ProbeUnavailable,
+    attached,
     bpf_stats,
     load,
     measure_cost,
@@ -351,6 +352,7 @@ def run(
     kills: list[OomEvent] = []
     if ready is not None:
         ready.set()
+    attached("oomkill")
     try:
         with bpf_stats(), stop_on_signals() as stop:
             deadline = time.monotonic() + duration

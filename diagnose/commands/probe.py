@@ -7,7 +7,7 @@ import os
 import sys
 from pathlib import Path
 
-from memdiag.probes.base import INTERRUPTION, ProbeTarget, phase
+from memdiag.probes.base import ATTACHED, INTERRUPTION, ProbeTarget, phase
 from memdiag.probes.calibrate import host_costs
 from memdiag.probes.registry import REGISTRY
 
@@ -67,6 +67,8 @@ def execute(args: argparse.Namespace) -> int:
     variant = REGISTRY.variant(args.name)
     if variant is not None and variant.pid_only and (args.kernel or target.kind != "pid"):
         raise UsageError(f"probe {args.name} scans one process's memory: give --pid (user-space allocations)")
+    # one line once the probe is attached: a caller waits for it instead of guessing a load time
+    ATTACHED.append(lambda _: print(f"memdiag probe {args.name}: attached", file=sys.stderr, flush=True))
     with phase(f"probe {args.name}"):
         result = _run(REGISTRY.spec(args.name).loader(), args, target)
     if args.folded is not None:
