@@ -72,6 +72,12 @@ static __always_inline void copy_user_stack(struct stack_sample *s)
 	}
 }
 
+/* x86-64 only (memdiag/system/arch.py refuses other machines before anything is compiled): the
+ * pt_regs fields below are x86-64's. A system call's arguments, by position (x86-64 syscall ABI). */
+#define SYSCALL_ARG2 si
+#define SYSCALL_ARG3 dx
+#define SYSCALL_ARG4 r10
+
 /* User registers from a struct pt_regs in kernel memory (raw tracepoint arguments). ip, sp and
  * bp sit at the same offsets in every x86-64 kernel's pt_regs (FRED in 6.9 changed only cs/ss). */
 static __always_inline void read_user_regs(struct user_regs *r, struct pt_regs *regs)

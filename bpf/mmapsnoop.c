@@ -1,7 +1,7 @@
 /* mmapsnoop: mmap() calls by user stack, with length and the kind of mapping (anonymous or
  * file-backed, private or shared, writable or not), and munmap() per process, so reservations can
  * be told from what becomes resident. Raw syscall tracepoints carry the user pt_regs: the syscall
- * arguments (di, si, dx, r10, r8 on x86-64) and the registers for .eh_frame unwinding.
+ * arguments (SYSCALL_ARGn in memdiag.h) and the registers for .eh_frame unwinding.
  * The loader passes NR_MMAP and NR_MUNMAP. */
 #include <uapi/linux/mman.h>
 #include "memdiag.h"
@@ -45,7 +45,7 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 #endif
 	struct pt_regs *regs = (struct pt_regs *)ctx->args[0];
 	u64 len = 0;
-	bpf_probe_read_kernel(&len, sizeof(len), &regs->si);
+	bpf_probe_read_kernel(&len, sizeof(len), &regs->SYSCALL_ARG2); /* length */
 	if (nr == NR_MUNMAP) {
 		struct unmap_val zero = {}, *u = unmaps.lookup_or_try_init(&tgid, &zero);
 		if (u) {
@@ -55,8 +55,8 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 		return 0;
 	}
 	u64 prot = 0, flags = 0;
-	bpf_probe_read_kernel(&prot, sizeof(prot), &regs->dx);
-	bpf_probe_read_kernel(&flags, sizeof(flags), &regs->r10);
+	bpf_probe_read_kernel(&prot, sizeof(prot), &regs->SYSCALL_ARG3);
+	bpf_probe_read_kernel(&flags, sizeof(flags), &regs->SYSCALL_ARG4);
 	int zero_i = 0;
 	struct stack_sample *s = scratch.lookup(&zero_i);
 	if (!s)

@@ -6,8 +6,10 @@ The counters are sampled for the whole window in a background thread. After a fi
 for run one after another in the time left (probes are never run twice); their results become
 facts and the rules run again, until nothing new is asked or the window is spent. Allocation
 tracing (memleak) is priced first: a bounded count of allocator calls times the per-call cost
-measured on this host; over budget, page faults and brk/mmap are traced instead, and memleak
-also detaches itself if what it really costs goes over."""
+measured on this host; over budget, the playbook says what is traced instead (a rule on the
+`alloc.tracing` fact), and memleak also detaches itself if what it really costs goes over.
+
+Engine.run() returns one EngineResult; diagnose/assemble.py makes the Report of it."""
 
 from __future__ import annotations
 
@@ -17,15 +19,16 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
-from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, prepare, swapin, vmscan
+from memdiag.probes import prepare
 from memdiag.probes.base import INTERRUPTION, ProbeResult, ProbeTarget, interrupted, phase
+from memdiag.probes.registry import REGISTRY
 from memdiag.rules.engine import Outcome, advice_of, render, run_rules
 from memdiag.rules.model import FrameClass, Rule
 from memdiag.system.kmsg import read_oom_kills
 from memdiag.system.process import cpu_seconds
 from memdiag.system.runtime import read_runtime
 from memdiag.system.units import fmt_duration
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from .culprit import Classes, default_classes
 from .evidence import build_counters
@@ -36,7 +39,6 @@ from .snapshot import Snapshot
 from .target import Target
 from .triage import Triage, triage
 
-PROBE_ORDER = ("faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop")
 FIRST_LOOK_SHARE = 0.3
 FIRST_LOOK_MIN_S = 5.0
 MIN_PROBE_S = 3.0
@@ -50,6 +52,36 @@ class BudgetDecision(BaseModel):
     cost_ns: float | None = None  # what tracing costs the target per malloc call, all sites together
     attached_percent: float | None = None  # share of a CPU while memleak is attached
     sites: str | None = None  # the price site by site
+
+    def facts(self) -> dict:
+        """What the rules see of it: `alloc.tracing` (full, fallback, unknown) says whether memleak
+        attaches; the playbook's rules say what runs instead when it does not."""
+        return {
+            "alloc.rate": self.call_rate,
+            "alloc.tracing_percent": self.estimated_percent,
+            "alloc.tracing": self.choice,
+        }
+
+
+class EngineResult(BaseModel):
+    """What one diagnosis gathered and concluded: everything the Report is assembled from."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+
+    observation: Observation
+    counters: Counters
+    triage: Triage
+    facts: dict
+    verdict: Verdict
+    findings: list[str]  # the playbook's findings, rendered
+    advice: list[str]  # the playbook's advice, rendered
+    results: dict[str, ProbeResult]  # by probe name, the probes that ran
+    trail: list[TrailItem]
+    budget_decision: BudgetDecision | None = None  # None: memleak was never priced
+    one_offs: list[tuple[str, float, float, int]] = []  # (step, seconds, target ns, events) before any probe
+    counted: set[str] = set()  # entry points the rate count counted
+    interruption: Interrupted | None = None  # a signal ended the diagnosis early
+    classes: Classes  # the frame classes the culprit was named with
 
 
 def _warm_up(target_kind: str) -> None:
@@ -77,7 +109,12 @@ class Engine:
         on_step: Callable[[str], None] | None = None,
         max_pause_ms: float | None = None,
         wrappers: list[FrameClass] | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        runner: Callable[[str, float], ProbeResult] | None = None,
+        pricer: Callable[[float], BudgetDecision] | None = None,
     ):
+        """clock, runner (probe name, seconds -> result) and pricer (seconds memleak would run ->
+        decision) are the real ones unless a test gives its own."""
         self.rules, self.target, self.duration, self.budget = rules, target, duration, budget_percent
         self.interval, self.on_sample, self.on_step = interval, on_sample, on_step or (lambda _s: None)
         self.max_pause_ms = max_pause_ms
@@ -86,7 +123,11 @@ class Engine:
         self.trail: list[TrailItem] = []
         self.results: dict[str, ProbeResult] = {}
         self.budget_decision: BudgetDecision | None = None
-        self.started = time.monotonic()
+        self.clock = clock
+        self.run_probe = runner or self._run_probe
+        self.price_memleak = pricer or self._price_memleak
+        self.started = clock()
+        self.facts: dict = {}  # what the rules last ran on
         self.outcomes: list[tuple[Rule, Outcome]] = []
         self.decided: set[str] = set()
         self.costs = None  # this host's per-trap costs, once memleak was priced
@@ -99,7 +140,7 @@ class Engine:
 
     # --- time ---------------------------------------------------------------------------
     def elapsed(self) -> float:
-        return time.monotonic() - self.started
+        return self.clock() - self.started
 
     def left(self) -> float:
         return self.duration - self.elapsed()
@@ -114,9 +155,8 @@ class Engine:
         f.update(target_facts(t.kind, t.pid, t.cmdline, self.runtime))
         f.update(tri.facts)  # the counters in words: summary.*
         f.update(probe_facts(self.results, f.get("process.rss_shape"), self.classes))
-        if self.budget_decision is not None:
-            f["alloc.rate"] = self.budget_decision.call_rate
-            f["alloc.tracing_percent"] = self.budget_decision.estimated_percent
+        # not priced (memleak not asked for, or no time left for it): the fallback rule is false, not missing
+        f.update(self.budget_decision.facts() if self.budget_decision is not None else {"alloc.tracing": "none"})
         return f, counters, tri
 
     # --- probes ---------------------------------------------------------------------------
@@ -129,7 +169,7 @@ class Engine:
         from memdiag.probes.allocator import ALLOCATING, find_allocator
         from memdiag.probes.calibrate import host_costs
         from memdiag.probes.overhead import price, trap_ns
-        from memdiag.probes.ratecount import COUNTED, estimate_call_rates
+        from memdiag.probes.ratecount import estimate_call_rates
 
         if self.target.kind != "pid" or self.target.pid is None:
             return BudgetDecision(
@@ -157,7 +197,17 @@ class Engine:
         decision = self._decide(price(first_step, rates.per_s(), costs), allocating, rates, prefix, run_s)
         if decision.choice != "full":
             return decision
-        # not priced out by the allocating calls alone: count the others (free, calloc, realloc, mmap ...)
+        return self._price_every(alloc, traps, rates, run_s)
+
+    def _price_every(self, alloc, traps: dict[str, float], rates, run_s: float) -> BudgetDecision:
+        """The second step, when the allocating calls alone did not price memleak out: count the
+        others (free, calloc, realloc, mmap ...) and price every site."""
+        from memdiag.probes.allocator import ALLOCATING
+        from memdiag.probes.overhead import price
+        from memdiag.probes.ratecount import COUNTED, estimate_call_rates
+
+        assert self.target.pid is not None and self.costs is not None
+        allocating = sum(r.per_s for r in rates.counts)
         others = tuple(f for f in COUNTED if f not in ALLOCATING)
         more = estimate_call_rates(self.target.pid, trap_ns=traps, alloc=alloc, functions=others)
         if more is not None:
@@ -177,7 +227,7 @@ class Engine:
         if more is None:  # the second count failed: price each free as an allocation's (they pair up)
             per_s.setdefault("free", allocating)
         self.site_rates = per_s
-        return self._decide(price(alloc.placements, per_s, costs), allocating, every, "", run_s)
+        return self._decide(price(alloc.placements, per_s, self.costs), allocating, every, "", run_s)
 
     def _spend(self, step: str, rates) -> None:
         """A one-off step's cost to the target, kept for the probe table (merged by step)."""
@@ -236,8 +286,9 @@ class Engine:
     def _run_probe(self, name: str, seconds: float) -> ProbeResult:
         t = probe_target(self.target)
         self.on_step(f"probe {name} for {seconds:.0f} s")
-        if name == "memleak":
-            return memleak.run(
+        loader = REGISTRY.spec(name).loader()
+        if name == "memleak":  # priced: what it may cost and where its calls go, from the rate count
+            return loader.run(
                 t,
                 seconds,
                 series_interval=max(1.0, seconds / 10),
@@ -248,41 +299,11 @@ class Engine:
                 scan_reach=True,
                 reach_allowed_ms=self.max_pause_ms,
             )
-        module = {
-            "faults": faults,
-            "brkstack": brkstack,
-            "mmapsnoop": mmapsnoop,
-            "oomkill": oomkill,
-            "swapin": swapin,
-            "vmscan": vmscan,
-            "drsnoop": drsnoop,
-        }[name]
-        return module.run(t, seconds)
+        return loader.run(t, seconds)
 
     def run_requests(self, requests: list[tuple[str, float | None, str]]) -> None:
         """Run each requested probe once, in order, sharing the time left."""
-        queue: list[tuple[str, float | None, str]] = []
-        for name, seconds, rule in requests:
-            if name in self.results or name in self.decided or any(q[0] == name for q in queue):
-                continue
-            self.decided.add(name)  # a probe is priced, run or refused once per diagnosis
-            planned = min(seconds or float("inf"), self.left() - 1.0)  # as the loop below gives it, at most
-            if name == "memleak" and planned >= MIN_PROBE_S:  # too little time left: not run, so not priced
-                if self._skipped_by_signal(name, rule):
-                    continue
-                with phase("pricing memleak (counting allocator calls)"):
-                    self.budget_decision = self._price_memleak(planned)
-                d = self.budget_decision
-                self.trail.append(
-                    TrailItem(kind="budget", name="memleak", state=d.choice, reason=d.reason, at_s=self.elapsed())
-                )
-                if d.choice != "full":
-                    for alt in ("faults", "brkstack", "mmapsnoop"):
-                        if alt not in self.decided and all(q[0] != alt for q in queue):
-                            self.decided.add(alt)
-                            queue.append((alt, None, f"budget (instead of memleak, asked by {rule})"))
-                    continue
-            queue.append((name, seconds, rule))
+        queue = self._plan(requests)
         for i, (name, seconds, rule) in enumerate(queue):
             if self._skipped_by_signal(name, rule):
                 continue
@@ -293,20 +314,69 @@ class Engine:
                 self._not_run(name, f"asked by {rule}, but only {max(left, 0):.0f} s of the window were left")
                 continue
             with phase(f"probe {name}"):
-                result = self._run_probe(name, run_for)
-            self.results[name] = result
-            why = f"asked by {rule}; {result.status}" + (f": {result.reason}" if result.reason else "")
-            if result.backed_off:
-                why += "; detached early: its measured cost went over the budget"
-            self.trail.append(TrailItem(kind="probe", name=name, state=result.status, reason=why, at_s=self.elapsed()))
-            scan = getattr(result, "reach_scan", None)
-            if scan is not None:
-                self.trail.append(
-                    TrailItem(kind="scan", name="reach", state=scan.status, reason=scan.describe(), at_s=self.elapsed())
-                )
+                result = self.run_probe(name, run_for)
+            self._record(name, rule, result)
+
+    def _plan(self, requests: list[tuple[str, float | None, str]]) -> list[tuple[str, float | None, str]]:
+        """The queue: each probe once per diagnosis; memleak priced first, and what the playbook
+        runs instead queued in its place when it is not attached."""
+        queue: list[tuple[str, float | None, str]] = []
+        for name, seconds, rule in requests:
+            if name in self.results or name in self.decided or any(q[0] == name for q in queue):
+                continue
+            self.decided.add(name)  # a probe is priced, run or refused once per diagnosis
+            planned = min(seconds or float("inf"), self.left() - 1.0)  # as run_requests gives it, at most
+            if name == "memleak" and planned >= MIN_PROBE_S:  # too little time left: not run, so not priced
+                if self._skipped_by_signal(name, rule):
+                    continue
+                if not self._priced_in(planned):
+                    for alt, alt_s in self._instead_of_memleak():
+                        if alt not in self.decided and all(q[0] != alt for q in queue):
+                            self.decided.add(alt)
+                            queue.append((alt, alt_s, f"budget (instead of memleak, asked by {rule})"))
+                    continue
+            queue.append((name, seconds, rule))
+        return queue
+
+    def _priced_in(self, planned: float) -> bool:
+        """Price memleak for the time it would run; the decision goes in the trail. True: attach it."""
+        with phase("pricing memleak (counting allocator calls)"):
+            self.budget_decision = d = self.price_memleak(planned)
+        self.trail.append(
+            TrailItem(kind="budget", name="memleak", state=d.choice, reason=d.reason, at_s=self.elapsed())
+        )
+        return d.choice == "full"
+
+    def _instead_of_memleak(self) -> list[tuple[str, float | None]]:
+        """The probes of the rules that fire once the budget decision is known (the playbook's
+        fallback for allocation tracing), in the playbook's order."""
+        assert self.budget_decision is not None
+        before = {rule.id for rule, o in self.outcomes if o.state == "fired"}
+        after = run_rules(self.rules, {**self.facts, **self.budget_decision.facts()})
+        return [
+            (p.name, p.seconds)
+            for rule, o in after
+            if o.state == "fired" and rule.id not in before
+            for p in rule.then.probes
+        ]
+
+    def _record(self, name: str, rule: str, result: ProbeResult) -> None:
+        """A probe's result kept, with a line in the trail (and one for memleak's scan)."""
+        self.results[name] = result
+        why = f"asked by {rule}; {result.status}" + (f": {result.reason}" if result.reason else "")
+        if result.backed_off:
+            why += "; detached early: its measured cost went over the budget"
+        self.trail.append(TrailItem(kind="probe", name=name, state=result.status, reason=why, at_s=self.elapsed()))
+        scan = getattr(result, "reach_scan", None)
+        if scan is not None:
+            self.trail.append(
+                TrailItem(kind="scan", name="reach", state=scan.status, reason=scan.describe(), at_s=self.elapsed())
+            )
 
     # --- rules -----------------------------------------------------------------------------
     def evaluate(self, facts: dict) -> list[tuple[str, float | None, str]]:
+        """Run the rules on the facts; the probes the fired rules ask for, as (name, seconds, rule)."""
+        self.facts = facts
         self.outcomes = run_rules(self.rules, facts)
         requests = []
         for rule, outcome in self.outcomes:
@@ -314,7 +384,9 @@ class Engine:
                 requests += [(p.name, p.seconds, rule.id) for p in rule.then.probes]
         return requests
 
-    def run(self) -> tuple[Observation, Counters, Triage, dict, Verdict, list[str], list[str]]:
+    def run(self) -> EngineResult:
+        """Counters for the whole window; rules and probes in rounds after the first look; the
+        verdict on everything gathered."""
         sink: list[Snapshot] = []
         stop = threading.Event()
         box: dict = {}
@@ -332,23 +404,8 @@ class Engine:
         first_look = min(self.duration, max(FIRST_LOOK_MIN_S, FIRST_LOOK_SHARE * self.duration))
         with phase("counters (first look)"):
             self._wait(sampler, stop, first_look)
-        rounds = 0
         try:
-            while sampler.is_alive() and self.left() > MIN_PROBE_S and rounds < 4 and not interrupted():
-                rounds += 1
-                partial = Observation(
-                    target=self.target,
-                    requested_s=self.duration,
-                    started=time.time() - self.elapsed(),
-                    ended=time.time(),
-                    snapshots=list(sink),
-                    oom_kills=read_oom_kills(),
-                )
-                facts, _c, _t = self.facts_of(partial)
-                requests = [r for r in self.evaluate(facts) if r[0] not in self.results and r[0] not in self.decided]
-                if not requests:
-                    break
-                self.run_requests(requests)
+            self._rounds(sampler, sink)
         except KeyboardInterrupt:  # a caller that did not catch signals (memdiag's CLI does)
             stop.set()
         rules_cut = interrupted()  # the signal came before the rules had asked for everything
@@ -358,6 +415,29 @@ class Engine:
         obs: Observation = box["obs"]
         if interrupted():
             obs = obs.model_copy(update={"interrupted": True})
+        return self._finish(obs, rules_cut)
+
+    def _rounds(self, sampler: threading.Thread, sink: list[Snapshot]) -> None:
+        """Rules on the counters so far, the probes they ask for, again, until nothing new is asked."""
+        rounds = 0
+        while sampler.is_alive() and self.left() > MIN_PROBE_S and rounds < 4 and not interrupted():
+            rounds += 1
+            partial = Observation(
+                target=self.target,
+                requested_s=self.duration,
+                started=time.time() - self.elapsed(),
+                ended=time.time(),
+                snapshots=list(sink),
+                oom_kills=read_oom_kills(),
+            )
+            facts, _c, _t = self.facts_of(partial)
+            requests = [r for r in self.evaluate(facts) if r[0] not in self.results and r[0] not in self.decided]
+            if not requests:
+                break
+            self.run_requests(requests)
+
+    def _finish(self, obs: Observation, rules_cut: bool) -> EngineResult:
+        """The rules on the whole window and every probe's facts, each in the trail; the verdict."""
         facts, counters, tri = self.facts_of(obs)
         self.evaluate(facts)
         for rule, outcome in self.outcomes:
@@ -375,13 +455,28 @@ class Engine:
         if interrupted():
             self.interruption = self._interruption(obs, rules_cut)
             verdict = partial_verdict(verdict, self.interruption)
-        return obs, counters, tri, facts, verdict, findings, advice
+        return EngineResult(
+            observation=obs,
+            counters=counters,
+            triage=tri,
+            facts=facts,
+            verdict=verdict,
+            findings=findings,
+            advice=advice,
+            results=self.results,
+            trail=self.trail,
+            budget_decision=self.budget_decision,
+            one_offs=self.one_offs,
+            counted=self.counted,
+            interruption=self.interruption,
+            classes=self.classes,
+        )
 
     # --- signals -------------------------------------------------------------------------------
     @staticmethod
     def _wait(sampler: threading.Thread, stop: threading.Event, seconds: float | None = None) -> None:
         """Wait for the sampler (at most seconds); a signal stops it: the counters end there."""
-        end = None if seconds is None else time.monotonic() + seconds
+        end = None if seconds is None else time.monotonic() + seconds  # the sampler's own clock, real
         while sampler.is_alive() and (end is None or time.monotonic() < end):
             if interrupted():
                 stop.set()
@@ -472,8 +567,8 @@ class Engine:
             return leak
         if kind in ("leak", "cache", "growth") and ml is not None and ml.stacks:
             return ml.stacks[0]
-        for name in ("faults", "brkstack", "mmapsnoop"):
-            r = self.results.get(name)
+        for spec in REGISTRY.event_stacks():
+            r = self.results.get(spec.name)
             if r is not None and getattr(r, "stacks", None):
                 return r.stacks[0]
         return None

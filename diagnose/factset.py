@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 
+from memdiag.probes.registry import REGISTRY
 from memdiag.system.runtime import Runtime
 
 from .culprit import Classes, default_classes
@@ -167,15 +168,7 @@ def probe_facts(results: dict, process_shape: str | None, classes: Classes | Non
 
 
 # Which probe each namespace of probe facts comes from (the row of the probe table that shows them).
-_FACT_PROBES = {
-    "faults": "faults",
-    "brk": "brkstack",
-    "mmap": "mmapsnoop",
-    "memleak": "memleak",
-    "reach": "reach",
-    "swapin": "swapin",
-    "reclaim": "drsnoop",
-}
+_FACT_PROBES = REGISTRY.fact_rows()
 
 
 def probe_figures(facts: dict) -> dict[str, dict[str, float]]:

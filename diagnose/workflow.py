@@ -1,20 +1,17 @@
-"""One diagnosis end to end: the engine (counters, rules, probes), then the Report."""
+"""One diagnosis end to end: the engine (counters, rules, probes), then the Report (assemble.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from memdiag.probes.base import ProbeResult
 from memdiag.rules.loader import load_playbook, playbook_paths
 from memdiag.rules.model import Playbook, Rule
-from memdiag.system.units import fmt_number
 
-from .culprit import Classes, shipped_wrappers
-from .engine import PROBE_ORDER, BudgetDecision, Engine
-from .factset import probe_figures
-from .report import Finding, Overhead, ProbeStatus, Report, StackReport, TargetInfo, Window
+from .assemble import assemble
+from .culprit import shipped_wrappers
+from .engine import Engine
+from .report import Report
 from .snapshot import Snapshot
 from .target import Target
 
@@ -23,27 +20,6 @@ DEFAULT_BUDGET_PERCENT = 2.0
 # share of time, and a long enough window would otherwise allow a stop-the-world of seconds (a
 # 20% budget over 30 s: 6 s), which a service's clients feel as an outage rather than a slowdown.
 DEFAULT_MAX_PAUSE_MS = 1000.0
-
-
-def memdiag_version() -> str:
-    try:
-        return version("memdiag")
-    except PackageNotFoundError:
-        return "unknown"
-
-
-def target_info(target: Target) -> TargetInfo:
-    return TargetInfo(
-        kind=target.kind,
-        description=target.describe(),
-        pid=target.pid,
-        comm=target.comm,
-        cmdline=target.cmdline,
-        cgroup=target.cgroup.path if target.cgroup else None,
-        cgroup_version=target.cgroup.version if target.cgroup else None,
-        container=target.container,
-        pod=target.pod,
-    )
 
 
 def load_book(extra: list[Path] | None = None) -> Playbook:
@@ -65,94 +41,6 @@ def _playbook(rules: Playbook | list[Rule] | None) -> Playbook:
     return Playbook(rules=rules, wrappers=list(shipped_wrappers()))
 
 
-def _overhead_percent(r: ProbeResult, window_s: float) -> float | None:
-    """What a probe cost the target over the whole window: for memleak, as measured on the target
-    while it ran (probes/overhead.py); for the others, their BPF run time (tracepoints trap nothing)."""
-    if window_s <= 0:
-        return None
-    tracing = getattr(r, "tracing_cost", None)
-    if tracing is not None and tracing.measured_ns is not None:
-        return tracing.percent_of(window_s)
-    if r.cost.events == 0 and not r.cost.bpf_run_ns:
-        return 0.0 if r.status in ("ok", "partial") else None
-    if r.cost.bpf_run_ns is None:
-        return None  # the kernel kept no run time: unknown, not free
-    return 100.0 * r.cost.bpf_run_ns / (window_s * 1e9)
-
-
-def _one_off_rows(
-    one_offs: list[tuple[str, float, float, int]], counted: set[str], window_s: float
-) -> list[ProbeStatus]:
-    """Steps that cost the target before any probe ran (the rate count that prices memleak)."""
-    return [
-        ProbeStatus(
-            name=step,
-            status="ok",
-            reason=f"counted calls to {', '.join(sorted(counted))} to price allocation tracing",
-            method="one uprobe per entry point, each count stopped after ~1,000 calls or 0.25 s",
-            duration_s=seconds,
-            events=events,
-            overhead_percent=100 * ns / (window_s * 1e9),
-        )
-        for step, seconds, ns, events in one_offs
-    ]
-
-
-def _scan_status(ml: ProbeResult | None, window_s: float) -> ProbeStatus | None:
-    """The reachability scan as a row of the probe table: its cost is the pause it caused."""
-    scan = getattr(ml, "reach_scan", None)
-    if scan is None:
-        return None
-    ran = scan.status == "ran"
-    return ProbeStatus(
-        name="reach",
-        status="ok" if ran else ("not-run" if scan.status == "skipped" else "error"),
-        reason=scan.describe(),
-        method="all threads stopped (ptrace), writable memory read and matched against memleak's blocks",
-        duration_s=(scan.paused_ms or 0) / 1000,
-        events=scan.blocks,
-        overhead_percent=100 * scan.paused_ms / 1000 / window_s if scan.paused_ms is not None else None,
-    )
-
-
-def _stacks(results: dict[str, ProbeResult], classes: Classes) -> tuple[list[StackReport], list[str]]:
-    out: list[StackReport] = []
-    folded: list[str] = []
-    ml = results.get("memleak")
-    if ml is not None and getattr(ml, "stacks", None):
-        for s in ml.stacks[:5]:
-            out.append(
-                StackReport(
-                    probe="memleak",
-                    frames=s.frames,
-                    bytes=s.outstanding_bytes,
-                    series=s.series,
-                    detail=f"{fmt_number(s.outstanding_count)} allocations outstanding, "
-                    f"{fmt_number(s.allocs)} allocs, {fmt_number(s.frees)} frees",
-                    reach=s.reach,
-                    frame_kinds=classes.name(s.frames, s.forwards).kinds,
-                )
-            )
-        folded = ml.folded
-    for name, what in (("faults", "page faults"), ("brkstack", "brk() calls"), ("mmapsnoop", "mmap() calls")):
-        r = results.get(name)
-        if r is None or not getattr(r, "stacks", None):
-            continue
-        for s in r.stacks[:3]:
-            out.append(
-                StackReport(
-                    probe=name,
-                    frames=s.frames,
-                    bytes=s.bytes,
-                    detail=f"{fmt_number(s.count)} {what}",
-                    frame_kinds=classes.name(s.frames).kinds,
-                )
-            )
-        if not folded:
-            folded = r.folded  # faults: pages actually touched, the classic memory-growth flame graph
-    return out, folded
-
-
 def diagnose(
     target: Target,
     duration: float,
@@ -164,6 +52,7 @@ def diagnose(
     proc_root: Path = Path("/proc"),
     max_pause_ms: float = DEFAULT_MAX_PAUSE_MS,
 ) -> Report:
+    """Diagnose the target over the window: the engine under the playbook's rules, then the Report."""
     book = _playbook(rules)
     engine = Engine(
         book.rules,
@@ -176,112 +65,4 @@ def diagnose(
         max_pause_ms=max_pause_ms,
         wrappers=book.wrappers,
     )
-    obs, counters, tri, facts, verdict, rule_findings, advice = engine.run()
-    figures = probe_figures(facts)
-    window_s = max(obs.ended - obs.started, 1e-9)
-    d = engine.budget_decision
-    probes = _one_off_rows(engine.one_offs, engine.counted, window_s)
-    for name in PROBE_ORDER:
-        r = engine.results.get(name)
-        if r is None:
-            asked = [t for t in engine.trail if t.kind == "probe" and t.name == name]
-            why = asked[-1].reason if asked else "no rule asked for it"
-            if name == "memleak" and d is not None and d.choice != "full":
-                why = f"not attached: {d.reason}"
-            probes.append(ProbeStatus(name=name, status="not-run", reason=why))
-            continue
-        probes.append(
-            ProbeStatus(
-                name=name,
-                status=r.status,
-                reason=_reason(r),
-                method=r.method,
-                duration_s=r.duration_s,
-                events=r.cost.events,
-                overhead_percent=_overhead_percent(r, window_s),
-                map_bytes=r.cost.map_bytes,
-                lost={k: v for k, v in r.lost.items() if v},
-                figures=figures.get(name, {}),
-            )
-        )
-    scan_row = _scan_status(engine.results.get("memleak"), window_s)
-    if scan_row is not None:
-        scan_row = scan_row.model_copy(update={"figures": figures.get("reach", {})})
-        probes.insert(next(i for i, p in enumerate(probes) if p.name == "memleak") + 1, scan_row)
-    stacks, folded = _stacks(engine.results, engine.classes)
-    findings = list(tri.findings)
-    findings += [Finding(id="playbook", summary=text) for text in rule_findings if text]
-    return Report(
-        memdiag_version=memdiag_version(),
-        target=target_info(obs.target),
-        window=Window(
-            started=obs.started,
-            ended=obs.ended,
-            requested_s=obs.requested_s,
-            samples=len(obs.snapshots),
-            target_exited_at=obs.exited_at,
-        ),
-        verdict=verdict,
-        interrupted=engine.interruption,
-        findings=findings,
-        next_steps=advice,  # the playbook's, each key once (rules.engine.advice_of)
-        caveats=tri.caveats + _stack_caveats(stacks) + _scan_caveats(engine.results.get("memleak")),
-        probes=probes,
-        overhead=_overhead(budget_percent, d, probes, engine.results.get("memleak"), window_s),
-        budget_decision=d.reason if d else None,
-        trail=engine.trail,
-        stacks=stacks,
-        folded=folded,
-        counters=counters,
-    )
-
-
-def _overhead(
-    budget: float, d: BudgetDecision | None, probes: list[ProbeStatus], ml: ProbeResult | None, window_s: float
-) -> Overhead:
-    """The Overhead section: the budget decision's own estimate, and the sum of the probe table's
-    overhead column (each row measured on the target), with memleak's two measurements apart."""
-    rows = [p.overhead_percent for p in probes if p.overhead_percent is not None]
-    tracing = getattr(ml, "tracing_cost", None)
-
-    def pct(ns: float | None) -> float | None:
-        return None if ns is None else 100 * ns / (window_s * 1e9)
-
-    return Overhead(
-        budget_percent=budget,
-        estimated_percent=d.estimated_percent if d else None,
-        estimate_of=None
-        if d is None
-        else ("allocation tracing" if d.choice == "full" else "allocation tracing, not attached"),
-        measured_percent=sum(rows) if rows else None,
-        tracing_probes_percent=pct(tracing.probes_ns) if tracing else None,
-        tracing_cpu_percent=pct(tracing.cpu_ns) if tracing else None,
-        window_s=window_s,
-    )
-
-
-def _reason(r: ProbeResult) -> str:
-    """The probe's reason; "see lost" only where the lost figures are (the probe table's column)."""
-    reason = r.reason or "ran"
-    return reason if any(r.lost.values()) else reason.replace(" (see lost)", "")
-
-
-def _scan_caveats(ml: ProbeResult | None) -> list[str]:
-    scan = getattr(ml, "reach_scan", None)
-    if scan is None or scan.status != "ran":
-        return []
-    return [
-        f"Leaked versus anchored is conservative: the roots were {scan.roots}. Blocks whose only pointer "
-        "is held by the kernel or stored encoded would look leaked; frees memleak does not hook (a custom "
-        "allocator's own free) make freed blocks look leaked."
-    ]
-
-
-def _stack_caveats(stacks: list[StackReport]) -> list[str]:
-    unknown = sum(f.startswith("[unknown]") for s in stacks for f in s.frames)
-    if not unknown:
-        return []
-    return [
-        f"{unknown} stack frame(s) are [unknown]: frames without symbols or frame pointers; build with "
-        "-fno-omit-frame-pointer and install debug info (-dbg/-dbgsym packages) to name them"
-    ]
+    return assemble(engine.run(), budget_percent)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import capstone
 from capstone import x86_const as x86
+from memdiag.system import arch
 
 from .elf import ElfInfo, elf_info
 from .procmaps import AddressSpace
@@ -151,8 +152,7 @@ def place(elf: ElfInfo, path: str, function: str, exported_only: bool = True) ->
         return None
     args, ret = ENTRY_POINTS[function]
     code = elf.read_at(sym.address, _SCAN_BYTES) or b""
-    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    md.detail = True
+    md = arch.disassembler()
     first = None
     expect_null_branch = False
     # A uretprobe needs the entry probe at +0 (the kernel hijacks the return address there), so
@@ -204,8 +204,7 @@ def _lands_at(elf: ElfInfo, address: int) -> int | None:
     """Where a function that only jumps elsewhere lands (libjemalloc's new[] is `jmp new`, its
     delete `jmp free@plt`; a CET build puts endbr64 first): the address, resolving a PLT stub to
     the function its slot is bound to in this same file. None when it does not just jump."""
-    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    md.detail = True
+    md = arch.disassembler()
     jump = None
     for ins in md.disasm(elf.read_at(address, 32) or b"", address):
         if ins.id in (x86.X86_INS_ENDBR64, x86.X86_INS_NOP):

@@ -95,9 +95,6 @@ class ProbeResult(BaseModel):
     cost: Cost = Cost()
 
 
-bpf_source = compiler.source
-
-
 def require(*checks: Availability) -> None:
     for check in checks:
         if not check.available:
@@ -403,6 +400,14 @@ def target_mode(target_kind: str, filtered: bool = True) -> int:
     return 1 if filtered and target_kind != "system" else 0
 
 
+ATTACHED: list[Callable[[str], None]] = []  # told a probe's name once it is attached and armed (`memdiag probe`)
+
+
+def attached(name: str) -> None:
+    for hook in ATTACHED:
+        hook(name)
+
+
 def run_probe(
     result_cls: type[ProbeResult],
     name: str,
@@ -455,6 +460,7 @@ def run_probe(
         _control(bpf, 1)
         if ready is not None:
             ready.set()
+        attached(name)
         with bpf_stats(), stop_on_signals() as stop:
 
             def tick(elapsed: float) -> None:

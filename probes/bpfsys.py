@@ -14,12 +14,11 @@ import os
 from functools import cache
 from pathlib import Path
 
+from memdiag.system import arch
+
 _libc = ct.CDLL(None, use_errno=True)
 _libc.syscall.restype = ct.c_long
 
-# include/uapi/asm-generic/unistd.h for arm64. (The brk/mmap probes read x86-64 pt_regs and say
-# so on other machines: kernel.raw_syscall_tracepoints.)
-_NR = {"x86_64": {"bpf": 321, "perf_event_open": 298}, "aarch64": {"bpf": 280, "perf_event_open": 241}}
 
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM, MAP_GET_NEXT_KEY, PROG_LOAD = 0, 1, 2, 3, 4, 5
 RAW_TRACEPOINT_OPEN = 17
@@ -30,7 +29,7 @@ STATS_RUN_TIME = 0
 PROG_KPROBE, PROG_TRACEPOINT, PROG_PERF_EVENT, PROG_RAW_TRACEPOINT = 2, 5, 7, 17
 MAP_PERCPU_HASH, MAP_PERCPU_ARRAY, MAP_LRU_PERCPU_HASH = 5, 6, 10
 MAP_ARRAY_TYPES = {2, 6}  # ARRAY, PERCPU_ARRAY
-MAP_PERF_EVENT_ARRAY, MAP_STACK_TRACE = 4, 7
+MAP_PERF_EVENT_ARRAY = 4
 
 PERF_TYPE_SOFTWARE, PERF_TYPE_TRACEPOINT = 1, 2
 PERF_COUNT_SW_PAGE_FAULTS_MAJ = 6
@@ -45,10 +44,10 @@ class BpfError(OSError):
 
 
 def _nr(name: str) -> int:
-    machine = os.uname().machine
-    if machine not in _NR:
-        raise BpfError(0, f"memdiag does not know the {name} system call number on {machine}")
-    return _NR[machine][name]
+    nr = arch.syscall_number(name)
+    if nr is None:
+        raise BpfError(0, f"memdiag does not know the {name} system call number on {arch.MACHINE}")
+    return nr
 
 
 def _bpf(cmd: int, attr: ct.Structure, what: str) -> int:

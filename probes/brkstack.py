@@ -8,10 +8,13 @@ from __future__ import annotations
 import ctypes as ct
 from pathlib import Path
 
+from memdiag.system import arch
+
 from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
 from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
 from .procmaps import AddressSpace
+from .text import event_stack_lines
 
 METHOD = "raw tracepoints sys_enter/sys_exit (brk), kernel stacks + .eh_frame unwinding"
 
@@ -40,9 +43,14 @@ def current_break(pid: int) -> int | None:
         return None
 
 
+def describe(r: BrkResult, top: int) -> list[str]:
+    """The result's lines under its header in `memdiag probe brkstack`."""
+    return event_stack_lines(r, top, "calls")
+
+
 def build_options() -> dict[str, int | str]:
     """The syscall numbers the program compares the raw tracepoint's id with."""
-    return dict(kernel.syscall_numbers())
+    return dict(arch.syscall_defines())
 
 
 def run(target: ProbeTarget, duration: float, top: int = 50) -> BrkResult:

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import capstone
+from memdiag.system import arch
 from pydantic import BaseModel
 
 from .allocator import BPF_FUNCTION, Placement, find_allocator
@@ -84,8 +85,7 @@ def _offset_of_kind(p: Placement, emulated: bool) -> int | None:
     CET build's +0 single-stepped; a prologue may have no push)."""
     elf = elf_info(p.module)
     code = elf.read_at(p.symbol_address, 64) if elf is not None else None
-    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    md.detail = True
+    md = arch.disassembler()
     for ins in md.disasm(code or b"", p.symbol_address):
         if is_emulated(ins) == emulated:
             return ins.address - p.symbol_address

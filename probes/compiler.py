@@ -22,6 +22,8 @@ import threading
 from importlib.resources import files
 from pathlib import Path
 
+from memdiag.system import arch
+
 from . import kernel
 
 CACHE = Path(os.environ.get("MEMDIAG_BPF_CACHE", "/var/lib/memdiag/bpf"))
@@ -57,7 +59,7 @@ def cache_key(name: str, defines: dict[str, int | str]) -> str:
     h.update(f"{FORMAT}|{_defines_text(defines)}|{uname.release}|{uname.version}|{uname.machine}".encode())
     # the header tree bcc compiles against (prepare_bcc_environment exports this same path)
     h.update(str(os.environ.get("BCC_KERNEL_SOURCE") or kernel.kernel_headers()).encode())
-    for lib in ("/lib/x86_64-linux-gnu/libbcc.so.0", "/usr/lib/x86_64-linux-gnu/libbcc.so.0"):
+    for lib in (f"{folder}/libbcc.so.0" for folder in arch.LIB_DIRS):
         with contextlib.suppress(OSError):
             st = os.stat(lib)
             h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())

@@ -28,6 +28,15 @@ def requirements() -> list[kernel.Availability]:
     return [kernel.tracepoint("vmscan", tp) for tp in TRACEPOINTS[:4]]
 
 
+def describe(r: DrsnoopResult, top: int) -> list[str]:
+    """The result's lines under its header in `memdiag probe drsnoop`: reclaim stalls by process."""
+    return [
+        f"  PID {p.pid:>7} {p.comm:<16} {p.count:>6,} reclaims ({p.memcg_count:,} memcg) "
+        f"{p.total_ms:.1f} ms total, max {p.max_ms:.2f} ms, {p.pages_reclaimed:,} pages"
+        for p in r.processes[:top]
+    ]
+
+
 def run(target: ProbeTarget, duration: float) -> DrsnoopResult:
     def collect(bpf, _elapsed: float) -> dict:
         procs = [

@@ -14,6 +14,7 @@ from pydantic import BaseModel
 from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
 from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
+from .text import event_stack_lines
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 METHOD = "raw tracepoint exceptions:page_fault_user, kernel stacks + .eh_frame unwinding"
@@ -34,6 +35,11 @@ class FaultsResult(ProbeResult):
 
 def requirements() -> list[kernel.Availability]:
     return [kernel.tracepoint("exceptions", "page_fault_user")]
+
+
+def describe(r: FaultsResult, top: int) -> list[str]:
+    """The result's lines under its header in `memdiag probe faults`."""
+    return event_stack_lines(r, top, "faults")
 
 
 def build_options(target_kind: str) -> dict[str, int | str]:

@@ -17,6 +17,7 @@ import functools
 
 import capstone
 from capstone import x86_const as x86
+from memdiag.system import arch
 
 from .elf import ElfInfo, Symbol
 
@@ -30,9 +31,7 @@ _ARGUMENTS = {x86.X86_REG_RDI, x86.X86_REG_RSI, x86.X86_REG_RDX, x86.X86_REG_RCX
 
 @functools.lru_cache(maxsize=1)
 def _disassembler() -> capstone.Cs:
-    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
-    md.detail = True
-    return md
+    return arch.disassembler()
 
 
 def forwards(elf: ElfInfo, sym: Symbol) -> bool:

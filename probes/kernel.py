@@ -14,6 +14,7 @@ import platform
 import subprocess
 from pathlib import Path
 
+from memdiag.system import arch
 from pydantic import BaseModel, ConfigDict
 
 PRIVATE_HEADERS = Path("/var/lib/memdiag/kernel-headers")
@@ -72,7 +73,10 @@ def kernel_headers(release: str | None = None) -> Path | None:
 
 
 def bpf_runtime() -> Availability:
-    """What loading and attaching any program needs: root and tracefs (tracepoint ids)."""
+    """What loading and attaching any program needs: this machine's layout (system/arch.py), root and
+    tracefs (tracepoint ids)."""
+    if not arch.supported():
+        return Availability(available=False, reason=arch.refusal())
     if os.geteuid() != 0:
         return Availability(available=False, reason="BPF probes need root (CAP_BPF and CAP_PERFMON)")
     if ensure_tracefs() is None:
@@ -137,25 +141,15 @@ def perf_events(proc_root: Path = Path("/proc")) -> Availability:
     return Availability(available=False, reason="perf events not compiled into this kernel (CONFIG_PERF_EVENTS)")
 
 
-# Syscall numbers the raw-syscall probes filter on, by architecture (arch/*/entry/syscalls).
-SYSCALLS = {
-    "x86_64": {"NR_BRK": 12, "NR_MMAP": 9, "NR_MUNMAP": 11},
-}
-
-
 def raw_syscall_tracepoints(sys_root: Path = Path("/sys")) -> Availability:
     """Raw tracepoints on sys_enter/sys_exit (4.17+), with x86-64 pt_regs to read arguments from."""
-    if platform.machine() not in SYSCALLS:
-        return Availability(available=False, reason=f"syscall argument layout not known for {platform.machine()}")
+    if not arch.supported():
+        return Availability(available=False, reason=arch.refusal())
     for name in ("sys_enter", "sys_exit"):
         tp = tracepoint("raw_syscalls", name, sys_root)
         if not tp.available:
             return tp
     return Availability(available=True, reason="raw tracepoints raw_syscalls:sys_enter/sys_exit")
-
-
-def syscall_numbers() -> dict[str, int]:
-    return SYSCALLS.get(platform.machine(), {})
 
 
 PROC_PID_INIT_INO = 0xEFFFFFFC  # the initial pid namespace's inode number (include/linux/proc_ns.h)

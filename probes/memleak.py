@@ -13,7 +13,9 @@ from __future__ import annotations
 import ctypes as ct
 import os
 import time
+from dataclasses import dataclass, field
 
+from memdiag.system.units import fmt_bytes, fmt_duration
 from pydantic import BaseModel
 
 from . import kernel
@@ -25,6 +27,7 @@ from .growth import Spaces
 from .overhead import DETACH_S, Meter, TracingCost
 from .reach import ReachScan, StackReach
 from .stacks import Symbolizer, folded, recover
+from .text import stack_lines
 
 STAT_NAMES = (
     "allocs",
@@ -109,6 +112,42 @@ class MemleakResult(ProbeResult):
         return max(scanned, key=lambda s: s.reach.leaked_bytes) if scanned else None  # type: ignore[union-attr]
 
 
+def describe(r: MemleakResult, top: int) -> list[str]:
+    """The result's lines under its header in `memdiag probe memleak` (and reach): where the probes
+    went, the stacks with outstanding blocks and what the scan found of them, big allocations."""
+    lines = [f"  allocator: {r.allocator}" + (f" ({r.allocator_module})" if r.allocator_module else "")]
+    lines += [f"    probe on {p}" for p in r.placements]
+    if r.missing_entry_points:
+        lines.append("    not in this process: " + ", ".join(r.missing_entry_points))
+    lines += [f"    could not attach: {e}" for e in r.attach_errors]
+    for s in r.stacks[:top]:
+        age = f", oldest {fmt_duration(s.oldest_age_s)}" if s.oldest_age_s is not None else ""
+        trend = " -> ".join(fmt_bytes(v) for v in s.series[-6:])
+        lines.append(
+            f"  {fmt_bytes(s.outstanding_bytes)} outstanding in {s.outstanding_count:,} allocations "
+            f"({s.allocs:,} allocs, {s.frees:,} frees{age}) PID {s.pid}:"
+        )
+        lines += stack_lines(s.frames)
+        if trend:
+            lines.append(f"      outstanding: {trend}")
+        if s.reach is not None:
+            lines.append(f"      {_reach_line(s.reach)}")
+    if r.reach_scan is not None:
+        lines.append(f"  reachability scan: {r.reach_scan.describe()}")
+    for b in r.big_allocations[:top]:
+        lines.append(f"  big allocation {fmt_bytes(b.size)} by PID {b.pid} ({b.comm}):")
+        lines += stack_lines(b.frames)
+    return lines
+
+
+def _reach_line(r: StackReach) -> str:
+    anchor = f"; most from {r.anchor} ({fmt_bytes(r.anchor_bytes)})" if r.anchor else ""
+    return (
+        f"at the scan: leaked {r.leaked_count:,} blocks ({fmt_bytes(r.leaked_bytes)}, {r.unreferenced_count:,} "
+        f"unreferenced), anchored {r.anchored_count:,} ({fmt_bytes(r.anchored_bytes)}){anchor}"
+    )
+
+
 def requirements(kernel_mode: bool) -> list[kernel.Availability]:
     if kernel_mode:
         return [kernel.tracepoint("kmem", tp) for tp in KMEM_TRACEPOINTS]
@@ -175,145 +214,24 @@ def run(
             reason="user-space allocation tracing needs a process or cgroup target "
             "(use the kernel mode for system-wide kernel allocations)",
         )
-    wanted = [f for f in ENTRY_POINTS if functions is None or f in functions]
-    spaces = Spaces()
-    info: dict = {"placements": [], "missing": [], "errors": [], "allocator": None, "module": None}
-    series_times: list[float] = []
-    series: dict[tuple, list[int]] = {}
-    big: list = []
-    last_sample = [-series_interval]
-    scanned: dict = {}
-    placed: list = []  # the placements attached, for pricing each program's hits at its site's trap
-    meter = Meter(target.pid if target.kind == "pid" else None, cpu_baseline)
-
-    def attach(bpf, pids: set[int]) -> None:
-        if kernel_mode:
-            return
-        if not big and snoop_min:
-            # bcc cannot build a ctypes class for a struct holding a struct: declared here.
-            bpf["big"].open_perf_buffer(
-                lambda cpu, data, size: big.append(_BigAllocEvent.from_buffer_copy(ct.string_at(data, size)))
-            )
-            big.append(None)  # marker: buffer opened
-        for pid in pids:
-            space = spaces.get(pid)
-            alloc = find_allocator(pid, space)
-            if alloc is None or space is None:
-                info["errors"].append(f"PID {pid}: no allocator found in its mappings")
-                continue
-            info["allocator"], info["module"] = alloc.name, alloc.module
-            _set_text_range(bpf, pid, space)
-            info["missing"] = sorted(set(info["missing"]) | set(alloc.missing))
-            for p in sorted(alloc.placements, key=lambda p: hotness(p.function, site_rates)):
-                if p.function not in wanted:
-                    continue
-                path = space.inode_path(space.first_mapping_of(p.module))
-                if path is None:  # the file this process maps is not reachable: no uprobe on a look-alike
-                    info["errors"].append(f"{p.function}: {p.module} is not the file PID {pid} maps")
-                    continue
-                try:
-                    bpf.attach_uprobe(
-                        name=path.encode(),
-                        sym=p.function.encode(),
-                        sym_off=p.offset,
-                        fn_name=BPF_FUNCTION[p.function].encode(),
-                        pid=pid,
-                    )
-                    if p.return_probe:
-                        bpf.attach_uretprobe(
-                            name=path.encode(), sym=p.function.encode(), fn_name=b"alloc_return", pid=pid
-                        )
-                except OSError as e:  # one entry point is not worth the run
-                    info["errors"].append(f"{p.function}: {e}")
-                    continue
-                if p.describe() not in info["placements"]:
-                    info["placements"].append(p.describe())
-                    placed.append(p)
-
-    def on_tick(bpf, elapsed: float) -> bool:
-        if snoop_min:
-            bpf.perf_buffer_poll(timeout=0)
-        if elapsed - last_sample[0] >= series_interval:
-            last_sample[0] = elapsed
-            _sample_series(bpf, elapsed, series_times, series)
-        if allowance_ns is not None and costs is not None and elapsed > 0.5:
-            spent = meter.read(bpf, placed, costs, site_rates).measured_ns
-            # detaching keeps the hottest probes trapping for about a grace period more
-            if spent is not None and spent * (1 + DETACH_S / elapsed) >= allowance_ns:
-                return True
-        return False
-
-    def collect(bpf, elapsed: float) -> dict:
-        if snoop_min:
-            bpf.perf_buffer_poll(timeout=0)
-        _sample_series(bpf, elapsed, series_times, series)
-        stats = dict(zip(STAT_NAMES, (bpf["stats"][i].value for i in range(len(STAT_NAMES))), strict=True))
-        oldest: dict[tuple, int] = {}
-        outstanding = 0
-        # ages at the instant the books stopped (the scan), else now
-        now_ns = scanned.get("at_ns") or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-        for _addr, a in bpf["allocs"].items():
-            outstanding += 1
-            k = _key_tuple(a.key)
-            oldest[k] = min(oldest.get(k, a.ts_ns), a.ts_ns)
-        stacks = _stacks(bpf, kernel_mode, spaces, series, oldest, now_ns, scanned.get("per_key", {}))
-        bigs = [_big(bpf, b, spaces, kernel_mode) for b in big if b is not None][:200]
-        lost = {k: v for k, v in stats.items() if k not in ("allocs", "frees", "sampled_out", "nested")}
-        lost["symbol_lookups_failed"] = sum(s.unknown_frames for s in stacks)
-        status, reason = "ok", ""
-        if stats["allocs_dropped"] or stats["stacks_dropped"]:
-            status, reason = "partial", "a table filled up: some allocations were not tracked (see lost)"
-        if not kernel_mode and not info["placements"]:
-            status, reason = "error", "no allocator entry point could be attached: " + "; ".join(info["errors"])
-        return {
-            "events": stats["allocs"] + stats["frees"],
-            "status": status,
-            "reason": reason,
-            "lost": lost,
-            "mode": "kernel" if kernel_mode else "user",
-            "allocator": "kernel (kmem tracepoints)" if kernel_mode else info["allocator"],
-            "allocator_module": info["module"],
-            "placements": info["placements"],
-            "missing_entry_points": info["missing"],
-            "attach_errors": info["errors"],
-            "sample_every": sample_every,
-            "min_size": min_size,
-            "max_size": max_size,
-            "series_times": series_times,
-            "stacks": stacks[:top],
-            "folded": folded((([_frame_like(f) for f in s.functions]), s.outstanding_bytes) for s in stacks),
-            "big_allocations": bigs,
-            "outstanding_allocations": outstanding,
-            "reach_scan": scanned.get("scan"),
-            "tracing_cost": meter.read(bpf, placed, costs, site_rates, paused_s=_paused_s(scanned)) if costs else None,
-        }
-
-    def before_detach(bpf, elapsed: float, interrupted) -> None:
-        if not scan_reach:
-            return
-        if kernel_mode or target.kind != "pid" or target.pid is None:
-            why = "the reachability scan needs a process target (user-space allocations of one pid)"
-            scanned["scan"] = ReachScan(status="skipped", reason=why)
-            return
-        keys: list[tuple] = []
-        glibc = info["allocator"] == "glibc"
-
-        def read(final: bool) -> reachscan.Blocks:
-            if final:
-                scanned["at_ns"] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            blocks = _blocks(bpf, target.pid, keys if final else [], final)
-            return blocks.glibc_bounded() if glibc else blocks
-
-        allowed = reach_allowed_ms
-        if allowance_ns is not None and costs is not None:
-            spent = meter.read(bpf, placed, costs, site_rates).measured_ns or 0.0
-            left_ms = max(0.0, allowance_ns - spent * (1 + DETACH_S / max(elapsed, 1e-3))) / 1e6
-            allowed = left_ms if allowed is None else min(allowed, left_ms)
-        with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
-            found, per_group = reachscan.scan(target.pid, read, allowed, interrupted)
-        scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
-        scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
-
+    session = _Session(
+        target=target,
+        kernel_mode=kernel_mode,
+        sample_every=sample_every,
+        min_size=min_size,
+        max_size=max_size,
+        snoop_min=snoop_min,
+        series_interval=series_interval,
+        wanted=[f for f in ENTRY_POINTS if functions is None or f in functions],
+        top=top,
+        costs=costs,
+        site_rates=site_rates,
+        allowance_ns=allowance_ns,
+        scan_reach=scan_reach,
+        reach_allowed_ms=reach_allowed_ms,
+        spaces=Spaces(),
+        meter=Meter(target.pid if target.kind == "pid" else None, cpu_baseline),
+    )
     defines = build_options(kernel_mode, sample_every, min_size, max_size, snoop_min)
     method = (
         "kmem tracepoints, kernel stacks"
@@ -327,13 +245,199 @@ def run(
         duration,
         requirements(kernel_mode),
         defines,
-        collect,
+        session.collect,
         method,
-        spaces=spaces,
-        attach=attach,
-        on_tick=on_tick,
-        before_detach=before_detach,
+        spaces=session.spaces,
+        attach=session.attach,
+        on_tick=session.on_tick,
+        before_detach=session.before_detach,
     )  # type: ignore[return-value]
+
+
+def _no_placements() -> dict:
+    return {"placements": [], "missing": [], "errors": [], "allocator": None, "module": None}
+
+
+@dataclass
+class _Session:
+    """One run's options and what its four steps share; run_probe calls attach (again for
+    processes that join a cgroup), on_tick while attached, before_detach, then collect."""
+
+    target: ProbeTarget
+    kernel_mode: bool
+    sample_every: int
+    min_size: int
+    max_size: int | None
+    snoop_min: int
+    series_interval: float
+    wanted: list[str]
+    top: int
+    costs: Costs | None
+    site_rates: dict[str, float] | None
+    allowance_ns: float | None
+    scan_reach: bool
+    reach_allowed_ms: float | None
+    spaces: Spaces
+    meter: Meter
+    info: dict = field(default_factory=_no_placements)
+    series_times: list[float] = field(default_factory=list)
+    series: dict[tuple, list[int]] = field(default_factory=dict)
+    big: list = field(default_factory=list)  # None first once the perf buffer is open, then the events
+    last_sample: float | None = None
+    scanned: dict = field(default_factory=dict)
+    placed: list = field(default_factory=list)  # the placements attached, for pricing each program's hits
+
+    def __post_init__(self) -> None:
+        self.last_sample = -self.series_interval
+
+    def attach(self, bpf, pids: set[int]) -> None:
+        if self.kernel_mode:
+            return
+        if not self.big and self.snoop_min:
+            # bcc cannot build a ctypes class for a struct holding a struct: declared here.
+            bpf["big"].open_perf_buffer(
+                lambda cpu, data, size: self.big.append(_BigAllocEvent.from_buffer_copy(ct.string_at(data, size)))
+            )
+            self.big.append(None)  # marker: buffer opened
+        for pid in pids:
+            self._attach_pid(bpf, pid)
+
+    def _attach_pid(self, bpf, pid: int) -> None:
+        info = self.info
+        space = self.spaces.get(pid)
+        alloc = find_allocator(pid, space)
+        if alloc is None or space is None:
+            info["errors"].append(f"PID {pid}: no allocator found in its mappings")
+            return
+        info["allocator"], info["module"] = alloc.name, alloc.module
+        _set_text_range(bpf, pid, space)
+        info["missing"] = sorted(set(info["missing"]) | set(alloc.missing))
+        for p in sorted(alloc.placements, key=lambda p: hotness(p.function, self.site_rates)):
+            if p.function not in self.wanted:
+                continue
+            path = space.inode_path(space.first_mapping_of(p.module))
+            if path is None:  # the file this process maps is not reachable: no uprobe on a look-alike
+                info["errors"].append(f"{p.function}: {p.module} is not the file PID {pid} maps")
+                continue
+            try:
+                bpf.attach_uprobe(
+                    name=path.encode(),
+                    sym=p.function.encode(),
+                    sym_off=p.offset,
+                    fn_name=BPF_FUNCTION[p.function].encode(),
+                    pid=pid,
+                )
+                if p.return_probe:
+                    bpf.attach_uretprobe(name=path.encode(), sym=p.function.encode(), fn_name=b"alloc_return", pid=pid)
+            except OSError as e:  # one entry point is not worth the run
+                info["errors"].append(f"{p.function}: {e}")
+                continue
+            if p.describe() not in info["placements"]:
+                info["placements"].append(p.describe())
+                self.placed.append(p)
+
+    def _spent_ns(self, bpf) -> float | None:
+        return self.meter.read(bpf, self.placed, self.costs, self.site_rates).measured_ns
+
+    def on_tick(self, bpf, elapsed: float) -> bool:
+        """Sample the series; True (detach) once the measured cost reaches the allowance."""
+        if self.snoop_min:
+            bpf.perf_buffer_poll(timeout=0)
+        if elapsed - self.last_sample >= self.series_interval:
+            self.last_sample = elapsed
+            _sample_series(bpf, elapsed, self.series_times, self.series)
+        if self.allowance_ns is not None and self.costs is not None and elapsed > 0.5:
+            spent = self._spent_ns(bpf)
+            # detaching keeps the hottest probes trapping for about a grace period more
+            if spent is not None and spent * (1 + DETACH_S / elapsed) >= self.allowance_ns:
+                return True
+        return False
+
+    def before_detach(self, bpf, elapsed: float, interrupted) -> None:
+        """The reachability scan, with the probes still attached, if asked for and affordable."""
+        if not self.scan_reach:
+            return
+        target = self.target
+        if self.kernel_mode or target.kind != "pid" or target.pid is None:
+            why = "the reachability scan needs a process target (user-space allocations of one pid)"
+            self.scanned["scan"] = ReachScan(status="skipped", reason=why)
+            return
+        keys: list[tuple] = []
+        glibc = self.info["allocator"] == "glibc"
+
+        def read(final: bool) -> reachscan.Blocks:
+            if final:
+                self.scanned["at_ns"] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+            blocks = _blocks(bpf, target.pid, keys if final else [], final)
+            return blocks.glibc_bounded() if glibc else blocks
+
+        allowed = self.reach_allowed_ms
+        if self.allowance_ns is not None and self.costs is not None:
+            spent = self._spent_ns(bpf) or 0.0
+            left_ms = max(0.0, self.allowance_ns - spent * (1 + DETACH_S / max(elapsed, 1e-3))) / 1e6
+            allowed = left_ms if allowed is None else min(allowed, left_ms)
+        with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
+            found, per_group = reachscan.scan(target.pid, read, allowed, interrupted)
+        self.scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
+        self.scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
+
+    def _oldest(self, bpf) -> tuple[dict[tuple, int], int]:
+        """The oldest outstanding allocation's timestamp per stack key, and how many are outstanding."""
+        oldest: dict[tuple, int] = {}
+        outstanding = 0
+        for _addr, a in bpf["allocs"].items():
+            outstanding += 1
+            k = _key_tuple(a.key)
+            oldest[k] = min(oldest.get(k, a.ts_ns), a.ts_ns)
+        return oldest, outstanding
+
+    def _cost(self, bpf) -> TracingCost:
+        return self.meter.read(bpf, self.placed, self.costs, self.site_rates, paused_s=_paused_s(self.scanned))
+
+    def _status(self, stats: dict) -> tuple[str, str]:
+        status, reason = "ok", ""
+        if stats["allocs_dropped"] or stats["stacks_dropped"]:
+            status, reason = "partial", "a table filled up: some allocations were not tracked (see lost)"
+        if not self.kernel_mode and not self.info["placements"]:
+            status, reason = "error", "no allocator entry point could be attached: " + "; ".join(self.info["errors"])
+        return status, reason
+
+    def collect(self, bpf, elapsed: float) -> dict:
+        if self.snoop_min:
+            bpf.perf_buffer_poll(timeout=0)
+        _sample_series(bpf, elapsed, self.series_times, self.series)
+        stats = dict(zip(STAT_NAMES, (bpf["stats"][i].value for i in range(len(STAT_NAMES))), strict=True))
+        # ages at the instant the books stopped (the scan), else now
+        now_ns = self.scanned.get("at_ns") or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+        oldest, outstanding = self._oldest(bpf)
+        kernel_mode, info, scanned = self.kernel_mode, self.info, self.scanned
+        stacks = _stacks(bpf, kernel_mode, self.spaces, self.series, oldest, now_ns, scanned.get("per_key", {}))
+        bigs = [_big(bpf, b, self.spaces, kernel_mode) for b in self.big if b is not None][:200]
+        lost = {k: v for k, v in stats.items() if k not in ("allocs", "frees", "sampled_out", "nested")}
+        lost["symbol_lookups_failed"] = sum(s.unknown_frames for s in stacks)
+        status, reason = self._status(stats)
+        return {
+            "events": stats["allocs"] + stats["frees"],
+            "status": status,
+            "reason": reason,
+            "lost": lost,
+            "mode": "kernel" if kernel_mode else "user",
+            "allocator": "kernel (kmem tracepoints)" if kernel_mode else info["allocator"],
+            "allocator_module": info["module"],
+            "placements": info["placements"],
+            "missing_entry_points": info["missing"],
+            "attach_errors": info["errors"],
+            "sample_every": self.sample_every,
+            "min_size": self.min_size,
+            "max_size": self.max_size,
+            "series_times": self.series_times,
+            "stacks": stacks[: self.top],
+            "folded": folded((([_frame_like(f) for f in s.functions]), s.outstanding_bytes) for s in stacks),
+            "big_allocations": bigs,
+            "outstanding_allocations": outstanding,
+            "reach_scan": scanned.get("scan"),
+            "tracing_cost": self._cost(bpf) if self.costs else None,
+        }
 
 
 # Where no rate was counted: the entry points most programs call most, first.

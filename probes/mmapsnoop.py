@@ -3,11 +3,14 @@ or shared, writable), and munmap() per process: the reservations that precede re
 
 from __future__ import annotations
 
+from memdiag.system import arch
+from memdiag.system.units import fmt_bytes
 from pydantic import BaseModel
 
 from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
 from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
+from .text import event_stack_lines
 
 METHOD = "raw tracepoint sys_enter (mmap/munmap), kernel stacks + .eh_frame unwinding"
 
@@ -38,9 +41,15 @@ def requirements() -> list[kernel.Availability]:
     return [kernel.raw_syscall_tracepoints()]
 
 
+def describe(r: MmapResult, top: int) -> list[str]:
+    """The result's lines under its header in `memdiag probe mmapsnoop`."""
+    mapped = f"  mapped {fmt_bytes(r.mapped_bytes)}, unmapped {fmt_bytes(r.unmapped_bytes)}"
+    return [*event_stack_lines(r, top, "calls"), mapped]
+
+
 def build_options() -> dict[str, int | str]:
     """The syscall numbers the program compares the raw tracepoint's id with."""
-    return dict(kernel.syscall_numbers())
+    return dict(arch.syscall_defines())
 
 
 def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:

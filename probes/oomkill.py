@@ -26,6 +26,7 @@ from memdiag.system.cgroup import (
 )
 from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.meminfo import read_meminfo
+from memdiag.system.units import fmt_bytes
 from pydantic import BaseModel
 
 from . import btf, kernel
@@ -33,6 +34,7 @@ from .base import (
     ProbeResult,
     ProbeTarget,
     ProbeUnavailable,
+    attached,
     bpf_stats,
     load,
     measure_cost,
@@ -42,6 +44,7 @@ from .base import (
 )
 from .procmaps import AddressSpace
 from .stacks import Symbolizer
+from .text import stack_lines
 
 FORMAT = "events/oom/mark_victim/format"
 
@@ -89,6 +92,24 @@ class OomKillResult(ProbeResult):
 
 def requirements() -> list[kernel.Availability]:
     return [kernel.tracepoint("oom", "mark_victim")]
+
+
+def describe(r: OomKillResult, top: int) -> list[str]:
+    """The result's lines under its header in `memdiag probe oomkill`: each kill, its trigger's stack."""
+    lines = []
+    for k in r.kills:
+        scope = "cgroup OOM" if k.cgroup_oom else ("system OOM" if k.cgroup_oom is False else "OOM")
+        lines.append(
+            f"  {scope}: killed {k.victim()}, anon RSS {fmt_bytes(k.anon_rss)}; "
+            f"trigger {k.trigger()}; memcg {k.memcg or k.victim_cgroup}, "
+            f"limit {fmt_bytes(k.limit)}; host MemAvailable {fmt_bytes(k.mem_available)}"
+        )
+        if k.outside_namespace:
+            lines.append(f"    {k.outside_namespace}")
+        lines += stack_lines(k.trigger_kernel_stack, depth=6)
+    if not r.kills:
+        lines.append("  no OOM kill")
+    return lines
 
 
 def _format_fields() -> str:
@@ -331,6 +352,7 @@ def run(
     kills: list[OomEvent] = []
     if ready is not None:
         ready.set()
+    attached("oomkill")
     try:
         with bpf_stats(), stop_on_signals() as stop:
             deadline = time.monotonic() + duration

@@ -4,25 +4,14 @@ first look at the counters. A warm cache means no compiler in the diagnosing pro
 
 from __future__ import annotations
 
-from . import brkstack, compiler, faults, memleak, mmapsnoop, oomkill, swapin, vmscan
-from .base import target_mode
-from .kernel import kprobes, namespace_defines
+from . import compiler
+from .kernel import namespace_defines
+from .registry import REGISTRY
 
 
 def programs(target_kind: str) -> list[tuple[str, dict[str, int | str]]]:
     """(program, options) for each probe the engine may run on a target of this kind."""
-    mode = target_mode(target_kind)
-    return [
-        ("ratecount", {}),  # first: pricing memleak is the engine's first BPF step
-        ("faults", {"TARGET_MODE": mode, **faults.build_options(target_kind)}),
-        ("memleak", {"TARGET_MODE": mode, **memleak.build_options()}),
-        ("brkstack", {"TARGET_MODE": mode, **brkstack.build_options()}),
-        ("mmapsnoop", {"TARGET_MODE": mode, **mmapsnoop.build_options()}),
-        ("oomkill", oomkill.build_options()),
-        ("swapin", {"TARGET_MODE": mode, **swapin.build_options(kprobes().available)}),
-        ("vmscan", {"TARGET_MODE": target_mode(target_kind, vmscan.FILTERED)}),
-        ("drsnoop", {"TARGET_MODE": mode}),
-    ]
+    return REGISTRY.programs(target_kind)
 
 
 def prepare(target_kinds: tuple[str, ...] = ("pid", "system")) -> tuple[int, int]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from memdiag.system import arch
 from pydantic import BaseModel
 
 # numpy's bundled OpenBLAS starts a thread per core at import; the scan does no linear algebra.
@@ -55,12 +56,6 @@ PAGEMAP_WINDOW = 1 << 16  # pages of /proc/PID/pagemap read at a time (512 KiB: 
 MAX_EDGES = 4_000_000  # block-to-block references kept (8 bytes each); past it the scan gives up
 D_STATE_WAIT_S = 0.2  # how long a thread may stay in uninterruptible sleep before the scan gives up
 STOP_TIMEOUT_S = 1.0  # a thread that does not stop in this time (uninterruptible sleep) aborts the scan
-# x86-64 (TLS variant II): a thread's static TLS lies just below its thread pointer, the thread
-# control block (glibc's struct pthread, 2,304 bytes in 2.36) at and above it. The static TLS is the
-# modules' PT_TLS segments plus the surplus glibc keeps for dlopen()ed ones (1,664 bytes in 2.36).
-TCB_BYTES = 2304
-TLS_SURPLUS = 1664
-RED_ZONE = 128  # x86-64 SysV: a leaf function may keep data this far below the stack pointer
 SAMPLE_CHUNKS = 16  # chunks of the target's memory matched while it runs, to price the pause
 SWAP_READ_BYTES_PER_S = 50 << 20  # reading swapped pages back: random 4 KiB reads of a virtual disk
 FIXED_MS = 2.0  # listing the mappings and the threads under the stop (measured: ~1 ms)
@@ -87,13 +82,9 @@ CONSISTENCY = (
     "then resumed"
 )
 
-# ptrace(2) requests and the register set (NT_PRSTATUS): the stack pointer's index in user_regs_struct
+# ptrace(2) requests and the register set (NT_PRSTATUS; its layout by machine: arch.USER_REGS)
 PTRACE_DETACH, PTRACE_GETREGSET, PTRACE_SEIZE, PTRACE_INTERRUPT = 17, 0x4204, 0x4206, 0x4207
 PTRACE_EVENT_STOP, NT_PRSTATUS, WALL = 128, 1, 0x40000000
-_ARCH = {  # machine: (stack pointer, thread pointer or None, instruction pointer, frame pointer, words)
-    "x86_64": (19, 21, 16, 4, 27),
-    "aarch64": (31, None, 32, 29, 34),
-}
 
 _libc = ct.CDLL(None, use_errno=True)
 _libc.ptrace.restype = ct.c_long
@@ -211,7 +202,6 @@ class Thread:
     sp: int
     ip: int
     bp: int
-    pending_signal: int = 0
     tp: int | None = None  # the thread pointer (x86-64 fs_base): its TLS lies just below it
     stack: bytes = b""  # its stack from sp - red zone up, copied while stopped (to name frames)
     stack_base: int = 0
@@ -337,10 +327,10 @@ def _wait_stopped(tid: int, deadline: float) -> int | None:
 def stopped(pid: int):
     """Every thread of pid stopped with ptrace for the duration; yields their Threads. New
     threads created while stopping are stopped too (the set is re-read until it is stable)."""
-    machine = os.uname().machine
-    if machine not in _ARCH:
-        raise ScanAborted(f"memdiag does not know the register layout of {machine}")
-    sp_i, tp_i, ip_i, bp_i, n_words = _ARCH[machine]
+    layout = arch.USER_REGS.get(arch.MACHINE)
+    if layout is None:
+        raise ScanAborted(f"memdiag does not know the register layout of {arch.MACHINE}")
+    sp_i, tp_i, ip_i, bp_i, n_words = layout
     seized: dict[int, int] = {}  # tid -> signal to hand back
     threads: list[Thread] = []
     try:
@@ -367,10 +357,10 @@ def stopped(pid: int):
                 continue
             raw = _regs(tid)
             if len(raw) != n_words * 8:  # a 32-bit (compat) task hands out its own, smaller set
-                raise ScanAborted(f"a 32-bit target: memdiag reads {machine} registers only")
+                raise ScanAborted(f"a 32-bit target: memdiag reads {arch.MACHINE} registers only")
             words = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw) - 7, 8)]
             tp = words[tp_i] if tp_i is not None else None
-            threads.append(Thread(tid, raw, words[sp_i], words[ip_i], words[bp_i], sig, tp))
+            threads.append(Thread(tid, raw, words[sp_i], words[ip_i], words[bp_i], tp))
         yield threads
     finally:
         for tid, sig in seized.items():
@@ -395,7 +385,7 @@ def _regions(space: AddressSpace, threads: list[Thread], tls_bytes: int = 0, blo
             continue  # device memory: reading it may have effects
         if m.start in stacks:
             t = stacks[m.start]
-            out.append(Region(max(m.start, t.sp - RED_ZONE), m.end, TIER_STACK, m, tid=t.tid))
+            out.append(Region(max(m.start, t.sp - arch.RED_ZONE), m.end, TIER_STACK, m, tid=t.tid))
         elif m.is_file and "s" not in m.perms:
             out.append(Region(m.start, m.end, TIER_STATIC, m, module=m.path))
         elif not m.path and prev is not None and prev.is_file and "w" in prev.perms and prev.end == m.start:
@@ -635,12 +625,12 @@ def _reachability(n: int, found: Found) -> tuple:
 
 def _frame_name(space: AddressSpace, t: Thread, address: int, symbolizer: Symbolizer) -> str | None:
     """The function whose frame holds a stack address, by .eh_frame unwinding of the copy."""
-    if not t.stack or os.uname().machine != "x86_64":
+    if not t.stack or not arch.supported():  # .eh_frame replayed with x86-64 registers
         return None
     result = unwind(space, t.ip, t.sp, t.bp, StackSlice(t.stack_base, t.stack))
     low = t.sp
     for pc, cfa in zip(result.addresses, result.cfas, strict=False):
-        if low - RED_ZONE <= address < cfa:
+        if low - arch.RED_ZONE <= address < cfa:
             return symbolizer.frame(pc).function
         low = cfa
     return None
@@ -693,7 +683,7 @@ def _tls_segment(elf):
 def _static_tls_bytes(space: AddressSpace) -> int:
     """The size of a thread's static TLS: every loaded module's PT_TLS segment, aligned, plus
     glibc's surplus."""
-    total = TLS_SURPLUS
+    total = arch.TLS_SURPLUS
     for path in space.modules():
         m = space.first_mapping_of(path)
         elf = elf_info(space.file_path(m)) if m is not None else None
@@ -718,7 +708,7 @@ def _split_tls(regions: list[Region], threads: list[Thread], tls_bytes: int) -> 
             continue
         r = regions[i]
         floor = t.sp if r.mapping.start <= t.sp < r.mapping.end else r.mapping.start
-        lo, hi = max(r.start, t.tp - tls_bytes, floor), min(r.end, t.tp + TCB_BYTES)
+        lo, hi = max(r.start, t.tp - tls_bytes, floor), min(r.end, t.tp + arch.TCB_BYTES)
         if lo >= hi or r.tier == TIER_STATIC:  # a module's own data keeps its symbols
             continue
         parts = [Region(r.start, lo, r.tier, r.mapping, r.tid, r.module)] if r.start < lo else []
@@ -982,7 +972,7 @@ def scan(
     if not _alive(pid):
         why = "the target exited during the scan: nothing is concluded from it"
         return ReachScan(status="failed", reason=why, paused_ms=box["paused_ms"], **info), {}
-    return _classify(pid, box, info)
+    return _classify(box, info)
 
 
 def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: dict) -> None:
@@ -1021,7 +1011,7 @@ def _alive(pid: int) -> bool:
     return _state(pid, pid) not in (None, "Z", "X")
 
 
-def _classify(pid: int, box: dict, info: dict) -> tuple[ReachScan, dict[int, StackReach]]:
+def _classify(box: dict, info: dict) -> tuple[ReachScan, dict[int, StackReach]]:
     """Leaked or anchored per block, the anchors named, per group; after the target runs again."""
     import numpy as np
 

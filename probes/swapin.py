@@ -12,6 +12,7 @@ import threading
 
 from memdiag.system.cgroup import locate_memory_cgroup
 from memdiag.system.swaps import SwapDevice, read_swaps
+from memdiag.system.units import fmt_bytes
 from pydantic import BaseModel
 
 from . import bpfsys, kernel
@@ -54,6 +55,23 @@ class SwapinResult(ProbeResult):
 
 def requirements() -> list[kernel.Availability]:
     return [kernel.perf_events()]
+
+
+def describe(r: SwapinResult, top: int) -> list[str]:
+    """The result's lines under its header in `memdiag probe swapin`."""
+    lines = []
+    for p in r.processes[:top]:
+        lines.append(
+            f"  PID {p.pid:>7} {p.comm:<16} {p.swapins:>8,} swap-ins  "
+            f"{p.file_major_faults:,} file major faults  cgroup {p.cgroup}"
+        )
+        for g in p.regions[:3]:
+            lines.append(f"      {g.start:#x}-{g.end:#x} {g.mapping}: {g.faults:,}")
+    for c in r.swap_calls:
+        lines.append(f"  {c.call} {c.path} by PID {c.pid} ({c.comm})")
+    for d in r.swap_devices:
+        lines.append(f"  swap {d.filename}: {fmt_bytes(d.used)} of {fmt_bytes(d.size)} used")
+    return lines
 
 
 def build_options(use_kprobe: bool) -> dict[str, int | str]:

@@ -4,18 +4,20 @@ Distro libraries (glibc, libstdc++) omit frame pointers, so the kernel's frame-p
 a fault or an allocation inside them loses the application's caller. The probes copy the user
 registers (ip, sp, bp) and a bounded slice of the user stack at the event; this module replays the
 call-frame rules of each function's FDE over that copy: CFA = rule register + offset, the return
-address and saved rbp at their CFA offsets. x86-64 DWARF registers: 6 = rbp, 7 = rsp, 16 = return
-address."""
+address and saved rbp at their CFA offsets, named by x86-64 DWARF register numbers (system/arch.py)."""
 
 from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
 
+from memdiag.system.arch import DWARF_BP as RBP
+from memdiag.system.arch import DWARF_RA as RA
+from memdiag.system.arch import DWARF_SP as RSP
+
 from .elf import elf_info
 from .procmaps import AddressSpace
 
-RBP, RSP, RA = 6, 7, 16
 MAX_FRAMES = 64
 
 

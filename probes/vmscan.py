@@ -40,6 +40,16 @@ def requirements() -> list[kernel.Availability]:
     return [kernel.tracepoint("vmscan", tp) for tp in TRACEPOINTS]
 
 
+def describe(r: VmscanResult, top: int) -> list[str]:
+    """The result's lines under its header in `memdiag probe vmscan`: reclaim by kind, its histogram."""
+    lines = [f"  kswapd wake-ups: {r.kswapd_wakeups:,}"]
+    for x in r.reclaim:
+        lines.append(f"  {x.kind:<7} {x.events:>8,} events {x.total_ms:>10.1f} ms  {x.pages_reclaimed:,} pages")
+        for bucket, n in x.histogram_us.items():
+            lines.append(f"      {bucket:>14} us {n:>8,}")
+    return lines
+
+
 def bucket_label(slot: int) -> str:
     lo = 0 if slot == 0 else 1 << (slot - 1)
     return f"{lo}-{(1 << slot) - 1}"

@@ -98,6 +98,7 @@ _DEFS = [
     ("budget.percent", "percent", "how much the diagnosis may slow the target"),
     ("alloc.rate", "per_s", "allocating calls (malloc, operator new ...) per second, from a bounded count"),
     ("alloc.tracing_percent", "percent", "tracing every allocation priced before attaching: share of the window"),
+    ("alloc.tracing", "string", "memleak priced against the budget: full, fallback, unknown, or none (not priced)"),
     # probe findings
     ("faults.top_bytes", "bytes", "pages faulted in by the heaviest stack"),
     ("faults.top_function", "string", "the application function of the heaviest fault stack"),

@@ -22,12 +22,12 @@ import difflib
 import re
 from typing import Annotated, Literal
 
+from memdiag.probes.registry import REGISTRY
 from memdiag.system.units import KIND_NAMES, Kind, parse_quantity
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from .catalog import FACTS
 
-PROBE_NAMES = ("faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop")
 VERDICT_KINDS = ("leak", "cache", "growth", "pressure", "oom", "healthy", "inconclusive")
 _OPS = (">=", "<=", "==", "!=", ">", "<")
 _COMPARISON = re.compile(r"^\s*([a-z_][a-z0-9_.]*)\s*(>=|<=|==|!=|>|<)\s*(.+?)\s*$")
@@ -129,7 +129,7 @@ def template_facts(text: str) -> list[str]:
 
 
 class ProbeRequest(_Strict):
-    name: Literal["faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop"]
+    name: Literal[REGISTRY.names]  # type: ignore[valid-type]  # the probe registry's names, in its order
     duration: str | None = None  # e.g. 15s; default: what is left of the window
 
     @field_validator("duration")

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 import psutil
+from memdiag.system import arch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
@@ -145,7 +146,7 @@ def run_tool(kind: str, pid: int, seconds: float, env: dict | None = None) -> di
     }
 
 
-JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+JEMALLOC = arch.library("libjemalloc.so.2")
 ALLOCATORS = [("glibc", None), ("jemalloc", {"LD_PRELOAD": JEMALLOC})]
 
 
@@ -345,7 +346,7 @@ def accuracy_section() -> list[str]:
     for name, argv, kind, fn, special in SCENARIOS:
         out = Path(tempfile.mkdtemp(prefix="bench-acc-"))
         with _environment(special) as cg:
-            env = {"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"} if special == "jemalloc" else None
+            env = {"LD_PRELOAD": JEMALLOC} if special == "jemalloc" else None
             w = Workload(*argv, cgroup=cg, env=env).start()
             try:
                 if special == "swap":

@@ -74,7 +74,7 @@ _SIZE = {
     "t": 1 << 40,
 }
 _TIME = {"ms": 1e-3, "s": 1.0, "min": 60.0, "h": 3600.0, "d": 86400.0}
-_NUMBER = r"[-+]?\d+(?:\.\d+)?"
+_NUMBER = r"[-+]?\d+(?:\.\d+)?(?:[eE][-+]?\d+)?"
 _RE = re.compile(rf"^\s*({_NUMBER})\s*([a-zA-Z%]*)\s*(/\s*(?:s|sec|second|m|min|minute|h|hour))?\s*$")
 _PER = {"s": 1.0, "sec": 1.0, "second": 1.0, "m": 60.0, "min": 60.0, "minute": 60.0, "h": 3600.0, "hour": 3600.0}
 

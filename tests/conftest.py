@@ -1,5 +1,10 @@
 """Test harness: the kit on the path, root required where the real kernel is driven, and no
-silent skips in CI (MEMDIAG_NO_SKIP=1 turns a skip into a failure)."""
+silent skips in CI (MEMDIAG_NO_SKIP=1 turns a skip into a failure).
+
+Markers: a test that uses a fixture of the real machine (BPF_FIXTURES) is marked `bpf`, and one in
+a module of long workloads (SLOW_MODULES) `slow`, here at collection, so none is missed by hand.
+`pytest -m "not bpf"` is then the fast layer: it runs without root, and a test in it that still
+skips for want of root is a failure (its marker is missing), whatever MEMDIAG_NO_SKIP says."""
 
 from __future__ import annotations
 
@@ -17,17 +22,66 @@ from containers import run_container, workload_image  # noqa: E402
 from figures import read_report  # noqa: E402
 from kit import MEMDIAG, MemoryCgroup, Workload, swapfile  # noqa: E402
 
+# Fixtures that drive the real machine: root, BPF, cgroups, swap, workloads, the console script,
+# podman, servers run as root. A test using one (directly or through another fixture) is `bpf`.
+BPF_FIXTURES = frozenset(
+    {
+        "root_required",
+        "workload",
+        "memcg",
+        "swap",
+        "memdiag",
+        "podman_image",
+        "podman_container",
+        "server",
+        "servers",
+        "alertmanager",
+        "agents",
+        "bcc_ready",
+        "_bpf_ready",
+    }
+)
+# Modules whose tests run workloads (or diagnoses) for tens of seconds each: `slow` as well.
+SLOW_MODULES = frozenset(
+    {
+        "e2e/test_alert_loop.py",
+        "e2e/test_budget.py",
+        "e2e/test_containers.py",
+        "e2e/test_culprit.py",
+        "e2e/test_scenarios.py",
+        "e2e/test_signals.py",
+        "probes/test_overhead.py",
+        "serve/test_node_agent.py",
+    }
+)
+TESTS = Path(__file__).resolve().parent
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if BPF_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.bpf)
+        if item.path.relative_to(TESTS).as_posix() in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+            item.add_marker(pytest.mark.bpf)  # a workload run for tens of seconds is the real kernel's
+
+
+def _failure(message: str) -> pytest.ExceptionInfo:
+    try:  # raised, so it has the traceback pytest's report needs
+        raise AssertionError(message)
+    except AssertionError as e:
+        return pytest.ExceptionInfo.from_exception(e)
+
 
 def pytest_runtest_makereport(item, call):
-    # Skips are failures when the environment promises everything (this machine, CI).
-    if (
-        os.environ.get("MEMDIAG_NO_SKIP") == "1"
-        and call.excinfo is not None
-        and call.excinfo.errisinstance(pytest.skip.Exception)
-    ):
-        call.excinfo = pytest.ExceptionInfo.from_exception(
-            AssertionError(f"skipped where nothing may skip: {call.excinfo.value}")
-        )
+    if call.excinfo is None or not call.excinfo.errisinstance(pytest.skip.Exception):
+        return
+    if os.geteuid() != 0 and item.get_closest_marker("bpf") is None and "root" in str(call.excinfo.value):
+        # the fast layer runs without root: a test there that wants root lacks its `bpf` marker
+        call.excinfo = _failure(f"needs root but is not marked bpf: {call.excinfo.value}")
+    elif os.environ.get("MEMDIAG_NO_SKIP") == "1":
+        # Skips are failures when the environment promises everything (this machine, CI).
+        call.excinfo = _failure(f"skipped where nothing may skip: {call.excinfo.value}")
 
 
 @pytest.fixture

@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -25,6 +26,24 @@ MEMDIAG = shutil.which("memdiag", path=str(Path(sys.executable).parent)) or "mem
 SOURCES = ROOT / "tests" / "workloads"
 BUILD = ROOT / ".build" / "workloads"
 CFLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Werror"]
+
+
+def wait_for_line(proc: subprocess.Popen, wanted: str, timeout: float = 60) -> str:
+    """Read a child's stderr up to the line `wanted` (a readiness line it prints, e.g. `memdiag probe
+    NAME: attached`) and return what was read. Byte by byte, so nothing past that line is taken
+    from what communicate() reads later; AssertionError at the timeout or if stderr closes first."""
+    fd, line = proc.stderr.fileno(), ("\n" + wanted + "\n").encode()
+    seen = b"\n"
+    deadline = time.monotonic() + timeout
+    while not seen.endswith(line):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            raise AssertionError(f"no {wanted!r} within {timeout:g} s; stderr so far: {seen[1:].decode()!r}")
+        byte = os.read(fd, 1)
+        if not byte:
+            raise AssertionError(f"stderr closed before {wanted!r}: {seen[1:].decode()!r}")
+        seen += byte
+    return seen[1:].decode()
 
 
 def build(name: str, extra_flags: list[str] | None = None) -> Path:

@@ -7,9 +7,9 @@ import os
 import sys
 from pathlib import Path
 
-from memdiag.probes import brkstack, drsnoop, faults, memleak, mmapsnoop, oomkill, swapin, vmscan
-from memdiag.probes.base import INTERRUPTION, ProbeTarget, phase
+from memdiag.probes.base import ATTACHED, INTERRUPTION, ProbeTarget, phase
 from memdiag.probes.calibrate import host_costs
+from memdiag.probes.registry import REGISTRY
 
 from ..errors import PermissionNeeded, SignalInterrupted, UsageError
 from ..options import DURATION, MILLISECONDS, PID, ROWS, SAMPLE_EVERY, SIZE
@@ -19,21 +19,9 @@ from ..render.text import json_text
 from ..target import cgroup_target, pid_target
 from ..workflow import DEFAULT_BUDGET_PERCENT
 
-PROBES = {
-    "faults": faults,
-    "memleak": memleak,
-    "reach": memleak,  # memleak, then the reachability scan of its outstanding blocks
-    "oomkill": oomkill,
-    "swapin": swapin,
-    "vmscan": vmscan,
-    "drsnoop": drsnoop,
-    "brkstack": brkstack,
-    "mmapsnoop": mmapsnoop,
-}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", choices=sorted(PROBES), help="the probe to run")
+    parser.add_argument("name", choices=REGISTRY.cli_names(), help="the probe to run")
     group = parser.add_mutually_exclusive_group()
     group.add_argument("--pid", type=PID, help="trace this process")
     group.add_argument("--cgroup", metavar="PATH", help="trace the processes of this memory cgroup")
@@ -76,11 +64,13 @@ def execute(args: argparse.Namespace) -> int:
         target = ProbeTarget.for_cgroup(loc.fs_path, loc.path)
     else:
         target = ProbeTarget(kind="system")
-    module = PROBES[args.name]
-    if args.name == "reach" and (args.kernel or target.kind != "pid"):
-        raise UsageError("probe reach scans one process's memory: give --pid (user-space allocations)")
+    variant = REGISTRY.variant(args.name)
+    if variant is not None and variant.pid_only and (args.kernel or target.kind != "pid"):
+        raise UsageError(f"probe {args.name} scans one process's memory: give --pid (user-space allocations)")
+    # one line once the probe is attached: a caller waits for it instead of guessing a load time
+    ATTACHED.append(lambda _: print(f"memdiag probe {args.name}: attached", file=sys.stderr, flush=True))
     with phase(f"probe {args.name}"):
-        result = _run(module, args, target)
+        result = _run(REGISTRY.spec(args.name).loader(), args, target)
     if args.folded is not None:
         lines = getattr(result, "folded", [])
         try:
@@ -99,7 +89,8 @@ def execute(args: argparse.Namespace) -> int:
 
 
 def _run(module, args: argparse.Namespace, target: ProbeTarget):
-    if args.name in ("memleak", "reach"):
+    """The probe's run(); memleak (and its reach variant) with the options of its argument group."""
+    if REGISTRY.spec(args.name).name == "memleak":
         return module.run(
             target,
             args.duration,

@@ -278,9 +278,9 @@ def execute(args: argparse.Namespace) -> int:
             except QueueFull:
                 store.settle(incident.id, state="recorded", error="queue full: recorded, not diagnosed")
 
-    if not args.no_oom_watch:
-        OomWatcher(on_kill)
+    watcher = None if args.no_oom_watch else OomWatcher(on_kill)
     cfg = Config(
+        oom_watch=watcher,
         store=store,
         worker=worker,
         token=token,

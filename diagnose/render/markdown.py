@@ -235,8 +235,27 @@ def _probe_figures(report: Report) -> list[str]:
     return ["### Probe figures", ""] + _table(["probe", "figure", "value"], rows) + [""]
 
 
-def render_markdown(report: Report) -> str:
-    report = flattened(report)  # nothing from outside breaks a line: no heading, row or block of its own
+def _culprit_lines(culprit) -> list[str]:
+    who = []
+    if culprit.pid is not None:
+        who.append(f"PID {culprit.pid}" + (f" ({prose(culprit.comm)})" if culprit.comm else ""))
+    if culprit.cgroup:
+        who.append(f"cgroup {code(culprit.cgroup)}")
+    if culprit.function:
+        who.append(f"function **{code(culprit.function)}**")
+    if culprit.stack:
+        who.append("stack " + _culprit_stack(culprit))
+    lines = [f"- Culprit: {', '.join(who)}"] if who else []
+    if culprit.guessed:
+        lines += [
+            "- A frame marked *wrapper, guessed* was passed over because its code only forwards what the "
+            "allocator returned (read from its instructions, not from the playbook's `wrappers:` list)"
+        ]
+    return lines
+
+
+def _heading(report: Report) -> list[str]:
+    """Title, verdict, interruption, culprit, target and window."""
     v, t, w = report.verdict, report.target, report.window
     cut = report.interrupted
     partial = " (partial: interrupted)" if cut is not None else ""
@@ -249,23 +268,7 @@ def render_markdown(report: Report) -> str:
             "this report is partial and its verdict rests only on what was gathered before"
         ]
         lines += [f"- Not gathered: {prose('; '.join(cut.not_gathered) or 'nothing')}"]
-    culprit = v.culprit
-    who = []
-    if culprit.pid is not None:
-        who.append(f"PID {culprit.pid}" + (f" ({prose(culprit.comm)})" if culprit.comm else ""))
-    if culprit.cgroup:
-        who.append(f"cgroup {code(culprit.cgroup)}")
-    if culprit.function:
-        who.append(f"function **{code(culprit.function)}**")
-    if culprit.stack:
-        who.append("stack " + _culprit_stack(culprit))
-    if who:
-        lines += [f"- Culprit: {', '.join(who)}"]
-    if culprit.guessed:
-        lines += [
-            "- A frame marked *wrapper, guessed* was passed over because its code only forwards what the "
-            "allocator returned (read from its instructions, not from the playbook's `wrappers:` list)"
-        ]
+    lines += _culprit_lines(v.culprit)
     target_line = f"- Target: {prose(t.description)}"
     if t.cmdline:
         target_line += f" — {code(' '.join(t.cmdline)[:200])}"
@@ -279,48 +282,57 @@ def render_markdown(report: Report) -> str:
     ]
     if w.target_exited_at is not None:
         lines += [f"- Target exited at {_utc(w.target_exited_at)}"]
-    lines += ["", "## Evidence", ""]
+    return lines
 
-    if report.findings:
-        lines += ["### Findings", ""]
-        lines += [f"- **{prose(f.id)}**: {prose(f.summary)}" for f in report.findings]
-        lines += [""]
 
-    if report.stacks:
-        lines += ["### Stacks", ""]
-        for st in report.stacks:
-            trend = f" — outstanding `{sparkline([float(v) for v in st.series])}`" if st.series else ""
-            lines += [f"- **{fmt_bytes(st.bytes)}** ({st.probe}: {prose(st.detail)}){trend}"]
-            if st.reach is not None:
-                lines += [f"  - {_reach_line(st.reach)}"]
-            kinds = st.frame_kinds
-            lines += [
-                f"  {i}. {code(frame)}{_kind_note(kinds[i - 1] if i <= len(kinds) else '')}"
-                for i, frame in enumerate(st.frames[:8], 1)
-            ]
-            if len(st.frames) > 8:
-                lines += [f"  - … {len(st.frames) - 8} more frames"]
-        lines += [""]
+def _findings(report: Report) -> list[str]:
+    if not report.findings:
+        return []
+    return ["### Findings", ""] + [f"- **{prose(f.id)}**: {prose(f.summary)}" for f in report.findings] + [""]
 
+
+def _stacks(report: Report) -> list[str]:
+    if not report.stacks:
+        return []
+    lines = ["### Stacks", ""]
+    for st in report.stacks:
+        trend = f" — outstanding `{sparkline([float(v) for v in st.series])}`" if st.series else ""
+        lines += [f"- **{fmt_bytes(st.bytes)}** ({st.probe}: {prose(st.detail)}){trend}"]
+        if st.reach is not None:
+            lines += [f"  - {_reach_line(st.reach)}"]
+        kinds = st.frame_kinds
+        lines += [
+            f"  {i}. {code(frame)}{_kind_note(kinds[i - 1] if i <= len(kinds) else '')}"
+            for i, frame in enumerate(st.frames[:8], 1)
+        ]
+        if len(st.frames) > 8:
+            lines += [f"  - … {len(st.frames) - 8} more frames"]
+    return lines + [""]
+
+
+def _trends(report: Report) -> list[str]:
     trends = report.counters.trends
-    if trends:
-        lines += ["### Trends", ""]
-        rows = []
-        for name, tr in trends.items():
-            values = [value for _, value in report.counters.series.get(name, [])]
-            rows.append(
-                [
-                    _SERIES_LABELS.get(name, name),
-                    fmt_bytes(tr.first),
-                    fmt_bytes(tr.last),
-                    fmt_bytes(tr.delta) if tr.delta is not None else "–",
-                    fmt_rate(tr.rate_per_s) if tr.rate_per_s is not None else "–",
-                    tr.shape,
-                    f"`{sparkline(values)}`" if values else "",
-                ]
-            )
-        lines += _table(["series", "first", "last", "change", "rate", "shape", "trend"], rows) + [""]
+    if not trends:
+        return []
+    rows = []
+    for name, tr in trends.items():
+        values = [value for _, value in report.counters.series.get(name, [])]
+        rows.append(
+            [
+                _SERIES_LABELS.get(name, name),
+                fmt_bytes(tr.first),
+                fmt_bytes(tr.last),
+                fmt_bytes(tr.delta) if tr.delta is not None else "–",
+                fmt_rate(tr.rate_per_s) if tr.rate_per_s is not None else "–",
+                tr.shape,
+                f"`{sparkline(values)}`" if values else "",
+            ]
+        )
+    return ["### Trends", ""] + _table(["series", "first", "last", "change", "rate", "shape", "trend"], rows) + [""]
 
+
+def _counter_tables(report: Report) -> list[str]:
+    lines = []
     for scope, title in (("process", "Process"), ("cgroup", "Memory cgroup"), ("system", "System")):
         scoped = [r for r in report.counters.rows if r.scope == scope]
         if not scoped:
@@ -330,11 +342,15 @@ def render_markdown(report: Report) -> str:
             ["counter", "first", "last", "change / rate"],
             [[_COUNTER_LABELS.get(r.name, r.name), _cell(r, r.first), _cell(r, r.last), _rate(r)] for r in scoped],
         ) + [""]
+    return lines
 
-    lines += _processes(report)
-    if report.counters.oom_kills:
-        lines += ["### OOM kills", ""]
-        lines += _table(
+
+def _oom_kills(report: Report) -> list[str]:
+    if not report.counters.oom_kills:
+        return []
+    return (
+        ["### OOM kills", ""]
+        + _table(
             ["time", "victim", "constraint", "memory cgroup", "trigger", "anon RSS", "file RSS"],
             [
                 [
@@ -348,44 +364,81 @@ def render_markdown(report: Report) -> str:
                 ]
                 for k in report.counters.oom_kills
             ],
-        ) + [""]
+        )
+        + [""]
+    )
 
-    if report.counters.slab_top:
-        lines += ["### Kernel slab caches (top growth)", ""]
-        lines += _table(
+
+def _slab(report: Report) -> list[str]:
+    if not report.counters.slab_top:
+        return []
+    return (
+        ["### Kernel slab caches (top growth)", ""]
+        + _table(
             ["cache", "first", "last", "change"],
             [
                 [s.name, fmt_bytes(s.first_bytes), fmt_bytes(s.last_bytes), fmt_bytes(s.last_bytes - s.first_bytes)]
                 for s in report.counters.slab_top
             ],
-        ) + [""]
+        )
+        + [""]
+    )
 
-    lines += ["### Swap devices", ""]
-    if report.counters.swap_devices:
-        lines += _table(
+
+def _swap_devices(report: Report) -> list[str]:
+    lines = ["### Swap devices", ""]
+    if not report.counters.swap_devices:
+        return lines + ["No swap is configured.", ""]
+    return (
+        lines
+        + _table(
             ["device", "type", "size", "used"],
             [
                 [d["filename"], d["type"], fmt_bytes(d["size"]), fmt_bytes(d["used"])]
                 for d in report.counters.swap_devices
             ],
-        ) + [""]
-    else:
-        lines += ["No swap is configured.", ""]
+        )
+        + [""]
+    )
 
-    lines += ["## What to run next", ""]
+
+def _evidence(report: Report) -> list[str]:
+    """What the verdict rests on: findings, stacks, trends, counters, processes, OOM kills, slab, swap."""
+    return (
+        ["", "## Evidence", ""]
+        + _findings(report)
+        + _stacks(report)
+        + _trends(report)
+        + _counter_tables(report)
+        + _processes(report)
+        + _oom_kills(report)
+        + _slab(report)
+        + _swap_devices(report)
+    )
+
+
+def _next_steps(report: Report) -> list[str]:
     steps = [f"{i}. {prose(step)}" for i, step in enumerate(report.next_steps, 1)]
-    lines += steps or ["Nothing: no further step is needed."]
-    lines += [""]
+    return ["## What to run next", ""] + (steps or ["Nothing: no further step is needed."]) + [""]
 
-    if report.trail:
-        lines += ["## What memdiag ran and why", ""]
-        shown = [t for t in report.trail if t.kind != "rule" or t.state in ("fired", "skipped", "error")]
-        lines += _table(
+
+def _trail(report: Report) -> list[str]:
+    if not report.trail:
+        return []
+    shown = [t for t in report.trail if t.kind != "rule" or t.state in ("fired", "skipped", "error")]
+    return (
+        ["## What memdiag ran and why", ""]
+        + _table(
             ["at", "step", "name", "outcome", "why"],
             [[f"{t.at_s:.0f} s", t.kind, t.name, t.state, t.reason] for t in shown],
-        ) + [""]
+        )
+        + [""]
+    )
 
-    lines += ["## Probes", ""]
+
+def _probes(report: Report) -> list[str]:
+    """The probes table, what they measured, and what they cost."""
+    lines = ["## Probes", ""]
     lines += _table(
         ["probe", "status", "method", "time", "events", "overhead", "reason"],
         [
@@ -401,16 +454,22 @@ def render_markdown(report: Report) -> str:
             for p in report.probes
         ],
     ) + [""]
-
     lines += _probe_figures(report)
     lines += _overhead_lines(report.overhead, report.probes)
     if report.budget_decision:
         lines += [f"- Allocation tracing: {prose(report.budget_decision)}"]
-    lines += [""]
+    return lines + [""]
 
-    if report.caveats:
-        lines += ["## Caveats", ""]
-        lines += [f"- {prose(c)}" for c in report.caveats] + [""]
 
+def _caveats(report: Report) -> list[str]:
+    if not report.caveats:
+        return []
+    return ["## Caveats", ""] + [f"- {prose(c)}" for c in report.caveats] + [""]
+
+
+def render_markdown(report: Report) -> str:
+    report = flattened(report)  # nothing from outside breaks a line: no heading, row or block of its own
+    lines = _heading(report) + _evidence(report) + _next_steps(report) + _trail(report)
+    lines += _probes(report) + _caveats(report)
     lines += ["---", f"memdiag {report.memdiag_version}", ""]
     return "\n".join(lines)

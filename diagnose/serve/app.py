@@ -8,6 +8,7 @@ import html
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from pydantic import ValidationError
@@ -42,6 +43,17 @@ class Config:
     limiter: FailureLimiter | None = None
     read_token: str | None = None  # when set, reads (incidents, reports, metrics) need it or `token`
     checks: tuple[Callable[[], str | None], ...] = ()  # more health sources (the Alertmanager poller's)
+    oom_watch: Any = None  # the OomWatcher (oomwatch.py) when the watch runs: /healthz says whether it is attached
+
+
+def oom_watch_state(watcher) -> str:
+    """What /healthz says of the OOM watch: off, starting (compiling and attaching), attached, or
+    unavailable with the reason (the server runs on without it, so this is not a health problem)."""
+    if watcher is None:
+        return "off"
+    if not watcher.ready.is_set():
+        return "starting"
+    return f"unavailable: {watcher.error}" if watcher.error else "attached"
 
 
 class Metrics:
@@ -230,110 +242,138 @@ def take_alerts(
     return out
 
 
-def create_app(cfg: Config, metrics: Metrics) -> Starlette:
-    store, worker = cfg.store, cfg.worker
+def _diagnose_target(req: DiagnoseRequest) -> Target:
+    """The one target a POST /diagnose names (Refused 422 for none or several, or a bad label;
+    404 for one not on this host)."""
+    named = [k for k in ("pid", "cgroup", "container_id", "container") if getattr(req, k) is not None]
+    if len(named) != 1:
+        raise Refused(422, "name exactly one of pid, cgroup, container_id, container")
+    try:
+        if req.pid is not None:
+            return pid_target(req.pid)
+        if req.cgroup is not None:
+            return target_from_labels({"id": req.cgroup}) if req.cgroup.startswith("/") else cgroup_by_path(req.cgroup)
+        if req.container is not None:
+            return container_by_ref(req.container)
+        return target_from_labels({"container_id": req.container_id or ""})
+    except BadLabel as e:
+        raise Refused(422, str(e)) from None
+    except (NotOnHost, UsageError) as e:
+        raise Refused(404, str(e).removeprefix("--pid ").removeprefix("--cgroup: ")) from None
 
-    def failed(request: Request, reason: str) -> Refused:
+
+def _incidents_html(items: list, total: int, limit: int, offset: int, more: bool) -> HTMLResponse:
+    """A page of incidents as a table, with a link to the next page when there is one."""
+    rows = "".join(
+        f'<tr><td><a href="/incidents/{i.id}?format=html">{i.id}</a></td><td>{html.escape(i.source)}</td>'
+        f"<td>{html.escape(i.state)}</td><td>{html.escape(i.verdict_kind or '')}</td>"
+        f"<td>{html.escape(i.summary or i.error or '')}</td></tr>"
+        for i in items
+    )
+    shown = f"{offset + 1 if items else offset}–{offset + len(items)} of {total}"
+    link = f"/incidents?format=html&amp;limit={limit}&amp;offset={offset + limit}"
+    nxt = f' <a href="{link}">next</a>' if more else ""
+    return HTMLResponse(
+        '<!doctype html><html><head><meta charset="utf-8"><title>memdiag incidents</title></head><body>'
+        f'<h1>memdiag incidents</h1><p id="page">{shown}{nxt}</p><table id="incidents"><tr><th>id</th>'
+        f"<th>source</th><th>state</th><th>verdict</th><th>summary</th></tr>{rows}</table></body></html>"
+    )
+
+
+REPORT_FILES = {
+    "md": ("report.md", "text/markdown"),
+    "json": ("report.json", "application/json"),
+    "html": ("report.html", "text/html"),
+}
+
+
+def _report(store: Store, iid: str, item, fmt: str) -> Response:
+    """One of a done incident's report files (Refused 404 before it is done, 410 once it is gone)."""
+    if item.report_dir is None or item.state != "done":
+        raise Refused(404, f"incident {iid} has no report ({item.state})")
+    name, media = REPORT_FILES[fmt]
+    try:
+        raw = store.read_report(iid, name)
+    except ReportGone as e:
+        raise Refused(410, str(e)) from None
+    return Response(raw, media_type=f"{media}; charset=utf-8")
+
+
+class Api:
+    """The endpoints of one server: each a short handler over the shared Config and Metrics."""
+
+    def __init__(self, cfg: Config, metrics: Metrics):
+        self.cfg, self.metrics = cfg, metrics
+        self.store, self.worker = cfg.store, cfg.worker
+
+    def failed(self, request: Request, reason: str) -> Refused:
         """A failed authentication: 401, or 429 once this address has failed too often. Only
         failures count, so a sender with the right token is never refused for its address."""
         client = request.client.host if request.client else "?"
-        if cfg.limiter is None:
+        limiter = self.cfg.limiter
+        if limiter is None:
             return Refused(401, reason)
-        if cfg.limiter.blocked(client):
+        if limiter.blocked(client):
             return Refused(429, "too many failed authentications from this address")
-        cfg.limiter.failed(client)
+        limiter.failed(client)
         return Refused(401, reason)
 
-    def guard(request: Request) -> None:
-        if not token_ok(request.headers.get("authorization"), cfg.token):
-            raise failed(request, "missing or wrong bearer token")
+    def guard(self, request: Request) -> None:
+        if not token_ok(request.headers.get("authorization"), self.cfg.token):
+            raise self.failed(request, "missing or wrong bearer token")
 
-    def guard_read(request: Request) -> None:
+    def guard_read(self, request: Request) -> None:
+        cfg = self.cfg
         if cfg.read_token is None:
             return
         header = request.headers.get("authorization")
         if not (token_ok(header, cfg.read_token) or (cfg.token is not None and token_ok(header, cfg.token))):
-            raise failed(request, "missing or wrong bearer token (reads need the read token)")
+            raise self.failed(request, "missing or wrong bearer token (reads need the read token)")
 
-    def enqueue(source: str, target: Target, alert: dict | None, dedup: str | None, duration=None) -> tuple[str, bool]:
-        ((incident, how),) = admit([Job(source, target, _target_json(target), alert, dedup, duration)])
-        return incident.id, how != "duplicate"
-
-    def admit(jobs: list[Job]) -> list:
-        return admit_jobs(worker, metrics, jobs)
-
-    async def alerts(request: Request, source: str) -> Response:
-        guard(request)
+    async def alerts(self, request: Request, source: str) -> Response:
+        self.guard(request)
         body = await _body(request)
+        cfg = self.cfg
         if source == "grafana" and cfg.grafana_secret is not None:
             ts = request.headers.get(cfg.grafana_timestamp_header) if cfg.grafana_timestamp_header else None
             if not grafana_signature_ok(
                 body, request.headers.get("x-grafana-alerting-signature"), cfg.grafana_secret, ts
             ):
-                raise failed(request, "bad X-Grafana-Alerting-Signature")
+                raise self.failed(request, "bad X-Grafana-Alerting-Signature")
         model = AlertmanagerPayload if source == "alertmanager" else GrafanaPayload
         try:
             payload = model.model_validate(_json(body))
         except ValidationError as e:
             raise Refused(422, _validation(e)) from None
-        metrics.received.labels(source=source).inc(len(payload.alerts))
-        out = take_alerts(store, worker, metrics, source, payload.alerts)
+        self.metrics.received.labels(source=source).inc(len(payload.alerts))
+        out = take_alerts(self.store, self.worker, self.metrics, source, payload.alerts)
         return JSONResponse({"incidents": out}, status_code=202)
 
-    async def alertmanager(request: Request) -> Response:
-        return await alerts(request, "alertmanager")
+    async def alertmanager(self, request: Request) -> Response:
+        return await self.alerts(request, "alertmanager")
 
-    async def grafana(request: Request) -> Response:
-        return await alerts(request, "grafana")
+    async def grafana(self, request: Request) -> Response:
+        return await self.alerts(request, "grafana")
 
-    async def diagnose_endpoint(request: Request) -> Response:
-        guard(request)
+    async def diagnose(self, request: Request) -> Response:
+        self.guard(request)
         try:
             req = DiagnoseRequest.model_validate(_json(await _body(request)))
         except ValidationError as e:
             raise Refused(422, _validation(e)) from None
-        named = [k for k in ("pid", "cgroup", "container_id", "container") if getattr(req, k) is not None]
-        if len(named) != 1:
-            raise Refused(422, "name exactly one of pid, cgroup, container_id, container")
-        try:
-            if req.pid is not None:
-                target = pid_target(req.pid)
-            elif req.cgroup is not None:
-                target = (
-                    target_from_labels({"id": req.cgroup}) if req.cgroup.startswith("/") else cgroup_by_path(req.cgroup)
-                )
-            elif req.container is not None:
-                target = container_by_ref(req.container)
-            else:
-                target = target_from_labels({"container_id": req.container_id or ""})
-        except BadLabel as e:
-            raise Refused(422, str(e)) from None
-        except (NotOnHost, UsageError) as e:
-            raise Refused(404, str(e).removeprefix("--pid ").removeprefix("--cgroup: ")) from None
-        iid, _ = enqueue("api", target, None, None, req.duration)
-        return JSONResponse({"id": iid, "state": "queued"}, status_code=202)
+        target = _diagnose_target(req)
+        job = Job("api", target, _target_json(target), None, None, req.duration)
+        ((incident, _),) = admit_jobs(self.worker, self.metrics, [job])
+        return JSONResponse({"id": incident.id, "state": "queued"}, status_code=202)
 
-    async def incidents(request: Request) -> Response:
-        guard_read(request)
+    async def incidents(self, request: Request) -> Response:
+        self.guard_read(request)
         limit = _query_int(request, "limit", DEFAULT_PAGE, 1, MAX_PAGE)
         offset = _query_int(request, "offset", 0, 0, 1 << 62)
-        items, total = store.page(limit, offset)
+        items, total = self.store.page(limit, offset)
         more = offset + len(items) < total
         if request.query_params.get("format") == "html" or "text/html" in request.headers.get("accept", ""):
-            rows = "".join(
-                f'<tr><td><a href="/incidents/{i.id}?format=html">{i.id}</a></td><td>{html.escape(i.source)}</td>'
-                f"<td>{html.escape(i.state)}</td><td>{html.escape(i.verdict_kind or '')}</td>"
-                f"<td>{html.escape(i.summary or i.error or '')}</td></tr>"
-                for i in items
-            )
-            shown = f"{offset + 1 if items else offset}–{offset + len(items)} of {total}"
-            link = f"/incidents?format=html&amp;limit={limit}&amp;offset={offset + limit}"
-            nxt = f' <a href="{link}">next</a>' if more else ""
-            return HTMLResponse(
-                '<!doctype html><html><head><meta charset="utf-8"><title>memdiag incidents</title></head><body>'
-                f'<h1>memdiag incidents</h1><p id="page">{shown}{nxt}</p><table id="incidents"><tr><th>id</th>'
-                f"<th>source</th><th>state</th><th>verdict</th><th>summary</th></tr>{rows}</table></body></html>"
-            )
+            return _incidents_html(items, total, limit, offset, more)
         return JSONResponse(
             {
                 "incidents": [i.model_dump() for i in items],
@@ -344,63 +384,68 @@ def create_app(cfg: Config, metrics: Metrics) -> Starlette:
             }
         )
 
-    async def incident(request: Request) -> Response:
-        guard_read(request)
+    async def incident(self, request: Request) -> Response:
+        self.guard_read(request)
         iid = request.path_params["iid"]
         if not iid.isalnum() or len(iid) > 32:
             raise Refused(404, "no such incident")
-        item = store.get(iid)
+        item = self.store.get(iid)
         if item is None:
             raise Refused(404, "no such incident")
         fmt = request.query_params.get("format")
-        if fmt in ("md", "json", "html"):
-            if item.report_dir is None or item.state != "done":
-                raise Refused(404, f"incident {iid} has no report ({item.state})")
-            name = {"md": "report.md", "json": "report.json", "html": "report.html"}[fmt]
-            try:
-                raw = store.read_report(iid, name)
-            except ReportGone as e:
-                raise Refused(410, str(e)) from None
-            media = {"md": "text/markdown", "json": "application/json", "html": "text/html"}[fmt]
-            return Response(raw, media_type=f"{media}; charset=utf-8")
+        if fmt in REPORT_FILES:
+            return _report(self.store, iid, item, fmt)
         if fmt is not None:
             raise Refused(400, "format is md, json or html")
         return JSONResponse(item.model_dump())
 
-    async def healthz(request: Request) -> Response:
+    async def healthz(self, request: Request) -> Response:
         # ?scope=process: only what a restart of this process could mend (a liveness probe's question),
         # not the services it depends on (an Alertmanager down is no reason to kill a diagnosis)
-        others = () if request.query_params.get("scope") == "process" else (c() for c in cfg.checks)
-        problems = [p for p in (worker.health(), store.health(), *others) if p]
-        body = {"ok": not problems, "queued": worker.qsize(), "running": worker.current[0] if worker.current else None}
+        others = () if request.query_params.get("scope") == "process" else (c() for c in self.cfg.checks)
+        worker = self.worker
+        problems = [p for p in (worker.health(), self.store.health(), *others) if p]
+        body = {
+            "ok": not problems,
+            "queued": worker.qsize(),
+            "running": worker.current[0] if worker.current else None,
+            "oom_watch": oom_watch_state(self.cfg.oom_watch),
+        }
         if problems:
             return JSONResponse({**body, "reason": "; ".join(problems)}, status_code=503)
         return JSONResponse(body)
 
-    async def metrics_endpoint(request: Request) -> Response:
-        guard_read(request)
-        return Response(metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    async def metrics_endpoint(self, request: Request) -> Response:
+        self.guard_read(request)
+        return Response(self.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    async def refused(request: Request, exc: Exception) -> Response:
-        assert isinstance(exc, Refused)
-        return _error(exc.status, exc.reason)
+    def routes(self) -> list[Route]:
+        return [
+            Route("/alerts/alertmanager", self.alertmanager, methods=["POST"]),
+            Route("/alerts/grafana", self.grafana, methods=["POST"]),
+            Route("/diagnose", self.diagnose, methods=["POST"]),
+            Route("/incidents", self.incidents, methods=["GET"]),
+            Route("/incidents/{iid}", self.incident, methods=["GET"]),
+            Route("/healthz", self.healthz, methods=["GET"]),
+            Route("/metrics", self.metrics_endpoint, methods=["GET"]),
+        ]
 
-    async def not_found(request: Request, exc: Exception) -> Response:
-        return _error(getattr(exc, "status_code", 404), getattr(exc, "detail", "not found") or "not found")
 
-    async def unexpected(request: Request, exc: Exception) -> Response:
-        # A bug or a failing disk, not the request's fault: 503 tells Alertmanager to deliver again.
-        # Starlette still raises it on, so the traceback reaches the log.
-        return _error(503, f"internal error ({type(exc).__name__}); deliver again later")
+async def _refused(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, Refused)
+    return _error(exc.status, exc.reason)
 
-    routes = [
-        Route("/alerts/alertmanager", alertmanager, methods=["POST"]),
-        Route("/alerts/grafana", grafana, methods=["POST"]),
-        Route("/diagnose", diagnose_endpoint, methods=["POST"]),
-        Route("/incidents", incidents, methods=["GET"]),
-        Route("/incidents/{iid}", incident, methods=["GET"]),
-        Route("/healthz", healthz, methods=["GET"]),
-        Route("/metrics", metrics_endpoint, methods=["GET"]),
-    ]
-    handlers = {Refused: refused, 404: not_found, 405: not_found, Exception: unexpected}
-    return Starlette(routes=routes, exception_handlers=handlers)
+
+async def _not_found(request: Request, exc: Exception) -> Response:
+    return _error(getattr(exc, "status_code", 404), getattr(exc, "detail", "not found") or "not found")
+
+
+async def _unexpected(request: Request, exc: Exception) -> Response:
+    # A bug or a failing disk, not the request's fault: 503 tells Alertmanager to deliver again.
+    # Starlette still raises it on, so the traceback reaches the log.
+    return _error(503, f"internal error ({type(exc).__name__}); deliver again later")
+
+
+def create_app(cfg: Config, metrics: Metrics) -> Starlette:
+    handlers = {Refused: _refused, 404: _not_found, 405: _not_found, Exception: _unexpected}
+    return Starlette(routes=Api(cfg, metrics).routes(), exception_handlers=handlers)

@@ -173,7 +173,6 @@ class Poller:
         self.refused: dict[str, str] = {}  # fingerprint|startsAt -> why it was not taken (said once)
         self.bad: set[str] = set()  # alerts not in a shape memdiag takes, as logged
         self.failures, self.reason, self.since = 0, "", 0.0
-        self.polls = 0
         self.thread = threading.Thread(target=self._loop, name="memdiag-pull", daemon=True)
 
     def start(self) -> Poller:
@@ -210,7 +209,6 @@ class Poller:
         except Exception as e:  # noqa: BLE001 (the poller never dies; the reason is reported)
             self._failed(f"{type(e).__name__}: {e}")
             return
-        self.polls += 1
         if self.failures:
             self.log(f"Alertmanager {self.base} answers again after {self.failures} failed polls")
         self.failures = 0

@@ -123,6 +123,7 @@ def _get(url: str, token: str | None = None) -> tuple[int, bytes]:
         return e.code, e.read()
 
 
+@pytest.mark.bpf  # it starts the real `memdiag serve`, which runs as root
 def test_daemonset_command_line_starts_memdiag_serve(tmp_path):
     """The DaemonSet's args, with its paths moved under tmp_path, the Secret's files at the
     Secret's defaultMode and loopback for the address: serve starts, /healthz answers the liveness

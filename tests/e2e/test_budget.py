@@ -10,8 +10,9 @@ import time
 
 import pytest
 from kit import BenchAlloc
+from memdiag.system import arch
 
-JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+JEMALLOC = arch.library("libjemalloc.so.2")
 
 
 @pytest.mark.parametrize(

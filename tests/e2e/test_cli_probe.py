@@ -7,7 +7,7 @@ import subprocess
 import time
 
 import pytest
-from kit import MEMDIAG
+from kit import MEMDIAG, wait_for_line
 
 
 def test_probe_memleak_json(memdiag, workload, tmp_path):
@@ -41,9 +41,15 @@ def test_probe_interrupted_by_a_signal_still_reports(root_required, workload, si
         stderr=subprocess.PIPE,
         text=True,
     )
-    time.sleep(8)  # loaded and attached (the probe has a 60 s window)
-    p.send_signal(sig)
-    out, err = p.communicate(timeout=120)
+    try:
+        wait_for_line(p, "memdiag probe faults: attached")  # the probe has a 60 s window
+        time.sleep(2)  # the leak faults under the probe for a measured while before the signal
+        p.send_signal(sig)
+        out, err = p.communicate(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     assert p.returncode == 128 + sig, err  # the shell's code for the signal, after the report
     assert out.startswith("faults: ok") and "leak_order_history" in out
     assert "  interrupted: stopped by a signal before the end of its window" in out.splitlines()

@@ -9,9 +9,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 
-from kit import MEMDIAG, build
+from kit import MEMDIAG, build, wait_for_line
 from memdiag.diagnose.serve.oomwatch import describe
 from memdiag.probes.oomkill import OomEvent
 from memdiag.system.kmsg import read_oom_kills
@@ -107,7 +106,7 @@ def test_an_oom_victim_outside_memdiags_namespace_is_said_to_be_outside(memcg, w
         text=True,
     )
     try:
-        time.sleep(10)  # memdiag loaded in the namespace (it needs 1-2 s from its bytecode cache)
+        wait_for_line(run, "memdiag probe oomkill: attached")  # memdiag loaded in the namespace
         host_hog = workload("hog", "512", "8", "20", cgroup=outside)
         assert host_hog.wait_exit(30) == -9
         out, err = run.communicate(timeout=60)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from figures import read_report
-from kit import MEMDIAG
+from kit import MEMDIAG, wait_for_line
 
 
 def breakpoints(pid: int) -> int:
@@ -167,7 +167,8 @@ def test_probe_command_interrupted_reports_and_exits_by_the_signal(workload, sig
         text=True,
     )
     try:
-        _until(lambda: breakpoints(w.pid) > 0, 60, "attached")
+        wait_for_line(p, "memdiag probe memleak: attached")
+        assert breakpoints(w.pid) > 0  # its uprobes are in the target
         p.send_signal(sig)
         out, err = p.communicate(timeout=60)
     finally:
@@ -198,7 +199,9 @@ def test_sigint_during_the_reach_scan_releases_the_stopped_target(workload):
             p.kill()
             p.wait()
     assert p.returncode == 130, err
-    assert err.strip().startswith("memdiag: interrupted by SIGINT during reach scan"), err
+    attached, cut = err.strip().splitlines()[:2]
+    assert attached == "memdiag probe reach: attached", err
+    assert cut.startswith("memdiag: interrupted by SIGINT during reach scan"), err
     assert "interrupted: the target was resumed and nothing is concluded from a partial scan" in out
     st = status(w.pid)
     assert st["TracerPid"] == "0" and st["State"][0] in "RS", st

@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 from memdiag.probes import kernel
 
+pytestmark = pytest.mark.bpf  # every test here reads tracefs or loads BPF: root only
+
 
 @pytest.fixture(scope="module")
 def bcc_ready():

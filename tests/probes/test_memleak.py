@@ -3,6 +3,9 @@ every allocator entry point, jemalloc, C++, the cache's series levelling off."""
 
 from memdiag.probes import memleak
 from memdiag.probes.base import ProbeTarget
+from memdiag.system import arch
+
+JEMALLOC = arch.library("libjemalloc.so.2")
 
 MiB = 1 << 20
 
@@ -90,7 +93,7 @@ def test_size_filter_and_sampling(workload):
 def test_jemalloc_target(root_required):
     from kit import Workload
 
-    w = Workload("leak", "2048", env={"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"}).start()
+    w = Workload("leak", "2048", env={"LD_PRELOAD": JEMALLOC}).start()
     try:
         r = memleak.run(ProbeTarget.for_pid(w.pid), 3)
     finally:
@@ -107,7 +110,7 @@ def test_cpp_under_jemalloc_is_traced_through_its_operator_new(workload):
     calls malloc. Its new[] and most deletes only jump to new and free: probed once, there."""
     from memdiag.probes.allocator import find_allocator
 
-    w = workload("errleak_cpp", "200", "7", env={"LD_PRELOAD": "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"})
+    w = workload("errleak_cpp", "200", "7", env={"LD_PRELOAD": JEMALLOC})
     alloc = find_allocator(w.pid)
     assert "_Znam -> _Znwm" in alloc.forwarded and "_ZdlPv -> free" in alloc.forwarded
     assert not any(p.function in ("_Znam", "_ZdlPv") for p in alloc.placements)

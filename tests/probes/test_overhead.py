@@ -11,9 +11,10 @@ from memdiag.probes import memleak
 from memdiag.probes.allocator import find_allocator
 from memdiag.probes.base import ProbeTarget
 from memdiag.probes.calibrate import host_costs
+from memdiag.system import arch
 from memdiag.system.process import cpu_seconds
 
-JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+JEMALLOC = arch.library("libjemalloc.so.2")
 
 
 @pytest.fixture

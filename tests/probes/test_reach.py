@@ -3,13 +3,15 @@ points at, held ones are anchored with the root named, and nothing that is only 
 register, another thread's stack, a list being rewritten) is ever called leaked."""
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 from memdiag.probes import memleak, reach
 from memdiag.probes.base import ProbeTarget
+from memdiag.system import arch
 
 MiB = 1 << 20
-JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
+JEMALLOC = arch.library("libjemalloc.so.2")
 
 
 def _scan(w, seconds: float = 6, allowed_ms: float | None = None):
@@ -200,7 +202,10 @@ def test_a_traced_target_is_left_alone(workload):
     w = workload("errleak", "2000", "7")
     tracer = subprocess.Popen(["strace", "-q", "-o", "/dev/null", "-p", str(w.pid)])
     try:
-        time.sleep(1)
+        deadline = time.monotonic() + 30
+        while f"TracerPid:\t{tracer.pid}\n" not in Path(f"/proc/{w.pid}/status").read_text():
+            assert time.monotonic() < deadline, "strace never attached"
+            time.sleep(0.05)  # until strace has attached: the kernel says so in TracerPid
         r = memleak.run(ProbeTarget.for_pid(w.pid), 2, scan_reach=True)
         scan = r.reach_scan
         assert scan.status == "failed" and scan.paused_ms is None

@@ -79,6 +79,17 @@ class Server:
             time.sleep(0.3)
         raise RuntimeError("memdiag serve did not come up")
 
+    def health(self) -> dict:
+        return json.loads(request(self.url + "/healthz", token=None)[1])
+
+    def oom_watch_attached(self, timeout: float = 60) -> None:
+        """Wait for /healthz to say the OOM watch is attached (it compiles and loads after the
+        server answers); AssertionError with what it says instead at the timeout."""
+        deadline = time.monotonic() + timeout
+        while (state := self.health()["oom_watch"]) == "starting" and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert state == "attached", f"OOM watch: {state}"
+
     def stop(self, kill: bool = False) -> None:
         if self.proc and self.proc.poll() is None:
             (self.proc.kill if kill else self.proc.terminate)()

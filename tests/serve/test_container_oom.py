@@ -5,11 +5,8 @@ ran. Other tests on this machine may OOM-kill at the same time: incidents are pi
 
 from __future__ import annotations
 
-import contextlib
 import json
-import os
 import time
-from pathlib import Path
 
 from containers import podman
 from memdiag.diagnose.containers import ContainerInfo
@@ -30,22 +27,6 @@ def kill_incident(srv, host_pid: int, timeout: float = 30) -> dict:
     raise AssertionError(f"no OOM incident for host PID {host_pid}: {srv.incidents()}")
 
 
-def watching(srv, timeout: float = 120) -> None:
-    """Until the server's OOM watch has its program loaded and attached (a perf event open beside it)."""
-    deadline = time.monotonic() + timeout
-    fds = Path(f"/proc/{srv.proc.pid}/fd")
-    while time.monotonic() < deadline:
-        links = set()
-        for fd in fds.iterdir():
-            with contextlib.suppress(OSError):
-                links.add(os.readlink(fd))
-        if {"anon_inode:bpf-prog", "anon_inode:[perf_event]"} <= links:
-            time.sleep(0.5)
-            return
-        time.sleep(0.2)
-    raise AssertionError("the OOM watch never attached")
-
-
 def gone(c, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while c.running() and time.monotonic() < deadline:
@@ -54,7 +35,7 @@ def gone(c, timeout: float = 30) -> None:
 
 def test_a_container_oom_kill_is_an_incident_under_the_containers_name(server, podman_container):
     srv = server()
-    watching(srv)
+    srv.oom_watch_attached(120)
     # 4 MiB every 100 ms: past the 32 MiB limit within a second or so
     c = podman_container("hog", "256", "4", "100", memory="32m")
     gone(c)
@@ -76,7 +57,7 @@ def test_a_container_oom_kill_is_an_incident_under_the_containers_name(server, p
 
 def test_a_container_removed_at_once_is_named_from_what_was_seen_while_it_ran(server, podman_container):
     srv = server()
-    watching(srv)
+    srv.oom_watch_attached(120)
     # --rm: podman removes the container as soon as its process is killed; 1 MiB every 200 ms
     # keeps it alive for about six seconds, long enough for the watch to see it run
     c = podman_container("hog", "256", "1", "200", memory="32m", extra=["--rm"])

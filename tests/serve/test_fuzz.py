@@ -27,6 +27,10 @@ from memdiag.diagnose.serve.store import Store
 from memdiag.diagnose.serve.targets import BadLabel, NotOnHost, cgroup_by_path, container_by_ref, target_from_labels
 from memdiag.diagnose.serve.worker import Worker
 
+# 10,200 bodies, each target resolved against this host's processes, cgroups and container runtime:
+# 85 s here, so it runs with the real-machine layer, not the fast one (tests/fast has the handlers)
+pytestmark = [pytest.mark.slow, pytest.mark.bpf]
+
 TOKEN, SECRET = "fuzz-token-1b7e", "fuzz-secret"
 PER_ENDPOINT = 3400  # three endpoints: 10,200 bodies a run
 FUZZ = settings(

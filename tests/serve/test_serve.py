@@ -181,7 +181,7 @@ def test_grafana_signature(server, workload, tmp_path):
 
 def test_oom_watch_records_a_real_kill(server, workload, memcg):
     srv = server()
-    time.sleep(4)  # the watch compiles and attaches
+    srv.oom_watch_attached()
     cg = memcg(48 * MiB, swap=False)
     w = workload("hog", "256", "8", "20", cgroup=cg)
     assert w.wait_exit(30) == -9

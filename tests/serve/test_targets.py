@@ -2,6 +2,7 @@
 them (systemd and cgroupfs styles), found by walking the memory hierarchy."""
 
 import uuid
+from pathlib import Path
 
 import pytest
 from memdiag.diagnose.serve.targets import BadLabel, NotOnHost, target_from_labels
@@ -15,9 +16,7 @@ def test_container_id_finds_the_scope_and_its_largest_process(workload, memcg):
     cg = memcg(None, name=f"{parent.name}/docker-{cid}.scope")
     small = workload("churn", "1000", cgroup=cg)
     big = workload("cache", "32", "1", cgroup=cg)
-    import time
-
-    time.sleep(2)  # the cache has filled: it is the largest by RSS
+    _until_rss(big.pid, 32 << 20)  # the cache has filled: it is the largest by RSS
     for label in (f"docker://{cid}", f"containerd://{cid}", cid):
         t = target_from_labels({"container_id": label})
         assert t.kind == "pid" and t.pid == big.pid, label
@@ -141,3 +140,17 @@ def test_a_name_label_that_names_no_container(root_required):
         target_from_labels({"name": "memdiag-no-such-container"})
     assert str(e.value).startswith("label name memdiag-no-such-container: no such running container")
     assert "running:" not in str(e.value)  # a webhook's sender is not told what runs here
+
+
+def _until_rss(pid: int, size: int, timeout: float = 30) -> None:
+    """Wait for a process's resident size (VmRSS) to reach size bytes."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        status = Path(f"/proc/{pid}/status").read_text()
+        rss = int(next(line for line in status.splitlines() if line.startswith("VmRSS:")).split()[1]) << 10
+        if rss >= size:
+            return
+        assert time.monotonic() < deadline, f"PID {pid} holds {rss} bytes after {timeout} s, not {size}"
+        time.sleep(0.1)

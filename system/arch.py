@@ -1,0 +1,100 @@
+"""The machine-specific facts memdiag relies on, in one place: memdiag supports x86-64 only.
+
+Elsewhere it refuses once, with one line, instead of crashing: kernel.bpf_runtime() (which every
+probe's load and `memdiag prepare` check) gives refusal() as the reason no probe can run, and the
+diagnosis goes on with the counters from /proc and /sys, which are the same on every machine. What
+makes the probes x86-64 only:
+
+- the BPF programs read struct pt_regs by x86-64 field names (bpf/memdiag.h: the user ip, sp and
+  bp; the syscall arguments in di, si, dx, r10) and filter raw syscalls by x86-64 numbers
+  (syscall_defines(), passed to the compiler as -D NR_BRK=... so C and Python share no bare number);
+- user-space unwinding replays .eh_frame rules with x86-64 DWARF register numbers (DWARF_*);
+- uprobe placement and the forwarder test read x86-64 machine code (disassembler(); the probes
+  match capstone's x86 instruction ids themselves);
+- the reachability scan reads NT_PRSTATUS register sets (USER_REGS, which knows aarch64 too) and
+  skips the x86-64 SysV red zone below the stack pointer (RED_ZONE); it finds threads' TLS by the
+  x86-64 layout (TLS variant II: TCB_BYTES, TLS_SURPLUS), which aarch64's register set does not give;
+- distro libraries live in the Debian multiarch folder (LIB_DIRS).
+
+The bpf(2) and perf_event_open(2) numbers are known for aarch64 as well (SYSCALLS), so the
+calls that load prepared programs name the machine they do not know rather than a wrong number."""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple
+
+MACHINE = os.uname().machine  # what `uname -m` says: x86_64, aarch64, ...
+SUPPORTED = "x86_64"
+
+# System call numbers (arch/x86/entry/syscalls/syscall_64.tbl; include/uapi/asm-generic/unistd.h for
+# arm64). brk/mmap/munmap are what the raw-syscall probes filter on; only x86-64's are given.
+SYSCALLS = {
+    "x86_64": {"bpf": 321, "perf_event_open": 298, "brk": 12, "mmap": 9, "munmap": 11},
+    "aarch64": {"bpf": 280, "perf_event_open": 241},
+}
+RAW_SYSCALLS = ("brk", "mmap", "munmap")  # passed to BPF as NR_BRK, NR_MMAP, NR_MUNMAP
+
+
+class RegLayout(NamedTuple):
+    """Indices of 8-byte words in the NT_PRSTATUS register set (the kernel's user_regs_struct)."""
+
+    sp: int  # stack pointer
+    tp: int | None  # thread pointer (x86-64 fs_base); None where it is not in this set
+    ip: int  # instruction pointer
+    bp: int  # frame pointer
+    words: int  # size of the set
+
+
+USER_REGS = {
+    "x86_64": RegLayout(sp=19, tp=21, ip=16, bp=4, words=27),
+    "aarch64": RegLayout(sp=31, tp=None, ip=32, bp=29, words=34),
+}
+
+# x86-64 DWARF register numbers (SysV psABI, figure 3.36), as .eh_frame rules name them
+DWARF_BP, DWARF_SP, DWARF_RA = 6, 7, 16
+RED_ZONE = 128  # x86-64 SysV: a leaf function may keep data this far below the stack pointer
+# x86-64 (TLS variant II): a thread's static TLS lies just below its thread pointer, the thread
+# control block (glibc's struct pthread, 2,304 bytes in 2.36) at and above it. The static TLS is the
+# modules' PT_TLS segments plus the surplus glibc keeps for dlopen()ed ones (1,664 bytes in 2.36).
+TCB_BYTES = 2304
+TLS_SURPLUS = 1664
+
+MULTIARCH = {"x86_64": "x86_64-linux-gnu", "aarch64": "aarch64-linux-gnu"}  # Debian's library triplets
+LIB_DIRS = tuple(f"{root}/{MULTIARCH.get(MACHINE, MACHINE + '-linux-gnu')}" for root in ("/lib", "/usr/lib"))
+
+
+def supported(machine: str | None = None) -> bool:
+    return (machine or MACHINE) == SUPPORTED
+
+
+def refusal(machine: str | None = None) -> str:
+    """The one sentence memdiag's probes give on a machine other than x86-64."""
+    return f"memdiag's BPF probes support x86-64 only; this machine is {machine or MACHINE}"
+
+
+def syscall_number(name: str, machine: str | None = None) -> int | None:
+    """A system call's number on this machine, None when memdiag does not know it."""
+    return SYSCALLS.get(machine or MACHINE, {}).get(name)
+
+
+def syscall_defines(machine: str | None = None) -> dict[str, int]:
+    """-D options for the raw-syscall probes' programs: NR_BRK, NR_MMAP, NR_MUNMAP (empty off x86-64)."""
+    machine = machine or MACHINE
+    if not supported(machine):
+        return {}
+    return {f"NR_{name.upper()}": SYSCALLS[machine][name] for name in RAW_SYSCALLS}
+
+
+def library(name: str) -> str:
+    """Where the distro installs a shared library (in /usr/lib's multiarch folder)."""
+    return f"{LIB_DIRS[1]}/{name}"
+
+
+def disassembler():
+    """A capstone disassembler for this machine's code (x86-64), with instruction details on."""
+    import capstone  # only the uprobe-placement paths disassemble; the readers of /proc never do
+
+    md = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
+    md.detail = True
+    return md

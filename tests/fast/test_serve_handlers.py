@@ -1,0 +1,269 @@
+"""serve's HTTP handlers in-process (Starlette's TestClient), without root: a real Store in a
+temporary folder and a fake worker that queues without diagnosing. What the real-server tests in
+tests/serve show over HTTP, here for the handler logic alone: webhook intake (accept, dedupe,
+all-or-nothing 429), authentication and its rate limit, /healthz, /incidents paging and the
+refusals of bad requests. The targets are real processes this test starts."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import subprocess
+import threading
+
+import pytest
+from memdiag.diagnose.serve.app import MAX_PAGE, Config, Metrics, create_app, oom_watch_state
+from memdiag.diagnose.serve.security import FailureLimiter
+from memdiag.diagnose.serve.store import Store
+from memdiag.diagnose.serve.worker import Job, QueueFull
+from starlette.testclient import TestClient
+
+TOKEN, READ = "fast-token-9c2e", "fast-read-77a1"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+class FakeWorker:
+    """The worker's admission (all of a group or none of it, duplicates not queued) over the real
+    Store, with a queue nothing drains: what is queued stays there to be looked at."""
+
+    def __init__(self, store: Store, maxsize: int = 4):
+        self.store, self.maxsize = store, maxsize
+        self.queued: list[Job] = []
+        self.current = None
+        self.problem: str | None = None
+
+    def admit(self, jobs: list[Job]) -> list:
+        needed = sum(1 for j in jobs if self.store.would_queue(j.dedup_key))
+        if self.maxsize - len(self.queued) < needed:
+            raise QueueFull
+        out = []
+        for j in jobs:
+            incident, how = self.store.admit(j.source, j.target_json, j.alert, j.dedup_key)
+            if how != "duplicate":
+                self.queued.append(j)
+            out.append((incident, how))
+        return out
+
+    def qsize(self) -> int:
+        return len(self.queued)
+
+    def health(self) -> str | None:
+        return self.problem
+
+
+class FakeWatcher:
+    def __init__(self, ready: bool, error: str | None = None):
+        self.ready, self.error = threading.Event(), error
+        if ready:
+            self.ready.set()
+
+
+@pytest.fixture
+def target():
+    """A real process to name in alerts; killed at the end."""
+    proc = subprocess.Popen(["sleep", "300"])
+    try:
+        yield proc.pid
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture
+def serve(tmp_path):
+    """make(**config) -> (TestClient, store, worker); every store closed at the end."""
+    made = []
+
+    def make(maxsize: int = 4, **kw):
+        store = Store(tmp_path / f"data-{len(made)}")
+        worker = FakeWorker(store, maxsize)
+        cfg = Config(store=store, worker=worker, token=kw.pop("token", TOKEN), **kw)
+        made.append(store)
+        return TestClient(create_app(cfg, Metrics(store)), raise_server_exceptions=False), store, worker
+
+    yield make
+    for store in made:
+        store.close()
+
+
+def _group(*alerts: dict) -> dict:
+    return {"version": "4", "status": "firing", "receiver": "memdiag", "alerts": list(alerts)}
+
+
+def _alert(pid: int, fingerprint: str, status: str = "firing") -> dict:
+    return {
+        "status": status,
+        "labels": {"alertname": "MemoryGrowth", "pid": str(pid)},
+        "startsAt": "2026-11-30T06:00:00Z",
+        "endsAt": "0001-01-01T00:00:00Z" if status == "firing" else "2026-11-30T06:10:00Z",
+        "fingerprint": fingerprint,
+    }
+
+
+def test_webhook_accepts_a_firing_alert_and_queues_its_target(serve, target):
+    client, store, worker = serve()
+    r = client.post("/alerts/alertmanager", json=_group(_alert(target, "f1")), headers=AUTH)
+    assert r.status_code == 202
+    (item,) = r.json()["incidents"]
+    assert item["state"] == "queued" and item["new"] is True
+    (job,) = worker.queued
+    assert job.source == "alertmanager" and job.target.pid == target and job.target_json["pid"] == target
+    assert job.alert["labels"]["pid"] == str(target)
+    stored = store.get(item["id"])
+    assert stored.source == "alertmanager" and stored.target["pid"] == target and stored.state == "queued"
+
+
+def test_the_same_notification_twice_is_one_incident_and_resolved_is_recorded(serve, target):
+    client, store, worker = serve()
+    first = client.post("/alerts/alertmanager", json=_group(_alert(target, "f2")), headers=AUTH).json()
+    again = client.post("/alerts/alertmanager", json=_group(_alert(target, "f2")), headers=AUTH).json()
+    assert again["incidents"][0] == {**first["incidents"][0], "new": False}
+    assert len(worker.queued) == 1  # the duplicate is not diagnosed twice
+    r = client.post("/alerts/alertmanager", json=_group(_alert(target, "f2", "resolved")), headers=AUTH)
+    (resolved,) = r.json()["incidents"]
+    assert r.status_code == 202 and resolved["state"] == "resolved" and resolved["new"] is True
+    assert store.get(resolved["id"]).summary == "alert resolved: recorded, not diagnosed"
+    assert len(worker.queued) == 1 and store.counts() == {"queued": 1, "resolved": 1}
+
+
+def test_a_group_larger_than_the_queue_room_is_429_and_stores_nothing(serve, target):
+    client, store, worker = serve(maxsize=2)
+    group = _group(*(_alert(target, f"g{i}") for i in range(3)), _alert(target, "g-done", "resolved"))
+    r = client.post("/alerts/alertmanager", json=group, headers=AUTH)
+    assert r.status_code == 429
+    assert r.json() == {"error": "diagnosis queue is full: nothing stored, deliver again later"}
+    assert store.counts() == {} and worker.queued == []  # not even the resolved one
+    two = client.post("/alerts/alertmanager", json=_group(_alert(target, "g0"), _alert(target, "g1")), headers=AUTH)
+    assert two.status_code == 202 and len(worker.queued) == 2
+    metrics = client.get("/metrics").text
+    assert 'memdiag_alert_groups_refused_total{reason="queue full"} 1.0' in metrics
+    assert 'memdiag_alert_deliveries_total{outcome="new"} 2.0' in metrics
+
+
+def test_a_target_not_on_this_host_is_404_and_a_bad_label_422(serve):
+    client, store, _ = serve()
+    r = client.post("/alerts/alertmanager", json=_group(_alert(4194304, "gone")), headers=AUTH)
+    assert r.status_code == 404 and "4194304" in r.json()["error"]
+    bad = _alert(1, "bad")
+    bad["labels"]["pid"] = "one"
+    r = client.post("/alerts/alertmanager", json=_group(bad), headers=AUTH)
+    assert r.status_code == 422 and "pid" in r.json()["error"]
+    assert store.counts() == {}
+
+
+def test_bad_bodies_are_refused_with_one_reason(serve):
+    client, store, _ = serve()
+    post = client.post
+    assert post("/alerts/alertmanager", content=b"{", headers=AUTH).json()["error"].startswith("malformed JSON")
+    deep = b"[" * 20 + b"]" * 20
+    r = post("/alerts/alertmanager", content=deep, headers=AUTH)
+    assert r.status_code == 400 and r.json()["error"] == "malformed JSON: nested deeper than 16 levels"
+    r = post("/alerts/alertmanager", json={"alerts": []}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["error"].startswith("wrong payload shape: alerts:")
+    r = post("/alerts/alertmanager", content=b"x" * ((1 << 20) + 1), headers=AUTH)
+    assert r.status_code == 413 and r.json()["error"] == "body larger than 1048576 bytes"
+    r = post("/diagnose", json={"pid": 1, "cgroup": "/x"}, headers=AUTH)
+    assert r.status_code == 422 and r.json()["error"] == "name exactly one of pid, cgroup, container_id, container"
+    assert store.counts() == {}
+
+
+def test_diagnose_queues_a_pid_with_its_window(serve, target):
+    client, store, worker = serve()
+    r = client.post("/diagnose", json={"pid": target, "duration": 7.5}, headers=AUTH)
+    assert r.status_code == 202 and r.json()["state"] == "queued"
+    (job,) = worker.queued
+    assert job.source == "api" and job.target.pid == target and job.duration == 7.5 and job.dedup_key is None
+    assert store.get(r.json()["id"]).target["pid"] == target
+
+
+def test_a_wrong_token_is_401_then_429_for_that_address(serve, target):
+    client, store, _ = serve(limiter=FailureLimiter(rate_per_s=0.001, burst=2))
+    wrong = {"Authorization": "Bearer nope"}
+    codes = [client.post("/diagnose", json={"pid": target}, headers=wrong).status_code for _ in range(3)]
+    assert codes == [401, 401, 429]
+    r = client.post("/diagnose", json={"pid": target}, headers=wrong)
+    assert r.json() == {"error": "too many failed authentications from this address"}
+    assert client.post("/diagnose", json={"pid": target}).status_code == 429  # no token: a failure too
+    assert client.post("/diagnose", json={"pid": target}, headers=AUTH).status_code == 202  # the right one passes
+    assert store.counts() == {"queued": 1}
+
+
+def test_reads_need_the_read_token_or_the_write_token(serve):
+    client, _, _ = serve(read_token=READ)
+    assert client.get("/incidents").status_code == 401
+    assert client.get("/incidents", headers={"Authorization": "Bearer x"}).json() == {
+        "error": "missing or wrong bearer token (reads need the read token)"
+    }
+    assert client.get("/incidents", headers={"Authorization": f"Bearer {READ}"}).status_code == 200
+    assert client.get("/metrics", headers=AUTH).status_code == 200
+    assert client.post("/diagnose", json={"pid": 1}, headers={"Authorization": f"Bearer {READ}"}).status_code == 401
+    assert client.get("/healthz").status_code == 200  # health is open: a probe has no token
+
+
+def test_healthz_says_queue_problems_and_the_oom_watch(serve, target):
+    client, _, worker = serve(oom_watch=FakeWatcher(ready=True))
+    client.post("/diagnose", json={"pid": target}, headers=AUTH)
+    assert client.get("/healthz").json() == {"ok": True, "queued": 1, "running": None, "oom_watch": "attached"}
+    worker.problem = "the diagnosis worker has stopped"
+    r = client.get("/healthz")
+    assert r.status_code == 503 and r.json()["reason"] == "the diagnosis worker has stopped"
+    client, _, _ = serve(checks=(lambda: "Alertmanager at http://am: connection refused",))
+    assert client.get("/healthz").json()["reason"] == "Alertmanager at http://am: connection refused"
+    assert client.get("/healthz?scope=process").json()["ok"] is True  # liveness: only this process's own
+    assert client.get("/healthz").json()["oom_watch"] == "off"
+
+
+def test_oom_watch_states():
+    assert oom_watch_state(None) == "off"
+    assert oom_watch_state(FakeWatcher(ready=False)) == "starting"
+    assert oom_watch_state(FakeWatcher(ready=True)) == "attached"
+    assert oom_watch_state(FakeWatcher(ready=True, error="no BTF")) == "unavailable: no BTF"
+
+
+def test_incidents_are_paged_newest_first(serve, target):
+    client, store, _ = serve()
+    ids = [store.record("oomwatch", "recorded", None, {"n": n}, f"k{n}", summary=f"kill {n}")[0].id for n in range(5)]
+    page = client.get("/incidents?limit=2", headers=AUTH).json()
+    assert [i["id"] for i in page["incidents"]] == ids[::-1][:2]
+    assert (page["total"], page["limit"], page["offset"], page["next_offset"]) == (5, 2, 0, 2)
+    last = client.get("/incidents?limit=2&offset=4", headers=AUTH).json()
+    assert [i["id"] for i in last["incidents"]] == [ids[0]] and last["next_offset"] is None
+    html = client.get("/incidents?format=html&limit=2&offset=2", headers=AUTH).text
+    assert '<p id="page">3–4 of 5 <a href="/incidents?format=html&amp;limit=2&amp;offset=4">next</a></p>' in html
+    assert html.count("<tr><td>") == 2 and "kill 2" in html and "kill 1" in html
+    for query, reason in (
+        ("limit=0", f"limit is a whole number from 1 to {MAX_PAGE}"),
+        (f"limit={MAX_PAGE + 1}", f"limit is a whole number from 1 to {MAX_PAGE}"),
+        ("offset=-1", f"offset is a whole number from 0 to {1 << 62}"),
+    ):
+        r = client.get(f"/incidents?{query}", headers=AUTH)
+        assert (r.status_code, r.json()) == (400, {"error": reason}), query
+
+
+def test_one_incident_and_its_missing_report(serve):
+    client, store, _ = serve()
+    incident, _ = store.record("oomwatch", "recorded", None, {"n": 1}, "k1", summary="kill 1")
+    r = client.get(f"/incidents/{incident.id}", headers=AUTH)
+    assert r.status_code == 200 and r.json()["summary"] == "kill 1" and r.json()["state"] == "recorded"
+    r = client.get(f"/incidents/{incident.id}?format=md", headers=AUTH)
+    assert (r.status_code, r.json()) == (404, {"error": f"incident {incident.id} has no report (recorded)"})
+    r = client.get(f"/incidents/{incident.id}?format=pdf", headers=AUTH)
+    assert (r.status_code, r.json()) == (400, {"error": "format is md, json or html"})
+    assert client.get("/incidents/not-an-id", headers=AUTH).json() == {"error": "no such incident"}
+    assert client.get("/incidents/0123abcd", headers=AUTH).status_code == 404
+    assert client.get("/nowhere").json() == {"error": "Not Found"}
+    assert client.get("/diagnose").status_code == 405
+
+
+def test_grafana_needs_its_signature_when_a_secret_is_set(serve, target):
+    client, store, worker = serve(grafana_secret="hush", grafana_timestamp_header="X-Ts")
+    body = json.dumps({"version": "1", "alerts": [_alert(target, "g1")]}).encode()
+    good = hmac.new(b"hush", b"1700000000:" + body, hashlib.sha256).hexdigest()
+    headers = {**AUTH, "Content-Type": "application/json", "X-Ts": "1700000000"}
+    r = client.post("/alerts/grafana", content=body, headers={**headers, "X-Grafana-Alerting-Signature": "00" * 32})
+    assert (r.status_code, r.json()) == (401, {"error": "bad X-Grafana-Alerting-Signature"})
+    r = client.post("/alerts/grafana", content=body, headers={**headers, "X-Grafana-Alerting-Signature": good})
+    assert r.status_code == 202 and r.json()["incidents"][0]["new"] is True
+    assert [j.source for j in worker.queued] == ["grafana"]
+    assert 'memdiag_alerts_received_total{source="grafana"} 1.0' in client.get("/metrics").text

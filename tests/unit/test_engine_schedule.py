@@ -1,0 +1,140 @@
+"""The engine's scheduling and budget decisions without root or BPF: fake probes (a runner that
+returns a result and moves a fake clock on by the seconds it was given) and a fake pricer. The
+rules are the shipped playbook's, so what runs in memleak's place is what the playbook says."""
+
+from types import SimpleNamespace
+
+import pytest
+from memdiag.diagnose.engine import MIN_PROBE_S, BudgetDecision, Engine
+from memdiag.diagnose.target import Target
+from memdiag.diagnose.workflow import load_rules
+from memdiag.probes.base import ProbeResult
+
+
+class FakeProbes:
+    """The clock and the probes: each run takes exactly the seconds it was given."""
+
+    def __init__(self):
+        self.now = 1000.0
+        self.runs: list[tuple[str, float]] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def run(self, name: str, seconds: float) -> ProbeResult:
+        self.runs.append((name, round(seconds, 3)))
+        self.now += seconds
+        return ProbeResult(name=name, status="ok", duration_s=seconds)
+
+
+def engine(fake: FakeProbes, decision: BudgetDecision | None = None, duration: float = 30.0) -> Engine:
+    priced: list[float] = []
+
+    def pricer(run_s: float) -> BudgetDecision:
+        priced.append(run_s)
+        assert decision is not None, "memleak priced when it should not have been"
+        return decision
+
+    e = Engine(
+        load_rules(),
+        Target(kind="system"),
+        duration,
+        2.0,
+        clock=fake.clock,
+        runner=fake.run,
+        pricer=pricer,
+    )
+    e.priced = priced  # type: ignore[attr-defined]
+    return e
+
+
+def trail(e: Engine, kind: str) -> list[tuple[str, str, str]]:
+    return [(t.name, t.state, t.reason) for t in e.trail if t.kind == kind]
+
+
+def test_memleak_over_budget_runs_what_the_playbook_asks_in_its_place():
+    fake = FakeProbes()
+    over = BudgetDecision(choice="fallback", reason="priced at 7% > budget 2%")
+    e = engine(fake, over)
+    fake.now += 10  # the first look: 20 s of the 30 s window left
+    e.run_requests([("memleak", 12.0, "rss-climbing")])
+    assert e.priced == [12.0]  # priced for what it would have run
+    assert trail(e, "budget") == [("memleak", "fallback", "priced at 7% > budget 2%")]
+    # the playbook's memleak-over-budget rule: faults, brkstack, mmapsnoop, sharing the 19 s left
+    assert [n for n, _ in fake.runs] == ["faults", "brkstack", "mmapsnoop"]
+    assert [s for _, s in fake.runs] == pytest.approx([19 / 3] * 3, abs=0.01)
+    reasons = [r for _, _, r in trail(e, "probe")]
+    assert reasons == ["asked by budget (instead of memleak, asked by rss-climbing); ok"] * 3
+    assert "memleak" not in e.results and e.budget_decision is over
+
+
+def test_memleak_within_budget_runs_for_what_the_rule_asked():
+    fake = FakeProbes()
+    e = engine(fake, BudgetDecision(choice="full", reason="0.5% <= budget 2%"))
+    fake.now += 10
+    e.run_requests([("memleak", 12.0, "rss-climbing"), ("memleak", 5.0, "another-rule")])
+    assert fake.runs == [("memleak", 12.0)]  # once per diagnosis, as the first asker asked
+    assert trail(e, "probe") == [("memleak", "ok", "asked by rss-climbing; ok")]
+
+
+def test_probes_share_the_time_left_and_a_duration_is_a_ceiling():
+    fake = FakeProbes()
+    e = engine(fake)
+    fake.now += 10  # 20 s left, 1 s kept for the end: 19
+    e.run_requests([("swapin", 4.0, "pressure"), ("vmscan", None, "pressure"), ("drsnoop", None, "pressure")])
+    assert fake.runs == [("swapin", 4.0), ("vmscan", 7.5), ("drsnoop", 7.5)]
+
+
+def test_too_little_time_left_is_not_run_and_memleak_not_priced():
+    fake = FakeProbes()
+    e = engine(fake)  # no decision: pricing would fail the test
+    fake.now += 30 - MIN_PROBE_S  # 3 s left, 2 after the margin
+    e.run_requests([("memleak", 12.0, "rss-climbing"), ("faults", 5.0, "growth")])
+    assert fake.runs == [] and e.priced == []
+    assert trail(e, "probe") == [
+        ("memleak", "not-run", "asked by rss-climbing, but only 2 s of the window were left"),
+        ("faults", "not-run", "asked by growth, but only 2 s of the window were left"),
+    ]
+
+
+def _price(ns_per_s: float) -> SimpleNamespace:
+    return SimpleNamespace(
+        ns_per_s=ns_per_s,
+        percent=ns_per_s / 1e7,
+        describe=lambda: "malloc+0 (emulated) 1,000/s x 1.0 µs",
+        uncounted=lambda: [],
+    )
+
+
+def test_the_budget_decision_is_the_projected_share_of_the_window():
+    from memdiag.probes.overhead import DETACH_S
+
+    fake = FakeProbes()
+    e = engine(fake)
+    rates = SimpleNamespace(counts=[SimpleNamespace(seconds=0.25)])
+    e.spent_ns = 1e6  # the rate count's 1 ms
+    # 12 s attached + the detach at 40 ms of the target's time a second, over a 30 s window
+    cheap = e._decide(_price(4e7), 1000.0, rates, "", 12.0)
+    expected = 100 * (4e7 * (12 + DETACH_S) + 1e6) / 30e9
+    assert cheap.choice == "full" and cheap.estimated_percent == pytest.approx(expected)
+    assert cheap.reason.endswith("<= budget 2%") and cheap.cost_ns == pytest.approx(4e4)
+    dear = e._decide(_price(1e8), 1000.0, rates, "malloc alone: ", 12.0)
+    assert dear.choice == "fallback" and "> budget 2%: every uprobe hit is a trap" in dear.reason
+    assert dear.reason.startswith("malloc alone: malloc+0") and dear.facts()["alloc.tracing"] == "fallback"
+
+
+def test_unpriced_memleak_leaves_the_fallback_rule_false_not_missing():
+    from memdiag.diagnose.observe import Observation
+    from memdiag.rules.engine import run_rules
+
+    fake = FakeProbes()
+    e = engine(fake)
+    obs = Observation(target=e.target, requested_s=30.0, started=0.0, ended=1.0, snapshots=[], oom_kills=[])
+    facts, _c, _t = e.facts_of(obs)
+    assert facts["alloc.tracing"] == "none" and "alloc.rate" not in facts
+    states = {rule.id: o.state for rule, o in run_rules(e.rules, facts)}
+    assert states["memleak-over-budget"] == "not-fired"  # a report's trail lists no skipped rule for it
+    e.budget_decision = BudgetDecision(choice="unknown", reason="no allocator found")
+    facts, _c, _t = e.facts_of(obs)
+    states = {rule.id: o.state for rule, o in run_rules(e.rules, facts)}
+    assert states["memleak-over-budget"] == "fired"

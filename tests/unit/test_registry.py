@@ -1,0 +1,90 @@
+"""The probe registry is the one list of probes: a probe added to it alone reaches the rule model,
+`memdiag probe`'s choices, prepare's program list and the probe table's fact rows, and no module
+of the package spells a list of probe names of its own."""
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from memdiag.probes.registry import REGISTRY
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# In a fresh interpreter: a fake probe (run by vmscan's loader) added to the registry before anything
+# reads it, then what each reader sees.
+_WITH_FAKE = """
+import argparse, dataclasses, json
+from memdiag.probes import registry
+fake = registry.ProbeSpec("fakeprobe", facts=("fake",), module="memdiag.probes.vmscan")
+registry.REGISTRY.probes = registry.REGISTRY.probes + (fake,)
+from memdiag.rules.model import ProbeRequest
+from memdiag.diagnose.commands import probe as command
+from memdiag.diagnose.factset import _FACT_PROBES
+from memdiag.probes import prepare
+parser = argparse.ArgumentParser()
+command.add_arguments(parser)
+choices = next(a.choices for a in parser._actions if a.dest == "name")
+print(json.dumps({
+    "rule": ProbeRequest(name="fakeprobe").name,
+    "cli": choices,
+    "prepare": [name for name, _ in prepare.programs("pid")],
+    "facts": _FACT_PROBES.get("fake"),
+}))
+"""
+
+
+def test_a_probe_added_to_the_registry_alone_reaches_every_reader():
+    out = subprocess.run([sys.executable, "-c", _WITH_FAKE], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    assert seen["rule"] == "fakeprobe"
+    assert "fakeprobe" in seen["cli"] and "reach" in seen["cli"] and "memleak" in seen["cli"]
+    assert seen["prepare"][0] == "ratecount" and seen["prepare"][-1] == "fakeprobe"
+    assert seen["facts"] == "fakeprobe"
+
+
+def test_the_readers_agree_with_the_registry_as_shipped():
+    from memdiag.diagnose.factset import _FACT_PROBES
+    from memdiag.probes.prepare import programs
+    from memdiag.rules.model import ProbeRequest
+
+    names = REGISTRY.names
+    assert names == ("faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop")
+    assert ProbeRequest.model_fields["name"].annotation.__args__ == names
+    assert [p for p, _ in programs("system")] == ["ratecount", *names]
+    assert _FACT_PROBES["reclaim"] == "drsnoop" and _FACT_PROBES["reach"] == "reach"
+    for spec in REGISTRY.probes:  # each loader has what the registry's readers call
+        loader = spec.loader()
+        assert callable(loader.run) and callable(loader.describe) and callable(loader.requirements), spec.name
+
+
+def _name_lists(path: Path, names: set[str]) -> list[str]:
+    """Literal tuples, lists, sets and dict keys in a module naming three or more probes."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
+        if not isinstance(node, ast.Tuple | ast.List | ast.Set | ast.Dict) or not items:
+            continue
+        named = {i.value for i in items if isinstance(i, ast.Constant) and i.value in names}
+        if len(named) >= 3:
+            found.append(f"{path.relative_to(ROOT)}:{node.lineno} {sorted(named)}")
+    return found
+
+
+def test_no_second_list_of_probes_in_the_package():
+    names = set(REGISTRY.names)
+    lists = []
+    for package in ("probes", "diagnose", "rules", "system"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.name != "registry.py":
+                lists += _name_lists(path, names)
+    assert not lists, "probe names listed outside probes/registry.py"
+
+
+def test_the_rule_model_loads_no_probe_loader():
+    code = "import sys, memdiag.rules.model; print(sorted(m for m in sys.modules if m.startswith('memdiag.probes')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "['memdiag.probes', 'memdiag.probes.registry']"
