@@ -43,6 +43,10 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         "window.seconds": window_seconds(obs),
         "window.samples": len(obs.snapshots),
         "memory.shape": memory_shape(counters),
+        # before any sample too: the fallback rules (too few samples, exited early) ask for them
+        "oom.kills": len(counters.oom_kills),
+        "oom.kills_in_window": kills_during(obs, counters),
+        "oom.cgroup_limit": counters.oom_kills[-1].cgroup_oom if counters.oom_kills else None,
     }
     if not obs.snapshots:
         return f
@@ -116,9 +120,6 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         or bool(f.get("cgroup.limit_hits"))
         or any(r.majflt_delta for r in counters.processes)
     )
-    f["oom.kills"] = len(counters.oom_kills)
-    f["oom.kills_in_window"] = kills_during(obs, counters)
-    f["oom.cgroup_limit"] = counters.oom_kills[-1].cgroup_oom if counters.oom_kills else None
     return f
 
 

@@ -136,6 +136,8 @@ def _oom_findings(obs: Observation, kills: list[OomKill]) -> list[Finding]:
 def oom_kills_in_window(obs: Observation) -> tuple[int | None, str]:
     """OOM kills during the window by the kernel's own counter, and which counter: the cgroup's
     (memory.oom_control / memory.events oom_kill) for a target in one, vmstat's for the host."""
+    if not obs.snapshots:  # the target exited before the first sample: no counter was read
+        return None, ""
     first, last = obs.snapshots[0], obs.snapshots[-1]
     if last.cgroup is not None and last.cgroup.path != "/" and first.cgroup is not None:
         a, b = first.cgroup.oom_kill, last.cgroup.oom_kill

@@ -219,3 +219,18 @@ def test_a_keyed_step_is_strict_with_its_line(tmp_path):
         f"{path}:7: rule a then.advice.1.keyed: unknown key `txt`",
         f"{path}:8: rule a then.advice.2.keyed.key: String should match pattern '^[a-z0-9][a-z0-9_.-]*$'",
     ]
+
+
+def test_a_target_that_exits_before_the_first_sample_is_said_to_have_exited():
+    """No snapshot at all: the fallback rules still see oom.kills and the sample count."""
+    obs = Observation(
+        target=Target(kind="pid", pid=501, comm="brief", start_ticks=5), requested_s=30, started=T0,
+        ended=T0 + 0.2, snapshots=[], oom_kills=[], processes_first={}, processes_last={}, memdiag_pid=4000,
+        exited_at=T0 + 0.1,
+    )  # fmt: skip
+    counters = build_counters(obs)
+    facts = counter_facts(obs, counters, 2.0) | {"target.name": obs.target.describe()} | triage(obs, counters).facts
+    assert facts["oom.kills"] == 0 and facts["window.samples"] == 0
+    rule, kind, summary = _verdict(SHIPPED_RULES, facts)
+    assert (rule, kind) == ("exited-too-early", "inconclusive")
+    assert summary == "PID 501 (brief) exited before enough samples were taken (0)", summary
