@@ -440,13 +440,18 @@ class Engine:
         """The rules on the whole window and every probe's facts, each in the trail; the verdict."""
         facts, counters, tri = self.facts_of(obs)
         self.evaluate(facts)
+        best = self._winner()
         for rule, outcome in self.outcomes:
+            reason = outcome.reason
+            if best is not None and rule is not best and outcome.state == "fired" and rule.then.verdict is not None:
+                # every verdict rule that fired is in the trail; a reader must see which one concluded
+                reason = f"{reason}; outranked by {best.id}" if reason else f"outranked by {best.id}"
             self.trail.append(
                 TrailItem(
                     kind="rule",
                     name=rule.id,
                     state=outcome.state,
-                    reason=outcome.reason,
+                    reason=reason,
                     source=rule.source,
                     at_s=self.elapsed(),
                 )
@@ -521,11 +526,10 @@ class Engine:
         fired = [rule for rule, o in self.outcomes if o.state == "fired"]
         findings = [render(r.then.finding, facts) for r in fired if r.then.finding]
         advice = advice_of(fired, facts)
-        verdicts = [r for r in fired if r.then.verdict is not None]
-        if not verdicts:  # a playbook without a floor (the shipped one has `no-conclusion`)
+        best = self._winner()
+        if best is None:  # a playbook without a floor (the shipped one has `no-conclusion`)
             none = Verdict(kind="inconclusive", summary="no playbook rule concluded", confidence=0.0)
             return none.model_copy(update={"culprit": self._culprit("inconclusive", tri)}), findings, advice
-        best = max(verdicts, key=lambda r: r.then.verdict.priority)  # type: ignore[union-attr]
         action = best.then.verdict
         assert action is not None
         return (
@@ -538,6 +542,11 @@ class Engine:
             findings,
             advice,
         )
+
+    def _winner(self) -> Rule | None:
+        """The fired verdict rule of the highest priority: the one that concludes."""
+        verdicts = [r for r, o in self.outcomes if o.state == "fired" and r.then.verdict is not None]
+        return max(verdicts, key=lambda r: r.then.verdict.priority) if verdicts else None  # type: ignore[union-attr]
 
     def _culprit(self, kind: str, tri: Triage) -> Culprit:
         t = self.target

@@ -5,6 +5,7 @@ test fails if the threshold, the verdict or the precedence were still decided in
 from pathlib import Path
 
 import pytest
+from memdiag.diagnose.engine import Engine
 from memdiag.diagnose.evidence import build_counters
 from memdiag.diagnose.factset import counter_facts
 from memdiag.diagnose.observe import Observation
@@ -30,6 +31,12 @@ def _proc(rss: int, majflt: int = 0) -> ProcessMemory:
 def _facts(rss, *, swapin_per_s=0, allocstall_per_s=0.0, majflt=0) -> dict:
     """A process over len(rss) one-second samples, with the host's swap-in and direct reclaim
     rates as given, through the real pipeline: counters, triage, fact set."""
+    obs = _obs(rss, swapin_per_s=swapin_per_s, allocstall_per_s=allocstall_per_s, majflt=majflt)
+    counters = build_counters(obs)
+    return counter_facts(obs, counters, 2.0) | {"target.name": obs.target.describe()} | triage(obs, counters).facts
+
+
+def _obs(rss, *, swapin_per_s=0, allocstall_per_s=0.0, majflt=0) -> Observation:
     snaps = [
         Snapshot(
             t=t,
@@ -52,13 +59,11 @@ def _facts(rss, *, swapin_per_s=0, allocstall_per_s=0.0, majflt=0) -> dict:
         )
         for t, r in enumerate(rss)
     ]
-    obs = Observation(
+    return Observation(
         target=Target(kind="pid", pid=500, comm="orderd", start_ticks=500), requested_s=len(rss), started=T0,
         ended=T0 + snaps[-1].t, snapshots=snaps, oom_kills=[], processes_first={500: _proc(rss[0])},
         processes_last={500: _proc(rss[-1], majflt * len(rss))}, memdiag_pid=4000,
     )  # fmt: skip
-    counters = build_counters(obs)
-    return counter_facts(obs, counters, 2.0) | {"target.name": obs.target.describe()} | triage(obs, counters).facts
 
 
 FLAT = [100 * MiB] * 21
@@ -234,3 +239,15 @@ def test_a_target_that_exits_before_the_first_sample_is_said_to_have_exited():
     rule, kind, summary = _verdict(SHIPPED_RULES, facts)
     assert (rule, kind) == ("exited-too-early", "inconclusive")
     assert summary == "PID 501 (brief) exited before enough samples were taken (0)", summary
+
+
+def test_the_trail_says_which_fired_verdict_concluded():
+    """stable and no-conclusion fire in every window with enough samples: the trail marks them outranked."""
+    obs = _obs(FLAT, swapin_per_s=100, majflt=5)
+    e = Engine(SHIPPED_RULES, obs.target, 20.0, 2.0)
+    result = e._finish(obs, rules_cut=False)
+    assert result.verdict.kind == "pressure"
+    rules = {t.name: t for t in result.trail if t.kind == "rule"}
+    assert rules["memory-pressure"].state == "fired" and "outranked" not in rules["memory-pressure"].reason
+    for floor in ("stable", "no-conclusion"):
+        assert rules[floor].state == "fired" and rules[floor].reason.endswith("outranked by memory-pressure")
