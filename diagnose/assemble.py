@@ -139,7 +139,7 @@ def assemble(result: EngineResult, budget_percent: float) -> Report:
     probes = _one_off_rows(result.one_offs, result.counted, window_s) + _probe_rows(result, window_s)
     stacks, folded = _stacks(result.results, result.classes)
     findings = list(tri.findings)
-    findings += [Finding(id="playbook", summary=text) for text in result.findings if text]
+    findings += [Finding(id=rule, summary=text) for rule, text in result.findings if text]  # id: the rule's
     return Report(
         memdiag_version=memdiag_version(),
         target=target_info(obs.target),

@@ -73,7 +73,7 @@ class EngineResult(BaseModel):
     triage: Triage
     facts: dict
     verdict: Verdict
-    findings: list[str]  # the playbook's findings, rendered
+    findings: list[tuple[str, str]]  # the playbook's findings: (rule id, rendered text)
     advice: list[str]  # the playbook's advice, rendered
     results: dict[str, ProbeResult]  # by probe name, the probes that ran
     trail: list[TrailItem]
@@ -521,10 +521,10 @@ class Engine:
             not_gathered=missing,
         )
 
-    def _conclude(self, facts: dict, tri: Triage) -> tuple[Verdict, list[str], list[str]]:
+    def _conclude(self, facts: dict, tri: Triage) -> tuple[Verdict, list[tuple[str, str]], list[str]]:
         """The verdict of the highest-priority fired rule; findings and next steps of all fired rules."""
         fired = [rule for rule, o in self.outcomes if o.state == "fired"]
-        findings = [render(r.then.finding, facts) for r in fired if r.then.finding]
+        findings = [(r.id, render(r.then.finding, facts)) for r in fired if r.then.finding]
         advice = advice_of(fired, facts)
         best = self._winner()
         if best is None:  # a playbook without a floor (the shipped one has `no-conclusion`)

@@ -44,6 +44,7 @@ def test_the_target_loses_no_more_than_the_budget(root_required, memdiag, tmp_pa
     if allocator == "jemalloc":
         assert "single-stepped" in budget["reason"], budget["reason"]
     reported = rep["overhead"]["measured_percent"]
+    print(f"lost {lost:.2f}% by the target's CPU clock, reported {reported:.2f}%, base {base:.2f} ns/op")
     assert lost <= rep["overhead"]["budget_percent"], (lost, rep["probes"])
     if decision == "full":  # the figure stated is the target's own, within a factor of 1.5
         assert lost / 1.5 <= reported <= lost * 1.5, (lost, reported)

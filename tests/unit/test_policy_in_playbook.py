@@ -251,3 +251,5 @@ def test_the_trail_says_which_fired_verdict_concluded():
     assert rules["memory-pressure"].state == "fired" and "outranked" not in rules["memory-pressure"].reason
     for floor in ("stable", "no-conclusion"):
         assert rules[floor].state == "fired" and rules[floor].reason.endswith("outranked by memory-pressure")
+    # a playbook finding carries its rule's id (the report's findings keep psi-stall, swap-in, ... apart)
+    assert dict(result.findings)["swap-in"].startswith("pages swapped in: 100/s"), result.findings
