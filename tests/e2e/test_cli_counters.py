@@ -38,7 +38,9 @@ def test_oom_killed_cgroup_reports_the_kill(memdiag, workload, memcg, tmp_path):
     assert v["culprit"]["pid"] == w.pid and v["culprit"]["comm"] == "hog"
     assert v["culprit"]["cgroup"] == cg.path
     assert f"PID {w.pid} (hog)" in v["summary"] and "64.0 MiB" in v["summary"]
-    assert "while the host has" in v["summary"]  # the limit killed it, not host memory
+    assert "while the host has" in v["summary"]
+    # the limit killed it, not host memory: the playbook's own finding says so
+    assert any(f["id"] == "oom-at-limit-not-host" for f in rep["findings"]), rep["findings"]
     kills = rep["counters"]["oom_kills"]
     assert [k["victim_pid"] for k in kills] == [w.pid]
     assert kills[0]["constraint"] == "CONSTRAINT_MEMCG"
