@@ -38,7 +38,17 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+# Facts that carried a decision made in Python; the playbook's rules make it now (issue 14).
+REMOVED_FACTS = {
+    "summary.stable": "the shipped rule `stable` decides it (window.samples, memory.shape)",
+    "summary.too_few": "the shipped rule `too-few-samples` decides it (window.samples)",
+    "summary.exited": "the shipped rules `exited` and `exited-too-early` decide it (target.exited)",
+}
+
+
 def known_fact(name: str) -> str:
+    if name in REMOVED_FACTS:
+        raise ValueError(f"fact `{name}` was removed: {REMOVED_FACTS[name]}")
     if name not in FACTS:
         close = difflib.get_close_matches(name, FACTS, n=1)
         hint = f"; did you mean `{close[0]}`?" if close else ""

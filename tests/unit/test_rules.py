@@ -56,6 +56,15 @@ def test_unknown_fact_with_suggestion_and_line(tmp_path):
     assert errs == [f"{tmp_path / 'r.yaml'}:3: rule a when: unknown fact `proces.rss`; did you mean `process.rss`?"]
 
 
+def test_a_removed_fact_says_which_rule_decides_now(tmp_path):
+    """A site playbook written against the Python-decided verdicts: one line naming the rule that replaced it."""
+    errs = _errors(tmp_path, "rules:\n  - id: a\n    when: {present: summary.stable}\n    then: {finding: x}\n")
+    assert errs == [
+        f"{tmp_path / 'r.yaml'}:3: rule a when.present: fact `summary.stable` was removed: the shipped rule `stable` "
+        "decides it (window.samples, memory.shape)"
+    ], errs
+
+
 def test_unit_mismatch_unknown_key_missing_then(tmp_path):
     errs = _errors(tmp_path, "rules:\n  - id: b\n    when: process.rss > 5%\n    thne: {finding: x}\n")
     text = "\n".join(errs)
