@@ -117,7 +117,7 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
             f["cgroup.usage_shape"] = usage.shape
     f["pressure.target_pays"] = (
         obs.target.kind == "system"
-        or bool(f.get("cgroup.limit_hits"))
+        or (f.get("cgroup.limit_hits") or 0) > 0  # as the pressure summary counts them (a reset is no hit)
         or any(r.majflt_delta for r in counters.processes)
     )
     return f
