@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from memdiag.probes.registry import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,6 +36,8 @@ print(json.dumps({
 """
 
 
+# prepare's compile options ask the kernel what it offers (tracefs: kprobes for swapin), which only root may read
+@pytest.mark.bpf
 def test_a_probe_added_to_the_registry_alone_reaches_every_reader():
     out = subprocess.run([sys.executable, "-c", _WITH_FAKE], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
@@ -45,6 +48,8 @@ def test_a_probe_added_to_the_registry_alone_reaches_every_reader():
     assert seen["facts"] == "fakeprobe"
 
 
+# prepare's compile options ask the kernel what it offers (tracefs: kprobes for swapin), which only root may read
+@pytest.mark.bpf
 def test_the_readers_agree_with_the_registry_as_shipped():
     from memdiag.diagnose.factset import _FACT_PROBES
     from memdiag.probes.prepare import programs
