@@ -22,7 +22,7 @@ from typing import Literal
 from memdiag.probes import prepare
 from memdiag.probes.base import INTERRUPTION, ProbeResult, ProbeTarget, interrupted, phase
 from memdiag.probes.registry import REGISTRY
-from memdiag.rules.engine import Outcome, advice_of, render, run_rules
+from memdiag.rules.engine import Outcome, conclude, run_rules, winner_of
 from memdiag.rules.model import FrameClass, Rule
 from memdiag.system.kmsg import read_oom_kills
 from memdiag.system.process import cpu_seconds
@@ -440,7 +440,7 @@ class Engine:
         """The rules on the whole window and every probe's facts, each in the trail; the verdict."""
         facts, counters, tri = self.facts_of(obs)
         self.evaluate(facts)
-        best = self._winner()
+        best = winner_of(self.outcomes)
         for rule, outcome in self.outcomes:
             reason = outcome.reason
             if best is not None and rule is not best and outcome.state == "fired" and rule.then.verdict is not None:
@@ -523,30 +523,15 @@ class Engine:
 
     def _conclude(self, facts: dict, tri: Triage) -> tuple[Verdict, list[tuple[str, str]], list[str]]:
         """The verdict of the highest-priority fired rule; findings and next steps of all fired rules."""
-        fired = [rule for rule, o in self.outcomes if o.state == "fired"]
-        findings = [(r.id, render(r.then.finding, facts)) for r in fired if r.then.finding]
-        advice = advice_of(fired, facts)
-        best = self._winner()
-        if best is None:  # a playbook without a floor (the shipped one has `no-conclusion`)
+        c = conclude(self.outcomes, facts)
+        action = c.winner.then.verdict if c.winner is not None else None
+        if action is None or c.summary is None:  # a playbook without a floor (the shipped one has `no-conclusion`)
             none = Verdict(kind="inconclusive", summary="no playbook rule concluded", confidence=0.0)
-            return none.model_copy(update={"culprit": self._culprit("inconclusive", tri)}), findings, advice
-        action = best.then.verdict
-        assert action is not None
-        return (
-            Verdict(
-                kind=action.kind,
-                summary=render(action.summary, facts),
-                confidence=action.confidence,
-                culprit=self._culprit(action.kind, tri),
-            ),
-            findings,
-            advice,
+            return none.model_copy(update={"culprit": self._culprit("inconclusive", tri)}), c.findings, c.advice
+        verdict = Verdict(
+            kind=action.kind, summary=c.summary, confidence=action.confidence, culprit=self._culprit(action.kind, tri)
         )
-
-    def _winner(self) -> Rule | None:
-        """The fired verdict rule of the highest priority: the one that concludes."""
-        verdicts = [r for r, o in self.outcomes if o.state == "fired" and r.then.verdict is not None]
-        return max(verdicts, key=lambda r: r.then.verdict.priority) if verdicts else None  # type: ignore[union-attr]
+        return verdict, c.findings, c.advice
 
     def _culprit(self, kind: str, tri: Triage) -> Culprit:
         t = self.target

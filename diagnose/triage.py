@@ -11,10 +11,9 @@ import time
 from memdiag.system.kmsg import OomKill
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 
-from .evidence import psi_stall_percent, window_seconds
 from .observe import Observation
 from .report import Counters, Culprit, Finding, ProcessRow
-from .trends import Trend, counter_rate
+from .trends import Trend
 
 
 class Triage:
@@ -206,35 +205,6 @@ def _oom_summary(obs: Observation, kills: list[OomKill], cg_kills: int | None) -
     return summary, culprit
 
 
-def _pct(x: float | None) -> str:
-    return "unknown" if x is None else f"{x:.1f}%"
-
-
-def _pressure_figures(obs: Observation) -> list[str]:
-    """Every pressure figure that moved in the window (and MemAvailable, a level): no threshold here,
-    the playbook's rules say which of them make pressure."""
-    secs = window_seconds(obs)
-    first, last = obs.snapshots[0], obs.snapshots[-1]
-    out: list[str] = []
-    some, full = psi_stall_percent(obs, "some"), psi_stall_percent(obs, "full")
-    if some or full:
-        out.append(f"tasks stalled on memory {_pct(some)} of the window (PSI some; full {_pct(full)})")
-    swapin = counter_rate(first.vmstat.get("pswpin"), last.vmstat.get("pswpin"), secs)
-    if swapin:
-        out.append(f"swap-in {fmt_number(swapin)} pages/s")
-    stalls = counter_rate(first.vmstat.get("allocstall"), last.vmstat.get("allocstall"), secs)
-    if stalls:
-        out.append(f"direct reclaim {stalls:.1f} stalls/s")
-    pct = last.meminfo.available_percent
-    if pct is not None:
-        out.append(f"MemAvailable {pct:.0f}% of RAM")
-    cg, hits = last.cgroup, _limit_hits(obs)
-    if cg is not None and cg.effective_limit and cg.usage is not None and hits:
-        used = 100.0 * cg.usage / cg.effective_limit
-        out.append(f"cgroup {cg.path} at {used:.0f}% of its {fmt_bytes(cg.effective_limit)} limit")
-    return out
-
-
 def _limit_hits(obs: Observation) -> int:
     first, last = obs.snapshots[0].cgroup, obs.snapshots[-1].cgroup
     if first is None or last is None:
@@ -242,31 +212,24 @@ def _limit_hits(obs: Observation) -> int:
     return (last.failcnt or 0) - (first.failcnt or 0)
 
 
-def _pressure_summary(obs: Observation, counters: Counters, growth: _Growth) -> str:
-    """The pressure in words: where it is felt, its figures, the growth behind it, who pays, who is biggest."""
-    who, target = _who(obs), obs.target
-    # PSI, swap-in, direct reclaim and MemAvailable are the host's figures; only a cgroup that hit its
-    # limit is the target's own. Host-wide pressure is not put on a target that did not pay for it
-    # (pod's trial: a container was called "under pressure" from another test's swap-off).
-    own = target.kind == "system" or _limit_hits(obs) > 0
-    paid = any(r.majflt_delta for r in counters.processes)
-    where = who if own else f"the host (host-wide counters, seen from {who})"
-    summary = f"memory pressure on {where}: " + ", ".join(_pressure_figures(obs))
-    if growth.kind == "growth" and growth.summary:
-        summary += f"; caused by growth: {growth.summary.split('; escalation')[0]}"
-    culprits = _pressure_culprits(counters)
-    if culprits:
-        summary += f"; {culprits}"
-    if not own and not paid:
-        summary += f"; {who} paid no major faults in the window: not shown to cause or suffer it"
-    return summary
+def _pressure_where(obs: Observation) -> str:
+    """Where pressure would be felt. PSI, swap-in, direct reclaim and MemAvailable are the host's
+    figures; only a cgroup that hit its limit is the target's own. Host-wide pressure is not put on
+    a target that did not pay for it (pod's trial: a container was called "under pressure" from
+    another test's swap-off)."""
+    who = _who(obs)
+    own = obs.target.kind == "system" or _limit_hits(obs) > 0
+    return who if own else f"the host (host-wide counters, seen from {who})"
 
 
-def _pressure_culprits(counters: Counters) -> str:
-    """Who pays (major faults) and who is biggest, of the target's processes: the counters' view
-    of a pressure culprit, quoted from the process table."""
-    payers = sorted((r for r in counters.processes if r.majflt_delta), key=lambda r: -(r.majflt_delta or 0))
+def _pressure_context(obs: Observation, counters: Counters, growth: _Growth) -> str:
+    """What stands behind pressure, whichever signs of it the playbook finds: the growth, who pays
+    in major faults, who is biggest. The figures themselves are the sign rules' findings."""
+    who = _who(obs)
     text = []
+    if growth.kind == "growth" and growth.summary:
+        text.append(f"caused by growth: {growth.summary.split('; escalation')[0]}")
+    payers = sorted((r for r in counters.processes if r.majflt_delta), key=lambda r: -(r.majflt_delta or 0))
     if payers:
         text.append(
             "paying in major faults: "
@@ -275,6 +238,10 @@ def _pressure_culprits(counters: Counters) -> str:
     big = _biggest(counters)
     if big:
         text.append("largest: " + ", ".join(f"PID {p.pid} ({p.comm}, {fmt_bytes(p.rss_last)})" for p in big))
+    if not payers and obs.target.kind != "system" and _limit_hits(obs) == 0:
+        text.append(f"{who} paid no major faults in the window: not shown to cause or suffer it")
+    elif not payers:
+        text.append(f"no process of {who} took a major fault in the window")
     return "; ".join(text)
 
 
@@ -436,7 +403,7 @@ def triage(obs: Observation, counters: Counters) -> Triage:
     g = _growth(obs, counters, growth) if growth is not None else _system_growth(obs, counters)
     findings += g.findings
     caveats += g.caveats + _vsz_caveat(obs)
-    facts = {"summary.pressure": _pressure_summary(obs, counters, g)}
+    facts = {"pressure.where": _pressure_where(obs), "summary.pressure_context": _pressure_context(obs, counters, g)}
     culprits: dict[str, Culprit] = {}
     if oom is not None:
         facts["summary.oom"], culprits["oom"] = oom

@@ -72,6 +72,12 @@ _DEFS = [
     ("cgroup.usage_percent", "percent", "usage as a share of the limit"),
     ("cgroup.limit_hits", "number", "times the limit was hit during the window"),
     (
+        "pressure.where",
+        "string",
+        "where the pressure figures are the target's own (its cgroup hit its limit, or it is the whole system), "
+        "else the host (its host-wide counters, seen from the target)",
+    ),
+    (
         "pressure.target_pays",
         "bool",
         "the target pays for memory pressure: it is the whole system, its cgroup hit its own limit, "
@@ -89,7 +95,11 @@ _DEFS = [
     ),
     # what the counters say, in words (present when the reading applies; the rules decide which is the verdict)
     ("summary.oom", "string", "the OOM kill: victim, trigger, cgroup limit, host memory, how many kills"),
-    ("summary.pressure", "string", "the pressure figures that moved, where they are felt, who pays, who is biggest"),
+    (
+        "summary.pressure_context",
+        "string",
+        "what stands behind memory pressure: the growth, who pays in major faults, who is biggest",
+    ),
     ("summary.growth", "string", "memory still climbing: rate, duration, projection to the limit"),
     ("summary.plateau", "string", "growth that levelled off"),
     ("summary.sawtooth", "string", "memory that rose and fell (kills, restarts, flushes): no steady trend"),

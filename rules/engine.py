@@ -5,13 +5,14 @@ stops the others."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Literal
 
 from memdiag.system.units import format_quantity
 from pydantic import BaseModel, ConfigDict
 
 from .catalog import FACTS
-from .model import AllOf, AnyOf, Comparison, Condition, NotOf, Present, Rule, template_facts
+from .model import BECAUSE, AllOf, AnyOf, Comparison, Condition, NotOf, Present, Rule, VerdictAction, template_facts
 
 State = Literal["fired", "not-fired", "skipped", "error"]
 
@@ -72,11 +73,20 @@ def show(name: str, facts: dict) -> str:
     return format_quantity(facts.get(name), FACTS[name].kind)
 
 
-def render(text: str, facts: dict) -> str:
-    """A template with {fact} placeholders, each shown in its unit."""
+def render(text: str, facts: dict, because: str | None = None) -> str:
+    """A template with {fact} placeholders, each shown in its unit; a verdict's summary may also
+    quote {because} (see because_of)."""
     for name in set(template_facts(text)):
-        text = text.replace("{" + name + "}", show(name, facts))
+        shown = because if name == BECAUSE and because is not None else show(name, facts)
+        text = text.replace("{" + name + "}", shown)
     return text
+
+
+def because_of(verdict: VerdictAction, findings: dict[str, str]) -> str:
+    """The findings of the verdict's `because` rules that fired (findings: rule id -> rendered
+    text), in the order the verdict lists them."""
+    quoted = [findings[name] for name in verdict.because if name in findings]
+    return "; ".join(quoted) if quoted else "none of " + ", ".join(verdict.because) + " fired"
 
 
 def run_rule(rule: Rule, facts: dict) -> Outcome:
@@ -112,3 +122,29 @@ def advice_of(fired: list[Rule], facts: dict) -> list[str]:
         for key, text in rule.then.advice_items(rule.id):
             steps.setdefault(key, render(text, facts))
     return list(steps.values())
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """What the fired rules say together: the winning verdict rule (None when no verdict rule
+    fired), its rendered summary, every fired finding (rule id, text) and the next steps."""
+
+    winner: Rule | None
+    summary: str | None
+    findings: list[tuple[str, str]]
+    advice: list[str]
+
+
+def winner_of(outcomes: list[tuple[Rule, Outcome]]) -> Rule | None:
+    """The fired verdict rule of the highest priority: the one that concludes."""
+    verdicts = [r for r, o in outcomes if o.state == "fired" and r.then.verdict is not None]
+    return max(verdicts, key=lambda r: r.then.verdict.priority) if verdicts else None  # type: ignore[union-attr]
+
+
+def conclude(outcomes: list[tuple[Rule, Outcome]], facts: dict) -> Conclusion:
+    fired = [rule for rule, o in outcomes if o.state == "fired"]
+    findings = [(r.id, render(r.then.finding, facts)) for r in fired if r.then.finding]
+    best = winner_of(outcomes)
+    action = best.then.verdict if best is not None else None
+    summary = render(action.summary, facts, because_of(action, dict(findings))) if action else None
+    return Conclusion(best, summary, findings, advice_of(fired, facts))

@@ -10,6 +10,7 @@ cost more than its length or fail anywhere but here, with its line."""
 
 from __future__ import annotations
 
+import difflib
 import math
 import os
 import re
@@ -288,6 +289,32 @@ def playbook_paths(extra: list[Path] | None = None, site: Path | None = None) ->
     return unique
 
 
+def _shipped_beside(paths: list[Path]) -> list[Rule]:
+    """The shipped rules a file linted alone may name (a diagnosis always loads them first)."""
+    loaded = {p.resolve() for p in paths}
+    return [r for p in shipped_playbooks() if p.resolve() not in loaded for r in load_file_parts(p).rules]
+
+
+def _because_errors(rules: list[Rule], beside: list[Rule]) -> list[str]:
+    """A verdict's `because` names rules of the loaded set (or the shipped ones beside a file linted
+    alone) that have a finding to quote."""
+    by_id = {r.id: r for r in beside} | {r.id: r for r in rules}
+    out = []
+    for rule in rules:
+        for name in rule.then.verdict.because if rule.then.verdict else []:
+            quoted = by_id.get(name)
+            if quoted is None:
+                close = difflib.get_close_matches(name, by_id, n=1)
+                hint = f"; did you mean `{close[0]}`?" if close else ""
+                out.append(f"{rule.source}: rule {_short(rule.id)} verdict.because: no rule `{_short(name)}`{hint}")
+            elif not quoted.then.finding:
+                out.append(
+                    f"{rule.source}: rule {_short(rule.id)} verdict.because: rule `{_short(name)}` "
+                    f"has no finding to quote ({quoted.source})"
+                )
+    return out
+
+
 def load_playbooks(paths: list[Path], trusted: bool = True) -> list[Rule]:
     """All rules of these files; every error of every file reported together."""
     return load_playbook(paths, trusted).rules
@@ -315,5 +342,7 @@ def load_playbook(paths: list[Path], trusted: bool = True) -> Playbook:
                 continue
             first[rule.id] = rule.source
             rules.append(rule)
+    errors.raise_any()
+    errors.add(_because_errors(rules, _shipped_beside(paths)))
     errors.raise_any()
     return Playbook(rules=rules, wrappers=wrappers)  # the whole set validates as one playbook

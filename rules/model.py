@@ -32,6 +32,7 @@ VERDICT_KINDS = ("leak", "cache", "growth", "pressure", "oom", "healthy", "incon
 _OPS = (">=", "<=", "==", "!=", ">", "<")
 _COMPARISON = re.compile(r"^\s*([a-z_][a-z0-9_.]*)\s*(>=|<=|==|!=|>|<)\s*(.+?)\s*$")
 _TEMPLATE = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
+BECAUSE = "because"  # the one placeholder that is not a fact: a verdict's fired `because` findings
 
 
 class _Strict(BaseModel):
@@ -43,6 +44,8 @@ REMOVED_FACTS = {
     "summary.stable": "the shipped rule `stable` decides it (window.samples, memory.shape)",
     "summary.too_few": "the shipped rule `too-few-samples` decides it (window.samples)",
     "summary.exited": "the shipped rules `exited` and `exited-too-early` decide it (target.exited)",
+    "summary.pressure": "a pressure verdict is written from pressure.where, the sign rules that fired ({because}) "
+    "and summary.pressure_context",
 }
 
 
@@ -159,6 +162,18 @@ class VerdictAction(_Strict):
     summary: str
     confidence: float = Field(ge=0, le=1)
     priority: int = 0  # the highest-priority verdict that fires wins
+    # rules whose findings, those that fired, the summary quotes as {because}: the verdict names the
+    # signs that crossed their thresholds, not every figure that moved
+    because: list[Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9_.-]*$")]] = []
+
+    @model_validator(mode="after")
+    def _because_quoted(self) -> VerdictAction:
+        quoted = BECAUSE in template_facts(self.summary)
+        if quoted and not self.because:
+            raise ValueError("the summary quotes {because}: list the rules it quotes in `because`")
+        if self.because and not quoted:
+            raise ValueError("`because` lists rules the summary never quotes: put {because} in the summary")
+        return self
 
 
 class Advice(_Strict):
@@ -190,9 +205,11 @@ class Then(_Strict):
     @model_validator(mode="after")
     def _templates(self) -> Then:
         steps = [a.text if isinstance(a, Advice) else a for a in self.advice]
-        texts = [self.finding or "", *steps, self.verdict.summary if self.verdict else ""]
-        for text in texts:
+        for text in [self.finding or "", *steps]:
             for name in template_facts(text):
+                known_fact(name)
+        for name in template_facts(self.verdict.summary if self.verdict else ""):
+            if name != BECAUSE:  # checked by the verdict itself
                 known_fact(name)
         if not (self.finding or self.probes or self.verdict or self.advice):
             raise ValueError("`then` needs at least one of finding, probes, verdict, advice")

@@ -142,7 +142,7 @@ def test_swap_pressure(swap, memdiag, workload, memcg, tmp_path):
     rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
     v = rep["verdict"]
     assert v["kind"] == "pressure", v["summary"]
-    assert "swap-in" in v["summary"]
+    assert "pages swapped in" in v["summary"]  # the swap-in rule fired and the verdict quotes it
     assert f"PID {w.pid} (hog" in v["summary"]  # the process paying in major faults
     ran = {p["name"]: p for p in rep["probes"]}
     assert ran["swapin"]["status"] == "ok" and "anonymous memory" in ran["swapin"]["method"]

@@ -19,7 +19,7 @@ from memdiag.diagnose.snapshot import Snapshot
 from memdiag.diagnose.target import Target
 from memdiag.diagnose.triage import triage
 from memdiag.diagnose.workflow import load_rules
-from memdiag.rules.engine import render, run_rules
+from memdiag.rules.engine import conclude, run_rules
 from memdiag.system.cgroup import CgroupLocation, CgroupMemory
 from memdiag.system.kmsg import OomKill
 from memdiag.system.meminfo import MemInfo
@@ -71,12 +71,9 @@ def _report(obs, probes=()) -> dict:
     facts |= tri.facts
     for p in probes:
         facts |= p.figures
-    fired = [r for r, o in run_rules(load_rules(), facts) if o.state == "fired"]
-    best = max((r for r in fired if r.then.verdict), key=lambda r: r.then.verdict.priority)
-    verdict = Verdict(kind=best.then.verdict.kind, summary=render(best.then.verdict.summary, facts), confidence=0.5)
-    findings = tri.findings + [
-        Finding(id="playbook", summary=render(r.then.finding, facts)) for r in fired if r.then.finding
-    ]
+    c = conclude(run_rules(load_rules(), facts), facts)
+    verdict = Verdict(kind=c.winner.then.verdict.kind, summary=c.summary, confidence=0.5)
+    findings = tri.findings + [Finding(id=rule, summary=text) for rule, text in c.findings]
     report = Report(
         memdiag_version="test",
         target=TargetInfo(kind=obs.target.kind, description=obs.target.describe(), pid=obs.target.pid),
@@ -218,6 +215,25 @@ def test_host_pressure_is_not_put_on_a_target_that_did_not_pay():
     assert v["kind"] == "pressure", v
     assert v["summary"].startswith("memory pressure on the host (host-wide counters, seen from cgroup /app"), v
     assert "paid no major faults in the window: not shown to cause or suffer it" in v["summary"], v
+
+
+def test_a_cgroup_that_levelled_off_under_host_pressure_it_did_not_pay_is_a_plateau():
+    """What was observed in the target comes first: a cgroup's usage that grew and levelled off,
+    under the host's swap-in with no limit hit and no major fault of its own, is a plateau; the
+    host's pressure is a finding beside it, said as not paid for."""
+    usage = [10 * MiB + min(t, 12) * 3 * MiB for t in range(31)]
+    snaps = [_snap(t, usage=u, procs=[800], vm={"pswpin": 500 * t}) for t, u in enumerate(usage)]
+    first, last = {800: _proc(800, "redis", 8 * MiB)}, {800: _proc(800, "redis", 44 * MiB)}
+    rep = _report(_observation(Target(kind="cgroup", cgroup=CG), snaps, first, last))
+    assert check_figures(rep) == []
+    assert rep["verdict"]["kind"] == "cache", rep["verdict"]
+    assert rep["verdict"]["summary"].startswith("memory usage of cgroup /app grew 36.0 MiB then levelled off"), rep
+    findings = {f["id"]: f["summary"] for f in rep["findings"]}
+    assert findings["swap-in"].startswith("pages swapped in 500/s"), findings
+    assert findings["host-memory-pressure"] == (
+        "the host is under memory pressure that cgroup /app (v1) did not pay for "
+        "(no limit hit, no major fault in the window)"
+    ), findings
 
 
 def test_pressure_old_lists_and_rounding_are_caught():

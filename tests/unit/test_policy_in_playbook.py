@@ -12,7 +12,7 @@ from memdiag.diagnose.observe import Observation
 from memdiag.diagnose.snapshot import Snapshot
 from memdiag.diagnose.target import Target
 from memdiag.diagnose.triage import triage
-from memdiag.rules.engine import advice_of, render, run_rules
+from memdiag.rules.engine import advice_of, conclude, render, run_rules
 from memdiag.rules.loader import RuleFileError, load_file, load_playbooks, shipped_playbooks
 from memdiag.system.meminfo import MemInfo
 from memdiag.system.process import ProcessMemory
@@ -83,9 +83,8 @@ def _playbook(tmp_path: Path, *edits: tuple[str, str], extra: str = "") -> list:
 
 def _verdict(rules: list, facts: dict) -> tuple[str, str, str]:
     """The rule the engine would conclude with (the highest-priority fired verdict): id, kind, summary."""
-    fired = [r for r, o in run_rules(rules, facts) if o.state == "fired" and r.then.verdict]
-    best = max(fired, key=lambda r: r.then.verdict.priority)
-    return best.id, best.then.verdict.kind, render(best.then.verdict.summary, facts)
+    c = conclude(run_rules(rules, facts), facts)
+    return c.winner.id, c.winner.then.verdict.kind, c.summary
 
 
 SHIPPED_RULES = load_playbooks(shipped_playbooks())
@@ -95,7 +94,7 @@ def test_a_swap_in_threshold_is_a_yaml_edit(tmp_path):
     facts = _facts(FLAT, swapin_per_s=100, majflt=5)  # the target pays: its process took major faults
     rule, kind, summary = _verdict(SHIPPED_RULES, facts)
     assert (rule, kind) == ("memory-pressure", "pressure")
-    assert "swap-in 100 pages/s" in summary and "PID 500 (orderd" in summary, summary
+    assert "pages swapped in 100/s" in summary and "PID 500 (orderd" in summary, summary
     stricter = _playbook(tmp_path, ("&swap-in system.swapin_rate > 64/s", "&swap-in system.swapin_rate > 200/s"))
     assert _verdict(stricter, facts)[:2] == ("stable", "healthy")
 
@@ -252,4 +251,23 @@ def test_the_trail_says_which_fired_verdict_concluded():
     for floor in ("stable", "no-conclusion"):
         assert rules[floor].state == "fired" and rules[floor].reason.endswith("outranked by memory-pressure")
     # a playbook finding carries its rule's id (the report's findings keep psi-stall, swap-in, ... apart)
-    assert dict(result.findings)["swap-in"].startswith("pages swapped in: 100/s"), result.findings
+    assert dict(result.findings)["swap-in"].startswith("pages swapped in 100/s"), result.findings
+    assert result.verdict.summary.startswith("memory pressure on the host (host-wide counters, seen from PID 500")
+
+
+def test_the_pressure_verdict_quotes_only_the_signs_that_fired(tmp_path):
+    """The summary once listed every figure that moved and MemAvailable, so "MemAvailable 75% of RAM"
+    beside a swap storm read like a cause. It quotes the findings of the sign rules that fired: a
+    threshold edit adds MemAvailable to it, and nothing in Python chose either."""
+    facts = _facts(FLAT, swapin_per_s=100, majflt=5)
+    assert facts["system.mem_available_percent"] == 75.0
+    rule, kind, summary = _verdict(SHIPPED_RULES, facts)
+    assert (rule, kind) == ("memory-pressure", "pressure")
+    sign = "pages swapped in 100/s (out: 0/s): the working set no longer fits in memory"
+    where = "memory pressure on the host (host-wide counters, seen from PID 500 (orderd))"
+    assert summary.startswith(f"{where}: {sign}; paying in major faults: PID 500 (orderd, 105 faults)"), summary
+    assert "MemAvailable" not in summary and "PSI" not in summary, summary
+    low = "&low-available system.mem_available_percent < "
+    wary = _playbook(tmp_path, (low + "10%", low + "80%"))
+    summary = _verdict(wary, facts)[2]
+    assert summary.startswith(f"{where}: {sign}; MemAvailable is 6.0 GiB (75.0% of RAM); paying"), summary

@@ -3,7 +3,7 @@
 from pathlib import Path
 
 import pytest
-from memdiag.rules.engine import render, run_rule, run_rules
+from memdiag.rules.engine import conclude, render, run_rule, run_rules
 from memdiag.rules.loader import RuleFileError, load_file, load_playbooks, shipped_playbooks
 from memdiag.system.units import parse_quantity
 
@@ -165,10 +165,8 @@ def test_playbook_cache_and_mappings():
 
 
 def _winner(facts: dict):
-    rules = load_playbooks(shipped_playbooks())
-    fired = [r for r, o in run_rules(rules, facts) if o.state == "fired" and r.then.verdict]
-    best = max(fired, key=lambda r: r.then.verdict.priority)
-    return best.id, best.then.verdict.confidence, render(best.then.verdict.summary, facts)
+    c = conclude(run_rules(load_playbooks(shipped_playbooks()), facts), facts)
+    return c.winner.id, c.winner.then.verdict.confidence, c.summary
 
 
 SCANNED = {
@@ -234,7 +232,7 @@ def test_playbook_without_a_scan_falls_back_to_the_trend_with_less_confidence():
 
 
 def test_playbook_oom_and_pressure_precedence():
-    paid = {"pressure.target_pays": True, "summary.pressure": "p"}
+    paid = {"pressure.target_pays": True, "summary.pressure_context": "p", "pressure.where": "w"}
     facts = {**BASE, **paid, "oom.kills": 1, "summary.oom": "killed", "system.psi_some": 50.0}
     assert _verdicts(facts)[:2] == ["oom", "pressure"]
     assert _verdicts({**BASE, **paid, "system.swapin_rate": 500.0})[0] == "pressure"
@@ -244,7 +242,12 @@ def test_playbook_host_pressure_the_target_did_not_pay_comes_after_its_growth():
     """Swap-in is the host's figure: a target that took no major fault and hit no limit of its own
     is diagnosed by what was seen in it (growth), the host's pressure after it (the loop test saw a
     leak called 'pressure' from another test's swap)."""
-    host = {"pressure.target_pays": False, "summary.pressure": "p", "system.swapin_rate": 500.0}
+    host = {
+        "pressure.target_pays": False,
+        "summary.pressure_context": "p",
+        "pressure.where": "w",
+        "system.swapin_rate": 500.0,
+    }
     growing = {"process.rss_shape": "climbing", "process.rss_rate": 1e6, "summary.growth": "grows"}
     assert _verdicts({**BASE, **host, **growing})[0] == "growth"
     assert _verdicts({**BASE, **host})[0] == "pressure"  # nothing else seen: the host's pressure, said as such
@@ -254,3 +257,45 @@ def test_playbook_healthy_when_stable():
     facts = {**BASE, "process.rss_shape": "flat", "memory.shape": "flat", "window.samples": 30}
     assert _verdicts(facts) == ["healthy", "inconclusive"]  # stable, then the floor (no-conclusion)
     assert _verdicts({**facts, "window.samples": 2, "oom.kills": 0}) == ["inconclusive", "inconclusive"]
+
+
+VERDICT = "verdict: {kind: pressure, summary: 'S', confidence: 0.5, priority: 5"
+
+
+def test_a_verdicts_because_is_checked_when_loaded(tmp_path):
+    """`because` quotes the findings of rules by id: each must exist (here or shipped) and have a
+    finding, and the summary must quote {because} exactly when the list is there."""
+    head = "rules:\n  - id: v\n    when: oom.kills > 0\n    then:\n      "
+    path = _file(tmp_path, head + VERDICT.replace("'S'", "'on {target.name}: {because}'") + ", because: [swap-inn]}\n")
+    with pytest.raises(RuleFileError) as e:
+        load_playbooks([path])
+    assert e.value.errors == [f"{path}:2: rule v verdict.because: no rule `swap-inn`; did you mean `swap-in`?"]
+
+    path = _file(tmp_path, head + VERDICT.replace("'S'", "'{because}'") + ", because: [memleak-over-budget]}\n")
+    with pytest.raises(RuleFileError) as e:
+        load_playbooks([path])
+    assert len(e.value.errors) == 1 and "rule `memleak-over-budget` has no finding to quote (" in e.value.errors[0]
+
+    errs = _errors(tmp_path, head + VERDICT.replace("'S'", "'{because}'") + "}\n")
+    assert len(errs) == 1 and ":5:" in errs[0] and "list the rules it quotes in `because`" in errs[0], errs
+    errs = _errors(tmp_path, head + VERDICT + ", because: [swap-in]}\n")
+    assert len(errs) == 1 and "put {because} in the summary" in errs[0], errs
+    errs = _errors(tmp_path, head + "finding: 'x {because}'\n")
+    assert len(errs) == 1 and "unknown fact `because`" in errs[0], errs
+
+    # a site file quoting the shipped sign rules loads with the shipped playbook, and lints alone
+    good = _file(tmp_path, head + VERDICT.replace("'S'", "'{because}'") + ", because: [swap-in, psi-stall]}\n")
+    assert load_playbooks([*shipped_playbooks(), good])[-1].then.verdict.because == ["swap-in", "psi-stall"]
+    assert load_playbooks([good])[0].id == "v"
+
+
+def test_because_quotes_the_fired_findings_in_the_verdicts_order():
+    rules = load_playbooks(shipped_playbooks())
+    facts = {**BASE, "pressure.target_pays": True, "pressure.where": "cgroup /app", "summary.pressure_context": "c"}
+    facts |= {"system.psi_some": 30.0, "system.psi_full": 1.0, "system.direct_reclaim_rate": 2.0}
+    c = conclude(run_rules(rules, facts), facts)
+    assert c.winner.id == "memory-pressure"
+    assert c.summary == (
+        "memory pressure on cgroup /app: tasks stalled on memory 30.0% of the window (PSI some; full 1.0%); "
+        "allocations stalled in direct reclaim 2/s; c"
+    ), c.summary
