@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from memdiag.system.process import cpu_seconds
+from memdiag.system.units import fmt_ns
 from pydantic import BaseModel
 
 from .allocator import BPF_FUNCTION, Placement
@@ -63,10 +64,6 @@ class SitePrice:
         ret = " + return probe" if self.placement.return_probe else ""
         rate = f"{self.per_s:,.0f}/s" if self.per_s is not None else "not counted"
         return f"{self.placement.function}+{self.placement.offset} ({how}{ret}) {rate} x {fmt_ns(self.ns)}"
-
-
-def fmt_ns(ns: float) -> str:
-    return f"{ns / 1000:.1f} µs" if ns >= 1000 else f"{ns:.0f} ns"
 
 
 @dataclass

@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Literal
 
 from memdiag.system import arch
+from memdiag.system.units import fmt_mib, fmt_speed
 from pydantic import BaseModel
 
 # numpy's bundled OpenBLAS starts a thread per core at import; the scan does no linear algebra.
@@ -154,19 +155,16 @@ class ReachScan(BaseModel):
             return f"ran: {self.reason}{paused}"
         priced = f"priced {self.priced_ms:.0f} ms" if self.priced_ms is not None else "not priced"
         allowed = f", allowed {self.allowed_ms:.0f} ms" if self.allowed_ms is not None else ""
-        speed = f" (scan {_rate(self.speed_bytes_per_s)})" if self.speed_bytes_per_s else ""
-        swapped = f", {_mib(self.swapped_bytes)} of it paged in from swap" if self.swapped_bytes else ""
+        speed = f" (scan {fmt_speed(self.speed_bytes_per_s)})" if self.speed_bytes_per_s else ""
+        swapped = f", {fmt_mib(self.swapped_bytes)} of it paged in from swap" if self.swapped_bytes else ""
         at = f"{self.at_s:.1f} s into memleak: " if self.at_s is not None else ""
         return (
-            f"ran {at}paused the target {self.paused_ms:.1f} ms ({priced}{allowed}) to read {_mib(self.scanned_bytes)} "
-            f"of writable memory in {self.regions} mappings{speed}{swapped}; {self.threads} thread(s), "
+            f"ran {at}paused the target {self.paused_ms:.1f} ms ({priced}{allowed}) to read "
+            f"{fmt_mib(self.scanned_bytes)} of writable memory in {self.regions} mappings{speed}{swapped}; "
+            f"{self.threads} thread(s), "
             f"{self.blocks:,} outstanding blocks checked, {self.references:,} references between them; "
             f"{self.consistency}"
         )
-
-
-def _mib(n: int) -> str:
-    return f"{n / 2**20:,.1f} MiB"
 
 
 @dataclass
@@ -862,7 +860,7 @@ def _swap_refusal(pid: int, swapped: int) -> str | None:
     for what, free in (("its memory cgroup", room), ("the host (MemAvailable)", host)):
         if free is not None and swapped > free // 2:
             return (
-                f"{_mib(swapped)} of the target is in swap and {what} has {_mib(free)} free: reading it back "
+                f"{fmt_mib(swapped)} of the target is in swap and {what} has {fmt_mib(free)} free: reading it back "
                 "could push the target into reclaim or the OOM killer"
             )
     return None
@@ -943,11 +941,11 @@ def scan(
     if est.refused:
         return ReachScan(status="skipped", reason=est.refused, **info), {}
     if allowed_ms is not None and est.ms is not None and est.ms > allowed_ms:
-        swap = f", {_mib(est.swapped_bytes)} of it in swap," if est.swapped_bytes else ""
+        swap = f", {fmt_mib(est.swapped_bytes)} of it in swap," if est.swapped_bytes else ""
         why = (
-            f"reading {est.planned_bytes / 2**20:,.0f} MiB of writable memory{swap} at {_rate(est.speed)} (sampled on "
-            f"the target) and {est.blocks:,} blocks would pause the target ~{est.ms:,.0f} ms > {allowed_ms:,.0f} ms "
-            "allowed (a larger --budget, a longer --duration or --max-pause lets it run)"
+            f"reading {est.planned_bytes / 2**20:,.0f} MiB of writable memory{swap} at {fmt_speed(est.speed)} "
+            f"(sampled on the target) and {est.blocks:,} blocks would pause the target ~{est.ms:,.0f} ms > "
+            f"{allowed_ms:,.0f} ms allowed (a larger --budget, a longer --duration or --max-pause lets it run)"
         )
         return ReachScan(status="skipped", reason=why, **info), {}
     try:
@@ -984,8 +982,8 @@ def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: d
         spent = (time.monotonic() - t0) * 1000
         if allowed_ms is not None and spent > allowed_ms:
             raise ScanAborted(
-                f"stopped at the {allowed_ms:,.0f} ms pause allowed, after {_mib(done)} of {_mib(est.planned_bytes)} "
-                "(the target was resumed; a partial scan concludes nothing)"
+                f"stopped at the {allowed_ms:,.0f} ms pause allowed, after {fmt_mib(done)} of "
+                f"{fmt_mib(est.planned_bytes)} (the target was resumed; a partial scan concludes nothing)"
             )
 
     try:
@@ -1043,11 +1041,3 @@ def _classify(box: dict, info: dict) -> tuple[ReachScan, dict[int, StackReach]]:
         ),
         per_group,
     )
-
-
-def _rate(bytes_per_s: float | None) -> str:
-    if not bytes_per_s:
-        return "an unknown speed"
-    if bytes_per_s >= 1 << 30:
-        return f"{bytes_per_s / 2**30:.1f} GiB/s"
-    return f"{bytes_per_s / 2**20:,.0f} MiB/s"

@@ -31,6 +31,26 @@ def fmt_rate(bytes_per_s: float | None) -> str:
     return f"{fmt_bytes(bytes_per_s * 60)}/min"
 
 
+def fmt_mib(n: float) -> str:
+    """A size in MiB whatever its magnitude, where figures side by side must compare at a glance
+    (the reachability scan's amounts)."""
+    return f"{n / 2**20:,.1f} MiB"
+
+
+def fmt_speed(bytes_per_s: float | None) -> str:
+    """A read or scan speed, per second (growth is per minute: fmt_rate)."""
+    if not bytes_per_s:
+        return "an unknown speed"
+    if bytes_per_s >= 1 << 30:
+        return f"{bytes_per_s / 2**30:.1f} GiB/s"
+    return f"{bytes_per_s / 2**20:,.0f} MiB/s"
+
+
+def fmt_ns(ns: float) -> str:
+    """A per-event cost: ns below a microsecond, else µs."""
+    return f"{ns / 1000:.1f} µs" if ns >= 1000 else f"{ns:.0f} ns"
+
+
 def fmt_duration(seconds: float | None) -> str:
     if seconds is None:
         return "unknown"
