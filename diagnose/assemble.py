@@ -139,7 +139,10 @@ def assemble(result: EngineResult, budget_percent: float) -> Report:
     probes = _one_off_rows(result.one_offs, result.counted, window_s) + _probe_rows(result, window_s)
     stacks, folded = _stacks(result.results, result.classes)
     findings = list(tri.findings)
-    findings += [Finding(id=rule, summary=text) for rule, text in result.findings if text]  # id: the rule's
+    said = {f.summary for f in findings}
+    # id: the rule's; a rule that quotes a counters' sentence (rss-climbing: {summary.growth}) adds
+    # nothing the triage finding, which carries the series as evidence, has not said
+    findings += [Finding(id=rule, summary=text) for rule, text in result.findings if text and text not in said]
     return Report(
         memdiag_version=memdiag_version(),
         target=target_info(obs.target),

@@ -174,8 +174,7 @@ class Engine:
         if self.target.kind != "pid" or self.target.pid is None:
             return BudgetDecision(
                 choice="fallback",
-                reason="allocation tracing is priced per process; a cgroup or "
-                "the whole system gets page faults and brk/mmap instead",
+                reason="allocation tracing is priced per process, not for a cgroup or the whole system",
             )
         costs = host_costs()
         alloc = find_allocator(self.target.pid)
@@ -186,8 +185,7 @@ class Engine:
         if costs is None or alloc is None or rates is None:
             return BudgetDecision(
                 choice="unknown",
-                reason="could not price allocation tracing (no allocator "
-                "found or the count failed): tracing page faults and brk/mmap instead",
+                reason="could not price allocation tracing (no allocator found or the count failed)",
             )
         self.costs = costs
         self._spend("ratecount", rates)
@@ -220,8 +218,7 @@ class Engine:
                 choice="fallback",
                 call_rate=0.0,
                 reason=f"no call to {names} in {first.seconds:.2f} s: the memory does not come through "
-                f"{first.module.rsplit('/', 1)[-1]} (direct brk/mmap, or a runtime with its own allocator); "
-                "tracing page faults and brk/mmap instead",
+                f"{first.module.rsplit('/', 1)[-1]} (direct brk/mmap, or a runtime with its own allocator)",
             )
         per_s = every.per_s()
         if more is None:  # the second count failed: price each free as an allocation's (they pair up)
@@ -266,8 +263,7 @@ class Engine:
         return BudgetDecision(
             choice="fallback",
             reason=f"{what} > budget {self.budget:g}%: every uprobe hit is a trap whatever the program does, so "
-            "sampling or a size filter would not make it cheaper; tracing page faults and brk/mmap instead "
-            "(far fewer events)",
+            "sampling or a size filter would not make it cheaper",
             **common,
         )
 
@@ -342,6 +338,10 @@ class Engine:
         """Price memleak for the time it would run; the decision goes in the trail. True: attach it."""
         with phase("pricing memleak (counting allocator calls)"):
             self.budget_decision = d = self.price_memleak(planned)
+        if d.choice != "full":  # what runs instead is the playbook's (memleak-over-budget), said as it is
+            names = list(dict.fromkeys(name for name, _ in self._instead_of_memleak()))
+            instead = f"in its place the playbook runs {', '.join(names)}" if names else "nothing runs in its place"
+            self.budget_decision = d = d.model_copy(update={"reason": f"{d.reason}; {instead}"})
         self.trail.append(
             TrailItem(kind="budget", name="memleak", state=d.choice, reason=d.reason, at_s=self.elapsed())
         )

@@ -5,6 +5,7 @@ stops the others."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
 
@@ -12,7 +13,7 @@ from memdiag.system.units import format_quantity
 from pydantic import BaseModel, ConfigDict
 
 from .catalog import FACTS
-from .model import BECAUSE, AllOf, AnyOf, Comparison, Condition, NotOf, Present, Rule, VerdictAction, template_facts
+from .model import BECAUSE, TEMPLATE, AllOf, AnyOf, Comparison, Condition, NotOf, Present, Rule, VerdictAction
 
 State = Literal["fired", "not-fired", "skipped", "error"]
 
@@ -25,10 +26,6 @@ class Outcome(BaseModel):
     state: State
     reason: str  # why: the facts and values that decided, what was missing, or the error
     evidence: dict[str, str] = {}
-
-
-class _Missing(Exception):
-    pass
 
 
 def _cmp(op: str, a, b) -> bool:
@@ -74,19 +71,23 @@ def show(name: str, facts: dict) -> str:
 
 
 def render(text: str, facts: dict, because: str | None = None) -> str:
-    """A template with {fact} placeholders, each shown in its unit; a verdict's summary may also
-    quote {because} (see because_of)."""
-    for name in set(template_facts(text)):
-        shown = because if name == BECAUSE and because is not None else show(name, facts)
-        text = text.replace("{" + name + "}", shown)
-    return text
+    """A template with {fact} placeholders, each shown in its unit, in one pass (a value that
+    itself holds braces, a process named `{x}`, is never substituted again); a verdict's summary
+    may also quote {because} (see because_of)."""
+
+    def one(m: re.Match) -> str:
+        name = m.group(1)
+        return because if name == BECAUSE and because is not None else show(name, facts)
+
+    return TEMPLATE.sub(one, text)
 
 
-def because_of(verdict: VerdictAction, findings: dict[str, str]) -> str:
+def because_of(verdict: VerdictAction, findings: dict[str, str], evidence: str) -> str:
     """The findings of the verdict's `because` rules that fired (findings: rule id -> rendered
-    text), in the order the verdict lists them."""
+    text), in the order the verdict lists them; when none of them fired (a site rule whose own
+    condition is not one of theirs), the facts that decided the verdict's own rule (evidence)."""
     quoted = [findings[name] for name in verdict.because if name in findings]
-    return "; ".join(quoted) if quoted else "none of " + ", ".join(verdict.because) + " fired"
+    return "; ".join(quoted) if quoted else evidence
 
 
 def run_rule(rule: Rule, facts: dict) -> Outcome:
@@ -146,5 +147,6 @@ def conclude(outcomes: list[tuple[Rule, Outcome]], facts: dict) -> Conclusion:
     findings = [(r.id, render(r.then.finding, facts)) for r in fired if r.then.finding]
     best = winner_of(outcomes)
     action = best.then.verdict if best is not None else None
-    summary = render(action.summary, facts, because_of(action, dict(findings))) if action else None
+    decided = next((o.reason for r, o in outcomes if r is best), "")
+    summary = render(action.summary, facts, because_of(action, dict(findings), decided)) if action else None
     return Conclusion(best, summary, findings, advice_of(fired, facts))

@@ -273,13 +273,18 @@ def named_paths(given: list[Path], trusted: bool) -> list[Path]:
 
 def playbook_paths(extra: list[Path] | None = None, site: Path | None = None) -> list[Path]:
     """Policy, in order: the shipped playbook, the site folder's *.yaml (site, default
-    $MEMDIAG_PLAYBOOK_DIR or /etc/memdiag/playbooks; absent is fine), then the paths given (files,
-    or folders of *.yaml). Never the working folder's playbooks/ unless it is given. Folders are
-    checked for trust here, files when they are read (load_playbook)."""
+    $MEMDIAG_PLAYBOOK_DIR or /etc/memdiag/playbooks; absent is fine; a file there named as a
+    shipped one, default.yaml, replaces it), then the paths given (files, or folders of *.yaml).
+    Never the working folder's playbooks/ unless it is given. Folders are checked for trust here,
+    files when they are read (load_playbook)."""
     paths = shipped_playbooks()
     site = site_dir() if site is None else site
     if os.path.lexists(site):
-        paths += folder_entries(site, trusted=True)
+        entries = folder_entries(site, trusted=True)
+        # a site file named as a shipped one replaces it (as /etc overrides /usr/lib for systemd
+        # units): an edited copy of default.yaml changes a shipped threshold or precedence
+        replaced = {p.name for p in entries}
+        paths = [p for p in paths if p.name not in replaced] + entries
     paths += named_paths(extra or [], trusted=True)
     seen, unique = set(), []
     for p in paths:
@@ -290,9 +295,28 @@ def playbook_paths(extra: list[Path] | None = None, site: Path | None = None) ->
 
 
 def _shipped_beside(paths: list[Path]) -> list[Rule]:
-    """The shipped rules a file linted alone may name (a diagnosis always loads them first)."""
+    """The shipped rules a file linted alone may name, and whose ids it must not take (a diagnosis
+    loads them first), but for those of a shipped file it would replace (a file of the same name)."""
     loaded = {p.resolve() for p in paths}
-    return [r for p in shipped_playbooks() if p.resolve() not in loaded for r in load_file_parts(p).rules]
+    names = {p.name for p in paths}
+    return [
+        r
+        for p in shipped_playbooks()
+        if p.resolve() not in loaded and p.name not in names
+        for r in load_file_parts(p).rules
+    ]
+
+
+_HOW_TO_CHANGE = "; to change a shipped rule, edit a copy of its file under the same name in the site folder"
+
+
+def _collisions(rules: list[Rule], beside: list[Rule]) -> list[str]:
+    shipped = {r.id: r.source for r in beside}
+    return [
+        f"{r.source}: duplicate rule id `{_short(r.id)}` (shipped at {shipped[r.id]}{_HOW_TO_CHANGE})"
+        for r in rules
+        if r.id in shipped
+    ]
 
 
 def _because_errors(rules: list[Rule], beside: list[Rule]) -> list[str]:
@@ -336,13 +360,14 @@ def load_playbook(paths: list[Path], trusted: bool = True) -> Playbook:
         wrappers += loaded.wrappers
         for rule in loaded.rules:
             if rule.id in first:
+                how = _HOW_TO_CHANGE if is_shipped(Path(first[rule.id].rsplit(":", 1)[0])) else ""
                 errors.add(
-                    [f"{rule.source}: duplicate rule id `{_short(rule.id)}` (first defined at {first[rule.id]})"]
+                    [f"{rule.source}: duplicate rule id `{_short(rule.id)}` (first defined at {first[rule.id]}{how})"]
                 )
                 continue
             first[rule.id] = rule.source
             rules.append(rule)
-    errors.raise_any()
-    errors.add(_because_errors(rules, _shipped_beside(paths)))
+    beside = _shipped_beside(paths)
+    errors.add(_collisions(rules, beside) + _because_errors(rules, beside))
     errors.raise_any()
     return Playbook(rules=rules, wrappers=wrappers)  # the whole set validates as one playbook

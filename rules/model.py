@@ -28,10 +28,8 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_val
 
 from .catalog import FACTS
 
-VERDICT_KINDS = ("leak", "cache", "growth", "pressure", "oom", "healthy", "inconclusive")
-_OPS = (">=", "<=", "==", "!=", ">", "<")
 _COMPARISON = re.compile(r"^\s*([a-z_][a-z0-9_.]*)\s*(>=|<=|==|!=|>|<)\s*(.+?)\s*$")
-_TEMPLATE = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
+TEMPLATE = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
 BECAUSE = "because"  # the one placeholder that is not a fact: a verdict's fired `because` findings
 
 
@@ -138,7 +136,7 @@ def parse_condition(raw: object) -> Condition:
 
 
 def template_facts(text: str) -> list[str]:
-    return _TEMPLATE.findall(text)
+    return TEMPLATE.findall(text)
 
 
 class ProbeRequest(_Strict):
@@ -169,6 +167,8 @@ class VerdictAction(_Strict):
     @model_validator(mode="after")
     def _because_quoted(self) -> VerdictAction:
         quoted = BECAUSE in template_facts(self.summary)
+        if len(set(self.because)) < len(self.because):
+            raise ValueError("`because` names a rule twice")
         if quoted and not self.because:
             raise ValueError("the summary quotes {because}: list the rules it quotes in `because`")
         if self.because and not quoted:
@@ -207,6 +207,8 @@ class Then(_Strict):
         steps = [a.text if isinstance(a, Advice) else a for a in self.advice]
         for text in [self.finding or "", *steps]:
             for name in template_facts(text):
+                if name == BECAUSE:
+                    raise ValueError("{because} quotes other rules' findings: only a verdict's summary may hold it")
                 known_fact(name)
         for name in template_facts(self.verdict.summary if self.verdict else ""):
             if name != BECAUSE:  # checked by the verdict itself

@@ -59,13 +59,15 @@ def test_memleak_over_budget_runs_what_the_playbook_asks_in_its_place():
     fake.now += 10  # the first look: 20 s of the 30 s window left
     e.run_requests([("memleak", 12.0, "rss-climbing")])
     assert e.priced == [12.0]  # priced for what it would have run
-    assert trail(e, "budget") == [("memleak", "fallback", "priced at 7% > budget 2%")]
+    said = "priced at 7% > budget 2%; in its place the playbook runs faults, brkstack, mmapsnoop"
+    assert trail(e, "budget") == [("memleak", "fallback", said)]  # read from the playbook, not written in Python
+    assert e.budget_decision.reason == said
     # the playbook's memleak-over-budget rule: faults, brkstack, mmapsnoop, sharing the 19 s left
     assert [n for n, _ in fake.runs] == ["faults", "brkstack", "mmapsnoop"]
     assert [s for _, s in fake.runs] == pytest.approx([19 / 3] * 3, abs=0.01)
     reasons = [r for _, _, r in trail(e, "probe")]
     assert reasons == ["asked by budget (instead of memleak, asked by rss-climbing); ok"] * 3
-    assert "memleak" not in e.results and e.budget_decision is over
+    assert "memleak" not in e.results and e.budget_decision.choice == over.choice
 
 
 def test_memleak_within_budget_runs_for_what_the_rule_asked():

@@ -8,40 +8,73 @@ import pytest
 from memdiag.system.units import parse_quantity, parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
-MAY_IMPORT = {  # package -> memdiag packages it may import besides itself
+MAY_IMPORT = {  # package -> memdiag modules (or packages) it may import besides its own
     "system": set(),
     "probes": {"system", "bpf"},
-    "rules": {"system", "probes"},  # the probe registry's names (probes/registry.py, light)
+    "rules": {"system", "probes.registry"},  # the probe registry's names (light: it imports no loader)
 }
 
 
 def _imports(path: Path) -> set[str]:
-    """memdiag packages a module imports, relative imports resolved against its package."""
+    """memdiag modules a module imports ("probes.registry", "diagnose"), relative imports resolved
+    against its package; `from memdiag import diagnose` and `import memdiag` count too."""
+    package = path.relative_to(ROOT).parts[0]
     out = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
-            if node.level:  # from . / from .. : within the package, or its parent's sibling
-                if node.level == 1 or (node.level == 2 and path.parent.parent.name in MAY_IMPORT):
-                    continue
-                names = [f"memdiag.{node.module or ''}"]
+            if node.level == 1:
+                continue  # from . : within the package
+            if node.level == 2:  # from .. : the parent package's sibling (a subpackage's parent)
+                base = "memdiag" if path.parent.name == package else f"memdiag.{package}"
+                module = f"{base}.{node.module}" if node.module else base
             else:
-                names = [node.module or ""]
+                module = node.module or ""
+            # `from memdiag import diagnose` imports the package named, not memdiag itself
+            names = [f"{module}.{a.name}" for a in node.names] if module == "memdiag" else [module]
         else:
             continue
-        out |= {n.split(".")[1] for n in names if n.startswith("memdiag.") and n.count(".") >= 1}
+        out |= {n.removeprefix("memdiag.") for n in names if n == "memdiag" or n.startswith("memdiag.")}
     return out
+
+
+def _allowed(package: str, module: str) -> bool:
+    return any(module == m or module.startswith(m + ".") for m in (*MAY_IMPORT[package], package))
 
 
 @pytest.mark.parametrize("package", sorted(MAY_IMPORT))
 def test_lower_layers_do_not_import_upper_ones(package):
     wrong = {}
     for path in sorted((ROOT / package).rglob("*.py")):
-        bad = _imports(path) - MAY_IMPORT[package] - {package}
+        bad = {m for m in _imports(path) if not _allowed(package, m)}
         if bad:
             wrong[str(path.relative_to(ROOT))] = sorted(bad)
     assert not wrong
+
+
+def test_the_import_check_sees_every_form(tmp_path):
+    """Each way of reaching the diagnosis from a lower layer is seen (a check that cannot fail proves nothing)."""
+    forms = {
+        "from memdiag.diagnose.engine import Engine": {"diagnose.engine"},
+        "from memdiag import diagnose": {"diagnose"},
+        "import memdiag.diagnose.triage as t": {"diagnose.triage"},
+        "import memdiag": {"memdiag"},
+        "from ..diagnose import engine": {"diagnose"},
+        "from memdiag.probes import memleak": {"probes"},
+    }
+    (tmp_path / "rules").mkdir()
+    for code, expected in forms.items():
+        path = tmp_path / "rules" / "m.py"
+        path.write_text(code + "\n")
+        global ROOT
+        saved, ROOT = ROOT, tmp_path
+        try:
+            found = _imports(path)
+        finally:
+            ROOT = saved
+        assert found == expected, code
+        assert not all(_allowed("rules", m) for m in found), code
 
 
 def test_one_size_parser_refuses_the_ambiguous_m():

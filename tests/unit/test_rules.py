@@ -281,12 +281,34 @@ def test_a_verdicts_because_is_checked_when_loaded(tmp_path):
     errs = _errors(tmp_path, head + VERDICT + ", because: [swap-in]}\n")
     assert len(errs) == 1 and "put {because} in the summary" in errs[0], errs
     errs = _errors(tmp_path, head + "finding: 'x {because}'\n")
-    assert len(errs) == 1 and "unknown fact `because`" in errs[0], errs
+    assert len(errs) == 1 and "{because} quotes other rules' findings: only a verdict's summary may" in errs[0], errs
+    errs = _errors(tmp_path, head + VERDICT.replace("'S'", "'{because}'") + ", because: [swap-in, swap-in]}\n")
+    assert len(errs) == 1 and "`because` names a rule twice" in errs[0], errs
 
     # a site file quoting the shipped sign rules loads with the shipped playbook, and lints alone
     good = _file(tmp_path, head + VERDICT.replace("'S'", "'{because}'") + ", because: [swap-in, psi-stall]}\n")
     assert load_playbooks([*shipped_playbooks(), good])[-1].then.verdict.because == ["swap-in", "psi-stall"]
     assert load_playbooks([good])[0].id == "v"
+
+
+def test_a_because_with_nothing_fired_quotes_the_facts_that_decided(tmp_path):
+    """A site verdict whose own condition is not one of its `because` rules' (swap-in fires over
+    64/s, the site's at 16/s): the summary names the facts that decided, never rule ids."""
+    site = _file(
+        tmp_path,
+        "rules:\n  - id: site-swap\n    when: system.swapin_rate > 16/s\n    then:\n      "
+        + VERDICT.replace("'S'", "'swap on {target.name}: {because}'").replace("priority: 5", "priority: 500")
+        + ", because: [swap-in]}\n",
+    )
+    facts = {**BASE, "system.swapin_rate": 30.0}
+    c = conclude(run_rules(load_playbooks([*shipped_playbooks(), site]), facts), facts)
+    assert (c.winner.id, c.summary) == ("site-swap", "swap on PID 1 (x): system.swapin_rate = 30/s"), c.summary
+
+
+def test_render_substitutes_once():
+    """A value holding braces (a process named `{target.name}`) is shown as it is."""
+    facts = {"target.name": "PID 1 ({pressure.where})", "pressure.where": "X"}
+    assert render("on {target.name} at {pressure.where}", facts) == "on PID 1 ({pressure.where}) at X"
 
 
 def test_because_quotes_the_fired_findings_in_the_verdicts_order():
