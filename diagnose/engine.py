@@ -154,7 +154,7 @@ class Engine:
         t = self.target
         f.update(target_facts(t.kind, t.pid, t.cmdline, self.runtime))
         f.update(tri.facts)  # the counters in words: summary.*
-        f.update(probe_facts(self.results, f.get("process.rss_shape"), self.classes))
+        f.update(probe_facts(self.results, self.classes))
         # not priced (memleak not asked for, or no time left for it): the fallback rule is false, not missing
         f.update(self.budget_decision.facts() if self.budget_decision is not None else {"alloc.tracing": "none"})
         return f, counters, tri

@@ -10,7 +10,7 @@ from memdiag.system.runtime import Runtime
 
 from .culprit import Classes, default_classes
 from .evidence import psi_stall_percent, window_seconds
-from .leakcache import classify
+from .leakcache import stack_trend
 from .observe import Observation
 from .report import Counters
 from .trends import counter_rate, growth_trend
@@ -123,7 +123,7 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     return f
 
 
-def probe_facts(results: dict, process_shape: str | None, classes: Classes | None = None) -> dict:
+def probe_facts(results: dict, classes: Classes | None = None) -> dict:
     """Facts from the probes that ran (name -> result). classes: the playbook's wrappers (default:
     the shipped list), passed over when a stack's function is named."""
     classes = classes or default_classes()
@@ -141,20 +141,17 @@ def probe_facts(results: dict, process_shape: str | None, classes: Classes | Non
         f["mmap.anon_bytes"] = sum(s.bytes for s in mm.stacks if s.kind.startswith("anon"))
         f["mmap.top_function"] = _heaviest_app(mm.stacks, "bytes", classes) if mm.stacks else None
     ml = results.get("memleak")
-    if ml is not None and ml.status in ("ok", "partial") and not ml.stacks:
-        f["memleak.top_shape"] = "none"  # it ran and saw nothing outstanding
     if ml is not None and ml.status in ("ok", "partial") and ml.stacks:
         top = ml.stacks[0]
-        trend = classify(ml.series_times, top.series, top.alloc_bytes, top.freed_bytes, process_shape)
+        trend = stack_trend(ml.series_times, top.series, top.alloc_bytes, top.freed_bytes)
         f.update(
             {
-                "memleak.top_shape": trend.shape,
                 "memleak.top_outstanding": top.outstanding_bytes,
                 "memleak.top_rate": trend.rate_per_s,
                 "memleak.top_free_ratio": 100 * trend.free_ratio if trend.free_ratio is not None else None,
                 "memleak.top_function": app_function(top.frames, top.forwards, classes),
                 "memleak.top_entry": _entry(top.functions),
-                "memleak.top_trend": _series_shape(ml.series_times, top.series),
+                "memleak.top_trend": trend.shape,
             }
         )
     if ml is not None and ml.status in ("ok", "partial"):

@@ -116,13 +116,17 @@ _DEFS = [
     ("brk.top_function", "string", "the function whose brk() calls grew the heap most"),
     ("mmap.anon_bytes", "bytes", "anonymous memory mapped during the probe"),
     ("mmap.top_function", "string", "the function that mapped the most"),
-    ("memleak.top_shape", "string", "leak, cache, growth or none: the heaviest stack's trend"),
     ("memleak.top_outstanding", "bytes", "outstanding bytes of the heaviest stack"),
     ("memleak.top_rate", "bytes_per_s", "growth of the heaviest stack's outstanding bytes"),
     ("memleak.top_free_ratio", "percent", "share of its allocated bytes the heaviest stack freed"),
     ("memleak.top_function", "string", "the application function of the heaviest stack"),
     ("memleak.top_entry", "string", "how the heaviest stack allocates: malloc, calloc, ... or mmap (mappings)"),
-    ("memleak.top_trend", "string", "climbing, levelled, flat or shrinking: the heaviest stack's outstanding bytes"),
+    (
+        "memleak.top_trend",
+        "string",
+        "climbing, levelled, flat, shrinking, sawtooth or unknown (too few samples): the heaviest stack's "
+        "outstanding bytes",
+    ),
     # the reachability scan (after memleak): what still points at the outstanding blocks
     ("reach.scanned", "bool", "the reachability scan ran (false: it was skipped or failed; see reach.not_run_reason)"),
     ("reach.not_run_reason", "string", "why no reachability scan ran"),

@@ -42,6 +42,8 @@ REMOVED_FACTS = {
     "summary.stable": "the shipped rule `stable` decides it (window.samples, memory.shape)",
     "summary.too_few": "the shipped rule `too-few-samples` decides it (window.samples)",
     "summary.exited": "the shipped rules `exited` and `exited-too-early` decide it (target.exited)",
+    "memleak.top_shape": "the playbook's anchors trend-leak and trend-cache decide it from memleak.top_trend, "
+    "memleak.top_free_ratio and process.rss_shape",
     "summary.pressure": "a pressure verdict is written from pressure.where, the sign rules that fired ({because}) "
     "and summary.pressure_context",
 }

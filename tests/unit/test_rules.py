@@ -131,12 +131,12 @@ def test_playbook_leak_beats_growth():
         "reach.scanned": False,
         "reach.not_run_reason": "over budget",
         "process.rss_shape": "climbing",
-        "memleak.top_shape": "leak",
+        "memleak.top_trend": "climbing",
+        "memleak.top_free_ratio": 0.0,
         "memleak.top_entry": "malloc",
         "memleak.top_function": "f",
         "memleak.top_rate": 1.0,
         "memleak.top_outstanding": 1,
-        "memleak.top_free_ratio": 0.0,
     }
     assert _verdicts(facts)[0] == "leak"
 
@@ -147,7 +147,7 @@ def test_playbook_cache_and_mappings():
         "process.rss_shape": "levelled",
         "summary.plateau": "p",
         "reach.scanned": False,
-        "memleak.top_shape": "cache",
+        "memleak.top_trend": "levelled",
         "memleak.top_function": "c",
         "memleak.top_outstanding": 1,
     }
@@ -155,7 +155,8 @@ def test_playbook_cache_and_mappings():
     facts = {
         **BASE,
         "process.rss_shape": "climbing",
-        "memleak.top_shape": "leak",
+        "memleak.top_trend": "climbing",
+        "memleak.top_free_ratio": 0.0,
         "memleak.top_entry": "mmap",
         "memleak.top_function": "m",
         "memleak.top_rate": 1.0,
@@ -183,7 +184,7 @@ def test_playbook_leak_by_reachability_even_when_the_stack_frees_most():
     facts = {
         **SCANNED,
         "process.rss_shape": "climbing",
-        "memleak.top_shape": "growth",  # frees 6 in 7: the shape alone never said leak
+        "memleak.top_free_ratio": 86.0,  # frees 6 in 7: the shape alone never said leak
         "memleak.top_trend": "climbing",
         "reach.leaked_count": 300,
         "reach.leaked_bytes": 300 * 1024,
@@ -202,7 +203,7 @@ def test_playbook_leak_by_reachability_even_when_the_stack_frees_most():
 def test_playbook_held_growth_and_held_cache_are_not_leaks():
     held = {
         **SCANNED,
-        "memleak.top_shape": "leak",  # frees nothing and climbs: the shape alone said leak
+        "memleak.top_free_ratio": 0.0,  # frees nothing and climbs: the shape alone said leak
         "reach.leaked_count": 0,
         "reach.leaked_ratio": 0.0,
         "reach.anchored_bytes": 4 * MiB,
@@ -223,7 +224,7 @@ def test_playbook_without_a_scan_falls_back_to_the_trend_with_less_confidence():
         "reach.scanned": False,
         "reach.not_run_reason": "a 1 GiB scan would pause the target 600 ms > 300 ms the budget allows",
         "process.rss_shape": "climbing",
-        "memleak.top_shape": "leak",
+        "memleak.top_trend": "climbing",
         "memleak.top_free_ratio": 0.0,
     }
     rule, confidence, summary = _winner(facts)
