@@ -115,11 +115,8 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         if usage is not None:
             f["cgroup.usage_rate"] = usage.recent_rate_per_s if usage.shape == "climbing" else usage.rate_per_s
             f["cgroup.usage_shape"] = usage.shape
-    f["pressure.target_pays"] = (
-        obs.target.kind == "system"
-        or (f.get("cgroup.limit_hits") or 0) > 0  # as the pressure summary counts them (a reset is no hit)
-        or any(r.majflt_delta for r in counters.processes)
-    )
+    # what the target paid in the window: the playbook's target-pays anchor weighs it with its limit hits
+    f["pressure.target_major_faults"] = sum(r.majflt_delta or 0 for r in counters.processes)
     return f
 
 

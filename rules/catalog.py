@@ -78,10 +78,9 @@ _DEFS = [
         "else the host (its host-wide counters, seen from the target)",
     ),
     (
-        "pressure.target_pays",
-        "bool",
-        "the target pays for memory pressure: it is the whole system, its cgroup hit its own limit, "
-        "or its processes took major faults in the window",
+        "pressure.target_major_faults",
+        "number",
+        "major faults the target's processes (its process table) took in the window",
     ),
     ("cgroup.oom_kills", "number", "OOM kills the cgroup has recorded since it was created"),
     ("cgroup.usage_rate", "bytes_per_s", "growth rate of the cgroup's usage"),

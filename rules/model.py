@@ -44,6 +44,8 @@ REMOVED_FACTS = {
     "summary.exited": "the shipped rules `exited` and `exited-too-early` decide it (target.exited)",
     "memleak.top_shape": "the playbook's anchors trend-leak and trend-cache decide it from memleak.top_trend, "
     "memleak.top_free_ratio and process.rss_shape",
+    "pressure.target_pays": "the playbook's anchor target-pays decides it (target.kind, cgroup.limit_hits, "
+    "pressure.target_major_faults)",
     "summary.pressure": "a pressure verdict is written from pressure.where, the sign rules that fired ({because}) "
     "and summary.pressure_context",
 }

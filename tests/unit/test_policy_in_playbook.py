@@ -160,7 +160,7 @@ def test_a_site_precedence_is_a_yaml_edit(tmp_path):
     """Host pressure the target did not pay for comes after the target's own growth in the shipped
     playbook; a site that wants the host's pressure first raises its priority."""
     facts = _facts(CLIMBING, swapin_per_s=500)  # host swap, no major fault of the target's
-    assert facts["pressure.target_pays"] is False and facts["memory.shape"] == "climbing"
+    assert facts["pressure.target_major_faults"] == 0 and facts["memory.shape"] == "climbing"
     assert _verdict(SHIPPED_RULES, facts)[:2] == ("rss-climbing", "growth")
     host_first = _playbook(
         tmp_path,
@@ -176,7 +176,7 @@ def test_a_site_can_put_stable_above_host_pressure_it_did_not_pay(tmp_path):
     """Once "stable" was whatever Python found no candidate for, so no playbook could rank it above
     host pressure; now it is a rule with a priority like any other."""
     facts = _facts(FLAT, swapin_per_s=500)
-    assert facts["pressure.target_pays"] is False
+    assert facts["pressure.target_major_faults"] == 0
     assert _verdict(SHIPPED_RULES, facts)[:2] == ("host-memory-pressure", "pressure")
     calm = _playbook(tmp_path, ("confidence: 0.6, priority: 1}", "confidence: 0.6, priority: 11}"))
     assert _verdict(calm, facts)[:2] == ("stable", "healthy")
@@ -301,3 +301,13 @@ def test_a_copy_replaces_the_shipped_playbook_only_under_its_name(tmp_path):
     copy.rename(site / "default.yaml")
     rules = load_playbooks(playbook_paths(site=site))
     assert {r.source.split(":")[0] for r in rules if r.id == "oom-kill"} == {str(site / "default.yaml")}
+
+
+def test_what_paying_for_pressure_means_is_a_yaml_edit(tmp_path):
+    """Once a boolean computed in Python (any major fault); now the playbook's target-pays anchor:
+    105 major faults pay for the host's swap-in, unless a site asks for more than 1000."""
+    facts = _facts(FLAT, swapin_per_s=100, majflt=5)
+    assert facts["pressure.target_major_faults"] == 105
+    assert _verdict(SHIPPED_RULES, facts)[:2] == ("memory-pressure", "pressure")
+    strict = _playbook(tmp_path, ("- pressure.target_major_faults > 0", "- pressure.target_major_faults > 1000"))
+    assert _verdict(strict, facts)[:2] == ("host-memory-pressure", "pressure")

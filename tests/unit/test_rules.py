@@ -233,7 +233,7 @@ def test_playbook_without_a_scan_falls_back_to_the_trend_with_less_confidence():
 
 
 def test_playbook_oom_and_pressure_precedence():
-    paid = {"pressure.target_pays": True, "summary.pressure_context": "p", "pressure.where": "w"}
+    paid = {"pressure.target_major_faults": 5, "summary.pressure_context": "p", "pressure.where": "w"}
     facts = {**BASE, **paid, "oom.kills": 1, "summary.oom": "killed", "system.psi_some": 50.0}
     assert _verdicts(facts)[:2] == ["oom", "pressure"]
     assert _verdicts({**BASE, **paid, "system.swapin_rate": 500.0})[0] == "pressure"
@@ -244,7 +244,7 @@ def test_playbook_host_pressure_the_target_did_not_pay_comes_after_its_growth():
     is diagnosed by what was seen in it (growth), the host's pressure after it (the loop test saw a
     leak called 'pressure' from another test's swap)."""
     host = {
-        "pressure.target_pays": False,
+        "pressure.target_major_faults": 0,
         "summary.pressure_context": "p",
         "pressure.where": "w",
         "system.swapin_rate": 500.0,
@@ -314,7 +314,12 @@ def test_render_substitutes_once():
 
 def test_because_quotes_the_fired_findings_in_the_verdicts_order():
     rules = load_playbooks(shipped_playbooks())
-    facts = {**BASE, "pressure.target_pays": True, "pressure.where": "cgroup /app", "summary.pressure_context": "c"}
+    facts = {
+        **BASE,
+        "pressure.target_major_faults": 5,
+        "pressure.where": "cgroup /app",
+        "summary.pressure_context": "c",
+    }
     facts |= {"system.psi_some": 30.0, "system.psi_full": 1.0, "system.direct_reclaim_rate": 2.0}
     c = conclude(run_rules(rules, facts), facts)
     assert c.winner.id == "memory-pressure"
