@@ -43,6 +43,9 @@ class ProbeSpec:
     stack_kind: Literal["allocations", "events"] | None = None
     stack_events: str = ""  # what a stack's count counts, e.g. "page faults"
     module: str = ""  # the loader; memdiag.probes.NAME when empty
+    # its program runs for every call of its syscalls on the host and filters the target inside:
+    # the BPF run time it reports is an upper bound of the target's share
+    host_wide: bool = False
 
     def loader(self) -> ModuleType:
         """The loader module (run, requirements, describe), imported on first use."""
@@ -84,8 +87,10 @@ def _oomkill(m: ModuleType, kind: str) -> dict[str, int | str]:
 PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("faults", _faults, facts=("faults",), stack_kind="events", stack_events="page faults"),
     ProbeSpec("memleak", _defaults, facts=("memleak",), stack_kind="allocations"),
-    ProbeSpec("brkstack", _defaults, facts=("brk",), stack_kind="events", stack_events="brk() calls"),
-    ProbeSpec("mmapsnoop", _defaults, facts=("mmap",), stack_kind="events", stack_events="mmap() calls"),
+    ProbeSpec("brkstack", _defaults, facts=("brk",), stack_kind="events", stack_events="brk() calls", host_wide=True),
+    ProbeSpec(
+        "mmapsnoop", _defaults, facts=("mmap",), stack_kind="events", stack_events="mmap() calls", host_wide=True
+    ),
     ProbeSpec("oomkill", _oomkill),
     ProbeSpec("swapin", _swapin, facts=("swapin",)),
     ProbeSpec("vmscan"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+from memdiag.probes.registry import REGISTRY
 from memdiag.rules.catalog import FACTS
 from memdiag.system.meminfo import MEMINFO_KEYS
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate, format_quantity
@@ -148,10 +149,14 @@ def _overhead_lines(o, probes=()) -> list[str]:
         how = "the first counts, raised to the second up to twice it"
         lines += [f"- Allocation tracing, measured two ways ({how}): {'; '.join(parts)}"]
     others = [p.name for p in probes if p.name not in _ON_THE_TARGET and p.overhead_percent]
+    wide = [n for n in others if n in REGISTRY.names and REGISTRY.spec(n).host_wide]
     if others:
+        every = (
+            f" (every syscall on the host for {' and '.join(wide)}, which filter inside the program)" if wide else ""
+        )
         lines += [
-            f"- {', '.join(others)}: their BPF run time for every process they fire for (every syscall on the "
-            "host for brkstack and mmapsnoop, which filter inside the program): an upper bound of the target's share"
+            f"- {', '.join(others)}: their BPF run time for every process they fire for{every}: "
+            "an upper bound of the target's share"
         ]
     return lines
 

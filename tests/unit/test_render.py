@@ -306,3 +306,18 @@ def test_markdown_of_a_pod_whole_output():
         kind="cgroup", description="pod shop/orderd-5d8f7", cgroup=pod.cgroup, cgroup_version=1, pod=pod
     )
     _check("report_pod.md", render_markdown(base.model_copy(update={"target": target})))
+
+
+def test_the_overhead_line_names_host_wide_probes_only_when_they_ran():
+    from memdiag.diagnose.render.markdown import _overhead_lines
+    from memdiag.diagnose.report import Overhead, ProbeStatus
+
+    o = Overhead(budget_percent=2.0, measured_percent=0.2, window_s=30.0)
+    faults = ProbeStatus(name="faults", status="ok", reason="", overhead_percent=0.1)
+    brk = ProbeStatus(name="brkstack", status="ok", reason="", overhead_percent=0.1)
+    alone = _overhead_lines(o, [faults])[-1]
+    assert alone == (
+        "- faults: their BPF run time for every process they fire for: an upper bound of the target's share"
+    ), alone
+    both = _overhead_lines(o, [faults, brk])[-1]
+    assert "faults, brkstack: " in both and "(every syscall on the host for brkstack, which filter" in both, both
