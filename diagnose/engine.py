@@ -529,7 +529,12 @@ class Engine:
             none = Verdict(kind="inconclusive", summary="no playbook rule concluded", confidence=0.0)
             return none.model_copy(update={"culprit": self._culprit("inconclusive", tri)}), c.findings, c.advice
         verdict = Verdict(
-            kind=action.kind, summary=c.summary, confidence=action.confidence, culprit=self._culprit(action.kind, tri)
+            kind=action.kind,
+            summary=c.summary,
+            confidence=action.confidence,
+            culprit=self._culprit(action.kind, tri),
+            rule=c.winner.id if c.winner else None,
+            because=c.because,
         )
         return verdict, c.findings, c.advice
 

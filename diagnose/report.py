@@ -49,6 +49,8 @@ class Verdict(_Model):
     summary: str
     confidence: float = Field(ge=0.0, le=1.0)
     culprit: Culprit = Culprit()
+    rule: str | None = None  # the playbook rule that concluded (None: no rule did)
+    because: list[str] = []  # the rules whose findings the summary quotes, those that fired
 
 
 class Interrupted(_Model):

@@ -134,6 +134,7 @@ class Conclusion:
     summary: str | None
     findings: list[tuple[str, str]]
     advice: list[str]
+    because: list[str]  # the winner's `because` rules that fired: those its summary quotes
 
 
 def winner_of(outcomes: list[tuple[Rule, Outcome]]) -> Rule | None:
@@ -149,4 +150,5 @@ def conclude(outcomes: list[tuple[Rule, Outcome]], facts: dict) -> Conclusion:
     action = best.then.verdict if best is not None else None
     decided = next((o.reason for r, o in outcomes if r is best), "")
     summary = render(action.summary, facts, because_of(action, dict(findings), decided)) if action else None
-    return Conclusion(best, summary, findings, advice_of(fired, facts))
+    quoted = [name for name in action.because if name in dict(findings)] if action else []
+    return Conclusion(best, summary, findings, advice_of(fired, facts), quoted)

@@ -261,6 +261,7 @@ def test_the_trail_says_which_fired_verdict_concluded():
     # a playbook finding carries its rule's id (the report's findings keep psi-stall, swap-in, ... apart)
     assert dict(result.findings)["swap-in"].startswith("pages swapped in 100/s"), result.findings
     assert result.verdict.summary.startswith("memory pressure on the host (host-wide counters, seen from PID 500")
+    assert (result.verdict.rule, result.verdict.because) == ("memory-pressure", ["swap-in"])  # in report.json too
 
 
 def test_the_pressure_verdict_quotes_only_the_signs_that_fired(tmp_path):
