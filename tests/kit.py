@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,6 +44,25 @@ def wait_for_line(proc: subprocess.Popen, wanted: str, timeout: float = 60) -> s
             raise AssertionError(f"stderr closed before {wanted!r}: {seen[1:].decode()!r}")
         seen += byte
     return seen[1:].decode()
+
+
+def wait_until(ready: Callable[[], bool], what: str, timeout: float = 60) -> None:
+    """Poll a readiness condition (every 0.1 s) instead of sleeping a guessed time; fail naming it."""
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not ready after {timeout:.0f} s: {what}")
+        time.sleep(0.1)
+
+
+def swapped_bytes(pid: int) -> int:
+    """VmSwap of a process (0 once it is gone)."""
+    try:
+        text = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return 0
+    line = next((x for x in text.splitlines() if x.startswith("VmSwap:")), "VmSwap: 0 kB")
+    return int(line.split()[1]) * 1024
 
 
 def build(name: str, extra_flags: list[str] | None = None) -> Path:
@@ -212,6 +231,15 @@ class MemoryCgroup:
             return [int(p) for p in self.procs_file.read_text().split()]
         except FileNotFoundError:
             return []
+
+    def oom_kills(self) -> int:
+        """The OOM kills this cgroup has recorded (v1 memory.oom_control, v2 memory.events)."""
+        name = "memory.oom_control" if self.version == 1 else "memory.events"
+        for line in (self.fs_path / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
 
     def __exit__(self, *exc) -> None:
         deadline = time.monotonic() + 10

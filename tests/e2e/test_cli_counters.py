@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from figures import read_report
-from kit import MEMDIAG, build
+from kit import MEMDIAG, build, wait_until
 
 MiB = 1 << 20
 
@@ -60,7 +60,7 @@ def test_oom_loop_in_a_cgroup_counts_kills_by_the_kernel_counter(memdiag, memcg,
     )
     try:
         assert loop.stdout.readline() == b"ready\n"
-        time.sleep(2)
+        wait_until(lambda: cg.oom_kills() >= 1, "the first OOM kill in the loop's cgroup")
         _ok(memdiag("--cgroup", cg.path, "--duration", "8", "--output", str(tmp_path)))
     finally:
         loop.kill()

@@ -5,6 +5,8 @@ import json
 import time
 from pathlib import Path
 
+from kit import swapped_bytes, wait_until
+
 MiB = 1 << 20
 REPORT_FILES = {"report.md", "report.json", "report.html", "growth.svg", "growth.folded"}
 
@@ -138,7 +140,7 @@ def test_oom_kill_in_a_limited_cgroup(memdiag, workload, memcg, tmp_path):
 def test_swap_pressure(swap, memdiag, workload, memcg, tmp_path):
     cg = memcg(96 * MiB)
     w = workload("hog", "256", "8", "10", cgroup=cg)
-    time.sleep(3)
+    wait_until(lambda: swapped_bytes(w.pid) >= 8 * MiB, "the hog swapping")  # past its 96 MiB
     rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
     v = rep["verdict"]
     assert v["kind"] == "pressure", v["summary"]

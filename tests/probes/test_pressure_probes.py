@@ -3,8 +3,8 @@ kernel lacks (kprobes here) reports unavailable with its reason, and the fallbac
 the kernel has no kprobes (the assertions follow what the running kernel offers)."""
 
 import threading
-import time
 
+from kit import swapped_bytes, wait_until
 from memdiag.probes import drsnoop, kernel, oomkill, swapin, vmscan
 from memdiag.probes.base import ProbeResult, ProbeTarget, run_probe
 
@@ -36,7 +36,7 @@ def test_oomkill_catches_a_cgroup_oom(workload, memcg):
 def test_swap_pressure_seen_by_swapin_vmscan_drsnoop(swap, workload, memcg):
     cg = memcg(96 * MiB)
     w = workload("hog", "256", "8", "10", cgroup=cg)
-    time.sleep(2)
+    wait_until(lambda: swapped_bytes(w.pid) >= 8 * MiB, "the hog swapping")  # past its 96 MiB
     s = swapin.run(ProbeTarget.for_pid(w.pid), 3)
     assert s.status == "ok", s.reason
     assert "major page faults on anonymous memory" in s.method
