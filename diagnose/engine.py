@@ -129,6 +129,7 @@ class Engine:
         self.started = clock()
         self.facts: dict = {}  # what the rules last ran on
         self.outcomes: list[tuple[Rule, Outcome]] = []
+        self.allocator: str | None = None  # the allocator memleak would trace (found when it is priced)
         self.decided: set[str] = set()
         self.costs = None  # this host's per-trap costs, once memleak was priced
         self.spent_ns = 0.0  # the target's time spent on one-off steps (the rate count)
@@ -157,6 +158,7 @@ class Engine:
         f.update(probe_facts(self.results, self.classes))
         # not priced (memleak not asked for, or no time left for it): the fallback rule is false, not missing
         f.update(self.budget_decision.facts() if self.budget_decision is not None else {"alloc.tracing": "none"})
+        f["alloc.allocator"] = self.allocator
         return f, counters, tri
 
     # --- probes ---------------------------------------------------------------------------
@@ -178,6 +180,7 @@ class Engine:
             )
         costs = host_costs()
         alloc = find_allocator(self.target.pid)
+        self.allocator = alloc.name if alloc is not None else None
         rates = None
         if costs is not None and alloc is not None:
             traps = {p.function: trap_ns(p, costs) for p in alloc.placements}

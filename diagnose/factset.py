@@ -196,6 +196,7 @@ def reach_facts(ml, classes: Classes | None = None) -> dict:
             f["reach.anchored_bytes"] = top.reach.anchored_bytes
             f["reach.anchored_ratio"] = 100 * top.reach.anchored_bytes / held if held else None
             f["reach.anchor"] = top.reach.anchor
+            f["reach.anchor_kind"] = top.reach.anchor_kind
     leak = ml.leak_stack()
     if leak is None:
         f.update({"reach.leaked_bytes": 0, "reach.leaked_count": 0, "reach.leaked_ratio": 0.0})

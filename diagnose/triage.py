@@ -259,11 +259,14 @@ class _Growth:
 
 
 def kills_during(obs: Observation, counters: Counters) -> int:
-    """OOM kills of the target during the window: its cgroup's counter, else the kernel log's records."""
+    """OOM kills of the target during the window: its cgroup's counter, or the kernel log's records
+    where they say more (the counter's last sample can precede a kill that ended the target: its
+    pid target gone, the sampling stopped)."""
     n, source = oom_kills_in_window(obs)
+    logged = sum(1 for k in counters.oom_kills if k.when is not None and k.when >= obs.started - 1.0)
     if n is not None and source.startswith("the cgroup"):
-        return n
-    return sum(1 for k in counters.oom_kills if k.when is not None and k.when >= obs.started - 1.0)
+        return max(n, logged)
+    return logged
 
 
 def _said(out: _Growth, kind: str, summary: str, finding: str, evidence: dict) -> _Growth:

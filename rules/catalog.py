@@ -108,6 +108,11 @@ _DEFS = [
     ("alloc.rate", "per_s", "allocating calls (malloc, operator new ...) per second, from a bounded count"),
     ("alloc.tracing_percent", "percent", "tracing every allocation priced before attaching: share of the window"),
     ("alloc.tracing", "string", "memleak priced against the budget: full, fallback, unknown, or none (not priced)"),
+    (
+        "alloc.allocator",
+        "string",
+        "the allocator the target calls: glibc, jemalloc, tcmalloc, static, ... (when priced)",
+    ),
     # probe findings
     ("faults.top_bytes", "bytes", "pages faulted in by the heaviest stack"),
     ("faults.top_function", "string", "the application function of the heaviest fault stack"),
@@ -141,6 +146,12 @@ _DEFS = [
     ("reach.anchored_bytes", "bytes", "bytes of the heaviest stack the program still points at"),
     ("reach.anchored_ratio", "percent", "share of the heaviest stack's outstanding bytes still pointed at"),
     ("reach.anchor", "string", "the root that holds most of the heaviest stack's anchored bytes"),
+    (
+        "reach.anchor_kind",
+        "string",
+        "what kind of root that is: static, stack, register, tls, or untracked (memory memdiag did not see "
+        "allocated: heap from before the probe, or the allocator's own, where stale pointers can remain)",
+    ),
     ("swapin.top_rate", "per_s", "swap-ins per second of the process paying most"),
     ("reclaim.stall_time", "seconds", "time tasks spent in direct or memcg reclaim during the probe"),
 ]
