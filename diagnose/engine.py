@@ -14,6 +14,7 @@ Engine.run() returns one EngineResult; diagnose/assemble.py makes the Report of 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +27,7 @@ from memdiag.rules.engine import Outcome, conclude, run_rules, winner_of
 from memdiag.rules.model import FrameClass, Rule
 from memdiag.system.kmsg import read_oom_kills
 from memdiag.system.process import cpu_seconds
+from memdiag.system.processes import read_all_processes
 from memdiag.system.runtime import read_runtime
 from memdiag.system.units import fmt_duration
 from pydantic import BaseModel, ConfigDict
@@ -130,6 +132,7 @@ class Engine:
         self.facts: dict = {}  # what the rules last ran on
         self.outcomes: list[tuple[Rule, Outcome]] = []
         self.allocator: str | None = None  # the allocator memleak would trace (found when it is priced)
+        self._first_processes: dict = {}  # the process table at the window's first sample (observe fills it)
         self.decided: set[str] = set()
         self.costs = None  # this host's per-trap costs, once memleak was priced
         self.spent_ns = 0.0  # the target's time spent on one-off steps (the rate count)
@@ -393,13 +396,20 @@ class Engine:
         sink: list[Snapshot] = []
         stop = threading.Event()
         box: dict = {}
-        sampler = threading.Thread(
-            target=lambda: box.setdefault(
-                "obs",
-                observe(self.target, self.duration, self.interval, on_sample=self.on_sample, sink=sink, stop=stop),
-            ),
-            daemon=True,
-        )
+        first = self._first_processes
+
+        def sample() -> None:
+            box["obs"] = observe(
+                self.target,
+                self.duration,
+                self.interval,
+                on_sample=self.on_sample,
+                sink=sink,
+                stop=stop,
+                first_sink=first,
+            )
+
+        sampler = threading.Thread(target=sample, daemon=True)
         sampler.start()
         # Programs not compiled for this kernel yet are compiled while the counters are read, in
         # a child process: the probes then load bytecode and keep their whole share of the window.
@@ -425,6 +435,8 @@ class Engine:
         rounds = 0
         while sampler.is_alive() and self.left() > MIN_PROBE_S and rounds < 4 and not interrupted():
             rounds += 1
+            # the process tables too: who pays in major faults is read from them (the playbook's
+            # target-pays), and a round without them never asked for the pressure probes
             partial = Observation(
                 target=self.target,
                 requested_s=self.duration,
@@ -432,6 +444,9 @@ class Engine:
                 ended=time.time(),
                 snapshots=list(sink),
                 oom_kills=read_oom_kills(),
+                processes_first=dict(self._first_processes),
+                processes_last=read_all_processes() if self._first_processes else {},
+                memdiag_pid=os.getpid(),
             )
             facts, _c, _t = self.facts_of(partial)
             requests = [r for r in self.evaluate(facts) if r[0] not in self.results and r[0] not in self.decided]

@@ -117,7 +117,18 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
             f["cgroup.usage_shape"] = usage.shape
     # what the target paid in the window: the playbook's target-pays anchor weighs it with its limit hits
     f["pressure.target_major_faults"] = sum(r.majflt_delta or 0 for r in counters.processes)
+    f["pressure.target_swap"] = _target_swap(obs.target.kind, last, f.get("system.swap_used"))
     return f
+
+
+def _target_swap(kind: str, last, system_swap: int | None) -> int | None:
+    """The target's pages in swap at the window's end: a major fault of it can be a swap-in only
+    when it has some (a cold file read faults too)."""
+    if kind == "pid":
+        return last.process.vm_swap if last.process is not None else None
+    if kind == "cgroup":
+        return last.cgroup.swap_usage if last.cgroup is not None else None
+    return system_swap
 
 
 def probe_facts(results: dict, classes: Classes | None = None) -> dict:

@@ -51,9 +51,11 @@ def observe(
     proc_root: Path = Path("/proc"),
     sink: list[Snapshot] | None = None,
     stop: threading.Event | None = None,
+    first_sink: dict[int, ProcessMemory] | None = None,
 ) -> Observation:
     """Sample until the window ends, the target exits, the user interrupts (Ctrl-C) or stop is
-    set. sink, when given, receives each snapshot as it is taken (for a caller in another thread)."""
+    set. sink, when given, receives each snapshot as it is taken, and first_sink the process table
+    read at the first (for a caller in another thread: the engine's rounds before the window ends)."""
     interval = interval or default_interval(duration)
     started_mono, started = time.monotonic(), time.time()
     snapshots: list[Snapshot] = []
@@ -74,6 +76,8 @@ def observe(
             if len(snapshots) == 1:
                 # Every process, whatever the target: pressure is paid and caused host-wide.
                 processes_first = read_all_processes(proc_root)
+                if first_sink is not None:
+                    first_sink.update(processes_first)
             elapsed = time.monotonic() - started_mono
             if on_sample is not None:
                 on_sample(snap, elapsed)

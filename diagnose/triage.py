@@ -218,9 +218,13 @@ def _pressure_where(obs: Observation) -> str:
     figures; only a cgroup that hit its limit is the target's own. Host-wide pressure is not put on
     a target that did not pay for it (pod's trial: a container was called "under pressure" from
     another test's swap-off)."""
-    who = _who(obs)
-    own = obs.target.kind == "system" or _limit_hits(obs) > 0
-    return who if own else f"the host (host-wide counters, seen from {who})"
+    who, t = _who(obs), obs.target
+    if t.kind == "system" or (t.kind == "cgroup" and _limit_hits(obs) > 0):
+        return who
+    cg = obs.snapshots[-1].cgroup
+    if t.kind == "pid" and cg is not None and _limit_hits(obs) > 0:
+        return f"cgroup {cg.path}, at its limit (seen from {who})"  # the cgroup's hits, not the pid's own
+    return f"the host (host-wide counters, seen from {who})"
 
 
 def _pressure_context(obs: Observation, counters: Counters, growth: _Growth) -> str:

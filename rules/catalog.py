@@ -74,13 +74,19 @@ _DEFS = [
     (
         "pressure.where",
         "string",
-        "where the pressure figures are the target's own (its cgroup hit its limit, or it is the whole system), "
-        "else the host (its host-wide counters, seen from the target)",
+        "where the pressure is felt: the whole system, a cgroup target that hit its limit, a pid's cgroup "
+        "that did, else the host (its host-wide counters, seen from the target)",
     ),
     (
         "pressure.target_major_faults",
         "number",
         "major faults the target's processes (its process table) took in the window",
+    ),
+    (
+        "pressure.target_swap",
+        "bytes",
+        "the target's pages in swap at the end (VmSwap, its cgroup's swap, the system's): its major faults "
+        "can be swap-ins only when it has some",
     ),
     ("cgroup.oom_kills", "number", "OOM kills the cgroup has recorded since it was created"),
     ("cgroup.usage_rate", "bytes_per_s", "growth rate of the cgroup's usage"),

@@ -207,6 +207,17 @@ def memcg_matches(memcg: str | None, cgroup_path: str) -> bool:
     return memcg == cgroup_path or memcg.startswith(cgroup_path.rstrip("/") + "/")
 
 
+def _v1_swap(stat: dict[str, int], memsw_usage: int | None, usage: int | None) -> int | None:
+    """v1 swap usage: memory.stat's (one read, hierarchical where the kernel gives it), else
+    memsw minus usage, two reads apart and so never below zero (a trial read -2 MiB)."""
+    for key in ("total_swap", "swap"):
+        if key in stat:
+            return stat[key]
+    if memsw_usage is None or usage is None:
+        return None
+    return max(0, memsw_usage - usage)
+
+
 def _bytes_or_unlimited(value: str | None) -> int | None:
     if value is None or value.strip() == "max":
         return None
@@ -302,7 +313,7 @@ def read_cgroup_v1(loc: CgroupLocation) -> CgroupMemory:
         effective_limit=effective,
         max_usage=number("memory.max_usage_in_bytes"),
         failcnt=number("memory.failcnt"),
-        swap_usage=(memsw_usage - usage) if memsw_usage is not None and usage is not None else None,
+        swap_usage=_v1_swap(stat, memsw_usage, usage),
         swap_limit=_bytes_or_unlimited(read_text(fs / "memory.memsw.limit_in_bytes")),
         oom_kill=oom_control.get("oom_kill"),  # 4.13+
         under_oom=bool(oom_control["under_oom"]) if "under_oom" in oom_control else None,

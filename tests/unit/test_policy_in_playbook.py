@@ -25,8 +25,10 @@ SHIPPED = shipped_playbooks()[0].read_text()
 assert shipped_playbooks()[0].name == "default.yaml"
 
 
-def _proc(rss: int, majflt: int = 0) -> ProcessMemory:
-    return ProcessMemory(pid=500, comm="orderd", cmdline=["orderd"], rss=rss, majflt=majflt, start_ticks=500)
+def _proc(rss: int, majflt: int = 0, swap: int = 0) -> ProcessMemory:
+    return ProcessMemory(
+        pid=500, comm="orderd", cmdline=["orderd"], rss=rss, majflt=majflt, vm_swap=swap, start_ticks=500
+    )
 
 
 def _facts(rss, *, swapin_per_s=0, allocstall_per_s=0.0, majflt=0) -> dict:
@@ -56,7 +58,7 @@ def _obs(rss, *, swapin_per_s=0, allocstall_per_s=0.0, majflt=0) -> Observation:
                 some=PsiLine(avg10=0, avg60=0, avg300=0, total_us=0),
                 full=PsiLine(avg10=0, avg60=0, avg300=0, total_us=0),
             ),
-            process=_proc(r, majflt * t),
+            process=_proc(r, majflt * t, swap=8 * MiB if majflt else 0),  # its faults come back from swap
         )
         for t, r in enumerate(rss)
     ]
@@ -306,9 +308,13 @@ def test_a_copy_replaces_the_shipped_playbook_only_under_its_name(tmp_path):
 
 def test_what_paying_for_pressure_means_is_a_yaml_edit(tmp_path):
     """Once a boolean computed in Python (any major fault); now the playbook's target-pays anchor:
-    105 major faults pay for the host's swap-in, unless a site asks for more than 1000."""
+    105 major faults with pages in swap pay for the host's swap-in, unless a site asks for more
+    than 1000; with nothing in swap (a cold file read faults too) they pay nothing."""
     facts = _facts(FLAT, swapin_per_s=100, majflt=5)
     assert facts["pressure.target_major_faults"] == 105
     assert _verdict(SHIPPED_RULES, facts)[:2] == ("memory-pressure", "pressure")
-    strict = _playbook(tmp_path, ("- pressure.target_major_faults > 0", "- pressure.target_major_faults > 1000"))
+    paid = '{all: ["pressure.target_major_faults > 0", "pressure.target_swap > 0"]}'
+    strict = _playbook(tmp_path, (paid, paid.replace("faults > 0", "faults > 1000")))
     assert _verdict(strict, facts)[:2] == ("host-memory-pressure", "pressure")
+    cold = {**facts, "pressure.target_swap": 0}
+    assert _verdict(SHIPPED_RULES, cold)[:2] == ("host-memory-pressure", "pressure")

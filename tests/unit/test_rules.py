@@ -235,7 +235,12 @@ def test_playbook_without_a_scan_falls_back_to_the_trend_with_less_confidence():
 
 
 def test_playbook_oom_and_pressure_precedence():
-    paid = {"pressure.target_major_faults": 5, "summary.pressure_context": "p", "pressure.where": "w"}
+    paid = {
+        "pressure.target_major_faults": 5,
+        "pressure.target_swap": 1 << 20,
+        "summary.pressure_context": "p",
+        "pressure.where": "w",
+    }
     facts = {**BASE, **paid, "oom.kills": 1, "summary.oom": "killed", "system.psi_some": 50.0}
     assert _verdicts({**facts, "oom.kills_in_window": 1})[:2] == ["oom", "pressure"]
     # a kill from before the window (a reused cgroup, a restarted service) comes after what is seen now
@@ -321,6 +326,7 @@ def test_because_quotes_the_fired_findings_in_the_verdicts_order():
     facts = {
         **BASE,
         "pressure.target_major_faults": 5,
+        "pressure.target_swap": 1 << 20,
         "pressure.where": "cgroup /app",
         "summary.pressure_context": "c",
     }
@@ -353,3 +359,20 @@ def test_held_only_by_memory_of_unknown_use_is_not_called_held_under_jemalloc():
     assert "a held structure or a leak the allocator's stale pointers hide" in summary and "not a leak" not in summary
     rule, confidence, summary = _winner({**facts, "alloc.allocator": "glibc"})  # a Python list's objects, so
     assert (rule, confidence) == ("growth-held", 0.85) and summary.endswith("an unbounded structure, not a leak")
+
+
+def test_a_process_beside_a_greedy_one_does_not_pay_for_its_cgroups_limit():
+    """The trial's idle memcached in a 64 MiB cgroup a file reader kept at its limit: the limit hits
+    are the cgroup's, the pid took no major fault, so the pressure is not put on it."""
+    facts = {
+        **BASE,
+        "cgroup.limit_hits": 29180,
+        "cgroup.usage_percent": 99.6,
+        "pressure.target_major_faults": 0,
+        "pressure.target_swap": 0,
+        "pressure.where": "w",
+        "summary.pressure_context": "c",
+    }
+    assert _verdicts(facts)[0] == "pressure" and _winner(facts)[0] == "host-memory-pressure"
+    assert _winner({**facts, "pressure.target_major_faults": 5})[0] == "memory-pressure"
+    assert _winner({**facts, "target.kind": "cgroup"})[0] == "memory-pressure"  # a cgroup target pays its own
