@@ -376,3 +376,12 @@ def test_a_process_beside_a_greedy_one_does_not_pay_for_its_cgroups_limit():
     assert _verdicts(facts)[0] == "pressure" and _winner(facts)[0] == "host-memory-pressure"
     assert _winner({**facts, "pressure.target_major_faults": 5})[0] == "memory-pressure"
     assert _winner({**facts, "target.kind": "cgroup"})[0] == "memory-pressure"  # a cgroup target pays its own
+
+
+def test_pages_touched_name_the_growth_before_address_space_mapped():
+    """The trial's jemalloc leaker over budget: mmapsnoop saw one 32 MiB reservation from whichever
+    caller was there (churn), the faults probe the code touching the new pages (build_record)."""
+    facts = {**BASE, "process.rss_shape": "climbing", "mmap.anon_bytes": 32 * MiB, "mmap.top_function": "churn"}
+    assert _winner(facts)[0] == "anonymous-mappings-grow"
+    rule, _, summary = _winner({**facts, "faults.top_function": "build_record"})
+    assert rule == "growth-named-by-faults" and summary.endswith("the new pages are touched by build_record")
