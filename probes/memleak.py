@@ -24,7 +24,7 @@ from .allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
 from .base import ProbeResult, ProbeTarget, disarm, phase, run_probe
 from .calibrate import Costs
 from .growth import Spaces
-from .overhead import DETACH_S, Meter, TracingCost
+from .overhead import CHECK_S, DETACH_S, Meter, TracingCost
 from .reach import ReachScan, StackReach
 from .stacks import Symbolizer, folded, recover
 from .text import stack_lines
@@ -348,8 +348,9 @@ class _Session:
             _sample_series(bpf, elapsed, self.series_times, self.series)
         if self.allowance_ns is not None and self.costs is not None and elapsed > 0.5:
             spent = self._spent_ns(bpf)
-            # detaching keeps the hottest probes trapping for about a grace period more
-            if spent is not None and spent * (1 + DETACH_S / elapsed) >= self.allowance_ns:
+            # detaching keeps the hottest probes trapping for about a grace period more, and the next
+            # check is a tick away: detach now if either would carry it past the allowance
+            if spent is not None and spent * (1 + (DETACH_S + CHECK_S) / elapsed) >= self.allowance_ns:
                 return True
         return False
 

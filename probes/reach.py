@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Literal
 
 from memdiag.system import arch
-from memdiag.system.units import fmt_mib, fmt_speed
+from memdiag.system.units import fmt_duration, fmt_mib, fmt_speed
 from pydantic import BaseModel
 
 # numpy's bundled OpenBLAS starts a thread per core at import; the scan does no linear algebra.
@@ -153,8 +153,8 @@ class ReachScan(BaseModel):
         if self.reason:  # ran, and found nothing to check
             paused = f"; paused the target {self.paused_ms:.1f} ms" if self.paused_ms is not None else ""
             return f"ran: {self.reason}{paused}"
-        priced = f"priced {self.priced_ms:.0f} ms" if self.priced_ms is not None else "not priced"
-        allowed = f", allowed {self.allowed_ms:.0f} ms" if self.allowed_ms is not None else ""
+        priced = f"priced {fmt_duration(self.priced_ms / 1000)}" if self.priced_ms is not None else "not priced"
+        allowed = f", allowed {fmt_duration(self.allowed_ms / 1000)}" if self.allowed_ms is not None else ""
         speed = f" (scan {fmt_speed(self.speed_bytes_per_s)})" if self.speed_bytes_per_s else ""
         swapped = f", {fmt_mib(self.swapped_bytes)} of it paged in from swap" if self.swapped_bytes else ""
         at = f"{self.at_s:.1f} s into memleak: " if self.at_s is not None else ""
@@ -800,7 +800,11 @@ def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None) -> P
 
     def walk_tick() -> None:
         if limit_ms is not None and (time.monotonic() - t0) * 1000 > limit_ms:
-            raise ScanAborted(f"walking the page map of its writable mappings alone took over {limit_ms:,.0f} ms")
+            # the pause the budget leaves can be well under a millisecond (memleak spent the rest)
+            left = fmt_duration(limit_ms / 1000) if limit_ms > 0 else "none"
+            raise ScanAborted(
+                f"walking the page map of its writable mappings alone took longer than the pause left ({left})"
+            )
 
     try:
         pagemap: int | None = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY)
@@ -944,8 +948,9 @@ def scan(
         swap = f", {fmt_mib(est.swapped_bytes)} of it in swap," if est.swapped_bytes else ""
         why = (
             f"reading {est.planned_bytes / 2**20:,.0f} MiB of writable memory{swap} at {fmt_speed(est.speed)} "
-            f"(sampled on the target) and {est.blocks:,} blocks would pause the target ~{est.ms:,.0f} ms > "
-            f"{allowed_ms:,.0f} ms allowed (a larger --budget, a longer --duration or --max-pause lets it run)"
+            f"(sampled on the target) and {est.blocks:,} blocks would pause the target "
+            f"~{fmt_duration(est.ms / 1000)} > {fmt_duration(allowed_ms / 1000)} allowed "
+            "(a larger --budget, a longer --duration or --max-pause lets it run)"
         )
         return ReachScan(status="skipped", reason=why, **info), {}
     try:
@@ -982,7 +987,7 @@ def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: d
         spent = (time.monotonic() - t0) * 1000
         if allowed_ms is not None and spent > allowed_ms:
             raise ScanAborted(
-                f"stopped at the {allowed_ms:,.0f} ms pause allowed, after {fmt_mib(done)} of "
+                f"stopped at the {fmt_duration(allowed_ms / 1000)} pause allowed, after {fmt_mib(done)} of "
                 f"{fmt_mib(est.planned_bytes)} (the target was resumed; a partial scan concludes nothing)"
             )
 

@@ -231,7 +231,9 @@ def test_playbook_without_a_scan_falls_back_to_the_trend_with_less_confidence():
     }
     rule, confidence, summary = _winner(facts)
     assert rule == "leak-confirmed" and confidence < 0.9
-    assert "judged from the trend alone: no reachability scan, a 1 GiB scan would pause" in summary
+    # the scan's price stays in the trail: its figures are no table's, and a headline is no place for them
+    assert "judged from the trend alone: the reachability scan did not run, for the reason in the trail" in summary
+    assert "600 ms" not in summary
 
 
 def test_playbook_oom_and_pressure_precedence():
