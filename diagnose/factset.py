@@ -14,7 +14,7 @@ from .leakcache import stack_trend
 from .observe import Observation
 from .report import Counters
 from .trends import counter_rate, growth_trend
-from .triage import kills_during, memory_level, memory_shape
+from .triage import kills_during, limit_hits, memory_level, memory_shape
 
 
 def app_function(frames: list[str], forwards: list[bool] | None = None, classes: Classes | None = None) -> str | None:
@@ -109,8 +109,8 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         f.update({"cgroup.usage": cg.usage, "cgroup.limit": cg.effective_limit, "cgroup.oom_kills": cg.oom_kill})
         if cg.effective_limit and cg.usage is not None:
             f["cgroup.usage_percent"] = 100.0 * cg.usage / cg.effective_limit
-        if first.cgroup is not None and cg.failcnt is not None and first.cgroup.failcnt is not None:
-            f["cgroup.limit_hits"] = cg.failcnt - first.cgroup.failcnt
+        if (hits := limit_hits(obs)) is not None:
+            f["cgroup.limit_hits"] = hits
         usage = counters.trends.get("cgroup.usage")
         if usage is not None:
             f["cgroup.usage_rate"] = usage.recent_rate_per_s if usage.shape == "climbing" else usage.rate_per_s

@@ -205,11 +205,12 @@ def _oom_summary(obs: Observation, kills: list[OomKill], cg_kills: int | None) -
     return summary, culprit
 
 
-def _limit_hits(obs: Observation) -> int:
-    """Limit hits in the window, as the fact cgroup.limit_hits counts them (unknown: none)."""
+def limit_hits(obs: Observation) -> int | None:
+    """Times the target's cgroup hit its limit in the window (the fact cgroup.limit_hits); None
+    when unknown (no cgroup, no failcnt at either end)."""
     first, last = obs.snapshots[0].cgroup, obs.snapshots[-1].cgroup
     if first is None or last is None or first.failcnt is None or last.failcnt is None:
-        return 0
+        return None
     return last.failcnt - first.failcnt
 
 
@@ -219,10 +220,10 @@ def _pressure_where(obs: Observation) -> str:
     a target that did not pay for it (pod's trial: a container was called "under pressure" from
     another test's swap-off)."""
     who, t = _who(obs), obs.target
-    if t.kind == "system" or (t.kind == "cgroup" and _limit_hits(obs) > 0):
+    if t.kind == "system" or (t.kind == "cgroup" and (limit_hits(obs) or 0) > 0):
         return who
     cg = obs.snapshots[-1].cgroup
-    if t.kind == "pid" and cg is not None and _limit_hits(obs) > 0:
+    if t.kind == "pid" and cg is not None and (limit_hits(obs) or 0) > 0:
         return f"cgroup {cg.path}, at its limit (seen from {who})"  # the cgroup's hits, not the pid's own
     return f"the host (host-wide counters, seen from {who})"
 
