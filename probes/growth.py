@@ -60,7 +60,7 @@ def merge_stacks(raw: Iterable[RawStack], spaces: Spaces) -> tuple[list[StackGro
     for r in raw:
         space = spaces.get(r.pid)
         addresses, method = recover(space, r.fp_stack, r.regs, r.stack)
-        sym = symbolizers.setdefault(r.pid, Symbolizer(space))
+        sym = symbolizers.setdefault(r.pid, Symbolizer(space, jit=True))
         frames: list[Frame] = sym.frames(addresses)
         key = (r.pid, tuple(str(f) for f in frames))
         if key in merged:

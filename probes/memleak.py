@@ -540,7 +540,7 @@ def _stacks(
                 pass
             space = spaces.get(k.tgid)
             addresses, method = recover(space, fp, regs, data)
-            sym = symbolizers.setdefault(k.tgid, Symbolizer(space))
+            sym = symbolizers.setdefault(k.tgid, Symbolizer(space, jit=True))
             fr = sym.frames(addresses)
             frames, functions = [str(f) for f in fr], [f.function for f in fr]
             forwards = [sym.forwards(a) for a in addresses[:_FORWARD_DEPTH]]
@@ -604,7 +604,7 @@ def _big(bpf, b, spaces: Spaces, kernel_mode: bool) -> BigAlloc:
                 )
             except KeyError:
                 pass
-            frames = [str(f) for f in Symbolizer(spaces.get(b.key.tgid)).frames(addresses)]
+            frames = [str(f) for f in Symbolizer(spaces.get(b.key.tgid), jit=True).frames(addresses)]
     boot = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
     return BigAlloc(
         pid=b.key.tgid,

@@ -13,8 +13,11 @@ from pydantic import BaseModel, ConfigDict
 
 from . import forwarders
 from .elf import elf_info
+from .jit import JitNames
 from .procmaps import AddressSpace
 from .unwind import StackSlice, unwind
+
+JIT_MODULE = "jit"  # a frame named from a perf map: JIT-compiled code, printed "[jit]"
 
 
 class Frame(BaseModel):
@@ -48,11 +51,14 @@ def demangle(name: str) -> str:
 
 
 class Symbolizer:
-    """Addresses of one process to frames. Failed look-ups are counted, not hidden."""
+    """Addresses of one process to frames. Failed look-ups are counted, not hidden. jit: frames in
+    anonymous executable memory are named from the JIT's perf map (probes/jit.py: a JVM is asked
+    for one through its attach socket), for stacks read while the process runs."""
 
-    def __init__(self, space: AddressSpace | None):
+    def __init__(self, space: AddressSpace | None, jit: bool = False):
         self.space = space
         self.failed = 0
+        self.jit = JitNames(space.pid) if jit and space is not None else None
 
     def frame(self, address: int) -> Frame:
         mapping = self.space.find(address) if self.space else None
@@ -60,6 +66,9 @@ class Symbolizer:
             self.failed += 1
             return Frame(address=address)
         if not mapping.is_file:
+            hit = self.jit.lookup(address) if self.jit is not None and mapping.executable and not mapping.path else None
+            if hit is not None:
+                return Frame(address=address, function=hit[0], offset=hit[1], module=JIT_MODULE)
             self.failed += 1
             return Frame(address=address, module=mapping.path or "[anon]")
         elf = elf_info(self.space.file_path(mapping))

@@ -29,9 +29,19 @@ SUPPORTED = "x86_64"
 
 # System call numbers (arch/x86/entry/syscalls/syscall_64.tbl; include/uapi/asm-generic/unistd.h for
 # arm64). brk/mmap/munmap are what the raw-syscall probes filter on; only x86-64's are given.
+# setresuid/setresgid are called raw to change one thread's credentials (glibc's wrappers change
+# every thread's): a JVM's attach socket is spoken to as the JVM's own user.
 SYSCALLS = {
-    "x86_64": {"bpf": 321, "perf_event_open": 298, "brk": 12, "mmap": 9, "munmap": 11},
-    "aarch64": {"bpf": 280, "perf_event_open": 241},
+    "x86_64": {
+        "bpf": 321,
+        "perf_event_open": 298,
+        "brk": 12,
+        "mmap": 9,
+        "munmap": 11,
+        "setresuid": 117,
+        "setresgid": 119,
+    },
+    "aarch64": {"bpf": 280, "perf_event_open": 241, "setresuid": 147, "setresgid": 149},
 }
 RAW_SYSCALLS = ("brk", "mmap", "munmap")  # passed to BPF as NR_BRK, NR_MMAP, NR_MUNMAP
 

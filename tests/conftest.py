@@ -28,6 +28,7 @@ BPF_FIXTURES = frozenset(
     {
         "root_required",
         "workload",
+        "java",
         "memcg",
         "swap",
         "memdiag",
@@ -99,6 +100,23 @@ def workload(root_required):
         name: str, *args: str, cgroup: MemoryCgroup | None = None, env: dict | None = None, flags: list | None = None
     ) -> Workload:
         w = Workload(name, *args, cgroup=cgroup, env=env, flags=flags).start()
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        w.stop()
+
+
+@pytest.fixture
+def java(root_required):
+    """Start the kit's Java programs on the real JVM (tests/jvmkit.py); all killed at the end."""
+    from jvmkit import JavaWorkload
+
+    started: list[Workload] = []
+
+    def start(main: str, *args: str, **kw) -> Workload:
+        w = JavaWorkload(main, *args, **kw).start()
         started.append(w)
         return w
 

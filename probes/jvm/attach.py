@@ -1,0 +1,300 @@
+"""HotSpot's attach protocol spoken by memdiag itself (what jcmd and async-profiler's jattach do),
+so that no JVM of memdiag's own starts beside the target (jcmd's takes ~0.3 s and ~40 MiB).
+
+The JVM's attach listener is started on demand: a file `.attach_pid<pid>` in the JVM's working
+directory or its /tmp, owned by the JVM's user (or root), and SIGQUIT; the JVM's signal thread then
+creates the listener's socket `/tmp/.java_pid<pid>` (mode 0600) and keeps it until it exits (jcmd
+leaves it the same way: the listener is the JVM's). A client connects, the JVM checks the peer's
+uid and gid (SO_PEERCRED) against its own effective ones (or root), and reads a request of
+NUL-terminated strings: protocol version "1", the operation ("jcmd"), three arguments (the
+command line, then two empty ones); it answers a status line ("0" is done) and the command's
+output, then closes. <pid> is the JVM's pid in its own pid namespace; the paths are the JVM's own,
+reached through /proc/PID/root and /proc/PID/cwd.
+
+Safety, checked before any signal (`check`): SIGQUIT terminates a process that does not catch it,
+so it is sent only to a process that maps HotSpot's libjvm.so, catches SIGQUIT (SigCgt; -Xrs
+leaves it uncaught) and was not started with -XX:+DisableAttachMechanism (its counters say so too:
+sun.rt.jvmCapabilities), and only when no socket is there already (-Xrs starts the listener at
+start-up). The trigger file is removed whatever happens. The socket is reached through an O_PATH
+descriptor and connected to from a thread whose own credentials are the JVM's user's (raw
+setresuid/setresgid change one thread; glibc's wrappers change every thread), so a JVM in a user
+namespace sees its own uid."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import socket
+import stat
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from memdiag.system.arch import syscall_number
+from memdiag.system.hsperfdata import read_perfdata
+from memdiag.system.jvm import jvm_counters, read_jvm_library
+from memdiag.system.process import innermost_pid
+
+PROTOCOL = b"1"
+WAIT_FOR_LISTENER_S = 5.0  # jattach waits ~6 s in growing steps; a loaded JVM answers in tens of ms
+ARG_MAX = 1024  # the listener refuses an argument longer than this (AttachOperation::arg_length_max)
+_OPTION_VARIABLES = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
+
+
+class AttachRefused(Exception):
+    """memdiag will not (or could not) speak to this JVM; the message says why, in one sentence."""
+
+
+@dataclass(frozen=True)
+class Jvm:
+    """What attaching to one JVM needs: where its files are and as whom to speak to it."""
+
+    pid: int  # the host's (memdiag's namespace's) pid: the one signalled
+    nspid: int  # the JVM's own pid, which names its files
+    uid: int  # its effective uid and gid, as this host numbers them
+    gid: int
+    start_ticks: int | None  # tells the same process from a reused pid before a signal
+    proc: Path  # /proc/PID
+
+    @property
+    def socket_path(self) -> Path:
+        return self.proc / "root" / "tmp" / f".java_pid{self.nspid}"
+
+    def trigger_paths(self) -> list[Path]:
+        name = f".attach_pid{self.nspid}"
+        return [self.proc / "cwd" / name, self.proc / "root" / "tmp" / name]
+
+
+def _status_field(status: str, key: str) -> list[str]:
+    line = next((x for x in status.splitlines() if x.startswith(key + ":")), "")
+    return line.split()[1:]
+
+
+def _start_ticks(proc: Path) -> int | None:
+    with contextlib.suppress(OSError, IndexError, ValueError):
+        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[19])
+    return None
+
+
+def jvm_options(pid: int, proc_root: Path = Path("/proc")) -> list[str]:
+    """The JVM's options as it was given them: its command line and the environment variables
+    the launcher and the JVM read (JAVA_TOOL_OPTIONS, JDK_JAVA_OPTIONS, _JAVA_OPTIONS)."""
+    base = proc_root / str(pid)
+    words: list[str] = []
+    with contextlib.suppress(OSError):
+        words += [w for w in (base / "cmdline").read_bytes().decode("utf-8", "replace").split("\0") if w]
+    with contextlib.suppress(OSError):
+        for entry in (base / "environ").read_bytes().decode("utf-8", "replace").split("\0"):
+            key, _, value = entry.partition("=")
+            if key in _OPTION_VARIABLES:
+                words += value.split()
+    return words
+
+
+def refusal(pid: int, proc_root: Path = Path("/proc")) -> str | None:
+    """Why memdiag must not attach to this process, or None. Never signals anything."""
+    lib = read_jvm_library(pid, proc_root)
+    if lib is None:
+        return f"PID {pid} is not a HotSpot JVM (it maps no libjvm.so; OpenJ9 and other VMs speak other protocols)"
+    opts = jvm_options(pid, proc_root)
+    perf = read_perfdata(pid, proc_root)
+    counters = jvm_counters(perf) if perf is not None else None
+    disabled = "-XX:+DisableAttachMechanism" in opts or (counters is not None and counters.attach_supported is False)
+    if counters is not None and counters.vm_args and "-XX:+DisableAttachMechanism" in counters.vm_args.split():
+        disabled = True
+    if disabled:
+        return "the JVM runs with -XX:+DisableAttachMechanism: it accepts no attach (its counters are still read)"
+    return None
+
+
+def describe_target(pid: int, proc_root: Path = Path("/proc")) -> Jvm:
+    """The JVM's pid in its namespace, its user and start time; AttachRefused when it is not one
+    to attach to (refusal) or is gone."""
+    why = refusal(pid, proc_root)
+    if why is not None:
+        raise AttachRefused(why)
+    proc = proc_root / str(pid)
+    try:
+        status = (proc / "status").read_text()
+    except OSError:
+        raise AttachRefused(f"PID {pid} is gone") from None
+    uid, gid = _status_field(status, "Uid"), _status_field(status, "Gid")
+    if len(uid) < 2 or len(gid) < 2:
+        raise AttachRefused(f"PID {pid}: its status has no Uid/Gid line")
+    return Jvm(
+        pid=pid,
+        nspid=innermost_pid(status) or pid,
+        uid=int(uid[1]),
+        gid=int(gid[1]),
+        start_ticks=_start_ticks(proc),
+        proc=proc,
+    )
+
+
+def catches_sigquit(jvm: Jvm) -> bool:
+    """SIGQUIT has a handler in the process (SigCgt): the JVM's, which starts the listener; a
+    process that does not catch it (-Xrs, a JVM still starting) would be killed by it."""
+    try:
+        status = (jvm.proc / "status").read_text()
+    except OSError:
+        return False
+    mask = _status_field(status, "SigCgt")
+    return bool(mask) and bool(int(mask[0], 16) >> (signal.SIGQUIT - 1) & 1)
+
+
+def _is_listener(jvm: Jvm) -> bool:
+    """The JVM's socket is there, a socket, and owned by the JVM's user."""
+    try:
+        st = os.lstat(jvm.socket_path)
+    except OSError:
+        return False
+    return stat.S_ISSOCK(st.st_mode) and st.st_uid == jvm.uid
+
+
+def start_listener(jvm: Jvm, wait_s: float = WAIT_FOR_LISTENER_S) -> bool:
+    """Make sure the JVM's attach listener runs: True when its socket was there already (no
+    signal sent), False when memdiag started it. AttachRefused when it may not or did not start."""
+    if _is_listener(jvm):
+        return True
+    if not catches_sigquit(jvm):
+        raise AttachRefused(
+            "the JVM does not catch SIGQUIT (started with -Xrs or -XX:+ReduceSignalUsage, or still starting) "
+            "and has no attach socket: a signal would end it, so none was sent"
+        )
+    trigger = _create_trigger(jvm)
+    try:
+        if _start_ticks(jvm.proc) != jvm.start_ticks:
+            raise AttachRefused(f"PID {jvm.pid} is no longer the JVM it was (it exited, or its pid was reused)")
+        os.kill(jvm.pid, signal.SIGQUIT)
+        deadline, step = time.monotonic() + wait_s, 0.02
+        while time.monotonic() < deadline:
+            time.sleep(step)
+            if _is_listener(jvm):
+                return False
+            step = min(step + 0.02, 0.2)
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(trigger)
+    raise AttachRefused(f"the JVM started no attach listener within {wait_s:.0f} s of SIGQUIT")
+
+
+def _create_trigger(jvm: Jvm) -> Path:
+    """The trigger file, owned by the JVM's user (the JVM ignores one of another user's but root's;
+    in a user namespace, the host's root is nobody). Its working directory first, then its /tmp."""
+    for path in jvm.trigger_paths():
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+        except FileExistsError:
+            with contextlib.suppress(OSError):
+                if os.lstat(path).st_uid in (jvm.uid, 0):
+                    return path  # a trigger already there (another tool's): it serves, and is removed after
+            continue
+        except OSError:
+            continue
+        try:
+            os.fchown(fd, jvm.uid, jvm.gid)
+        except OSError:
+            os.close(fd)
+            os.unlink(path)
+            continue
+        os.close(fd)
+        if os.lstat(path).st_uid == jvm.uid:  # some file systems map owners: the JVM would not trust it
+            return path
+        os.unlink(path)
+    raise AttachRefused("could not create the attach trigger file in the JVM's working directory or its /tmp")
+
+
+_LIBC = ctypes.CDLL(None, use_errno=True)
+
+
+def _as_user(uid: int, gid: int) -> None:
+    """This thread's effective ids become uid/gid (the saved ids stay root's: this thread ends
+    right after; no other thread changes)."""
+    for name, value in (("setresgid", gid), ("setresuid", uid)):
+        nr = syscall_number(name)
+        if nr is None:
+            raise OSError(f"no {name} system call number known for this machine")
+        if _LIBC.syscall(nr, ctypes.c_long(-1), ctypes.c_long(value), ctypes.c_long(-1)) != 0:
+            raise OSError(ctypes.get_errno(), f"{name}({value})")
+
+
+def connect(jvm: Jvm, timeout_s: float) -> socket.socket:
+    """A connection to the JVM's listener made as the JVM's user (SO_PEERCRED is taken at connect)."""
+    try:
+        path_fd = os.open(jvm.socket_path, os.O_PATH | os.O_NOFOLLOW)
+    except OSError as e:
+        raise AttachRefused(f"cannot open the JVM's attach socket: {e.strerror}") from None
+    box: dict = {}
+
+    def run() -> None:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            _as_user(jvm.uid, jvm.gid)
+            sock.settimeout(timeout_s)
+            sock.connect(f"/proc/self/fd/{path_fd}")
+            box["sock"] = sock
+        except OSError as e:
+            sock.close()
+            box["error"] = e
+
+    try:
+        t = threading.Thread(target=run, name="memdiag-attach")
+        t.start()
+        t.join()
+    finally:
+        os.close(path_fd)
+    if "sock" not in box:
+        raise AttachRefused(f"cannot connect to the JVM's attach socket: {box.get('error')}")
+    return box["sock"]
+
+
+def request(command: str) -> bytes:
+    """The request for one jcmd command: version, operation, then three arguments."""
+    if len(command.encode()) > ARG_MAX or "\0" in command:
+        raise ValueError(f"jcmd command too long or malformed: {command[:60]!r}")
+    return b"\0".join([PROTOCOL, b"jcmd", command.encode(), b"", b""]) + b"\0"
+
+
+def parse_reply(data: bytes) -> tuple[int | None, str]:
+    """(status, output) of the listener's answer; status None when it sent no status line."""
+    head, _, rest = data.partition(b"\n")
+    try:
+        code = int(head.strip())
+    except ValueError:
+        return None, data.decode("utf-8", "replace")
+    return code, rest.decode("utf-8", "replace")
+
+
+@dataclass(frozen=True)
+class Reply:
+    status: int | None
+    output: str
+    seconds: float  # from the connect to the JVM's close
+
+    @property
+    def ok(self) -> bool:
+        return self.status == 0
+
+
+def jcmd(jvm: Jvm, command: str, timeout_s: float = 10.0) -> Reply:
+    """Run one diagnostic command in the JVM (its listener started first if need be)."""
+    start_listener(jvm)
+    started = time.monotonic()
+    sock = connect(jvm, timeout_s)
+    chunks: list[bytes] = []
+    try:
+        sock.sendall(request(command))
+        while True:
+            data = sock.recv(65536)
+            if not data:
+                break
+            chunks.append(data)
+    except OSError as e:
+        raise AttachRefused(f"the JVM's attach listener did not answer {command.split()[0]}: {e}") from None
+    finally:
+        sock.close()
+    status, output = parse_reply(b"".join(chunks))
+    return Reply(status=status, output=output, seconds=time.monotonic() - started)

@@ -1,0 +1,165 @@
+"""A HotSpot JVM's own performance counters, read without attaching: the hsperfdata file the JVM
+keeps mapped at /tmp/hsperfdata_<user>/<pid> (jstat and jps read the same). It is read through
+/proc/PID/root, so a JVM in a container is found in its own /tmp, under the pid its own pid
+namespace gives it (NSpid).
+
+The format (HotSpot's perfMemory.hpp, PerfData version 2.0): a 32-byte prologue — magic bytes
+CA FE C0 C0, byte order (0 big, 1 little endian), major and minor version, accessible (1 once the
+JVM has initialised), bytes used, overflow, time of the last structural change, offset of the
+first entry and number of entries — then the entries, each: length, offset of its name, vector
+length (0 for a scalar), type code ('J' a 64-bit long, 'B' a byte vector: strings), flags, units
+(1 none, 2 bytes, 3 ticks, 4 events, 5 string, 6 hertz), variability (1 constant, 2 monotonic,
+3 variable) and the offset of its data. Times are ticks of `sun.os.hrt.frequency` per second.
+
+No file: the JVM runs with -XX:-UsePerfData (no counters at all) or -XX:+PerfDisableSharedMem
+(counters in its own memory only), or it is no HotSpot JVM; `perfdata_absence` says which."""
+
+from __future__ import annotations
+
+import os
+import stat
+import struct
+from pathlib import Path
+
+from ._parse import Fact, read_text
+from .process import innermost_pid
+
+MAGIC = b"\xca\xfe\xc0\xc0"
+_PROLOGUE = "bbbbiiqii"  # after the magic: order, major, minor, accessible, used, overflow, mod time, offset, count
+_ENTRY = "iiibbbbi"  # length, name offset, vector length, type, flags, units, variability, data offset
+_ENTRY_SIZE = struct.calcsize("<" + _ENTRY)
+MAX_FILE = 4 << 20  # the JVM sizes it with -XX:PerfDataMemorySize (32 KiB by default)
+
+
+class PerfData(Fact):
+    """Every counter of one read of the file: name -> value (an int, or a string)."""
+
+    major: int
+    minor: int
+    accessible: bool
+    entries: dict[str, int | str]
+    skipped: int = 0  # entries of a type this reader does not decode, or out of the file's bounds
+
+    def number(self, name: str) -> int | None:
+        v = self.entries.get(name)
+        return v if isinstance(v, int) else None
+
+    def text(self, name: str) -> str | None:
+        v = self.entries.get(name)
+        return v if isinstance(v, str) else None
+
+
+def parse_perfdata(data: bytes) -> PerfData | None:
+    """The counters of an hsperfdata file's bytes; None when it is not one (magic, version)."""
+    if len(data) < 32 or data[:4] != MAGIC or data[4] not in (0, 1):
+        return None
+    order = "<" if data[4] == 1 else ">"
+    _o, major, minor, accessible, used, _ovf, _mod, offset, count = struct.unpack_from(order + _PROLOGUE, data, 4)
+    if major != 2:  # version 1 (JDK 1.4) laid entries out otherwise
+        return None
+    end = min(len(data), used) if used > 0 else len(data)
+    entries: dict[str, int | str] = {}
+    skipped = 0
+    for _ in range(max(0, count)):
+        if offset < 32 or offset + _ENTRY_SIZE > end:
+            break
+        length, name_off, vlen, dtype, _flags, units, _var, data_off = struct.unpack_from(order + _ENTRY, data, offset)
+        if length <= 0:
+            break
+        value = _value(data, order, offset, end, name_off, vlen, dtype, units, data_off)
+        if value is None:
+            skipped += 1
+        else:
+            entries[value[0]] = value[1]
+        offset += length
+    return PerfData(major=major, minor=minor, accessible=bool(accessible), entries=entries, skipped=skipped)
+
+
+def _value(data: bytes, order: str, at: int, end: int, name_off: int, vlen: int, dtype: int, units: int, data_off: int):
+    """(name, value) of one entry, or None when its type is not decoded or it runs past the end."""
+    name_at, value_at = at + name_off, at + data_off
+    nul = data.find(b"\0", name_at, end)
+    if name_at >= end or nul < 0:
+        return None
+    name = data[name_at:nul].decode("ascii", "replace")
+    if dtype == ord("J") and vlen == 0 and value_at + 8 <= end:
+        return name, struct.unpack_from(order + "q", data, value_at)[0]
+    if dtype == ord("B") and vlen > 0 and value_at + vlen <= end and units == 5:
+        raw = data[value_at : value_at + vlen]
+        return name, raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+    return None
+
+
+def perfdata_path(pid: int, proc_root: Path = Path("/proc")) -> Path | None:
+    """The target's hsperfdata file as memdiag reaches it: /tmp/hsperfdata_<user>/<nspid> in the
+    target's own root, owned by the target's effective user (several users' folders may hold a
+    file of that pid: other containers, a reused pid). None: no such file."""
+    status = read_text(proc_root / str(pid) / "status")
+    if status is None:
+        return None
+    nspid = innermost_pid(status) or pid
+    euid = _effective_uid(status)
+    tmp = proc_root / str(pid) / "root" / "tmp"
+    found: list[tuple[float, Path]] = []
+    try:
+        folders = [d for d in tmp.iterdir() if d.name.startswith("hsperfdata_")]
+    except OSError:
+        return None
+    for folder in folders:
+        path = folder / str(nspid)
+        try:
+            st = path.lstat()
+        except OSError:
+            continue
+        if not stat.S_ISREG(st.st_mode) or (euid is not None and st.st_uid != euid):
+            continue
+        found.append((st.st_mtime, path))
+    return max(found)[1] if found else None
+
+
+def read_perfdata(pid: int, proc_root: Path = Path("/proc")) -> PerfData | None:
+    """The target's counters now; None when it has no hsperfdata file (perfdata_absence says why)."""
+    path = perfdata_path(pid, proc_root)
+    if path is None:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return None
+    try:
+        data = os.read(fd, MAX_FILE)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return parse_perfdata(data)
+
+
+def perfdata_absence(pid: int, proc_root: Path = Path("/proc")) -> str:
+    """Why a JVM has no counters file: the flag that turned it off, where it was given."""
+    base = proc_root / str(pid)
+    cmdline = (read_text(base / "cmdline") or "").split("\0")
+    environ = (_read_bytes(base / "environ") or b"").decode("utf-8", "replace").split("\0")
+    options = [e.split("=", 1)[1] for e in environ if e.split("=", 1)[0] in _OPTION_VARIABLES and "=" in e]
+    words = cmdline + " ".join(options).split()
+    if "-XX:-UsePerfData" in words:
+        return "the JVM runs with -XX:-UsePerfData: it keeps no performance counters"
+    if "-XX:+PerfDisableSharedMem" in words:
+        return "the JVM runs with -XX:+PerfDisableSharedMem: its counters are in its own memory, not in a file"
+    return f"no hsperfdata file for this JVM in its /tmp/hsperfdata_<user>/ (looked through {base}/root)"
+
+
+_OPTION_VARIABLES = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
+
+
+def _effective_uid(status: str) -> int | None:
+    line = next((x for x in status.splitlines() if x.startswith("Uid:")), None)
+    fields = line.split()[1:] if line else []
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def _read_bytes(path: Path) -> bytes | None:
+    try:
+        return path.read_bytes()
+    except OSError:
+        return None
