@@ -12,11 +12,13 @@ import threading
 
 from memdiag.system.cgroup import locate_memory_cgroup
 from memdiag.system.swaps import SwapDevice, read_swaps
+from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes
 from pydantic import BaseModel
 
 from . import bpfsys, kernel
-from .base import ProbeResult, ProbeTarget, run_probe
+from .base import run_probe
+from .face import Face, FactDef, ProbeResult, plain
 from .growth import Spaces
 
 REGION_SHIFT = 21
@@ -74,11 +76,14 @@ def describe(r: SwapinResult, top: int) -> list[str]:
     return lines
 
 
-def build_options(use_kprobe: bool) -> dict[str, int | str]:
+def build_options(use_kprobe: bool | None = None) -> dict[str, int | str]:
+    """use_kprobe: the kprobe on the kernel's swap read too (None: where the kernel offers kprobes)."""
+    if use_kprobe is None:
+        use_kprobe = kernel.kprobes().available
     return {"REGION_SHIFT": REGION_SHIFT, **({"USE_KPROBE": 1} if use_kprobe else {})}
 
 
-def run(target: ProbeTarget, duration: float, top: int = 20, ready: threading.Event | None = None) -> SwapinResult:
+def run(target: Target, duration: float, top: int = 20, ready: threading.Event | None = None) -> SwapinResult:
     use_kprobe = kernel.kprobes().available
     spaces = Spaces()
     calls: list[SwapCall] = []
@@ -171,3 +176,19 @@ def run(target: ProbeTarget, duration: float, top: int = 20, ready: threading.Ev
 
 def _kernel_has(bpf, name: str) -> bool:
     return bpf.ksymname(name) != -1
+
+
+def facts_of(r: SwapinResult | None, _plan, _name) -> dict:
+    if r is None or r.status != "ok" or not r.processes or not r.duration_s:
+        return {}
+    return {"swapin.top_rate": r.processes[0].swapins / r.duration_s}
+
+
+FACE = Face(
+    name="swapin",
+    run=plain(run),
+    result=SwapinResult,
+    describe=describe,
+    facts=(FactDef("swapin.top_rate", "per_s", "swap-ins per second of the process paying most"),),
+    facts_of=facts_of,
+)

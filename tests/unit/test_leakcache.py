@@ -3,7 +3,7 @@ computed in Python (diagnose.leakcache), the judgment is the shipped playbook's 
 and trend-cache anchors), and a site moves the line with a YAML edit."""
 
 import pytest
-from memdiag.diagnose.leakcache import stack_trend
+from memdiag.probes.memleak.trend import stack_trend
 from memdiag.rules.engine import conclude, run_rules
 from memdiag.rules.loader import load_playbooks, playbook_paths, shipped_playbooks
 

@@ -14,10 +14,10 @@ import time
 
 from pydantic import BaseModel
 
-from .allocator import ALLOCATING, Allocator, find_allocator
-from .base import ProbeUnavailable, load
-from .compiler import CompileError
-from .procmaps import AddressSpace
+from ..allocator import ALLOCATING, Allocator, find_allocator
+from ..base import ProbeUnavailable, load
+from ..compiler import CompileError
+from ..procmaps import AddressSpace
 
 # The entry points a program calls often enough to matter for the price (C++'s new and delete
 # where an allocator library defines them); the rest (memalign, valloc, mmap, ...) are rare in
