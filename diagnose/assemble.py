@@ -13,6 +13,7 @@ from memdiag.system.target import Target
 from .culprit import Classes
 from .engine import EngineResult
 from .factset import probe_figures
+from .jvmheap import jvm_sections
 from .report import Finding, Overhead, Report, StackReport, TargetInfo, Window
 
 
@@ -127,7 +128,7 @@ def assemble(result: EngineResult, budget_percent: float) -> Report:
         budget_decision="; ".join(reasons) if reasons else None,
         trail=result.trail,
         stacks=stacks,
-        sections=[s for face, r in ran for s in face.sections(r)],
+        sections=jvm_sections(obs) + [s for face, r in ran for s in face.sections(r)],
         folded=folded,
         counters=result.counters,
     )

@@ -136,7 +136,7 @@ class Engine:
         f = counter_facts(obs, counters, self.budget)
         f["target.name"] = self.target.describe()
         t = self.target
-        f.update(target_facts(t.kind, t.pid, t.cmdline, self.runtime))
+        f.update(target_facts(t.kind, t.pid, t.cmdline, self.runtime, obs.jvm))
         f.update(tri.facts)  # the counters in words: summary.*
         f.update(probe_facts(self.results, self.plans, self.classes))
         return f, counters, tri

@@ -13,6 +13,7 @@ from memdiag.system.trends import counter_rate
 
 from .culprit import Classes, default_classes
 from .evidence import psi_stall_percent, window_seconds
+from .jvmheap import jvm_facts
 from .observe import Observation
 from .report import Counters
 from .triage import kills_during, limit_hits, memory_level, memory_shape
@@ -24,14 +25,15 @@ def app_function(frames: list[str], forwards: list[bool] | None = None, classes:
     return (classes or default_classes()).name(frames, forwards).label
 
 
-def target_facts(kind: str, pid: int | None, cmdline: list[str], runtime: Runtime | None) -> dict:
-    """Facts about a process target that commands in advice need: its pid, command line, runtime."""
+def target_facts(kind: str, pid: int | None, cmdline: list[str], runtime: Runtime | None, jvm: bool = False) -> dict:
+    """Facts about a process target that commands in advice need: its pid, command line, runtime.
+    jvm: the counters found HotSpot's libjvm.so mapped (until system/runtime.py names the JVM)."""
     if kind != "pid" or pid is None:
         return {"target.runtime": "unknown"}  # a cgroup or the system may run anything
     return {
         "target.pid": str(pid),
         "target.command": shlex.join(cmdline) if cmdline else None,
-        "target.runtime": runtime.name if runtime else "none",
+        "target.runtime": runtime.name if runtime else ("jvm" if jvm else "none"),
         "target.runtime_detail": runtime.describe() if runtime else None,
     }
 
@@ -119,6 +121,7 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     # what the target paid in the window: the playbook's target-pays anchor weighs it with its limit hits
     f["pressure.target_major_faults"] = sum(r.majflt_delta or 0 for r in counters.processes)
     f["pressure.target_swap"] = _target_swap(obs.target.kind, last, f.get("system.swap_used"))
+    f.update(jvm_facts(obs))  # a JVM target's own counters (memdiag.diagnose.jvmheap)
     return f
 
 

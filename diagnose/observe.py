@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from memdiag.system.jvm import read_jvm_library
 from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.process import ProcessMemory
 from memdiag.system.processes import read_all_processes
@@ -38,6 +39,7 @@ class Observation(BaseModel):
     processes_first: dict[int, ProcessMemory] = {}
     processes_last: dict[int, ProcessMemory] = {}
     memdiag_pid: int | None = None  # the diagnosing process: it and its children are never in a list of suspects
+    jvm: bool = False  # the target maps HotSpot's libjvm.so: its own counters are in the snapshots
 
 
 def default_interval(duration: float) -> float:
@@ -68,6 +70,10 @@ class Sampler:
         self.interrupted = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        # a JVM target (HotSpot's libjvm.so mapped): its own counters are sampled with the rest
+        self.jvm = (
+            target.kind == "pid" and target.pid is not None and read_jvm_library(target.pid, proc_root) is not None
+        )
 
     def start(self) -> Sampler:
         self._thread = threading.Thread(target=self.run, daemon=True)
@@ -90,7 +96,7 @@ class Sampler:
         try:
             while True:
                 try:
-                    snap = take_snapshot(self.target, self.proc_root)
+                    snap = take_snapshot(self.target, self.proc_root, jvm=self.jvm)
                 except TargetExited:
                     self.exited_at = time.time()
                     break
@@ -131,4 +137,5 @@ class Sampler:
             processes_first=dict(self.processes_first),
             processes_last=read_all_processes(root) if self.snapshots else {},
             memdiag_pid=os.getpid(),
+            jvm=self.jvm,
         )

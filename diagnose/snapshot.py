@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 from memdiag.system.cgroup import BadCgroup, CgroupMemory, read_cgroup_memory
+from memdiag.system.jvm import JvmSample, read_jvm_sample
 from memdiag.system.meminfo import MemInfo, read_meminfo
 from memdiag.system.process import ProcessGone, ProcessMemory, read_process
 from memdiag.system.psi import Psi, read_memory_pressure
@@ -25,6 +26,7 @@ class Snapshot(BaseModel):
     psi: Psi | None = None
     process: ProcessMemory | None = None
     cgroup: CgroupMemory | None = None
+    jvm: JvmSample | None = None  # a JVM target's own counters (hsperfdata) and its RSS split
 
 
 class TargetExited(Exception):
@@ -33,8 +35,9 @@ class TargetExited(Exception):
         self.pid = pid
 
 
-def take_snapshot(target: Target, proc_root: Path = Path("/proc")) -> Snapshot:
-    """Raise TargetExited when the target process is gone (or its pid was reused)."""
+def take_snapshot(target: Target, proc_root: Path = Path("/proc"), jvm: bool = False) -> Snapshot:
+    """Raise TargetExited when the target process is gone (or its pid was reused). jvm: the target
+    is a JVM, whose own counters are read too."""
     process = None
     if target.kind == "pid" and target.pid is not None:
         try:
@@ -58,4 +61,5 @@ def take_snapshot(target: Target, proc_root: Path = Path("/proc")) -> Snapshot:
         psi=read_memory_pressure(proc_root),
         process=process,
         cgroup=cgroup,
+        jvm=read_jvm_sample(target.pid, proc_root) if jvm and target.pid is not None else None,
     )

@@ -90,6 +90,8 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("swapin", _defaults),
     ProbeSpec("vmscan"),
     ProbeSpec("drsnoop"),
+    # a JVM's own flight recorder through its attach socket: no BPF
+    ProbeSpec("jfr", module="memdiag.probes.jvm.view", bpf=False),
 )
 VARIANTS: tuple[Variant, ...] = (
     # memleak, then the reachability scan of its outstanding blocks

@@ -18,7 +18,7 @@ _DEFS = [
     ("target.name", "string", "the target as a person reads it: PID 123 (orderd), cgroup /x, the system"),
     ("target.pid", "string", "the target's process id, as commands take it (no thousands separator)"),
     ("target.command", "string", "the target's command line, quoted for a shell"),
-    ("target.runtime", "string", "the runtime the target runs: cpython, none (native), unknown (not a process)"),
+    ("target.runtime", "string", "the runtime the target runs: cpython, jvm, none (native), unknown (not a process)"),
     (
         "target.runtime_detail",
         "string",
@@ -106,6 +106,43 @@ _DEFS = [
     ("summary.cut_by_oom", "string", "memory that levelled off between OOM kills: the kernel cut the growth"),
     # the budget
     ("budget.percent", "percent", "how much the diagnosis may slow the target"),
+    # a JVM target's own counters (hsperfdata, read without attaching) and its RSS split (smaps):
+    # computed by memdiag.diagnose.jvmheap, absent for any other target
+    ("jvm.counters", "bool", "the JVM's counters could be read (false: jvm.counters_missing says why)"),
+    ("jvm.counters_missing", "string", "why a JVM has no counters memdiag can read (-XX:-UsePerfData, ...)"),
+    ("jvm.heap_max", "bytes", "the Java heap's maximum size (-Xmx)"),
+    ("jvm.heap_committed", "bytes", "the Java heap the JVM has committed, at the end"),
+    ("jvm.heap_used", "bytes", "the Java heap in use, at the end"),
+    (
+        "jvm.live_set",
+        "bytes",
+        "the Java heap in use just after the last collection (the live set, garbage G1 has not marked included)",
+    ),
+    ("jvm.live_set_first", "bytes", "the same after the window's first collection"),
+    ("jvm.live_set_growth", "bytes", "change of the live set over the window"),
+    ("jvm.live_set_rate", "bytes_per_s", "growth rate of the live set"),
+    (
+        "jvm.live_set_shape",
+        "string",
+        "the live set after collections: climbing, levelled, sawtooth, flat, shrinking or unknown",
+    ),
+    ("jvm.live_set_percent", "percent", "the live set as a share of the heap's maximum"),
+    ("jvm.gc_count", "number", "collections during the window"),
+    ("jvm.full_gc_count", "number", "full collections (the whole heap) during the window"),
+    ("jvm.gc_share", "percent", "share of the window spent in collection pauses"),
+    ("jvm.gc_share_recent", "percent", "the same over the latest third of the window"),
+    ("jvm.last_cause", "string", "why the last collection ran (G1 Evacuation Pause, Allocation Failure, ...)"),
+    ("jvm.metaspace", "bytes", "committed metaspace (class metadata), at the end"),
+    ("jvm.metaspace_growth", "bytes", "change of committed metaspace over the window"),
+    ("jvm.heap_rss", "bytes", "resident memory inside the Java heap's address range, at the end"),
+    ("jvm.heap_rss_growth", "bytes", "change of that resident memory over the window"),
+    (
+        "jvm.outside_rss",
+        "bytes",
+        "resident memory outside the Java heap (native: metaspace, JIT code, stacks, mallocs)",
+    ),
+    ("jvm.outside_rss_growth", "bytes", "change of the resident memory outside the Java heap"),
+    ("jvm.heap_growth_share", "percent", "share of the RSS growth that is inside the Java heap (when the RSS grew)"),
 ]
 
 

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 from ._parse import Fact, read_text
-from .hsperfdata import PerfData
+from .hsperfdata import PerfData, perfdata_absence, read_perfdata
 
 _HOTSPOT_LIB = "libjvm.so"
 _OPENJ9_LIB = "libj9vm"  # OpenJ9 ships a libjvm.so too; its VM is libj9vm29.so
@@ -344,3 +344,21 @@ def read_jvm_memory(pid: int, counters: JvmCounters | None, proc_root: Path = Pa
     if text is None:
         return None
     return split_memory(parse_smaps(text), counters, thread_stack_pointers(pid, proc_root))
+
+
+class JvmSample(Fact):
+    """One reading of a JVM: its counters and where its resident memory is. counters None: it keeps
+    none memdiag can read (`missing` says why)."""
+
+    counters: JvmCounters | None = None
+    memory: JvmMemory | None = None
+    missing: str | None = None
+
+
+def read_jvm_sample(pid: int, proc_root: Path = Path("/proc")) -> JvmSample:
+    """The JVM's counters and its RSS split, now."""
+    perf = read_perfdata(pid, proc_root)
+    if perf is None:
+        return JvmSample(missing=perfdata_absence(pid, proc_root))
+    counters = jvm_counters(perf)
+    return JvmSample(counters=counters, memory=read_jvm_memory(pid, counters, proc_root))

@@ -145,7 +145,7 @@ def catches_sigquit(jvm: Jvm) -> bool:
     return bool(mask) and bool(int(mask[0], 16) >> (signal.SIGQUIT - 1) & 1)
 
 
-def _is_listener(jvm: Jvm) -> bool:
+def listener_running(jvm: Jvm) -> bool:
     """The JVM's socket is there, a socket, and owned by the JVM's user."""
     try:
         st = os.lstat(jvm.socket_path)
@@ -157,7 +157,7 @@ def _is_listener(jvm: Jvm) -> bool:
 def start_listener(jvm: Jvm, wait_s: float = WAIT_FOR_LISTENER_S) -> bool:
     """Make sure the JVM's attach listener runs: True when its socket was there already (no
     signal sent), False when memdiag started it. AttachRefused when it may not or did not start."""
-    if _is_listener(jvm):
+    if listener_running(jvm):
         return True
     if not catches_sigquit(jvm):
         raise AttachRefused(
@@ -172,7 +172,7 @@ def start_listener(jvm: Jvm, wait_s: float = WAIT_FOR_LISTENER_S) -> bool:
         deadline, step = time.monotonic() + wait_s, 0.02
         while time.monotonic() < deadline:
             time.sleep(step)
-            if _is_listener(jvm):
+            if listener_running(jvm):
                 return False
             step = min(step + 0.02, 0.2)
     finally:

@@ -1,0 +1,133 @@
+"""Whether a flight recording may run on this JVM, and at what price, before anything is sent to it.
+
+Refused (never signalled, the counters still read) when the target is no HotSpot JVM, accepts no
+attach (-XX:+DisableAttachMechanism), has no listener and does not catch SIGQUIT (-Xrs: a signal
+would end it), or its JDK has no jfr tool to read the recording with. Otherwise priced: the
+target's CPU time to start JFR (cold: its first start in this JVM, which JIT-compiles JFR's own
+code; warm: JFR's threads are there from an earlier recording), to record for the time asked and
+to stop (probes/jvm/costs.py: this host's measurements of the JVM's build, else the priors), as a
+share of the window, against what the budget leaves. The old objects' paths to GC roots are
+searched when the recording stops, in a safepoint (the target is paused): that search gets a
+cutoff of the pause allowed (--max-pause), within what the budget leaves after the rest."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from memdiag.system.hsperfdata import read_perfdata
+from memdiag.system.jvm import jvm_counters
+from memdiag.system.target import Target
+
+from ..face import Context, Plan
+from .attach import AttachRefused, Jvm, catches_sigquit, describe_target, listener_running
+from .costs import Price, price
+from .jfr import jfr_tool
+
+MIN_CUTOFF_MS = 10  # below this the search of paths to GC roots is not worth a safepoint
+DEFAULT_CUTOFF_MS = 1000  # run alone (memdiag probe jfr): the pause memdiag allows by default
+# JFR's own threads: once there, JFR has started in this JVM before and a new start is cheap
+_JFR_THREADS = ("JFR Recorder Th", "JFR Periodic Ta")
+
+
+class JfrPlan(Plan):
+    """The decision, and what the run needs of it."""
+
+    jvm: Jvm | None = None
+    tool: list[str] | None = None
+    tool_how: str = ""
+    inside: bool = False  # the tool runs in the target's namespaces: it names files as the JVM does
+    build: str | None = None  # the JVM's version (java.vm.version): what its costs are kept by
+    cold: bool = True
+    price: Price | None = None
+    cutoff_ms: int = 0
+
+
+def jfr_started_before(pid: int, proc_root: Path = Path("/proc")) -> bool:
+    """JFR's threads run in the JVM (an earlier recording started them; they stay)."""
+    try:
+        tids = os.listdir(proc_root / str(pid) / "task")
+    except OSError:
+        return False
+    for tid in tids:
+        try:
+            comm = (proc_root / str(pid) / "task" / tid / "comm").read_text().strip()
+        except OSError:
+            continue
+        if comm.startswith(_JFR_THREADS):
+            return True
+    return False
+
+
+def _refused(reason: str) -> JfrPlan:
+    return JfrPlan(go=False, state="refused", reason=reason, facts={"jfr.plan": "refused", "jfr.not_run": reason})
+
+
+def plan(target: Target, ctx: Context) -> JfrPlan:
+    """The recording's plan for ctx.seconds (never raises; a refusal says why)."""
+    if target.kind != "pid" or target.pid is None:
+        return _refused("the flight recorder is a JVM's own: it records one process (--pid, or a container's JVM)")
+    try:
+        jvm = describe_target(target.pid)
+    except AttachRefused as e:
+        return _refused(str(e))
+    if not listener_running(jvm) and not catches_sigquit(jvm):
+        return _refused(
+            "the JVM does not catch SIGQUIT (-Xrs or -XX:+ReduceSignalUsage) and has no attach socket: a signal "
+            "would end it, so none is sent"
+        )
+    perf = read_perfdata(target.pid)
+    counters = jvm_counters(perf) if perf is not None else None
+    tool, how = jfr_tool(jvm, counters.java_home if counters else None)
+    if tool is None:
+        return _refused(how)
+    build = counters.version if counters else None
+    cold = not jfr_started_before(target.pid)
+    cost = price(build, cold)
+    return _priced(ctx, jvm, tool, how, build, cold, cost)
+
+
+def _priced(ctx: Context, jvm: Jvm, tool: list[str], how: str, build: str | None, cold: bool, cost: Price) -> JfrPlan:
+    total_ns = cost.total_s(ctx.seconds) * 1e9
+    start = (
+        "its first start in this JVM (JFR compiles its own code)" if cold else "a start (JFR ran in this JVM before)"
+    )
+    source = (
+        "as measured on this JVM build here" if cost.measured_here else "an estimate measured on OpenJDK 17 elsewhere"
+    )
+    what = (
+        f"a flight recording: {start} {cost.start_s * 1000:.0f} ms of the target's CPU, "
+        f"{cost.record_per_s * 1000:.1f} ms per second for the {ctx.seconds:.0f} s it would record, "
+        f"{cost.stop_s * 1000:.0f} ms to stop ({source})"
+    )
+    common = dict(jvm=jvm, tool=tool, tool_how=how, inside="namespaces" in how, build=build, cold=cold, price=cost)
+    budget = ctx.budget
+    if budget is None:  # run alone: no budget to answer to
+        cutoff = int(ctx.max_pause_ms or DEFAULT_CUTOFF_MS)
+        return JfrPlan(go=True, state="full", reason=what, facts={"jfr.plan": "full"}, cutoff_ms=cutoff, **common)
+    percent = 100 * total_ns / (budget.window_s * 1e9)
+    estimate = dict(estimated_percent=percent, estimate_of="the flight recording (start, recording, stop)")
+    left_ns = budget.allowance_ns - total_ns
+    if left_ns < MIN_CUTOFF_MS * 1e6:  # without time to search the paths to GC roots, no holder is named
+        reason = (
+            f"{what} = {percent:.2f}% of the {budget.window_s:.0f} s window, leaving "
+            f"{max(left_ns, 0) / 1e6:.0f} ms of the {budget.percent:g}% budget for the search of paths to GC roots "
+            f"(at least {MIN_CUTOFF_MS} ms): the counters say where the heap grows; the class and its holder need "
+            "a larger --budget or a longer --duration"
+        )
+        return JfrPlan(
+            go=False,
+            state="over-budget",
+            reason=reason,
+            facts={"jfr.plan": "over-budget", "jfr.not_run": reason},
+            **estimate,
+            **common,
+        )
+    cutoff = int(min(ctx.max_pause_ms if ctx.max_pause_ms is not None else DEFAULT_CUTOFF_MS, left_ns / 1e6))
+    reason = (
+        f"{what} = {percent:.2f}% of the {budget.window_s:.0f} s window <= budget {budget.percent:g}%; paths to GC "
+        f"roots searched within {cutoff} ms"
+    )
+    return JfrPlan(
+        go=True, state="full", reason=reason, facts={"jfr.plan": "full"}, cutoff_ms=cutoff, **estimate, **common
+    )

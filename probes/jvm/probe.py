@@ -1,0 +1,197 @@
+"""The probe `jfr`: the JVM's own flight recorder, started through its attach socket for the time
+the diagnosis gives it, stopped, read and removed (probes/jvm/jfr.py), priced before it starts
+(probes/jvm/plan.py) and measured on the target while it runs: the target's CPU time above its rate
+before any probe (the start, which JIT-compiles JFR's code the first time, the recording, the
+stop), and the pause of the stop (the JVM's safepoint time while JFR.stop ran, from its counters).
+It backs off, stopping early, when what it measured would pass what the budget leaves.
+
+What it says (probes/jvm/view.py): which class the JVM keeps, the Java stack that allocated it and
+the chain of references that holds it, from the old-object samples still alive at the stop; the
+sites that allocate the most, from the allocation samples; the heap after each collection."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from memdiag.system.hsperfdata import read_perfdata
+from memdiag.system.jvm import JvmCounters, jvm_counters
+from memdiag.system.process import cpu_seconds
+from memdiag.system.target import Target
+
+from ..base import Stop, run_for, stop_on_signals
+from ..face import Context, ProbeResult, TracingCost
+from . import costs
+from .attach import AttachRefused
+from .jfr import Recording, print_json
+from .plan import JfrPlan, plan
+from .recording import Allocating, Held, after_gc, allocating, held, parse_recording
+
+THROTTLE_PER_S = 100  # allocation samples a second (JFR's default settings: 150/s; profile: 300/s)
+KEEP_GROUPS = 8
+# Of the time given, what stopping and reading take (JFR.stop 15-50 ms here, the jfr tool 0.4-0.6 s):
+# the recording stops this much earlier, so the probe ends within its time.
+READ_RESERVE_S = 1.5
+# JFR's first start goes on after JFR.start answers: its JIT compilers work on JFR's code for about a
+# second more here. What the target spends that long after the answer counts as the start's.
+SETTLE_S = 2.0
+
+
+class JfrResult(ProbeResult):
+    build: str | None = None  # the JVM's version
+    recorded_s: float = 0.0
+    started_at: float | None = None  # epoch seconds: the recording's start and stop
+    stopped_at: float | None = None
+    held: list[Held] = []  # the rooted old-object samples by class, site and anchor, most first
+    allocating: list[Allocating] = []  # allocation samples by class and site, most bytes first
+    old_samples: int = 0
+    unrooted: int = 0  # old-object samples no root reaches (garbage not yet collected)
+    alloc_samples: int = 0
+    alloc_bytes: int = 0  # what the allocation samples stand for
+    after_gc: list[tuple[float, int]] = []  # (epoch, heap used) just after each collection
+    collections: int = 0
+    direct_buffers: int | None = None
+    cutoff_ms: int = 0
+    cold_start: bool | None = None
+    start_cpu_s: float | None = None  # the target's CPU time above its rate, each step
+    record_cpu_s: float | None = None
+    stop_cpu_s: float | None = None
+    stop_pause_s: float | None = None  # the JVM's safepoint time while JFR.stop ran
+    measured_ns: float | None = None
+    record_rate_s: float = 0.0  # the part of the recording after the start had settled (its steady rate's)
+    listener_started: bool = False  # memdiag's SIGQUIT started the JVM's attach listener
+    tool: str = ""
+    notes: list[str] = []
+
+
+@dataclass
+class _Clock:
+    """The target's CPU time above its rate before the probe (what the probe cost it)."""
+
+    pid: int
+    rate: float
+    t0: float
+    cpu0: float
+
+    @classmethod
+    def start(cls, pid: int, rate: float | None) -> _Clock:
+        return cls(pid, rate or 0.0, time.monotonic(), cpu_seconds(pid) or 0.0)
+
+    def spent(self) -> float:
+        now, cpu = time.monotonic(), cpu_seconds(self.pid)
+        return max(0.0, (cpu or self.cpu0) - self.cpu0 - self.rate * (now - self.t0))
+
+    def step(self, since: float) -> float:
+        """What the target spent since an earlier reading of spent() (never below nothing)."""
+        return max(0.0, self.spent() - since)
+
+
+def _counters(pid: int) -> JvmCounters | None:
+    perf = read_perfdata(pid)
+    return jvm_counters(perf) if perf is not None else None
+
+
+def run(target: Target, ctx: Context) -> JfrResult:
+    """Record for ctx.seconds (its plan made first when run alone), read, clean up."""
+    p = ctx.plan if isinstance(ctx.plan, JfrPlan) else plan(target, ctx)
+    base = dict(name="jfr", target=target.describe(), started=time.time(), method="JFR through the attach socket")
+    if not p.go or p.jvm is None:
+        return JfrResult(status="unavailable", reason=p.reason, **base)
+    rec = Recording(p.jvm, planned_s=ctx.seconds, throttle_per_s=THROTTLE_PER_S, cutoff_ms=p.cutoff_ms)
+    out: dict = {"build": p.build, "cold_start": p.cold, "cutoff_ms": p.cutoff_ms, "tool": p.tool_how}
+    try:
+        with stop_on_signals() as stop:
+            _record(target, ctx, p, rec, stop, out)
+    except (AttachRefused, RuntimeError, OSError) as e:
+        out.update(status="error" if out.get("started_at") else "unavailable", reason=str(e))
+    finally:
+        rec.close()
+        out["notes"] = out.get("notes", []) + rec.notes
+    out["listener_started"] = rec.listener_was_there is False
+    out.setdefault("status", "error")
+    _remember(out)
+    return JfrResult(**base, **out)
+
+
+def _record(target: Target, ctx: Context, p: JfrPlan, rec: Recording, stop: Stop, out: dict) -> None:
+    assert p.price is not None and target.pid is not None
+    clock = _Clock.start(target.pid, ctx.cpu_rate)
+    out["started_at"] = time.time()
+    rec.start()
+    answered = time.monotonic()
+    allowance_s = ctx.budget.allowance_ns / 1e9 if ctx.budget is not None else None
+    box: dict = {"start": None}
+
+    def tick(_elapsed: float) -> bool:
+        if box["start"] is None and time.monotonic() - answered >= SETTLE_S:
+            box["start"] = clock.spent()
+        # the stop still to pay, priced: stop before the allowance would be passed
+        return allowance_s is not None and clock.spent() + p.price.stop_s > allowance_s  # type: ignore[union-attr]
+
+    left = ctx.seconds - (time.time() - out["started_at"])
+    run_for(max(0.0, left - (READ_RESERVE_S if left > 2 * READ_RESERVE_S else 0.0)), target, stop, on_tick=tick)
+    out.update(interrupted=stop.interrupted, backed_off=stop.backed_off, target_exited_at=stop.target_exited_at)
+    before_stop, counters_before = clock.spent(), _counters(target.pid)
+    start = box["start"] if box["start"] is not None else before_stop
+    out["start_cpu_s"], out["record_cpu_s"] = start, before_stop - start
+    out["record_rate_s"] = max(0.0, time.monotonic() - answered - SETTLE_S)
+    out["recorded_s"] = time.time() - out["started_at"]
+    out["stopped_at"] = time.time()
+    path = rec.stop()
+    out["stop_cpu_s"] = clock.step(before_stop)
+    out["stop_pause_s"] = _safepoint_delta(counters_before, _counters(target.pid))
+    out["measured_ns"] = clock.spent() * 1e9
+    out["duration_s"] = time.time() - out["started_at"]
+    if path is None:
+        raise RuntimeError("the JVM wrote no recording at JFR.stop")
+    assert p.tool is not None
+    text = print_json(p.tool, rec.inside("jfr") if p.inside else str(path))
+    _read(parse_recording(text), out)
+
+
+def _safepoint_delta(a: JvmCounters | None, b: JvmCounters | None) -> float | None:
+    if a is None or b is None or a.safepoint_time_s is None or b.safepoint_time_s is None:
+        return None
+    return max(0.0, b.safepoint_time_s - a.safepoint_time_s)
+
+
+def _read(parsed, out: dict) -> None:
+    groups = held(parsed, out["started_at"], out["stopped_at"])
+    allocs = allocating(parsed)
+    out.update(
+        status="partial" if out.get("interrupted") or out.get("backed_off") else "ok",
+        held=groups[:KEEP_GROUPS],
+        allocating=allocs[:KEEP_GROUPS],
+        old_samples=len(parsed.old),
+        unrooted=sum(1 for s in parsed.old if s.anchor is None),
+        alloc_samples=len(parsed.allocations),
+        alloc_bytes=sum(a.bytes for a in allocs),
+        after_gc=after_gc(parsed),
+        collections=len(parsed.collections),
+        direct_buffers=parsed.direct_buffers,
+    )
+    out["cost"] = {"events": len(parsed.old) + len(parsed.allocations)}
+    if not parsed.old:
+        out["notes"] = ["no old-object sample survived to the stop (nothing sampled outlived a collection)"]
+
+
+def _remember(out: dict) -> None:
+    """This host's figures for the next price: only from a run that measured all of them."""
+    if out.get("status") not in ("ok", "partial") or not out.get("recorded_s"):
+        return
+    kind = "cold_start_s" if out.get("cold_start") else "warm_start_s"
+    rate_s = out.get("record_rate_s")
+    costs.remember(
+        out.get("build"),
+        {
+            kind: out.get("start_cpu_s"),
+            "record_cpu_per_s": (out.get("record_cpu_s") or 0.0) / rate_s if rate_s else None,
+            "stop_s": out.get("stop_cpu_s"),
+        },
+    )
+
+
+def measured(r: JfrResult) -> TracingCost | None:
+    if r.measured_ns is None:
+        return None
+    return TracingCost(attached_s=r.duration_s, cpu_ns=r.measured_ns, measured_ns=r.measured_ns)

@@ -1,0 +1,227 @@
+"""What the flight recording adds to a diagnosis, its face (probes/face.py): the facts the playbook
+reads (jfr.*), its row, its Java stacks (the held objects' allocation stacks, Java methods with
+their lines), its report section (what holds the heap, what allocates), caveats and a trail step
+for the stop's pause. The probe itself is probes/jvm/probe.py; its plan probes/jvm/plan.py."""
+
+from __future__ import annotations
+
+from memdiag.system.units import fmt_bytes, fmt_duration, fmt_rate
+
+from ..face import Face, FactDef, Section, Stack, Stacks, TrailItem
+from .plan import plan
+from .probe import JfrResult, measured, run
+from .recording import Held
+
+FACTS = (
+    FactDef("jfr.plan", "string", "the recording's plan: full, over-budget or refused", figure=False),
+    FactDef("jfr.not_run", "string", "why no recording ran (the attach refused, over the budget, no jfr tool)"),
+    FactDef("jfr.held_class", "string", "the class the JVM holds most of (old-object samples still reachable)"),
+    FactDef("jfr.held_site", "string", "the Java method and line that allocated them (past the JDK's own frames)"),
+    FactDef("jfr.held_anchor", "string", "what holds them: a static field (OrderService.retryQueue) or another root"),
+    FactDef("jfr.held_detail", "string", "what the JVM said of the holder nearest the root (Size: 3037)"),
+    FactDef("jfr.held_samples", "number", "its old-object samples still reachable at the stop"),
+    FactDef("jfr.held_share", "percent", "their share of every reachable old-object sample"),
+    FactDef(
+        "jfr.held_kept", "percent", "of its class and site's samples that outlived a collection, the share still held"
+    ),
+    FactDef("jfr.held_oldest", "seconds", "the age of the oldest of them still held at the stop"),
+    FactDef("jfr.held_span", "percent", "how far back into the recording the held samples go (100%: its start)"),
+    FactDef("jfr.alloc_class", "string", "the class allocated most, by the allocation samples' weight"),
+    FactDef("jfr.alloc_site", "string", "the Java method and line that allocates it"),
+    FactDef("jfr.alloc_rate", "bytes_per_s", "what the allocation samples stand for, per second of the recording"),
+    FactDef("jfr.recorded", "seconds", "how long the recording ran"),
+    FactDef("jfr.pause", "seconds", "the JVM's safepoint time while the recording stopped (the paths to GC roots)"),
+    FactDef("jfr.unrooted", "number", "old-object samples no root reaches at the stop (garbage not yet freed)"),
+)
+
+
+def facts_of(r: JfrResult | None, p, _name) -> dict:
+    f: dict = dict(p.facts) if p is not None else {}
+    if r is None or r.status not in ("ok", "partial"):
+        if r is not None:
+            f["jfr.not_run"] = r.reason
+        return f
+    f.update({"jfr.recorded": r.recorded_s, "jfr.pause": r.stop_pause_s, "jfr.unrooted": r.unrooted})
+    if not r.held:
+        f["jfr.not_run"] = "the recording ran, and no sampled object was still reachable at its stop"
+    if r.held:
+        top = r.held[0]
+        f.update(
+            {
+                "jfr.held_class": top.cls,
+                "jfr.held_site": top.site,
+                "jfr.held_anchor": top.anchor,
+                "jfr.held_detail": top.holder_detail,
+                "jfr.held_samples": top.samples,
+                "jfr.held_share": top.share,
+                "jfr.held_kept": top.kept_percent,
+                "jfr.held_oldest": top.oldest_age_s,
+                "jfr.held_span": top.span_percent,
+            }
+        )
+    if r.allocating:
+        a = r.allocating[0]
+        f.update({"jfr.alloc_class": a.cls, "jfr.alloc_site": a.site})
+        f["jfr.alloc_rate"] = r.alloc_bytes / r.recorded_s if r.recorded_s else None
+    return f
+
+
+def _allocated(r: JfrResult, h: Held) -> int:
+    """What the allocation samples of the held group's class and site stand for."""
+    return sum(a.bytes for a in r.allocating if a.cls == h.cls and a.site == h.site)
+
+
+def stacks(r: JfrResult) -> list[Stack]:
+    """The held groups' allocation stacks (Java frames), most samples first."""
+    out = []
+    for h in r.held:
+        frames = [str(f) for f in h.frames]
+        out.append(
+            Stack(
+                frames=frames,
+                functions=[f.method for f in h.frames],
+                bytes=_allocated(r, h),
+                count=h.samples,
+                pid=None,
+                detail=f"{h.cls} allocated during the recording; {h.samples} sampled objects still held by {h.anchor}"
+                f" ({h.let_go} let go), the oldest {fmt_duration(h.oldest_age_s)} old",
+            )
+        )
+    return out
+
+
+def _folded(r: JfrResult) -> list[str]:
+    return [
+        ";".join(reversed([f"{h.cls}", *(f.method for f in h.frames)])).replace(" ", "_") + f" {h.samples}"
+        for h in r.held
+    ]
+
+
+def _culprit(r: JfrResult, kind: str) -> Stack | None:
+    """A growth, cache or pressure verdict on a JVM rests on what its heap holds; a leak is native."""
+    if kind not in ("growth", "cache", "pressure"):
+        return None
+    shown = stacks(r)
+    return shown[0] if shown else None
+
+
+def sections(r: JfrResult) -> list[Section]:
+    if r.status not in ("ok", "partial"):
+        return []
+    lines = [
+        f"flight recording of {fmt_duration(r.recorded_s)} ({r.tool}): {r.old_samples} old-object samples "
+        f"({r.unrooted} reached from no root: garbage not yet freed), {r.alloc_samples} allocation samples standing "
+        f"for {fmt_bytes(r.alloc_bytes)} ({fmt_rate(r.alloc_bytes / r.recorded_s if r.recorded_s else None)})",
+        _cost_line(r),
+    ]
+    if r.direct_buffers is not None:
+        lines.append(f"direct buffers in use: {fmt_bytes(r.direct_buffers)}")
+    rows = [
+        [
+            h.cls,
+            h.site or "unknown",
+            h.anchor,
+            f"{h.samples} ({h.share:.0f}%)",
+            f"{h.kept_percent:.0f}%",
+            fmt_duration(h.oldest_age_s),
+            " <- ".join(h.chain),
+        ]
+        for h in r.held
+    ]
+    out = [
+        Section(
+            probe="jfr",
+            title="Java heap: what holds it",
+            lines=lines,
+            header=["class", "allocated at", "held by", "samples held", "kept", "oldest", "chain (object up to root)"],
+            rows=rows,
+        )
+    ]
+    if r.allocating:
+        per = r.recorded_s or 1.0
+        out.append(
+            Section(
+                probe="jfr",
+                title="Java heap: what allocates",
+                header=["class", "allocated at", "bytes", "rate"],
+                rows=[[a.cls, a.site or "unknown", fmt_bytes(a.bytes), fmt_rate(a.bytes / per)] for a in r.allocating],
+            )
+        )
+    return out
+
+
+def _cost_line(r: JfrResult) -> str:
+    start = "its first start in this JVM" if r.cold_start else "its start"
+    parts = [
+        f"cost to the target's CPU: {start} {fmt_duration(r.start_cpu_s)}, recording {fmt_duration(r.record_cpu_s)}, "
+        f"stop {fmt_duration(r.stop_cpu_s)}"
+    ]
+    if r.stop_pause_s is not None:
+        parts.append(
+            f"the stop paused it {fmt_duration(r.stop_pause_s)} (safepoints; paths to GC roots within {r.cutoff_ms} ms)"
+        )
+    return "; ".join(parts)
+
+
+def caveats(r: JfrResult) -> list[str]:
+    out = []
+    if r.listener_started:
+        out.append(
+            "memdiag started the JVM's attach listener (SIGQUIT with its trigger file): its thread and socket "
+            "(/tmp/.java_pid<pid>) stay for the JVM's life, as after any jcmd; the recording is stopped and its "
+            "files removed"
+        )
+    if r.cold_start and r.status in ("ok", "partial"):
+        out.append(
+            "JFR's own threads (JFR Recorder Thread, JFR Periodic Tasks) stay in the JVM, idle, once JFR has started"
+        )
+    return out + r.notes
+
+
+def trail(r: JfrResult) -> list[TrailItem]:
+    if r.stop_pause_s is None:
+        return []
+    return [
+        TrailItem(
+            kind="scan",
+            name="jfr",
+            state="ran",
+            reason=f"JFR.stop: the JVM wrote the recording and searched the old objects' paths to GC roots "
+            f"(cutoff {r.cutoff_ms} ms) in {fmt_duration(r.stop_pause_s)} of safepoints",
+        )
+    ]
+
+
+def describe(r: JfrResult, top: int) -> list[str]:
+    lines = [f"  {line}" for s in sections(r) for line in s.lines]
+    for h in r.held[:top]:
+        lines.append(f"  {h.cls} allocated at {h.site}: {h.samples} held by {h.anchor} ({h.kept_percent:.0f}% kept)")
+        lines += [f"      {f}" for f in h.frames[:6]]
+        lines.append(f"      chain: {' <- '.join(h.chain)}")
+    return lines
+
+
+def rows(r, p, ctx):
+    """Its row; none at all for a target it was never asked about (a process that is no JVM)."""
+    if r is None and p is None and ctx.row.reason == "no rule asked for it":
+        return []
+    return [ctx.row]
+
+
+FACE = Face(
+    name="jfr",
+    run=run,
+    result=JfrResult,
+    describe=describe,
+    facts=FACTS,
+    facts_of=facts_of,
+    rows=rows,
+    stacks=Stacks(kind="allocations", shown=3, of=stacks, folded=_folded, culprit=_culprit),
+    caveats=caveats,
+    sections=sections,
+    trail=trail,
+    measured=measured,
+    on_target=True,
+    plan=plan,
+    planning="pricing the flight recording",
+)
