@@ -6,6 +6,7 @@ from memdiag.system.cgroup import memcg_matches
 from memdiag.system.kmsg import OomKill
 from memdiag.system.trends import Trend, counter_rate, growth_trend
 
+from .jvmheap import jvm_rows, jvm_series
 from .observe import Observation
 from .report import CounterRow, Counters, ProcessRow, SlabGrowth
 
@@ -68,6 +69,7 @@ def series(obs: Observation) -> dict[str, list[tuple[float, float]]]:
         if s.cgroup is not None:
             add("cgroup.usage", s.t, s.cgroup.usage)
         add("system.mem_available", s.t, s.meminfo.mem_available)
+    out.update(jvm_series(obs))  # a JVM target's live set after each collection
     return out
 
 
@@ -174,7 +176,7 @@ def _rows(obs: Observation) -> list[CounterRow]:
         stall = psi_stall_percent(obs, kind)
         if stall is not None:
             rows.append(CounterRow(scope="system", name=f"psi_{kind}_window", unit="percent", last=stall))
-    return rows
+    return rows + jvm_rows(obs)
 
 
 def _in_cgroup(kill: OomKill, cgroup_path: str) -> bool:

@@ -14,9 +14,10 @@ from __future__ import annotations
 from memdiag.probes.face import Section
 from memdiag.system.jvm import JvmCounters, JvmMemory, JvmSample
 from memdiag.system.trends import growth_trend
-from memdiag.system.units import fmt_bytes, fmt_duration, fmt_rate
+from memdiag.system.units import fmt_bytes
 
 from .observe import Observation
+from .report import CounterRow
 
 
 def _samples(obs: Observation) -> list[tuple[float, JvmSample]]:
@@ -111,7 +112,45 @@ def _rss_split_facts(mems: list[JvmMemory]) -> dict:
     }
 
 
-# --- the report's section -------------------------------------------------------------------------
+# --- the report's tables ---------------------------------------------------------------------------
+
+
+def jvm_series(obs: Observation) -> dict[str, list[tuple[float, float]]]:
+    """The live set after each collection, for the Trends table (seconds from the first sample)."""
+    if not obs.snapshots:
+        return {}
+    t0 = obs.snapshots[0].t
+    points = live_points(_counted(_samples(obs)))
+    return {"jvm.live_set": [(round(t - t0, 3), v) for t, v in points]} if points else {}
+
+
+def jvm_rows(obs: Observation) -> list[CounterRow]:
+    """The JVM counters table (scope jvm): the figures the jvm.* facts state."""
+    counted = _counted(_samples(obs))
+    if not counted:
+        return []
+    a, b = counted[0][1], counted[-1][1]
+    f = jvm_facts(obs)
+    rows = [
+        CounterRow(scope="jvm", name=n, unit="bytes", first=getattr(a, n), last=getattr(b, n))
+        for n in ("heap_max", "heap_committed", "heap_used", "metaspace_committed")
+    ]
+    rows += [
+        CounterRow(scope="jvm", name=n, unit="count", first=getattr(a, n), last=getattr(b, n))
+        for n in ("gc_count", "full_gc_count")
+    ]
+    rows += [
+        CounterRow(scope="jvm", name=n, unit="percent", last=f.get(f"jvm.{n}"))
+        for n in ("live_set_percent", "gc_share", "gc_share_recent", "heap_growth_share")
+    ]
+    mems = [j.memory for _, j in _samples(obs) if j.memory is not None]
+    if mems and mems[0].heap is not None and mems[-1].heap is not None:
+        rows += [
+            CounterRow(scope="jvm", name="heap_rss", unit="bytes", first=mems[0].heap, last=mems[-1].heap),
+            CounterRow(scope="jvm", name="outside_rss", unit="bytes", first=mems[0].outside, last=mems[-1].outside),
+        ]
+    return rows
+
 
 _PARTS = (
     ("Java heap", "heap"),
@@ -124,36 +163,22 @@ _PARTS = (
 
 
 def jvm_sections(obs: Observation) -> list[Section]:
-    """The Java heap as its counters show it over the window (none for another target)."""
+    """Which JVM, and where its resident memory is, first and last sample (none for another target)."""
     samples = _samples(obs)
     if not samples:
         return []
     counted = _counted(samples)
     if not counted:
         return [Section(probe="counters", title="Java heap", lines=[f"no JVM counters: {samples[-1][1].missing}"])]
-    f = jvm_facts(obs)
     last = counted[-1][1]
-    seconds = counted[-1][0] - counted[0][0]
     lines = [
-        f"{last.vm or 'JVM'} {last.version or ''} ({last.policy or 'collector unknown'}): heap "
-        f"{fmt_bytes(last.heap_used)} in use, {fmt_bytes(last.heap_committed)} committed, at most "
-        f"{fmt_bytes(last.heap_max)} (-Xmx)",
-        _live_line(f),
-        f"collections: {f['jvm.gc_count']} in {fmt_duration(seconds)} ({f['jvm.full_gc_count']} full), pauses "
-        f"{_pct(f['jvm.gc_share'])} of the time ({_pct(f['jvm.gc_share_recent'])} over the latest third); last cause: "
-        f"{last.last_cause or 'none'}",
-        f"metaspace {fmt_bytes(last.metaspace_used)} in use, {fmt_bytes(last.metaspace_committed)} committed",
+        f"{last.vm or 'JVM'} {last.version or ''}, collector {last.policy or 'unknown'}; its counters are in the JVM "
+        "counters table, the live set after each collection in the Trends"
     ]
     mems = [j.memory for _, j in samples if j.memory is not None]
-    if not mems or mems[-1].heap is None:
+    if not mems or mems[0].heap is None or mems[-1].heap is None:
         lines.append("the heap's address range was not found in smaps: the RSS is not split")
         return [Section(probe="counters", title="Java heap", lines=lines)]
-    if f.get("jvm.heap_growth_share") is not None:
-        lines.append(
-            f"of the RSS growth ({fmt_bytes(mems[-1].rss - mems[0].rss)}), {_pct(f['jvm.heap_growth_share'])} is "
-            f"in the Java heap ({fmt_bytes(f['jvm.heap_rss_growth'])}) and {fmt_bytes(f['jvm.outside_rss_growth'])} "
-            "outside it"
-        )
     rows = [
         [label, fmt_bytes(getattr(mems[0], key)), fmt_bytes(getattr(mems[-1], key)), _change(mems, key)]
         for label, key in _PARTS
@@ -161,23 +186,13 @@ def jvm_sections(obs: Observation) -> list[Section]:
     rows.append(["RSS (smaps)", fmt_bytes(mems[0].rss), fmt_bytes(mems[-1].rss), _change(mems, "rss")])
     return [
         Section(
-            probe="counters", title="Java heap", lines=lines, header=["resident", "first", "last", "change"], rows=rows
+            probe="counters",
+            title="Java heap: where the RSS is",
+            lines=lines,
+            header=["resident", "first", "last", "change"],
+            rows=rows,
         )
     ]
-
-
-def _live_line(f: dict) -> str:
-    if f.get("jvm.live_set") is None:
-        return "live set (in use after collections): no collection in the window"
-    return (
-        f"live set (in use after collections) {f['jvm.live_set_shape']}: {fmt_bytes(f['jvm.live_set_first'])} to "
-        f"{fmt_bytes(f['jvm.live_set'])} ({_pct(f['jvm.live_set_percent'])} of the maximum), "
-        f"{fmt_rate(f['jvm.live_set_rate'])}"
-    )
-
-
-def _pct(v: float | None) -> str:
-    return "unknown" if v is None else f"{v:.1f}%"
 
 
 def _change(mems: list[JvmMemory], key: str) -> str:

@@ -94,7 +94,7 @@ class Overhead(_Model):
 class CounterRow(_Model):
     """One line of the evidence table. Values in the unit named; None = unknown."""
 
-    scope: Literal["process", "cgroup", "system"]
+    scope: Literal["process", "cgroup", "system", "jvm"]
     name: str
     unit: Literal["bytes", "count", "percent", "per_s", "bytes_per_s", "pages_per_s"]
     first: float | None = None

@@ -6,7 +6,8 @@ Sections: (1) slowdown of an allocation-heavy target at three rates, (2) memdiag
 cost of the probes on this host, (4) accuracy and time to verdict on the end-to-end scenarios,
 (5) the reachability scan's pause and speed per GiB of writable memory (`--only reach`: that alone),
 (6) the alert loop's latency, exporter -> Prometheus -> Alertmanager -> memdiag serve -> verdict
-(`--only loop`, or `./scripts/bench.sh loop`: that alone).
+(`--only loop`, or `./scripts/bench.sh loop`: that alone), (7) JVM targets: the flight recording's
+cost on the target and the JVM scenarios' verdicts (scripts/bench_jvm.py; `--only jvm`).
 Numbers are medians of RUNS runs with min-max. No test asserts any of them."""
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from memdiag.system import arch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from bench_jvm import jvm_section  # noqa: E402
 from kit import MEMDIAG, BenchAlloc, MemoryCgroup, Workload, build, swapfile  # noqa: E402
 
 RUNS = int(os.environ.get("BENCH_RUNS", "3"))
@@ -562,6 +564,7 @@ def main() -> int:
         "slowdown": (lambda: slowdown_section()[0], "1"),
         "costs": (per_event_section, "3"),
         "loop": (loop_section, "6"),
+        "jvm": (lambda: jvm_section(RUNS), "7"),
     }
     if len(sys.argv) == 3 and sys.argv[1] == "--only" and sys.argv[2] in only:  # one section, not twenty minutes
         make, number = only[sys.argv[2]]
@@ -578,7 +581,7 @@ def main() -> int:
     slow, results = slowdown_section()
     sections = (
         slow + cost_section(results) + per_event_section() + accuracy_section() + reach_section() + loop_section()
-    )
+    ) + jvm_section(RUNS)
     cpu = next(
         (
             line.split(":", 1)[1].strip()

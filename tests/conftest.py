@@ -49,8 +49,10 @@ SLOW_MODULES = frozenset(
         "e2e/test_budget.py",
         "e2e/test_containers.py",
         "e2e/test_culprit.py",
+        "e2e/test_jvm.py",
         "e2e/test_scenarios.py",
         "e2e/test_signals.py",
+        "probes/test_jvm_instruments.py",
         "probes/test_overhead.py",
         "serve/test_node_agent.py",
     }

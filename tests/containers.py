@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import os
 import re
 import resource
 import shutil
@@ -94,7 +95,8 @@ def write_rootfs(tarball: Path, programs: dict[str, Path]) -> None:
         for name, binary in programs.items():
             _add_file(tar, binary, in_image(name), added)
             for lib in shared_libraries(binary):
-                _add_file(tar, Path(lib), lib, added)
+                # ldd names a library as the loader found it: java's libjli.so is bin/../lib/libjli.so
+                _add_file(tar, Path(lib), os.path.normpath(lib), added)
         for d in ("tmp", "etc", "proc", "sys", "dev", "run"):
             info = tarfile.TarInfo(d)
             info.type, info.mode = tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755

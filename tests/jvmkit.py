@@ -5,10 +5,12 @@ A workload prints "ready" when its state is set up; every process is killed at t
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 from kit import BUILD, SOURCES, Workload
@@ -55,14 +57,67 @@ class JavaWorkload(Workload):
         env: dict | None = None,
         cgroup=None,
         user: int | None = None,
+        classpath: list[str] | None = None,
+        ready: str = "ready",
     ):
-        """user: run as that uid (and gid), through setpriv, with no supplementary groups."""
+        """user: run as that uid (and gid), through setpriv, with no supplementary groups;
+        classpath: jars beside the kit's classes (a Debian program's); ready: how its first line of
+        output starts once it is ready."""
         self.classes = build_java()
         self.cgroup = cgroup
         self.env = env
         self.proc = None
-        self.argv = [str(JAVA), *(jvm or []), f"-Djava.library.path={self.classes}", "-cp", str(self.classes)]
-        self.argv += [main, *args]
+        self.ready = ready
+        path = ":".join([str(self.classes), *(classpath or [])])
+        self.argv = [str(JAVA), *(jvm or []), f"-Djava.library.path={self.classes}", "-cp", path, main, *args]
         if user is not None:
             self.classes.chmod(0o755)
             self.argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *self.argv]
+
+    def stop(self) -> None:
+        """SIGTERM first: the JVM then removes its hsperfdata file and attach socket from /tmp (a
+        SIGKILL leaves them there); SIGKILL after 10 s."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(10)
+        super().stop()
+
+
+def jvm_image_programs() -> dict[str, Path]:
+    """What a container image needs to run the host's JDK bind-mounted into it: the JDK's ELF files
+    (the launchers and its libraries), whose own dependencies the image takes from the host
+    (tests/containers.py copies each with every library ldd lists)."""
+    real = JAVA_HOME.resolve()
+    elves = [real / "bin" / "java", real / "bin" / "jfr", *sorted((real / "lib").rglob("*.so"))]
+    return {str(p): p for p in elves}
+
+
+def jvm_mounts(classes: Path) -> list[str]:
+    """podman options that put the host's JDK (and the /etc files its conf links to) and the kit's
+    classes into a container, read-only, at the paths the JVM expects."""
+    real = JAVA_HOME.resolve()
+    etc = "/etc/java-17-openjdk"
+    return ["-v", f"{real}:{real}:ro", "-v", f"{etc}:{etc}:ro", "-v", f"{classes}:/app/java:ro"]
+
+
+def wait_warmed_up(pid: int, quiet_s: float = 2.0, timeout: float = 60) -> None:
+    """Wait until the JVM is past its start-up, as a service diagnosed in production is: its JIT
+    compiled nothing new for quiet_s (its own counter, sun.ci.totalCompiles). Start-up loads classes
+    and compiles code into native memory, which is not the growth a test diagnoses."""
+    from memdiag.system.hsperfdata import read_perfdata
+
+    def compiles() -> int | None:
+        perf = read_perfdata(pid)
+        return perf.number("sun.ci.totalCompiles") if perf is not None else None
+
+    deadline = time.monotonic() + timeout
+    last, since = compiles(), time.monotonic()
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        now = compiles()
+        if now != last or now is None:
+            last, since = now, time.monotonic()
+        elif time.monotonic() - since >= quiet_s:
+            return
+    raise AssertionError(f"the JVM {pid} kept compiling for {timeout:.0f} s")

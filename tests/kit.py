@@ -88,6 +88,8 @@ def build(name: str, extra_flags: list[str] | None = None) -> Path:
 class Workload:
     """A running workload process. ``with Workload("leak", "2048") as w: w.pid``."""
 
+    ready = "ready"  # how the first line the workload prints starts, once it is ready
+
     def __init__(
         self,
         name: str,
@@ -123,7 +125,7 @@ class Workload:
             env={**os.environ, **(self.env or {})},
         )
         line = self.proc.stdout.readline().decode()  # type: ignore[union-attr]
-        if not line.startswith("ready"):
+        if not line.startswith(self.ready):
             self.stop()
             raise RuntimeError(f"workload {self.argv} did not start: {line!r}")
         return self

@@ -17,6 +17,7 @@ _SERIES_LABELS = {
     "process.rss": "process RSS",
     "process.rss_anon": "process anon RSS",
     "process.vm_swap": "process swap",
+    "jvm.live_set": "JVM live set (after collections)",
     "cgroup.usage": "cgroup usage",
     "system.mem_available": "system MemAvailable",
 }
@@ -50,6 +51,19 @@ _COUNTER_LABELS = {
     "psi_full_avg60": "PSI full avg60",
     "psi_some_window": "PSI some over the window",
     "psi_full_window": "PSI full over the window",
+    # a JVM target's own counters (hsperfdata) and its RSS split
+    "heap_max": "Java heap maximum (-Xmx)",
+    "heap_committed": "Java heap committed",
+    "heap_used": "Java heap in use",
+    "metaspace_committed": "metaspace committed",
+    "gc_count": "collections",
+    "full_gc_count": "full collections",
+    "live_set_percent": "live set (after the last collection) of the maximum",
+    "gc_share": "collection pauses, share of the window",
+    "gc_share_recent": "collection pauses, share of its latest third",
+    "heap_growth_share": "share of the RSS growth in the heap",
+    "heap_rss": "resident in the heap's range",
+    "outside_rss": "resident outside the heap",
 }
 
 
@@ -349,7 +363,7 @@ def _trends(report: Report) -> list[str]:
 
 def _counter_tables(report: Report) -> list[str]:
     lines = []
-    for scope, title in (("process", "Process"), ("cgroup", "Memory cgroup"), ("system", "System")):
+    for scope, title in (("process", "Process"), ("cgroup", "Memory cgroup"), ("system", "System"), ("jvm", "JVM")):
         scoped = [r for r in report.counters.rows if r.scope == scope]
         if not scoped:
             continue

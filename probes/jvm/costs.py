@@ -1,17 +1,18 @@
 """What a flight recording costs a JVM, as measured on the JVMs memdiag recorded on this host: the
 target's CPU time to start JFR (its first start in a JVM loads and JIT-compiles JFR's own Java
-code: 0.74-1.31 s here on OpenJDK 17.0.15; a later start 0.02-0.04 s), its CPU time per second
+code: 0.7-1.5 s here on OpenJDK 17.0.15; a later start 0.02-0.04 s), its CPU time per second
 while recording, and to stop (write the recording, search the old objects' paths to GC roots).
-Kept per JVM build in /var/lib/memdiag/jvm-costs.json (the last few measurements of each, the
-largest one priced), so the next recording of a JVM of that build is priced from this host's
-own figures. Until a build has been measured, the figures measured on this project's test host
-are the estimate, said to be so."""
+Kept per JVM build in /var/lib/memdiag/jvm-costs.json (the last five measurements of each, their
+median priced: one run against a target whose own load rose meanwhile reads high), so the next
+recording of a JVM of that build is priced from this host's own figures. Until a build has been
+measured, the figures measured on this project's test host are the estimate, said to be so."""
 
 from __future__ import annotations
 
 import contextlib
 import json
 import os
+import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,12 +46,12 @@ def _load() -> dict:
 
 
 def price(build: str | None, cold: bool) -> Price:
-    """What a recording of this JVM build costs: this host's largest measured figures, else the priors."""
+    """What a recording of this JVM build costs: the median of this host's measurements, else the priors."""
     mine = _load().get(build or "", {})
     figures = {}
     for kind in KINDS:
         values = [v for v in mine.get(kind, []) if isinstance(v, int | float) and v >= 0]
-        figures[kind] = max(values) if values else None
+        figures[kind] = statistics.median(values) if values else None
     start = figures["cold_start_s" if cold else "warm_start_s"]
     measured = start is not None and figures["record_cpu_per_s"] is not None
     return Price(

@@ -19,7 +19,7 @@ from memdiag.system.hsperfdata import read_perfdata
 from memdiag.system.jvm import jvm_counters
 from memdiag.system.target import Target
 
-from ..face import Context, Plan
+from ..face import Budget, Context, Plan
 from .attach import AttachRefused, Jvm, catches_sigquit, describe_target, listener_running
 from .costs import Price, price
 from .jfr import jfr_tool
@@ -41,6 +41,7 @@ class JfrPlan(Plan):
     cold: bool = True
     price: Price | None = None
     cutoff_ms: int = 0
+    allowance_ns: float | None = None  # what the budget leaves it, as the plan priced it (None: no budget)
 
 
 def jfr_started_before(pid: int, proc_root: Path = Path("/proc")) -> bool:
@@ -57,6 +58,15 @@ def jfr_started_before(pid: int, proc_root: Path = Path("/proc")) -> bool:
         if comm.startswith(_JFR_THREADS):
             return True
     return False
+
+
+def _over_budget() -> dict:
+    """What the rules see of a plan over the budget (its figures are in the trail)."""
+    why = (
+        "its price is over the budget (the trail says by how much): a larger --budget or a longer --duration "
+        "pays for it"
+    )
+    return {"jfr.plan": "over-budget", "jfr.not_run": why}
 
 
 def _refused(reason: str) -> JfrPlan:
@@ -102,6 +112,9 @@ def _priced(ctx: Context, jvm: Jvm, tool: list[str], how: str, build: str | None
     )
     common = dict(jvm=jvm, tool=tool, tool_how=how, inside="namespaces" in how, build=build, cold=cold, price=cost)
     budget = ctx.budget
+    allowed_ms = ctx.options.get("budget_ms")
+    if allowed_ms and ctx.seconds > 0:  # memdiag probe jfr --budget-ms: what the user allows it, in the target's time
+        budget = Budget(percent=100 * allowed_ms / 1000 / ctx.seconds, window_s=ctx.seconds)
     if budget is None:  # run alone: no budget to answer to
         cutoff = int(ctx.max_pause_ms or DEFAULT_CUTOFF_MS)
         return JfrPlan(go=True, state="full", reason=what, facts={"jfr.plan": "full"}, cutoff_ms=cutoff, **common)
@@ -119,7 +132,7 @@ def _priced(ctx: Context, jvm: Jvm, tool: list[str], how: str, build: str | None
             go=False,
             state="over-budget",
             reason=reason,
-            facts={"jfr.plan": "over-budget", "jfr.not_run": reason},
+            facts=_over_budget(),
             **estimate,
             **common,
         )
@@ -129,5 +142,12 @@ def _priced(ctx: Context, jvm: Jvm, tool: list[str], how: str, build: str | None
         f"roots searched within {cutoff} ms"
     )
     return JfrPlan(
-        go=True, state="full", reason=reason, facts={"jfr.plan": "full"}, cutoff_ms=cutoff, **estimate, **common
+        go=True,
+        state="full",
+        reason=reason,
+        facts={"jfr.plan": "full"},
+        cutoff_ms=cutoff,
+        allowance_ns=budget.allowance_ns,
+        **estimate,
+        **common,
     )

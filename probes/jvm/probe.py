@@ -1,8 +1,9 @@
 """The probe `jfr`: the JVM's own flight recorder, started through its attach socket for the time
 the diagnosis gives it, stopped, read and removed (probes/jvm/jfr.py), priced before it starts
-(probes/jvm/plan.py) and measured on the target while it runs: the target's CPU time above its rate
-before any probe (the start, which JIT-compiles JFR's code the first time, the recording, the
-stop), and the pause of the stop (the JVM's safepoint time while JFR.stop ran, from its counters).
+(probes/jvm/plan.py) and measured on the target while it runs (probes/jvm/meter.py: the CPU time of
+the JVM threads doing its work, raised to the process's CPU time above its rate before, up to
+twice: the start, which JIT-compiles JFR's code the first time, the recording, the stop), and the
+pause of the stop (the JVM's safepoint time while JFR.stop ran, from its counters).
 It backs off, stopping early, when what it measured would pass what the budget leaves.
 
 What it says (probes/jvm/view.py): which class the JVM keeps, the Java stack that allocated it and
@@ -12,11 +13,9 @@ sites that allocate the most, from the allocation samples; the heap after each c
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 
 from memdiag.system.hsperfdata import read_perfdata
 from memdiag.system.jvm import JvmCounters, jvm_counters
-from memdiag.system.process import cpu_seconds
 from memdiag.system.target import Target
 
 from ..base import Stop, run_for, stop_on_signals
@@ -24,6 +23,7 @@ from ..face import Context, ProbeResult, TracingCost
 from . import costs
 from .attach import AttachRefused
 from .jfr import Recording, print_json
+from .meter import STARTING, STOPPING, Meter
 from .plan import JfrPlan, plan
 from .recording import Allocating, Held, after_gc, allocating, held, parse_recording
 
@@ -57,33 +57,13 @@ class JfrResult(ProbeResult):
     record_cpu_s: float | None = None
     stop_cpu_s: float | None = None
     stop_pause_s: float | None = None  # the JVM's safepoint time while JFR.stop ran
-    measured_ns: float | None = None
+    measured_ns: float | None = None  # reported and enforced: the threads', raised to the process's up to twice
+    threads_ns: float | None = None  # the recording threads' CPU time (probes/jvm/meter.py)
+    process_ns: float | None = None  # the process's CPU time above its rate before
     record_rate_s: float = 0.0  # the part of the recording after the start had settled (its steady rate's)
     listener_started: bool = False  # memdiag's SIGQUIT started the JVM's attach listener
     tool: str = ""
     notes: list[str] = []
-
-
-@dataclass
-class _Clock:
-    """The target's CPU time above its rate before the probe (what the probe cost it)."""
-
-    pid: int
-    rate: float
-    t0: float
-    cpu0: float
-
-    @classmethod
-    def start(cls, pid: int, rate: float | None) -> _Clock:
-        return cls(pid, rate or 0.0, time.monotonic(), cpu_seconds(pid) or 0.0)
-
-    def spent(self) -> float:
-        now, cpu = time.monotonic(), cpu_seconds(self.pid)
-        return max(0.0, (cpu or self.cpu0) - self.cpu0 - self.rate * (now - self.t0))
-
-    def step(self, since: float) -> float:
-        """What the target spent since an earlier reading of spent() (never below nothing)."""
-        return max(0.0, self.spent() - since)
 
 
 def _counters(pid: int) -> JvmCounters | None:
@@ -115,32 +95,36 @@ def run(target: Target, ctx: Context) -> JfrResult:
 
 def _record(target: Target, ctx: Context, p: JfrPlan, rec: Recording, stop: Stop, out: dict) -> None:
     assert p.price is not None and target.pid is not None
-    clock = _Clock.start(target.pid, ctx.cpu_rate)
+    meter = Meter(target.pid, ctx.cpu_rate or 0.0)
     out["started_at"] = time.time()
     rec.start()
     answered = time.monotonic()
-    allowance_s = ctx.budget.allowance_ns / 1e9 if ctx.budget is not None else None
-    box: dict = {"start": None}
+    allowance_s = p.allowance_ns / 1e9 if p.allowance_ns is not None else None
 
     def tick(_elapsed: float) -> bool:
-        if box["start"] is None and time.monotonic() - answered >= SETTLE_S:
-            box["start"] = clock.spent()
+        starting = out.get("start_cpu_s") is None
+        if starting and time.monotonic() - answered >= SETTLE_S:
+            out["start_cpu_s"], starting = meter.close_step(STARTING), False
         # the stop still to pay, priced: stop before the allowance would be passed
-        return allowance_s is not None and clock.spent() + p.price.stop_s > allowance_s  # type: ignore[union-attr]
+        spent = meter.so_far(STARTING if starting else ())
+        return allowance_s is not None and spent + p.price.stop_s > allowance_s  # type: ignore[union-attr]
 
     left = ctx.seconds - (time.time() - out["started_at"])
     run_for(max(0.0, left - (READ_RESERVE_S if left > 2 * READ_RESERVE_S else 0.0)), target, stop, on_tick=tick)
     out.update(interrupted=stop.interrupted, backed_off=stop.backed_off, target_exited_at=stop.target_exited_at)
-    before_stop, counters_before = clock.spent(), _counters(target.pid)
-    start = box["start"] if box["start"] is not None else before_stop
-    out["start_cpu_s"], out["record_cpu_s"] = start, before_stop - start
+    if out.get("start_cpu_s") is None:
+        out["start_cpu_s"], out["record_cpu_s"] = meter.close_step(STARTING), 0.0
+    else:
+        out["record_cpu_s"] = meter.close_step()
     out["record_rate_s"] = max(0.0, time.monotonic() - answered - SETTLE_S)
     out["recorded_s"] = time.time() - out["started_at"]
     out["stopped_at"] = time.time()
+    counters_before = _counters(target.pid)
     path = rec.stop()
-    out["stop_cpu_s"] = clock.step(before_stop)
+    out["stop_cpu_s"] = meter.close_step(STOPPING)
     out["stop_pause_s"] = _safepoint_delta(counters_before, _counters(target.pid))
-    out["measured_ns"] = clock.spent() * 1e9
+    out["threads_ns"], out["process_ns"] = meter.threads_s * 1e9, meter.process_s() * 1e9
+    out["measured_ns"] = meter.so_far() * 1e9
     out["duration_s"] = time.time() - out["started_at"]
     if path is None:
         raise RuntimeError("the JVM wrote no recording at JFR.stop")
@@ -194,4 +178,5 @@ def _remember(out: dict) -> None:
 def measured(r: JfrResult) -> TracingCost | None:
     if r.measured_ns is None:
         return None
-    return TracingCost(attached_s=r.duration_s, cpu_ns=r.measured_ns, measured_ns=r.measured_ns)
+    # no probes_ns: there is no trap to count (the report's "hits x trap cost" is memleak's measure)
+    return TracingCost(attached_s=r.duration_s, cpu_ns=r.process_ns, measured_ns=r.measured_ns)

@@ -53,7 +53,7 @@ class OldSample(_Frozen):
     frames: list[JavaFrame] = []
     chain: list[str] = []  # from the object up: "java.lang.Object[] [421]", "java.util.ArrayList.elementData", ...
     anchor: str | None = None  # the root that holds it: OrderService.retryQueue, a thread's local variable
-    root: str | None = None  # the JVM's words for the root: "Threads / Stack Variable (Thread Name: main)"
+    root: str | None = None  # the root in words: "a stack variable of thread main", "JNI Global / ..."
     holder_detail: str | None = None  # what the JVM said of the object nearest the root: "Size: 3037"
 
 
@@ -195,17 +195,23 @@ def _class_of_mirror(mirror: dict) -> str:
     return desc.split("Class Name:", 1)[1].strip() if "Class Name:" in desc else "java.lang.Class"
 
 
+def _root_words(root: dict) -> str:
+    """A GC root as a reader says it: "a stack variable of thread main", "a JNI global (...)"."""
+    system, kind, desc = root.get("system") or "", root.get("type") or "", root.get("description") or ""
+    if system == "Threads":
+        thread = desc.split("Thread Name:", 1)[1].strip() if "Thread Name:" in desc else desc
+        return f"a {kind.lower() or 'root'} of thread {thread}".strip()
+    words = " / ".join(x for x in (system, kind) if x) or "a GC root"
+    return f"{words} ({desc})" if desc else words
+
+
 def _old(values: dict) -> OldSample:
     obj = values.get("object") or {}
     links, anchor, detail = _chain(obj)
     root = values.get("root")
-    root_text = None
-    if root:
-        root_text = " / ".join(x for x in (root.get("system"), root.get("type")) if x)
-        if root.get("description"):
-            root_text += f" ({root['description']})"
-        if anchor is None and links:
-            anchor = f"{links[-1]} (root: {root_text})"
+    root_text = _root_words(root) if root else None
+    if root and anchor is None and links:
+        anchor = f"{links[-1]}, from {root_text}"
     return OldSample(
         allocated_at=parse_time(values.get("allocationTime")),
         cls=class_name((obj.get("type") or {}).get("name")),

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_rate
 
-from ..face import Face, FactDef, Section, Stack, Stacks, TrailItem
+from ..face import Face, FactDef, Option, Section, Stack, Stacks, TrailItem
 from .plan import plan
 from .probe import JfrResult, measured, run
 from .recording import Held
@@ -19,6 +19,7 @@ FACTS = (
     FactDef("jfr.held_site", "string", "the Java method and line that allocated them (past the JDK's own frames)"),
     FactDef("jfr.held_anchor", "string", "what holds them: a static field (OrderService.retryQueue) or another root"),
     FactDef("jfr.held_detail", "string", "what the JVM said of the holder nearest the root (Size: 3037)"),
+    FactDef("jfr.held_by", "string", "the anchor with what the JVM said of it: LruCache.cache (Size: 4000)"),
     FactDef("jfr.held_samples", "number", "its old-object samples still reachable at the stop"),
     FactDef("jfr.held_share", "percent", "their share of every reachable old-object sample"),
     FactDef(
@@ -52,6 +53,7 @@ def facts_of(r: JfrResult | None, p, _name) -> dict:
                 "jfr.held_site": top.site,
                 "jfr.held_anchor": top.anchor,
                 "jfr.held_detail": top.holder_detail,
+                "jfr.held_by": f"{top.anchor} ({top.holder_detail})" if top.holder_detail else top.anchor,
                 "jfr.held_samples": top.samples,
                 "jfr.held_share": top.share,
                 "jfr.held_kept": top.kept_percent,
@@ -150,11 +152,20 @@ def sections(r: JfrResult) -> list[Section]:
     return out
 
 
+def _cpu(seconds: float | None) -> str:
+    """A CPU time as the kernel's clock gives it: in ticks of 10 ms (USER_HZ 100), never "0 s"."""
+    if seconds is not None and seconds < 0.01:
+        return "under 10 ms (a tick of the CPU clock)"
+    return fmt_duration(seconds)
+
+
 def _cost_line(r: JfrResult) -> str:
     start = "its first start in this JVM" if r.cold_start else "its start"
     parts = [
-        f"cost to the target's CPU: {start} {fmt_duration(r.start_cpu_s)}, recording {fmt_duration(r.record_cpu_s)}, "
-        f"stop {fmt_duration(r.stop_cpu_s)}"
+        f"cost to the target: its threads doing the recording's work used {_cpu(r.start_cpu_s)} of CPU for "
+        f"{start}, {_cpu(r.record_cpu_s)} recording, {_cpu(r.stop_cpu_s)} to stop; reported "
+        f"{_cpu((r.measured_ns or 0) / 1e9)} (raised to the process's CPU above its rate before, "
+        f"{_cpu((r.process_ns or 0) / 1e9)}, up to twice)"
     ]
     if r.stop_pause_s is not None:
         parts.append(
@@ -224,4 +235,12 @@ FACE = Face(
     on_target=True,
     plan=plan,
     planning="pricing the flight recording",
+    options=(
+        Option(
+            "--budget-ms",
+            "milliseconds",
+            "the target's CPU time the recording may cost (default: 2%% of --duration; JFR's first start in a JVM "
+            "costs about a second of it)",
+        ),
+    ),
 )

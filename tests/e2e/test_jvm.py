@@ -1,0 +1,237 @@
+"""Diagnoses of real JVMs (Debian's OpenJDK 17), end to end: the kit's Java programs and a real
+Java server from Debian (H2). The JVM's own counters say where the growth is; its flight recorder,
+through the attach socket, names the class, the Java method and line that allocated it and the
+field that holds it. The window is the default 30 s; the budget is 10%, so that JFR's first start
+in a JVM (about a second of the target's CPU here: it JIT-compiles JFR's own code) fits it, save in
+the tests of what happens when it does not."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from figures import read_report
+from jvmkit import have_jdk, wait_warmed_up
+from kit import MEMDIAG, wait_until
+from memdiag.probes.jvm.attach import describe_target, jcmd
+
+pytestmark = pytest.mark.skipif(not have_jdk(), reason="needs a JDK (scripts/setup.sh --test installs openjdk-17)")
+
+H2_JAR = Path("/usr/share/java/h2.jar")  # Debian's libh2-java (scripts/setup.sh --test)
+WINDOW = ("--duration", "30", "--budget", "10")
+
+
+def diagnose(memdiag, out: Path, pid: int, *extra: str) -> dict:
+    wait_warmed_up(pid)
+    r = memdiag("--pid", str(pid), *(extra or WINDOW), "--output", str(out), timeout=240)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    return json.loads((out / "report.json").read_text())
+
+
+def trail(rep: dict, kind: str, name: str) -> list[dict]:
+    return [t for t in rep["trail"] if t["kind"] == kind and t["name"] == name]
+
+
+def fired(rep: dict, rule: str) -> bool:
+    return any(t["state"] == "fired" for t in trail(rep, "rule", rule))
+
+
+def section(rep: dict, title: str) -> dict:
+    return next(s for s in rep["sections"] if s["title"] == title)
+
+
+def left_in_jvm(pid: int) -> list[str]:
+    """What memdiag may have left in the JVM's /tmp and working directory: the attach trigger, a
+    recording's settings or file, a perf map (the JVM's own attach socket is not memdiag's)."""
+    names = [*Path(f"/proc/{pid}/root/tmp").iterdir(), *Path(f"/proc/{pid}/cwd").iterdir()]
+    return sorted(p.name for p in names if p.name.startswith(("memdiag-", f".attach_pid{pid}", f"perf-{pid}.map")))
+
+
+def jfr_threads(pid: int) -> list[str]:
+    """JFR's own threads in the JVM: there once a recording was started in it, ever."""
+    comms = [(p / "comm").read_text().strip() for p in Path(f"/proc/{pid}/task").iterdir()]
+    return [c for c in comms if c.startswith("JFR ")]
+
+
+def recordings_running(pid: int) -> list[str]:
+    out = jcmd(describe_target(pid), "JFR.check").output
+    return [line for line in out.splitlines() if "memdiag-" in line and "(running)" in line]
+
+
+def test_a_static_retry_list_is_growth_in_the_java_heap_named_by_class_method_and_field(memdiag, java, tmp_path):
+    w = java("OrderService", "1000", jvm=["-Xmx512m"])
+    rep = diagnose(memdiag, tmp_path, w.pid)
+    v = rep["verdict"]
+    assert v["kind"] == "growth" and v["rule"] == "java-heap-retained", v["summary"]
+    assert "growth in the Java heap" in v["summary"]
+    assert "byte[] objects allocated at OrderService.processBatch(int) line: " in v["summary"]
+    assert "held by OrderService.retryQueue" in v["summary"]
+    assert v["culprit"]["function"].startswith("OrderService.processBatch(int) line: ")
+    holders = section(rep, "Java heap: what holds it")["rows"]
+    assert holders[0][:3] == ["byte[]", holders[0][1], "OrderService.retryQueue"]
+    assert "java.util.ArrayList.elementData" in holders[0][-1]
+    assert trail(rep, "budget", "jfr")[0]["state"] == "full"
+    assert not trail(rep, "probe", "memleak")  # a malloc probe sees none of the Java heap: not asked
+    jfr = next(p for p in rep["probes"] if p["name"] == "jfr")
+    assert jfr["status"] == "ok" and jfr["on_target"] and jfr["overhead_percent"] > 0
+    assert rep["overhead"]["measured_percent"] <= rep["overhead"]["budget_percent"]
+    rows = {r["name"]: r for r in rep["counters"]["rows"] if r["scope"] == "jvm"}
+    # G1's counters give each generation's maximum as -Xmx plus a few bytes of its own bookkeeping
+    assert abs(rows["heap_max"]["last"] - (512 << 20)) < 1024 and rows["heap_growth_share"]["last"] >= 50
+    assert rep["counters"]["trends"]["jvm.live_set"]["shape"] == "climbing"
+    md = (tmp_path / "report.md").read_text()
+    assert "### JVM counters" in md and "### Java heap: what holds it" in md
+    assert "OrderService.retryQueue" in (tmp_path / "report.html").read_text()
+    assert left_in_jvm(w.pid) == [] and recordings_running(w.pid) == []
+
+
+def test_a_bounded_lru_cache_is_a_cache_that_turns_over(memdiag, java, tmp_path):
+    w = java("LruCache", "1000", "4000", jvm=["-Xmx1g"])
+    rep = diagnose(memdiag, tmp_path, w.pid)
+    v = rep["verdict"]
+    assert v["kind"] == "cache", v["summary"]
+    assert "held by LruCache.cache (Size: 4000) and let go again" in v["summary"]
+    assert "allocated at LruCache.load(int) line: " in v["summary"]
+    kept = next(p for p in rep["probes"] if p["name"] == "jfr")["figures"]["jfr.held_kept"]
+    assert kept < 50  # most sampled values that outlived a collection were evicted
+    assert left_in_jvm(w.pid) == []
+
+
+def test_a_heap_near_its_maximum_thrashing_in_gc_is_pressure_in_the_java_heap(memdiag, java, tmp_path):
+    w = java("HeapThrash", jvm=["-Xmx128m"])
+    rep = diagnose(memdiag, tmp_path, w.pid)
+    v = rep["verdict"]
+    assert v["kind"] == "pressure" and v["rule"] == "java-heap-pressure", v["summary"]
+    assert "pressure inside the Java heap" in v["summary"]
+    rows = {r["name"]: r for r in rep["counters"]["rows"] if r["scope"] == "jvm"}
+    assert rows["live_set_percent"]["last"] >= 80 and rows["gc_share"]["last"] > 7.7
+    assert any(f["id"] == "java-heap-held" and "HeapThrash.records" in f["summary"] for f in rep["findings"])
+
+
+def test_a_jni_native_leak_is_a_leak_named_by_its_c_function(memdiag, java, tmp_path):
+    w = java("NativeLeak", "2000", jvm=["-Xmx256m"])
+    rep = diagnose(memdiag, tmp_path, w.pid)
+    v = rep["verdict"]
+    assert v["kind"] == "leak", v["summary"]
+    assert "leaks from stash_record" in v["summary"]
+    assert v["culprit"]["function"] == "stash_record"
+    assert any(
+        f.startswith("NativeLeak.recordOrder(long, int)+0x") and f.endswith("[jit]") for f in v["culprit"]["stack"]
+    )
+    assert fired(rep, "java-native-growth") and not trail(rep, "probe", "jfr")
+    assert left_in_jvm(w.pid) == []  # the perf map memdiag asked for is removed
+
+
+def test_over_the_budget_the_counters_say_growth_and_nothing_is_sent_to_the_jvm(memdiag, java, tmp_path):
+    w = java("OrderService", "1000", jvm=["-Xmx512m"])
+    rep = diagnose(memdiag, tmp_path, w.pid, "--duration", "30", "--budget", "2")
+    v = rep["verdict"]
+    assert v["kind"] == "growth" and v["rule"] == "java-heap-growth-unnamed", v["summary"]
+    assert "the flight recorder would say" in v["summary"] and "budget" in v["summary"]
+    assert trail(rep, "budget", "jfr")[0]["state"] == "over-budget" and not trail(rep, "probe", "jfr")
+    assert not jfr_threads(w.pid)  # no recording was ever started in it
+    assert left_in_jvm(w.pid) == []
+
+
+def test_a_jvm_refusing_attach_is_diagnosed_from_its_counters_and_never_signalled(memdiag, java, tmp_path):
+    w = java("OrderService", "1000", jvm=["-Xmx512m", "-XX:+DisableAttachMechanism"])
+    rep = diagnose(memdiag, tmp_path, w.pid)
+    v = rep["verdict"]
+    assert v["kind"] == "growth" and "growth in the Java heap" in v["summary"], v["summary"]
+    plan = trail(rep, "budget", "jfr")[0]
+    assert plan["state"] == "refused" and "-XX:+DisableAttachMechanism" in plan["reason"]
+    assert w.proc.poll() is None and not Path(f"/tmp/.java_pid{w.pid}").exists()
+
+
+def test_sigterm_mid_recording_stops_it_and_removes_its_files(java, tmp_path):
+    w = java("OrderService", "1000", jvm=["-Xmx512m"])
+    wait_warmed_up(w.pid)
+    cmd = [MEMDIAG, "--pid", str(w.pid), *WINDOW, "--output", str(tmp_path)]
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        wait_until(lambda: bool(recordings_running(w.pid)), "the recording to start", timeout=60)
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        _out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    rep = read_report(tmp_path)
+    assert rep["interrupted"]["signal"] == "SIGTERM"
+    assert recordings_running(w.pid) == [] and left_in_jvm(w.pid) == []
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.skipif(not H2_JAR.exists(), reason="needs Debian's libh2-java (scripts/setup.sh --test)")
+def test_a_real_h2_database_server_keeping_every_row_is_growth_held_by_its_own_code(memdiag, java, tmp_path):
+    """Debian's H2 database engine as a TCP server, its in-memory table fed by a client JVM."""
+    port = free_port()
+    server = java(
+        "org.h2.tools.Server",
+        "-tcp",
+        "-tcpPort",
+        str(port),
+        "-ifNotExists",
+        jvm=["-Xmx512m"],
+        classpath=[str(H2_JAR)],
+        ready="TCP server running",
+    )
+    java("H2Feeder", f"jdbc:h2:tcp://localhost:{port}/mem:orders", "500", "1024", classpath=[str(H2_JAR)])
+    rep = diagnose(memdiag, tmp_path, server.pid)
+    v = rep["verdict"]
+    assert v["kind"] == "growth" and "growth in the Java heap" in v["summary"], v["summary"]
+    figures = next(p for p in rep["probes"] if p["name"] == "jfr")["figures"]
+    assert figures["jfr.held_kept"] >= 50
+    holders = section(rep, "Java heap: what holds it")["rows"]
+    assert holders and holders[0][1].startswith("org.h2.")  # allocated in H2's own code, past the JDK's
+    assert left_in_jvm(server.pid) == []
+
+
+@pytest.fixture
+def jvm_container(root_required):
+    """A podman container running one of the kit's Java programs on the host's JDK, bind-mounted
+    read-only (the image holds the libraries it links); removed at the end."""
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        pytest.skip("needs podman and runc (scripts/setup.sh --test installs them)")
+    from containers import Image, run_container
+    from jvmkit import JAVA, build_java, jvm_image_programs, jvm_mounts
+
+    started = []
+    with Image(jvm_image_programs()) as image:
+
+        def start(main: str, *args: str, jvm: tuple[str, ...] = ()):
+            c = run_container(
+                image, str(JAVA.resolve()), *jvm, "-cp", "/app/java", main, *args, extra=jvm_mounts(build_java())
+            )
+            started.append(c)
+            return c
+
+        try:
+            yield start
+        finally:
+            for c in started:
+                c.remove()
+
+
+def test_a_jvm_in_a_podman_container_is_diagnosed_by_container_name(memdiag, jvm_container, tmp_path):
+    c = jvm_container("OrderService", "1000", jvm=("-Xmx512m",))
+    wait_warmed_up(c.pid)
+    r = memdiag("--container", c.name, *WINDOW, "--output", str(tmp_path), timeout=240)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "report.json").read_text())
+    v = rep["verdict"]
+    assert v["kind"] == "growth" and v["rule"] == "java-heap-retained", v["summary"]
+    assert "held by OrderService.retryQueue" in v["summary"] and c.name in rep["target"]["description"]
+    how = section(rep, "Java heap: what holds it")["lines"][0]
+    assert "in the target's namespaces" in how  # the container's own jfr tool, run inside it
+    assert Path(f"/proc/{c.pid}/root/tmp/.java_pid1").exists()  # its listener, under its own pid 1
+    assert left_in_jvm(c.pid) == [] and not list(Path(f"/proc/{c.pid}/root/tmp").glob(".attach_pid*"))
