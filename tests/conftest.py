@@ -29,6 +29,7 @@ BPF_FIXTURES = frozenset(
         "root_required",
         "workload",
         "java",
+        "jvm_container",
         "memcg",
         "swap",
         "memdiag",
@@ -54,6 +55,7 @@ SLOW_MODULES = frozenset(
         "e2e/test_signals.py",
         "probes/test_jvm_instruments.py",
         "probes/test_overhead.py",
+        "serve/test_jvm_alert.py",
         "serve/test_node_agent.py",
     }
 )
@@ -125,6 +127,32 @@ def java(root_required):
     yield start
     for w in started:
         w.stop()
+
+
+@pytest.fixture
+def jvm_container(root_required):
+    """A podman container running one of the kit's Java programs on the host's JDK, bind-mounted
+    read-only (the image holds the libraries it links); removed at the end."""
+    if shutil.which("podman") is None or shutil.which("runc") is None:
+        pytest.skip("needs podman and runc (scripts/setup.sh --test installs them)")
+    from containers import Image
+    from jvmkit import JAVA, build_java, jvm_image_programs, jvm_mounts
+
+    started = []
+    with Image(jvm_image_programs()) as image:
+
+        def start(main: str, *args: str, jvm: tuple[str, ...] = ()):
+            c = run_container(
+                image, str(JAVA.resolve()), *jvm, "-cp", "/app/java", main, *args, extra=jvm_mounts(build_java())
+            )
+            started.append(c)
+            return c
+
+        try:
+            yield start
+        finally:
+            for c in started:
+                c.remove()
 
 
 @pytest.fixture

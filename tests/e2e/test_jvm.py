@@ -8,7 +8,7 @@ the tests of what happens when it does not."""
 from __future__ import annotations
 
 import json
-import shutil
+import re
 import signal
 import socket
 import subprocess
@@ -51,7 +51,8 @@ def left_in_jvm(pid: int) -> list[str]:
     """What memdiag may have left in the JVM's /tmp and working directory: the attach trigger, a
     recording's settings or file, a perf map (the JVM's own attach socket is not memdiag's)."""
     names = [*Path(f"/proc/{pid}/root/tmp").iterdir(), *Path(f"/proc/{pid}/cwd").iterdir()]
-    return sorted(p.name for p in names if p.name.startswith(("memdiag-", f".attach_pid{pid}", f"perf-{pid}.map")))
+    mine = re.compile(rf"^(memdiag-[0-9a-f]{{12}}\.(jfr|jfc)|\.attach_pid{pid}|perf-{pid}\.map)$")
+    return sorted(p.name for p in names if mine.match(p.name))
 
 
 def jfr_threads(pid: int) -> list[str]:
@@ -194,32 +195,6 @@ def test_a_real_h2_database_server_keeping_every_row_is_growth_held_by_its_own_c
     holders = section(rep, "Java heap: what holds it")["rows"]
     assert holders and holders[0][1].startswith("org.h2.")  # allocated in H2's own code, past the JDK's
     assert left_in_jvm(server.pid) == []
-
-
-@pytest.fixture
-def jvm_container(root_required):
-    """A podman container running one of the kit's Java programs on the host's JDK, bind-mounted
-    read-only (the image holds the libraries it links); removed at the end."""
-    if shutil.which("podman") is None or shutil.which("runc") is None:
-        pytest.skip("needs podman and runc (scripts/setup.sh --test installs them)")
-    from containers import Image, run_container
-    from jvmkit import JAVA, build_java, jvm_image_programs, jvm_mounts
-
-    started = []
-    with Image(jvm_image_programs()) as image:
-
-        def start(main: str, *args: str, jvm: tuple[str, ...] = ()):
-            c = run_container(
-                image, str(JAVA.resolve()), *jvm, "-cp", "/app/java", main, *args, extra=jvm_mounts(build_java())
-            )
-            started.append(c)
-            return c
-
-        try:
-            yield start
-        finally:
-            for c in started:
-                c.remove()
 
 
 def test_a_jvm_in_a_podman_container_is_diagnosed_by_container_name(memdiag, jvm_container, tmp_path):

@@ -146,13 +146,13 @@ def test_a_recording_names_the_class_the_allocating_method_and_the_static_field_
 
 
 def test_a_cache_holder_is_named_and_lets_its_entries_go(java):
-    w = java("LruCache", "1000", "2000", jvm=["-Xmx512m"])
+    w = java("LruCache", "1000", "4000", jvm=["-Xmx1g"])
     ready_counters(w.pid)
-    rec = Recording(describe_target(w.pid), planned_s=14, cutoff_ms=500)
+    rec = Recording(describe_target(w.pid), planned_s=18, cutoff_ms=500)
     try:
         started = time.time()
         rec.start()
-        time.sleep(12)
+        time.sleep(16)
         stopped = time.time()
         groups = held(parse_recording(read(rec, rec.stop())), started, stopped)
     finally:
@@ -160,7 +160,7 @@ def test_a_cache_holder_is_named_and_lets_its_entries_go(java):
     cache = next(g for g in groups if g.anchor == "LruCache.cache")
     assert cache.cls == "byte[]" and cache.site.startswith("LruCache.load(int) line: ")
     assert "java.util.LinkedHashMap$Entry.value" in cache.chain
-    assert cache.holder_detail == "Size: 2000"
+    assert cache.holder_detail == "Size: 4000"
 
 
 def test_closing_a_recording_never_stopped_stops_it_and_removes_its_files(java):

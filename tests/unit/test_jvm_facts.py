@@ -1,0 +1,152 @@
+"""A JVM target's facts from its own counters over a window (fixture snapshots in the counters'
+own terms), the tables the report shows them in, the shipped playbook's verdicts on them, and
+the flight recorder's face: only declared facts, its rows, stacks and sections, and its plan."""
+
+from __future__ import annotations
+
+import pytest
+from memdiag.diagnose.evidence import build_counters
+from memdiag.diagnose.jvmheap import jvm_facts, jvm_rows, jvm_sections, jvm_series, live_points
+from memdiag.diagnose.observe import Observation
+from memdiag.diagnose.snapshot import Snapshot
+from memdiag.diagnose.workflow import load_rules
+from memdiag.probes.face import Budget, Context, ProbeStatus, RowContext
+from memdiag.probes.jvm import plan as jplan
+from memdiag.probes.jvm.attach import Jvm
+from memdiag.probes.jvm.costs import Price
+from memdiag.probes.jvm.probe import JfrResult
+from memdiag.probes.jvm.recording import held, parse_recording, parse_time
+from memdiag.probes.jvm.view import FACE
+from memdiag.rules.engine import conclude, run_rules
+from memdiag.system.jvm import JvmCounters, JvmMemory, JvmSample
+from memdiag.system.meminfo import MemInfo
+from memdiag.system.process import ProcessMemory
+from memdiag.system.target import Target
+from memdiag.system.vmstat import VmStat
+from test_jfr_recording import T0, recording_json
+
+MiB, GiB = 1 << 20, 1 << 30
+
+
+def sample(t: int, after_gc: int, gcs: int, heap_rss: int, rss: int, gc_time: float = 0.0) -> JvmSample:
+    c = JvmCounters(clock_s=float(t), policy="GarbageFirst", heap_used=after_gc + 8 * MiB, heap_committed=400 * MiB,
+                    heap_max=GiB, after_gc_used=after_gc, gc_count=gcs, gc_time_s=gc_time, metaspace_committed=8 * MiB,
+                    vm="OpenJDK 64-Bit Server VM", version="17.0.15")  # fmt: skip
+    m = JvmMemory(rss=rss, heap=heap_rss, code=2 * MiB, stacks=MiB, metaspace=8 * MiB, files=30 * MiB,
+                  other=rss - heap_rss - 41 * MiB)  # fmt: skip
+    return JvmSample(counters=c, memory=m)
+
+
+def observation(samples: list[JvmSample]) -> Observation:
+    snaps = [
+        Snapshot(t=float(t), wall=1.8e9 + t, meminfo=MemInfo(mem_total=8 * GiB, mem_available=6 * GiB),
+                 vmstat=VmStat(counters={}), jvm=j,
+                 process=ProcessMemory(pid=7, comm="java", cmdline=["java"], rss=j.memory.rss if j.memory else None))
+        for t, j in enumerate(samples)
+    ]  # fmt: skip
+    return Observation(target=Target.for_pid(7, "java"), requested_s=30, started=1.8e9, ended=1.8e9 + len(snaps),
+                       snapshots=snaps, jvm=True)  # fmt: skip
+
+
+def leaking() -> Observation:
+    """A collection every 3 s; what it leaves climbs 6 MiB a time; the heap holds the RSS growth."""
+    return observation(
+        [sample(t, 20 * MiB + (t // 3) * 6 * MiB, t // 3, 50 * MiB + t * 2 * MiB, 90 * MiB + t * 2 * MiB)
+         for t in range(31)]
+    )  # fmt: skip
+
+
+def test_the_live_set_is_one_point_per_collection_and_the_heap_holds_the_growth():
+    obs = leaking()
+    points = live_points([(s.t, s.jvm.counters) for s in obs.snapshots])
+    assert len(points) == 10  # the samples right after each collection, not the repeats between them
+    f = jvm_facts(obs)
+    assert f["jvm.live_set_shape"] == "climbing" and f["jvm.live_set"] == 80 * MiB
+    assert f["jvm.heap_growth_share"] == pytest.approx(100.0)
+    assert f["jvm.gc_count"] == 10 and f["jvm.live_set_percent"] == pytest.approx(100 * 80 / 1024)
+    assert jvm_series(obs)["jvm.live_set"][0] == (3.0, 26 * MiB)
+    rows = {r.name: r for r in jvm_rows(obs)}
+    assert rows["heap_max"].last == GiB and rows["heap_rss"].last - rows["heap_rss"].first == 60 * MiB
+    counters = build_counters(obs)
+    assert counters.trends["jvm.live_set"].shape == "climbing"  # the Trends table's, the fact's
+    assert counters.trends["jvm.live_set"].rate_per_s == pytest.approx(f["jvm.live_set_rate"])
+    (sec,) = jvm_sections(obs)
+    assert sec.title == "Java heap: where the RSS is" and sec.rows[0][:1] == ["Java heap"]
+
+
+def verdict(facts: dict) -> str:
+    c = conclude(run_rules(load_rules(), facts), facts)
+    return c.winner.id if c.winner else ""
+
+
+BASE = {"target.kind": "pid", "target.name": "PID 7 (java)", "target.runtime": "jvm", "window.samples": 31,
+        "process.rss_shape": "climbing", "process.rss_growth": 60 * MiB, "oom.kills": 0, "oom.kills_in_window": 0,
+        "memory.shape": "climbing", "summary.growth": "g"}  # fmt: skip
+
+
+def test_playbook_java_verdicts_from_the_counters_and_the_recording():
+    counters = {**BASE, **jvm_facts(leaking())}
+    assert verdict(counters) == "java-heap-growth-unnamed"  # the recording did not run
+    named = {**counters, "jfr.held_anchor": "OrderService.retryQueue", "jfr.held_kept": 100.0}
+    assert verdict(named) == "java-heap-retained"
+    assert verdict({**named, "jfr.held_kept": 2.0}) == "java-heap-turnover"
+    near = {**named, "jvm.live_set_percent": 93.0, "jvm.gc_share": 35.0, "jvm.gc_share_recent": 40.0}
+    assert verdict(near) == "java-heap-pressure"
+    native = {**BASE, "jvm.heap_growth_share": 2.0, "jvm.live_set_shape": "flat", "reach.leaked_count": 3000,
+              "reach.leaked_ratio": 100.0}  # fmt: skip
+    assert verdict(native) == "leak-unreachable"  # growth outside the heap: the malloc probes' verdict
+    # memleak's finding in the JVM's own code does not name growth the heap holds
+    malloc_cache = {**counters, "reach.anchored_ratio": 100.0, "memleak.top_trend": "flat", "reach.scanned": True}
+    assert verdict(malloc_cache) == "java-heap-growth-unnamed"
+
+
+def test_rss_climbing_asks_malloc_probes_only_where_the_heap_does_not_hold_the_growth():
+    rules = {r.id: r for r in load_rules()}
+    fired = {r.id for r, o in run_rules(list(rules.values()), {**BASE, **jvm_facts(leaking())}) if o.state == "fired"}
+    assert "java-heap-grows" in fired and "rss-climbing" not in fired
+    not_jvm = {**BASE, "target.runtime": "none"}
+    fired = {r.id for r, o in run_rules(list(rules.values()), not_jvm) if o.state == "fired"}
+    assert "rss-climbing" in fired and "java-heap-grows" not in fired
+
+
+def jfr_result() -> JfrResult:
+    parsed = parse_recording(recording_json())
+    start, stop = parse_time(T0), parse_time("2026-12-01T21:54:18.000000000Z")
+    return JfrResult(name="jfr", status="ok", held=held(parsed, start, stop), recorded_s=20, started_at=start,
+                     stopped_at=stop, old_samples=len(parsed.old), unrooted=2, cold_start=True, start_cpu_s=0.9,
+                     record_cpu_s=0.005, stop_cpu_s=0.02, stop_pause_s=0.012, measured_ns=0.95e9, process_ns=0.95e9,
+                     cutoff_ms=500, tool="jfr", listener_started=True)  # fmt: skip
+
+
+def test_the_recordings_face_yields_only_its_facts_and_says_what_holds_the_heap():
+    r = jfr_result()
+    facts = FACE.facts_of(r, None, lambda *_: None)
+    assert set(facts) <= FACE.fact_names()
+    assert facts["jfr.held_by"] == "OrderService.retryQueue (Size: 3037)" and facts["jfr.held_kept"] == pytest.approx(
+        200 / 3
+    )
+    (sec, *_) = FACE.sections(r)
+    assert sec.rows[0][2] == "OrderService.retryQueue" and "first start in this JVM" in sec.lines[1]
+    stack = FACE.stacks.culprit_of(r, "growth")
+    assert stack.frames[0] == "OrderService.processBatch(int) line: 10"
+    assert FACE.stacks.culprit_of(r, "leak") is None  # a leak on a JVM is native: memleak's stack
+    assert any("attach listener" in c for c in FACE.caveats(r))
+    row = ProbeStatus(name="jfr", status="not-run", reason="no rule asked for it")
+    assert FACE.rows(None, None, RowContext(30, {}, row)) == []  # no row for a target that is no JVM
+
+
+def test_the_plan_prices_the_start_the_recording_and_the_stop_against_the_budget():
+    jvm = Jvm(pid=7, nspid=7, uid=0, gid=0, start_ticks=1, proc=__import__("pathlib").Path("/proc/7"))
+    cold = Price(start_s=1.31, record_per_s=0.0065, stop_s=0.09, measured_here=False)
+
+    def planned(percent: float, seconds: float = 20):
+        ctx = Context(seconds=seconds, budget=Budget(percent, 30), max_pause_ms=1000)
+        return jplan._priced(ctx, jvm, ["jfr"], "jfr", "17", True, cold)
+
+    over = planned(2)  # 600 ms of a 30 s window: a cold start does not fit
+    assert not over.go and over.state == "over-budget" and "--budget" in over.facts["jfr.not_run"]
+    assert over.estimated_percent == pytest.approx(100 * (1.31 + 0.0065 * 20 + 0.09) / 30)
+    ok = planned(10)
+    assert ok.go and ok.cutoff_ms == 1000 and ok.allowance_ns == pytest.approx(3e9)
+    tight = planned(5.2)  # 1.56 s allowed, 1.53 s priced: the rest is the cutoff of the paths' search
+    assert tight.go and 10 <= tight.cutoff_ms < 40
