@@ -120,4 +120,3 @@ def observe(
         memdiag_pid=os.getpid(),
         cgroup_closing=read_target_cgroup(target) if snapshots else None,
     )
-

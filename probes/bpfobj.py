@@ -251,6 +251,8 @@ class Program:
         self._attachments.append(fd)
 
     def _probe(self, pmu: str, fn_name: str, target: bytes, offset: int, ret: bool, pid: int) -> None:
+        if not isinstance(target, bytes):  # checked before the PMU: a kernel without it must fail the same way
+            raise TypeError(f"{pmu} target must be bytes, not {type(target).__name__} ({target!r})")
         type_, ret_bit = sys_.pmu(pmu)
         fn = self.load_func(fn_name, sys_.PROG_KPROBE)
         path = ct.create_string_buffer(target)
