@@ -87,9 +87,10 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         runner: Callable[[str, Context], ProbeResult] | None = None,
         planner: Callable[[str, Context], Plan | None] | None = None,
+        given: dict | None = None,
     ):
         """clock, runner (probe name, context -> result) and planner (probe name, context -> its
-        plan) are the probes' own unless a test gives its own."""
+        plan) are the probes' own unless a test gives its own; given: facts known beforehand."""
         self.rules, self.target, self.duration, self.budget = rules, target, duration, budget_percent
         self.interval, self.on_sample, self.on_step = interval, on_sample, on_step or (lambda _s: None)
         self.max_pause_ms = max_pause_ms
@@ -106,6 +107,7 @@ class Engine:
         self.decided: set[str] = set()  # probes planned, run or refused: once per diagnosis
         self.spent_ns = 0.0  # the budget's ledger: the target's time plans spent (a rate count)
         self.cpu_start = cpu_seconds(target.pid) if target.kind == "pid" and target.pid is not None else None
+        self.given = dict(given or {})
 
     # --- time and the budget ---------------------------------------------------------------
     def elapsed(self) -> float:
@@ -134,6 +136,7 @@ class Engine:
         counters = build_counters(obs)
         tri = triage(obs, counters)
         f = counter_facts(obs, counters, self.budget)
+        f.update(self.given)
         f["target.name"] = self.target.describe()
         t = self.target
         f.update(target_facts(t.kind, t.pid, t.cmdline, self.runtime))

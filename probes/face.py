@@ -100,6 +100,7 @@ class ProbeResult(BaseModel):
     target_exited_at: float | None = None
     interrupted: bool = False
     backed_off: bool = False  # stopped early because it cost more than allowed
+    detach_s: float | None = None  # how long detaching its programs took (each probe waits out a grace period)
     lost: dict[str, int] = {}
     cost: Cost = Cost()
 

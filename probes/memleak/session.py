@@ -26,7 +26,7 @@ from ..growth import RawStack, Spaces, symbolize
 from ..stacks import Frame, Symbolizer, folded, recover
 from . import reach as reachscan
 from .costs import Costs
-from .meter import CHECK_S, DETACH_S, Meter
+from .meter import CHECK_S, Meter, detach_seconds
 from .options import STAT_NAMES, build_options, requirements
 from .reach import ReachScan
 from .result import BigAlloc, LeakStack, MemleakResult
@@ -72,14 +72,14 @@ def run(
     reach_allowed_ms: float | None = None,
 ) -> MemleakResult:
     """functions: attach only these entry points (a narrower, cheaper set), default all.
-    costs (this host's, probes/calibrate.py): measure what tracing costs the target as it runs
+    costs (this host's, costs.py): measure what tracing costs the target as it runs
     (result.tracing_cost). site_rates: calls per second by entry point (the rate count), to attach
     (and so detach) the hottest first and to price a program shared by several sites by the
     sites' hits. allowance_ns: detach early once that measured cost, with what detaching
     will add, reaches this many ns of the target's time. cpu_baseline: the target's CPU seconds per
     second before the attach, to measure its added CPU time (a pid target).
     scan_reach: at the end, with the probes still attached, stop the target and scan its memory
-    for what points at the outstanding blocks (probes/reach.py), if the pause fits
+    for what points at the outstanding blocks (reach/), if the pause fits
     reach_allowed_ms (None: no limit) and what is left of the allowance."""
     if target.kind == "system" and not kernel_mode:
         return MemleakResult(
@@ -109,11 +109,7 @@ def run(
         meter=Meter(target.pid if target.kind == "pid" else None, cpu_baseline),
     )
     defines = build_options(kernel_mode, sample_every, min_size, max_size, snoop_min)
-    method = (
-        "kmem tracepoints, kernel stacks"
-        if kernel_mode
-        else "uprobes on the target's allocator (per pid), user stacks + .eh_frame unwinding"
-    )
+    method = "kmem tracepoints, kernel stacks" if kernel_mode else USER_METHOD
     return run_probe(
         MemleakResult,
         "memleak",
@@ -128,6 +124,16 @@ def run(
         on_tick=session.on_tick,
         before_detach=session.before_detach,
     )  # type: ignore[return-value]
+
+
+USER_METHOD = "uprobes on the target's allocator (per pid), user stacks + .eh_frame unwinding"
+
+
+def _attached_as(bpf) -> str:
+    """How the uprobes went in: uprobe_multi links (6.6+: detached together) or perf events."""
+    if bpf.links:
+        return f"attached as {bpf.links} uprobe_multi link{'s' if bpf.links != 1 else ''}"
+    return "attached as one perf event per uprobe (no uprobe_multi links on this kernel)"
 
 
 def _no_placements() -> dict:
@@ -188,27 +194,38 @@ class _Session:
         info["allocator"], info["module"] = alloc.name, alloc.module
         _set_text_range(bpf, pid, space)
         info["missing"] = sorted(set(info["missing"]) | set(alloc.missing))
-        for p in sorted(alloc.placements, key=lambda p: hotness(p.function, self.site_rates)):
-            if p.function not in self.wanted:
-                continue
-            path = space.inode_path(space.first_mapping_of(p.module))
-            if path is None:  # the file this process maps is not reachable: no uprobe on a look-alike
-                info["errors"].append(f"{p.function}: {p.module} is not the file PID {pid} maps")
-                continue
-            try:
-                bpf.attach_uprobe(
-                    name=path.encode(),
-                    sym=p.function.encode(),
-                    sym_off=p.offset,
-                    fn_name=BPF_FUNCTION[p.function].encode(),
-                    pid=pid,
-                )
-                if p.return_probe:
-                    bpf.attach_uretprobe(name=path.encode(), sym=p.function.encode(), fn_name=b"alloc_return", pid=pid)
-            except OSError as e:  # one entry point is not worth the run
-                info["errors"].append(f"{p.function}: {e}")
-                continue
-            if p.describe() not in info["placements"]:
+        asked = []
+        # attached together as the batch ends (uprobe_multi links where the kernel has them)
+        with bpf.uprobe_batch() as refused:
+            for p in sorted(alloc.placements, key=lambda p: hotness(p.function, self.site_rates)):
+                if p.function not in self.wanted:
+                    continue
+                path = space.inode_path(space.first_mapping_of(p.module))
+                if path is None:  # the file this process maps is not reachable: no uprobe on a look-alike
+                    info["errors"].append(f"{p.function}: {p.module} is not the file PID {pid} maps")
+                    continue
+                try:
+                    bpf.attach_uprobe(
+                        name=path.encode(),
+                        sym=p.function.encode(),
+                        sym_off=p.offset,
+                        fn_name=BPF_FUNCTION[p.function].encode(),
+                        pid=pid,
+                        tag=p,
+                    )
+                    if p.return_probe:
+                        bpf.attach_uretprobe(
+                            name=path.encode(), sym=p.function.encode(), fn_name=b"alloc_return", pid=pid, tag=p
+                        )
+                except OSError as e:  # one entry point is not worth the run (its symbol, its file)
+                    info["errors"].append(f"{p.function}: {e}")
+                    continue
+                asked.append(p)
+        failed = {id(tag): e for tag, e in refused}
+        for p in asked:
+            if id(p) in failed:
+                info["errors"].append(f"{p.function}: {failed[id(p)]}")
+            elif p.describe() not in info["placements"]:
                 info["placements"].append(p.describe())
                 self.placed.append(p)
 
@@ -226,7 +243,7 @@ class _Session:
             spent = self._spent_ns(bpf)
             # detaching keeps the hottest probes trapping for about a grace period more, and the next
             # check is a tick away: detach now if either would carry it past the allowance
-            if spent is not None and spent * (1 + (DETACH_S + CHECK_S) / elapsed) >= self.allowance_ns:
+            if spent is not None and spent * (1 + (detach_seconds() + CHECK_S) / elapsed) >= self.allowance_ns:
                 return True
         return False
 
@@ -251,7 +268,7 @@ class _Session:
         allowed = self.reach_allowed_ms
         if self.allowance_ns is not None and self.costs is not None:
             spent = self._spent_ns(bpf) or 0.0
-            left_ms = max(0.0, self.allowance_ns - spent * (1 + DETACH_S / max(elapsed, 1e-3))) / 1e6
+            left_ms = max(0.0, self.allowance_ns - spent * (1 + detach_seconds() / max(elapsed, 1e-3))) / 1e6
             allowed = left_ms if allowed is None else min(allowed, left_ms)
         with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
             found, per_group = reachscan.scan(target.pid, read, allowed, interrupted)
@@ -297,6 +314,7 @@ class _Session:
             "events": stats["allocs"] + stats["frees"],
             "status": status,
             "reason": reason,
+            **({} if kernel_mode else {"method": f"{USER_METHOD}; {_attached_as(bpf)}"}),
             "lost": lost,
             "mode": "kernel" if kernel_mode else "user",
             "allocator": "kernel (kmem tracepoints)" if kernel_mode else info["allocator"],
