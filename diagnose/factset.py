@@ -9,13 +9,14 @@ import shlex
 from memdiag.probes.face import Namer, Plan, ProbeResult
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.runtime import Runtime
+from memdiag.system.target import Target
 from memdiag.system.trends import counter_rate
 
 from .culprit import Classes, default_classes
-from .evidence import psi_stall_percent, window_seconds
+from .evidence import build_counters, psi_stall_percent, window_seconds
 from .observe import Observation
 from .report import Counters
-from .triage import kills_during, limit_hits, memory_level, memory_shape
+from .triage import Triage, kills_during, limit_hits, memory_level, memory_shape, triage
 
 
 def app_function(frames: list[str], forwards: list[bool] | None = None, classes: Classes | None = None) -> str | None:
@@ -160,3 +161,27 @@ def probe_figures(facts: dict) -> dict[str, dict[str, float]]:
         if row and isinstance(value, int | float) and not isinstance(value, bool):
             out.setdefault(row, {})[name] = value
     return out
+
+
+def window_facts(
+    obs: Observation,
+    target: Target,
+    budget_percent: float,
+    runtime: Runtime | None,
+    given: dict,
+    results: dict[str, ProbeResult],
+    plans: dict[str, Plan],
+    classes: Classes,
+) -> tuple[dict, Counters, Triage]:
+    """Every fact of the window so far: the counters', what the caller knew beforehand (given), the
+    target's, the counters' readings in words (summary.*), then each probe's; with the counters and
+    their triage they were computed from."""
+    counters = build_counters(obs)
+    tri = triage(obs, counters)
+    f = counter_facts(obs, counters, budget_percent)
+    f.update(given)
+    f["target.name"] = target.describe()
+    f.update(target_facts(target.kind, target.pid, target.cmdline, runtime))
+    f.update(tri.facts)
+    f.update(probe_facts(results, plans, classes))
+    return f, counters, tri

@@ -95,6 +95,16 @@ class Sampler:
         if self._thread is not None:
             self._thread.join(seconds)
 
+    def wait(self, seconds: float | None, interrupted: Callable[[], bool]) -> None:
+        """Wait for the sampling thread (at most seconds); interrupted() says a signal came: the
+        counters end there."""
+        end = None if seconds is None else time.monotonic() + seconds  # the sampler's own clock, real
+        while self.alive() and (end is None or time.monotonic() < end):
+            if interrupted():
+                self.stop()
+                return
+            self.join(0.05 if end is None else max(0.0, min(0.05, end - time.monotonic())))
+
     def run(self) -> Observation:
         started_mono, self.started = time.monotonic(), time.time()
         self.slab_first = read_slabinfo(self.proc_root)

@@ -20,15 +20,14 @@ from memdiag.system.signals import phase
 from memdiag.system.target import Target
 
 from ..allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
-from ..base import disarm, run_probe
+from ..base import Run, disarm, run_probe
 from ..face import TracingCost
 from ..growth import RawStack, Spaces, symbolize
 from ..stacks import Frame, Symbolizer, folded, recover
-from . import reach as reachscan
 from .costs import Costs
 from .meter import CHECK_S, Meter, detach_seconds
 from .options import STAT_NAMES, build_options, requirements
-from .reach import ReachScan
+from .reach import Blocks, ReachScan, merged, scan
 from .result import BigAlloc, LeakStack, MemleakResult
 
 _FORWARD_DEPTH = 8  # wrappers sit just above the allocator: frames deeper are never read for forwarding
@@ -108,22 +107,7 @@ def run(
         spaces=Spaces(),
         meter=Meter(target.pid if target.kind == "pid" else None, cpu_baseline),
     )
-    defines = build_options(kernel_mode, sample_every, min_size, max_size, snoop_min)
-    method = "kmem tracepoints, kernel stacks" if kernel_mode else USER_METHOD
-    return run_probe(
-        MemleakResult,
-        "memleak",
-        target,
-        duration,
-        requirements(kernel_mode),
-        defines,
-        session.collect,
-        method,
-        spaces=session.spaces,
-        attach=session.attach,
-        on_tick=session.on_tick,
-        before_detach=session.before_detach,
-    )  # type: ignore[return-value]
+    return session.run(duration)
 
 
 USER_METHOD = "uprobes on the target's allocator (per pid), user stacks + .eh_frame unwinding"
@@ -171,6 +155,24 @@ class _Session:
 
     def __post_init__(self) -> None:
         self.last_sample = -self.series_interval
+
+    def run(self, duration: float) -> MemleakResult:
+        k = self.kernel_mode
+        defines = build_options(k, self.sample_every, self.min_size, self.max_size, self.snoop_min)
+        method = "kmem tracepoints, kernel stacks" if k else USER_METHOD
+        probe = Run(
+            "memleak",
+            MemleakResult,
+            requirements(k),
+            defines,
+            self.collect,
+            method,
+            spaces=self.spaces,
+            attach=self.attach,
+            on_tick=self.on_tick,
+            before_detach=self.before_detach,
+        )
+        return run_probe(probe, self.target, duration)  # type: ignore[return-value]
 
     def attach(self, bpf, pids: set[int]) -> None:
         if self.kernel_mode:
@@ -259,7 +261,7 @@ class _Session:
         keys: list[tuple] = []
         glibc = self.info["allocator"] == "glibc"
 
-        def read(final: bool) -> reachscan.Blocks:
+        def read(final: bool) -> Blocks:
             if final:
                 self.scanned["at_ns"] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             blocks = _blocks(bpf, target.pid, keys if final else [], final)
@@ -271,7 +273,7 @@ class _Session:
             left_ms = max(0.0, self.allowance_ns - spent * (1 + detach_seconds() / max(elapsed, 1e-3))) / 1e6
             allowed = left_ms if allowed is None else min(allowed, left_ms)
         with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
-            found, per_group = reachscan.scan(target.pid, read, allowed, interrupted)
+            found, per_group = scan(target.pid, read, allowed, interrupted)
         self.scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         self.scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
 
@@ -351,7 +353,7 @@ def _paused_s(scanned: dict) -> float:
     return (scan.paused_ms or 0) / 1000 if scan is not None else 0.0
 
 
-def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> reachscan.Blocks:
+def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> Blocks:
     """The outstanding blocks of pid from the allocs table, each grouped by its stack key; keys
     receives the key of each group number. final: read with the target stopped, for the scan (the
     probe's books stop there); otherwise a look while it runs, to price the scan."""
@@ -376,10 +378,10 @@ def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> reachscan.Blocks:
          values["ip"].view(np.int64), values["at_sp"].view(np.int64)], axis=1,
     )  # fmt: skip
     if not len(addrs):
-        return reachscan.Blocks(addrs, values["size"], np.zeros(0, dtype=np.int64))
+        return Blocks(addrs, values["size"], np.zeros(0, dtype=np.int64))
     unique, groups = np.unique(fields, axis=0, return_inverse=True)
     keys.extend((int(t), int(s), int(i) & (2**64 - 1), int(a) & (2**64 - 1)) for t, s, i, a in unique.tolist())
-    return reachscan.Blocks(addrs.copy(), values["size"].copy(), groups.reshape(-1).astype(np.int64))
+    return Blocks(addrs.copy(), values["size"].copy(), groups.reshape(-1).astype(np.int64))
 
 
 def _set_text_range(bpf, pid: int, space) -> None:
@@ -456,7 +458,7 @@ def _merge(m: LeakStack, item: LeakStack) -> LeakStack:
             "freed_bytes": m.freed_bytes + item.freed_bytes,
             "oldest_age_s": max(ages) if ages else None,
             "series": [a + b for a, b in zip(m.series, item.series, strict=False)] or item.series,
-            "reach": reachscan.merged(m.reach, item.reach),
+            "reach": merged(m.reach, item.reach),
         }
     )
 

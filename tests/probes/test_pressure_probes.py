@@ -6,7 +6,7 @@ import threading
 
 from kit import swapped_bytes, wait_until
 from memdiag.probes import drsnoop, kernel, oomkill, swapin, vmscan
-from memdiag.probes.base import run_probe
+from memdiag.probes.base import Run, run_probe
 from memdiag.probes.face import ProbeResult
 from memdiag.system.target import Target
 
@@ -138,14 +138,16 @@ def test_a_missing_requirement_is_unavailable_with_its_reason():
     # kprobes where this kernel lacks them (6.18 here); elsewhere a requirement no kernel meets
     missing = kprobes if not kprobes.available else kernel.Availability(available=False, reason="no such feature")
     r = run_probe(
-        ProbeResult,
-        "needs-kprobes",
+        Run(
+            "needs-kprobes",
+            ProbeResult,
+            [missing],
+            {},
+            lambda bpf, elapsed: {},
+            "kprobe",
+        ),
         Target(kind="system"),
         1,
-        [missing],
-        {},
-        lambda bpf, elapsed: {},
-        "kprobe",
     )
     assert r.status == "unavailable"
     assert missing.reason in r.reason
