@@ -246,6 +246,15 @@ def _pressure_context(obs: Observation, counters: Counters, growth: _Growth) -> 
     return "; ".join(text)
 
 
+# The growth series' readings, each the summary.* fact it becomes.
+SUMMARY_FACTS = {
+    "growth": "summary.growth",
+    "plateau": "summary.plateau",
+    "sawtooth": "summary.sawtooth",
+    "cut_by_oom": "summary.cut_by_oom",
+}
+
+
 class _Growth:
     """What the growth series says: findings, caveats, its sentence by name (growth, plateau,
     sawtooth, cut_by_oom: the `summary.*` fact it becomes) and the culprit it names."""
@@ -414,9 +423,9 @@ def triage(obs: Observation, counters: Counters) -> Triage:
         facts["summary.oom"], culprits["oom"] = oom
     keys = {}
     if g.kind is not None and g.summary is not None:
-        facts[f"summary.{g.kind}"] = g.summary
+        facts[SUMMARY_FACTS[g.kind]] = g.summary
         if g.finding is not None:
-            keys[g.finding] = f"summary.{g.kind}"
+            keys[g.finding] = SUMMARY_FACTS[g.kind]
     if g.culprit is not None and g.kind in ("growth", "plateau"):
         culprits["growth"] = g.culprit
     return Triage(findings, caveats, facts, culprits, keys)
