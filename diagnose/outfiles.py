@@ -158,13 +158,17 @@ def unsafe_ancestors(path: Path) -> str | None:
 
 def kernel_filesystem(path: Path) -> str | None:
     """The filesystem of kernel objects (KERNEL_FILESYSTEMS) that `path`, or its nearest existing
-    folder, is on (the mount with the longest mount point above it); None for storage."""
+    folder, is on; None for storage."""
     real = Path(os.path.realpath(path))
-    mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+    try:
+        mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+    except OSError:  # no /proc: nothing known, and the mkdir says what it says
+        return None
     above = [m for m in mounts if real == Path(m.mount_point) or Path(m.mount_point) in real.parents]
     if not above:
         return None
-    fstype = max(above, key=lambda m: len(m.mount_point)).fstype
+    # the longest mount point; of two at the same point the later, mounted over the other, is seen
+    fstype = max(enumerate(above), key=lambda im: (len(im[1].mount_point), im[0]))[1].fstype
     return fstype if fstype in KERNEL_FILESYSTEMS else None
 
 
