@@ -11,10 +11,10 @@ from memdiag.probes.registry import REGISTRY
 from memdiag.system.target import Target
 
 from .culprit import Classes
-from .engine import EngineResult
 from .factset import probe_figures
 from .jvmheap import jvm_sections
 from .report import Finding, Overhead, Report, StackReport, TargetInfo, Window
+from .verdict import EngineResult
 
 
 def memdiag_version() -> str:

@@ -22,22 +22,20 @@ from collections.abc import Callable
 from memdiag.probes import prepare
 from memdiag.probes.face import Budget, Context, Plan, ProbeResult, TrailItem
 from memdiag.probes.registry import REGISTRY
-from memdiag.rules.engine import Outcome, run_rules, winner_of
+from memdiag.rules.engine import Outcome, run_rules
 from memdiag.rules.model import FrameClass, Rule
 from memdiag.system.process import cpu_seconds
 from memdiag.system.runtime import read_runtime
 from memdiag.system.signals import INTERRUPTION, interrupted, phase
 from memdiag.system.target import Target
-from pydantic import BaseModel, ConfigDict
 
 from .culprit import Classes, default_classes
-from .evidence import build_counters
-from .factset import counter_facts, probe_facts, target_facts
+from .factset import window_facts
 from .observe import Observation, Sampler
-from .report import Counters, Interrupted, Verdict
+from .report import Counters
 from .snapshot import Snapshot
-from .triage import Triage, triage
-from .verdict import interruption, partial_verdict, verdict_of
+from .triage import Triage
+from .verdict import EngineResult, interruption, partial_verdict, rule_steps, verdict_of
 
 FIRST_LOOK_SHARE = 0.3
 FIRST_LOOK_MIN_S = 5.0
@@ -45,26 +43,6 @@ MIN_PROBE_S = 3.0
 MAX_ROUNDS = 4
 
 Request = tuple[str, float | None, str]  # (probe, seconds or None: a share of what is left, the rule asking)
-
-
-class EngineResult(BaseModel):
-    """What one diagnosis gathered and concluded: everything the Report is assembled from."""
-
-    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
-
-    observation: Observation
-    counters: Counters
-    triage: Triage
-    facts: dict
-    verdict: Verdict
-    findings: list[tuple[str, str]]  # the playbook's findings: (rule id, rendered text)
-    finding_keys: dict[str, str] = {}  # rule id -> its finding's key (the fact it states, else the rule)
-    advice: list[str]  # the playbook's advice, rendered
-    results: dict[str, ProbeResult]  # by probe name, the probes that ran
-    plans: dict[str, Plan] = {}  # by probe name, the plans probes made before they ran (or not)
-    trail: list[TrailItem]
-    interruption: Interrupted | None = None  # a signal ended the diagnosis early
-    classes: Classes  # the frame classes the culprit was named with
 
 
 def _warm_up(target_kind: str) -> None:
@@ -87,9 +65,10 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         runner: Callable[[str, Context], ProbeResult] | None = None,
         planner: Callable[[str, Context], Plan | None] | None = None,
+        given: dict | None = None,
     ):
         """clock, runner (probe name, context -> result) and planner (probe name, context -> its
-        plan) are the probes' own unless a test gives its own."""
+        plan) are the probes' own unless a test gives its own; given: facts known beforehand."""
         self.rules, self.target, self.duration, self.budget = rules, target, duration, budget_percent
         self.interval, self.on_sample, self.on_step = interval, on_sample, on_step or (lambda _s: None)
         self.max_pause_ms = max_pause_ms
@@ -106,6 +85,7 @@ class Engine:
         self.decided: set[str] = set()  # probes planned, run or refused: once per diagnosis
         self.spent_ns = 0.0  # the budget's ledger: the target's time plans spent (a rate count)
         self.cpu_start = cpu_seconds(target.pid) if target.kind == "pid" and target.pid is not None else None
+        self.given = dict(given or {})
 
     # --- time and the budget ---------------------------------------------------------------
     def elapsed(self) -> float:
@@ -131,15 +111,8 @@ class Engine:
 
     # --- facts and rules ---------------------------------------------------------------------
     def facts_of(self, obs: Observation) -> tuple[dict, Counters, Triage]:
-        counters = build_counters(obs)
-        tri = triage(obs, counters)
-        f = counter_facts(obs, counters, self.budget)
-        f["target.name"] = self.target.describe()
         t = self.target
-        f.update(target_facts(t.kind, t.pid, t.cmdline, self.runtime, obs.jvm))
-        f.update(tri.facts)  # the counters in words: summary.*
-        f.update(probe_facts(self.results, self.plans, self.classes))
-        return f, counters, tri
+        return window_facts(obs, t, self.budget, self.runtime, self.given, self.results, self.plans, self.classes)
 
     def evaluate(self, facts: dict) -> list[Request]:
         """Run the rules on the facts; the probes the fired rules ask for, as (name, seconds, rule)."""
@@ -246,14 +219,14 @@ class Engine:
         threading.Thread(target=_warm_up, args=(self.target.kind,), daemon=True).start()
         first_look = min(self.duration, max(FIRST_LOOK_MIN_S, FIRST_LOOK_SHARE * self.duration))
         with phase("counters (first look)"):
-            _wait(sampler, first_look)
+            sampler.wait(first_look, interrupted)
         try:
             self._rounds(sampler)
         except KeyboardInterrupt:  # a caller that did not catch signals (memdiag's CLI does)
             sampler.stop()
         rules_cut = interrupted()  # the signal came before the rules had asked for everything
         with phase("counters (rest of the window)"):
-            _wait(sampler)  # the counters cover the whole window, probes or not
+            sampler.wait(None, interrupted)  # the counters cover the whole window, probes or not
         sampler.join()
         obs = sampler.so_far()
         if interrupted():
@@ -275,7 +248,7 @@ class Engine:
         """The rules on the whole window and every probe's facts, each in the trail; the verdict."""
         facts, counters, tri = self.facts_of(obs)
         self.evaluate(facts)
-        self.trail += self._rule_steps()
+        self.trail += rule_steps(self.outcomes, self.elapsed())
         c, verdict = verdict_of(self.outcomes, facts, self.target, tri, self.results, self.classes)
         cut = None
         if interrupted():
@@ -297,33 +270,3 @@ class Engine:
             interruption=cut,
             classes=self.classes,
         )
-
-    def _rule_steps(self) -> list[TrailItem]:
-        """Every rule's outcome; a verdict rule that fired and did not conclude says which did."""
-        best = winner_of(self.outcomes)
-        steps = []
-        for rule, outcome in self.outcomes:
-            reason = outcome.reason
-            if best is not None and rule is not best and outcome.state == "fired" and rule.then.verdict is not None:
-                reason = f"{reason}; outranked by {best.id}" if reason else f"outranked by {best.id}"
-            steps.append(
-                TrailItem(
-                    kind="rule",
-                    name=rule.id,
-                    state=outcome.state,
-                    reason=reason,
-                    source=rule.source,
-                    at_s=self.elapsed(),
-                )
-            )
-        return steps
-
-
-def _wait(sampler: Sampler, seconds: float | None = None) -> None:
-    """Wait for the sampler (at most seconds); a signal stops it: the counters end there."""
-    end = None if seconds is None else time.monotonic() + seconds  # the sampler's own clock, real
-    while sampler.alive() and (end is None or time.monotonic() < end):
-        if interrupted():
-            sampler.stop()
-            return
-        sampler.join(0.05 if end is None else max(0.0, min(0.05, end - time.monotonic())))

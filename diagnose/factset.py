@@ -9,14 +9,15 @@ import shlex
 from memdiag.probes.face import Namer, Plan, ProbeResult
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.runtime import Runtime
+from memdiag.system.target import Target
 from memdiag.system.trends import counter_rate
 
 from .culprit import Classes, default_classes
-from .evidence import psi_stall_percent, window_seconds
+from .evidence import build_counters, psi_stall_percent, window_seconds
 from .jvmheap import jvm_facts
 from .observe import Observation
 from .report import Counters
-from .triage import kills_during, limit_hits, memory_level, memory_shape
+from .triage import Triage, kills_during, limit_hits, memory_level, memory_shape, triage
 
 
 def app_function(frames: list[str], forwards: list[bool] | None = None, classes: Classes | None = None) -> str | None:
@@ -53,25 +54,38 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     }
     if not obs.snapshots:
         return f
+    f.update(_system_facts(obs, counters))
+    f["memory.level"] = memory_level(counters)
+    f.update(_process_facts(obs, counters))
+    f.update(_cgroup_facts(obs, counters))
+    # what the target paid in the window: the playbook's target-pays anchor weighs it with its limit hits
+    f["pressure.target_major_faults"] = sum(r.majflt_delta or 0 for r in counters.processes)
+    f["pressure.target_swap"] = _target_swap(obs, f.get("system.swap_used"))
+    f.update(jvm_facts(obs))  # a JVM target's own counters (memdiag.diagnose.jvmheap)
+    return f
+
+
+def _system_facts(obs: Observation, counters: Counters) -> dict:
+    """The host's memory, swap, faults, reclaim, PSI, and its fastest grower (never memdiag)."""
     first, last, secs = obs.snapshots[0], obs.snapshots[-1], window_seconds(obs)
     m = last.meminfo
-    f.update(
-        {
-            "system.mem_total": m.mem_total,
-            "system.mem_available": m.mem_available,
-            "system.mem_available_percent": m.available_percent,
-            "system.swap_total": m.swap_total,
-            "system.swap_used": m.swap_used,
-            "system.swapin_rate": counter_rate(first.vmstat.get("pswpin"), last.vmstat.get("pswpin"), secs),
-            "system.swapout_rate": counter_rate(first.vmstat.get("pswpout"), last.vmstat.get("pswpout"), secs),
-            "system.majfault_rate": counter_rate(first.vmstat.get("pgmajfault"), last.vmstat.get("pgmajfault"), secs),
-            "system.direct_reclaim_rate": counter_rate(
-                first.vmstat.get("allocstall"), last.vmstat.get("allocstall"), secs
-            ),
-            "system.psi_some": psi_stall_percent(obs, "some"),
-            "system.psi_full": psi_stall_percent(obs, "full"),
-        }
-    )
+
+    def rate(name: str) -> float | None:
+        return counter_rate(first.vmstat.get(name), last.vmstat.get(name), secs)
+
+    f: dict = {
+        "system.mem_total": m.mem_total,
+        "system.mem_available": m.mem_available,
+        "system.mem_available_percent": m.available_percent,
+        "system.swap_total": m.swap_total,
+        "system.swap_used": m.swap_used,
+        "system.swapin_rate": rate("pswpin"),
+        "system.swapout_rate": rate("pswpout"),
+        "system.majfault_rate": rate("pgmajfault"),
+        "system.direct_reclaim_rate": rate("allocstall"),
+        "system.psi_some": psi_stall_percent(obs, "some"),
+        "system.psi_full": psi_stall_percent(obs, "full"),
+    }
     a, b = first.vmstat.get("oom_kill"), last.vmstat.get("oom_kill")
     f["system.oom_kills"] = (b - a) if a is not None and b is not None else None
     if first.meminfo.sunreclaim is not None and m.sunreclaim is not None:
@@ -84,8 +98,13 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     top = max(counters.processes, key=lambda r: (r.growth, r.rss_last or 0)) if counters.processes else None
     f["system.top_grower_pid"] = str(top.pid) if top else None
     f["system.mem_available_shape"] = avail.shape if avail else "unknown"
-    f["memory.level"] = memory_level(counters)
+    return f
 
+
+def _process_facts(obs: Observation, counters: Counters) -> dict:
+    """A pid target's RSS, its trend and its faults, and whether the OOM killer took it."""
+    first, last, secs = obs.snapshots[0], obs.snapshots[-1], window_seconds(obs)
+    f: dict = {}
     rss = counters.trends.get("process.rss")
     if rss is not None and last.process is not None:
         p0, p1 = first.process, last.process
@@ -106,32 +125,36 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     f["process.oom_killed"] = (
         any(k.victim_pid == obs.target.pid for k in counters.oom_kills) if (obs.target.kind == "pid") else None
     )
-
-    cg = last.cgroup
-    if cg is not None:
-        f.update({"cgroup.usage": cg.usage, "cgroup.limit": cg.effective_limit, "cgroup.oom_kills": cg.oom_kill})
-        if cg.effective_limit and cg.usage is not None:
-            f["cgroup.usage_percent"] = 100.0 * cg.usage / cg.effective_limit
-        if (hits := limit_hits(obs)) is not None:
-            f["cgroup.limit_hits"] = hits
-        usage = counters.trends.get("cgroup.usage")
-        if usage is not None:
-            f["cgroup.usage_rate"] = usage.recent_rate_per_s if usage.shape == "climbing" else usage.rate_per_s
-            f["cgroup.usage_shape"] = usage.shape
-    # what the target paid in the window: the playbook's target-pays anchor weighs it with its limit hits
-    f["pressure.target_major_faults"] = sum(r.majflt_delta or 0 for r in counters.processes)
-    f["pressure.target_swap"] = _target_swap(obs.target.kind, last, f.get("system.swap_used"))
-    f.update(jvm_facts(obs))  # a JVM target's own counters (memdiag.diagnose.jvmheap)
     return f
 
 
-def _target_swap(kind: str, last, system_swap: int | None) -> int | None:
+def _cgroup_facts(obs: Observation, counters: Counters) -> dict:
+    """The target's memory cgroup at the window's end (read once more then, as the counter table
+    has it): usage against its limit, limit hits, OOM kills, its usage's trend."""
+    cg = obs.last_cgroup
+    if cg is None:
+        return {}
+    f: dict = {"cgroup.usage": cg.usage, "cgroup.limit": cg.effective_limit, "cgroup.oom_kills": cg.oom_kill}
+    if cg.effective_limit and cg.usage is not None:
+        f["cgroup.usage_percent"] = 100.0 * cg.usage / cg.effective_limit
+    if (hits := limit_hits(obs)) is not None:
+        f["cgroup.limit_hits"] = hits
+    usage = counters.trends.get("cgroup.usage")
+    if usage is not None:
+        f["cgroup.usage_rate"] = usage.recent_rate_per_s if usage.shape == "climbing" else usage.rate_per_s
+        f["cgroup.usage_shape"] = usage.shape
+    return f
+
+
+def _target_swap(obs: Observation, system_swap: int | None) -> int | None:
     """The target's pages in swap at the window's end: a major fault of it can be a swap-in only
     when it has some (a cold file read faults too)."""
-    if kind == "pid":
-        return last.process.vm_swap if last.process is not None else None
-    if kind == "cgroup":
-        return last.cgroup.swap_usage if last.cgroup is not None else None
+    if obs.target.kind == "pid":
+        last = obs.snapshots[-1].process
+        return last.vm_swap if last is not None else None
+    if obs.target.kind == "cgroup":
+        cg = obs.last_cgroup
+        return cg.swap_usage if cg is not None else None
     return system_swap
 
 
@@ -161,3 +184,27 @@ def probe_figures(facts: dict) -> dict[str, dict[str, float]]:
         if row and isinstance(value, int | float) and not isinstance(value, bool):
             out.setdefault(row, {})[name] = value
     return out
+
+
+def window_facts(
+    obs: Observation,
+    target: Target,
+    budget_percent: float,
+    runtime: Runtime | None,
+    given: dict,
+    results: dict[str, ProbeResult],
+    plans: dict[str, Plan],
+    classes: Classes,
+) -> tuple[dict, Counters, Triage]:
+    """Every fact of the window so far: the counters', what the caller knew beforehand (given), the
+    target's, the counters' readings in words (summary.*), then each probe's; with the counters and
+    their triage they were computed from."""
+    counters = build_counters(obs)
+    tri = triage(obs, counters)
+    f = counter_facts(obs, counters, budget_percent)
+    f.update(given)
+    f["target.name"] = target.describe()
+    f.update(target_facts(target.kind, target.pid, target.cmdline, runtime, obs.jvm))
+    f.update(tri.facts)
+    f.update(probe_facts(results, plans, classes))
+    return f, counters, tri

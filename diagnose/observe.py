@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from memdiag.system.cgroup import CgroupMemory
 from memdiag.system.jvm import read_jvm_library
 from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.process import ProcessMemory
@@ -19,7 +20,7 @@ from memdiag.system.swaps import SwapDevice, read_swaps
 from memdiag.system.target import Target
 from pydantic import BaseModel, ConfigDict
 
-from .snapshot import Snapshot, TargetExited, take_snapshot
+from .snapshot import Snapshot, TargetExited, read_target_cgroup, take_snapshot
 
 
 class Observation(BaseModel):
@@ -40,6 +41,16 @@ class Observation(BaseModel):
     processes_last: dict[int, ProcessMemory] = {}
     memdiag_pid: int | None = None  # the diagnosing process: it and its children are never in a list of suspects
     jvm: bool = False  # the target maps HotSpot's libjvm.so: its own counters are in the snapshots
+    # the cgroup read once more when the window ended (the target exited, the time was up, a signal):
+    # a kill that ended a pid target is counted by memory.events after the last sample had been taken
+    cgroup_closing: CgroupMemory | None = None
+
+    @property
+    def last_cgroup(self) -> CgroupMemory | None:
+        """The cgroup's counters at the window's end: the closing read, else the last sample's."""
+        if self.cgroup_closing is not None:
+            return self.cgroup_closing
+        return self.snapshots[-1].cgroup if self.snapshots else None
 
 
 def default_interval(duration: float) -> float:
@@ -90,6 +101,16 @@ class Sampler:
         if self._thread is not None:
             self._thread.join(seconds)
 
+    def wait(self, seconds: float | None, interrupted: Callable[[], bool]) -> None:
+        """Wait for the sampling thread (at most seconds); interrupted() says a signal came: the
+        counters end there."""
+        end = None if seconds is None else time.monotonic() + seconds  # the sampler's own clock, real
+        while self.alive() and (end is None or time.monotonic() < end):
+            if interrupted():
+                self.stop()
+                return
+            self.join(0.05 if end is None else max(0.0, min(0.05, end - time.monotonic())))
+
     def run(self) -> Observation:
         started_mono, self.started = time.monotonic(), time.time()
         self.slab_first = read_slabinfo(self.proc_root)
@@ -138,4 +159,5 @@ class Sampler:
             processes_last=read_all_processes(root) if self.snapshots else {},
             memdiag_pid=os.getpid(),
             jvm=self.jvm,
+            cgroup_closing=read_target_cgroup(self.target) if self.snapshots else None,
         )

@@ -58,7 +58,7 @@ def _biggest(counters: Counters, n: int = 3) -> list[ProcessRow]:
 
 
 def _limit_and_usage(obs: Observation) -> tuple[int | None, int | None]:
-    cg = obs.snapshots[-1].cgroup if obs.snapshots else None
+    cg = obs.last_cgroup
     if cg is None or cg.effective_limit is None:
         return None, None
     return cg.effective_limit, cg.usage
@@ -132,9 +132,9 @@ def oom_kills_in_window(obs: Observation) -> tuple[int | None, str]:
     (memory.oom_control / memory.events oom_kill) for a target in one, vmstat's for the host."""
     if not obs.snapshots:  # the target exited before the first sample: no counter was read
         return None, ""
-    first, last = obs.snapshots[0], obs.snapshots[-1]
-    if last.cgroup is not None and last.cgroup.path != "/" and first.cgroup is not None:
-        a, b = first.cgroup.oom_kill, last.cgroup.oom_kill
+    first, last, last_cg = obs.snapshots[0], obs.snapshots[-1], obs.last_cgroup
+    if last_cg is not None and last_cg.path != "/" and first.cgroup is not None:
+        a, b = first.cgroup.oom_kill, last_cg.oom_kill
         if a is not None and b is not None:
             return b - a, "the cgroup's oom_kill counter"
     a, b = first.vmstat.get("oom_kill"), last.vmstat.get("oom_kill")
@@ -165,7 +165,7 @@ def _oom_summary(obs: Observation, kills: list[OomKill], cg_kills: int | None) -
     """The OOM kill in words (victim, the limit or the host, the host's memory, how many kills) and
     its culprit: present when the kernel log holds kills, or a cgroup target's counter recorded some."""
     target = obs.target
-    last_cg = obs.snapshots[-1].cgroup if obs.snapshots else None
+    last_cg = obs.last_cgroup
     limit = last_cg.effective_limit if last_cg else None
     meminfo = obs.snapshots[-1].meminfo if obs.snapshots else None
     if not kills and not (target.kind == "cgroup" and cg_kills):
@@ -203,7 +203,7 @@ def _oom_summary(obs: Observation, kills: list[OomKill], cg_kills: int | None) -
 def limit_hits(obs: Observation) -> int | None:
     """Times the target's cgroup hit its limit in the window (the fact cgroup.limit_hits); None
     when unknown (no cgroup, no failcnt at either end)."""
-    first, last = obs.snapshots[0].cgroup, obs.snapshots[-1].cgroup
+    first, last = obs.snapshots[0].cgroup, obs.last_cgroup
     if first is None or last is None or first.failcnt is None or last.failcnt is None:
         return None
     return last.failcnt - first.failcnt
@@ -217,7 +217,7 @@ def _pressure_where(obs: Observation) -> str:
     who, t = _who(obs), obs.target
     if t.kind == "system" or (t.kind == "cgroup" and (limit_hits(obs) or 0) > 0):
         return who
-    cg = obs.snapshots[-1].cgroup
+    cg = obs.last_cgroup
     if t.kind == "pid" and cg is not None and (limit_hits(obs) or 0) > 0:
         return f"cgroup {cg.path}, at its limit (seen from {who})"  # the cgroup's hits, not the pid's own
     return f"the host (host-wide counters, seen from {who})"
@@ -244,6 +244,15 @@ def _pressure_context(obs: Observation, counters: Counters, growth: _Growth) -> 
     if not payers:  # a target that paid neither way is said so by the playbook's host-memory-pressure
         text.append(f"no major fault in {who} during the window")
     return "; ".join(text)
+
+
+# The growth series' readings, each the summary.* fact it becomes.
+SUMMARY_FACTS = {
+    "growth": "summary.growth",
+    "plateau": "summary.plateau",
+    "sawtooth": "summary.sawtooth",
+    "cut_by_oom": "summary.cut_by_oom",
+}
 
 
 class _Growth:
@@ -295,16 +304,14 @@ def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> 
         # cut the growth (CI saw a 32 MiB OOM loop sampled flat for 2.4 s between kills).
         summary = (
             f"{what} of {who} ended at {fmt_bytes(tr.last)} (between {fmt_bytes(tr.low)} and {fmt_bytes(tr.peak)} "
-            f"over {fmt_duration(tr.seconds)}) with {killed} OOM kill{'s' if killed > 1 else ''} in the window: "
-            "the kernel cut the growth, so the level says nothing of a bound"
-        )
+            f"over {fmt_duration(tr.seconds)}) with {killed} OOM kill{'s' if killed > 1 else ''} in the window"
+        )  # what it means (the kernel cut the growth) is the playbook's: level-cut-by-oom
         return _said(out, "cut_by_oom", summary, "growth-killed", {**evidence, "oom_kills": killed})
     if tr.shape == "levelled":
         summary = (
             f"{what} of {who} grew {fmt_bytes(tr.delta)} then levelled off at {fmt_bytes(tr.last)} "
-            f"for the last {fmt_duration(tr.levelled_for_s)} of {fmt_duration(tr.seconds)}: a plateau, "
-            "consistent with a bounded cache filling to its size, not a leak"
-        )
+            f"for the last {fmt_duration(tr.levelled_for_s)} of {fmt_duration(tr.seconds)}"
+        )  # what it is consistent with (a bounded cache) is the playbook's: plateau
         out.caveats.append(
             "counters show the shape of growth, not its cause: a leak that paused also looks like a plateau for a while"
         )
@@ -312,9 +319,8 @@ def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> 
     if tr.shape == "sawtooth":
         summary = (
             f"{what} of {who} rose and fell over {fmt_duration(tr.seconds)}, between {fmt_bytes(tr.low)} and "
-            f"{fmt_bytes(tr.peak)} ({fmt_bytes(tr.last)} at the end): it fell and grew again (swapped out, freed, "
-            "or killed and restarted), so no one rate describes it"
-        )
+            f"{fmt_bytes(tr.peak)} ({fmt_bytes(tr.last)} at the end)"
+        )  # why no rate describes it is the playbook's: sawtooth
         return _said(out, "sawtooth", summary, "growth-sawtooth", evidence)
     if tr.shape == "shrinking":
         out.findings.append(
@@ -380,7 +386,7 @@ def _vsz_caveat(obs: Observation) -> list[str]:
 
 
 def _oom_part(obs: Observation, counters: Counters) -> tuple[list[Finding], tuple[str, Culprit] | None]:
-    last_cg = obs.snapshots[-1].cgroup
+    last_cg = obs.last_cgroup
     cg_kills = last_cg.oom_kill if last_cg else None
     findings = _oom_findings(obs, counters.oom_kills[-3:])  # the latest as examples: the table has them all
     if last_cg is not None and cg_kills:
@@ -414,9 +420,9 @@ def triage(obs: Observation, counters: Counters) -> Triage:
         facts["summary.oom"], culprits["oom"] = oom
     keys = {}
     if g.kind is not None and g.summary is not None:
-        facts[f"summary.{g.kind}"] = g.summary
+        facts[SUMMARY_FACTS[g.kind]] = g.summary
         if g.finding is not None:
-            keys[g.finding] = f"summary.{g.kind}"
+            keys[g.finding] = SUMMARY_FACTS[g.kind]
     if g.culprit is not None and g.kind in ("growth", "plateau"):
         culprits["growth"] = g.culprit
     return Triage(findings, caveats, facts, culprits, keys)

@@ -1,23 +1,45 @@
 """The verdict of a diagnosis: the playbook's conclusion on the facts, with its culprit (the
-process or cgroup, and the stack it rests on, named past allocators and wrappers), and the same
-verdict said to be partial when a signal cut the diagnosis short."""
+process or cgroup, and the stack it rests on, named past allocators and wrappers), the same
+verdict said to be partial when a signal cut the diagnosis short, and EngineResult: everything a
+diagnosis gathered and concluded, which the Report is assembled from."""
 
 from __future__ import annotations
 
-from memdiag.probes.face import ProbeResult, Stack, TrailItem
+from memdiag.probes.face import Plan, ProbeResult, Stack, TrailItem
 from memdiag.probes.registry import REGISTRY
-from memdiag.rules.engine import Conclusion, Outcome, conclude
+from memdiag.rules.engine import Conclusion, Outcome, conclude, winner_of
 from memdiag.rules.model import Rule
 from memdiag.system.signals import INTERRUPTION
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_duration
+from pydantic import BaseModel, ConfigDict
 
 from .culprit import Classes
 from .observe import Observation
-from .report import Culprit, Interrupted, Verdict
+from .report import Counters, Culprit, Interrupted, Verdict
 from .triage import Triage
 
 PARTIAL_CONFIDENCE = 0.5  # at most this sure of a verdict a signal cut short
+
+
+class EngineResult(BaseModel):
+    """What one diagnosis gathered and concluded: everything the Report is assembled from."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+
+    observation: Observation
+    counters: Counters
+    triage: Triage
+    facts: dict
+    verdict: Verdict
+    findings: list[tuple[str, str]]  # the playbook's findings: (rule id, rendered text)
+    finding_keys: dict[str, str] = {}  # rule id -> its finding's key (the fact it states, else the rule)
+    advice: list[str]  # the playbook's advice, rendered
+    results: dict[str, ProbeResult]  # by probe name, the probes that ran
+    plans: dict[str, Plan] = {}  # by probe name, the plans probes made before they ran (or not)
+    trail: list[TrailItem]
+    interruption: Interrupted | None = None  # a signal ended the diagnosis early
+    classes: Classes  # the frame classes the culprit was named with
 
 
 def verdict_of(
@@ -73,6 +95,18 @@ def stack_for(kind: str, results: dict[str, ProbeResult]) -> Stack | None:
             if stack is not None:
                 return stack
     return None
+
+
+def rule_steps(outcomes: list[tuple[Rule, Outcome]], at_s: float) -> list[TrailItem]:
+    """Every rule's outcome for the trail; a verdict rule that fired and did not conclude says which did."""
+    best = winner_of(outcomes)
+    steps = []
+    for rule, o in outcomes:
+        reason = o.reason
+        if best is not None and rule is not best and o.state == "fired" and rule.then.verdict is not None:
+            reason = f"{reason}; outranked by {best.id}" if reason else f"outranked by {best.id}"
+        steps.append(TrailItem(kind="rule", name=rule.id, state=o.state, reason=reason, source=rule.source, at_s=at_s))
+    return steps
 
 
 def partial_verdict(verdict: Verdict, cut: Interrupted) -> Verdict:

@@ -12,7 +12,9 @@ import threading
 import time
 from collections.abc import Callable
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from memdiag.system.signals import INTERRUPTION, interrupted, main_thread, signals_caught
 from memdiag.system.target import Target
@@ -238,93 +240,108 @@ def attached(name: str) -> None:
         hook(name)
 
 
-def run_probe(
-    result_cls: type[ProbeResult],
-    name: str,
-    target: Target,
-    duration: float,
-    requirements: list[Availability],
-    defines: dict[str, int | str],
-    collect: Callable[..., dict],
-    method: str,
-    spaces=None,
-    filtered: bool = True,
-    attach: Callable[..., None] | None = None,
-    on_tick: Callable[..., None] | None = None,
-    ready: threading.Event | None = None,
-    before_detach: Callable[..., None] | None = None,
-) -> ProbeResult:
-    """The life of one probe run: check, load, aim at the target, wait, collect, detach.
+@dataclass
+class Run:
+    """One BPF probe run as run_probe drives it: its program, and the steps of its own.
 
-        collect(bpf, elapsed) returns the result's own fields, plus optionally "lost", "status",
-        "reason" and "events". spaces (a growth.Spaces) is kept fresh while the target runs.
-        filtered: the program keeps a `targets` map of tgids (TARGET_MODE 1) unless the target is
-        the whole system. attach(bpf, pids) attaches what bcc does not attach by itself, at the start
-        and again for processes that join a cgroup target. on_tick(bpf, elapsed) runs about twice a
-        second while the probe is attached; returning True ends the run early (backed off, e.g. over
-        budget). ready is set once everything is attached. before_detach(bpf, elapsed, interrupted) runs at the end
-    with everything still attached and armed (memleak's reachability scan reads its table there)."""
+    collect(bpf, elapsed) returns the result's own fields, plus optionally "lost", "status",
+    "reason", "method" and "events". spaces (a growth.Spaces) is kept fresh while the target runs.
+    filtered: the program keeps a `targets` map of tgids (TARGET_MODE 1) unless the target is the
+    whole system. attach(bpf, pids) attaches what bcc does not attach by itself, at the start and
+    again for processes that join a cgroup target. on_tick(bpf, elapsed) runs about twice a second
+    while the probe is attached; returning True ends the run early (backed off, e.g. over budget).
+    ready is set once everything is attached. before_detach(bpf, elapsed, interrupted) runs at the
+    end with everything still attached and armed (memleak's reachability scan reads its table there)."""
+
+    name: str
+    result: type[ProbeResult]
+    requirements: list[Availability]
+    defines: dict[str, int | str]
+    collect: Callable[..., dict]
+    method: str = ""
+    filtered: bool = True
+    spaces: Any = None
+    attach: Callable[..., None] | None = None
+    on_tick: Callable[..., bool] | None = None
+    ready: threading.Event | None = None
+    before_detach: Callable[..., None] | None = None
+
+
+def run_probe(run: Run, target: Target, duration: float) -> ProbeResult:
+    """The life of one probe run: check, load, aim at the target, wait, collect, detach."""
     started = time.time()
-    try:
-        require(*requirements, kernel.pid_translation())
-        require_visible(target)
-    except ProbeUnavailable as e:
-        return result_cls(**unavailable(name, target, str(e)))
-    mode = target_mode(target.kind, filtered)
-    try:
-        bpf = load(name, {"TARGET_MODE": mode, **defines})
-    except ProbeUnavailable as e:
-        return result_cls(**unavailable(name, target, str(e)))
-    except (compiler.CompileError, OSError) as e:  # compiling, or the kernel refused a map or program
-        return result_cls(
-            name=name, status="error", reason=f"loading failed: {e}", target=target.describe(), started=started
-        )
+    mode = target_mode(target.kind, run.filtered)
+    loaded = _load(run, target, mode, started)
+    if isinstance(loaded, ProbeResult):
+        return loaded
+    bpf = loaded
     try:
         pids = target.pids()
-        if mode == 1:
-            set_targets(bpf, pids)
-        if spaces is not None:
-            spaces.refresh(pids)
-        if attach is not None:
-            attach(bpf, pids)
-        _control(bpf, 1)
-        if ready is not None:
-            ready.set()
-        attached(name)
+        _aim(run, bpf, mode, pids)
         with bpf_stats(), stop_on_signals() as stop:
 
-            def tick(elapsed: float) -> None:
+            def tick(elapsed: float) -> bool:
                 if target.kind == "cgroup":  # processes come and go in a cgroup
                     new = target.pids() - pids
-                    if mode == 1:
-                        set_targets(bpf, new)
-                    if attach is not None and new:
-                        attach(bpf, new)
+                    _aim(run, bpf, mode, new, first=False)
                     pids.update(new)
-                if spaces is not None:
-                    spaces.refresh(pids)
-                return bool(on_tick(bpf, elapsed)) if on_tick is not None else False
+                if run.spaces is not None:
+                    run.spaces.refresh(pids)
+                return bool(run.on_tick(bpf, elapsed)) if run.on_tick is not None else False
 
             elapsed = run_for(duration, target, stop, on_tick=tick)
-            if before_detach is not None and not stop.interrupted:
-                before_detach(bpf, elapsed, lambda: stop.interrupted)
+            if run.before_detach is not None and not stop.interrupted:
+                run.before_detach(bpf, elapsed, lambda: stop.interrupted)
+            detached = time.monotonic()
             detach_all(bpf)  # the counts stop moving before they are read: tables agree
-            fields = collect(bpf, elapsed)
+            detach_s = time.monotonic() - detached
+            fields = run.collect(bpf, elapsed)
             cost = measure_cost(bpf, events=fields.pop("events", 0))
     finally:
         bpf.cleanup()
-    return result_cls(
-        name=name,
+    return run.result(
+        name=run.name,
         status=fields.pop("status", "ok"),
         reason=fields.pop("reason", ""),
-        method=fields.pop("method", method),
+        method=fields.pop("method", run.method),
         target=target.describe(),
         started=started,
         duration_s=elapsed,
         target_exited_at=stop.target_exited_at,
         interrupted=stop.interrupted,
         backed_off=stop.backed_off,
+        detach_s=detach_s,
         lost=fields.pop("lost", {}),
         cost=cost,
         **fields,
     )
+
+
+def _load(run: Run, target: Target, mode: int, started: float) -> Program | ProbeResult:
+    """The program loaded for the target, or the result that says why it could not be."""
+    try:
+        require(*run.requirements, kernel.pid_translation())
+        require_visible(target)
+        return load(run.name, {"TARGET_MODE": mode, **run.defines})
+    except ProbeUnavailable as e:
+        return run.result(**unavailable(run.name, target, str(e)))
+    except (compiler.CompileError, OSError) as e:  # compiling, or the kernel refused a map or program
+        return run.result(
+            name=run.name, status="error", reason=f"loading failed: {e}", target=target.describe(), started=started
+        )
+
+
+def _aim(run: Run, bpf: Program, mode: int, pids: set[int], first: bool = True) -> None:
+    """The program aimed at these processes (its targets map, their address spaces, what the probe
+    attaches itself); the first time, armed and announced."""
+    if mode == 1:
+        set_targets(bpf, pids)
+    if run.spaces is not None and first:
+        run.spaces.refresh(pids)
+    if run.attach is not None and (first or pids):
+        run.attach(bpf, pids)
+    if first:
+        _control(bpf, 1)
+        if run.ready is not None:
+            run.ready.set()
+        attached(run.name)

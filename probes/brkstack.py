@@ -12,7 +12,7 @@ from memdiag.system import arch
 from memdiag.system.target import Target
 
 from . import kernel
-from .base import run_probe
+from .base import Run, run_probe
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import (
     RawStack,
@@ -92,16 +92,18 @@ def run(target: Target, duration: float, top: int = 50) -> BrkResult:
         }
 
     return run_probe(
-        BrkResult,
-        "brkstack",
+        Run(
+            "brkstack",
+            BrkResult,
+            requirements(),
+            build_options(),
+            collect,
+            METHOD,
+            spaces=spaces,
+            attach=seed,
+        ),
         target,
         duration,
-        requirements(),
-        build_options(),
-        collect,
-        METHOD,
-        spaces=spaces,
-        attach=seed,
     )  # type: ignore[return-value]
 
 

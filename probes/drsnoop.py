@@ -7,7 +7,7 @@ from memdiag.system.target import Target
 from pydantic import BaseModel
 
 from . import kernel
-from .base import run_probe
+from .base import Run, run_probe
 from .face import Face, FactDef, ProbeResult, plain
 from .vmscan import TRACEPOINTS
 
@@ -57,14 +57,16 @@ def run(target: Target, duration: float) -> DrsnoopResult:
         return {"processes": procs, "events": bpf["stats"][0].value, "lost": {"table_full": bpf["stats"][1].value}}
 
     return run_probe(
-        DrsnoopResult,
-        "drsnoop",
+        Run(
+            "drsnoop",
+            DrsnoopResult,
+            requirements(),
+            {},
+            collect,
+            "vmscan direct/memcg reclaim tracepoints",
+        ),
         target,
         duration,
-        requirements(),
-        {},
-        collect,
-        "vmscan direct/memcg reclaim tracepoints",
     )  # type: ignore[return-value]
 
 

@@ -13,7 +13,7 @@ from memdiag.system.target import Target
 from pydantic import BaseModel
 
 from . import kernel
-from .base import run_probe
+from .base import Run, run_probe
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import (
     RawStack,
@@ -94,15 +94,17 @@ def run(target: Target, duration: float, top: int = 50) -> FaultsResult:
         return fields
 
     return run_probe(
-        FaultsResult,
-        "faults",
+        Run(
+            "faults",
+            FaultsResult,
+            requirements(),
+            build_options(target.kind),
+            collect,
+            METHOD,
+            spaces=spaces,
+        ),
         target,
         duration,
-        requirements(),
-        build_options(target.kind),
-        collect,
-        METHOD,
-        spaces=spaces,
     )  # type: ignore[return-value]
 
 

@@ -9,7 +9,7 @@ from memdiag.system.units import fmt_bytes
 from pydantic import BaseModel
 
 from . import kernel
-from .base import run_probe
+from .base import Run, run_probe
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import (
     RawStack,
@@ -93,15 +93,17 @@ def run(target: Target, duration: float, top: int = 50) -> MmapResult:
         }
 
     return run_probe(
-        MmapResult,
-        "mmapsnoop",
+        Run(
+            "mmapsnoop",
+            MmapResult,
+            requirements(),
+            build_options(),
+            collect,
+            METHOD,
+            spaces=spaces,
+        ),
         target,
         duration,
-        requirements(),
-        build_options(),
-        collect,
-        METHOD,
-        spaces=spaces,
     )  # type: ignore[return-value]
 
 

@@ -8,7 +8,7 @@ from memdiag.system.target import Target
 from pydantic import BaseModel
 
 from . import kernel
-from .base import run_probe
+from .base import Run, run_probe
 from .face import Face, ProbeResult, plain
 
 KINDS = ("direct", "memcg", "slab", "kswapd")
@@ -79,15 +79,17 @@ def run(target: Target, duration: float) -> VmscanResult:
         }
 
     return run_probe(
-        VmscanResult,
-        "vmscan",
+        Run(
+            "vmscan",
+            VmscanResult,
+            requirements(),
+            {},
+            collect,
+            "vmscan tracepoints (system-wide)",
+            filtered=FILTERED,
+        ),
         target,
         duration,
-        requirements(),
-        {},
-        collect,
-        "vmscan tracepoints (system-wide)",
-        filtered=FILTERED,
     )  # type: ignore[return-value]
 
 

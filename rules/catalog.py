@@ -33,6 +33,9 @@ _DEFS = [
         "flat, shrinking or unknown",
     ),
     ("memory.level", "bytes", "where that series ended (MemAvailable for the whole system)"),
+    # memdiag verify: the earlier report a diagnosis follows up (absent in a plain diagnosis)
+    ("verify.baseline_kind", "string", "memdiag verify: the earlier report's verdict (leak, growth, cache, ...)"),
+    ("verify.baseline_function", "string", "memdiag verify: the function the earlier report's verdict named"),
     # system
     ("system.mem_total", "bytes", "MemTotal"),
     ("system.mem_available", "bytes", "MemAvailable at the end of the window"),
@@ -101,9 +104,9 @@ _DEFS = [
         "what stands behind memory pressure: the growth, who pays in major faults, who is biggest",
     ),
     ("summary.growth", "string", "memory still climbing: rate, duration, projection to the limit"),
-    ("summary.plateau", "string", "growth that levelled off"),
-    ("summary.sawtooth", "string", "memory that rose and fell (kills, restarts, flushes): no steady trend"),
-    ("summary.cut_by_oom", "string", "memory that levelled off between OOM kills: the kernel cut the growth"),
+    ("summary.plateau", "string", "growth that levelled off: how much, where, for how long"),
+    ("summary.sawtooth", "string", "memory that rose and fell (kills, restarts, flushes): its low, peak and end"),
+    ("summary.cut_by_oom", "string", "memory that levelled off with OOM kills in the window: where, how many kills"),
     # the budget
     ("budget.percent", "percent", "how much the diagnosis may slow the target"),
     # a JVM target's own counters (hsperfdata, read without attaching) and its RSS split (smaps):

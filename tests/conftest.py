@@ -53,6 +53,7 @@ SLOW_MODULES = frozenset(
         "e2e/test_jvm.py",
         "e2e/test_scenarios.py",
         "e2e/test_signals.py",
+        "e2e/test_verify.py",
         "probes/test_jvm_instruments.py",
         "probes/test_overhead.py",
         "serve/test_jvm_alert.py",

@@ -17,7 +17,7 @@ from memdiag.system.target import Target
 from ..allocator import ALLOCATING, Allocator, find_allocator
 from ..face import Budget, Context, Plan, Spent
 from .costs import Costs, host_costs
-from .meter import DETACH_S, Price, price, trap_ns
+from .meter import Price, detach_seconds, price, trap_ns
 from .ratecount import COUNTED, Rates, estimate_call_rates
 
 COUNT_STEP = "ratecount"  # the probe table's row of the rate count
@@ -37,7 +37,7 @@ class Schedule:
     @property
     def attached_s(self) -> float:
         """The time its probes trap the target: every burst, and the detach that ends each."""
-        return self.bursts * (self.seconds + DETACH_S)
+        return self.bursts * (self.seconds + detach_seconds())
 
 
 class MemleakPlan(Plan):

@@ -20,15 +20,14 @@ from memdiag.system.signals import phase
 from memdiag.system.target import Target
 
 from ..allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
-from ..base import disarm, run_probe
+from ..base import Run, disarm, run_probe
 from ..face import TracingCost
 from ..growth import RawStack, Spaces, symbolize
 from ..stacks import Frame, Symbolizer, folded, recover
-from . import reach as reachscan
 from .costs import Costs
-from .meter import CHECK_S, DETACH_S, Meter
+from .meter import CHECK_S, Meter, detach_seconds
 from .options import STAT_NAMES, build_options, requirements
-from .reach import ReachScan
+from .reach import Blocks, ReachScan, merged, scan
 from .result import BigAlloc, LeakStack, MemleakResult
 
 _FORWARD_DEPTH = 8  # wrappers sit just above the allocator: frames deeper are never read for forwarding
@@ -72,14 +71,14 @@ def run(
     reach_allowed_ms: float | None = None,
 ) -> MemleakResult:
     """functions: attach only these entry points (a narrower, cheaper set), default all.
-    costs (this host's, probes/calibrate.py): measure what tracing costs the target as it runs
+    costs (this host's, costs.py): measure what tracing costs the target as it runs
     (result.tracing_cost). site_rates: calls per second by entry point (the rate count), to attach
     (and so detach) the hottest first and to price a program shared by several sites by the
     sites' hits. allowance_ns: detach early once that measured cost, with what detaching
     will add, reaches this many ns of the target's time. cpu_baseline: the target's CPU seconds per
     second before the attach, to measure its added CPU time (a pid target).
     scan_reach: at the end, with the probes still attached, stop the target and scan its memory
-    for what points at the outstanding blocks (probes/reach.py), if the pause fits
+    for what points at the outstanding blocks (reach/), if the pause fits
     reach_allowed_ms (None: no limit) and what is left of the allowance."""
     if target.kind == "system" and not kernel_mode:
         return MemleakResult(
@@ -108,26 +107,17 @@ def run(
         spaces=Spaces(),
         meter=Meter(target.pid if target.kind == "pid" else None, cpu_baseline),
     )
-    defines = build_options(kernel_mode, sample_every, min_size, max_size, snoop_min)
-    method = (
-        "kmem tracepoints, kernel stacks"
-        if kernel_mode
-        else "uprobes on the target's allocator (per pid), user stacks + .eh_frame unwinding"
-    )
-    return run_probe(
-        MemleakResult,
-        "memleak",
-        target,
-        duration,
-        requirements(kernel_mode),
-        defines,
-        session.collect,
-        method,
-        spaces=session.spaces,
-        attach=session.attach,
-        on_tick=session.on_tick,
-        before_detach=session.before_detach,
-    )  # type: ignore[return-value]
+    return session.run(duration)
+
+
+USER_METHOD = "uprobes on the target's allocator (per pid), user stacks + .eh_frame unwinding"
+
+
+def _attached_as(bpf) -> str:
+    """How the uprobes went in: uprobe_multi links (6.6+: detached together) or perf events."""
+    if bpf.links:
+        return f"attached as {bpf.links} uprobe_multi link{'s' if bpf.links != 1 else ''}"
+    return "attached as one perf event per uprobe (no uprobe_multi links on this kernel)"
 
 
 def _no_placements() -> dict:
@@ -166,6 +156,24 @@ class _Session:
     def __post_init__(self) -> None:
         self.last_sample = -self.series_interval
 
+    def run(self, duration: float) -> MemleakResult:
+        k = self.kernel_mode
+        defines = build_options(k, self.sample_every, self.min_size, self.max_size, self.snoop_min)
+        method = "kmem tracepoints, kernel stacks" if k else USER_METHOD
+        probe = Run(
+            "memleak",
+            MemleakResult,
+            requirements(k),
+            defines,
+            self.collect,
+            method,
+            spaces=self.spaces,
+            attach=self.attach,
+            on_tick=self.on_tick,
+            before_detach=self.before_detach,
+        )
+        return run_probe(probe, self.target, duration)  # type: ignore[return-value]
+
     def attach(self, bpf, pids: set[int]) -> None:
         if self.kernel_mode:
             return
@@ -188,27 +196,38 @@ class _Session:
         info["allocator"], info["module"] = alloc.name, alloc.module
         _set_text_range(bpf, pid, space)
         info["missing"] = sorted(set(info["missing"]) | set(alloc.missing))
-        for p in sorted(alloc.placements, key=lambda p: hotness(p.function, self.site_rates)):
-            if p.function not in self.wanted:
-                continue
-            path = space.inode_path(space.first_mapping_of(p.module))
-            if path is None:  # the file this process maps is not reachable: no uprobe on a look-alike
-                info["errors"].append(f"{p.function}: {p.module} is not the file PID {pid} maps")
-                continue
-            try:
-                bpf.attach_uprobe(
-                    name=path.encode(),
-                    sym=p.function.encode(),
-                    sym_off=p.offset,
-                    fn_name=BPF_FUNCTION[p.function].encode(),
-                    pid=pid,
-                )
-                if p.return_probe:
-                    bpf.attach_uretprobe(name=path.encode(), sym=p.function.encode(), fn_name=b"alloc_return", pid=pid)
-            except OSError as e:  # one entry point is not worth the run
-                info["errors"].append(f"{p.function}: {e}")
-                continue
-            if p.describe() not in info["placements"]:
+        asked = []
+        # attached together as the batch ends (uprobe_multi links where the kernel has them)
+        with bpf.uprobe_batch() as refused:
+            for p in sorted(alloc.placements, key=lambda p: hotness(p.function, self.site_rates)):
+                if p.function not in self.wanted:
+                    continue
+                path = space.inode_path(space.first_mapping_of(p.module))
+                if path is None:  # the file this process maps is not reachable: no uprobe on a look-alike
+                    info["errors"].append(f"{p.function}: {p.module} is not the file PID {pid} maps")
+                    continue
+                try:
+                    bpf.attach_uprobe(
+                        name=path.encode(),
+                        sym=p.function.encode(),
+                        sym_off=p.offset,
+                        fn_name=BPF_FUNCTION[p.function].encode(),
+                        pid=pid,
+                        tag=p,
+                    )
+                    if p.return_probe:
+                        bpf.attach_uretprobe(
+                            name=path.encode(), sym=p.function.encode(), fn_name=b"alloc_return", pid=pid, tag=p
+                        )
+                except OSError as e:  # one entry point is not worth the run (its symbol, its file)
+                    info["errors"].append(f"{p.function}: {e}")
+                    continue
+                asked.append(p)
+        failed = {id(tag): e for tag, e in refused}
+        for p in asked:
+            if id(p) in failed:
+                info["errors"].append(f"{p.function}: {failed[id(p)]}")
+            elif p.describe() not in info["placements"]:
                 info["placements"].append(p.describe())
                 self.placed.append(p)
 
@@ -226,7 +245,7 @@ class _Session:
             spent = self._spent_ns(bpf)
             # detaching keeps the hottest probes trapping for about a grace period more, and the next
             # check is a tick away: detach now if either would carry it past the allowance
-            if spent is not None and spent * (1 + (DETACH_S + CHECK_S) / elapsed) >= self.allowance_ns:
+            if spent is not None and spent * (1 + (detach_seconds() + CHECK_S) / elapsed) >= self.allowance_ns:
                 return True
         return False
 
@@ -242,7 +261,7 @@ class _Session:
         keys: list[tuple] = []
         glibc = self.info["allocator"] == "glibc"
 
-        def read(final: bool) -> reachscan.Blocks:
+        def read(final: bool) -> Blocks:
             if final:
                 self.scanned["at_ns"] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             blocks = _blocks(bpf, target.pid, keys if final else [], final)
@@ -251,10 +270,10 @@ class _Session:
         allowed = self.reach_allowed_ms
         if self.allowance_ns is not None and self.costs is not None:
             spent = self._spent_ns(bpf) or 0.0
-            left_ms = max(0.0, self.allowance_ns - spent * (1 + DETACH_S / max(elapsed, 1e-3))) / 1e6
+            left_ms = max(0.0, self.allowance_ns - spent * (1 + detach_seconds() / max(elapsed, 1e-3))) / 1e6
             allowed = left_ms if allowed is None else min(allowed, left_ms)
         with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
-            found, per_group = reachscan.scan(target.pid, read, allowed, interrupted)
+            found, per_group = scan(target.pid, read, allowed, interrupted)
         self.scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         self.scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
 
@@ -297,6 +316,7 @@ class _Session:
             "events": stats["allocs"] + stats["frees"],
             "status": status,
             "reason": reason,
+            **({} if kernel_mode else {"method": f"{USER_METHOD}; {_attached_as(bpf)}"}),
             "lost": lost,
             "mode": "kernel" if kernel_mode else "user",
             "allocator": "kernel (kmem tracepoints)" if kernel_mode else info["allocator"],
@@ -333,7 +353,7 @@ def _paused_s(scanned: dict) -> float:
     return (scan.paused_ms or 0) / 1000 if scan is not None else 0.0
 
 
-def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> reachscan.Blocks:
+def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> Blocks:
     """The outstanding blocks of pid from the allocs table, each grouped by its stack key; keys
     receives the key of each group number. final: read with the target stopped, for the scan (the
     probe's books stop there); otherwise a look while it runs, to price the scan."""
@@ -358,10 +378,10 @@ def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> reachscan.Blocks:
          values["ip"].view(np.int64), values["at_sp"].view(np.int64)], axis=1,
     )  # fmt: skip
     if not len(addrs):
-        return reachscan.Blocks(addrs, values["size"], np.zeros(0, dtype=np.int64))
+        return Blocks(addrs, values["size"], np.zeros(0, dtype=np.int64))
     unique, groups = np.unique(fields, axis=0, return_inverse=True)
     keys.extend((int(t), int(s), int(i) & (2**64 - 1), int(a) & (2**64 - 1)) for t, s, i, a in unique.tolist())
-    return reachscan.Blocks(addrs.copy(), values["size"].copy(), groups.reshape(-1).astype(np.int64))
+    return Blocks(addrs.copy(), values["size"].copy(), groups.reshape(-1).astype(np.int64))
 
 
 def _set_text_range(bpf, pid: int, space) -> None:
@@ -438,7 +458,7 @@ def _merge(m: LeakStack, item: LeakStack) -> LeakStack:
             "freed_bytes": m.freed_bytes + item.freed_bytes,
             "oldest_age_s": max(ages) if ages else None,
             "series": [a + b for a, b in zip(m.series, item.series, strict=False)] or item.series,
-            "reach": reachscan.merged(m.reach, item.reach),
+            "reach": merged(m.reach, item.reach),
         }
     )
 

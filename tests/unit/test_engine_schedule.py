@@ -113,7 +113,7 @@ def _price(ns_per_s: float) -> SimpleNamespace:
 
 
 def test_the_budget_decision_is_the_projected_share_of_the_window():
-    from memdiag.probes.memleak.meter import DETACH_S
+    from memdiag.probes.memleak.meter import detach_seconds
 
     rates = SimpleNamespace(counts=[SimpleNamespace(seconds=0.25)])
     # the rate count's 1 ms spent already; 12 s attached + the detach at 40 ms of the target's time
@@ -122,7 +122,7 @@ def test_the_budget_decision_is_the_projected_share_of_the_window():
         Budget(2.0, 30.0, spent_ns=1e6), Schedule(12.0), costs=None, allocator="glibc", allocating=1000.0
     )
     cheap = pricing.decide(_price(4e7), rates, "")
-    expected = 100 * (4e7 * (12 + DETACH_S) + 1e6) / 30e9
+    expected = 100 * (4e7 * (12 + detach_seconds()) + 1e6) / 30e9
     assert cheap.choice == "full" and cheap.go and cheap.estimated_percent == pytest.approx(expected)
     assert cheap.reason.endswith("<= budget 2%") and cheap.cost_ns == pytest.approx(4e4)
     dear = pricing.decide(_price(1e8), rates, "malloc alone: ")
@@ -132,7 +132,7 @@ def test_the_budget_decision_is_the_projected_share_of_the_window():
     # N bursts of L seconds are priced as what they keep attached: each burst and its detach
     bursts = _Pricing(Budget(2.0, 30.0), Schedule(2.0, bursts=3), costs=None, allocator="glibc", allocating=1000.0)
     three = bursts.decide(_price(4e7), rates, "")
-    assert three.estimated_percent == pytest.approx(100 * 4e7 * 3 * (2 + DETACH_S) / 30e9)
+    assert three.estimated_percent == pytest.approx(100 * 4e7 * 3 * (2 + detach_seconds()) / 30e9)
 
 
 def test_unpriced_memleak_leaves_the_fallback_rule_false_not_missing():

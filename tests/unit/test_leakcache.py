@@ -1,5 +1,5 @@
 """Leak, cache or neither from one stack's series alone (no reachability scan): the facts are
-computed in Python (diagnose.leakcache), the judgment is the shipped playbook's (its trend-leak
+computed in Python (probes/memleak/trend.py), the judgment is the shipped playbook's (its trend-leak
 and trend-cache anchors), and a site moves the line with a YAML edit."""
 
 import pytest

@@ -29,6 +29,17 @@ class Found:
     swapped: int = 0
     unreadable: int = 0
 
+    def credit(self, dst, tier: int, addrs, region: int, tid: int = 0) -> None:
+        """Blocks dst pointed at from a root of this tier: kept where it is the best root so far.
+        On a stack, the outermost frame that holds a pointer is credited (stacks are read from the
+        stack pointer up): an inner frame's copy is more often a stale slot than the owner."""
+        better = (self.root_tier[dst] >= tier) if tier == TIER_STACK else (self.root_tier[dst] > tier)
+        dst = dst[better]
+        self.root_tier[dst] = tier
+        self.root_addr[dst] = addrs[better] if addrs is not None else 0
+        self.root_region[dst] = region
+        self.root_tid[dst] = tid
+
 
 class Matcher:
     """Finds, in a buffer of words, those that point into a block: a subtraction and one compare
@@ -97,21 +108,10 @@ def scan_memory(pid: int, blocks: Blocks, regions: list[Region], threads: list[T
         root_tid=np.zeros(n, dtype=np.int64),
     )
     match = Matcher(blocks)
-
-    def credit(dst, tier: int, addrs, region: int, tid: int = 0) -> None:
-        # On a stack, the outermost frame that holds a pointer is credited (stacks are read from the
-        # stack pointer up): an inner frame's copy is more often a stale slot than the owner.
-        better = (found.root_tier[dst] >= tier) if tier == TIER_STACK else (found.root_tier[dst] > tier)
-        dst = dst[better]
-        found.root_tier[dst] = tier
-        found.root_addr[dst] = addrs[better] if addrs is not None else 0
-        found.root_region[dst] = region
-        found.root_tid[dst] = tid
-
     for t in threads:
         words = np.frombuffer(t.regs[: len(t.regs) // 8 * 8], dtype=np.uint64)
         _pos, dst = match.hits(words)
-        credit(dst, TIER_REGISTER, None, -1, t.tid)
+        found.credit(dst, TIER_REGISTER, None, -1, t.tid)
     buf = np.empty(CHUNK // 8, dtype=np.uint64)
     mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
     try:
@@ -129,24 +129,30 @@ def scan_memory(pid: int, blocks: Blocks, regions: list[Region], threads: list[T
                     got = _read(mem, buf, at, size, found)
                     if r.tier == TIER_STACK and r.tid is not None and at == lo:  # to name frames later
                         stacks[r.tid].stack, stacks[r.tid].stack_base = bytes(buf.view(np.uint8)[:got]), at
-                    words = buf[: got // 8]
-                    pos, dst = match.hits(words)
-                    if not pos.size:
-                        continue
-                    src_addr = np.uint64(at) + pos.astype(np.uint64) * np.uint64(8)
-                    src = match.owner(src_addr)
-                    # a stack or static data is a root even inside a tracked mapping (a thread stack
-                    # mmap()ed after memleak attached)
-                    inside = (src >= 0) if r.tier == TIER_UNTRACKED else np.zeros(len(src), dtype=bool)
-                    credit(dst[~inside], r.tier, src_addr[~inside], ri)
-                    if inside.any():
-                        pairs = np.unique(np.stack((src[inside], dst[inside]), axis=1).astype(np.int32), axis=0)
-                        found.edges.append(pairs)
-                        found.edge_count += len(pairs)
-                        if found.edge_count > MAX_EDGES:
-                            raise ScanAborted(f"more than {MAX_EDGES:,} references between tracked blocks")
+                    _match_chunk(found, match, r, ri, at, buf[: got // 8])
     finally:
         os.close(mem)
         if pagemap is not None:
             os.close(pagemap)
     return found
+
+
+def _match_chunk(found: Found, match: Matcher, r: Region, ri: int, at: int, words) -> None:
+    """One chunk's words that point into blocks: a root's credit, or an edge between two blocks."""
+    import numpy as np
+
+    pos, dst = match.hits(words)
+    if not pos.size:
+        return
+    src_addr = np.uint64(at) + pos.astype(np.uint64) * np.uint64(8)
+    src = match.owner(src_addr)
+    # a stack or static data is a root even inside a tracked mapping (a thread stack mmap()ed after
+    # memleak attached)
+    inside = (src >= 0) if r.tier == TIER_UNTRACKED else np.zeros(len(src), dtype=bool)
+    found.credit(dst[~inside], r.tier, src_addr[~inside], ri)
+    if inside.any():
+        pairs = np.unique(np.stack((src[inside], dst[inside]), axis=1).astype(np.int32), axis=0)
+        found.edges.append(pairs)
+        found.edge_count += len(pairs)
+        if found.edge_count > MAX_EDGES:
+            raise ScanAborted(f"more than {MAX_EDGES:,} references between tracked blocks")

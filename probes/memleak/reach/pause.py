@@ -49,8 +49,6 @@ def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None) -> P
     the fixed part, the page-map walk timed here included (it is done again during the stop). The
     sample sees the target's own pointer density: a pointer-dense heap matches several times slower
     than a sparse one (measured: 0.3 GiB/s on redis, 2 GiB/s on a heap of strings)."""
-    import numpy as np
-
     space = AddressSpace.of(pid)
     if space is None:
         return None
@@ -58,6 +56,22 @@ def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None) -> P
     fixed = FIXED_MS + 2 * read_ms + STOP_MS_PER_THREAD * len(thread_ids(pid))  # the table is read again
     if not len(blocks.starts):
         return Price(0, 0, None, fixed, 0, tls_bytes)
+    t0 = time.monotonic()
+    runs, swapped, too_long = _walk(pid, space, limit_ms)
+    planned = sum(hi - lo for lo, hi in runs)
+    if too_long is not None:
+        return Price(planned, swapped, None, fixed, len(blocks.starts), tls_bytes, refused=too_long)
+    fixed += (time.monotonic() - t0) * 1000
+    refused = _swap_refusal(pid, swapped)
+    speed = _sampled_speed(pid, blocks, runs, max(CHUNK, planned // SAMPLE_CHUNKS))
+    if speed is False:
+        return None
+    return Price(planned, swapped, speed or None, fixed, len(blocks.starts), tls_bytes, refused)
+
+
+def _walk(pid: int, space: AddressSpace, limit_ms: float | None) -> tuple[list[tuple[int, int]], int, str | None]:
+    """The resident or swapped stretches of the writable mappings, the bytes in swap, and why the
+    walk stopped short (it took longer than the pause left), from the page map."""
     t0 = time.monotonic()
 
     def walk_tick() -> None:
@@ -80,21 +94,24 @@ def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None) -> P
                 runs.append((lo, hi))
                 swapped += sw * PAGE
     except ScanAborted as e:
-        planned = sum(hi - lo for lo, hi in runs)
-        return Price(planned, swapped, None, fixed, len(blocks.starts), tls_bytes, refused=str(e))
+        return runs, swapped, str(e)
     finally:
         if pagemap is not None:
             os.close(pagemap)
-    fixed += (time.monotonic() - t0) * 1000
-    planned = sum(hi - lo for lo, hi in runs)
-    refused = _swap_refusal(pid, swapped)
-    stride = max(CHUNK, planned // SAMPLE_CHUNKS)
+    return runs, swapped, None
+
+
+def _sampled_speed(pid: int, blocks: Blocks, runs: list[tuple[int, int]], stride: int) -> float | bool:
+    """Bytes a second of matching chunks `stride` apart against the blocks (0.0: nothing sampled;
+    False: the target's memory cannot be opened)."""
+    import numpy as np
+
     match, buf = Matcher(blocks.sort()), np.empty(CHUNK // 8, dtype=np.uint64)
     sampled, seconds, offset = 0, 0.0, 0
     try:
         mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
     except OSError:
-        return None
+        return False
     try:
         for lo, hi in runs:
             for at in range(lo + (-offset) % stride, hi, stride):
@@ -111,8 +128,7 @@ def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None) -> P
             offset += hi - lo
     finally:
         os.close(mem)
-    speed = sampled / seconds if seconds > 0 and sampled else None
-    return Price(planned, swapped, speed, fixed, len(blocks.starts), tls_bytes, refused)
+    return sampled / seconds if seconds > 0 and sampled else 0.0
 
 
 def _swap_refusal(pid: int, swapped: int) -> str | None:
