@@ -27,7 +27,6 @@ import os
 import secrets
 import subprocess
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -197,10 +196,20 @@ def _same_root(proc: Path) -> bool:
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
-def jfr_tool(jvm: Jvm, java_home: str | None) -> tuple[list[str] | None, str]:
-    """The command that runs the target's own jfr tool (its JDK's bin/jfr), and how: directly when
-    the target shares memdiag's root, else inside the target's namespaces as its user (nsenter),
-    as the container would run it. (None, why) when its JDK has none (a JRE, a jlink image)."""
+@dataclass(frozen=True)
+class Tool:
+    """How to run the target JDK's jfr tool: its command, in words, and whether it runs inside the
+    target's namespaces (and so names the recording's file as the JVM does)."""
+
+    cmd: list[str]
+    how: str
+    inside: bool
+
+
+def jfr_tool(jvm: Jvm, java_home: str | None) -> tuple[Tool | None, str]:
+    """The target's own jfr tool (its JDK's bin/jfr): run directly when the target shares memdiag's
+    root, else inside the target's namespaces as its user (nsenter), as the container would run it.
+    (None, why) when its JDK has none (a JRE, a jlink image)."""
     homes = [java_home] if java_home else []
     with contextlib.suppress(OSError):  # the java binary's own JDK: /proc/PID/exe's folder
         exe = os.readlink(jvm.proc / "exe")
@@ -213,10 +222,14 @@ def jfr_tool(jvm: Jvm, java_home: str | None) -> tuple[list[str] | None, str]:
         if not os.access(reach, os.X_OK):
             continue
         if same:
-            return ["nice", "-n", "10", tool, *flags], f"{tool} (the target's JDK)"
+            found = Tool(["nice", "-n", "10", tool, *flags], f"{tool} (the target's JDK)", inside=False)
+            return found, found.how
         uid, gid = _inside_id(jvm.proc / "uid_map", jvm.uid), _inside_id(jvm.proc / "gid_map", jvm.gid)
         enter = ["nsenter", "--target", str(jvm.pid), "--all", f"--setuid={uid}", f"--setgid={gid}"]
-        return ["nice", "-n", "10", *enter, "--", tool, *flags], f"{tool} in the target's namespaces"
+        found = Tool(
+            ["nice", "-n", "10", *enter, "--", tool, *flags], f"{tool} in the target's namespaces", inside=True
+        )
+        return found, found.how
     where = ", ".join(f"{h}/bin/jfr" for h in dict.fromkeys(homes)) or "no java.home known"
     return None, f"the target's JDK has no jfr tool to read the recording ({where} not found: a JRE or jlink image?)"
 
@@ -231,10 +244,11 @@ def _inside_id(map_file: Path, outside: int) -> int:
     return outside
 
 
-def print_json(tool: list[str], path_inside: str, stack_depth: int = 12) -> str:
-    """`jfr print --json` of memdiag's events (RuntimeError with the tool's message on failure)."""
-    cmd = [*tool, "print", "--json", "--stack-depth", str(stack_depth), "--events", ",".join(EVENTS), path_inside]
-    started = time.monotonic()
+def print_json(tool: Tool, rec: Recording, stack_depth: int = 12) -> str:
+    """`jfr print --json` of memdiag's events in the recording's file (RuntimeError with the tool's
+    message on failure)."""
+    path = rec.inside("jfr") if tool.inside else str(rec.outside("jfr"))
+    cmd = [*tool.cmd, "print", "--json", "--stack-depth", str(stack_depth), "--events", ",".join(EVENTS), path]
     try:
         done = subprocess.run(cmd, capture_output=True, timeout=TOOL_TIMEOUT_S, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -242,5 +256,4 @@ def print_json(tool: list[str], path_inside: str, stack_depth: int = 12) -> str:
     if done.returncode != 0:
         err = done.stderr.decode("utf-8", "replace").strip().splitlines()
         raise RuntimeError(f"the jfr tool failed ({done.returncode}): {err[-1] if err else ''}")
-    _ = time.monotonic() - started
     return done.stdout.decode("utf-8", "replace")

@@ -22,7 +22,7 @@ from memdiag.system.target import Target
 from ..face import Budget, Context, Plan
 from .attach import AttachRefused, Jvm, catches_sigquit, describe_target, listener_running
 from .costs import Price, price
-from .jfr import jfr_tool
+from .jfr import Tool, jfr_tool
 
 MIN_CUTOFF_MS = 10  # below this the search of paths to GC roots is not worth a safepoint
 DEFAULT_CUTOFF_MS = 1000  # run alone (memdiag probe jfr): the pause memdiag allows by default
@@ -34,9 +34,7 @@ class JfrPlan(Plan):
     """The decision, and what the run needs of it."""
 
     jvm: Jvm | None = None
-    tool: list[str] | None = None
-    tool_how: str = ""
-    inside: bool = False  # the tool runs in the target's namespaces: it names files as the JVM does
+    tool: Tool | None = None  # the target JDK's jfr tool, to read the recording
     build: str | None = None  # the JVM's version (java.vm.version): what its costs are kept by
     cold: bool = True
     price: Price | None = None
@@ -94,10 +92,10 @@ def plan(target: Target, ctx: Context) -> JfrPlan:
     build = counters.version if counters else None
     cold = not jfr_started_before(target.pid)
     cost = price(build, cold)
-    return _priced(ctx, jvm, tool, how, build, cold, cost)
+    return _priced(ctx, jvm, tool, build, cold, cost)
 
 
-def _priced(ctx: Context, jvm: Jvm, tool: list[str], how: str, build: str | None, cold: bool, cost: Price) -> JfrPlan:
+def _priced(ctx: Context, jvm: Jvm, tool: Tool, build: str | None, cold: bool, cost: Price) -> JfrPlan:
     total_ns = cost.total_s(ctx.seconds) * 1e9
     start = (
         "its first start in this JVM (JFR compiles its own code)" if cold else "a start (JFR ran in this JVM before)"
@@ -110,7 +108,7 @@ def _priced(ctx: Context, jvm: Jvm, tool: list[str], how: str, build: str | None
         f"{cost.record_per_s * 1000:.1f} ms per second for the {ctx.seconds:.0f} s it would record, "
         f"{cost.stop_s * 1000:.0f} ms to stop ({source})"
     )
-    common = dict(jvm=jvm, tool=tool, tool_how=how, inside="namespaces" in how, build=build, cold=cold, price=cost)
+    common = dict(jvm=jvm, tool=tool, build=build, cold=cold, price=cost)
     budget = ctx.budget
     allowed_ms = ctx.options.get("budget_ms")
     if allowed_ms and ctx.seconds > 0:  # memdiag probe jfr --budget-ms: what the user allows it, in the target's time

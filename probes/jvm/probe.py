@@ -78,7 +78,7 @@ def run(target: Target, ctx: Context) -> JfrResult:
     if not p.go or p.jvm is None:
         return JfrResult(status="unavailable", reason=p.reason, **base)
     rec = Recording(p.jvm, planned_s=ctx.seconds, throttle_per_s=THROTTLE_PER_S, cutoff_ms=p.cutoff_ms)
-    out: dict = {"build": p.build, "cold_start": p.cold, "cutoff_ms": p.cutoff_ms, "tool": p.tool_how}
+    out: dict = {"build": p.build, "cold_start": p.cold, "cutoff_ms": p.cutoff_ms, "tool": p.tool.how if p.tool else ""}
     try:
         with stop_on_signals() as stop:
             _record(target, ctx, p, rec, stop, out)
@@ -129,7 +129,7 @@ def _record(target: Target, ctx: Context, p: JfrPlan, rec: Recording, stop: Stop
     if path is None:
         raise RuntimeError("the JVM wrote no recording at JFR.stop")
     assert p.tool is not None
-    text = print_json(p.tool, rec.inside("jfr") if p.inside else str(path))
+    text = print_json(p.tool, rec)
     _read(parse_recording(text), out)
 
 
