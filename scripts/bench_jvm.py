@@ -12,7 +12,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from jvmkit import JavaWorkload, have_jdk
+from jvmkit import JavaWorkload, have_jdk, wait_warmed_up
 from kit import MEMDIAG
 from memdiag.system.process import cpu_seconds
 
@@ -53,7 +53,7 @@ def _one_jvm(runs: dict[str, list[float]]) -> None:
     main, args, flags = TARGET
     w = JavaWorkload(main, *args, jvm=flags).start()
     try:
-        time.sleep(5)  # past its start-up: the JIT's first compilations
+        wait_warmed_up(w.pid)  # past its start-up: the JIT's first compilations
         for kind in ("cold", "warm"):
             before = _cpu_over(w.pid, WINDOW_S)
             res, during = _recorded(w.pid)
@@ -76,7 +76,7 @@ def _scenario(name: str, main: str, args: list[str], flags: list[str], kind: str
     w = JavaWorkload(main, *args, jvm=flags).start()
     out = Path(f"/tmp/memdiag-bench-jvm-{main}")
     try:
-        time.sleep(3)
+        wait_warmed_up(w.pid)  # as the tests do: past its start-up's compiling
         t0 = time.monotonic()
         subprocess.run([MEMDIAG, "--pid", str(w.pid), "--duration", "30", "--budget", "10", "--output", str(out)],
                        capture_output=True, timeout=240, check=False)  # fmt: skip

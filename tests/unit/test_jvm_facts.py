@@ -151,3 +151,13 @@ def test_the_plan_prices_the_start_the_recording_and_the_stop_against_the_budget
     assert ok.go and ok.cutoff_ms == 1000 and ok.allowance_ns == pytest.approx(3e9)
     tight = planned(5.2)  # 1.56 s allowed, 1.53 s priced: the rest is the cutoff of the paths' search
     assert tight.go and 10 <= tight.cutoff_ms < 40
+
+
+def test_a_jvm_without_counters_says_which_flag_and_the_playbook_says_so():
+    why = "the JVM runs with -XX:-UsePerfData: it keeps no performance counters"
+    obs = observation([JvmSample(missing=why)] * 5)
+    f = jvm_facts(obs)
+    assert f == {"jvm.counters": False, "jvm.counters_missing": why}
+    assert jvm_rows(obs) == [] and jvm_sections(obs)[0].lines == [f"no JVM counters: {why}"]
+    fired = {r.id for r, o in run_rules(load_rules(), {**BASE, **f}) if o.state == "fired"}
+    assert "java-no-counters" in fired and "rss-climbing" in fired  # malloc probes are all there is
