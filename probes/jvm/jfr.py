@@ -11,9 +11,10 @@ sampling, no I/O events.
 The settings file is written into the JVM's /tmp (as its user) and removed once JFR.start has read
 it. The recording is kept in memory (disk=false: no repository folder), with its destination file
 named at start and a `duration`, so that the JVM stops it by itself should memdiag die without
-stopping it (killed, or a third signal): it then writes the file and records nothing more. JFR.stop
-writes the file (and, before it, the old-object samples' paths to GC roots, in a safepoint bounded
-by `cutoff`); memdiag reads it with the JDK's own `jfr` tool and removes it. Every exit path stops
+stopping it (killed, or a third signal): it then writes the file and records nothing more. JFR.dump at
+its first look and JFR.stop at its end write what it holds (and, before it, the old-object samples'
+paths to GC roots, in a safepoint bounded by `cutoff`); memdiag reads both with the JDK's own `jfr`
+tool and removes them: two looks at the same holders, some seconds apart, say whether they grew. Every exit path stops
 the recording and removes the files (Recording.close, also at interpreter exit).
 
 What stays in the JVM is what any jcmd leaves: its attach listener thread and socket, and JFR's
@@ -32,6 +33,7 @@ from pathlib import Path
 
 from .attach import AttachRefused, Jvm, jcmd, start_listener
 
+MID = "mid.jfr"  # the dump of the recording at its first look (Recording.dump)
 # Stop margin: the JVM stops the recording itself this long after the time memdiag planned.
 SELF_STOP_MARGIN_S = 60
 TOOL_TIMEOUT_S = 60
@@ -141,6 +143,17 @@ class Recording:
         path = self.outside("jfr")
         return path if path.exists() else None
 
+    def dump(self, suffix: str = MID) -> Path | None:
+        """A copy of what the recording holds so far, old objects' paths to GC roots included (a
+        safepoint, within the cutoff), written by the JVM to a file of memdiag's; None if none came."""
+        if not self.started or self.stopped:
+            return None
+        reply = jcmd(self.jvm, f"JFR.dump name={self.name} filename={self.inside(suffix)}", timeout_s=60)
+        if not reply.ok or "Dumped recording" not in reply.output:
+            self.notes.append(f"JFR.dump: {_first_line(reply.output) or reply.status}")
+        path = self.outside(suffix)
+        return path if path.exists() else None
+
     def close(self) -> None:
         """Stopped (if it was started) and every file of memdiag's removed; never raises."""
         if self.started and not self.stopped:
@@ -148,7 +161,7 @@ class Recording:
                 self.stop()
             except (AttachRefused, OSError) as e:
                 self.notes.append(f"could not stop the recording {self.name}: {e}")
-        for suffix in ("jfc", "jfr"):
+        for suffix in ("jfc", "jfr", MID):
             _unlink(self.outside(suffix))
         with _OPEN_LOCK:
             _OPEN.discard(self)
@@ -244,10 +257,10 @@ def _inside_id(map_file: Path, outside: int) -> int:
     return outside
 
 
-def print_json(tool: Tool, rec: Recording, stack_depth: int = 12) -> str:
-    """`jfr print --json` of memdiag's events in the recording's file (RuntimeError with the tool's
-    message on failure)."""
-    path = rec.inside("jfr") if tool.inside else str(rec.outside("jfr"))
+def print_json(tool: Tool, rec: Recording, suffix: str = "jfr", stack_depth: int = 12) -> str:
+    """`jfr print --json` of memdiag's events in one of the recording's files (RuntimeError with the
+    tool's message on failure)."""
+    path = rec.inside(suffix) if tool.inside else str(rec.outside(suffix))
     cmd = [*tool.cmd, "print", "--json", "--stack-depth", str(stack_depth), "--events", ",".join(EVENTS), path]
     try:
         done = subprocess.run(cmd, capture_output=True, timeout=TOOL_TIMEOUT_S, check=False)

@@ -96,7 +96,7 @@ def plan(target: Target, ctx: Context) -> JfrPlan:
 
 
 def _priced(ctx: Context, jvm: Jvm, tool: Tool, build: str | None, cold: bool, cost: Price) -> JfrPlan:
-    total_ns = cost.total_s(ctx.seconds) * 1e9
+    total_ns = (cost.total_s(ctx.seconds) + cost.stop_s) * 1e9  # the first look is a dump: priced as a stop
     start = (
         "its first start in this JVM (JFR compiles its own code)" if cold else "a start (JFR ran in this JVM before)"
     )
@@ -106,7 +106,7 @@ def _priced(ctx: Context, jvm: Jvm, tool: Tool, build: str | None, cold: bool, c
     what = (
         f"a flight recording: {start} {cost.start_s * 1000:.0f} ms of the target's CPU, "
         f"{cost.record_per_s * 1000:.1f} ms per second for the {ctx.seconds:.0f} s it would record, "
-        f"{cost.stop_s * 1000:.0f} ms to stop ({source})"
+        f"{cost.stop_s * 1000:.0f} ms to stop and as much for its first look ({source})"
     )
     common = dict(jvm=jvm, tool=tool, build=build, cold=cold, price=cost)
     budget = ctx.budget

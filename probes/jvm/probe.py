@@ -22,10 +22,10 @@ from ..base import Stop, run_for, stop_on_signals
 from ..face import Context, ProbeResult, TracingCost
 from . import costs
 from .attach import AttachRefused
-from .jfr import Recording, print_json
+from .jfr import MID, Recording, print_json
 from .meter import STARTING, STOPPING, Meter
 from .plan import JfrPlan, plan
-from .recording import Allocating, Held, after_gc, allocating, held, parse_recording
+from .recording import Allocating, Held, after_gc, allocating, held, parse_recording, with_sizes
 
 THROTTLE_PER_S = 100  # allocation samples a second (JFR's default settings: 150/s; profile: 300/s)
 KEEP_GROUPS = 8
@@ -35,6 +35,9 @@ READ_RESERVE_S = 1.5
 # JFR's first start goes on after JFR.start answers: its JIT compilers work on JFR's code for about a
 # second more here. What the target spends that long after the answer counts as the start's.
 SETTLE_S = 2.0
+# The first look at the holders (a dump of the recording so far), this far into the recording: the
+# holders' sizes then and at the stop say whether they grew or stayed at a bound.
+LOOK_AT = 0.4
 
 
 class JfrResult(ProbeResult):
@@ -57,6 +60,9 @@ class JfrResult(ProbeResult):
     record_cpu_s: float | None = None
     stop_cpu_s: float | None = None
     stop_pause_s: float | None = None  # the JVM's safepoint time while JFR.stop ran
+    looked_at: float | None = None  # epoch seconds of the first look (the dump); None: none was taken
+    look_cpu_s: float | None = None
+    look_pause_s: float | None = None  # the JVM's safepoint time while the first look's dump ran
     measured_ns: float | None = None  # reported and enforced: the threads', raised to the process's up to twice
     threads_ns: float | None = None  # the recording threads' CPU time (probes/jvm/meter.py)
     process_ns: float | None = None  # the process's CPU time above its rate before
@@ -93,44 +99,81 @@ def run(target: Target, ctx: Context) -> JfrResult:
     return JfrResult(**base, **out)
 
 
+class _Session:
+    """One recording's run: the meter's steps (start, recording, the first look, stop) and the
+    figures they leave in `out`."""
+
+    def __init__(self, target: Target, ctx: Context, p: JfrPlan, rec: Recording, out: dict):
+        assert p.price is not None and target.pid is not None
+        self.pid, self.p, self.rec, self.out = target.pid, p, rec, out
+        self.meter = Meter(target.pid, ctx.cpu_rate or 0.0)
+        self.allowance_s = p.allowance_ns / 1e9 if p.allowance_ns is not None else None
+        self.answered = 0.0
+        self.look_at = 0.0  # when (monotonic) to take the first look
+        self.recorded_cpu = 0.0
+
+    def start(self, seconds: float) -> float:
+        """Start the recording; how long to record (its stop and reading fit in the time given)."""
+        self.out["started_at"] = time.time()
+        self.rec.start()
+        self.answered = time.monotonic()
+        left = seconds - (time.time() - self.out["started_at"])
+        span = max(0.0, left - (READ_RESERVE_S if left > 2 * READ_RESERVE_S else 0.0))
+        self.look_at = self.answered + LOOK_AT * span
+        return span
+
+    def tick(self, _elapsed: float) -> bool:
+        """A tick of the run: close the start once settled, take the first look, and whether what it
+        cost (and the stop still to pay, priced) would pass the allowance: True stops it early."""
+        now = time.monotonic()
+        starting = self.out.get("start_cpu_s") is None
+        if starting and now - self.answered >= SETTLE_S:
+            self.out["start_cpu_s"], starting = self.meter.close_step(STARTING), False
+        if not starting and "looked_at" not in self.out and now >= self.look_at:
+            self._look()
+        spent = self.meter.so_far(STARTING if starting else ())
+        return self.allowance_s is not None and spent + self.p.price.stop_s > self.allowance_s  # type: ignore[union-attr]
+
+    def _look(self) -> None:
+        """The first look: a dump of what the recording holds so far (its paths to GC roots too)."""
+        self.recorded_cpu += self.meter.close_step()
+        before = _counters(self.pid)
+        self.out["looked_at"] = time.time()
+        self.out["looked"] = self.rec.dump() is not None
+        self.out["look_cpu_s"] = self.meter.close_step(STOPPING)
+        self.out["look_pause_s"] = _safepoint_delta(before, _counters(self.pid))
+
+    def stop(self) -> None:
+        out, meter = self.out, self.meter
+        if out.get("start_cpu_s") is None:
+            out["start_cpu_s"] = meter.close_step(STARTING)
+        else:
+            self.recorded_cpu += meter.close_step()
+        out["record_cpu_s"] = self.recorded_cpu
+        out["record_rate_s"] = max(0.0, time.monotonic() - self.answered - SETTLE_S)
+        out["stopped_at"] = time.time()
+        out["recorded_s"] = out["stopped_at"] - out["started_at"]
+        before = _counters(self.pid)
+        path = self.rec.stop()
+        out["stop_cpu_s"] = meter.close_step(STOPPING)
+        out["stop_pause_s"] = _safepoint_delta(before, _counters(self.pid))
+        out["threads_ns"], out["process_ns"] = meter.threads_s * 1e9, meter.process_s() * 1e9
+        out["measured_ns"] = meter.so_far() * 1e9
+        out["duration_s"] = time.time() - out["started_at"]
+        if path is None:
+            raise RuntimeError("the JVM wrote no recording at JFR.stop")
+
+
 def _record(target: Target, ctx: Context, p: JfrPlan, rec: Recording, stop: Stop, out: dict) -> None:
-    assert p.price is not None and target.pid is not None
-    meter = Meter(target.pid, ctx.cpu_rate or 0.0)
-    out["started_at"] = time.time()
-    rec.start()
-    answered = time.monotonic()
-    allowance_s = p.allowance_ns / 1e9 if p.allowance_ns is not None else None
-
-    def tick(_elapsed: float) -> bool:
-        starting = out.get("start_cpu_s") is None
-        if starting and time.monotonic() - answered >= SETTLE_S:
-            out["start_cpu_s"], starting = meter.close_step(STARTING), False
-        # the stop still to pay, priced: stop before the allowance would be passed
-        spent = meter.so_far(STARTING if starting else ())
-        return allowance_s is not None and spent + p.price.stop_s > allowance_s  # type: ignore[union-attr]
-
-    left = ctx.seconds - (time.time() - out["started_at"])
-    run_for(max(0.0, left - (READ_RESERVE_S if left > 2 * READ_RESERVE_S else 0.0)), target, stop, on_tick=tick)
+    session = _Session(target, ctx, p, rec, out)
+    span = session.start(ctx.seconds)
+    run_for(span, target, stop, on_tick=session.tick)
     out.update(interrupted=stop.interrupted, backed_off=stop.backed_off, target_exited_at=stop.target_exited_at)
-    if out.get("start_cpu_s") is None:
-        out["start_cpu_s"], out["record_cpu_s"] = meter.close_step(STARTING), 0.0
-    else:
-        out["record_cpu_s"] = meter.close_step()
-    out["record_rate_s"] = max(0.0, time.monotonic() - answered - SETTLE_S)
-    out["recorded_s"] = time.time() - out["started_at"]
-    out["stopped_at"] = time.time()
-    counters_before = _counters(target.pid)
-    path = rec.stop()
-    out["stop_cpu_s"] = meter.close_step(STOPPING)
-    out["stop_pause_s"] = _safepoint_delta(counters_before, _counters(target.pid))
-    out["threads_ns"], out["process_ns"] = meter.threads_s * 1e9, meter.process_s() * 1e9
-    out["measured_ns"] = meter.so_far() * 1e9
-    out["duration_s"] = time.time() - out["started_at"]
-    if path is None:
-        raise RuntimeError("the JVM wrote no recording at JFR.stop")
+    session.stop()
     assert p.tool is not None
-    text = print_json(p.tool, rec)
-    _read(parse_recording(text), out)
+    final = parse_recording(print_json(p.tool, rec))
+    first = parse_recording(print_json(p.tool, rec, MID)) if out.get("looked") else None
+    _read(final, first, out)
 
 
 def _safepoint_delta(a: JvmCounters | None, b: JvmCounters | None) -> float | None:
@@ -139,8 +182,11 @@ def _safepoint_delta(a: JvmCounters | None, b: JvmCounters | None) -> float | No
     return max(0.0, b.safepoint_time_s - a.safepoint_time_s)
 
 
-def _read(parsed, out: dict) -> None:
+def _read(parsed, first, out: dict) -> None:
+    """The stop's recording (and the first look's, for the holders' sizes then) into the result."""
     groups = held(parsed, out["started_at"], out["stopped_at"])
+    if first is not None:
+        groups = with_sizes(groups, held(first, out["started_at"], out["looked_at"]))
     allocs = allocating(parsed)
     out.update(
         status="partial" if out.get("interrupted") or out.get("backed_off") else "ok",

@@ -293,6 +293,9 @@ class Held(_Frozen):
     let_go: int = 0
     oldest_age_s: float  # the oldest sample still held, as old as it was when the recording stopped
     span_percent: float  # how far back into the recording the held samples go (100: to its start)
+    # the holder's size ("Size: N", what the JVM says of a collection) at the first look and at the stop
+    size_first: int | None = None
+    size_last: int | None = None
 
     @property
     def kept_percent(self) -> float:
@@ -335,6 +338,24 @@ def held(rec: Recorded, started: float, stopped: float) -> list[Held]:
             )
         )
     return sorted(out, key=lambda h: (-h.samples, h.cls))
+
+
+def holder_size(detail: str | None) -> int | None:
+    """The entries of a collection as the JVM describes its holder: "Size: 3037" -> 3037."""
+    if not detail or not detail.startswith("Size:"):
+        return None
+    digits = detail.split(":", 1)[1].strip().replace(",", "")
+    return int(digits) if digits.isdigit() else None
+
+
+def with_sizes(last: list[Held], first: list[Held]) -> list[Held]:
+    """The stop's groups with their holder's size at both looks (the first look's group of the same
+    anchor; None where the JVM said no size at either)."""
+    earlier = {}
+    for h in first:
+        earlier.setdefault(h.anchor, holder_size(h.holder_detail))
+    return [h.model_copy(update={"size_first": earlier.get(h.anchor), "size_last": holder_size(h.holder_detail)})
+            for h in last]  # fmt: skip
 
 
 class Allocating(_Frozen):

@@ -27,6 +27,17 @@ FACTS = (
     ),
     FactDef("jfr.held_oldest", "seconds", "the age of the oldest of them still held at the stop"),
     FactDef("jfr.held_span", "percent", "how far back into the recording the held samples go (100%: its start)"),
+    FactDef(
+        "jfr.held_size_first", "number", "the holder's entries at the first look (what the JVM says of a collection)"
+    ),
+    FactDef("jfr.held_size_last", "number", "the holder's entries at the stop"),
+    FactDef(
+        "jfr.held_grew",
+        "bool",
+        "the holder had more entries at the stop than at the first look (unknown: no size said)",
+    ),
+    FactDef("jfr.held_change", "string", "the holder's size at both looks in words, or that the JVM said none"),
+    FactDef("jfr.looks_apart", "seconds", "the time between the first look at the holders and the stop"),
     FactDef("jfr.alloc_class", "string", "the class allocated most, by the allocation samples' weight"),
     FactDef("jfr.alloc_site", "string", "the Java method and line that allocates it"),
     FactDef("jfr.alloc_rate", "bytes_per_s", "what the allocation samples stand for, per second of the recording"),
@@ -61,10 +72,26 @@ def facts_of(r: JfrResult | None, p, _name) -> dict:
                 "jfr.held_span": top.span_percent,
             }
         )
+        f.update(_sizes(r, top))
     if r.allocating:
         a = r.allocating[0]
         f.update({"jfr.alloc_class": a.cls, "jfr.alloc_site": a.site})
         f["jfr.alloc_rate"] = r.alloc_bytes / r.recorded_s if r.recorded_s else None
+    return f
+
+
+def _sizes(r: JfrResult, top: Held) -> dict:
+    """The holder at both looks: its entries then and now, whether it grew, in words."""
+    apart = (r.stopped_at - r.looked_at) if r.looked_at and r.stopped_at else None
+    f: dict = {"jfr.looks_apart": apart, "jfr.held_size_first": top.size_first, "jfr.held_size_last": top.size_last}
+    if top.size_first is None or top.size_last is None or apart is None:
+        f["jfr.held_change"] = "the JVM said no size of it at both looks"
+        return f
+    f["jfr.held_grew"] = top.size_last > top.size_first
+    if top.size_last == top.size_first:
+        f["jfr.held_change"] = f"{top.size_last:,} entries at both looks, {fmt_duration(apart)} apart"
+    else:
+        f["jfr.held_change"] = f"{top.size_last:,} entries, from {top.size_first:,} {fmt_duration(apart)} earlier"
     return f
 
 
@@ -123,6 +150,7 @@ def sections(r: JfrResult) -> list[Section]:
             h.cls,
             h.site or "unknown",
             h.anchor,
+            _size_cell(h),
             f"{h.samples} ({h.share:.0f}%)",
             f"{h.kept_percent:.0f}%",
             fmt_duration(h.oldest_age_s),
@@ -135,7 +163,16 @@ def sections(r: JfrResult) -> list[Section]:
             probe="jfr",
             title="Java heap: what holds it",
             lines=lines,
-            header=["class", "allocated at", "held by", "samples held", "kept", "oldest", "chain (object up to root)"],
+            header=[
+                "class",
+                "allocated at",
+                "held by",
+                "its entries (first look, stop)",
+                "samples held",
+                "kept",
+                "oldest",
+                "chain (object up to root)",
+            ],
             rows=rows,
         )
     ]
@@ -157,6 +194,12 @@ def _cpu(seconds: float | None) -> str:
     if seconds is not None and seconds < 0.01:
         return "under 10 ms (a tick of the CPU clock)"
     return fmt_duration(seconds)
+
+
+def _size_cell(h: Held) -> str:
+    if h.size_first is None and h.size_last is None:
+        return "not said"
+    return f"{h.size_first if h.size_first is not None else '?'}, {h.size_last if h.size_last is not None else '?'}"
 
 
 def _cost_line(r: JfrResult) -> str:
@@ -190,17 +233,16 @@ def caveats(r: JfrResult) -> list[str]:
 
 
 def trail(r: JfrResult) -> list[TrailItem]:
-    if r.stop_pause_s is None:
-        return []
-    return [
-        TrailItem(
-            kind="scan",
-            name="jfr",
-            state="ran",
-            reason=f"JFR.stop: the JVM wrote the recording and searched the old objects' paths to GC roots "
-            f"(cutoff {r.cutoff_ms} ms) in {fmt_duration(r.stop_pause_s)} of safepoints",
+    """The recording's two looks at the heap: each a safepoint that searched paths to GC roots."""
+    steps = []
+    if r.look_pause_s is not None:
+        steps.append(f"first look (JFR.dump): the old objects' paths to GC roots in {fmt_duration(r.look_pause_s)}")
+    if r.stop_pause_s is not None:
+        steps.append(
+            f"JFR.stop: the JVM wrote the recording and searched the old objects' paths to GC roots (cutoff "
+            f"{r.cutoff_ms} ms) in {fmt_duration(r.stop_pause_s)} of safepoints"
         )
-    ]
+    return [TrailItem(kind="scan", name="jfr", state="ran", reason=step) for step in steps]
 
 
 def describe(r: JfrResult, top: int) -> list[str]:

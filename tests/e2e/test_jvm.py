@@ -98,10 +98,10 @@ def test_a_bounded_lru_cache_is_a_cache_that_turns_over(memdiag, java, tmp_path)
     rep = diagnose(memdiag, tmp_path, w.pid)
     v = rep["verdict"]
     assert v["kind"] == "cache", v["summary"]
-    assert "held by LruCache.cache (Size: 4000) and let go again" in v["summary"]
+    assert "held by LruCache.cache (4,000 entries at both looks" in v["summary"] and "let go again" in v["summary"]
     assert "allocated at LruCache.load(int) line: " in v["summary"]
-    kept = next(p for p in rep["probes"] if p["name"] == "jfr")["figures"]["jfr.held_kept"]
-    assert kept < 50  # most sampled values that outlived a collection were evicted
+    holders = section(rep, "Java heap: what holds it")["rows"]
+    assert holders[0][2:4] == ["LruCache.cache", "4000, 4000"]  # its entries at the first look and at the stop
     assert left_in_jvm(w.pid) == []
 
 
@@ -186,7 +186,9 @@ def test_a_real_h2_database_server_keeping_every_row_is_growth_held_by_its_own_c
         classpath=[str(H2_JAR)],
         ready="TCP server running",
     )
-    java("H2Feeder", f"jdbc:h2:tcp://localhost:{port}/mem:orders", "500", "1024", classpath=[str(H2_JAR)])
+    # old-object samples are taken as threads refill their allocation buffers: a few MiB/s of rows
+    # gives the recording some tens of them
+    java("H2Feeder", f"jdbc:h2:tcp://localhost:{port}/mem:orders", "2000", "2048", classpath=[str(H2_JAR)])
     rep = diagnose(memdiag, tmp_path, server.pid)
     v = rep["verdict"]
     assert v["kind"] == "growth" and "growth in the Java heap" in v["summary"], v["summary"]

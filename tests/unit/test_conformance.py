@@ -98,6 +98,8 @@ HELD = Held(
     share=99.0,
     oldest_age_s=18.0,
     span_percent=97.0,
+    size_first=2004,
+    size_last=3037,
 )
 JFR = JfrResult(
     name="jfr",
@@ -120,6 +122,10 @@ JFR = JfrResult(
     cutoff_ms=1000,
     tool="jfr",
     listener_started=True,
+    started_at=T0,
+    looked_at=T0 + 8,
+    stopped_at=T0 + 18,
+    look_pause_s=0.012,
 )
 REFUSED = "the JVM runs with -XX:+DisableAttachMechanism: it accepts no attach (its counters are still read)"
 

@@ -91,6 +91,11 @@ def test_playbook_java_verdicts_from_the_counters_and_the_recording():
     named = {**counters, "jfr.held_anchor": "OrderService.retryQueue", "jfr.held_kept": 100.0}
     assert verdict(named) == "java-heap-retained"
     assert verdict({**named, "jfr.held_kept": 2.0}) == "java-heap-turnover"
+    # the holder's size at the two looks decides over what its sampled objects did
+    assert verdict({**named, "jfr.held_grew": False, "jfr.held_change": "4,000 entries at both looks"}) == (
+        "java-heap-turnover"
+    )
+    assert verdict({**named, "jfr.held_kept": 2.0, "jfr.held_grew": True}) == "java-heap-retained"
     near = {**named, "jvm.live_set_percent": 93.0, "jvm.gc_share": 35.0, "jvm.gc_share_recent": 40.0}
     assert verdict(near) == "java-heap-pressure"
     native = {**BASE, "jvm.heap_growth_share": 2.0, "jvm.live_set_shape": "flat", "reach.leaked_count": 3000,
@@ -146,11 +151,13 @@ def test_the_plan_prices_the_start_the_recording_and_the_stop_against_the_budget
 
     over = planned(2)  # 600 ms of a 30 s window: a cold start does not fit
     assert not over.go and over.state == "over-budget" and "--budget" in over.facts["jfr.not_run"]
-    assert over.estimated_percent == pytest.approx(100 * (1.31 + 0.0065 * 20 + 0.09) / 30)
+    # start, 20 s recording, the stop and the first look (a dump, priced as a stop)
+    assert over.estimated_percent == pytest.approx(100 * (1.31 + 0.0065 * 20 + 2 * 0.09) / 30)
     ok = planned(10)
     assert ok.go and ok.cutoff_ms == 1000 and ok.allowance_ns == pytest.approx(3e9)
-    tight = planned(5.2)  # 1.56 s allowed, 1.53 s priced: the rest is the cutoff of the paths' search
+    tight = planned(5.5)  # 1.65 s allowed, 1.62 s priced: the rest is the cutoff of the paths' search
     assert tight.go and 10 <= tight.cutoff_ms < 40
+    assert not planned(5.3).go  # 1.59 s allowed: no 10 ms left to search the paths: no holder to name
 
 
 def test_a_jvm_without_counters_says_which_flag_and_the_playbook_says_so():
