@@ -116,6 +116,8 @@ def assemble(result: EngineResult, budget_percent: float) -> Report:
             requested_s=obs.requested_s,
             samples=len(obs.snapshots),
             target_exited_at=obs.exited_at,
+            thinned=obs.thinned,
+            thinned_before_s=obs.thinned_before_s,
         ),
         verdict=result.verdict,
         interrupted=result.interruption,
@@ -130,6 +132,8 @@ def assemble(result: EngineResult, budget_percent: float) -> Report:
         sections=[s for face, r in ran for s in face.sections(r)],
         folded=folded,
         counters=result.counters,
+        cycles=result.cycles,
+        interim=result.interim,
     )
 
 

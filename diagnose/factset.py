@@ -10,7 +10,7 @@ from memdiag.probes.face import Namer, Plan, ProbeResult
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.runtime import Runtime
 from memdiag.system.target import Target
-from memdiag.system.trends import counter_rate
+from memdiag.system.trends import counter_rate, growth_trend
 
 from .culprit import Classes, default_classes
 from .evidence import build_counters, psi_stall_percent, window_seconds
@@ -204,4 +204,25 @@ def window_facts(
     f.update(target_facts(target.kind, target.pid, target.cmdline, runtime))
     f.update(tri.facts)
     f.update(probe_facts(results, plans, classes))
+    f["memory.shape_while_traced"] = shape_while_traced(obs, counters, results)
     return f, counters, tri
+
+
+def shape_while_traced(obs: Observation, counters: Counters, results: dict[str, ProbeResult]) -> str:
+    """The target's own memory (RSS, a cgroup's usage) over the run of the probe that traced its
+    allocations: what a stack's outstanding bytes are to be read against. Over the whole window a
+    cache that filled before the trace reads "levelled" while, traced, its memory does not move."""
+    run = next(
+        (
+            results[f.name]
+            for f in REGISTRY.stack_faces()
+            if f.stacks is not None and f.stacks.kind == "allocations" and f.name in results
+        ),
+        None,
+    )
+    series = next((counters.series[n] for n in ("process.rss", "cgroup.usage") if counters.series.get(n)), None)
+    if run is None or run.status not in ("ok", "partial") or series is None:
+        return "unknown"
+    start = run.started - obs.started
+    points = [(t, v) for t, v in series if start <= t <= start + run.duration_s]
+    return growth_trend(points).shape if len(points) >= 3 else "unknown"

@@ -42,6 +42,10 @@ class Observation(BaseModel):
     # the cgroup read once more when the window ended (the target exited, the time was up, a signal):
     # a kill that ended a pid target is counted by memory.events after the last sample had been taken
     cgroup_closing: CgroupMemory | None = None
+    # samples dropped to keep a long window's memory bounded (Sampler.MAX_SAMPLES), all of them
+    # older than thinned_before (seconds into the window): the older, the coarser
+    thinned: int = 0
+    thinned_before_s: float | None = None
 
     @property
     def last_cgroup(self) -> CgroupMemory | None:
@@ -58,7 +62,14 @@ def default_interval(duration: float) -> float:
 
 class Sampler:
     """The counters of one window, sampled until it ends, the target exits, the user interrupts
-    (Ctrl-C) or stop() is called; run() in the caller's thread, or start() in one of its own."""
+    (Ctrl-C) or stop() is called; run() in the caller's thread, or start() in one of its own.
+
+    A window of hours would keep a sample a second (~14 KiB each, a cgroup's member list the
+    most): past MAX_SAMPLES the older half is thinned to every other sample, so the recent part
+    keeps the sampling interval and the older the coarser, the first sample always kept; how many
+    were dropped, and before when, is in the Observation and the report."""
+
+    MAX_SAMPLES = 720
 
     def __init__(
         self,
@@ -72,6 +83,7 @@ class Sampler:
         self.interval = interval or default_interval(duration)
         self.on_sample = on_sample
         self.snapshots: list[Snapshot] = []
+        self.thinned, self.thinned_before_s = 0, None
         self.processes_first: dict[int, ProcessMemory] = {}  # every process, at the first sample
         self.slab_first: list[SlabCache] | None = None
         self.started = time.time()
@@ -133,6 +145,17 @@ class Sampler:
             # Every process, whatever the target: pressure is paid and caused host-wide.
             self.processes_first = read_all_processes(self.proc_root)
         self.snapshots.append(snap)
+        if len(self.snapshots) > self.MAX_SAMPLES:
+            self._thin()
+
+    def _thin(self) -> None:
+        """Every other sample of the older half dropped (the first kept): bounded, and said."""
+        half = len(self.snapshots) // 2
+        older = self.snapshots[:half]
+        kept = older[::2]
+        self.thinned += len(older) - len(kept)
+        self.thinned_before_s = older[-1].t - self.snapshots[0].t
+        self.snapshots = kept + self.snapshots[half:]
 
     def so_far(self) -> Observation:
         """The window until now: its snapshots, the kernel log, slab, swap and the process tables."""
@@ -143,6 +166,8 @@ class Sampler:
             started=self.started,
             ended=time.time(),
             snapshots=list(self.snapshots),
+            thinned=self.thinned,
+            thinned_before_s=self.thinned_before_s,
             exited_at=self.exited_at,
             interrupted=self.interrupted,
             oom_kills=read_oom_kills(),
