@@ -94,6 +94,7 @@ OPTIONS = (
     ),
 )
 
+
 def _keep(older: MemleakResult, newer: MemleakResult) -> MemleakResult:
     """Of two cycles' runs, the one whose scan found the most leaked bytes (a leak seen in one
     cycle of a long window stays the window's evidence); where neither found any, the newer."""
