@@ -1,0 +1,167 @@
+"""The Python stacks the BPF walk recorded (bpf/pyframes.h: per stack key, each frame's code
+object and instruction pointer) turned into frames people read, `handle_order (/srv/orders.py:42)
+[python]`, and mixed with the native stack: each native `_PyEval_EvalFrameDefault` is the Python
+frames that one call of it ran (up to the frame marked last in its call), as py-spy's --native
+shows them. A probe that walks Python frames keeps one PythonStacks for its run: it registers each
+CPython target's layout in the program's py_procs map, and reads the stacks back at the end."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from ..procmaps import AddressSpace
+from .code import Codes
+from .memory import Memory
+from .target import PythonProcess, locate
+
+LAST_IN_CALL = 1 << 63
+ADDRESS_MASK = LAST_IN_CALL - 1
+PY_TRUNCATED, PY_READ_FAILED = 1, 2  # py_stack.flags (bpf/memdiag.h)
+EVAL_LOOP = frozenset({"_PyEval_EvalFrameDefault"})
+MODULE, STDLIB_MODULE = "python", "python stdlib"  # a Python frame's module, as the wrappers list sees it
+
+
+@dataclass(frozen=True)
+class PyFrame:
+    qualname: str | None  # None: the code object could not be read (gone, or not one)
+    filename: str | None = None
+    line: int | None = None
+    last_in_call: bool = False
+    stdlib: bool = False
+
+    @property
+    def module(self) -> str:
+        return STDLIB_MODULE if self.stdlib else MODULE
+
+    @property
+    def function(self) -> str | None:
+        """What a culprit and the facts say: `handle_order (orders.py:42)`."""
+        if self.qualname is None:
+            return None
+        return f"{self.qualname} ({os.path.basename(self.filename or '?')}{_at(self.line)})"
+
+    def __str__(self) -> str:
+        if self.qualname is None:
+            return f"[unknown] [{self.module}]"
+        return f"{self.qualname} ({self.filename}{_at(self.line)}) [{self.module}]"
+
+
+def _at(line: int | None) -> str:
+    return f":{line}" if line is not None else ""
+
+
+def mixed(frames: list[str], functions: list[str | None], python: list[PyFrame]) -> tuple[list[str], list]:
+    """The native stack (frames and their function names, leaf first) with each eval-loop frame
+    replaced by the Python frames it ran; Python frames no native frame accounts for (the native
+    unwind stopped short) follow the native ones, outermost last."""
+    out_frames: list[str] = []
+    out_functions: list[str | None] = []
+    queue = list(python)
+    for frame, function in zip(frames, functions, strict=True):
+        if function in EVAL_LOOP and queue:
+            while queue:
+                py = queue.pop(0)
+                out_frames.append(str(py))
+                out_functions.append(py.function)
+                if py.last_in_call:
+                    break
+            continue
+        out_frames.append(frame)
+        out_functions.append(function)
+    for py in queue:
+        out_frames.append(str(py))
+        out_functions.append(py.function)
+    return out_frames, out_functions
+
+
+@dataclass
+class _Target:
+    proc: PythonProcess
+    memory: Memory
+    codes: Codes
+
+
+@dataclass
+class PythonStacks:
+    """The CPython processes of one probe run: which could be read (and with which layout), which
+    not and why, the stacks' frames, and what reading the targets' memory cost."""
+
+    targets: dict[int, _Target] = field(default_factory=dict)
+    refused: dict[int, str] = field(default_factory=dict)  # pid -> why its frames are not read
+    truncated: int = 0  # stacks deeper than the walk's PY_MAX_FRAMES
+    read_failed: int = 0  # stacks whose walk met a frame it could not read
+
+    def register(self, bpf, pid: int, space: AddressSpace | None) -> PythonProcess | None:
+        """Put pid's layout in the program's py_procs map when it is a CPython memdiag can read;
+        None otherwise (the reason kept for anything but a process that runs no CPython)."""
+        if pid in self.targets:
+            return self.targets[pid].proc
+        memory = Memory(pid)
+        proc, why = locate(pid, space, memory)
+        if proc is None:
+            memory.close()
+            if why:
+                self.refused[pid] = why
+            return None
+        table = bpf["py_procs"]
+        table[table.Key(pid)] = table.Leaf(**proc.layout.py_proc(proc.interpreters_head))
+        self.targets[pid] = _Target(proc, memory, Codes(proc, memory))
+        return proc
+
+    def frames(self, bpf, key, pid: int) -> list[PyFrame]:
+        """The Python frames recorded with a stack key (innermost first); [] where none were."""
+        target = self.targets.get(pid)
+        if target is None:
+            return []
+        try:
+            record = bpf["pystacks"][key]
+        except KeyError:
+            return []
+        self.truncated += bool(record.flags & PY_TRUNCATED)
+        self.read_failed += bool(record.flags & PY_READ_FAILED)
+        pairs = [(record.frames[i].code, record.frames[i].instr) for i in range(min(record.depth, len(record.frames)))]
+        return self.resolve(target, pairs)
+
+    def resolve(self, target: _Target, pairs: list[tuple[int, int]]) -> list[PyFrame]:
+        out = []
+        stdlib = target.proc.stdlib
+        for code_addr, instr in pairs:
+            code = target.codes.code(code_addr)
+            last = bool(instr & LAST_IN_CALL)
+            if code is None:
+                out.append(PyFrame(qualname=None, last_in_call=last))
+                continue
+            line = code.line(target.proc.layout.code_adaptive, instr & ADDRESS_MASK)
+            out.append(
+                PyFrame(
+                    qualname=code.qualname,
+                    filename=code.filename,
+                    line=line,
+                    last_in_call=last,
+                    stdlib=_in_stdlib(code.filename, stdlib),
+                )
+            )
+        return out
+
+    def cost(self) -> dict[str, float]:
+        """Reads of the targets' memory, summed over them."""
+        total: dict[str, float] = {"reads": 0, "bytes": 0, "failed": 0, "seconds": 0.0}
+        for t in self.targets.values():
+            for k, v in t.memory.cost().items():
+                total[k] += v
+        return total
+
+    def close(self) -> None:
+        for t in self.targets.values():
+            t.memory.close()
+
+
+def _in_stdlib(filename: str, stdlib: str | None) -> bool:
+    """A file of the interpreter's own library (not its site-packages), or a frozen module."""
+    if filename.startswith("<frozen "):
+        return True
+    if stdlib is None or not filename.startswith(stdlib.rstrip("/") + "/"):
+        return False
+    rest = filename[len(stdlib.rstrip("/")) + 1 :]
+    return not rest.startswith(("site-packages/", "dist-packages/"))
