@@ -17,6 +17,20 @@ from dataclasses import dataclass, replace
 
 # bpf/pyframes.h reads PY_FRAME_READ bytes of a frame at once: every frame field must lie inside.
 PY_FRAME_READ = 72
+# Object flags (Include/object.h, the same 3.11-3.13): tp_flags bits.
+TPFLAGS_HAVE_GC = 1 << 14
+TPFLAGS_LIST_SUBCLASS, TPFLAGS_TUPLE_SUBCLASS = 1 << 25, 1 << 26
+TPFLAGS_DICT_SUBCLASS, TPFLAGS_TYPE_SUBCLASS = 1 << 29, 1 << 31
+DICT_KEYS_GENERAL = 0  # dk_kind: entries of (hash, key, value); other kinds hold (key, value)
+# pymalloc (Objects/obmalloc.c) on 64-bit builds with its radix tree (3.10+): 1 MiB arenas of
+# 16 KiB pools, each opened by a 48-byte pool_header, blocks in 16-byte size classes up to 512.
+# Checked here by the mmap sizes of Debian's 3.11 and pyenv's 3.12/3.13 (1,048,576 bytes) and
+# by pool headers read back (szidx, maxnextoffset); holder.py checks every header it uses.
+ARENA_SIZE = 1 << 20
+POOL_SIZE = 16 << 10
+POOL_OVERHEAD = 48
+POOL_SZIDX, POOL_MAXNEXT = 36, 44  # offsets of pool_header.szidx and .maxnextoffset
+SMALL_ALIGNMENT, SMALL_MAX = 16, 512
 PY_NO_FIELD = 0xFFFF
 PY_NO_OWNER = 0xFF
 DEBUG_COOKIE = b"xdebugpy"
@@ -71,6 +85,9 @@ class Layout:
     keys_kind: int = 10
     keys_nentries: int = 24
     keys_indices: int = 32
+    set_mask: int = 32
+    set_table: int = 40
+    type_dict: int = 264  # PyTypeObject.tp_dict (a class's own attributes)
     module_dict: int = 16
     gc_head: int = 16  # PyGC_Head before a GC-tracked object
 
