@@ -245,9 +245,9 @@ class Engine:
     def _decide(self, pr, allocating: float, rates, prefix: str, run_s: float) -> BudgetDecision:
         """Full tracing or not: the price's rate of cost over the time memleak would run and its
         detach, with what was spent already, as a share of the window, against the budget."""
-        from memdiag.probes.overhead import DETACH_S
+        from memdiag.probes.overhead import detach_seconds
 
-        projected = 100 * (pr.ns_per_s * (run_s + DETACH_S) + self.spent_ns) / (self.duration * 1e9)
+        projected = 100 * (pr.ns_per_s * (run_s + detach_seconds()) + self.spent_ns) / (self.duration * 1e9)
         common = dict(
             estimated_percent=projected,
             attached_percent=pr.percent,

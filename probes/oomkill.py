@@ -124,9 +124,10 @@ def _ksym(bpf, address: int) -> str:
     return bpf.ksym(address, show_offset=True).decode(errors="replace")
 
 
-def build_options() -> dict[str, int | str]:
-    """What this kernel's oom:mark_victim carries beyond the pid (older kernels: the pid alone)."""
-    fmt = _format_fields()
+def build_options(fmt: str | None = None) -> dict[str, int | str]:
+    """What this kernel's oom:mark_victim carries beyond the pid (older kernels: the pid alone),
+    from its tracefs format (fmt: another kernel's, for a test of that kernel's branch)."""
+    fmt = _format_fields() if fmt is None else fmt
     defines: dict[str, int | str] = {}
     if "anon_rss" in fmt:
         defines["HAVE_VICTIM_RSS"] = 1
@@ -164,9 +165,10 @@ class OomWatch:
     """The loaded probe; poll() delivers OomEvents to a callback. Used by run() for a bounded
     window and by `memdiag serve` for an always-on watch."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: dict[str, int | str] | None = None) -> None:
+        """options: the program's build options (default: this kernel's tracepoint, build_options())."""
         require(*requirements())
-        self.bpf = load("oomkill", build_options())
+        self.bpf = load("oomkill", build_options() if options is None else options)
         self.lost = 0
         self.pending: list[OomEvent] = []
         self.spaces: dict[int, AddressSpace] = {}
@@ -341,10 +343,11 @@ def run(
     duration: float,
     on_kill: Callable[[OomEvent], None] | None = None,
     ready: threading.Event | None = None,
+    options: dict[str, int | str] | None = None,
 ) -> OomKillResult:
     started = time.time()
     try:
-        watch = OomWatch()
+        watch = OomWatch(options)
     except ProbeUnavailable as e:
         return OomKillResult(**unavailable("oomkill", target, str(e)))
     except Exception as e:
