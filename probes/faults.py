@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
+from .cpython.frames import PythonReading, PythonStacks
 from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
 from .text import event_stack_lines
 
@@ -31,6 +32,7 @@ class FaultsResult(ProbeResult):
     stacks: list[StackGrowth] = []
     folded: list[str] = []
     per_process: list[ProcessFaults] = []
+    python: PythonReading | None = None  # the Python frames walked at each fault (CPython targets)
 
 
 def requirements() -> list[kernel.Availability]:
@@ -43,13 +45,19 @@ def describe(r: FaultsResult, top: int) -> list[str]:
 
 
 def build_options(target_kind: str) -> dict[str, int | str]:
-    """Per-process counts only system-wide (the seeds' one-liner); per stack always."""
-    return {"PER_PROCESS": int(target_kind == "system")}
+    """Per-process counts only system-wide (the seeds' one-liner); per stack always, with the
+    Python frames of CPython targets."""
+    return {"PER_PROCESS": int(target_kind == "system"), "PY_FRAMES": int(target_kind != "system")}
 
 
 def run(target: ProbeTarget, duration: float, top: int = 50) -> FaultsResult:
     per_process = target.kind == "system"
     spaces = Spaces()
+    python = PythonStacks()
+
+    def attach(bpf, pids: set[int]) -> None:
+        for pid in [] if per_process else pids:
+            python.register(bpf, pid, spaces.get(pid))
 
     def collect(bpf, _elapsed: float) -> dict:
         stats = [bpf["stats"][i].value for i in range(4)]
@@ -70,7 +78,15 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> FaultsResult:
             )
             return fields
         raw = [
-            RawStack(pid=key.tgid, fp_stack=fp, regs=regs, stack=data, count=count.value, bytes=count.value * PAGE_SIZE)
+            RawStack(
+                pid=key.tgid,
+                fp_stack=fp,
+                regs=regs,
+                stack=data,
+                count=count.value,
+                bytes=count.value * PAGE_SIZE,
+                python=python.frames(bpf, key, key.tgid),
+            )
             for key, count, fp, regs, data in read_samples(bpf, bpf["counts"])
         ]
         stacks, failed = merge_stacks(raw, spaces)
@@ -78,7 +94,9 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> FaultsResult:
             stacks=stacks[:top],
             folded=folded_lines(stacks),
             lost=stack_losses(stats, failed),
+            python=python.reading() if python.targets or python.refused else None,
         )
+        python.close()
         return fields
 
     return run_probe(
@@ -91,4 +109,5 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> FaultsResult:
         collect,
         METHOD,
         spaces=spaces,
+        attach=attach,
     )  # type: ignore[return-value]

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel
 
+from .cpython.frames import PyFrame, mixed
 from .procmaps import AddressSpace
 from .stacks import Frame, Symbolizer, folded, recover
 
@@ -50,6 +51,7 @@ class RawStack(BaseModel):
     stack: bytes | None = None
     count: int
     bytes: int
+    python: list[PyFrame] = []  # the Python frames the walk recorded with it (bpf/pyframes.h)
 
 
 def merge_stacks(raw: Iterable[RawStack], spaces: Spaces) -> tuple[list[StackGrowth], int]:
@@ -62,14 +64,15 @@ def merge_stacks(raw: Iterable[RawStack], spaces: Spaces) -> tuple[list[StackGro
         addresses, method = recover(space, r.fp_stack, r.regs, r.stack)
         sym = symbolizers.setdefault(r.pid, Symbolizer(space))
         frames: list[Frame] = sym.frames(addresses)
-        key = (r.pid, tuple(str(f) for f in frames))
+        names, functions = mixed([str(f) for f in frames], [f.function for f in frames], r.python)
+        key = (r.pid, tuple(names))
         if key in merged:
             m = merged[key]
             merged[key] = m.model_copy(update={"count": m.count + r.count, "bytes": m.bytes + r.bytes})
             continue
         merged[key] = StackGrowth(
-            frames=[str(f) for f in frames],
-            functions=[f.function for f in frames],
+            frames=names,
+            functions=functions,
             count=r.count,
             bytes=r.bytes,
             pid=r.pid,

@@ -23,6 +23,7 @@ from . import reach as reachscan
 from .allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
 from .base import ProbeResult, ProbeTarget, disarm, phase, run_probe
 from .calibrate import Costs
+from .cpython.frames import PythonReading, PythonStacks
 from .growth import Spaces
 from .overhead import CHECK_S, Meter, TracingCost, detach_seconds
 from .reach import ReachScan, StackReach
@@ -40,6 +41,7 @@ STAT_NAMES = (
     "stacks_dropped",
     "sampled_out",
     "nested",
+    "python_stacks_dropped",
 )
 MAX_ALLOCS = 262144
 MAX_STACKS = 4096  # the stack map is preallocated: about 1 KiB a slot
@@ -105,6 +107,7 @@ class MemleakResult(ProbeResult):
     outstanding_allocations: int = 0
     reach_scan: ReachScan | None = None  # None: no scan was asked for
     tracing_cost: TracingCost | None = None  # what tracing cost the target, measured (costs given)
+    python: PythonReading | None = None  # the Python frames walked at each allocation (CPython targets)
 
     def leak_stack(self) -> LeakStack | None:
         """The stack with the most leaked bytes (nothing points at them), if the scan found any."""
@@ -170,6 +173,7 @@ def build_options(
         "MAX_ALLOCS": MAX_ALLOCS,
         "MAX_STACKS": MAX_STACKS,
         "PAGE_BYTES": os.sysconf("SC_PAGE_SIZE"),
+        "PY_FRAMES": int(not kernel_mode),  # walked for the pids registered in py_procs only
     }
     if max_size is not None:
         defines["MAX_SIZE"] = f"{max_size}ULL"
@@ -292,6 +296,7 @@ class _Session:
     last_sample: float | None = None
     scanned: dict = field(default_factory=dict)
     placed: list = field(default_factory=list)  # the placements attached, for pricing each program's hits
+    python: PythonStacks = field(default_factory=PythonStacks)
 
     def __post_init__(self) -> None:
         self.last_sample = -self.series_interval
@@ -317,6 +322,7 @@ class _Session:
             return
         info["allocator"], info["module"] = alloc.name, alloc.module
         _set_text_range(bpf, pid, space)
+        self.python.register(bpf, pid, space)
         info["missing"] = sorted(set(info["missing"]) | set(alloc.missing))
         asked = []
         # attached together as the batch ends (uprobe_multi links where the kernel has them)
@@ -395,7 +401,7 @@ class _Session:
             left_ms = max(0.0, self.allowance_ns - spent * (1 + detach_seconds() / max(elapsed, 1e-3))) / 1e6
             allowed = left_ms if allowed is None else min(allowed, left_ms)
         with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
-            found, per_group = reachscan.scan(target.pid, read, allowed, interrupted)
+            found, per_group = reachscan.scan(target.pid, read, allowed, interrupted, self.python.namer(target.pid))
         self.scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         self.scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
 
@@ -429,7 +435,7 @@ class _Session:
         now_ns = self.scanned.get("at_ns") or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         oldest, outstanding = self._oldest(bpf)
         kernel_mode, info, scanned = self.kernel_mode, self.info, self.scanned
-        stacks = _stacks(bpf, kernel_mode, self.spaces, self.series, oldest, now_ns, scanned.get("per_key", {}))
+        stacks = _stacks(bpf, self, oldest, now_ns, scanned.get("per_key", {}))
         bigs = [_big(bpf, b, self.spaces, kernel_mode) for b in self.big if b is not None][:200]
         lost = {k: v for k, v in stats.items() if k not in ("allocs", "frees", "sampled_out", "nested")}
         lost["symbol_lookups_failed"] = sum(s.unknown_frames for s in stacks)
@@ -456,6 +462,7 @@ class _Session:
             "outstanding_allocations": outstanding,
             "reach_scan": scanned.get("scan"),
             "tracing_cost": self._cost(bpf) if self.costs else None,
+            "python": self.python.reading() if self.python.targets or self.python.refused else None,
         }
 
 
@@ -535,9 +542,8 @@ def _frame_like(function: str | None):
     return Frame(address=0, function=function)
 
 
-def _stacks(
-    bpf, kernel_mode: bool, spaces: Spaces, series: dict, oldest: dict, now_ns: int, reached: dict
-) -> list[LeakStack]:
+def _stacks(bpf, session: _Session, oldest: dict, now_ns: int, reached: dict) -> list[LeakStack]:
+    kernel_mode, spaces, series = session.kernel_mode, session.spaces, session.series
     stack_table, samples = bpf["stacks"], bpf["samples"]
     merged: dict[tuple, LeakStack] = {}
     symbolizers: dict[int, Symbolizer] = {}
@@ -563,6 +569,7 @@ def _stacks(
             frames, functions = [str(f) for f in fr], [f.function for f in fr]
             forwards = [sym.forwards(a) for a in addresses[:_FORWARD_DEPTH]]
             unknown = sum(1 for f in fr if not f.known)
+            frames, functions = session.python.mix(bpf, k, k.tgid, frames, functions)
         age = (now_ns - oldest[key]) / 1e9 if key in oldest else None
         group = (k.tgid, tuple(frames))
         item = LeakStack(

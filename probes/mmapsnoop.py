@@ -9,6 +9,7 @@ from pydantic import BaseModel
 
 from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
+from .cpython.frames import PythonReading, PythonStacks
 from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
 from .text import event_stack_lines
 
@@ -31,6 +32,7 @@ class MmapResult(ProbeResult):
     unmaps: list[Unmaps] = []
     mapped_bytes: int = 0
     unmapped_bytes: int = 0
+    python: PythonReading | None = None  # the Python frames walked at each mmap (CPython targets)
 
 
 def kind_name(kind: int) -> str:
@@ -48,19 +50,33 @@ def describe(r: MmapResult, top: int) -> list[str]:
 
 
 def build_options() -> dict[str, int | str]:
-    """The syscall numbers the program compares the raw tracepoint's id with."""
-    return dict(arch.syscall_defines())
+    """The syscall numbers the program compares the raw tracepoint's id with; the Python frames of
+    CPython targets (pymalloc's arenas are mmap()ed)."""
+    return {**arch.syscall_defines(), "PY_FRAMES": 1}
 
 
 def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
     spaces = Spaces()
+    python = PythonStacks()
+
+    def attach(bpf, pids: set[int]) -> None:
+        for pid in pids:
+            python.register(bpf, pid, spaces.get(pid))
 
     def collect(bpf, _elapsed: float) -> dict:
         stats = [bpf["stats"][i].value for i in range(4)]
         by_kind: dict[int, list[RawStack]] = {}
         for key, v, fp, regs, data in read_samples(bpf, bpf["counts"]):
             by_kind.setdefault(key.kind, []).append(
-                RawStack(pid=key.tgid, fp_stack=fp, regs=regs, stack=data, count=v.calls, bytes=v.bytes)
+                RawStack(
+                    pid=key.tgid,
+                    fp_stack=fp,
+                    regs=regs,
+                    stack=data,
+                    count=v.calls,
+                    bytes=v.bytes,
+                    python=python.frames(bpf, key, key.tgid),
+                )
             )
         stacks: list[MapStack] = []
         failed = 0
@@ -70,6 +86,8 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
             stacks += [MapStack(kind=kind_name(kind), **s.model_dump()) for s in merged]
         stacks.sort(key=lambda s: s.bytes, reverse=True)
         unmaps = [Unmaps(pid=k.value, calls=v.calls, bytes=v.bytes) for k, v in bpf["unmaps"].items()]
+        reading = python.reading() if python.targets or python.refused else None
+        python.close()
         return {
             "events": stats[0],
             "stacks": stacks[:top],
@@ -78,6 +96,7 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
             "mapped_bytes": sum(s.bytes for s in stacks),
             "unmapped_bytes": sum(u.bytes for u in unmaps),
             "lost": stack_losses(stats, failed),
+            "python": reading,
         }
 
     return run_probe(
@@ -90,4 +109,5 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
         collect,
         METHOD,
         spaces=spaces,
+        attach=attach,
     )  # type: ignore[return-value]

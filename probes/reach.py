@@ -101,7 +101,7 @@ class StackReach(BaseModel):
     anchored_count: int = 0
     anchored_bytes: int = 0
     anchor: str | None = None  # the root that holds most of the anchored bytes
-    anchor_kind: str | None = None  # static | stack | register | tls | untracked
+    anchor_kind: str | None = None  # static | stack | register | tls | untracked | runtime (a global it names)
     anchor_bytes: int = 0
 
 
@@ -658,6 +658,15 @@ def _label(
     return kind, f"memory memdiag did not see allocated ({where})"
 
 
+def _runtime_label(block: int, found: Found, blocks: Blocks, namer) -> tuple[str, str] | None:
+    """The holder of a seed block in the runtime's terms, where a word outside the tracked blocks
+    (untracked heap, a module's data) holds it and the runtime names that word's object."""
+    if namer is None or int(found.root_tier[block]) not in (TIER_UNTRACKED, TIER_STATIC):
+        return None
+    name = namer(int(found.root_addr[block]), int(blocks.starts[block]))
+    return ("runtime", name) if name else None
+
+
 def _tls_name(space: AddressSpace, t: Thread, addr: int) -> str | None:
     """The executable's thread-local variable at addr (its TLS block sits right below the thread
     pointer in variant II), as "`name` (thread-local)"."""
@@ -926,12 +935,14 @@ def scan(
     read_blocks: Callable[[bool], Blocks],
     allowed_ms: float | None,
     interrupted: Callable[[], bool] = lambda: False,
+    namer: Callable[[int, int], str | None] | None = None,
 ) -> tuple[ReachScan, dict[int, StackReach]]:
     """Price, stop, read the blocks, scan, resume, classify. read_blocks(final) returns the
     outstanding blocks: once while the target runs (final False, to price the scan), once with it
     stopped (final True: the probe's books stop there). allowed_ms: the longest pause allowed (None:
     no limit); the scan gives up, resumes the target and concludes nothing when it gets there, or
-    when interrupted() says so (SIGINT, SIGTERM)."""
+    when interrupted() says so (SIGINT, SIGTERM). namer(word address, block start): the holder of a
+    block in the runtime's own terms (a CPython global: probes/cpython/holder.py), or None."""
     import numpy  # noqa: F401  (imported before the table read is timed: the import is not part of a pause)
 
     t = time.monotonic()
@@ -975,7 +986,7 @@ def scan(
     if not _alive(pid):
         why = "the target exited during the scan: nothing is concluded from it"
         return ReachScan(status="failed", reason=why, paused_ms=box["paused_ms"], **info), {}
-    return _classify(box, info)
+    return _classify(box, info, namer)
 
 
 def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: dict) -> None:
@@ -1014,7 +1025,7 @@ def _alive(pid: int) -> bool:
     return _state(pid, pid) not in (None, "Z", "X")
 
 
-def _classify(box: dict, info: dict) -> tuple[ReachScan, dict[int, StackReach]]:
+def _classify(box: dict, info: dict, namer=None) -> tuple[ReachScan, dict[int, StackReach]]:
     """Leaked or anchored per block, the anchors named, per group; after the target runs again."""
     import numpy as np
 
@@ -1025,7 +1036,9 @@ def _classify(box: dict, info: dict) -> tuple[ReachScan, dict[int, StackReach]]:
     labels = {}
     for seed in np.unique(seed_of[anchored]).tolist():
         try:
-            labels[seed] = _label(seed, found, regions, by_tid, space, symbolizer)
+            labels[seed] = _runtime_label(seed, found, blocks, namer) or _label(
+                seed, found, regions, by_tid, space, symbolizer
+            )
         except Exception:  # a malformed module must not cost the result: the tier still says what held it
             labels[seed] = (ANCHOR_KIND[int(found.root_tier[seed])], "a root memdiag could not name")
     per_group = _per_group(blocks, anchored, seed_of, referenced, labels)

@@ -8,10 +8,14 @@ CPython target's layout in the program's py_procs map, and reads the stacks back
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
+
+from pydantic import BaseModel
 
 from ..procmaps import AddressSpace
 from .code import Codes
+from .holder import Holders
 from .memory import Memory
 from .target import PythonProcess, locate
 
@@ -75,11 +79,26 @@ def mixed(frames: list[str], functions: list[str | None], python: list[PyFrame])
     return out_frames, out_functions
 
 
+class PythonReading(BaseModel):
+    """What a probe's walk of Python frames read in its run, for its result and the report."""
+
+    read: dict[int, str] = {}  # pid -> the interpreter and where its layout came from
+    refused: dict[int, str] = {}  # pid -> why its frames were not read ("unsupported version 3.10.13")
+    stacks: int = 0  # stacks that carry Python frames
+    unreadable: int = 0  # frames whose code object could not be read back (gone, or not one)
+    truncated: int = 0  # stacks deeper than the walk records: their outermost frames are missing
+    read_failed: int = 0  # stacks whose walk stopped at a frame it could not read
+    memory_reads: int = 0  # reads of the targets' memory (/proc/PID/mem) to name frames and holders
+    memory_bytes: int = 0
+    memory_s: float = 0.0  # memdiag's time reading them, not the target's (it is never stopped for it)
+
+
 @dataclass
 class _Target:
     proc: PythonProcess
     memory: Memory
     codes: Codes
+    holders: Holders | None = None
 
 
 @dataclass
@@ -91,6 +110,7 @@ class PythonStacks:
     refused: dict[int, str] = field(default_factory=dict)  # pid -> why its frames are not read
     truncated: int = 0  # stacks deeper than the walk's PY_MAX_FRAMES
     read_failed: int = 0  # stacks whose walk met a frame it could not read
+    with_frames: int = 0  # stacks mixed with Python frames
 
     def register(self, bpf, pid: int, space: AddressSpace | None) -> PythonProcess | None:
         """Put pid's layout in the program's py_procs map when it is a CPython memdiag can read;
@@ -121,7 +141,37 @@ class PythonStacks:
         self.truncated += bool(record.flags & PY_TRUNCATED)
         self.read_failed += bool(record.flags & PY_READ_FAILED)
         pairs = [(record.frames[i].code, record.frames[i].instr) for i in range(min(record.depth, len(record.frames)))]
+        self.with_frames += bool(pairs)
         return self.resolve(target, pairs)
+
+    def mix(self, bpf, key, pid: int, frames: list[str], functions: list) -> tuple[list[str], list]:
+        """A native stack (frames and function names) with the Python frames recorded for its key."""
+        python = self.frames(bpf, key, pid)
+        return mixed(frames, functions, python) if python else (frames, functions)
+
+    def namer(self, pid: int) -> Callable[[int, int], str | None] | None:
+        """What names a held block in Python's terms for the reachability scan: (address of the
+        word that points at it, its start) -> "`__main__.failed` (a list)" or None."""
+        target = self.targets.get(pid)
+        if target is None:
+            return None
+        if target.holders is None:
+            target.holders = Holders(target.proc, target.memory)
+        return target.holders.name
+
+    def reading(self) -> PythonReading:
+        cost = self.cost()
+        return PythonReading(
+            read={pid: t.proc.describe() for pid, t in self.targets.items()},
+            refused=dict(self.refused),
+            stacks=self.with_frames,
+            unreadable=sum(t.codes.invalid for t in self.targets.values()),
+            truncated=self.truncated,
+            read_failed=self.read_failed,
+            memory_reads=int(cost["reads"]),
+            memory_bytes=int(cost["bytes"]),
+            memory_s=round(cost["seconds"], 6),
+        )
 
     def resolve(self, target: _Target, pairs: list[tuple[int, int]]) -> list[PyFrame]:
         out = []

@@ -164,3 +164,13 @@ def _check(proc: PythonProcess, mem: Memory) -> str:
     if modules and mem.u64(modules + lay.ob_type) != proc.types["PyDict_Type"]:
         return "sys.modules is not where the layout says (not a dict)"
     return ""
+
+
+def frames_readable(pid: int) -> str | None:
+    """ "read" when memdiag can read pid's Python frames, else why not ("unsupported version
+    3.10.13"). For the fact target.python_frames of a CPython target."""
+    with Memory(pid) as memory:
+        proc, why = locate(pid, AddressSpace.of(pid), memory)
+    if proc is not None:
+        return "read"
+    return why or "its interpreter's module defines no _PyRuntime symbol"
