@@ -663,7 +663,7 @@ def _runtime_label(block: int, found: Found, blocks: Blocks, namer) -> tuple[str
     (untracked heap, a module's data) holds it and the runtime names that word's object."""
     if namer is None or int(found.root_tier[block]) not in (TIER_UNTRACKED, TIER_STATIC):
         return None
-    name = namer(int(found.root_addr[block]), int(blocks.starts[block]))
+    name = namer(int(found.root_addr[block]), int(blocks.starts[block]), int(blocks.sizes[block]))
     return ("runtime", name) if name else None
 
 
@@ -935,14 +935,14 @@ def scan(
     read_blocks: Callable[[bool], Blocks],
     allowed_ms: float | None,
     interrupted: Callable[[], bool] = lambda: False,
-    namer: Callable[[int, int], str | None] | None = None,
+    namer: Callable[[int, int, int], str | None] | None = None,
 ) -> tuple[ReachScan, dict[int, StackReach]]:
     """Price, stop, read the blocks, scan, resume, classify. read_blocks(final) returns the
     outstanding blocks: once while the target runs (final False, to price the scan), once with it
     stopped (final True: the probe's books stop there). allowed_ms: the longest pause allowed (None:
     no limit); the scan gives up, resumes the target and concludes nothing when it gets there, or
-    when interrupted() says so (SIGINT, SIGTERM). namer(word address, block start): the holder of a
-    block in the runtime's own terms (a CPython global: probes/cpython/holder.py), or None."""
+    when interrupted() says so (SIGINT, SIGTERM). namer(word address, block start, size): the holder
+    of a block in the runtime's own terms (a CPython global: probes/cpython/holder.py), or None."""
     import numpy  # noqa: F401  (imported before the table read is timed: the import is not part of a pause)
 
     t = time.monotonic()

@@ -149,9 +149,9 @@ class PythonStacks:
         python = self.frames(bpf, key, pid)
         return mixed(frames, functions, python) if python else (frames, functions)
 
-    def namer(self, pid: int) -> Callable[[int, int], str | None] | None:
+    def namer(self, pid: int) -> Callable[[int, int, int], str | None] | None:
         """What names a held block in Python's terms for the reachability scan: (address of the
-        word that points at it, its start) -> "`__main__.failed` (a list)" or None."""
+        word that points at it, its start, its size) -> "`__main__.failed` (a list)" or None."""
         target = self.targets.get(pid)
         if target is None:
             return None

@@ -10,7 +10,9 @@ within a bound of bytes read (Memory.max_bytes). A word that is in none of them 
 
 from __future__ import annotations
 
+import bisect
 import struct
+from collections import Counter
 from dataclasses import dataclass
 
 from .code import Codes
@@ -51,11 +53,14 @@ class Holders:
         self._by_address: dict[int, _Global] = {}  # a global's object
         self._items: dict[int, _Global] = {}  # an object a global container holds
         self._arrays: list[tuple[int, int, _Global]] = []  # a global list's or tuple's item array
+        self._sorted: list[int] | None = None  # the held objects' addresses, in order
         self._indexed = False
 
     # --- naming ---------------------------------------------------------------------------
-    def name(self, word: int, block: int) -> str | None:
-        """What holds the block at `block` through the pointer at address `word`, or None."""
+    def name(self, word: int, block: int, size: int = 0) -> str | None:
+        """What holds the block at `block` through the pointer at address `word`, or None. A block
+        that holds small objects (a pymalloc arena, whose own pool lists point at it) is held by
+        the global whose container holds most of the objects inside it."""
         self._index()
         for lo, hi, g in self._arrays:
             if lo <= word < hi:
@@ -63,13 +68,19 @@ class Holders:
         for address in (self.object_at(word), self.object_start(block)):
             if address is None:
                 continue
-            g = self._by_address.get(address)
+            g = self._by_address.get(address) or self._items.get(address)
             if g is not None:
                 return _said(g)
-            g = self._items.get(address)
-            if g is not None:
-                return _said(g)
-        return None
+        inside = self._held_inside(block, block + size) if size else None
+        return _said(inside) if inside is not None else None
+
+    def _held_inside(self, lo: int, hi: int) -> _Global | None:
+        """The global holding the most of the objects that lie in [lo, hi)."""
+        if self._sorted is None:
+            self._sorted = sorted(self._items)
+        first, last = bisect.bisect_left(self._sorted, lo), bisect.bisect_left(self._sorted, hi)
+        counts = Counter(self._items[a] for a in self._sorted[first:last])
+        return counts.most_common(1)[0][0] if counts else None
 
     def object_at(self, address: int) -> int | None:
         """The small object (pymalloc block) whose memory holds address, checked by its type."""
