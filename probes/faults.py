@@ -89,7 +89,7 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> FaultsResult:
             )
             for key, count, fp, regs, data in read_samples(bpf, bpf["counts"])
         ]
-        stacks, failed = merge_stacks(raw, spaces)
+        stacks, failed = merge_stacks(raw, spaces, python.group)
         fields.update(
             stacks=stacks[:top],
             folded=folded_lines(stacks),

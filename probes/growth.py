@@ -54,8 +54,10 @@ class RawStack(BaseModel):
     python: list[PyFrame] = []  # the Python frames the walk recorded with it (bpf/pyframes.h)
 
 
-def merge_stacks(raw: Iterable[RawStack], spaces: Spaces) -> tuple[list[StackGrowth], int]:
-    """Recover, symbolize and merge stacks; returns them heaviest first and the failed look-ups."""
+def merge_stacks(raw: Iterable[RawStack], spaces: Spaces, group=None) -> tuple[list[StackGrowth], int]:
+    """Recover, symbolize and merge stacks; returns them heaviest first and the failed look-ups.
+    group(pid, frames): what stacks merge by (default: their frames; a CPython target's Python call
+    path, probes/cpython/frames.py)."""
     merged: dict[tuple, StackGrowth] = {}
     failed = 0
     symbolizers: dict[int, Symbolizer] = {}
@@ -65,9 +67,11 @@ def merge_stacks(raw: Iterable[RawStack], spaces: Spaces) -> tuple[list[StackGro
         sym = symbolizers.setdefault(r.pid, Symbolizer(space))
         frames: list[Frame] = sym.frames(addresses)
         names, functions = mixed([str(f) for f in frames], [f.function for f in frames], r.python)
-        key = (r.pid, tuple(names))
+        key = (r.pid, group(r.pid, names) if group else tuple(names))
         if key in merged:
             m = merged[key]
+            if r.bytes > m.bytes:  # the heaviest's frames stand for the group
+                m = m.model_copy(update={"frames": names, "functions": functions, "method": method})
             merged[key] = m.model_copy(update={"count": m.count + r.count, "bytes": m.bytes + r.bytes})
             continue
         merged[key] = StackGrowth(

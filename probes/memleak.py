@@ -571,7 +571,7 @@ def _stacks(bpf, session: _Session, oldest: dict, now_ns: int, reached: dict) ->
             unknown = sum(1 for f in fr if not f.known)
             frames, functions = session.python.mix(bpf, k, k.tgid, frames, functions)
         age = (now_ns - oldest[key]) / 1e9 if key in oldest else None
-        group = (k.tgid, tuple(frames))
+        group = (k.tgid, session.python.group(k.tgid, frames))
         item = LeakStack(
             frames=frames,
             functions=functions,
@@ -592,6 +592,8 @@ def _stacks(bpf, session: _Session, oldest: dict, now_ns: int, reached: dict) ->
         if group in merged:
             m = merged[group]
             ages = [a for a in (m.oldest_age_s, age) if a is not None]
+            if item.outstanding_bytes > m.outstanding_bytes:  # the heaviest's frames stand for the group
+                m = m.model_copy(update={"frames": item.frames, "functions": item.functions, "forwards": forwards})
             item = m.model_copy(
                 update={
                     "outstanding_bytes": m.outstanding_bytes + item.outstanding_bytes,

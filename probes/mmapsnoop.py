@@ -81,7 +81,7 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
         stacks: list[MapStack] = []
         failed = 0
         for kind, raw in by_kind.items():
-            merged, f = merge_stacks(raw, spaces)
+            merged, f = merge_stacks(raw, spaces, python.group)
             failed += f
             stacks += [MapStack(kind=kind_name(kind), **s.model_dump()) for s in merged]
         stacks.sort(key=lambda s: s.bytes, reverse=True)

@@ -24,6 +24,7 @@ ADDRESS_MASK = LAST_IN_CALL - 1
 PY_TRUNCATED, PY_READ_FAILED = 1, 2  # py_stack.flags (bpf/memdiag.h)
 EVAL_LOOP = frozenset({"_PyEval_EvalFrameDefault"})
 MODULE, STDLIB_MODULE = "python", "python stdlib"  # a Python frame's module, as the wrappers list sees it
+C_LIBRARY = ("libc.so.6", "libm.so.6")  # native frames a Python call path's allocation may pass through
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,21 @@ class PythonStacks:
         """A native stack (frames and function names) with the Python frames recorded for its key."""
         python = self.frames(bpf, key, pid)
         return mixed(frames, functions, python) if python else (frames, functions)
+
+    def group(self, pid: int, frames: list[str]) -> tuple:
+        """What stacks are merged by: a stack whose frames below its first Python frame all lie in
+        the interpreter or the C library is its Python call path (which C path of the interpreter
+        asked for the memory, a new arena for a tuple or for a str, is incidental: one line of
+        Python makes both), with the entry point it called (mmap: pymalloc's arenas; malloc); any
+        other stack is its whole frames (a C library's own, called by ctypes)."""
+        target = self.targets.get(pid)
+        first = next((i for i, f in enumerate(frames) if f.endswith((f"[{MODULE}]", f"[{STDLIB_MODULE}]"))), None)
+        if target is None or first is None:
+            return tuple(frames)
+        native = {f"[{os.path.basename(target.proc.module)}]", *(f"[{m}]" for m in C_LIBRARY)}
+        if all(f[f.rfind(" [") + 1 :] in native for f in frames[:first] if " [" in f):
+            return ("python", frames[0], *frames[first:])  # by entry point too: mmap (arenas) apart from malloc
+        return tuple(frames)
 
     def namer(self, pid: int) -> Callable[[int, int, int], str | None] | None:
         """What names a held block in Python's terms for the reachability scan: (address of the
