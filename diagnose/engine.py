@@ -114,9 +114,10 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         runner: Callable[[str, float], ProbeResult] | None = None,
         pricer: Callable[[float], BudgetDecision] | None = None,
+        given: dict | None = None,
     ):
         """clock, runner (probe name, seconds -> result) and pricer (seconds memleak would run ->
-        decision) are the real ones unless a test gives its own."""
+        decision) are the real ones unless a test gives its own; given: facts known beforehand."""
         self.rules, self.target, self.duration, self.budget = rules, target, duration, budget_percent
         self.interval, self.on_sample, self.on_step = interval, on_sample, on_step or (lambda _s: None)
         self.max_pause_ms = max_pause_ms
@@ -141,6 +142,7 @@ class Engine:
         self.site_rates: dict[str, float] | None = None  # their calls per second
         self.cpu_start = cpu_seconds(target.pid) if target.kind == "pid" and target.pid is not None else None
         self.interruption: Interrupted | None = None  # a signal ended the diagnosis early
+        self.given = dict(given or {})
 
     # --- time ---------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -154,6 +156,7 @@ class Engine:
         counters = build_counters(obs)
         tri = triage(obs, counters)
         f = counter_facts(obs, counters, self.budget)
+        f.update(self.given)
         f["target.name"] = self.target.describe()
         t = self.target
         f.update(target_facts(t.kind, t.pid, t.cmdline, self.runtime))

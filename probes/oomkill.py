@@ -16,6 +16,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from functools import cache
 
 from memdiag.system.cgroup import (
     BadCgroup,
@@ -140,6 +141,7 @@ def build_options(fmt: str | None = None) -> dict[str, int | str]:
     return defines
 
 
+@cache
 def _victim_task_offsets() -> dict[str, int | str]:
     """Where the victim's pid in each namespace sits (task->thread_pid->numbers[level]), from the
     kernel's BTF; empty when BTF lacks any of them (no translation: in a pid namespace of memdiag's
