@@ -5,15 +5,17 @@ module global's list, the holder is the global: "`__main__.failed` (a list)".
 The object around a word is found from pymalloc's pool header (objects of 512 bytes or less sit
 in 16 KiB pools of one size class) and checked: its type pointer must point at a type (a type's
 own type is `type`, or a metaclass whose type is). The globals come from sys.modules: every
-module's dict, and the items of each global list, tuple, set or dict, indexed once per scan
-within a bound of bytes read (Memory.max_bytes). A word that is in none of them is not named."""
+module's dict, the items of each global list, tuple, set or dict and those of the containers
+among them (a dict of dicts: a cache's entries), indexed once per scan within a bound of bytes
+read (Memory.max_bytes). A word that is in none of them is not named."""
 
 from __future__ import annotations
 
-import bisect
 import struct
-from collections import Counter
+import time
 from dataclasses import dataclass
+
+import numpy as np
 
 from .code import Codes
 from .layout import (
@@ -33,6 +35,10 @@ from .memory import Memory
 from .target import PythonProcess
 
 MAX_ITEMS = 1 << 20  # items of one container read (8 MiB of pointers)
+MAX_DESCEND = 10_000  # a global container's items looked into for containers of their own
+INDEX_SECONDS = 3.0  # the index of globals stops there (memdiag's time; the target runs on)
+INDEX_BYTES = 32 << 20  # and after reading this much of the target's memory
+_CONTAINERS = TPFLAGS_LIST_SUBCLASS | TPFLAGS_TUPLE_SUBCLASS | TPFLAGS_DICT_SUBCLASS
 MAX_TP_NAME = 128
 _ARTICLE = {"list": "a list", "tuple": "a tuple", "dict": "a dict", "set": "a set"}
 
@@ -46,15 +52,20 @@ class _Global:
 class Holders:
     """Module globals of one CPython process, and the objects and item arrays they hold."""
 
-    def __init__(self, proc: PythonProcess, memory: Memory):
+    def __init__(self, proc: PythonProcess, memory: Memory, seconds: float = INDEX_SECONDS):
         self.proc, self.mem, self.lay = proc, memory, proc.layout
         self.codes = Codes(proc, memory)
+        self.seconds = seconds  # the index stops there (partial: a holder may be missed, never invented)
+        self.partial = False
         self._types: dict[int, tuple[str, int] | None] = {}
-        self._by_address: dict[int, _Global] = {}  # a global's object
-        self._items: dict[int, _Global] = {}  # an object a global container holds
-        self._arrays: list[tuple[int, int, _Global]] = []  # a global list's or tuple's item array
-        self._sorted: list[int] | None = None  # the held objects' addresses, in order
+        self._globals: list[_Global] = []
+        self._by_address: dict[int, int] = {}  # a global's object -> its index in _globals
+        self._held: list[tuple[object, int]] = []  # (addresses of objects a global's containers hold, its index)
+        self._addr = self._who = None  # the held objects' addresses in order, and whose each is
+        self._arrays: list[tuple[int, int, int]] = []  # a global list's or tuple's item array
         self._indexed = False
+        self._deadline = 0.0
+        self._start_bytes = 0
 
     # --- naming ---------------------------------------------------------------------------
     def name(self, word: int, block: int, size: int = 0) -> str | None:
@@ -64,23 +75,27 @@ class Holders:
         self._index()
         for lo, hi, g in self._arrays:
             if lo <= word < hi:
-                return _said(g)
+                return _said(self._globals[g])
         for address in (self.object_at(word), self.object_start(block)):
             if address is None:
                 continue
-            g = self._by_address.get(address) or self._items.get(address)
+            g = self._by_address.get(address)
+            g = self._holder_of(address) if g is None else g
             if g is not None:
-                return _said(g)
-        inside = self._held_inside(block, block + size) if size else None
-        return _said(inside) if inside is not None else None
+                return _said(self._globals[g])
+        g = self._held_inside(block, block + size) if size else None
+        return _said(self._globals[g]) if g is not None else None
 
-    def _held_inside(self, lo: int, hi: int) -> _Global | None:
+    def _holder_of(self, address: int) -> int | None:
+        i = int(np.searchsorted(self._addr, address))
+        return int(self._who[i]) if i < len(self._addr) and int(self._addr[i]) == address else None
+
+    def _held_inside(self, lo: int, hi: int) -> int | None:
         """The global holding the most of the objects that lie in [lo, hi)."""
-        if self._sorted is None:
-            self._sorted = sorted(self._items)
-        first, last = bisect.bisect_left(self._sorted, lo), bisect.bisect_left(self._sorted, hi)
-        counts = Counter(self._items[a] for a in self._sorted[first:last])
-        return counts.most_common(1)[0][0] if counts else None
+        first, last = np.searchsorted(self._addr, [lo, hi])
+        if first == last:
+            return None
+        return int(np.bincount(self._who[first:last]).argmax())
 
     def object_at(self, address: int) -> int | None:
         """The small object (pymalloc block) whose memory holds address, checked by its type."""
@@ -130,6 +145,8 @@ class Holders:
             return
         self._indexed = True
         lay, mem = self.lay, self.mem
+        self._deadline = time.monotonic() + self.seconds
+        self._start_bytes = self.mem.bytes
         interp = mem.u64(self.proc.interpreters_head)
         modules = mem.u64(interp + lay.interp_modules) if interp else None
         for key, module in self.dict_items(modules or 0):
@@ -137,63 +154,98 @@ class Holders:
             if modname is None or mem.u64(module + lay.ob_type) != self.proc.types.get("PyModule_Type"):
                 continue
             for k, value in self.dict_items(mem.u64(module + lay.module_dict) or 0):
+                if self._late():
+                    break
                 attr = self.codes.string(k)
                 if attr is None or (attr.startswith("__") and attr.endswith("__")):
                     continue  # __builtins__, __loader__, ...: the interpreter's, not the program's
                 self._add(f"{modname}.{attr}", value)
+        held = [a for a, _ in self._held] or [np.zeros(0, dtype=np.uint64)]
+        who = [np.full(len(a), g, dtype=np.int64) for a, g in self._held] or [np.zeros(0, dtype=np.int64)]
+        addr, owner = np.concatenate(held), np.concatenate(who)
+        order = np.argsort(addr, kind="stable")
+        self._addr, self._who = addr[order], owner[order]
 
     def _add(self, name: str, value: int) -> None:
         t = self.type_of(value)
         if t is None:
             return
-        g = _Global(name, t[0])
+        g = len(self._globals)
+        self._globals.append(_Global(name, t[0]))
         self._by_address.setdefault(value, g)
-        for item in self.items(value, t, g):
-            self._items.setdefault(item, g)
+        items = self.items(value, t, g)
+        self._held.append((items, g))
+        if len(items) > MAX_DESCEND:
+            return
+        for item in items.tolist():  # a container in a global container: a dict of dicts (a cache's entries)
+            if self._late():
+                return
+            inner = self.type_of(item)
+            if inner is not None and inner[1] & _CONTAINERS:
+                self._held.append((self.items(item, inner, g), g))
 
-    def items(self, obj: int, t: tuple[str, int], g: _Global) -> list[int]:
-        """The objects a list, tuple, dict (values) or set holds; a list's or tuple's item array
-        is kept as a range, so a word inside it names the container."""
+    def _late(self) -> bool:
+        """Past the index's time or bytes (what is left of the memory bound names the blocks)."""
+        if time.monotonic() > self._deadline or self.mem.bytes - self._start_bytes > INDEX_BYTES:
+            self.partial = True
+        return self.partial
+
+    def items(self, obj: int, t: tuple[str, int], g: int):
+        """The objects (addresses, numpy) a list, tuple, dict (values) or set holds; a list's or
+        tuple's item array is kept as a range, so a word inside it names the container."""
         lay, mem, types = self.lay, self.mem, self.proc.types
-        tp = mem.u64(obj + lay.ob_type)
-        flags = t[1]
+        flags, none = t[1], np.zeros(0, dtype=np.uint64)
         if flags & (TPFLAGS_LIST_SUBCLASS | TPFLAGS_TUPLE_SUBCLASS):
             n = mem.i64(obj + lay.ob_size) or 0
             # a list's items are an array of their own; a tuple's follow its header
             array = (mem.u64(obj + lay.list_items) or 0) if flags & TPFLAGS_LIST_SUBCLASS else obj + lay.tuple_items
             if not 0 < n <= MAX_ITEMS or not array:
-                return []
+                return none
             self._arrays.append((array, array + 8 * n, g))
-            return [w for w in mem.words(array, n) or [] if w]
+            words = self._words(array, n)
+            return words[words != 0]
         if flags & TPFLAGS_DICT_SUBCLASS:
-            return [v for _k, v in self.dict_items(obj)]
-        if tp == types.get("PySet_Type"):
+            pairs = self._dict_words(obj)
+            return pairs[pairs[:, 0] != 0, 1] if len(pairs) else none
+        if mem.u64(obj + lay.ob_type) == types.get("PySet_Type"):
             mask = mem.i64(obj + lay.set_mask) or 0
             table = mem.u64(obj + lay.set_table) or 0
             if not 0 <= mask < MAX_ITEMS or not table:
-                return []
-            words = mem.words(table, 2 * (mask + 1)) or []
-            return [w for w in words[0::2] if w]
-        return []
+                return none
+            keys = self._words(table, 2 * (mask + 1))[0::2]
+            return keys[keys != 0]
+        return none
+
+    def _words(self, address: int, count: int):
+        data = self.mem.read(address, 8 * count)
+        return np.frombuffer(data, dtype="<u8") if data is not None else np.zeros(0, dtype=np.uint64)
 
     def dict_items(self, d: int) -> list[tuple[int, int]]:
         """(key, value) pairs of a dict with a combined table (module dicts are; a split table,
         an instance's, yields nothing)."""
+        pairs = self._dict_words(d)
+        return [(int(k), int(v)) for k, v in pairs.tolist() if k and v]
+
+    def _dict_words(self, d: int):
+        """The (key, value) words of a combined-table dict's entries, as an (n, 2) array."""
         lay, mem = self.lay, self.mem
+        empty = np.zeros((0, 2), dtype=np.uint64)
         if not d:
-            return []
+            return empty
         keys, values = mem.u64(d + lay.dict_keys), mem.u64(d + lay.dict_values)
         head = mem.read(keys, lay.keys_indices) if keys and not values else None
         if head is None:
-            return []
+            return empty
         index_bytes, kind = 1 << head[lay.keys_log2_index_bytes], head[lay.keys_kind]
         n = struct.unpack_from("<q", head, lay.keys_nentries)[0]
         width = 3 if kind == DICT_KEYS_GENERAL else 2  # words per entry: (hash,) key, value
         if not 0 < n <= MAX_ITEMS or index_bytes > 8 * MAX_ITEMS:
-            return []
-        words = mem.words(keys + lay.keys_indices + index_bytes, n * width) or []
-        pairs = zip(words[width - 2 :: width], words[width - 1 :: width], strict=True)
-        return [(k, v) for k, v in pairs if k and v]
+            return empty
+        words = self._words(keys + lay.keys_indices + index_bytes, n * width)
+        if len(words) != n * width:
+            return empty
+        entries = words.reshape(n, width)[:, width - 2 :]
+        return entries[entries[:, 1] != 0]
 
 
 def _said(g: _Global) -> str:

@@ -9,6 +9,7 @@ import os
 import struct
 import time
 
+ADDRESS_LIMIT = 1 << 57  # above every user address x86-64 has (5-level page tables: 2^56): no pointer
 
 class Memory:
     """Reads of one process's memory. A read that fails (unmapped, the process gone) is None."""
@@ -20,6 +21,7 @@ class Memory:
         self.failed = 0
         self.seconds = 0.0
         self.max_bytes = max_bytes  # a bound on what one run may read (a runaway walk stops there)
+        self.capped = 0  # reads refused at that bound
         try:
             self._fd: int | None = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
         except OSError:
@@ -30,7 +32,10 @@ class Memory:
         return self._fd is not None
 
     def read(self, address: int, size: int) -> bytes | None:
-        if self._fd is None or size <= 0 or address <= 0 or self.bytes + size > self.max_bytes:
+        if self._fd is None or size <= 0 or not 0 < address < ADDRESS_LIMIT:
+            return None
+        if self.bytes + size > self.max_bytes:
+            self.capped += 1
             return None
         t = time.perf_counter()
         try:
