@@ -36,7 +36,7 @@ from .target import PythonProcess
 
 MAX_ITEMS = 1 << 20  # items of one container read (8 MiB of pointers)
 MAX_DESCEND = 10_000  # a global container's items looked into for containers of their own
-INDEX_SECONDS = 3.0  # the index of globals stops there (memdiag's time; the target runs on)
+INDEX_SECONDS = 3.0  # the index of globals stops after this much of memdiag's CPU (the target runs on)
 INDEX_BYTES = 32 << 20  # and after reading this much of the target's memory
 _CONTAINERS = TPFLAGS_LIST_SUBCLASS | TPFLAGS_TUPLE_SUBCLASS | TPFLAGS_DICT_SUBCLASS
 MAX_TP_NAME = 128
@@ -145,7 +145,7 @@ class Holders:
             return
         self._indexed = True
         lay, mem = self.lay, self.mem
-        self._deadline = time.monotonic() + self.seconds
+        self._deadline = time.thread_time() + self.seconds  # memdiag's own CPU: others' load does not count
         self._start_bytes = self.mem.bytes
         interp = mem.u64(self.proc.interpreters_head)
         modules = mem.u64(interp + lay.interp_modules) if interp else None
@@ -160,6 +160,10 @@ class Holders:
                 if attr is None or (attr.startswith("__") and attr.endswith("__")):
                     continue  # __builtins__, __loader__, ...: the interpreter's, not the program's
                 self._add(f"{modname}.{attr}", value)
+        # then the containers inside global containers, once every global's own items are in
+        for items, g in list(self._held):
+            if len(items) <= MAX_DESCEND and not self._late():
+                self._descend(items, g)
         held = [a for a, _ in self._held] or [np.zeros(0, dtype=np.uint64)]
         who = [np.full(len(a), g, dtype=np.int64) for a, g in self._held] or [np.zeros(0, dtype=np.int64)]
         addr, owner = np.concatenate(held), np.concatenate(who)
@@ -173,11 +177,12 @@ class Holders:
         g = len(self._globals)
         self._globals.append(_Global(name, t[0]))
         self._by_address.setdefault(value, g)
-        items = self.items(value, t, g)
-        self._held.append((items, g))
-        if len(items) > MAX_DESCEND:
-            return
-        for item in items.tolist():  # a container in a global container: a dict of dicts (a cache's entries)
+        self._held.append((self.items(value, t, g), g))
+
+    def _descend(self, items, g: int) -> None:
+        """The items of the containers among a global container's items (a dict of dicts: a
+        cache's entries), held by the same global."""
+        for item in items.tolist():
             if self._late():
                 return
             inner = self.type_of(item)
@@ -186,7 +191,7 @@ class Holders:
 
     def _late(self) -> bool:
         """Past the index's time or bytes (what is left of the memory bound names the blocks)."""
-        if time.monotonic() > self._deadline or self.mem.bytes - self._start_bytes > INDEX_BYTES:
+        if time.thread_time() > self._deadline or self.mem.bytes - self._start_bytes > INDEX_BYTES:
             self.partial = True
         return self.partial
 
