@@ -11,6 +11,7 @@ import time
 
 ADDRESS_LIMIT = 1 << 57  # above every user address x86-64 has (5-level page tables: 2^56): no pointer
 
+
 class Memory:
     """Reads of one process's memory. A read that fails (unmapped, the process gone) is None."""
 
