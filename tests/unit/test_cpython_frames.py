@@ -1,0 +1,57 @@
+"""The Python frames the walk recorded, mixed into a native stack: each eval-loop call becomes
+the Python frames it ran (up to the one marked last in its call), frames no native frame
+accounts for follow the native ones, and stacks of one Python call path through the interpreter
+merge while a C library's own stay apart."""
+
+from memdiag.probes.cpython.frames import PyFrame, PythonStacks, mixed
+
+EVAL = "_PyEval_EvalFrameDefault+0x1c2 [python3.11]"
+
+
+def _py(name: str, line: int, last: bool = False) -> PyFrame:
+    return PyFrame(qualname=name, filename="/srv/app.py", line=line, last_in_call=last)
+
+
+def test_each_eval_loop_call_is_the_python_frames_it_ran():
+    native = ["malloc+0x0 [libc.so.6]", "PyList_Append+0x9 [python3.11]", EVAL, "PyObject_Call+0x3 [python3.11]", EVAL]
+    functions = ["malloc", "PyList_Append", "_PyEval_EvalFrameDefault", "PyObject_Call", "_PyEval_EvalFrameDefault"]
+    python = [_py("inner", 3), _py("callback", 9, last=True), _py("main", 20), _py("<module>", 30, last=True)]
+    frames, names = mixed(native, functions, python)
+    assert frames == [
+        "malloc+0x0 [libc.so.6]",
+        "PyList_Append+0x9 [python3.11]",
+        "inner (/srv/app.py:3) [python]",
+        "callback (/srv/app.py:9) [python]",
+        "PyObject_Call+0x3 [python3.11]",
+        "main (/srv/app.py:20) [python]",
+        "<module> (/srv/app.py:30) [python]",
+    ]
+    assert names[2:4] == ["inner (app.py:3)", "callback (app.py:9)"]
+    # the native unwind stopped short of the eval loop: the Python frames follow, outermost last
+    frames, _ = mixed(native[:2], functions[:2], python[:2])
+    assert frames[2:] == ["inner (/srv/app.py:3) [python]", "callback (/srv/app.py:9) [python]"]
+    # a frame whose code could not be read stays a frame, unknown, never dropped or guessed
+    assert str(PyFrame(qualname=None)) == "[unknown] [python]"
+    assert PyFrame(qualname="f", filename="/usr/lib/python3.11/json/encoder.py", line=2, stdlib=True).module == (
+        "python stdlib"
+    )
+
+
+def test_one_python_call_path_through_the_interpreter_is_one_stack():
+    stacks = PythonStacks()
+    python = ["remember (/srv/app.py:16) [python]", "main (/srv/app.py:25) [python]"]
+    tuple_arena = ["mmap64+0x0 [libc.so.6]", "[unknown] [python3.11]", "PyTuple_New+0x1 [python3.11]", *python]
+    str_arena = ["mmap64+0x0 [libc.so.6]", "[unknown] [python3.11]", "PyUnicode_New+0x2 [python3.11]", *python]
+    # no CPython registered for the pid: stacks keep their whole frames
+    assert stacks.group(7, tuple_arena) != stacks.group(7, str_arena)
+    from memdiag.probes.cpython import frames as module
+
+    class _Proc:
+        module = "/usr/bin/python3.11"
+
+    stacks.targets[7] = module._Target(proc=_Proc(), memory=None, codes=None)  # type: ignore[arg-type]
+    assert stacks.group(7, tuple_arena) == stacks.group(7, str_arena)
+    malloc = ["malloc+0x0 [libc.so.6]", "[unknown] [python3.11]", *python]
+    assert stacks.group(7, malloc) != stacks.group(7, tuple_arena)  # another entry point: apart
+    ctypes = ["malloc+0x0 [libc.so.6]", "take_record+0xf [libdrop.so]", "ffi_call+0x1 [libffi.so.8]", *python]
+    assert stacks.group(7, ctypes) == tuple(ctypes)  # a C library's own allocation stays its own
