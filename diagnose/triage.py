@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 
 from memdiag.system.kmsg import OomKill
+from memdiag.system.trends import Trend
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 
 from .observe import Observation
 from .report import Counters, Culprit, Finding, ProcessRow
-from .trends import Trend
 
 
 class Triage:
@@ -27,19 +27,14 @@ class Triage:
         caveats: list[str],
         facts: dict[str, str],
         culprits: dict[str, Culprit],
+        keys: dict[str, str] | None = None,
     ):
         self.findings, self.caveats, self.facts, self.culprits = findings, caveats, facts, culprits
+        self.keys = keys or {}  # finding id -> the summary.* fact it states (a playbook finding of it is the same)
 
 
 def _who(obs: Observation) -> str:
-    t = obs.target
-    if t.kind == "pid":
-        return f"PID {t.pid} ({t.comm})"
-    if t.kind == "cgroup" and (t.container is not None or t.pod is not None):
-        return t.describe()  # a container's or pod's cgroup: named as the user named it
-    if t.kind == "cgroup" and t.cgroup is not None:
-        return f"cgroup {t.cgroup.path}"
-    return "the system"
+    return obs.target.describe()  # the one description of a target, as {target.name} says it too
 
 
 def _cgroup_path(obs: Observation) -> str | None:
@@ -251,6 +246,15 @@ def _pressure_context(obs: Observation, counters: Counters, growth: _Growth) -> 
     return "; ".join(text)
 
 
+# The growth series' readings, each the summary.* fact it becomes.
+SUMMARY_FACTS = {
+    "growth": "summary.growth",
+    "plateau": "summary.plateau",
+    "sawtooth": "summary.sawtooth",
+    "cut_by_oom": "summary.cut_by_oom",
+}
+
+
 class _Growth:
     """What the growth series says: findings, caveats, its sentence by name (growth, plateau,
     sawtooth, cut_by_oom: the `summary.*` fact it becomes) and the culprit it names."""
@@ -261,6 +265,7 @@ class _Growth:
         self.kind: str | None = None
         self.summary: str | None = None
         self.culprit: Culprit | None = None
+        self.finding: str | None = None  # the id of the finding that states the summary
 
 
 def kills_during(obs: Observation, counters: Counters) -> int:
@@ -275,7 +280,7 @@ def kills_during(obs: Observation, counters: Counters) -> int:
 
 
 def _said(out: _Growth, kind: str, summary: str, finding: str, evidence: dict) -> _Growth:
-    out.kind, out.summary = kind, summary
+    out.kind, out.summary, out.finding = kind, summary, finding
     out.findings.append(Finding(id=finding, summary=summary, evidence=evidence))
     return out
 
@@ -299,16 +304,14 @@ def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> 
         # cut the growth (CI saw a 32 MiB OOM loop sampled flat for 2.4 s between kills).
         summary = (
             f"{what} of {who} ended at {fmt_bytes(tr.last)} (between {fmt_bytes(tr.low)} and {fmt_bytes(tr.peak)} "
-            f"over {fmt_duration(tr.seconds)}) with {killed} OOM kill{'s' if killed > 1 else ''} in the window: "
-            "the kernel cut the growth, so the level says nothing of a bound"
-        )
+            f"over {fmt_duration(tr.seconds)}) with {killed} OOM kill{'s' if killed > 1 else ''} in the window"
+        )  # what it means (the kernel cut the growth) is the playbook's: level-cut-by-oom
         return _said(out, "cut_by_oom", summary, "growth-killed", {**evidence, "oom_kills": killed})
     if tr.shape == "levelled":
         summary = (
             f"{what} of {who} grew {fmt_bytes(tr.delta)} then levelled off at {fmt_bytes(tr.last)} "
-            f"for the last {fmt_duration(tr.levelled_for_s)} of {fmt_duration(tr.seconds)}: a plateau, "
-            "consistent with a bounded cache filling to its size, not a leak"
-        )
+            f"for the last {fmt_duration(tr.levelled_for_s)} of {fmt_duration(tr.seconds)}"
+        )  # what it is consistent with (a bounded cache) is the playbook's: plateau
         out.caveats.append(
             "counters show the shape of growth, not its cause: a leak that paused also looks like a plateau for a while"
         )
@@ -316,9 +319,8 @@ def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> 
     if tr.shape == "sawtooth":
         summary = (
             f"{what} of {who} rose and fell over {fmt_duration(tr.seconds)}, between {fmt_bytes(tr.low)} and "
-            f"{fmt_bytes(tr.peak)} ({fmt_bytes(tr.last)} at the end): it fell and grew again (swapped out, freed, "
-            "or killed and restarted), so no one rate describes it"
-        )
+            f"{fmt_bytes(tr.peak)} ({fmt_bytes(tr.last)} at the end)"
+        )  # why no rate describes it is the playbook's: sawtooth
         return _said(out, "sawtooth", summary, "growth-sawtooth", evidence)
     if tr.shape == "shrinking":
         out.findings.append(
@@ -348,7 +350,7 @@ def _system_growth(obs: Observation, counters: Counters) -> _Growth:
     out.findings.append(
         Finding(id="system-growth", summary=summary, evidence={"top_growers": [q.model_dump() for q in top]})
     )
-    out.kind, out.summary = "growth", summary
+    out.kind, out.summary, out.finding = "growth", summary, "system-growth"
     out.culprit = Culprit(pid=p.pid, comm=p.comm)
     return out
 
@@ -416,11 +418,14 @@ def triage(obs: Observation, counters: Counters) -> Triage:
     culprits: dict[str, Culprit] = {}
     if oom is not None:
         facts["summary.oom"], culprits["oom"] = oom
+    keys = {}
     if g.kind is not None and g.summary is not None:
-        facts[f"summary.{g.kind}"] = g.summary
+        facts[SUMMARY_FACTS[g.kind]] = g.summary
+        if g.finding is not None:
+            keys[g.finding] = SUMMARY_FACTS[g.kind]
     if g.culprit is not None and g.kind in ("growth", "plateau"):
         culprits["growth"] = g.culprit
-    return Triage(findings, caveats, facts, culprits)
+    return Triage(findings, caveats, facts, culprits, keys)
 
 
 def memory_shape(counters: Counters) -> str:
