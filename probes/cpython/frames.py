@@ -89,9 +89,34 @@ class PythonReading(BaseModel):
     unreadable: int = 0  # frames whose code object could not be read back (gone, or not one)
     truncated: int = 0  # stacks deeper than the walk records: their outermost frames are missing
     read_failed: int = 0  # stacks whose walk stopped at a frame it could not read
+    max_frames: int = 0  # frames the walk records at an event (PY_MAX_FRAMES, from the program's map)
     memory_reads: int = 0  # reads of the targets' memory (/proc/PID/mem) to name frames and holders
     memory_bytes: int = 0
     memory_s: float = 0.0  # memdiag's time reading them, not the target's (it is never stopped for it)
+
+
+def caveats(reading: PythonReading | None) -> list[str]:
+    """What a reader of the Python frames should know: targets whose frames were not read and
+    why, stacks cut short, frames whose code could not be read back, and how arenas are named."""
+    if reading is None:
+        return []
+    out = [f"PID {pid}: its Python frames were not read: {why}" for pid, why in sorted(reading.refused.items())]
+    if reading.truncated:
+        out.append(
+            f"{reading.truncated} Python stacks were deeper than the {reading.max_frames} frames the walk records "
+            "at an event: their outermost frames are missing"
+        )
+    if reading.unreadable or reading.read_failed:
+        out.append(
+            f"{reading.unreadable} Python frames are [unknown]: their code object was gone or not one when read "
+            f"back (never named from a guess); {reading.read_failed} walks stopped at a frame they could not read"
+        )
+    if reading.stacks:
+        out.append(
+            "Python objects of 512 bytes or less come from pymalloc's 1 MiB arenas: an arena's stack names the "
+            "Python line whose allocation found pymalloc full, a sample of the lines that allocate while memory grows"
+        )
+    return out
 
 
 @dataclass
@@ -112,6 +137,7 @@ class PythonStacks:
     truncated: int = 0  # stacks deeper than the walk's PY_MAX_FRAMES
     read_failed: int = 0  # stacks whose walk met a frame it could not read
     with_frames: int = 0  # stacks mixed with Python frames
+    max_frames: int = 0
 
     def register(self, bpf, pid: int, space: AddressSpace | None) -> PythonProcess | None:
         """Put pid's layout in the program's py_procs map when it is a CPython memdiag can read;
@@ -139,6 +165,7 @@ class PythonStacks:
             record = bpf["pystacks"][key]
         except KeyError:
             return []
+        self.max_frames = len(record.frames)
         self.truncated += bool(record.flags & PY_TRUNCATED)
         self.read_failed += bool(record.flags & PY_READ_FAILED)
         pairs = [(record.frames[i].code, record.frames[i].instr) for i in range(min(record.depth, len(record.frames)))]
@@ -184,6 +211,7 @@ class PythonStacks:
             unreadable=sum(t.codes.invalid for t in self.targets.values()),
             truncated=self.truncated,
             read_failed=self.read_failed,
+            max_frames=self.max_frames,
             memory_reads=int(cost["reads"]),
             memory_bytes=int(cost["bytes"]),
             memory_s=round(cost["seconds"], 6),

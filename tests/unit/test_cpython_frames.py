@@ -55,3 +55,14 @@ def test_one_python_call_path_through_the_interpreter_is_one_stack():
     assert stacks.group(7, malloc) != stacks.group(7, tuple_arena)  # another entry point: apart
     ctypes = ["malloc+0x0 [libc.so.6]", "take_record+0xf [libdrop.so]", "ffi_call+0x1 [libffi.so.8]", *python]
     assert stacks.group(7, ctypes) == tuple(ctypes)  # a C library's own allocation stays its own
+
+
+def test_what_the_reader_of_python_frames_should_know_is_said():
+    from memdiag.probes.cpython.frames import PythonReading, caveats
+
+    assert caveats(None) == []
+    reading = PythonReading(refused={9: "unsupported version 3.10"}, stacks=3, truncated=1, unreadable=2, max_frames=32)
+    said = caveats(reading)
+    assert said[0] == "PID 9: its Python frames were not read: unsupported version 3.10"
+    assert "deeper than the 32 frames" in said[1] and "2 Python frames are [unknown]" in said[2]
+    assert "pymalloc's 1 MiB arenas" in said[3]
