@@ -15,6 +15,7 @@ from pydantic import BaseModel
 from . import kernel
 from .base import Run, run_probe
 from .cpython.frames import PythonReading, PythonStacks
+from .cpython.frames import caveats as python_caveats
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import (
     RawStack,
@@ -138,6 +139,7 @@ FACE = Face(
     run=plain(run),
     result=FaultsResult,
     describe=describe,
+    caveats=lambda r: python_caveats(r.python),
     facts=(
         FactDef("faults.top_bytes", "bytes", "pages faulted in by the heaviest stack"),
         FactDef("faults.top_function", "string", "the application function of the heaviest fault stack"),

@@ -11,6 +11,7 @@ from pydantic import BaseModel
 from . import kernel
 from .base import Run, run_probe
 from .cpython.frames import PythonReading, PythonStacks
+from .cpython.frames import caveats as python_caveats
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import (
     RawStack,
@@ -141,6 +142,7 @@ FACE = Face(
     run=plain(run),
     result=MmapResult,
     describe=describe,
+    caveats=lambda r: python_caveats(r.python),
     facts=(
         FactDef("mmap.anon_bytes", "bytes", "anonymous memory mapped during the probe"),
         FactDef("mmap.top_function", "string", "the function that mapped the most"),
