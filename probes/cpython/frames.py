@@ -90,6 +90,7 @@ class PythonReading(BaseModel):
     truncated: int = 0  # stacks deeper than the walk records: their outermost frames are missing
     read_failed: int = 0  # stacks whose walk stopped at a frame it could not read
     max_frames: int = 0  # frames the walk records at an event (PY_MAX_FRAMES, from the program's map)
+    arena_stacks: int = 0  # Python call paths whose interpreter mmap()ed memory (pymalloc's arenas)
     memory_reads: int = 0  # reads of the targets' memory (/proc/PID/mem) to name frames and holders
     memory_bytes: int = 0
     memory_s: float = 0.0  # memdiag's time reading them, not the target's (it is never stopped for it)
@@ -111,7 +112,7 @@ def caveats(reading: PythonReading | None) -> list[str]:
             f"{reading.unreadable} Python frames are [unknown]: their code object was gone or not one when read "
             f"back (never named from a guess); {reading.read_failed} walks stopped at a frame they could not read"
         )
-    if reading.stacks:
+    if reading.arena_stacks:
         out.append(
             "Python objects of 512 bytes or less come from pymalloc's 1 MiB arenas: an arena's stack names the "
             "Python line whose allocation found pymalloc full, a sample of the lines that allocate while memory grows"
@@ -138,6 +139,7 @@ class PythonStacks:
     read_failed: int = 0  # stacks whose walk met a frame it could not read
     with_frames: int = 0  # stacks mixed with Python frames
     max_frames: int = 0
+    arenas: set = field(default_factory=set)  # Python call paths that mmap()ed (pymalloc's arenas)
 
     def register(self, bpf, pid: int, space: AddressSpace | None) -> PythonProcess | None:
         """Put pid's layout in the program's py_procs map when it is a CPython memdiag can read;
@@ -189,6 +191,8 @@ class PythonStacks:
             return tuple(frames)
         native = {f"[{os.path.basename(target.proc.module)}]", *(f"[{m}]" for m in C_LIBRARY)}
         if all(f[f.rfind(" [") + 1 :] in native for f in frames[:first] if " [" in f):
+            if frames[0].startswith("mmap"):
+                self.arenas.add((pid, *frames[first:]))
             return ("python", frames[0], *frames[first:])  # by entry point too: mmap (arenas) apart from malloc
         return tuple(frames)
 
@@ -212,6 +216,7 @@ class PythonStacks:
             truncated=self.truncated,
             read_failed=self.read_failed,
             max_frames=self.max_frames,
+            arena_stacks=len(self.arenas),
             memory_reads=int(cost["reads"]),
             memory_bytes=int(cost["bytes"]),
             memory_s=round(cost["seconds"], 6),

@@ -61,8 +61,11 @@ def test_what_the_reader_of_python_frames_should_know_is_said():
     from memdiag.probes.cpython.frames import PythonReading, caveats
 
     assert caveats(None) == []
-    reading = PythonReading(refused={9: "unsupported version 3.10"}, stacks=3, truncated=1, unreadable=2, max_frames=32)
+    reading = PythonReading(
+        refused={9: "unsupported version 3.10"}, stacks=3, truncated=1, unreadable=2, max_frames=32, arena_stacks=1
+    )
     said = caveats(reading)
     assert said[0] == "PID 9: its Python frames were not read: unsupported version 3.10"
     assert "deeper than the 32 frames" in said[1] and "2 Python frames are [unknown]" in said[2]
     assert "pymalloc's 1 MiB arenas" in said[3]
+    assert not any("arenas" in c for c in caveats(reading.model_copy(update={"arena_stacks": 0})))
