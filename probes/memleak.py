@@ -571,7 +571,7 @@ def _stacks(bpf, session: _Session, oldest: dict, now_ns: int, reached: dict) ->
             unknown = sum(1 for f in fr if not f.known)
             frames, functions = session.python.mix(bpf, k, k.tgid, frames, functions)
         age = (now_ns - oldest[key]) / 1e9 if key in oldest else None
-        group = (k.tgid, session.python.group(k.tgid, frames))
+        group = (k.tgid, session.python.group(k.tgid, frames, by_entry=True))
         item = LeakStack(
             frames=frames,
             functions=functions,
