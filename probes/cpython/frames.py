@@ -179,12 +179,13 @@ class PythonStacks:
         python = self.frames(bpf, key, pid)
         return mixed(frames, functions, python) if python else (frames, functions)
 
-    def group(self, pid: int, frames: list[str]) -> tuple:
+    def group(self, pid: int, frames: list[str], by_entry: bool = False) -> tuple:
         """What stacks are merged by: a stack whose frames below its first Python frame all lie in
         the interpreter or the C library is its Python call path (which C path of the interpreter
         asked for the memory, a new arena for a tuple or for a str, is incidental: one line of
-        Python makes both), with the entry point it called (mmap: pymalloc's arenas; malloc); any
-        other stack is its whole frames (a C library's own, called by ctypes)."""
+        Python makes both), and by_entry with the entry point it called (memleak: mmap, pymalloc's
+        arenas, apart from malloc); any other stack is its whole frames (a C library's own, called by
+        ctypes). Page faults of one Python line at several instructions of the interpreter merge."""
         target = self.targets.get(pid)
         first = next((i for i, f in enumerate(frames) if f.endswith((f"[{MODULE}]", f"[{STDLIB_MODULE}]"))), None)
         if target is None or first is None:
@@ -193,7 +194,7 @@ class PythonStacks:
         if all(f[f.rfind(" [") + 1 :] in native for f in frames[:first] if " [" in f):
             if frames[0].startswith("mmap"):
                 self.arenas.add((pid, *frames[first:]))
-            return ("python", frames[0], *frames[first:])  # by entry point too: mmap (arenas) apart from malloc
+            return ("python", frames[0] if by_entry else "", *frames[first:])
         return tuple(frames)
 
     def namer(self, pid: int) -> Callable[[int, int, int], str | None] | None:

@@ -500,7 +500,7 @@ def _stacks(bpf, session: _Session, oldest: dict, now_ns: int, reached: dict) ->
             series=series.get(key, []),
             reach=reached.get(key),
         )
-        group = (r.pid, python.group(r.pid, frames))
+        group = (r.pid, python.group(r.pid, frames, by_entry=True))
         merged[group] = _merge(merged[group], item) if group in merged else item
     return sorted(merged.values(), key=lambda s: s.outstanding_bytes, reverse=True)
 
