@@ -137,10 +137,13 @@ struct py_stack {
 	struct py_frame frames[PY_MAX_FRAMES];
 };
 
-/* The thread state a thread's Python frames hang from, and when it was looked for (0: none). */
+/* The thread state a thread's Python frames hang from, when it was looked for (0: none), and the
+ * native_thread_id it holds: the thread's id in the target's own pid namespace, which user space
+ * fills in where that is not the id BPF sees (a target in a container). */
 struct py_thread {
 	u64 tstate;
 	u64 looked_ns;
+	u64 native_tid;
 };
 
 #endif

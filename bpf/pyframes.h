@@ -64,14 +64,17 @@ static __always_inline u64 py_find_tstate(const struct py_proc *p, u32 tid)
 }
 
 /* The thread state of thread tid. cached: what the probe's py_threads map held for it (NULL:
- * nothing); a thread state is trusted only while it still names tid (a freed one may be reused).
- * *fresh gets what the map should hold now, looked_ns 0 when it need not change. */
+ * nothing); a thread state is trusted only while it still holds the native id it was found with
+ * (a freed one may be reused). *fresh gets what the map should hold now, looked_ns 0 when it need
+ * not change. A thread not in the map is looked for by tid: the id in the target's namespace is
+ * tid unless the target has a pid namespace of its own (user space fills the map for those). */
 static __always_inline u64 py_tstate(const struct py_proc *p, u32 tid, const struct py_thread *cached,
 				     struct py_thread *fresh)
 {
 	fresh->tstate = 0;
 	fresh->looked_ns = 0;
-	if (cached && cached->tstate && py_read_u64(cached->tstate + p->tstate_tid) == tid)
+	fresh->native_tid = tid;
+	if (cached && cached->tstate && py_read_u64(cached->tstate + p->tstate_tid) == cached->native_tid)
 		return cached->tstate;
 	u64 now = bpf_ktime_get_ns();
 	if (cached && !cached->tstate && now - cached->looked_ns < PY_RELOOK_NS)

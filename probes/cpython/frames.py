@@ -8,6 +8,7 @@ CPython target's layout in the program's py_procs map, and reads the stacks back
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -23,6 +24,7 @@ LAST_IN_CALL = 1 << 63
 ADDRESS_MASK = LAST_IN_CALL - 1
 PY_TRUNCATED, PY_READ_FAILED = 1, 2  # py_stack.flags (bpf/memdiag.h)
 EVAL_LOOP = frozenset({"_PyEval_EvalFrameDefault"})
+MAX_THREADS = 64  # thread states looked through (bpf/memdiag.h's PY_MAX_THREADS)
 MODULE, STDLIB_MODULE = "python", "python stdlib"  # a Python frame's module, as the wrappers list sees it
 C_LIBRARY = ("libc.so.6", "libm.so.6")  # native frames a Python call path's allocation may pass through
 
@@ -156,7 +158,31 @@ class PythonStacks:
         table = bpf["py_procs"]
         table[table.Key(pid)] = table.Leaf(**proc.layout.py_proc(proc.interpreters_head))
         self.targets[pid] = _Target(proc, memory, Codes(proc, memory))
+        self.seed_threads(bpf, pid)
         return proc
+
+    def seed_threads(self, bpf, pid: int) -> int:
+        """Where the target has a pid namespace of its own (a container), the walk cannot find a
+        thread's state by the id BPF sees: put each thread state in the program's py_threads map
+        under that id, with the id the thread state holds (NSpid's last). Threads born later are
+        found again at the next call. Returns the thread states put in."""
+        target = self.targets.get(pid)
+        inner = _namespaced_tids(pid)
+        if target is None or not inner:
+            return 0
+        lay, mem = target.proc.layout, target.memory
+        table, now, seeded = bpf["py_threads"], time.clock_gettime_ns(time.CLOCK_MONOTONIC), 0
+        interp = mem.u64(target.proc.interpreters_head)
+        tstate = mem.u64(interp + lay.interp_threads_head) if interp else None
+        for _ in range(MAX_THREADS):
+            if not tstate:
+                break
+            native = mem.u64(tstate + lay.tstate_native_thread_id)
+            if native in inner:
+                table[table.Key(inner[native])] = table.Leaf(tstate=tstate, looked_ns=now, native_tid=native)
+                seeded += 1
+            tstate = mem.u64(tstate + lay.tstate_next)
+        return seeded
 
     def frames(self, bpf, key, pid: int) -> list[PyFrame]:
         """The Python frames recorded with a stack key (innermost first); [] where none were."""
@@ -255,6 +281,26 @@ class PythonStacks:
     def close(self) -> None:
         for t in self.targets.values():
             t.memory.close()
+
+
+def _namespaced_tids(pid: int) -> dict[int, int]:
+    """Thread id in the process's own pid namespace -> the id memdiag's /proc (and BPF) give it,
+    for the threads whose two ids differ (NSpid: outermost first, innermost last)."""
+    out: dict[int, int] = {}
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except (OSError, ValueError):
+        return out
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/status") as f:
+                line = next((x for x in f if x.startswith("NSpid:")), "")
+        except OSError:
+            continue
+        ids = [int(v) for v in line.split()[1:]]
+        if len(ids) > 1 and ids[-1] != ids[0]:
+            out[ids[-1]] = ids[0]
+    return out
 
 
 def _in_stdlib(filename: str, stdlib: str | None) -> bool:

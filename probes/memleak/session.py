@@ -244,6 +244,8 @@ class _Session:
         if elapsed - self.last_sample >= self.series_interval:
             self.last_sample = elapsed
             _sample_series(bpf, elapsed, self.series_times, self.series)
+            for pid in self.python.targets:  # threads born in a target with a pid namespace of its own
+                self.python.seed_threads(bpf, pid)
         if self.allowance_ns is not None and self.costs is not None and elapsed > 0.5:
             spent = self._spent_ns(bpf)
             # detaching keeps the hottest probes trapping for about a grace period more, and the next

@@ -8,14 +8,16 @@ carbon-cache, its cache growing behind a slow writer, named by its line and its 
 
 import contextlib
 import json
+import os
 import shutil
+import signal
 import socket
 import subprocess
 import threading
 import time
 from pathlib import Path
 
-from kit import MEMDIAG, SOURCES, build_library, wait_until
+from kit import MEMDIAG, PYTHON, SOURCES, build_library, wait_until
 
 WINDOW = ["--duration", "20"]
 
@@ -180,3 +182,34 @@ def test_a_real_python_daemon_of_the_distribution_has_its_cache_named_by_line_an
     # the cache's global holds most of what its store() line allocated and the scan found held
     anchored = sum(s["reach"]["anchored_bytes"] for s in stores if s["reach"])
     assert held and sum(s["reach"]["anchor_bytes"] for s in held) * 2 >= anchored, [s["reach"] for s in stores]
+
+
+def test_a_target_in_a_pid_namespace_of_its_own_has_its_python_frames_read(root_required):
+    """A container's threads hold their ids in its pid namespace (native_thread_id), not the ids BPF
+    sees: memdiag puts each thread state in the walk's map under the id BPF sees."""
+    shell = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", PYTHON, str(SOURCES / "pyorders.py"), "200"],
+        stdout=subprocess.PIPE,
+    )
+    pid = None
+    try:
+        assert shell.stdout.readline().startswith(b"ready")
+        pid = int(Path(f"/proc/{shell.pid}/task/{shell.pid}/children").read_text().split()[0])
+        status = Path(f"/proc/{pid}/status").read_text()
+        assert next(x for x in status.splitlines() if x.startswith("NSpid:")).split()[1:] == [str(pid), "1"]
+        r = subprocess.run(
+            [MEMDIAG, "probe", "memleak", "--pid", str(pid), "--duration", "4", "--json"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGKILL)  # the namespace's init: only SIGKILL from outside ends it
+        shell.kill()
+        shell.wait()
+    assert r.returncode == 0, r.stderr
+    result = json.loads(r.stdout)
+    line = _line("pyorders.py", "payload = bytearray(16384)")
+    frames = [f for s in result["stacks"] for f in s["frames"]]
+    assert f"handle_order ({SOURCES / 'pyorders.py'}:{line}) [python]" in frames
