@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number
 from pydantic import BaseModel
 
 from ..procmaps import AddressSpace
@@ -113,6 +114,12 @@ def caveats(reading: PythonReading | None) -> list[str]:
         out.append(
             f"{reading.unreadable} Python frames are [unknown]: their code object was gone or not one when read "
             f"back (never named from a guess); {reading.read_failed} walks stopped at a frame they could not read"
+        )
+    if reading.memory_reads:
+        out.append(
+            f"To name Python frames and holders memdiag read {fmt_bytes(reading.memory_bytes)} of the target's memory "
+            f"in {fmt_number(reading.memory_reads)} reads of /proc/PID/mem ({fmt_duration(reading.memory_s)} of "
+            "memdiag's time; the target is not stopped for them, nothing is written)"
         )
     if reading.arena_stacks:
         out.append(

@@ -63,10 +63,19 @@ def test_what_the_reader_of_python_frames_should_know_is_said():
 
     assert caveats(None) == []
     reading = PythonReading(
-        refused={9: "unsupported version 3.10"}, stacks=3, truncated=1, unreadable=2, max_frames=32, arena_stacks=1
+        refused={9: "unsupported version 3.10"},
+        stacks=3,
+        truncated=1,
+        unreadable=2,
+        max_frames=32,
+        arena_stacks=1,
+        memory_reads=1234,
+        memory_bytes=2 << 20,
+        memory_s=0.021,
     )
     said = caveats(reading)
     assert said[0] == "PID 9: its Python frames were not read: unsupported version 3.10"
     assert "deeper than the 32 frames" in said[1] and "2 Python frames are [unknown]" in said[2]
-    assert "pymalloc's 1 MiB arenas" in said[3]
+    assert said[3].startswith("To name Python frames and holders memdiag read 2.0 MiB of the target's memory in 1,234")
+    assert "pymalloc's 1 MiB arenas" in said[4]
     assert not any("arenas" in c for c in caveats(reading.model_copy(update={"arena_stacks": 0})))
