@@ -136,6 +136,7 @@ class Engine:
         self._first_processes: dict = {}  # the process table at the window's first sample (observe fills it)
         self.decided: set[str] = set()
         self.costs = None  # this host's per-trap costs, once memleak was priced
+        self.walk_ns = 0.0  # what a CPython target's frame walk adds to one allocation (priced with it)
         self.spent_ns = 0.0  # the target's time spent on one-off steps (the rate count)
         self.one_offs: list[tuple[str, float, float, int]] = []  # (step, seconds, target ns, events)
         self.counted: set[str] = set()  # entry points the rate count counted
@@ -176,6 +177,7 @@ class Engine:
         run_s: how long memleak would run (what the rule asked, within what is left)."""
         from memdiag.probes.allocator import ALLOCATING, find_allocator
         from memdiag.probes.calibrate import host_costs
+        from memdiag.probes.cpython.price import walk_ns
         from memdiag.probes.overhead import price, trap_ns
         from memdiag.probes.ratecount import estimate_call_rates
 
@@ -201,7 +203,8 @@ class Engine:
         allocating = sum(r.per_s for r in rates.counts)
         first_step = [p for p in alloc.placements if p.function in ALLOCATING]
         prefix = " and ".join(r.function for r in rates.counts) + " alone: "
-        decision = self._decide(price(first_step, rates.per_s(), costs), allocating, rates, prefix, run_s)
+        self.walk_ns = walk_ns(self.target.pid, costs)  # a CPython target's frame walk, per allocation
+        decision = self._decide(price(first_step, rates.per_s(), costs, self.walk_ns), allocating, rates, prefix, run_s)
         if decision.choice != "full":
             return decision
         return self._price_every(alloc, traps, rates, run_s)
@@ -233,7 +236,7 @@ class Engine:
         if more is None:  # the second count failed: price each free as an allocation's (they pair up)
             per_s.setdefault("free", allocating)
         self.site_rates = per_s
-        return self._decide(price(alloc.placements, per_s, self.costs), allocating, every, "", run_s)
+        return self._decide(price(alloc.placements, per_s, self.costs, self.walk_ns), allocating, every, "", run_s)
 
     def _spend(self, step: str, rates) -> None:
         """A one-off step's cost to the target, kept for the probe table (merged by step)."""
