@@ -10,6 +10,7 @@ from __future__ import annotations
 import struct
 import subprocess
 import sys
+import time
 import types
 from pathlib import Path
 
@@ -128,3 +129,26 @@ def test_an_unknown_version_is_refused_by_name_never_read():
     got, why = layout.from_debug_offsets(bytes(offsets))
     assert got is not None and got.version == (3, 13) and got.source == "_Py_DebugOffsets" and why == ""
     assert layout.TABLES[(3, 11)].frame_fields_fit() and layout.TABLES[(3, 12)].frame_fields_fit()
+
+
+def test_the_deepest_python_stack_is_read_to_price_the_walk():
+    from memdiag.probes.cpython.price import deepest_stack
+
+    code = (
+        "import os, sys\n"
+        "def down(n):\n    return sys.stdin.read() if n == 0 else down(n - 1)\n"
+        "print(os.getpid(), flush=True)\ndown(20)\n"
+    )
+    proc = subprocess.Popen([PYTHON, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(proc.stdout.readline())
+        with Memory(pid) as mem:
+            found, why = locate(pid, AddressSpace.of(pid), mem)
+            assert found is not None, why
+            deadline = time.monotonic() + 10
+            while deepest_stack(found, mem) != 22 and time.monotonic() < deadline:  # <module> + 21 down()
+                time.sleep(0.05)  # until it sits in the innermost call
+            assert deepest_stack(found, mem) == 22
+    finally:
+        proc.kill()
+        proc.wait()
