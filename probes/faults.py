@@ -13,7 +13,7 @@ from pydantic import BaseModel
 
 from . import kernel
 from .base import ProbeResult, ProbeTarget, run_probe
-from .cpython.frames import PythonReading, PythonStacks
+from .cpython.frames import PythonReading, PythonStacks, reading_lines
 from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
 from .text import event_stack_lines
 
@@ -41,7 +41,7 @@ def requirements() -> list[kernel.Availability]:
 
 def describe(r: FaultsResult, top: int) -> list[str]:
     """The result's lines under its header in `memdiag probe faults`."""
-    return event_stack_lines(r, top, "faults")
+    return [*event_stack_lines(r, top, "faults"), *reading_lines(r.python)]
 
 
 def build_options(target_kind: str) -> dict[str, int | str]:

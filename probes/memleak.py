@@ -23,7 +23,7 @@ from . import reach as reachscan
 from .allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
 from .base import ProbeResult, ProbeTarget, disarm, phase, run_probe
 from .calibrate import Costs
-from .cpython.frames import PythonReading, PythonStacks
+from .cpython.frames import PythonReading, PythonStacks, reading_lines
 from .growth import Spaces
 from .overhead import CHECK_S, Meter, TracingCost, detach_seconds
 from .reach import ReachScan, StackReach
@@ -120,6 +120,7 @@ def describe(r: MemleakResult, top: int) -> list[str]:
     went, the stacks with outstanding blocks and what the scan found of them, big allocations."""
     lines = [f"  allocator: {r.allocator}" + (f" ({r.allocator_module})" if r.allocator_module else "")]
     lines += [f"    probe on {p}" for p in r.placements]
+    lines += reading_lines(r.python)
     if r.missing_entry_points:
         lines.append("    not in this process: " + ", ".join(r.missing_entry_points))
     lines += [f"    could not attach: {e}" for e in r.attach_errors]
