@@ -14,7 +14,7 @@ from pydantic import BaseModel
 
 from . import kernel
 from .base import Run, run_probe
-from .cpython.frames import PythonReading, PythonStacks
+from .cpython.frames import PythonReading, PythonStacks, reading_lines
 from .cpython.frames import caveats as python_caveats
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import (
@@ -54,7 +54,7 @@ def requirements() -> list[kernel.Availability]:
 
 def describe(r: FaultsResult, top: int) -> list[str]:
     """The result's lines under its header in `memdiag probe faults`."""
-    return event_stack_lines(r, top, "faults")
+    return [*event_stack_lines(r, top, "faults"), *reading_lines(r.python)]
 
 
 def build_options(target_kind: str) -> dict[str, int | str]:

@@ -10,7 +10,7 @@ from pydantic import BaseModel
 
 from . import kernel
 from .base import Run, run_probe
-from .cpython.frames import PythonReading, PythonStacks
+from .cpython.frames import PythonReading, PythonStacks, reading_lines
 from .cpython.frames import caveats as python_caveats
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import (
@@ -59,7 +59,7 @@ def requirements() -> list[kernel.Availability]:
 def describe(r: MmapResult, top: int) -> list[str]:
     """The result's lines under its header in `memdiag probe mmapsnoop`."""
     mapped = f"  mapped {fmt_bytes(r.mapped_bytes)}, unmapped {fmt_bytes(r.unmapped_bytes)}"
-    return [*event_stack_lines(r, top, "calls"), mapped]
+    return [*event_stack_lines(r, top, "calls"), mapped, *reading_lines(r.python)]
 
 
 def build_options() -> dict[str, int | str]:

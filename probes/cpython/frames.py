@@ -99,6 +99,20 @@ class PythonReading(BaseModel):
     memory_s: float = 0.0  # memdiag's time reading them, not the target's (it is never stopped for it)
 
 
+def reading_lines(reading: PythonReading | None) -> list[str]:
+    """`memdiag probe`'s lines on the Python frames: what was read of which process, or why not."""
+    if reading is None:
+        return []
+    lines = [f"  python: PID {pid}: {what}" for pid, what in sorted(reading.read.items())]
+    lines += [f"  python: PID {pid}: not read: {why}" for pid, why in sorted(reading.refused.items())]
+    if reading.read:
+        lines.append(
+            f"    {fmt_number(reading.stacks)} stacks with Python frames; {fmt_number(reading.memory_reads)} reads "
+            f"({fmt_bytes(reading.memory_bytes)}) of its memory in {fmt_duration(reading.memory_s)}"
+        )
+    return lines
+
+
 def caveats(reading: PythonReading | None) -> list[str]:
     """What a reader of the Python frames should know: targets whose frames were not read and
     why, stacks cut short, frames whose code could not be read back, and how arenas are named."""

@@ -79,3 +79,15 @@ def test_what_the_reader_of_python_frames_should_know_is_said():
     assert said[3].startswith("To name Python frames and holders memdiag read 2.0 MiB of the target's memory in 1,234")
     assert "pymalloc's 1 MiB arenas" in said[4]
     assert not any("arenas" in c for c in caveats(reading.model_copy(update={"arena_stacks": 0})))
+
+
+def test_memdiag_probe_says_what_was_read_of_which_process():
+    from memdiag.probes.cpython.frames import PythonReading, reading_lines
+
+    reading = PythonReading(
+        read={5: "CPython 3.11.2 (python3.11, layout from its table)"}, refused={6: "unsupported version 3.10"}
+    )
+    lines = reading_lines(reading.model_copy(update={"stacks": 4, "memory_reads": 26, "memory_bytes": 1600}))
+    assert lines[0] == "  python: PID 5: CPython 3.11.2 (python3.11, layout from its table)"
+    assert lines[1] == "  python: PID 6: not read: unsupported version 3.10"
+    assert lines[2].startswith("    4 stacks with Python frames; 26 reads (1.6 KiB) of its memory in")
