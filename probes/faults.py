@@ -55,10 +55,6 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> FaultsResult:
     spaces = Spaces()
     python = PythonStacks()
 
-    def attach(bpf, pids: set[int]) -> None:
-        for pid in [] if per_process else pids:
-            python.register(bpf, pid, spaces.get(pid))
-
     def collect(bpf, _elapsed: float) -> dict:
         stats = [bpf["stats"][i].value for i in range(4)]
         fields: dict = {"events": stats[0]}
@@ -109,5 +105,5 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> FaultsResult:
         collect,
         METHOD,
         spaces=spaces,
-        attach=attach,
+        attach=python.attacher(spaces, enabled=not per_process),
     )  # type: ignore[return-value]

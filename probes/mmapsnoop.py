@@ -59,10 +59,6 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
     spaces = Spaces()
     python = PythonStacks()
 
-    def attach(bpf, pids: set[int]) -> None:
-        for pid in pids:
-            python.register(bpf, pid, spaces.get(pid))
-
     def collect(bpf, _elapsed: float) -> dict:
         stats = [bpf["stats"][i].value for i in range(4)]
         by_kind: dict[int, list[RawStack]] = {}
@@ -109,5 +105,5 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
         collect,
         METHOD,
         spaces=spaces,
-        attach=attach,
+        attach=python.attacher(spaces),
     )  # type: ignore[return-value]
