@@ -68,10 +68,6 @@ def run(target: Target, duration: float, top: int = 50) -> FaultsResult:
     spaces = Spaces()
     python = PythonStacks()
 
-    def attach(bpf, pids: set[int]) -> None:
-        for pid in [] if per_process else pids:
-            python.register(bpf, pid, spaces.get(pid))
-
     def collect(bpf, _elapsed: float) -> dict:
         stats = [bpf["stats"][i].value for i in range(4)]
         fields: dict = {"events": stats[0]}
@@ -121,7 +117,7 @@ def run(target: Target, duration: float, top: int = 50) -> FaultsResult:
             collect,
             METHOD,
             spaces=spaces,
-            attach=attach,
+            attach=python.attacher(spaces, enabled=not per_process),
         ),
         target,
         duration,

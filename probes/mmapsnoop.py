@@ -72,10 +72,6 @@ def run(target: Target, duration: float, top: int = 50) -> MmapResult:
     spaces = Spaces()
     python = PythonStacks()
 
-    def attach(bpf, pids: set[int]) -> None:
-        for pid in pids:
-            python.register(bpf, pid, spaces.get(pid))
-
     def collect(bpf, _elapsed: float) -> dict:
         stats = [bpf["stats"][i].value for i in range(4)]
         by_kind: dict[int, list[RawStack]] = {}
@@ -121,7 +117,7 @@ def run(target: Target, duration: float, top: int = 50) -> MmapResult:
             collect,
             METHOD,
             spaces=spaces,
-            attach=attach,
+            attach=python.attacher(spaces),
         ),
         target,
         duration,

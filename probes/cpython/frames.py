@@ -182,6 +182,16 @@ class PythonStacks:
         self.seed_threads(bpf, pid)
         return proc
 
+    def attacher(self, spaces, enabled: bool = True) -> Callable:
+        """A probe's attach(bpf, pids) step that registers each CPython target (spaces: the probe's
+        growth.Spaces); enabled False: none (a system-wide count per process walks no frames)."""
+
+        def attach(bpf, pids: set[int]) -> None:
+            for pid in pids if enabled else ():
+                self.register(bpf, pid, spaces.get(pid))
+
+        return attach
+
     def seed_threads(self, bpf, pid: int) -> int:
         """Where the target has a pid namespace of its own (a container), the walk cannot find a
         thread's state by the id BPF sees: put each thread state in the program's py_threads map
