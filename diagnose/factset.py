@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shlex
 
+from memdiag.probes.cpython.target import frames_readable
 from memdiag.probes.face import Namer, Plan, ProbeResult
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.runtime import Runtime
@@ -34,6 +35,7 @@ def target_facts(kind: str, pid: int | None, cmdline: list[str], runtime: Runtim
         "target.command": shlex.join(cmdline) if cmdline else None,
         "target.runtime": runtime.name if runtime else "none",
         "target.runtime_detail": runtime.describe() if runtime else None,
+        "target.python_frames": frames_readable(pid) if runtime and runtime.name == "cpython" else None,
     }
 
 

@@ -162,7 +162,7 @@ class StackReach(_Frozen):
     anchored_count: int = 0
     anchored_bytes: int = 0
     anchor: str | None = None  # the root that holds most of the anchored bytes
-    anchor_kind: str | None = None  # static | stack | register | tls | untracked
+    anchor_kind: str | None = None  # static | stack | register | tls | untracked | runtime (a global it names)
     anchor_bytes: int = 0
 
 

@@ -24,6 +24,11 @@ _DEFS = [
         "string",
         "the runtime and the module holding its code: CPython 3.11 (/usr/bin/python3.11)",
     ),
+    (
+        "target.python_frames",
+        "string",
+        "read: the probes name a CPython target's Python frames; else why not (unsupported version 3.10.13)",
+    ),
     ("window.seconds", "seconds", "how long the counters were watched"),
     ("window.samples", "number", "how many counter samples the window holds (a trend needs three)"),
     # a long window watched in cycles (diagnose/cycles.py); absent in a window watched in one go

@@ -28,6 +28,7 @@ MEMDIAG = shutil.which("memdiag", path=str(Path(sys.executable).parent)) or "mem
 SOURCES = ROOT / "tests" / "workloads"
 BUILD = ROOT / ".build" / "workloads"
 CFLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Werror"]
+PYTHON = "/usr/bin/python3.11"  # Debian's CPython, for the workloads written in Python (NAME.py)
 
 
 def wait_for_line(proc: subprocess.Popen, wanted: str, timeout: float = 60) -> str:
@@ -85,6 +86,21 @@ def build(name: str, extra_flags: list[str] | None = None) -> Path:
     return out
 
 
+def build_library(name: str) -> Path:
+    """Compile tests/workloads/NAME.c as a shared object, libNAME.so (once per source), for a
+    workload to load (ctypes)."""
+    src = SOURCES / f"{name}.c"
+    flags = [*CFLAGS, "-shared", "-fPIC"]
+    digest = hashlib.sha256(src.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
+    out = BUILD / digest / f"lib{name}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        subprocess.run(["cc", *flags, "-o", str(tmp), str(src)], check=True)
+        tmp.rename(out)
+    return out
+
+
 class Workload:
     """A running workload process. ``with Workload("leak", "2048") as w: w.pid``."""
 
@@ -96,8 +112,10 @@ class Workload:
         env: dict | None = None,
         flags: list[str] | None = None,
     ):
-        self.binary = build(name, flags)
-        self.argv = [str(self.binary), *args]
+        script = SOURCES / f"{name}.py"
+        # a Python workload runs under Debian's interpreter (always installed), never a pyenv build
+        self.binary = Path(PYTHON) if script.exists() else build(name, flags)
+        self.argv = [PYTHON, str(script), *args] if script.exists() else [str(self.binary), *args]
         self.cgroup = cgroup
         self.env = env
         self.proc: subprocess.Popen | None = None

@@ -116,7 +116,8 @@ def _kind_note(kind: str) -> str:
 def _culprit_stack(c) -> str:
     """The stack from the leaf to two frames past the named one (at least five), each marked."""
     kinds = c.frame_kinds
-    named = next((i for i, k in enumerate(kinds) if k in ("culprit", "interpreter")), None)
+    named = next((i for i, k in enumerate(kinds) if k == "culprit"), None)  # else an interpreter frame
+    named = next((i for i, k in enumerate(kinds) if k == "interpreter"), None) if named is None else named
     shown = max(5, named + 3) if named is not None else 5
     parts = []
     for i, frame in enumerate(c.stack[:shown]):
