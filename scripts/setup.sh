@@ -20,9 +20,10 @@ need=()
 # libc6-dbg: glibc's symbols by build-id, so frames inside malloc are named, not [unknown]
 packages=(bpfcc-tools python3-bpfcc python3-venv gcc g++ libc6-dev libc6-dbg make libjemalloc2 util-linux)
 # --test: what only the test suite needs (a real Alertmanager to send webhooks, a real browser,
-# a real container runtime: podman with runc, since crun refuses hybrid cgroup hosts)
+# a real container runtime: podman with runc, since crun refuses hybrid cgroup hosts; the Go
+# toolchain and Node that build and run the runtime tests' programs)
 if [ "${1:-}" = "--test" ]; then
-    packages+=(prometheus-alertmanager curl chromium strace podman runc)
+    packages+=(prometheus-alertmanager curl chromium strace podman runc golang-go nodejs)
 fi
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")

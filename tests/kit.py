@@ -7,6 +7,7 @@ Later issues reuse it: probes and end-to-end scenarios run on the same workloads
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import select
@@ -26,6 +27,15 @@ MEMDIAG = shutil.which("memdiag", path=str(Path(sys.executable).parent)) or "mem
 SOURCES = ROOT / "tests" / "workloads"
 BUILD = ROOT / ".build" / "workloads"
 CFLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Werror"]
+GO_SOURCES = SOURCES / "go"  # one Go module, a package per program
+GO_ENV = {
+    **os.environ,
+    "GOCACHE": str(BUILD / "gocache"),
+    "GOPATH": str(BUILD / "gopath"),
+    "GOFLAGS": "-buildvcs=false",
+    "GOPROXY": "off",  # the programs import the standard library only
+    "GOTOOLCHAIN": "local",
+}
 
 
 def wait_for_line(proc: subprocess.Popen, wanted: str, timeout: float = 60) -> str:
@@ -66,7 +76,10 @@ def swapped_bytes(pid: int) -> int:
 
 
 def build(name: str, extra_flags: list[str] | None = None) -> Path:
-    """Compile tests/workloads/NAME.c or NAME.cc (once per source content and flags); the binary."""
+    """Compile tests/workloads/NAME.c or NAME.cc, or the Go program tests/workloads/go/NAME (once
+    per source content and flags); the binary."""
+    if (GO_SOURCES / name).is_dir():
+        return build_go(name, extra_flags or [])
     src = SOURCES / f"{name}.c"
     compiler = "cc"
     if not src.exists():
@@ -83,6 +96,29 @@ def build(name: str, extra_flags: list[str] | None = None) -> Path:
     return out
 
 
+def build_go(name: str, flags: list[str]) -> Path:
+    """`go build FLAGS` of the package tests/workloads/go/NAME with the Go toolchain on PATH
+    (Debian's golang-go: scripts/setup.sh --test installs it), its caches under .build."""
+    files = sorted(p for p in (GO_SOURCES / name).iterdir() if p.suffix == ".go")
+    digest = hashlib.sha256(" ".join(flags).encode() + go_version().encode())
+    for path in [GO_SOURCES / "go.mod", *files]:
+        digest.update(path.name.encode() + path.read_bytes())
+    out = BUILD / digest.hexdigest()[:12] / name
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        subprocess.run(["go", "build", *flags, "-o", str(tmp), f"./{name}"], cwd=GO_SOURCES, env=GO_ENV, check=True)
+        tmp.rename(out)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def go_version() -> str:
+    """The toolchain's version as its binaries record it (go1.19.8)."""
+    out = subprocess.run(["go", "env", "GOVERSION"], env=GO_ENV, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
 class Workload:
     """A running workload process. ``with Workload("leak", "2048") as w: w.pid``."""
 
@@ -94,8 +130,13 @@ class Workload:
         env: dict | None = None,
         flags: list[str] | None = None,
     ):
-        self.binary = build(name, flags)
-        self.argv = [str(self.binary), *args]
+        script = SOURCES / f"{name}.js"
+        if script.exists():  # a Node program: flags are node's own (--perf-basic-prof)
+            self.binary = Path(shutil.which("node") or "node")
+            self.argv = [str(self.binary), *(flags or []), str(script), *args]
+        else:
+            self.binary = build(name, flags)
+            self.argv = [str(self.binary), *args]
         self.cgroup = cgroup
         self.env = env
         self.proc: subprocess.Popen | None = None

@@ -280,6 +280,8 @@ def _heading(report: Report) -> list[str]:
     if t.cgroup and t.kind == "pid":
         target_line += f" — memory cgroup {code(t.cgroup)} (v{t.cgroup_version})"
     lines += [target_line]
+    if t.runtime_detail:
+        lines += [f"- Runtime: {prose(t.runtime_detail)}"]
     lines += _container_lines(report)
     lines += [
         f"- Window: {_utc(w.started)} to {_utc(w.ended)} ({fmt_duration(w.ended - w.started)} of "
