@@ -17,7 +17,8 @@ from fnmatch import fnmatchcase
 from memdiag.rules.loader import load_playbook, shipped_playbooks
 from memdiag.rules.model import FrameClass
 
-_FRAME = re.compile(r"^(?P<fn>.*?)\+0x[0-9a-f]+ \[(?P<mod>[^\]]+)\]$")
+# `fn+0x1a [module]`, or a Go frame from its function table: `main.handle (main.go:30, inlined) [orderd]`
+_FRAME = re.compile(r"^(?P<fn>.*?)(?:\+0x[0-9a-f]+| \([^()]*\)) \[(?P<mod>[^\]]+)\]$")
 _UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>[^\]]+)\])?$")
 PASSED_OVER = ("allocator", "wrapper", "guessed-wrapper", "runtime")
 
@@ -126,7 +127,8 @@ def _all_passed(kinds: list[str]) -> bool:
 
 
 def split_frame(frame: str) -> tuple[str | None, str | None]:
-    """(function, module) of a frame as the probes print it: `fn+0x1a [module]` or `[unknown] [module]`."""
+    """(function, module) of a frame as the probes print it: `fn+0x1a [module]`, `fn (file.go:12)
+    [module]` (Go) or `[unknown] [module]`."""
     m = _FRAME.match(frame)
     if m:
         return m["fn"], m["mod"]

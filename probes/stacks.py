@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict
 
 from . import forwarders
 from .elf import elf_info
+from .gostacks import go_frames
 from .procmaps import AddressSpace
 from .unwind import StackSlice, unwind
 
@@ -24,6 +25,7 @@ class Frame(BaseModel):
     function: str | None = None
     offset: int | None = None
     module: str | None = None
+    source: str | None = None  # a Go frame's file:line (its function table says it; inlined calls too)
 
     @property
     def known(self) -> bool:
@@ -33,6 +35,8 @@ class Frame(BaseModel):
         mod = f" [{os.path.basename(self.module)}]" if self.module else ""
         if self.function is None:
             return f"[unknown]{mod}"
+        if self.source is not None:
+            return f"{self.function} ({self.source}){mod}"
         return f"{self.function}+0x{self.offset:x}{mod}"
 
 
@@ -72,7 +76,14 @@ class Symbolizer:
         return Frame(address=address, function=demangle(sym.name), offset=off, module=mapping.path)
 
     def frames(self, addresses: Iterable[int]) -> list[Frame]:
-        return [self.frame(a) for a in addresses]
+        """One frame per address, or, in a Go executable, the frames its function table gives it:
+        the calls the compiler inlined there, then the function (gostacks.go_frames)."""
+        out: list[Frame] = []
+        for i, a in enumerate(addresses):
+            mapping = self.space.find(a) if self.space else None
+            go = go_frames(self.space, mapping, a, leaf=i == 0) if mapping is not None and mapping.is_file else None
+            out += go if go else [self.frame(a)]
+        return out
 
     def forwards(self, address: int) -> bool:
         """The function at address reads as only forwarding an allocation (probes/forwarders.py)."""

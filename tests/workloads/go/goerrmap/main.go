@@ -24,7 +24,7 @@ func rememberFailure(id int, payload []byte) {
 }
 
 func handle(id, failOneIn int, payload []byte) error {
-	scratch := make([]byte, len(payload)/4)
+	scratch := make([]byte, 4*len(payload)) // request-sized garbage: the GC runs every second or two
 	scratch[0] = byte(id)
 	if id%failOneIn == 0 {
 		rememberFailure(id, payload)

@@ -1,8 +1,8 @@
 //go:build !noprofile
 
-// The service writes a heap profile on SIGUSR1, as many do: a program that references
-// runtime/pprof's heap profile keeps the runtime's allocation sampling on. Built with
-// -tags noprofile it does not, and the linker switches the heap profile off.
+// The service writes its heap profile on SIGUSR1 (to $HEAP_PROFILE, or stderr), as many do: a
+// program that references runtime/pprof's heap profile keeps the runtime's allocation sampling
+// on. Built with -tags noprofile it does not, and the linker switches the heap profile off.
 package main
 
 import (
@@ -17,7 +17,16 @@ func init() {
 	signal.Notify(c, syscall.SIGUSR1)
 	go func() {
 		for range c {
-			_ = pprof.WriteHeapProfile(os.Stderr)
+			out := os.Stderr
+			if path := os.Getenv("HEAP_PROFILE"); path != "" {
+				if f, err := os.Create(path + ".tmp"); err == nil {
+					_ = pprof.WriteHeapProfile(f)
+					_ = f.Close()
+					_ = os.Rename(path+".tmp", path)
+					continue
+				}
+			}
+			_ = pprof.WriteHeapProfile(out)
 		}
 	}()
 }
