@@ -19,7 +19,7 @@ from memdiag.rules.model import FrameClass
 
 # `fn+0x1a [module]`, or a Go frame from its function table: `main.handle (main.go:30, inlined) [orderd]`
 _FRAME = re.compile(r"^(?P<fn>.*?)(?:\+0x[0-9a-f]+| \([^()]*\)) \[(?P<mod>[^\]]+)\]$")
-_UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>[^\]]+)\])?$")
+_UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>.+)\])?$")  # the module may be bracketed itself: [[anon]]
 PASSED_OVER = ("allocator", "wrapper", "guessed-wrapper", "runtime")
 
 

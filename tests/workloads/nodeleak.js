@@ -35,9 +35,10 @@ const body = Buffer.alloc(size, 7);
 const perTick = Math.max(1, Math.floor(rate / 20));
 let id = 0;
 console.log(`ready ${process.pid}`);
+// each order is its own callback, as a server's requests are: handleOrder runs from the event loop
 setInterval(() => {
   for (let i = 0; i < perTick; i++) {
     id += 1;
-    handleOrder(id, body, failOneIn);
+    setImmediate(handleOrder, id, body, failOneIn);
   }
 }, 50);
