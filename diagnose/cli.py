@@ -1,6 +1,6 @@
 """memdiag's command line: ``main(argv) -> int``. Typed errors become exit codes here, and only
-here: 0 a completed diagnosis (whatever it found), 2 bad usage, 1 a failure, 130 and 143 a SIGINT
-or SIGTERM that cut the command short (its partial report written).
+here: 0 a completed diagnosis (whatever it found; memdiag verify exits with its status), 2 bad usage,
+1 a failure, 130 and 143 a SIGINT or SIGTERM that cut the command short (its partial report written).
 
 Only the standard library and errors.py are imported at start: the commands (pydantic, bcc's
 helpers) load inside main's handlers, with SIGINT held until they are loaded, so a Ctrl-C during
@@ -32,10 +32,18 @@ def _commands() -> dict:
     # panic, not as an interrupt. Released here, it is one inside main's handlers.
     held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
     try:
-        from .commands import prepare, probe, rules, run, serve, top
+        from .commands import prepare, probe, rules, run, serve, top, verify
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, held)
-    return {None: run, "top": top, "probe": probe, "rules": rules, "serve": serve, "prepare": prepare}
+    return {
+        None: run,
+        "top": top,
+        "probe": probe,
+        "rules": rules,
+        "serve": serve,
+        "prepare": prepare,
+        "verify": verify,
+    }
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -83,7 +91,7 @@ def _execute(args: argparse.Namespace) -> int:
     module = commands[args.command]
     # Commands that stop cleanly on SIGINT/SIGTERM: detach, write what they have, exit 128 + the
     # signal. (serve has its own handling: the web server's.)
-    if module not in (commands[None], commands["probe"], commands["top"]):
+    if module not in (commands[None], commands["probe"], commands["top"], commands["verify"]):
         return module.execute(args)
     with signals_caught():
         return module.execute(args)

@@ -114,9 +114,10 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         runner: Callable[[str, float], ProbeResult] | None = None,
         pricer: Callable[[float], BudgetDecision] | None = None,
+        given: dict | None = None,
     ):
         """clock, runner (probe name, seconds -> result) and pricer (seconds memleak would run ->
-        decision) are the real ones unless a test gives its own."""
+        decision) are the real ones unless a test gives its own; given: facts known beforehand."""
         self.rules, self.target, self.duration, self.budget = rules, target, duration, budget_percent
         self.interval, self.on_sample, self.on_step = interval, on_sample, on_step or (lambda _s: None)
         self.max_pause_ms = max_pause_ms
@@ -141,6 +142,7 @@ class Engine:
         self.site_rates: dict[str, float] | None = None  # their calls per second
         self.cpu_start = cpu_seconds(target.pid) if target.kind == "pid" and target.pid is not None else None
         self.interruption: Interrupted | None = None  # a signal ended the diagnosis early
+        self.given = dict(given or {})
 
     # --- time ---------------------------------------------------------------------------
     def elapsed(self) -> float:
@@ -154,6 +156,7 @@ class Engine:
         counters = build_counters(obs)
         tri = triage(obs, counters)
         f = counter_facts(obs, counters, self.budget)
+        f.update(self.given)
         f["target.name"] = self.target.describe()
         t = self.target
         f.update(target_facts(t.kind, t.pid, t.cmdline, self.runtime))
@@ -245,9 +248,9 @@ class Engine:
     def _decide(self, pr, allocating: float, rates, prefix: str, run_s: float) -> BudgetDecision:
         """Full tracing or not: the price's rate of cost over the time memleak would run and its
         detach, with what was spent already, as a share of the window, against the budget."""
-        from memdiag.probes.overhead import DETACH_S
+        from memdiag.probes.overhead import detach_seconds
 
-        projected = 100 * (pr.ns_per_s * (run_s + DETACH_S) + self.spent_ns) / (self.duration * 1e9)
+        projected = 100 * (pr.ns_per_s * (run_s + detach_seconds()) + self.spent_ns) / (self.duration * 1e9)
         common = dict(
             estimated_percent=projected,
             attached_percent=pr.percent,

@@ -121,7 +121,8 @@ def _rows(obs: Observation) -> list[CounterRow]:
                     rate_per_s=counter_rate(getattr(first.process, name), getattr(last.process, name), secs),
                 )
             )
-    if first.cgroup is not None and last.cgroup is not None:
+    last_cg = obs.last_cgroup  # read once more at the window's end: a kill after the last sample counts
+    if first.cgroup is not None and last_cg is not None:
         for name in _CGROUP_BYTES:
             rows.append(
                 CounterRow(
@@ -129,7 +130,7 @@ def _rows(obs: Observation) -> list[CounterRow]:
                     name=name,
                     unit="bytes",
                     first=getattr(first.cgroup, name),
-                    last=getattr(last.cgroup, name),
+                    last=getattr(last_cg, name),
                 )
             )
         for name in _CGROUP_COUNTS:
@@ -139,7 +140,7 @@ def _rows(obs: Observation) -> list[CounterRow]:
                     name=name,
                     unit="count",
                     first=getattr(first.cgroup, name),
-                    last=getattr(last.cgroup, name),
+                    last=getattr(last_cg, name),
                 )
             )
     for name in _MEMINFO_ROWS:

@@ -104,7 +104,7 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         any(k.victim_pid == obs.target.pid for k in counters.oom_kills) if (obs.target.kind == "pid") else None
     )
 
-    cg = last.cgroup
+    cg = obs.last_cgroup  # read once more at the window's end, as the counter table has it
     if cg is not None:
         f.update({"cgroup.usage": cg.usage, "cgroup.limit": cg.effective_limit, "cgroup.oom_kills": cg.oom_kill})
         if cg.effective_limit and cg.usage is not None:
@@ -117,17 +117,19 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
             f["cgroup.usage_shape"] = usage.shape
     # what the target paid in the window: the playbook's target-pays anchor weighs it with its limit hits
     f["pressure.target_major_faults"] = sum(r.majflt_delta or 0 for r in counters.processes)
-    f["pressure.target_swap"] = _target_swap(obs.target.kind, last, f.get("system.swap_used"))
+    f["pressure.target_swap"] = _target_swap(obs, f.get("system.swap_used"))
     return f
 
 
-def _target_swap(kind: str, last, system_swap: int | None) -> int | None:
+def _target_swap(obs: Observation, system_swap: int | None) -> int | None:
     """The target's pages in swap at the window's end: a major fault of it can be a swap-in only
     when it has some (a cold file read faults too)."""
-    if kind == "pid":
-        return last.process.vm_swap if last.process is not None else None
-    if kind == "cgroup":
-        return last.cgroup.swap_usage if last.cgroup is not None else None
+    if obs.target.kind == "pid":
+        last = obs.snapshots[-1].process
+        return last.vm_swap if last is not None else None
+    if obs.target.kind == "cgroup":
+        cg = obs.last_cgroup
+        return cg.swap_usage if cg is not None else None
     return system_swap
 
 

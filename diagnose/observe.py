@@ -8,6 +8,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from memdiag.system.cgroup import CgroupMemory
 from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.process import ProcessMemory
 from memdiag.system.processes import read_all_processes
@@ -15,7 +16,7 @@ from memdiag.system.slab import SlabCache, read_slabinfo
 from memdiag.system.swaps import SwapDevice, read_swaps
 from pydantic import BaseModel, ConfigDict
 
-from .snapshot import Snapshot, TargetExited, take_snapshot
+from .snapshot import Snapshot, TargetExited, read_target_cgroup, take_snapshot
 from .target import Target
 
 
@@ -36,6 +37,16 @@ class Observation(BaseModel):
     processes_first: dict[int, ProcessMemory] = {}
     processes_last: dict[int, ProcessMemory] = {}
     memdiag_pid: int | None = None  # the diagnosing process: it and its children are never in a list of suspects
+    # the cgroup read once more when the window ended (the target exited, the time was up, a signal):
+    # a kill that ended a pid target is counted by memory.events after the last sample had been taken
+    cgroup_closing: CgroupMemory | None = None
+
+    @property
+    def last_cgroup(self) -> CgroupMemory | None:
+        """The cgroup's counters at the window's end: the closing read, else the last sample's."""
+        if self.cgroup_closing is not None:
+            return self.cgroup_closing
+        return self.snapshots[-1].cgroup if self.snapshots else None
 
 
 def default_interval(duration: float) -> float:
@@ -107,4 +118,5 @@ def observe(
         processes_first=processes_first,
         processes_last=read_all_processes(proc_root) if snapshots else {},
         memdiag_pid=os.getpid(),
+        cgroup_closing=read_target_cgroup(target) if snapshots else None,
     )

@@ -169,6 +169,39 @@ class Counters(_Model):
     swap_devices: list[dict[str, Any]] = []
 
 
+class StackComparison(_Model):
+    """One stack of a verification (memdiag verify): an earlier culprit, fixed or still leaking, or
+    a stack that grows now and did not before. Rates are outstanding bytes per second over each
+    run's allocation tracing; leaked: blocks nothing pointed at, at that run's scan."""
+
+    function: str | None
+    signature: list[str] = []  # function names from the culprit frame up: how the stack was matched
+    status: Literal["fixed", "still-leaking", "new-growth"]
+    before_rate: float | None = None
+    after_rate: float | None = None
+    before_leaked: int | None = None
+    after_leaked: int | None = None
+    after_shape: str | None = None  # the stack's outstanding bytes in the new run: climbing, levelled, ...
+    note: str = ""
+
+
+class Verification(_Model):
+    """An earlier report's culprits followed into a new diagnosis of the same service."""
+
+    status: Literal["fixed", "still-leaking", "new-growth", "inconclusive"]
+    summary: str
+    baseline: str  # the earlier report's folder
+    baseline_target: str
+    baseline_verdict: str
+    baseline_function: str | None = None
+    found_by: str  # how the service was found again (its pid changed with the restart)
+    stacks: list[StackComparison] = []
+    rss_rate_before: float | None = None  # bytes/s over each whole window (the Trends table's rate)
+    rss_rate_after: float | None = None
+    window_before_s: float | None = None
+    window_after_s: float | None = None
+
+
 class Report(_Model):
     memdiag_version: str
     target: TargetInfo
@@ -185,3 +218,4 @@ class Report(_Model):
     stacks: list[StackReport] = []
     folded: list[str] = []  # memory-growth flame graph input (growth.folded)
     counters: Counters
+    verification: Verification | None = None  # memdiag verify: the earlier report's culprits now

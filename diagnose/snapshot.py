@@ -33,6 +33,18 @@ class TargetExited(Exception):
         self.pid = pid
 
 
+def read_target_cgroup(target: Target) -> CgroupMemory | None:
+    """The target's memory cgroup counters now, whether or not its process still runs (read once
+    more as the window ends: a pid killed at its cgroup's limit is counted by the cgroup's oom_kill
+    after its last sample); None without a cgroup or once it is gone."""
+    if target.cgroup is None:
+        return None
+    try:
+        return read_cgroup_memory(target.cgroup)
+    except BadCgroup:
+        return None
+
+
 def take_snapshot(target: Target, proc_root: Path = Path("/proc")) -> Snapshot:
     """Raise TargetExited when the target process is gone (or its pid was reused)."""
     process = None
@@ -44,12 +56,7 @@ def take_snapshot(target: Target, proc_root: Path = Path("/proc")) -> Snapshot:
         reused = target.start_ticks is not None and process.start_ticks != target.start_ticks
         if reused or process.state == "Z" or process.rss is None:
             raise TargetExited(target.pid)
-    cgroup = None
-    if target.cgroup is not None:
-        try:
-            cgroup = read_cgroup_memory(target.cgroup)
-        except BadCgroup:
-            cgroup = None
+    cgroup = read_target_cgroup(target)
     return Snapshot(
         t=time.monotonic(),
         wall=time.time(),

@@ -63,7 +63,7 @@ def _biggest(counters: Counters, n: int = 3) -> list[ProcessRow]:
 
 
 def _limit_and_usage(obs: Observation) -> tuple[int | None, int | None]:
-    cg = obs.snapshots[-1].cgroup if obs.snapshots else None
+    cg = obs.last_cgroup
     if cg is None or cg.effective_limit is None:
         return None, None
     return cg.effective_limit, cg.usage
@@ -137,9 +137,9 @@ def oom_kills_in_window(obs: Observation) -> tuple[int | None, str]:
     (memory.oom_control / memory.events oom_kill) for a target in one, vmstat's for the host."""
     if not obs.snapshots:  # the target exited before the first sample: no counter was read
         return None, ""
-    first, last = obs.snapshots[0], obs.snapshots[-1]
-    if last.cgroup is not None and last.cgroup.path != "/" and first.cgroup is not None:
-        a, b = first.cgroup.oom_kill, last.cgroup.oom_kill
+    first, last, last_cg = obs.snapshots[0], obs.snapshots[-1], obs.last_cgroup
+    if last_cg is not None and last_cg.path != "/" and first.cgroup is not None:
+        a, b = first.cgroup.oom_kill, last_cg.oom_kill
         if a is not None and b is not None:
             return b - a, "the cgroup's oom_kill counter"
     a, b = first.vmstat.get("oom_kill"), last.vmstat.get("oom_kill")
@@ -170,7 +170,7 @@ def _oom_summary(obs: Observation, kills: list[OomKill], cg_kills: int | None) -
     """The OOM kill in words (victim, the limit or the host, the host's memory, how many kills) and
     its culprit: present when the kernel log holds kills, or a cgroup target's counter recorded some."""
     target = obs.target
-    last_cg = obs.snapshots[-1].cgroup if obs.snapshots else None
+    last_cg = obs.last_cgroup
     limit = last_cg.effective_limit if last_cg else None
     meminfo = obs.snapshots[-1].meminfo if obs.snapshots else None
     if not kills and not (target.kind == "cgroup" and cg_kills):
@@ -208,7 +208,7 @@ def _oom_summary(obs: Observation, kills: list[OomKill], cg_kills: int | None) -
 def limit_hits(obs: Observation) -> int | None:
     """Times the target's cgroup hit its limit in the window (the fact cgroup.limit_hits); None
     when unknown (no cgroup, no failcnt at either end)."""
-    first, last = obs.snapshots[0].cgroup, obs.snapshots[-1].cgroup
+    first, last = obs.snapshots[0].cgroup, obs.last_cgroup
     if first is None or last is None or first.failcnt is None or last.failcnt is None:
         return None
     return last.failcnt - first.failcnt
@@ -222,7 +222,7 @@ def _pressure_where(obs: Observation) -> str:
     who, t = _who(obs), obs.target
     if t.kind == "system" or (t.kind == "cgroup" and (limit_hits(obs) or 0) > 0):
         return who
-    cg = obs.snapshots[-1].cgroup
+    cg = obs.last_cgroup
     if t.kind == "pid" and cg is not None and (limit_hits(obs) or 0) > 0:
         return f"cgroup {cg.path}, at its limit (seen from {who})"  # the cgroup's hits, not the pid's own
     return f"the host (host-wide counters, seen from {who})"
@@ -384,7 +384,7 @@ def _vsz_caveat(obs: Observation) -> list[str]:
 
 
 def _oom_part(obs: Observation, counters: Counters) -> tuple[list[Finding], tuple[str, Culprit] | None]:
-    last_cg = obs.snapshots[-1].cgroup
+    last_cg = obs.last_cgroup
     cg_kills = last_cg.oom_kill if last_cg else None
     findings = _oom_findings(obs, counters.oom_kills[-3:])  # the latest as examples: the table has them all
     if last_cg is not None and cg_kills:

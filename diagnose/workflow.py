@@ -51,8 +51,10 @@ def diagnose(
     on_step: Callable[[str], None] | None = None,
     proc_root: Path = Path("/proc"),
     max_pause_ms: float = DEFAULT_MAX_PAUSE_MS,
+    given: dict | None = None,
 ) -> Report:
-    """Diagnose the target over the window: the engine under the playbook's rules, then the Report."""
+    """Diagnose the target over the window: the engine under the playbook's rules, then the Report.
+    given: facts the caller knows beforehand (memdiag verify: what the earlier report named)."""
     book = _playbook(rules)
     engine = Engine(
         book.rules,
@@ -64,5 +66,6 @@ def diagnose(
         on_step=on_step,
         max_pause_ms=max_pause_ms,
         wrappers=book.wrappers,
+        given=given,
     )
     return assemble(engine.run(), budget_percent)

@@ -91,6 +91,7 @@ class ProbeResult(BaseModel):
     target_exited_at: float | None = None
     interrupted: bool = False
     backed_off: bool = False  # stopped early because it cost more than allowed
+    detach_s: float | None = None  # how long detaching its programs took (each probe waits out a grace period)
     lost: dict[str, int] = {}
     cost: Cost = Cost()
 
@@ -478,7 +479,9 @@ def run_probe(
             elapsed = run_for(duration, target, stop, on_tick=tick)
             if before_detach is not None and not stop.interrupted:
                 before_detach(bpf, elapsed, lambda: stop.interrupted)
+            detached = time.monotonic()
             detach_all(bpf)  # the counts stop moving before they are read: tables agree
+            detach_s = time.monotonic() - detached
             fields = collect(bpf, elapsed)
             cost = measure_cost(bpf, events=fields.pop("events", 0))
     finally:
@@ -494,6 +497,7 @@ def run_probe(
         target_exited_at=stop.target_exited_at,
         interrupted=stop.interrupted,
         backed_off=stop.backed_off,
+        detach_s=detach_s,
         lost=fields.pop("lost", {}),
         cost=cost,
         **fields,

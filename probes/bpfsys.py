@@ -23,6 +23,9 @@ _libc.syscall.restype = ct.c_long
 MAP_CREATE, MAP_LOOKUP_ELEM, MAP_UPDATE_ELEM, MAP_DELETE_ELEM, MAP_GET_NEXT_KEY, PROG_LOAD = 0, 1, 2, 3, 4, 5
 RAW_TRACEPOINT_OPEN = 17
 MAP_LOOKUP_BATCH = 24  # Linux 5.6
+LINK_CREATE = 28  # Linux 5.7
+TRACE_UPROBE_MULTI = 48  # enum bpf_attach_type: a uprobe_multi link (Linux 6.6)
+F_UPROBE_MULTI_RETURN = 1  # its flag for return probes
 ENABLE_STATS = 32  # Linux 5.8
 STATS_RUN_TIME = 0
 
@@ -94,7 +97,28 @@ class _ProgLoad(ct.Structure):
         ("kern_version", ct.c_uint32),
         ("prog_flags", ct.c_uint32),
         ("prog_name", ct.c_char * 16),
-        ("_rest", ct.c_uint8 * 64),
+        ("prog_ifindex", ct.c_uint32),
+        ("expected_attach_type", ct.c_uint32),
+        ("_rest", ct.c_uint8 * 56),
+    ]
+
+
+class _UprobeMultiLink(ct.Structure):
+    """union bpf_attr's link_create with its uprobe_multi member (include/uapi/linux/bpf.h)."""
+
+    _fields_ = [
+        ("prog_fd", ct.c_uint32),
+        ("target_fd", ct.c_uint32),
+        ("attach_type", ct.c_uint32),
+        ("flags", ct.c_uint32),
+        ("path", ct.c_uint64),
+        ("offsets", ct.c_uint64),
+        ("ref_ctr_offsets", ct.c_uint64),
+        ("cookies", ct.c_uint64),
+        ("cnt", ct.c_uint32),
+        ("multi_flags", ct.c_uint32),
+        ("pid", ct.c_uint32),
+        ("_rest", ct.c_uint8 * 36),
     ]
 
 
@@ -179,11 +203,13 @@ def lookup_batch(fd: int, key_size: int, value_size: int, max_entries: int) -> t
         token_in.value, first = token_out.value, False
 
 
-def prog_load(prog_type: int, name: str, insns: bytes, license: str, kern_version: int) -> int:
+def prog_load(prog_type: int, name: str, insns: bytes, license: str, kern_version: int, attach_type: int = 0) -> int:
+    """attach_type: the program's expected_attach_type (TRACE_UPROBE_MULTI for a uprobe_multi link)."""
     buf = ct.create_string_buffer(insns, len(insns))
     lic = ct.create_string_buffer(license.encode())
     attr = _ProgLoad(prog_type, len(insns) // 8, ct.addressof(buf), ct.addressof(lic))
     attr.kern_version = kern_version
+    attr.expected_attach_type = attach_type
     attr.prog_name = name.encode()[:15]
     try:
         return _bpf(PROG_LOAD, attr, f"loading {name}")
@@ -197,6 +223,18 @@ def prog_load(prog_type: int, name: str, insns: bytes, license: str, kern_versio
     except BpfError as e:
         tail = log.value.decode(errors="replace").strip().splitlines()[-3:]
         raise BpfError(e.errno, f"{e.strerror}; verifier: {' / '.join(tail)}") from None
+
+
+def uprobe_multi_link(prog_fd: int, path: bytes, offsets: list[int], ret: bool, pid: int) -> int:
+    """One link attaching prog at every file offset of path (return probes when ret), for one
+    process (pid > 0) or all: attached together, and detached together after one grace period."""
+    cpath = ct.create_string_buffer(path)
+    offs = (ct.c_uint64 * len(offsets))(*offsets)
+    attr = _UprobeMultiLink(prog_fd, 0, TRACE_UPROBE_MULTI, 0, ct.addressof(cpath), ct.addressof(offs))
+    attr.cnt = len(offsets)
+    attr.multi_flags = F_UPROBE_MULTI_RETURN if ret else 0
+    attr.pid = max(pid, 0)
+    return _bpf(LINK_CREATE, attr, f"attaching {len(offsets)} uprobes to {path.decode(errors='replace')} in one link")
 
 
 def raw_tracepoint_open(name: str, prog_fd: int) -> int:

@@ -11,7 +11,6 @@ The format (Documentation/bpf/btf.rst): a header, then the type records one afte
 from __future__ import annotations
 
 import struct
-from functools import cache
 from pathlib import Path
 
 VMLINUX = Path("/sys/kernel/btf/vmlinux")
@@ -76,9 +75,9 @@ class Btf:
         return None
 
 
-@cache
 def vmlinux() -> Btf | None:
-    """The running kernel's BTF (None: the kernel has none, or it cannot be read)."""
+    """The running kernel's BTF (None: the kernel has none, or it cannot be read). Parsed anew at
+    each call and not kept (10 MiB of a process meant to stay small): callers keep what they read."""
     try:
         return Btf(VMLINUX.read_bytes())
     except (OSError, ValueError, struct.error):

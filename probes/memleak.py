@@ -24,7 +24,7 @@ from .allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
 from .base import ProbeResult, ProbeTarget, disarm, phase, run_probe
 from .calibrate import Costs
 from .growth import Spaces
-from .overhead import CHECK_S, DETACH_S, Meter, TracingCost
+from .overhead import CHECK_S, Meter, TracingCost, detach_seconds
 from .reach import ReachScan, StackReach
 from .stacks import Symbolizer, folded, recover
 from .text import stack_lines
@@ -233,11 +233,7 @@ def run(
         meter=Meter(target.pid if target.kind == "pid" else None, cpu_baseline),
     )
     defines = build_options(kernel_mode, sample_every, min_size, max_size, snoop_min)
-    method = (
-        "kmem tracepoints, kernel stacks"
-        if kernel_mode
-        else "uprobes on the target's allocator (per pid), user stacks + .eh_frame unwinding"
-    )
+    method = "kmem tracepoints, kernel stacks" if kernel_mode else USER_METHOD
     return run_probe(
         MemleakResult,
         "memleak",
@@ -252,6 +248,16 @@ def run(
         on_tick=session.on_tick,
         before_detach=session.before_detach,
     )  # type: ignore[return-value]
+
+
+USER_METHOD = "uprobes on the target's allocator (per pid), user stacks + .eh_frame unwinding"
+
+
+def _attached_as(bpf) -> str:
+    """How the uprobes went in: uprobe_multi links (6.6+: detached together) or perf events."""
+    if bpf.links:
+        return f"attached as {bpf.links} uprobe_multi link{'s' if bpf.links != 1 else ''}"
+    return "attached as one perf event per uprobe (no uprobe_multi links on this kernel)"
 
 
 def _no_placements() -> dict:
@@ -312,27 +318,38 @@ class _Session:
         info["allocator"], info["module"] = alloc.name, alloc.module
         _set_text_range(bpf, pid, space)
         info["missing"] = sorted(set(info["missing"]) | set(alloc.missing))
-        for p in sorted(alloc.placements, key=lambda p: hotness(p.function, self.site_rates)):
-            if p.function not in self.wanted:
-                continue
-            path = space.inode_path(space.first_mapping_of(p.module))
-            if path is None:  # the file this process maps is not reachable: no uprobe on a look-alike
-                info["errors"].append(f"{p.function}: {p.module} is not the file PID {pid} maps")
-                continue
-            try:
-                bpf.attach_uprobe(
-                    name=path.encode(),
-                    sym=p.function.encode(),
-                    sym_off=p.offset,
-                    fn_name=BPF_FUNCTION[p.function].encode(),
-                    pid=pid,
-                )
-                if p.return_probe:
-                    bpf.attach_uretprobe(name=path.encode(), sym=p.function.encode(), fn_name=b"alloc_return", pid=pid)
-            except OSError as e:  # one entry point is not worth the run
-                info["errors"].append(f"{p.function}: {e}")
-                continue
-            if p.describe() not in info["placements"]:
+        asked = []
+        # attached together as the batch ends (uprobe_multi links where the kernel has them)
+        with bpf.uprobe_batch() as refused:
+            for p in sorted(alloc.placements, key=lambda p: hotness(p.function, self.site_rates)):
+                if p.function not in self.wanted:
+                    continue
+                path = space.inode_path(space.first_mapping_of(p.module))
+                if path is None:  # the file this process maps is not reachable: no uprobe on a look-alike
+                    info["errors"].append(f"{p.function}: {p.module} is not the file PID {pid} maps")
+                    continue
+                try:
+                    bpf.attach_uprobe(
+                        name=path.encode(),
+                        sym=p.function.encode(),
+                        sym_off=p.offset,
+                        fn_name=BPF_FUNCTION[p.function].encode(),
+                        pid=pid,
+                        tag=p,
+                    )
+                    if p.return_probe:
+                        bpf.attach_uretprobe(
+                            name=path.encode(), sym=p.function.encode(), fn_name=b"alloc_return", pid=pid, tag=p
+                        )
+                except OSError as e:  # one entry point is not worth the run (its symbol, its file)
+                    info["errors"].append(f"{p.function}: {e}")
+                    continue
+                asked.append(p)
+        failed = {id(tag): e for tag, e in refused}
+        for p in asked:
+            if id(p) in failed:
+                info["errors"].append(f"{p.function}: {failed[id(p)]}")
+            elif p.describe() not in info["placements"]:
                 info["placements"].append(p.describe())
                 self.placed.append(p)
 
@@ -350,7 +367,7 @@ class _Session:
             spent = self._spent_ns(bpf)
             # detaching keeps the hottest probes trapping for about a grace period more, and the next
             # check is a tick away: detach now if either would carry it past the allowance
-            if spent is not None and spent * (1 + (DETACH_S + CHECK_S) / elapsed) >= self.allowance_ns:
+            if spent is not None and spent * (1 + (detach_seconds() + CHECK_S) / elapsed) >= self.allowance_ns:
                 return True
         return False
 
@@ -375,7 +392,7 @@ class _Session:
         allowed = self.reach_allowed_ms
         if self.allowance_ns is not None and self.costs is not None:
             spent = self._spent_ns(bpf) or 0.0
-            left_ms = max(0.0, self.allowance_ns - spent * (1 + DETACH_S / max(elapsed, 1e-3))) / 1e6
+            left_ms = max(0.0, self.allowance_ns - spent * (1 + detach_seconds() / max(elapsed, 1e-3))) / 1e6
             allowed = left_ms if allowed is None else min(allowed, left_ms)
         with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
             found, per_group = reachscan.scan(target.pid, read, allowed, interrupted)
@@ -421,6 +438,7 @@ class _Session:
             "events": stats["allocs"] + stats["frees"],
             "status": status,
             "reason": reason,
+            **({} if kernel_mode else {"method": f"{USER_METHOD}; {_attached_as(bpf)}"}),
             "lost": lost,
             "mode": "kernel" if kernel_mode else "user",
             "allocator": "kernel (kmem tracepoints)" if kernel_mode else info["allocator"],

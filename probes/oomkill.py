@@ -16,6 +16,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable
+from functools import cache
 
 from memdiag.system.cgroup import (
     BadCgroup,
@@ -124,9 +125,10 @@ def _ksym(bpf, address: int) -> str:
     return bpf.ksym(address, show_offset=True).decode(errors="replace")
 
 
-def build_options() -> dict[str, int | str]:
-    """What this kernel's oom:mark_victim carries beyond the pid (older kernels: the pid alone)."""
-    fmt = _format_fields()
+def build_options(fmt: str | None = None) -> dict[str, int | str]:
+    """What this kernel's oom:mark_victim carries beyond the pid (older kernels: the pid alone),
+    from its tracefs format (fmt: another kernel's, for a test of that kernel's branch)."""
+    fmt = _format_fields() if fmt is None else fmt
     defines: dict[str, int | str] = {}
     if "anon_rss" in fmt:
         defines["HAVE_VICTIM_RSS"] = 1
@@ -139,6 +141,7 @@ def build_options() -> dict[str, int | str]:
     return defines
 
 
+@cache
 def _victim_task_offsets() -> dict[str, int | str]:
     """Where the victim's pid in each namespace sits (task->thread_pid->numbers[level]), from the
     kernel's BTF; empty when BTF lacks any of them (no translation: in a pid namespace of memdiag's
@@ -164,9 +167,10 @@ class OomWatch:
     """The loaded probe; poll() delivers OomEvents to a callback. Used by run() for a bounded
     window and by `memdiag serve` for an always-on watch."""
 
-    def __init__(self) -> None:
+    def __init__(self, options: dict[str, int | str] | None = None) -> None:
+        """options: the program's build options (default: this kernel's tracepoint, build_options())."""
         require(*requirements())
-        self.bpf = load("oomkill", build_options())
+        self.bpf = load("oomkill", build_options() if options is None else options)
         self.lost = 0
         self.pending: list[OomEvent] = []
         self.spaces: dict[int, AddressSpace] = {}
@@ -341,10 +345,11 @@ def run(
     duration: float,
     on_kill: Callable[[OomEvent], None] | None = None,
     ready: threading.Event | None = None,
+    options: dict[str, int | str] | None = None,
 ) -> OomKillResult:
     started = time.time()
     try:
-        watch = OomWatch()
+        watch = OomWatch(options)
     except ProbeUnavailable as e:
         return OomKillResult(**unavailable("oomkill", target, str(e)))
     except Exception as e:

@@ -116,18 +116,21 @@ def _count(
     bpf = load("ratecount", {})
     try:
         placed = time.monotonic()
-        for slot, p in enumerate(sites):
-            # the very file this process maps (AddressSpace.inode_path), as memleak does
-            path = space.inode_path(space.first_mapping_of(p.module))
-            if path is None:
-                raise OSError(f"{p.module} is not the file PID {pid} maps")
-            bpf.attach_uprobe(
-                name=path.encode(),
-                sym=p.function.encode(),
-                sym_off=p.offset,
-                fn_name=f"count_site_{slot}".encode(),
-                pid=pid,
-            )
+        with bpf.uprobe_batch() as refused:  # one link per site's program, attached together
+            for slot, p in enumerate(sites):
+                # the very file this process maps (AddressSpace.inode_path), as memleak does
+                path = space.inode_path(space.first_mapping_of(p.module))
+                if path is None:
+                    raise OSError(f"{p.module} is not the file PID {pid} maps")
+                bpf.attach_uprobe(
+                    name=path.encode(),
+                    sym=p.function.encode(),
+                    sym_off=p.offset,
+                    fn_name=f"count_site_{slot}".encode(),
+                    pid=pid,
+                )
+        if refused:
+            raise refused[0][1]
         calls = bpf["calls"]
         # The first hits pay one-off set-up (the kernel's out-of-line slot page): measure from
         # the first poll on, not from the attach.
@@ -142,7 +145,7 @@ def _count(
                 break
         t1 = time.monotonic()
         n = [calls[i].value for i in range(len(sites))]
-        bpf.detach_all(order=sorted(range(len(sites)), key=lambda i: -(n[i] - n0[i])))  # hottest first
+        bpf.detach_all()  # every site at once: the hottest stops trapping within one grace period
         total = [calls[i].value for i in range(len(sites))]  # with the hits while detaching
     finally:
         bpf.cleanup()

@@ -20,8 +20,9 @@ from .base import ProbeResult, ProbeTarget, run_probe
 from .growth import Spaces
 
 REGION_SHIFT = 21
-# The kernel's swap read entry point, newest name first (swap_read_folio since 6.10).
-SWAP_READ_FUNCTIONS = ("swap_read_folio", "swap_readpage")
+# The kernel's swap read entry point, newest name first (swap_read_folio since 6.10), as the
+# kprobe PMU takes it: bytes.
+SWAP_READ_FUNCTIONS = (b"swap_read_folio", b"swap_readpage")
 
 
 class Region(BaseModel):
@@ -78,12 +79,21 @@ def build_options(use_kprobe: bool) -> dict[str, int | str]:
     return {"REGION_SHIFT": REGION_SHIFT, **({"USE_KPROBE": 1} if use_kprobe else {})}
 
 
-def run(target: ProbeTarget, duration: float, top: int = 20, ready: threading.Event | None = None) -> SwapinResult:
-    use_kprobe = kernel.kprobes().available
+def run(
+    target: ProbeTarget,
+    duration: float,
+    top: int = 20,
+    ready: threading.Event | None = None,
+    use_kprobe: bool | None = None,
+) -> SwapinResult:
+    """use_kprobe: None takes the kprobe method where the kernel has kprobes; a test forces it to
+    run the kprobe path's code on a kernel without them (the attach fails, the faults method stays)."""
+    if use_kprobe is None:
+        use_kprobe = kernel.kprobes().available
     spaces = Spaces()
     calls: list[SwapCall] = []
-
     attached: list[bool] = []
+    kprobe: dict[str, str] = {}  # "on": the function probed, or "failed": why the attach failed
 
     def attach(bpf, _pids: set[int]) -> None:
         if attached:  # system-wide events: once, whoever joins the target later
@@ -96,10 +106,7 @@ def run(target: ProbeTarget, duration: float, top: int = 20, ready: threading.Ev
             sample_period=1,
         )
         if use_kprobe:
-            for fn in SWAP_READ_FUNCTIONS:
-                if _kernel_has(bpf, fn):
-                    bpf.attach_kprobe(event=fn, fn_name=b"count_swap_read")
-                    break
+            kprobe.update(_attach_swap_read(bpf))
 
         def on_call(cpu, data, size):
             c = bpf["swap_calls"].event(data)
@@ -116,7 +123,7 @@ def run(target: ProbeTarget, duration: float, top: int = 20, ready: threading.Ev
 
     def collect(bpf, _elapsed: float) -> dict:
         bpf.perf_buffer_poll(timeout=0)
-        kprobe_reads = {k.value: v.value for k, v in bpf["swap_reads"].items()} if use_kprobe else {}
+        kprobe_reads = {k.value: v.value for k, v in bpf["swap_reads"].items()} if "on" in kprobe else {}
         procs: dict[int, ProcessSwapins] = {}
         regions: dict[int, list[Region]] = {}
         for key, count in bpf["faults"].items():
@@ -148,9 +155,7 @@ def run(target: ProbeTarget, duration: float, top: int = 20, ready: threading.Ev
             "swap_calls": calls,
             "events": bpf["stats"][0].value,
             "lost": {"table_full": bpf["stats"][1].value},
-            "method": ("kprobe on the kernel's swap read, " if use_kprobe else "")
-            + "major page faults on anonymous memory (perf software event)"
-            + ("" if use_kprobe else f"; kprobes unavailable: {kernel.kprobes().reason}"),
+            "method": _method(use_kprobe, kprobe),
         }
 
     defines = build_options(use_kprobe)
@@ -169,5 +174,25 @@ def run(target: ProbeTarget, duration: float, top: int = 20, ready: threading.Ev
     )  # type: ignore[return-value]
 
 
-def _kernel_has(bpf, name: str) -> bool:
-    return bpf.ksymname(name) != -1
+def _attach_swap_read(bpf) -> dict[str, str]:
+    """The kprobe on the first swap read function this kernel has: {"on": its name}, or
+    {"failed": why} (no such function, or the kernel refused the probe): the faults stay counted."""
+    for fn in SWAP_READ_FUNCTIONS:
+        if bpf.ksymname(fn) == -1:
+            continue
+        try:
+            bpf.attach_kprobe(event=fn, fn_name=b"count_swap_read")
+        except OSError as e:
+            return {"failed": f"kprobe on {fn.decode()} not attached: {e}"}
+        return {"on": fn.decode()}
+    names = " or ".join(f.decode() for f in SWAP_READ_FUNCTIONS)
+    return {"failed": f"kprobe not attached: this kernel has no {names}"}
+
+
+def _method(use_kprobe: bool, kprobe: dict[str, str]) -> str:
+    faults = "major page faults on anonymous memory (perf software event)"
+    if "on" in kprobe:
+        return f"kprobe on the kernel's swap read ({kprobe['on']}), {faults}"
+    if use_kprobe:
+        return f"{faults}; {kprobe.get('failed', 'kprobe not attached')}"
+    return f"{faults}; kprobes unavailable: {kernel.kprobes().reason}"

@@ -43,6 +43,9 @@ _DEFS = [
         "flat, shrinking or unknown",
     ),
     ("memory.level", "bytes", "where that series ended (MemAvailable for the whole system)"),
+    # memdiag verify: the earlier report a diagnosis follows up (absent in a plain diagnosis)
+    ("verify.baseline_kind", "string", "memdiag verify: the earlier report's verdict (leak, growth, cache, ...)"),
+    ("verify.baseline_function", "string", "memdiag verify: the function the earlier report's verdict named"),
     # system
     ("system.mem_total", "bytes", "MemTotal"),
     ("system.mem_available", "bytes", "MemAvailable at the end of the window"),

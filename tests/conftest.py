@@ -50,6 +50,7 @@ SLOW_MODULES = frozenset(
         "e2e/test_culprit.py",
         "e2e/test_scenarios.py",
         "e2e/test_signals.py",
+        "e2e/test_verify.py",
         "probes/test_overhead.py",
         "serve/test_node_agent.py",
     }

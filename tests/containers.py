@@ -59,6 +59,17 @@ def shared_libraries(binary: Path) -> list[str]:
     return [m.group(1) for line in out.splitlines() if (m := _LDD_LINE.search(line))]
 
 
+def _add_dir(tar: tarfile.TarFile, name: str, added: set[str], mode: int = 0o755) -> None:
+    """A folder entry, once: podman refuses a tarball naming one path twice ("duplicates of file
+    paths not supported"), as when a program's own path runs through /tmp (a clone in mktemp -d)."""
+    if name in added:
+        return
+    info = tarfile.TarInfo(name)
+    info.type, info.mode = tarfile.DIRTYPE, mode
+    tar.addfile(info)
+    added.add(name)
+
+
 def _add_file(tar: tarfile.TarFile, source: Path, arcname: str, added: set[str]) -> None:
     """source's content (symlinks followed) as a regular file at arcname, parents made as needed."""
     arcname = arcname.lstrip("/")
@@ -66,12 +77,7 @@ def _add_file(tar: tarfile.TarFile, source: Path, arcname: str, added: set[str])
         return
     parts = Path(arcname).parts
     for i in range(1, len(parts)):
-        parent = "/".join(parts[:i])
-        if parent not in added:
-            info = tarfile.TarInfo(parent)
-            info.type, info.mode = tarfile.DIRTYPE, 0o755
-            tar.addfile(info)
-            added.add(parent)
+        _add_dir(tar, "/".join(parts[:i]), added)
     info = tar.gettarinfo(str(source.resolve()), arcname=arcname)
     info.uid = info.gid = 0
     info.uname = info.gname = "root"
@@ -91,14 +97,12 @@ def write_rootfs(tarball: Path, programs: dict[str, Path]) -> None:
     root, empty /tmp)."""
     added: set[str] = set()
     with tarfile.open(tarball, "w") as tar:
+        for d in ("tmp", "etc", "proc", "sys", "dev", "run"):  # first: /tmp is sticky whatever lies below it
+            _add_dir(tar, d, added, 0o1777 if d == "tmp" else 0o755)
         for name, binary in programs.items():
             _add_file(tar, binary, in_image(name), added)
             for lib in shared_libraries(binary):
                 _add_file(tar, Path(lib), lib, added)
-        for d in ("tmp", "etc", "proc", "sys", "dev", "run"):
-            info = tarfile.TarInfo(d)
-            info.type, info.mode = tarfile.DIRTYPE, 0o1777 if d == "tmp" else 0o755
-            tar.addfile(info)
         passwd = b"root:x:0:0:root:/root:/app/none\nnobody:x:65534:65534:nobody:/:/app/none\n"
         info = tarfile.TarInfo("etc/passwd")
         info.size, info.mode = len(passwd), 0o644

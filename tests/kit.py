@@ -282,6 +282,16 @@ class MemoryCgroup:
                 return int(value)
         return 0
 
+    def limit_hits(self) -> int:
+        """Times this cgroup hit its limit (v1 memory.failcnt, v2 memory.events max)."""
+        if self.version == 1:
+            return int((self.fs_path / "memory.failcnt").read_text())
+        for line in (self.fs_path / "memory.events").read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "max":
+                return int(value)
+        return 0
+
     def __exit__(self, *exc) -> None:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:

@@ -26,20 +26,29 @@ NICENESS = 10
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_target_arguments(parser)
+    parser.add_argument(
+        "--duration", type=DURATION, default=30.0, metavar="S", help="seconds to watch the counters (default 30)"
+    )
+    add_window_arguments(parser)
+
+
+def add_target_arguments(parser: argparse.ArgumentParser, verb: str = "diagnose") -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--pid", type=PID, help="diagnose this process")
+    group.add_argument("--pid", type=PID, help=f"{verb} this process")
     group.add_argument(
-        "--cgroup", metavar="PATH", help="diagnose this memory cgroup (a path in the hierarchy or under /sys/fs/cgroup)"
+        "--cgroup", metavar="PATH", help=f"{verb} this memory cgroup (a path in the hierarchy or under /sys/fs/cgroup)"
     )
     group.add_argument(
         "--container",
         metavar="ID|NAME",
-        help="diagnose this container's memory cgroup: its full id, a unique id prefix (4 hex digits or more) or "
+        help=f"{verb} this container's memory cgroup: its full id, a unique id prefix (4 hex digits or more) or "
         "its name (names through podman, docker or crictl)",
     )
-    parser.add_argument(
-        "--duration", type=DURATION, default=30.0, metavar="S", help="seconds to watch the counters (default 30)"
-    )
+
+
+def add_window_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of a diagnosis but its target and duration (shared with memdiag verify)."""
     parser.add_argument(
         "--interval",
         type=INTERVAL,
@@ -73,6 +82,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_playbook_option(parser)
 
 
+def chosen_target(args: argparse.Namespace) -> Target | None:
+    """The target the options name, None when they name none (the whole system, for a diagnosis)."""
+    if args.pid is None and args.cgroup is None and args.container is None:
+        return None
+    return _target(args)
+
+
 def _target(args: argparse.Namespace) -> Target:
     if args.pid is not None:
         target = pid_target(args.pid)
@@ -97,7 +113,7 @@ def _target(args: argparse.Namespace) -> Target:
     return system_target()
 
 
-def _output_dir(args: argparse.Namespace, target: Target) -> ReportFolder:
+def output_folder(args: argparse.Namespace, target: Target) -> ReportFolder:
     """Create (and prove writable, and safe from other users) the report folder before the window."""
     if args.output is not None:
         return open_report_folder(args.output, f"--output {args.output}")
@@ -109,17 +125,38 @@ def _output_dir(args: argparse.Namespace, target: Target) -> ReportFolder:
 
 
 def execute(args: argparse.Namespace) -> int:
+    rules = rule_book(args)
+    target = _target(args)
+    with output_folder(args, target) as folder:
+        report = run_diagnosis(args, target, rules, folder)
+        print(f"{report.verdict.kind}: {plain(report.verdict.summary)}")
+        print(f"report: {plain(folder.path / 'report.md')}")
+        raise_if_interrupted(folder)
+    return 0
+
+
+def rule_book(args: argparse.Namespace):
+    """The playbook a diagnosis runs: shipped, site and --playbook files, checked; one line if bad."""
     try:
-        rules = load_book(args.playbook)
+        return load_book(args.playbook)
     except RuleFileError as e:
         raise UsageError(e.usage_text()) from None
-    target = _target(args)
-    with _output_dir(args, target) as folder:
-        return _diagnose(args, target, rules, folder)
 
 
-def _diagnose(args: argparse.Namespace, target: Target, rules, folder: ReportFolder) -> int:
-    out = folder.path
+def raise_if_interrupted(folder: ReportFolder) -> None:
+    """A signal ended the command early: its partial report is written; exit as the shell would."""
+    if INTERRUPTION.caught:
+        raise SignalInterrupted(
+            INTERRUPTION.signum or 0,
+            f"interrupted by {INTERRUPTION.signal_name} during {INTERRUPTION.phase}; "
+            f"partial report: {folder.path / 'report.md'}",
+        )
+
+
+def run_diagnosis(args: argparse.Namespace, target: Target, rules, folder: ReportFolder, finish=None, given=None):
+    """The diagnosis of target over args.duration, its report written in folder; finish(report),
+    when given, completes the report before it is written (memdiag verify's comparison); given:
+    facts known beforehand."""
     # memdiag's own work (bcc's compiler, symbolization) must not compete with the target for CPU:
     # on a small machine that costs the target more than the probes do (see BENCHMARKS.md).
     os.nice(NICENESS)
@@ -134,8 +171,11 @@ def _diagnose(args: argparse.Namespace, target: Target, rules, folder: ReportFol
         rules=rules,
         on_step=progress.step,
         max_pause_ms=args.max_pause,
+        given=given,
     )
     progress.done()
+    if finish is not None:
+        report = finish(report)
     with phase("writing the report"):
         _write(folder, report)
     if INTERRUPTION.caught and report.interrupted is None:  # it came while the whole report was written
@@ -143,15 +183,7 @@ def _diagnose(args: argparse.Namespace, target: Target, rules, folder: ReportFol
         cut = Interrupted(signal=INTERRUPTION.signal_name, phase=INTERRUPTION.phase or "unknown", at_s=round(at, 2))
         report = report.model_copy(update={"interrupted": cut})
         _write(folder, report)
-    print(f"{report.verdict.kind}: {plain(report.verdict.summary)}")
-    print(f"report: {plain(out / 'report.md')}")
-    if INTERRUPTION.caught:
-        raise SignalInterrupted(
-            INTERRUPTION.signum or 0,
-            f"interrupted by {INTERRUPTION.signal_name} during {INTERRUPTION.phase}; "
-            f"partial report: {out / 'report.md'}",
-        )
-    return 0
+    return report
 
 
 def _write(folder: ReportFolder, report) -> None:

@@ -292,6 +292,42 @@ def _heading(report: Report) -> list[str]:
     return lines
 
 
+def _verification(report: Report) -> list[str]:
+    """memdiag verify: the earlier report's culprits, each fixed or still leaking, and new growth."""
+    v = report.verification
+    if v is None:
+        return []
+    lines = ["", "## Verification", "", f"**{v.status}**: {prose(v.summary)}", ""]
+    lines += [
+        f"- Baseline: {code(v.baseline)} — {prose(v.baseline_target)}, verdict {v.baseline_verdict}"
+        + (f" naming {code(v.baseline_function)}" if v.baseline_function else ""),
+        f"- Found again by {prose(v.found_by)}",
+        f"- Memory of the whole target: {fmt_rate(v.rss_rate_before)} over {fmt_duration(v.window_before_s)} "
+        f"before, {fmt_rate(v.rss_rate_after)} over {fmt_duration(v.window_after_s)} now",
+        "",
+    ]
+    if v.stacks:
+        rows = [
+            [
+                code(r.function or "?"),
+                r.status,
+                fmt_rate(r.before_rate) if r.before_rate is not None else "—",
+                fmt_rate(r.after_rate) if r.after_rate is not None else "—",
+                _count(r.before_leaked),
+                _count(r.after_leaked),
+                r.after_shape or r.note or "—",
+            ]
+            for r in v.stacks
+        ]
+        header = ["stack", "status", "outstanding before", "now", "leaked before", "now", "its bytes now"]
+        lines += _table(header, rows) + [""]
+    return lines
+
+
+def _count(n: int | None) -> str:
+    return f"{n:,}" if n is not None else "—"
+
+
 def _findings(report: Report) -> list[str]:
     if not report.findings:
         return []
@@ -476,7 +512,7 @@ def _caveats(report: Report) -> list[str]:
 
 def render_markdown(report: Report) -> str:
     report = flattened(report)  # nothing from outside breaks a line: no heading, row or block of its own
-    lines = _heading(report) + _evidence(report) + _next_steps(report) + _trail(report)
+    lines = _heading(report) + _verification(report) + _evidence(report) + _next_steps(report) + _trail(report)
     lines += _probes(report) + _caveats(report)
     lines += ["---", f"memdiag {report.memdiag_version}", ""]
     return "\n".join(lines)

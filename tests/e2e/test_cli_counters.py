@@ -47,6 +47,28 @@ def test_oom_killed_cgroup_reports_the_kill(memdiag, workload, memcg, tmp_path):
     assert any(f["id"] == "cgroup-oom-count" and f["evidence"]["oom_kill"] == 1 for f in rep["findings"])
 
 
+def test_a_pid_killed_at_its_cgroups_limit_has_the_kernels_counts_in_the_table(memdiag, workload, memcg, tmp_path):
+    """The pid target dies of its cgroup's OOM kill mid-window: the sampling stops with it, and the
+    cgroup is read once more, so the table's oom_kill and limit hits are the kernel's own (they
+    read 0 from the last sample, taken before the kill) and the verdict agrees with them."""
+    cg = memcg(64 * MiB, swap=False)
+    w = workload("hog", "512", "4", "250", cgroup=cg)  # 16 MiB/s: killed some 4 s in
+    r = memdiag("--pid", str(w.pid), "--duration", "20", "--output", str(tmp_path))
+    _ok(r)
+    assert w.wait_exit(5) == -9
+    rep = _report(tmp_path)
+    rows = {(r["scope"], r["name"]): r for r in rep["counters"]["rows"]}
+    kernel_kills = cg.oom_kills()
+    assert kernel_kills == 1
+    assert rows[("cgroup", "oom_kill")]["last"] == kernel_kills
+    assert rows[("cgroup", "oom_kill")]["last"] - rows[("cgroup", "oom_kill")]["first"] == 1
+    hits = cg.limit_hits()
+    assert hits > 0 and rows[("cgroup", "failcnt")]["last"] == hits
+    v = rep["verdict"]
+    assert v["kind"] == "oom", v["summary"]
+    assert v["culprit"]["pid"] == w.pid
+
+
 def test_oom_loop_in_a_cgroup_counts_kills_by_the_kernel_counter(memdiag, memcg, tmp_path):
     """A worker restarted as fast as the limit kills it: the kill count is the cgroup's counter
     over the window, the kernel log's records are the examples, and the usage is no plateau."""

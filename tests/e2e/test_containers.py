@@ -50,6 +50,20 @@ def test_the_kit_removes_its_image_and_containers(root_required):
     assert c.name not in names and image.tag.split(":")[0] not in tags
 
 
+def test_an_image_of_a_program_whose_path_runs_through_tmp_is_imported(root_required, tmp_path):
+    """A checkout cloned under /tmp puts the kit's binaries below /tmp: the root-fs tarball names
+    each folder once (tmp included, and sticky), or podman refuses it ("duplicates of file paths
+    not supported"), and the program runs from its path inside the image."""
+    assert str(tmp_path).startswith("/tmp/")
+    program = tmp_path / "bin" / "leak"
+    program.parent.mkdir()
+    program.write_bytes(build("leak").read_bytes())
+    program.chmod(0o755)
+    with Image({str(program): program}) as image, container(image, str(program), "64") as c:
+        assert Path(f"/proc/{c.pid}/root{program}").read_bytes() == program.read_bytes()
+        assert Path(f"/proc/{c.pid}/root/tmp").stat().st_mode & 0o7777 == 0o1777
+
+
 # --- a leak in a container, named by the container -------------------------------------------------
 
 

@@ -125,3 +125,27 @@ def test_headers_fallback_is_private():
     assert headers is not None and (headers / "include" / "linux").is_dir()
     if not Path("/lib/modules").joinpath(__import__("platform").release(), "build").exists():
         assert str(headers).startswith("/var/lib/memdiag/kernel-headers/")
+
+
+def test_kernel_symbols_packed_agree_with_kallsyms_line_by_line(root_required):
+    """The packed table of the kernel's text symbols names every address as /proc/kallsyms does
+    (the symbol at or below it, with its offset) and finds a symbol's address by its name."""
+    from memdiag.probes.bpfobj import Program, _kallsyms, kernel_symbol
+
+    text = [
+        (int(a, 16), n)
+        for a, t, n, *_ in (line.split() for line in Path("/proc/kallsyms").read_text().splitlines())
+        if t in "tTwW"
+    ]
+    text.sort()
+    syms = _kallsyms()
+    assert len(syms.addresses) == len(text)
+    for i in range(0, len(text), 997):  # a sample across the whole table
+        address, name = text[i]
+        if i + 1 < len(text) and text[i + 1][0] == address:
+            continue  # aliases at one address: either name is right
+        assert kernel_symbol(address + 1, show_offset=True) == f"{name}+0x1"
+        first = next(a for a, n in text if n == name)
+        assert Program.ksymname(name) == first and Program.ksymname(name.encode()) == first
+    assert Program.ksymname("no_such_symbol_in_any_kernel_7f3a") == -1
+    assert Program.ksymname(text[-1][1]) != -1  # the buffer's last name too

@@ -1,6 +1,8 @@
 """memleak on the real kernel: the leaking function on top, churn not listed as outstanding,
 every allocator entry point, jemalloc, C++, the cache's series levelling off."""
 
+import os
+
 from memdiag.probes import memleak
 from memdiag.probes.base import ProbeTarget
 from memdiag.system import arch
@@ -143,3 +145,24 @@ def test_kernel_mode(workload):
 def test_user_mode_needs_a_target():
     r = memleak.run(ProbeTarget(kind="system"), 1)
     assert r.status == "unavailable" and "needs a process or cgroup" in r.reason
+
+
+def test_its_uprobes_go_in_as_links_where_the_kernel_has_them_and_one_by_one_elsewhere(workload, monkeypatch):
+    """One uprobe_multi link per program, file and direction (6.6+), attached and detached
+    together; a kernel without them gets one perf event per uprobe. Either way the same probes
+    record the same books: the leak on top, every entry point placed."""
+    from memdiag.probes import bpfobj
+
+    w = workload("leak", "2048")
+    linked = memleak.run(ProbeTarget.for_pid(w.pid), 3)
+    monkeypatch.setattr(bpfobj, "_MULTI", [False])  # as on a kernel before 6.6
+    alone = memleak.run(ProbeTarget.for_pid(w.pid), 3)
+    release = tuple(int(x) for x in os.uname().release.split(".")[:2])
+    if release >= (6, 6):
+        assert "uprobe_multi link" in linked.method, linked.method
+    assert "one perf event per uprobe" in alone.method, alone.method
+    for r in (linked, alone):
+        assert r.status == "ok", r.reason
+        assert "leak_order_history" in r.stacks[0].functions and r.stacks[0].frees == 0
+    assert linked.placements == alone.placements
+    assert linked.detach_s is not None and alone.detach_s is not None

@@ -78,7 +78,8 @@ def test_detaches_when_the_measured_cost_reaches_the_allowance(bench):
 
 def test_price_is_per_site(root_required, bench):
     """glibc's malloc and free sit on emulated instructions; under jemalloc both are single-stepped
-    and priced at the stepped trap (~30 times dearer here)."""
+    and priced at the stepped trap. How much dearer is this host's: its measured costs decide
+    (3.6x on one machine, ~30x on another), never a ratio the test assumes."""
     from memdiag.probes.overhead import price
 
     costs = host_costs()
@@ -86,7 +87,16 @@ def test_price_is_per_site(root_required, bench):
     jemalloc = find_allocator(bench(1000, env={"LD_PRELOAD": JEMALLOC}).pid)
     rates = {"malloc": 1000.0, "free": 1000.0}
     cheap, dear = price(glibc.placements, rates, costs), price(jemalloc.placements, rates, costs)
-    assert dear.ns_per_s > 5 * cheap.ns_per_s, (cheap.describe(), dear.describe())
     assert "single-stepped" in dear.describe() and "single-stepped" not in cheap.describe()
-    free = next(s for s in dear.sites if s.placement.function == "free")
-    assert free.ns == costs.stepped_ns + costs.program_ns["free_enter"]
+    by = {name: {s.placement.function: s for s in p.sites} for name, p in (("glibc", cheap), ("jemalloc", dear))}
+    ret = costs.return_ns + costs.program_ns["alloc_return"]
+    for name, trap in (("glibc", costs.emulated_ns), ("jemalloc", costs.stepped_ns)):
+        # each site at its own trap, plus memleak's program, plus the return probe where it has one
+        assert by[name]["free"].ns == trap + costs.program_ns["free_enter"], name
+        assert by[name]["malloc"].ns == trap + costs.program_ns["malloc_enter"] + ret, name
+    # the two allocators differ by the trap alone: as many times dearer as this host's stepped trap
+    # is dearer than its emulated one, with the programs' run time on both sides
+    programs = costs.program_ns["free_enter"] + costs.program_ns["malloc_enter"] + ret
+    expected = (2 * costs.stepped_ns + programs) / (2 * costs.emulated_ns + programs)
+    assert costs.stepped_ns > costs.emulated_ns  # single-stepping does more work than emulating
+    assert dear.ns_per_s / cheap.ns_per_s == pytest.approx(expected, rel=1e-9), (cheap.describe(), dear.describe())

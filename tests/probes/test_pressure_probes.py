@@ -33,6 +33,45 @@ def test_oomkill_catches_a_cgroup_oom(workload, memcg):
     assert any("out_of_memory" in f for f in k.trigger_kernel_stack)
 
 
+# oom:mark_victim as kernels before 6.8 have it (Debian 12's 6.1): the victim's pid alone, the
+# raw tracepoint's argument a bare pid, not its task
+MARK_VICTIM_6_1 = """name: mark_victim
+ID: 540
+format:
+\tfield:unsigned short common_type;\toffset:0;\tsize:2;\tsigned:0;
+\tfield:unsigned char common_flags;\toffset:2;\tsize:1;\tsigned:0;
+\tfield:unsigned char common_preempt_count;\toffset:3;\tsize:1;\tsigned:0;
+\tfield:int common_pid;\toffset:4;\tsize:4;\tsigned:1;
+
+\tfield:int pid;\toffset:8;\tsize:4;\tsigned:1;
+
+print fmt: "pid=%d", REC->pid
+"""
+
+
+def test_oomkill_built_for_a_tracepoint_with_the_pid_alone_completes_kills_from_the_kernel_log(workload, memcg):
+    """The branch older kernels take, run here: built as for 6.1's pid-only tracepoint, the probe
+    gets the victim's comm, RSS, constraint and cgroup from the kernel log and the cgroup files."""
+    options = oomkill.build_options(MARK_VICTIM_6_1)
+    assert options == {}  # no comm, no RSS, no task argument to translate pids from
+    cg = memcg(48 * MiB, swap=False)
+    box, armed = {}, threading.Event()
+    t = threading.Thread(
+        target=lambda: box.setdefault("r", oomkill.run(ProbeTarget(kind="system"), 10, ready=armed, options=options))
+    )
+    t.start()
+    assert armed.wait(60)
+    w = workload("hog", "512", "8", "20", cgroup=cg)
+    assert w.wait_exit(30) == -9
+    t.join()
+    r = box["r"]
+    assert r.status == "ok", r.reason
+    k = next(k for k in r.kills if k.victim_pid == w.pid)
+    assert k.victim_comm == "hog" and k.trigger_pid == w.pid  # the comm from the kernel log
+    assert k.cgroup_oom is True and k.constraint == "CONSTRAINT_MEMCG" and k.memcg == cg.path
+    assert 30 * MiB < k.anon_rss <= 48 * MiB  # the log's anon-rss, not the tracepoint's
+
+
 def test_swap_pressure_seen_by_swapin_vmscan_drsnoop(swap, workload, memcg):
     cg = memcg(96 * MiB)
     w = workload("hog", "256", "8", "10", cgroup=cg)
@@ -42,7 +81,7 @@ def test_swap_pressure_seen_by_swapin_vmscan_drsnoop(swap, workload, memcg):
     assert "major page faults on anonymous memory" in s.method
     kprobes = kernel.kprobes()  # the method follows what this kernel offers
     if kprobes.available:
-        assert s.method.startswith("kprobe on the kernel's swap read, "), s.method
+        assert s.method.startswith("kprobe on the kernel's swap read (swap_read"), s.method
     else:
         assert f"kprobes unavailable: {kprobes.reason}" in s.method  # the fallback, and it says so
     hog = [p for p in s.processes if p.pid == w.pid][0]
@@ -72,6 +111,24 @@ def test_swapon_calls_are_seen(root_required):
     t.join()
     calls = [(c.call, c.path) for c in box["r"].swap_calls]
     assert ("swapon", str(path)) in calls and ("swapoff", str(path)) in calls
+
+
+def test_swapins_kprobe_path_runs_whatever_the_kernel_offers(swap, workload, memcg):
+    """The kprobe method's code runs on every kernel: forced here, where the kernel has no kprobes,
+    it compiles the kprobe program, tries the attach with the kernel's real argument types (a str
+    where bytes are wanted crashed it on every kernel with kprobes) and, refused, keeps counting
+    swap-ins by major faults and says why; where kprobes exist it counts the kernel's swap reads."""
+    cg = memcg(64 * MiB)
+    w = workload("hog", "160", "16", "20", cgroup=cg)
+    wait_until(lambda: swapped_bytes(w.pid) > 8 * MiB, "the hog's pages in swap")
+    r = swapin.run(ProbeTarget.for_pid(w.pid), 3, use_kprobe=True)
+    assert r.status == "ok", r.reason
+    hog = next(p for p in r.processes if p.pid == w.pid)
+    assert hog.swapins > 0
+    if kernel.kprobes().available:
+        assert r.method.startswith("kprobe on the kernel's swap read (swap_read"), r.method
+    else:
+        assert "kprobe on swap_read" in r.method and "not attached" in r.method and "PMU" in r.method, r.method
 
 
 def test_a_missing_requirement_is_unavailable_with_its_reason():

@@ -109,7 +109,7 @@ def _price(ns_per_s: float) -> SimpleNamespace:
 
 
 def test_the_budget_decision_is_the_projected_share_of_the_window():
-    from memdiag.probes.overhead import DETACH_S
+    from memdiag.probes.overhead import detach_seconds
 
     fake = FakeProbes()
     e = engine(fake)
@@ -117,7 +117,7 @@ def test_the_budget_decision_is_the_projected_share_of_the_window():
     e.spent_ns = 1e6  # the rate count's 1 ms
     # 12 s attached + the detach at 40 ms of the target's time a second, over a 30 s window
     cheap = e._decide(_price(4e7), 1000.0, rates, "", 12.0)
-    expected = 100 * (4e7 * (12 + DETACH_S) + 1e6) / 30e9
+    expected = 100 * (4e7 * (12 + detach_seconds()) + 1e6) / 30e9
     assert cheap.choice == "full" and cheap.estimated_percent == pytest.approx(expected)
     assert cheap.reason.endswith("<= budget 2%") and cheap.cost_ns == pytest.approx(4e4)
     dear = e._decide(_price(1e8), 1000.0, rates, "malloc alone: ", 12.0)

@@ -2,6 +2,9 @@
  * validate_order(); one order in N fails validation and process_order() returns early without
  * freeing it, dropping the only pointer (nothing global, nothing printed). The other orders are
  * freed, and handle_request() churns scratch buffers that are freed too.
+ * Built with -DFIXED the error branch frees the order (the fix, for memdiag verify); with -DFIXED
+ * -DAUDIT_LEAK too, the fix comes with another leak: audit_failure() keeps a record of each failed
+ * order that nothing points at.
  * usage: errleak [orders_per_second=2000] [N=7] [order_bytes=1024] */
 #include "common.h"
 
@@ -18,6 +21,18 @@ __attribute__((noinline)) int validate_order(struct order *o, size_t size, long 
 	return o->id % n != 0; /* 1 in n orders fails */
 }
 
+#ifdef AUDIT_LEAK
+__attribute__((noinline)) void audit_failure(long id, size_t size)
+{
+	long *record = malloc(size); /* kept nowhere: the new leak */
+	if (record) {
+		memset(record, 0x3c, size);
+		record[0] = id;
+		sink += ((volatile long *)record)[0]; /* read back: the compiler keeps the allocation */
+	}
+}
+#endif
+
 __attribute__((noinline)) long process_order(long id, size_t size, long n)
 {
 	struct order *o = malloc(sizeof(*o) + size);
@@ -25,8 +40,15 @@ __attribute__((noinline)) long process_order(long id, size_t size, long n)
 		return 0;
 	o->id = id;
 	memset(o->payload, (int)(id % 251) + 1, size); /* touch it: the leak is resident */
-	if (!validate_order(o, size, n))
-		return -1; /* the error branch: o is dropped here, never freed */
+	if (!validate_order(o, size, n)) {
+#ifdef FIXED
+		free(o);
+#ifdef AUDIT_LEAK
+		audit_failure(id, size);
+#endif
+#endif
+		return -1; /* the error branch: o is dropped here, never freed (unless FIXED) */
+	}
 	long sum = o->checksum;
 	free(o);
 	return sum;
