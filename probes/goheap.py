@@ -104,7 +104,7 @@ def _read(proc: GoProcess, target: ProbeTarget, seconds: float, interval: float,
 
 
 def _profile_reason(r: GoHeapResult) -> str:
-    how = f"{r.version}, {'stripped, ' if r.stripped else ''}runtime located by its {r.found_by}"
+    how = f"{r.version}, {'stripped, ' if r.stripped else ''}its runtime located from {r.found_by}"
     if r.profile == "compiled-out":
         return (
             f"{how}; heap profile off: the program never references runtime.MemProfile, so the linker switched "
@@ -148,7 +148,7 @@ def summarize(proc: GoProcess, snaps: list[GoSnapshot], started: float) -> GoHea
         goroutines_complete=all(s.goroutines is None or s.goroutines.complete for s in snaps),
         read_bytes=m.bytes_read,
         read_seconds=round(m.seconds, 6),
-        method=f"/proc/PID/mem reads of the Go runtime's heap profile and goroutines ({proc.found_by})",
+        method=f"/proc/PID/mem reads of the Go runtime's heap profile and goroutines (located from {proc.found_by})",
         module=module,
     )
 

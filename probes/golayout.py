@@ -115,10 +115,10 @@ def layout_for(version: str | None) -> Layout:
 
 
 def find_variables(table: GoTable, layout: Layout) -> tuple[dict[str, int], str]:
-    """{variable: address} and how they were found ("symbol table" or "the runtime's code");
+    """{variable: address} and how they were found ("its symbol table" or "the runtime's code");
     a variable neither finds is missing from the dict."""
     if all(name in table.symtab for name in layout.recipes):
-        return {name: table.symtab[name] for name in layout.recipes}, "symbol table"
+        return {name: table.symtab[name] for name in layout.recipes}, "its symbol table"
     found = {}
     for name, recipe in layout.recipes.items():
         addr = load_target(table, recipe)

@@ -155,7 +155,7 @@ def test_an_error_path_map_names_the_function_that_inserts(workload, flags):
     assert r.status == "ok", r.reason
     assert r.version == go_version() and r.profile == "on" and r.rate == 512 * KiB
     assert r.stripped == (flags == STRIPPED)
-    assert r.found_by == ("the runtime's code" if flags == STRIPPED else "symbol table")
+    assert r.found_by == ("the runtime's code" if flags == STRIPPED else "its symbol table")
     _error_path(r, 400, 16384)
     top = r.stacks[0]
     # pprof would name main.handle: the runtime's profile drops the frame that calls mallocgc itself
