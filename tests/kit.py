@@ -131,9 +131,12 @@ class Workload:
         flags: list[str] | None = None,
     ):
         script = SOURCES / f"{name}.js"
+        self.cwd: Path | None = None
         if script.exists():  # a Node program: flags are node's own (--perf-basic-prof)
             self.binary = Path(shutil.which("node") or "node")
             self.argv = [str(self.binary), *(flags or []), str(script), *args]
+            self.cwd = BUILD / "node"  # --perf-basic-prof writes V8's isolate-*-v8.log in the working folder
+            self.cwd.mkdir(parents=True, exist_ok=True)
         else:
             self.binary = build(name, flags)
             self.argv = [str(self.binary), *args]
@@ -160,6 +163,7 @@ class Workload:
             stderr=subprocess.DEVNULL,
             preexec_fn=enter_cgroup,
             env={**os.environ, **(self.env or {})},
+            cwd=self.cwd,
         )
         line = self.proc.stdout.readline().decode()  # type: ignore[union-attr]
         if not line.startswith("ready"):
@@ -180,6 +184,10 @@ class Workload:
             self.proc.wait()
         if self.proc is not None and self.proc.stdout:
             self.proc.stdout.close()
+        if self.proc is not None and self.cwd is not None:  # what node --perf-basic-prof leaves behind
+            Path(f"/tmp/perf-{self.proc.pid}.map").unlink(missing_ok=True)
+            for log in self.cwd.glob(f"isolate-*-{self.proc.pid}-v8.log"):
+                log.unlink(missing_ok=True)
 
     def __enter__(self) -> Workload:
         return self.start()

@@ -5,9 +5,11 @@ memleak's native stacks through the perf map `node --perf-basic-prof` writes, al
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
+import signal
 import subprocess
 import sys
 import time
@@ -86,7 +88,7 @@ def test_without_a_perf_map_javascript_frames_stay_unnamed(workload):
     assert h.native_resident[-1] - h.native_resident[0] > 2 * (h.v8_mapped[-1] - h.v8_mapped[0]), h
 
 
-def test_a_perf_map_in_a_private_tmp_of_a_pid_namespace(root_required):
+def test_a_perf_map_in_a_private_tmp_of_a_pid_namespace(root_required, tmp_path):
     """The map is read where the process wrote it: its own /tmp (a tmpfs of its mount namespace,
     not the host's), named by its pid in its own pid namespace."""
     script = SOURCES / "nodeleak.js"
@@ -95,7 +97,9 @@ def test_a_perf_map_in_a_private_tmp_of_a_pid_namespace(root_required):
         ["unshare", "--pid", "--fork", "--mount", "--propagation", "private", "sh", "-c", inner],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
+        cwd=tmp_path,  # V8's isolate log
     )
+    node = None
     try:
         assert proc.stdout.readline().startswith(b"ready")
         node = int(Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()[0])
@@ -109,5 +113,8 @@ def test_a_perf_map_in_a_private_tmp_of_a_pid_namespace(root_required):
         own = _own_frames(r)
         assert own and any(f.endswith(f" [perf-{ns_pid}.map]") for f in own[0]), [s.frames[:12] for s in r.stacks]
     finally:
+        if node is not None:  # the namespace's first process: killing it ends the namespace (and its /tmp)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(node, signal.SIGKILL)
         proc.kill()
         proc.wait()
