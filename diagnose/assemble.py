@@ -1,19 +1,19 @@
 """The Report of one diagnosis, assembled from what the engine returned (EngineResult): the probe
-table in the registry's order, the stacks, the overhead section, findings, next steps, caveats."""
+table in the registry's order with each probe's own rows, the stacks, the probes' sections, the
+overhead section, findings, next steps, caveats. Every probe is read through its face."""
 
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
 
-from memdiag.probes.base import ProbeResult
+from memdiag.probes.face import Face, Plan, ProbeStatus, percent_of_window
 from memdiag.probes.registry import REGISTRY
-from memdiag.system.units import fmt_number
+from memdiag.system.target import Target
 
 from .culprit import Classes
-from .engine import BudgetDecision, EngineResult
 from .factset import probe_figures
-from .report import Finding, Overhead, ProbeStatus, Report, StackReport, TargetInfo, Window
-from .target import Target
+from .report import Finding, Overhead, Report, StackReport, TargetInfo, Window
+from .verdict import EngineResult
 
 
 def memdiag_version() -> str:
@@ -40,112 +40,76 @@ def target_info(target: Target, facts: dict | None = None) -> TargetInfo:
     )
 
 
-def _percent(ns: float | None, window_s: float) -> float | None:
-    """The target's time (ns) as a share of the window; None stays None (not measured)."""
-    return None if ns is None else 100 * ns / (window_s * 1e9)
-
-
-def _overhead_percent(r: ProbeResult, window_s: float) -> float | None:
-    """What a probe cost the target over the whole window: for memleak, as measured on the target
-    while it ran (probes/overhead.py); for the others, their BPF run time (tracepoints trap nothing)."""
-    if window_s <= 0:
-        return None
-    tracing = getattr(r, "tracing_cost", None)
-    if tracing is not None and tracing.measured_ns is not None:
-        return tracing.percent_of(window_s)
-    if r.cost.events == 0 and not r.cost.bpf_run_ns:
-        return 0.0 if r.status in ("ok", "partial") else None
-    if r.cost.bpf_run_ns is None:
-        return None  # the kernel kept no run time: unknown, not free
-    return _percent(r.cost.bpf_run_ns, window_s)
-
-
-def _one_off_rows(
-    one_offs: list[tuple[str, float, float, int]], counted: set[str], window_s: float
-) -> list[ProbeStatus]:
-    """Steps that cost the target before any probe ran (the rate count that prices memleak)."""
+def _spent_rows(plans: dict[str, Plan], window_s: float) -> list[ProbeStatus]:
+    """Steps that cost the target before any probe ran (the rate count a plan made)."""
     return [
         ProbeStatus(
-            name=step,
+            name=s.step,
             status="ok",
-            reason=f"counted calls to {', '.join(sorted(counted))} to price allocation tracing",
-            method="one uprobe per entry point, each count stopped after ~1,000 calls or 0.25 s",
-            duration_s=seconds,
-            events=events,
-            overhead_percent=_percent(ns, window_s),
+            reason=s.reason,
+            method=s.method,
+            duration_s=s.seconds,
+            events=s.events,
+            overhead_percent=percent_of_window(s.ns, window_s),
+            on_target=True,
         )
-        for step, seconds, ns, events in one_offs
+        for plan in plans.values()
+        for s in plan.spent
     ]
 
 
-def _scan_status(ml: ProbeResult | None, window_s: float) -> ProbeStatus | None:
-    """The reachability scan as a row of the probe table: its cost is the pause it caused."""
-    scan = getattr(ml, "reach_scan", None)
-    if scan is None:
-        return None
-    ran = scan.status == "ran"
-    return ProbeStatus(
-        name="reach",
-        status="ok" if ran else ("not-run" if scan.status == "skipped" else "error"),
-        reason=scan.describe(),
-        method="all threads stopped (ptrace), writable memory read and matched against memleak's blocks",
-        duration_s=(scan.paused_ms or 0) / 1000,
-        events=scan.blocks,
-        overhead_percent=100 * scan.paused_ms / 1000 / window_s if scan.paused_ms is not None else None,
-    )
+def _probe_rows(result: EngineResult, window_s: float) -> list[ProbeStatus]:
+    """Each probe's rows, in the registry's order, run or not (and why not)."""
+    figures = probe_figures(result.facts)
+    rows: list[ProbeStatus] = []
+    for face in REGISTRY.faces():
+        asked = [t for t in result.trail if t.kind == "probe" and t.name == face.name]
+        why = asked[-1].reason if asked else "no rule asked for it"
+        r, plan = result.results.get(face.name), result.plans.get(face.name)
+        rows += face.table(r, plan, window_s, figures, why)
+    return rows
 
 
-def _stacks(results: dict[str, ProbeResult], classes: Classes) -> tuple[list[StackReport], list[str]]:
+def _stacks(result: EngineResult, classes: Classes) -> tuple[list[StackReport], list[str]]:
+    """The stacks the report shows, allocation stacks first; the flame graph's folded lines from
+    the first probe that has any (memleak's outstanding bytes, else pages faulted in)."""
     out: list[StackReport] = []
     folded: list[str] = []
-    ml = results.get("memleak")
-    if ml is not None and getattr(ml, "stacks", None):
-        for s in ml.stacks[:5]:
-            out.append(
-                StackReport(
-                    probe="memleak",
-                    frames=s.frames,
-                    bytes=s.outstanding_bytes,
-                    series=s.series,
-                    detail=f"{fmt_number(s.outstanding_count)} allocations outstanding, "
-                    f"{fmt_number(s.allocs)} allocs, {fmt_number(s.frees)} frees",
-                    reach=s.reach,
-                    frame_kinds=classes.name(s.frames, s.forwards).kinds,
-                )
-            )
-        folded = ml.folded
-    for spec in REGISTRY.event_stacks():
-        name, what = spec.name, spec.stack_events
-        r = results.get(name)
-        if r is None or not getattr(r, "stacks", None):
+    for face in REGISTRY.stack_faces():
+        r = result.results.get(face.name)
+        shown = face.stacks.of(r) if r is not None and face.stacks is not None else []
+        if not shown:
             continue
-        for s in r.stacks[:3]:
+        for s in shown[: face.stacks.shown]:  # type: ignore[union-attr]
             out.append(
                 StackReport(
-                    probe=name,
+                    probe=face.name,
                     frames=s.frames,
                     bytes=s.bytes,
-                    detail=f"{fmt_number(s.count)} {what}",
-                    frame_kinds=classes.name(s.frames).kinds,
+                    series=s.series,
+                    detail=s.detail,
+                    reach=s.reach,
+                    frame_kinds=classes.name(s.frames, s.forwards or None).kinds,
                 )
             )
         if not folded:
-            folded = r.folded  # faults: pages actually touched, the classic memory-growth flame graph
+            folded = face.stacks.folded(r)  # type: ignore[union-attr]
     return out, folded
+
+
+def _ran(result: EngineResult) -> list[tuple[Face, object]]:
+    """(face, result) of each probe that ran, in the registry's order."""
+    return [(face, result.results[face.name]) for face in REGISTRY.faces() if face.name in result.results]
 
 
 def assemble(result: EngineResult, budget_percent: float) -> Report:
     """The Report: the window, the verdict, the probe table, stacks, overhead and the trail."""
     obs, tri = result.observation, result.triage
     window_s = max(obs.ended - obs.started, 1e-9)
-    d = result.budget_decision
-    probes = _one_off_rows(result.one_offs, result.counted, window_s) + _probe_rows(result, window_s)
-    stacks, folded = _stacks(result.results, result.classes)
-    findings = list(tri.findings)
-    said = {f.summary for f in findings}
-    # id: the rule's; a rule that quotes a counters' sentence (rss-climbing: {summary.growth}) adds
-    # nothing the triage finding, which carries the series as evidence, has not said
-    findings += [Finding(id=rule, summary=text) for rule, text in result.findings if text and text not in said]
+    probes = _spent_rows(result.plans, window_s) + _probe_rows(result, window_s)
+    stacks, folded = _stacks(result, result.classes)
+    ran = _ran(result)
+    reasons = [p.reason for p in result.plans.values()]
     return Report(
         memdiag_version=memdiag_version(),
         target=target_info(obs.target, result.facts),
@@ -158,90 +122,49 @@ def assemble(result: EngineResult, budget_percent: float) -> Report:
         ),
         verdict=result.verdict,
         interrupted=result.interruption,
-        findings=findings,
+        findings=_findings(result),
         next_steps=result.advice,  # the playbook's, each key once (rules.engine.advice_of)
-        caveats=tri.caveats + _stack_caveats(stacks) + _scan_caveats(result.results.get("memleak")),
+        caveats=tri.caveats + _stack_caveats(stacks) + [c for face, r in ran for c in face.caveats(r)],
         probes=probes,
-        overhead=_overhead(budget_percent, d, probes, result.results.get("memleak"), window_s),
-        budget_decision=d.reason if d else None,
+        overhead=_overhead(budget_percent, result, probes, window_s),
+        budget_decision="; ".join(reasons) if reasons else None,
         trail=result.trail,
         stacks=stacks,
+        sections=[s for face, r in ran for s in face.sections(r)],
         folded=folded,
         counters=result.counters,
     )
 
 
-def _probe_rows(result: EngineResult, window_s: float) -> list[ProbeStatus]:
-    """A row per probe of the registry, run or not (and why not), the reach scan after memleak."""
-    figures = probe_figures(result.facts)
-    d = result.budget_decision
-    probes = []
-    for name in REGISTRY.names:
-        r = result.results.get(name)
-        if r is None:
-            asked = [t for t in result.trail if t.kind == "probe" and t.name == name]
-            why = asked[-1].reason if asked else "no rule asked for it"
-            if name == "memleak" and d is not None and d.choice != "full":
-                why = f"not attached: {d.reason}"
-            probes.append(ProbeStatus(name=name, status="not-run", reason=why))
-            continue
-        probes.append(
-            ProbeStatus(
-                name=name,
-                status=r.status,
-                reason=_reason(r),
-                method=r.method,
-                duration_s=r.duration_s,
-                events=r.cost.events,
-                overhead_percent=_overhead_percent(r, window_s),
-                map_bytes=r.cost.map_bytes,
-                lost={k: v for k, v in r.lost.items() if v},
-                figures=figures.get(name, {}),
-            )
-        )
-    scan_row = _scan_status(result.results.get("memleak"), window_s)
-    if scan_row is not None:
-        scan_row = scan_row.model_copy(update={"figures": figures.get("reach", {})})
-        probes.insert(next(i for i, p in enumerate(probes) if p.name == "memleak") + 1, scan_row)
-    return probes
+def _findings(result: EngineResult) -> list[Finding]:
+    """The counters' findings, then the playbook's, one per key: a rule whose finding is one of
+    the counters' readings (rss-climbing: "{summary.growth}") is keyed by that fact, which the
+    triage finding that states it (with the series as evidence) has said already."""
+    findings = list(result.triage.findings)
+    said = {result.triage.keys.get(f.id, f.id) for f in findings}
+    keys = result.finding_keys
+    return findings + [
+        Finding(id=rule, summary=text) for rule, text in result.findings if text and keys.get(rule, rule) not in said
+    ]
 
 
-def _overhead(
-    budget: float, d: BudgetDecision | None, probes: list[ProbeStatus], ml: ProbeResult | None, window_s: float
-) -> Overhead:
-    """The Overhead section: the budget decision's own estimate, and the sum of the probe table's
-    overhead column (each row measured on the target), with memleak's two measurements apart."""
+def _overhead(budget: float, result: EngineResult, probes: list[ProbeStatus], window_s: float) -> Overhead:
+    """The Overhead section: the plans' own estimate, and the sum of the probe table's overhead
+    column (each row measured on the target), with what the probes measured two ways apart."""
     rows = [p.overhead_percent for p in probes if p.overhead_percent is not None]
-    tracing = getattr(ml, "tracing_cost", None)
-
+    estimate = next((p for p in result.plans.values() if p.estimate_of is not None), None)
+    measured = [m for face, r in _ran(result) if (m := face.measured(r)) is not None]
+    probes_ns = [m.probes_ns for m in measured if m.probes_ns is not None]
+    cpu_ns = [m.cpu_ns for m in measured if m.cpu_ns is not None]
     return Overhead(
         budget_percent=budget,
-        estimated_percent=d.estimated_percent if d else None,
-        estimate_of=None
-        if d is None
-        else ("allocation tracing" if d.choice == "full" else "allocation tracing, not attached"),
+        estimated_percent=estimate.estimated_percent if estimate else None,
+        estimate_of=estimate.estimate_of if estimate else None,
         measured_percent=sum(rows) if rows else None,
-        tracing_probes_percent=_percent(tracing.probes_ns, window_s) if tracing else None,
-        tracing_cpu_percent=_percent(tracing.cpu_ns, window_s) if tracing else None,
+        tracing_probes_percent=percent_of_window(sum(probes_ns), window_s) if probes_ns else None,
+        tracing_cpu_percent=percent_of_window(sum(cpu_ns), window_s) if cpu_ns else None,
         window_s=window_s,
     )
-
-
-def _reason(r: ProbeResult) -> str:
-    """The probe's reason; "see lost" only where the lost figures are (the probe table's column)."""
-    reason = r.reason or "ran"
-    return reason if any(r.lost.values()) else reason.replace(" (see lost)", "")
-
-
-def _scan_caveats(ml: ProbeResult | None) -> list[str]:
-    scan = getattr(ml, "reach_scan", None)
-    if scan is None or scan.status != "ran":
-        return []
-    return [
-        f"Leaked versus anchored is conservative: the roots were {scan.roots}. Blocks whose only pointer "
-        "is held by the kernel or stored encoded would look leaked; frees memleak does not hook (a custom "
-        "allocator's own free) make freed blocks look leaked."
-    ]
 
 
 def _stack_caveats(stacks: list[StackReport]) -> list[str]:

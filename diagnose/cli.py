@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _execute(args: argparse.Namespace) -> int:
-    from memdiag.probes.base import signals_caught
+    from memdiag.system.signals import signals_caught
 
     commands = _commands()
     module = commands[args.command]

@@ -25,6 +25,8 @@ from memdiag.system.container import (
     ID_SCHEME,
     POD_UID,
     ContainerCgroup,
+    ContainerInfo,
+    PodInfo,
     Runtime,
     list_containers,
     list_pods,
@@ -43,48 +45,6 @@ CLIS = ("podman", "docker", "crictl")
 # containerStatuses) or a name (Docker's and podman's rule: [a-zA-Z0-9][a-zA-Z0-9_.-]*; Kubernetes
 # names are a subset).
 _HEX = re.compile(r"^[0-9a-f]+$")
-
-
-class ContainerInfo(BaseModel):
-    """A running container: its cgroup, and what its runtime says of it when asked."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    id: str  # full, 64 hex
-    name: str | None = None
-    image: str | None = None
-    runtime: Runtime
-    cgroup: str  # the container's own path inside the memory hierarchy
-    pod_uid: str | None = None
-    pod: str | None = None
-    namespace: str | None = None
-    host_pid: int | None = None  # the container's main process, as the host numbers it
-    limit_bytes: int | None = None  # the container's own memory limit; None: unlimited
-
-    @property
-    def short_id(self) -> str:
-        return self.id[:12]
-
-    def describe(self) -> str:
-        return f"container {self.name} ({self.short_id})" if self.name else f"container {self.short_id}"
-
-
-class PodInfo(BaseModel):
-    """A Kubernetes pod: its cgroup (every container of the pod below it) and its containers."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    uid: str
-    name: str | None = None
-    namespace: str | None = None
-    qos: str | None = None
-    cgroup: str
-    limit_bytes: int | None = None
-    containers: list[ContainerInfo] = []
-
-    def describe(self) -> str:
-        named = f"{self.namespace}/{self.name}" if self.name else self.uid
-        return f"pod {named}"
 
 
 class _Listed(BaseModel):

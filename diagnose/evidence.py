@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from memdiag.system.cgroup import memcg_matches
 from memdiag.system.kmsg import OomKill
+from memdiag.system.trends import Trend, counter_rate, growth_trend
 
 from .observe import Observation
 from .report import CounterRow, Counters, ProcessRow, SlabGrowth
-from .trends import Trend, counter_rate, growth_trend
 
 # vmstat counters shown as rates, with their unit
 _VMSTAT_RATES = {

@@ -1,20 +1,22 @@
-"""The facts rules read: a flat {name: value} computed from the counters and from each probe's
-result, in the units the catalog (memdiag.rules.catalog) gives. Unknown stays None."""
+"""The facts rules read: a flat {name: value} computed from the counters, and from each probe's
+result by its face (probes/face.py), in the units the catalog (memdiag.rules.catalog) gives.
+Unknown stays None."""
 
 from __future__ import annotations
 
 import shlex
 
+from memdiag.probes.face import Namer, Plan, ProbeResult
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.runtime import Runtime
+from memdiag.system.target import Target
+from memdiag.system.trends import counter_rate
 
 from .culprit import Classes, default_classes
-from .evidence import psi_stall_percent, window_seconds
-from .leakcache import stack_trend
+from .evidence import build_counters, psi_stall_percent, window_seconds
 from .observe import Observation
 from .report import Counters
-from .trends import counter_rate, growth_trend
-from .triage import kills_during, limit_hits, memory_level, memory_shape
+from .triage import Triage, kills_during, limit_hits, memory_level, memory_shape, triage
 
 
 def app_function(frames: list[str], forwards: list[bool] | None = None, classes: Classes | None = None) -> str | None:
@@ -133,125 +135,53 @@ def _target_swap(obs: Observation, system_swap: int | None) -> int | None:
     return system_swap
 
 
-def probe_facts(results: dict, classes: Classes | None = None) -> dict:
-    """Facts from the probes that ran (name -> result). classes: the playbook's wrappers (default:
-    the shipped list), passed over when a stack's function is named."""
+def namer(classes: Classes | None = None) -> Namer:
+    """How a probe's facts name a stack's function: the playbook's wrappers (default: the shipped list)."""
     classes = classes or default_classes()
+    return lambda frames, forwards: classes.name(frames, forwards or None).label
+
+
+def probe_facts(results: dict[str, ProbeResult], plans: dict[str, Plan], classes: Classes | None = None) -> dict:
+    """Facts from every probe's face, run or not (a plan's facts stand before its run), in the
+    registry's order."""
+    name = namer(classes)
     f: dict = {}
-    faults = results.get("faults")
-    if faults is not None and faults.status in ("ok", "partial") and faults.stacks:
-        f["faults.top_bytes"] = faults.stacks[0].bytes
-        f["faults.top_function"] = _heaviest_app(faults.stacks, "bytes", classes)
-    brk = results.get("brkstack")
-    if brk is not None and brk.status in ("ok", "partial"):
-        f["brk.growth"] = brk.heap_growth
-        f["brk.top_function"] = _heaviest_app(brk.stacks, "bytes", classes) if brk.stacks else None
-    mm = results.get("mmapsnoop")
-    if mm is not None and mm.status in ("ok", "partial"):
-        f["mmap.anon_bytes"] = sum(s.bytes for s in mm.stacks if s.kind.startswith("anon"))
-        f["mmap.top_function"] = _heaviest_app(mm.stacks, "bytes", classes) if mm.stacks else None
-    ml = results.get("memleak")
-    if ml is not None and ml.status in ("ok", "partial") and ml.stacks:
-        top = ml.stacks[0]
-        trend = stack_trend(ml.series_times, top.series, top.alloc_bytes, top.freed_bytes)
-        f.update(
-            {
-                "memleak.top_outstanding": top.outstanding_bytes,
-                "memleak.top_rate": trend.rate_per_s,
-                "memleak.top_free_ratio": 100 * trend.free_ratio if trend.free_ratio is not None else None,
-                "memleak.top_function": app_function(top.frames, top.forwards, classes),
-                "memleak.top_entry": _entry(top.functions),
-                "memleak.top_trend": trend.shape,
-            }
-        )
-    if ml is not None and ml.status in ("ok", "partial"):
-        f.update(reach_facts(ml, classes))
-    sw = results.get("swapin")
-    if sw is not None and sw.status == "ok" and sw.processes and sw.duration_s:
-        f["swapin.top_rate"] = sw.processes[0].swapins / sw.duration_s
-    dr = results.get("drsnoop")
-    if dr is not None and dr.status == "ok":
-        f["reclaim.stall_time"] = sum(p.total_ms for p in dr.processes) / 1000.0
+    for face in REGISTRY.faces():
+        f.update(face.facts_of(results.get(face.name), plans.get(face.name), name))
     return f
-
-
-# Which probe each namespace of probe facts comes from (the row of the probe table that shows them).
-_FACT_PROBES = REGISTRY.fact_rows()
 
 
 def probe_figures(facts: dict) -> dict[str, dict[str, float]]:
-    """The numeric probe facts by probe: what the report's probe table shows, so that a verdict
-    or finding quoting one quotes a figure of the table."""
+    """The numeric probe facts by row of the probe table: what it shows, so that a verdict or
+    finding quoting one quotes a figure of the table."""
+    rows = REGISTRY.figure_rows()
     out: dict[str, dict[str, float]] = {}
     for name, value in facts.items():
-        probe = _FACT_PROBES.get(name.split(".", 1)[0])
-        if probe and isinstance(value, int | float) and not isinstance(value, bool):
-            out.setdefault(probe, {})[name] = value
+        row = rows.get(name)
+        if row and isinstance(value, int | float) and not isinstance(value, bool):
+            out.setdefault(row, {})[name] = value
     return out
 
 
-def _series_shape(times: list[float], series: list[int]) -> str:
-    """The shape of a stack's outstanding bytes over the probe (climbing, levelled, ...)."""
-    return growth_trend(list(zip(times, series, strict=False))).shape
-
-
-def reach_facts(ml, classes: Classes | None = None) -> dict:
-    """What the reachability scan says about the stack with the most leaked bytes (the leak) and
-    about the heaviest stack (what holds it)."""
-    scan = ml.reach_scan
-    if scan is None or scan.status != "ran":
-        return {"reach.scanned": False, "reach.not_run_reason": scan.reason if scan else "no scan was asked for"}
-    f: dict = {"reach.scanned": True, "reach.paused": (scan.paused_ms or 0) / 1000}
-    if ml.stacks:
-        top = ml.stacks[0]
-        if top.reach is not None:
-            held = top.reach.anchored_bytes + top.reach.leaked_bytes
-            f["reach.anchored_bytes"] = top.reach.anchored_bytes
-            f["reach.anchored_ratio"] = 100 * top.reach.anchored_bytes / held if held else None
-            f["reach.anchor"] = top.reach.anchor
-            f["reach.anchor_kind"] = top.reach.anchor_kind
-    leak = ml.leak_stack()
-    if leak is None:
-        f.update({"reach.leaked_bytes": 0, "reach.leaked_count": 0, "reach.leaked_ratio": 0.0})
-        return f
-    r = leak.reach
-    one_in = leak.allocs / r.leaked_count if r.leaked_count else None
-    f.update(
-        {
-            "reach.leaked_bytes": r.leaked_bytes,
-            "reach.leaked_count": r.leaked_count,
-            "reach.unreferenced_count": r.unreferenced_count,
-            "reach.leaked_ratio": 100 * r.leaked_bytes / (r.leaked_bytes + r.anchored_bytes),
-            "reach.leak_function": app_function(leak.frames, leak.forwards, classes),
-            "reach.leak_trend": _series_shape(ml.series_times, leak.series) if leak.series else None,
-            "reach.leak_rate": (r.leaked_bytes / ml.duration_s) if ml.duration_s else None,
-            "reach.leak_share": _share(one_in, leak.allocs),
-        }
-    )
-    return f
-
-
-def _share(one_in: float | None, allocs: int) -> str | None:
-    """'1 in 7 allocations', or 'every allocation': how often the stack's allocations leak."""
-    if one_in is None or not allocs:
-        return None
-    return "every allocation" if round(one_in) <= 1 else f"1 in {round(one_in):,} allocations"
-
-
-_MAPPING_CALLS = {"mmap", "mmap64", "__mmap", "mremap", "__mremap"}
-
-
-def _entry(functions: list[str | None]) -> str | None:
-    """The allocator entry point of a stack (its leaf); every mmap alias reads as mmap."""
-    leaf = functions[0] if functions else None
-    return "mmap" if leaf in _MAPPING_CALLS else leaf
-
-
-def _heaviest_app(stacks, weight: str, classes: Classes) -> str | None:
-    """The application function that accounts for the most, summed over stacks."""
-    totals: dict[str, int] = {}
-    for s in stacks:
-        fn = app_function(s.frames, getattr(s, "forwards", None), classes)
-        if fn:
-            totals[fn] = totals.get(fn, 0) + getattr(s, weight)
-    return max(totals, key=totals.get) if totals else None  # type: ignore[arg-type]
+def window_facts(
+    obs: Observation,
+    target: Target,
+    budget_percent: float,
+    runtime: Runtime | None,
+    given: dict,
+    results: dict[str, ProbeResult],
+    plans: dict[str, Plan],
+    classes: Classes,
+) -> tuple[dict, Counters, Triage]:
+    """Every fact of the window so far: the counters', what the caller knew beforehand (given), the
+    target's, the counters' readings in words (summary.*), then each probe's; with the counters and
+    their triage they were computed from."""
+    counters = build_counters(obs)
+    tri = triage(obs, counters)
+    f = counter_facts(obs, counters, budget_percent)
+    f.update(given)
+    f["target.name"] = target.describe()
+    f.update(target_facts(target.kind, target.pid, target.cmdline, runtime))
+    f.update(tri.facts)
+    f.update(probe_facts(results, plans, classes))
+    return f, counters, tri

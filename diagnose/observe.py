@@ -1,4 +1,6 @@
-"""Sample a target's counters over a window: the raw material of the counters triage."""
+"""Sample a target's counters over a window: the raw material of the counters triage. One way to
+make an Observation: what the window says so far (the engine's rounds) and at its end are built
+by the same Sampler from the same readings."""
 
 from __future__ import annotations
 
@@ -14,10 +16,10 @@ from memdiag.system.process import ProcessMemory
 from memdiag.system.processes import read_all_processes
 from memdiag.system.slab import SlabCache, read_slabinfo
 from memdiag.system.swaps import SwapDevice, read_swaps
+from memdiag.system.target import Target
 from pydantic import BaseModel, ConfigDict
 
 from .snapshot import Snapshot, TargetExited, read_target_cgroup, take_snapshot
-from .target import Target
 
 
 class Observation(BaseModel):
@@ -54,69 +56,101 @@ def default_interval(duration: float) -> float:
     return max(0.1, min(1.0, duration / 10))
 
 
-def observe(
-    target: Target,
-    duration: float,
-    interval: float | None = None,
-    on_sample: Callable[[Snapshot, float], None] | None = None,
-    proc_root: Path = Path("/proc"),
-    sink: list[Snapshot] | None = None,
-    stop: threading.Event | None = None,
-    first_sink: dict[int, ProcessMemory] | None = None,
-) -> Observation:
-    """Sample until the window ends, the target exits, the user interrupts (Ctrl-C) or stop is
-    set. sink, when given, receives each snapshot as it is taken, and first_sink the process table
-    read at the first (for a caller in another thread: the engine's rounds before the window ends)."""
-    interval = interval or default_interval(duration)
-    started_mono, started = time.monotonic(), time.time()
-    snapshots: list[Snapshot] = []
-    exited_at = None
-    interrupted = False
-    slab_first = read_slabinfo(proc_root)
-    processes_first: dict[int, ProcessMemory] = {}
-    try:
-        while True:
-            try:
-                snap = take_snapshot(target, proc_root)
-            except TargetExited:
-                exited_at = time.time()
-                break
-            snapshots.append(snap)
-            if sink is not None:
-                sink.append(snap)
-            if len(snapshots) == 1:
-                # Every process, whatever the target: pressure is paid and caused host-wide.
-                processes_first = read_all_processes(proc_root)
-                if first_sink is not None:
-                    first_sink.update(processes_first)
-            elapsed = time.monotonic() - started_mono
-            if on_sample is not None:
-                on_sample(snap, elapsed)
-            if elapsed >= duration or (stop is not None and stop.is_set()):
-                break
-            # Sleep to the next tick of the schedule, so sampling does not drift.
-            next_tick = started_mono + interval * (int(elapsed / interval) + 1)
-            pause = max(0.0, min(next_tick, started_mono + duration) - time.monotonic())
-            if stop is not None:
-                stop.wait(pause)
-            else:
-                time.sleep(pause)
-    except KeyboardInterrupt:
-        interrupted = True
-    return Observation(
-        target=target,
-        requested_s=duration,
-        started=started,
-        ended=time.time(),
-        snapshots=snapshots,
-        exited_at=exited_at,
-        interrupted=interrupted,
-        oom_kills=read_oom_kills(),
-        slab_first=slab_first,
-        slab_last=read_slabinfo(proc_root),
-        swaps=read_swaps(proc_root),
-        processes_first=processes_first,
-        processes_last=read_all_processes(proc_root) if snapshots else {},
-        memdiag_pid=os.getpid(),
-        cgroup_closing=read_target_cgroup(target) if snapshots else None,
-    )
+class Sampler:
+    """The counters of one window, sampled until it ends, the target exits, the user interrupts
+    (Ctrl-C) or stop() is called; run() in the caller's thread, or start() in one of its own."""
+
+    def __init__(
+        self,
+        target: Target,
+        duration: float,
+        interval: float | None = None,
+        on_sample: Callable[[Snapshot, float], None] | None = None,
+        proc_root: Path = Path("/proc"),
+    ):
+        self.target, self.duration, self.proc_root = target, duration, proc_root
+        self.interval = interval or default_interval(duration)
+        self.on_sample = on_sample
+        self.snapshots: list[Snapshot] = []
+        self.processes_first: dict[int, ProcessMemory] = {}  # every process, at the first sample
+        self.slab_first: list[SlabCache] | None = None
+        self.started = time.time()
+        self.exited_at: float | None = None
+        self.interrupted = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> Sampler:
+        self._thread = threading.Thread(target=self.run, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def join(self, seconds: float | None = None) -> None:
+        if self._thread is not None:
+            self._thread.join(seconds)
+
+    def wait(self, seconds: float | None, interrupted: Callable[[], bool]) -> None:
+        """Wait for the sampling thread (at most seconds); interrupted() says a signal came: the
+        counters end there."""
+        end = None if seconds is None else time.monotonic() + seconds  # the sampler's own clock, real
+        while self.alive() and (end is None or time.monotonic() < end):
+            if interrupted():
+                self.stop()
+                return
+            self.join(0.05 if end is None else max(0.0, min(0.05, end - time.monotonic())))
+
+    def run(self) -> Observation:
+        started_mono, self.started = time.monotonic(), time.time()
+        self.slab_first = read_slabinfo(self.proc_root)
+        try:
+            while True:
+                try:
+                    snap = take_snapshot(self.target, self.proc_root)
+                except TargetExited:
+                    self.exited_at = time.time()
+                    break
+                self._keep(snap)
+                elapsed = time.monotonic() - started_mono
+                if self.on_sample is not None:
+                    self.on_sample(snap, elapsed)
+                if elapsed >= self.duration or self._stop.is_set():
+                    break
+                # Sleep to the next tick of the schedule, so sampling does not drift.
+                next_tick = started_mono + self.interval * (int(elapsed / self.interval) + 1)
+                self._stop.wait(max(0.0, min(next_tick, started_mono + self.duration) - time.monotonic()))
+        except KeyboardInterrupt:
+            self.interrupted = True
+        return self.so_far()
+
+    def _keep(self, snap: Snapshot) -> None:
+        if not self.snapshots:
+            # Every process, whatever the target: pressure is paid and caused host-wide.
+            self.processes_first = read_all_processes(self.proc_root)
+        self.snapshots.append(snap)
+
+    def so_far(self) -> Observation:
+        """The window until now: its snapshots, the kernel log, slab, swap and the process tables."""
+        root = self.proc_root
+        return Observation(
+            target=self.target,
+            requested_s=self.duration,
+            started=self.started,
+            ended=time.time(),
+            snapshots=list(self.snapshots),
+            exited_at=self.exited_at,
+            interrupted=self.interrupted,
+            oom_kills=read_oom_kills(),
+            slab_first=self.slab_first,
+            slab_last=read_slabinfo(root),
+            swaps=read_swaps(root),
+            processes_first=dict(self.processes_first),
+            processes_last=read_all_processes(root) if self.snapshots else {},
+            memdiag_pid=os.getpid(),
+            cgroup_closing=read_target_cgroup(self.target) if self.snapshots else None,
+        )

@@ -1,19 +1,18 @@
 """The data of one diagnosis: target, verdict, findings, probes, overhead and the counters behind
-them. Renderers take a Report and write it; report.json is this model dumped."""
+them. Renderers take a Report and write it; report.json is this model dumped. The probe table's
+rows, the trail's steps and the probes' sections are the probes' own types (probes/face.py)."""
 
 from __future__ import annotations
 
 from typing import Any, Literal
 
-from memdiag.probes.reach import StackReach
+from memdiag.probes.face import ProbeStatus, Section, StackReach, TrailItem
+from memdiag.system.container import ContainerInfo, PodInfo
 from memdiag.system.kmsg import OomKill
+from memdiag.system.trends import Trend
 from pydantic import BaseModel, ConfigDict, Field
 
-from .containers import ContainerInfo, PodInfo
-from .trends import Trend
-
 VerdictKind = Literal["leak", "cache", "growth", "pressure", "oom", "healthy", "inconclusive"]
-ProbeState = Literal["ok", "partial", "unavailable", "error", "not-run"]
 
 
 class _Model(BaseModel):
@@ -68,30 +67,6 @@ class Finding(_Model):
     id: str
     summary: str
     evidence: dict[str, Any] = {}
-
-
-class ProbeStatus(_Model):
-    name: str
-    status: ProbeState
-    reason: str
-    method: str | None = None
-    duration_s: float | None = None
-    events: int | None = None
-    overhead_percent: float | None = None  # measured: what it cost the target over the window
-    map_bytes: int | None = None  # kernel memory its BPF maps held
-    lost: dict[str, int] = {}  # what it could not record, by cause (nonzero only)
-    figures: dict[str, float] = {}  # the facts it gave the rules (name -> value in the catalog's unit)
-
-
-class TrailItem(_Model):
-    """One step of what the engine did and why: a rule's outcome, a budget decision, a probe run."""
-
-    kind: Literal["rule", "probe", "budget", "scan"]
-    name: str
-    state: str
-    reason: str
-    source: str = ""
-    at_s: float = 0.0
 
 
 class StackReport(_Model):
@@ -216,6 +191,7 @@ class Report(_Model):
     budget_decision: str | None = None
     trail: list[TrailItem] = []
     stacks: list[StackReport] = []
+    sections: list[Section] = []  # the probes' own parts of the evidence ("Java heap")
     folded: list[str] = []  # memory-growth flame graph input (growth.folded)
     counters: Counters
     verification: Verification | None = None  # memdiag verify: the earlier report's culprits now

@@ -1,43 +1,18 @@
-"""What a diagnosis looks at: one process, one memory cgroup, or the whole system."""
+"""The target a user or an alert names, resolved and checked: a process, a memory cgroup, a
+container (its largest process), or the whole system (the Target type itself: system/target.py)."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
 
 from memdiag.system.cgroup import BadCgroup, CgroupLocation, cgroup_pids, locate_memory_cgroup, resolve_cgroup
 from memdiag.system.process import ProcessGone, read_process
 from memdiag.system.processes import read_all_processes
-from pydantic import BaseModel, ConfigDict
+from memdiag.system.target import Target
 
-from .containers import ContainerInfo, PodInfo, container_of_cgroup, resolve_container
+from .containers import container_of_cgroup, resolve_container
 from .errors import UsageError
-
-
-class Target(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    kind: Literal["pid", "cgroup", "system"]
-    pid: int | None = None
-    comm: str | None = None
-    cmdline: list[str] = []
-    start_ticks: int | None = None
-    cgroup: CgroupLocation | None = None
-    container: ContainerInfo | None = None  # the container the target is (or runs in), when one
-    pod: PodInfo | None = None  # the Kubernetes pod the target is, when a pod was named
-
-    def describe(self) -> str:
-        if self.kind == "pid":
-            inside = f" in {self.container.describe()}" if self.container is not None else ""
-            return f"PID {self.pid} ({self.comm}){inside}"
-        if self.kind == "cgroup" and self.container is not None:
-            return self.container.describe()
-        if self.kind == "cgroup" and self.pod is not None:
-            return self.pod.describe()
-        if self.kind == "cgroup" and self.cgroup is not None:
-            return f"cgroup {self.cgroup.path} (v{self.cgroup.version})"
-        return "the whole system"
 
 
 def pid_target(pid: int, proc_root: Path = Path("/proc")) -> Target:

@@ -9,11 +9,11 @@ from __future__ import annotations
 import time
 
 from memdiag.system.kmsg import OomKill
+from memdiag.system.trends import Trend
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 
 from .observe import Observation
 from .report import Counters, Culprit, Finding, ProcessRow
-from .trends import Trend
 
 
 class Triage:
@@ -27,19 +27,14 @@ class Triage:
         caveats: list[str],
         facts: dict[str, str],
         culprits: dict[str, Culprit],
+        keys: dict[str, str] | None = None,
     ):
         self.findings, self.caveats, self.facts, self.culprits = findings, caveats, facts, culprits
+        self.keys = keys or {}  # finding id -> the summary.* fact it states (a playbook finding of it is the same)
 
 
 def _who(obs: Observation) -> str:
-    t = obs.target
-    if t.kind == "pid":
-        return f"PID {t.pid} ({t.comm})"
-    if t.kind == "cgroup" and (t.container is not None or t.pod is not None):
-        return t.describe()  # a container's or pod's cgroup: named as the user named it
-    if t.kind == "cgroup" and t.cgroup is not None:
-        return f"cgroup {t.cgroup.path}"
-    return "the system"
+    return obs.target.describe()  # the one description of a target, as {target.name} says it too
 
 
 def _cgroup_path(obs: Observation) -> str | None:
@@ -261,6 +256,7 @@ class _Growth:
         self.kind: str | None = None
         self.summary: str | None = None
         self.culprit: Culprit | None = None
+        self.finding: str | None = None  # the id of the finding that states the summary
 
 
 def kills_during(obs: Observation, counters: Counters) -> int:
@@ -275,7 +271,7 @@ def kills_during(obs: Observation, counters: Counters) -> int:
 
 
 def _said(out: _Growth, kind: str, summary: str, finding: str, evidence: dict) -> _Growth:
-    out.kind, out.summary = kind, summary
+    out.kind, out.summary, out.finding = kind, summary, finding
     out.findings.append(Finding(id=finding, summary=summary, evidence=evidence))
     return out
 
@@ -348,7 +344,7 @@ def _system_growth(obs: Observation, counters: Counters) -> _Growth:
     out.findings.append(
         Finding(id="system-growth", summary=summary, evidence={"top_growers": [q.model_dump() for q in top]})
     )
-    out.kind, out.summary = "growth", summary
+    out.kind, out.summary, out.finding = "growth", summary, "system-growth"
     out.culprit = Culprit(pid=p.pid, comm=p.comm)
     return out
 
@@ -416,11 +412,14 @@ def triage(obs: Observation, counters: Counters) -> Triage:
     culprits: dict[str, Culprit] = {}
     if oom is not None:
         facts["summary.oom"], culprits["oom"] = oom
+    keys = {}
     if g.kind is not None and g.summary is not None:
         facts[f"summary.{g.kind}"] = g.summary
+        if g.finding is not None:
+            keys[g.finding] = f"summary.{g.kind}"
     if g.culprit is not None and g.kind in ("growth", "plateau"):
         culprits["growth"] = g.culprit
-    return Triage(findings, caveats, facts, culprits)
+    return Triage(findings, caveats, facts, culprits, keys)
 
 
 def memory_shape(counters: Counters) -> str:

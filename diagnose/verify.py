@@ -17,14 +17,15 @@ import re
 from pathlib import Path
 from typing import Literal
 
+from memdiag.probes.registry import REGISTRY
 from memdiag.system.processes import read_all_processes
+from memdiag.system.trends import growth_trend
 from memdiag.system.units import fmt_rate
 from pydantic import ValidationError
 
 from .errors import UsageError
 from .report import Report, StackComparison, StackReport, Verification
 from .target import Target, cgroup_target, container_target, pid_target, with_container
-from .trends import growth_trend
 
 MAX_REPORT_BYTES = 64 << 20  # a day's window with every sample kept stays far below this
 GROWING = ("leak", "growth")
@@ -136,7 +137,8 @@ def _times(n: int, seconds: float | None) -> list[float]:
 
 def _stacks(report: Report) -> list[_Seen]:
     runs = {p.name: p.duration_s for p in report.probes}
-    return [_Seen(s, runs.get(s.probe)) for s in report.stacks if s.probe == "memleak"]
+    traced = _allocation_probes()
+    return [_Seen(s, runs.get(s.probe)) for s in report.stacks if s.probe in traced]
 
 
 def _culprits(base: Report) -> list[_Seen]:
@@ -192,8 +194,14 @@ def compare(base: Report, new: Report, baseline: Path, found_by: str) -> Verific
     )
 
 
+def _allocation_probes() -> set[str]:
+    """The probes whose stacks are allocations outstanding (their bytes are what a leak keeps)."""
+    return {f.name for f in REGISTRY.stack_faces() if f.stacks is not None and f.stacks.kind == "allocations"}
+
+
 def _traced(report: Report) -> bool:
-    return any(p.name == "memleak" and p.status in ("ok", "partial") for p in report.probes)
+    traced = _allocation_probes()
+    return any(p.name in traced and p.status in ("ok", "partial") for p in report.probes)
 
 
 def _row(before: _Seen | None, after: _Seen | None, status: str, traced: bool) -> StackComparison:

@@ -127,7 +127,7 @@ class Placement:
         return f"{self.function}+{self.offset} ({self.instruction}: {how}) in {os.path.basename(self.module)}"
 
 
-def _emulated(ins) -> bool:
+def is_emulated(ins) -> bool:
     """Instructions arch/x86/kernel/uprobes.c emulates instead of single-stepping them."""
     if ins.id == x86.X86_INS_PUSH and ins.operands and ins.operands[0].type == x86.X86_OP_REG:
         return ins.operands[0].reg not in (
@@ -162,7 +162,7 @@ def place(elf: ElfInfo, path: str, function: str, exported_only: bool = True) ->
             first = ins
             if ret:
                 break
-        if _emulated(ins):
+        if is_emulated(ins):
             return Placement(
                 function,
                 path,
@@ -188,7 +188,8 @@ def place(elf: ElfInfo, path: str, function: str, exported_only: bool = True) ->
             break  # the stack pointer moved by something other than a push: keep the unwind exact
     if first is None:
         return None
-    return Placement(function, path, sym.address, 0, f"{first.mnemonic} {first.op_str}".strip(), _emulated(first), ret)
+    text = f"{first.mnemonic} {first.op_str}".strip()
+    return Placement(function, path, sym.address, 0, text, is_emulated(first), ret)
 
 
 @dataclass(frozen=True)

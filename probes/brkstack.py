@@ -9,10 +9,22 @@ import ctypes as ct
 from pathlib import Path
 
 from memdiag.system import arch
+from memdiag.system.target import Target
 
 from . import kernel
-from .base import ProbeResult, ProbeTarget, run_probe
-from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
+from .base import Run, run_probe
+from .face import Face, FactDef, ProbeResult, plain
+from .growth import (
+    RawStack,
+    Spaces,
+    StackGrowth,
+    event_stacks,
+    folded_lines,
+    heaviest_function,
+    merge_stacks,
+    read_samples,
+    stack_losses,
+)
 from .procmaps import AddressSpace
 from .text import event_stack_lines
 
@@ -53,7 +65,7 @@ def build_options() -> dict[str, int | str]:
     return dict(arch.syscall_defines())
 
 
-def run(target: ProbeTarget, duration: float, top: int = 50) -> BrkResult:
+def run(target: Target, duration: float, top: int = 50) -> BrkResult:
     spaces = Spaces()
 
     def seed(bpf, pids: set[int]) -> None:
@@ -80,14 +92,36 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> BrkResult:
         }
 
     return run_probe(
-        BrkResult,
-        "brkstack",
+        Run(
+            "brkstack",
+            BrkResult,
+            requirements(),
+            build_options(),
+            collect,
+            METHOD,
+            spaces=spaces,
+            attach=seed,
+        ),
         target,
         duration,
-        requirements(),
-        build_options(),
-        collect,
-        METHOD,
-        spaces=spaces,
-        attach=seed,
     )  # type: ignore[return-value]
+
+
+def facts_of(r: BrkResult | None, _plan, name) -> dict:
+    if r is None or r.status not in ("ok", "partial"):
+        return {}
+    return {"brk.growth": r.heap_growth, "brk.top_function": heaviest_function(r.stacks, name) if r.stacks else None}
+
+
+FACE = Face(
+    name="brkstack",
+    run=plain(run),
+    result=BrkResult,
+    describe=describe,
+    facts=(
+        FactDef("brk.growth", "bytes", "heap growth by brk() during the probe"),
+        FactDef("brk.top_function", "string", "the function whose brk() calls grew the heap most"),
+    ),
+    facts_of=facts_of,
+    stacks=event_stacks("brk() calls"),
+)

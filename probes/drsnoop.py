@@ -3,10 +3,12 @@ for how long, how many pages — per process (direct and memcg reclaim tracepoin
 
 from __future__ import annotations
 
+from memdiag.system.target import Target
 from pydantic import BaseModel
 
 from . import kernel
-from .base import ProbeResult, ProbeTarget, run_probe
+from .base import Run, run_probe
+from .face import Face, FactDef, ProbeResult, plain
 from .vmscan import TRACEPOINTS
 
 
@@ -37,7 +39,7 @@ def describe(r: DrsnoopResult, top: int) -> list[str]:
     ]
 
 
-def run(target: ProbeTarget, duration: float) -> DrsnoopResult:
+def run(target: Target, duration: float) -> DrsnoopResult:
     def collect(bpf, _elapsed: float) -> dict:
         procs = [
             ProcessReclaim(
@@ -55,12 +57,30 @@ def run(target: ProbeTarget, duration: float) -> DrsnoopResult:
         return {"processes": procs, "events": bpf["stats"][0].value, "lost": {"table_full": bpf["stats"][1].value}}
 
     return run_probe(
-        DrsnoopResult,
-        "drsnoop",
+        Run(
+            "drsnoop",
+            DrsnoopResult,
+            requirements(),
+            {},
+            collect,
+            "vmscan direct/memcg reclaim tracepoints",
+        ),
         target,
         duration,
-        requirements(),
-        {},
-        collect,
-        "vmscan direct/memcg reclaim tracepoints",
     )  # type: ignore[return-value]
+
+
+def facts_of(r: DrsnoopResult | None, _plan, _name) -> dict:
+    if r is None or r.status != "ok":
+        return {}
+    return {"reclaim.stall_time": sum(p.total_ms for p in r.processes) / 1000.0}
+
+
+FACE = Face(
+    name="drsnoop",
+    run=plain(run),
+    result=DrsnoopResult,
+    describe=describe,
+    facts=(FactDef("reclaim.stall_time", "seconds", "time tasks spent in direct or memcg reclaim during the probe"),),
+    facts_of=facts_of,
+)

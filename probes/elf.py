@@ -14,7 +14,7 @@ from elftools.dwarf.callframe import FDE, CallFrameInfo
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 
-from .procmaps import Mapping
+from .mapping import Mapping
 
 DEBUG_ROOT = "/usr/lib/debug"
 

@@ -9,11 +9,23 @@ from __future__ import annotations
 
 import os
 
+from memdiag.system.target import Target
 from pydantic import BaseModel
 
 from . import kernel
-from .base import ProbeResult, ProbeTarget, run_probe
-from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
+from .base import Run, run_probe
+from .face import Face, FactDef, ProbeResult, plain
+from .growth import (
+    RawStack,
+    Spaces,
+    StackGrowth,
+    event_stacks,
+    folded_lines,
+    heaviest_function,
+    merge_stacks,
+    read_samples,
+    stack_losses,
+)
 from .text import event_stack_lines
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -47,7 +59,7 @@ def build_options(target_kind: str) -> dict[str, int | str]:
     return {"PER_PROCESS": int(target_kind == "system")}
 
 
-def run(target: ProbeTarget, duration: float, top: int = 50) -> FaultsResult:
+def run(target: Target, duration: float, top: int = 50) -> FaultsResult:
     per_process = target.kind == "system"
     spaces = Spaces()
 
@@ -82,13 +94,35 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> FaultsResult:
         return fields
 
     return run_probe(
-        FaultsResult,
-        "faults",
+        Run(
+            "faults",
+            FaultsResult,
+            requirements(),
+            build_options(target.kind),
+            collect,
+            METHOD,
+            spaces=spaces,
+        ),
         target,
         duration,
-        requirements(),
-        build_options(target.kind),
-        collect,
-        METHOD,
-        spaces=spaces,
     )  # type: ignore[return-value]
+
+
+def facts_of(r: FaultsResult | None, _plan, name) -> dict:
+    if r is None or r.status not in ("ok", "partial") or not r.stacks:
+        return {}
+    return {"faults.top_bytes": r.stacks[0].bytes, "faults.top_function": heaviest_function(r.stacks, name)}
+
+
+FACE = Face(
+    name="faults",
+    run=plain(run),
+    result=FaultsResult,
+    describe=describe,
+    facts=(
+        FactDef("faults.top_bytes", "bytes", "pages faulted in by the heaviest stack"),
+        FactDef("faults.top_function", "string", "the application function of the heaviest fault stack"),
+    ),
+    facts_of=facts_of,
+    stacks=event_stacks("page faults"),
+)

@@ -1,13 +1,16 @@
 """The part shared by the probes that attribute memory growth to user stacks (faults, brkstack,
-mmapsnoop): address spaces kept fresh while the target runs, and the post-processing of
-(key -> count, bytes, stack id, saved sample) into symbolized, merged stacks."""
+mmapsnoop): address spaces kept fresh while the target runs, the post-processing of (key -> count,
+bytes, stack id, saved sample) into symbolized, merged stacks, and their face's stacks and facts."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
+from memdiag.system.units import fmt_number
 from pydantic import BaseModel
 
+from .face import Namer, Stack, Stacks
 from .procmaps import AddressSpace
 from .stacks import Frame, Symbolizer, folded, recover
 
@@ -50,18 +53,39 @@ class RawStack(BaseModel):
     stack: bytes | None = None
     count: int
     bytes: int
+    key: tuple = ()  # the caller's key for it (memleak's per-stack table entry)
 
 
-def merge_stacks(raw: Iterable[RawStack], spaces: Spaces) -> tuple[list[StackGrowth], int]:
-    """Recover, symbolize and merge stacks; returns them heaviest first and the failed look-ups."""
-    merged: dict[tuple, StackGrowth] = {}
-    failed = 0
+@dataclass
+class Symbolized:
+    """One raw stack recovered and named: its addresses, frames, how it was recovered, and the
+    symbolizer of its process (which also reads a frame's code: Symbolizer.forwards)."""
+
+    raw: RawStack
+    addresses: list[int]
+    frames: list[Frame]
+    method: str
+    symbolizer: Symbolizer
+
+
+def symbolize(raw: Iterable[RawStack], spaces: Spaces) -> Iterator[Symbolized]:
+    """Recover each stack (.eh_frame where frame pointers fail) and name its frames, with one
+    symbolizer per process."""
     symbolizers: dict[int, Symbolizer] = {}
     for r in raw:
         space = spaces.get(r.pid)
         addresses, method = recover(space, r.fp_stack, r.regs, r.stack)
         sym = symbolizers.setdefault(r.pid, Symbolizer(space))
-        frames: list[Frame] = sym.frames(addresses)
+        yield Symbolized(r, addresses, sym.frames(addresses), method, sym)
+
+
+def merge_stacks(raw: Iterable[RawStack], spaces: Spaces) -> tuple[list[StackGrowth], int]:
+    """Recover, symbolize and merge stacks; returns them heaviest first and the failed look-ups."""
+    merged: dict[tuple, StackGrowth] = {}
+    symbolizers: dict[int, Symbolizer] = {}
+    for s in symbolize(raw, spaces):
+        r, frames = s.raw, s.frames
+        symbolizers[r.pid] = s.symbolizer
         key = (r.pid, tuple(str(f) for f in frames))
         if key in merged:
             m = merged[key]
@@ -73,7 +97,7 @@ def merge_stacks(raw: Iterable[RawStack], spaces: Spaces) -> tuple[list[StackGro
             count=r.count,
             bytes=r.bytes,
             pid=r.pid,
-            method=method,
+            method=s.method,
             unknown_frames=sum(1 for f in frames if not f.known),
         )
     failed = sum(s.failed for s in symbolizers.values())
@@ -111,3 +135,32 @@ def stack_losses(stats: list[int], failed_lookups: int) -> dict[str, int]:
         "keys_dropped": stats[3],
         "symbol_lookups_failed": failed_lookups,
     }
+
+
+def heaviest_function(stacks: Iterable[StackGrowth], name: Namer) -> str | None:
+    """The application function that accounts for the most bytes, summed over stacks."""
+    totals: dict[str, int] = {}
+    for s in stacks:
+        fn = name(s.frames, [])
+        if fn:
+            totals[fn] = totals.get(fn, 0) + s.bytes
+    return max(totals, key=totals.get) if totals else None  # type: ignore[arg-type]
+
+
+def event_stacks(counted: str, shown: int = 3) -> Stacks:
+    """The face's stacks of a probe that counts events by stack (counted: "page faults", "brk() calls")."""
+
+    def of(r) -> list[Stack]:
+        return [
+            Stack(
+                frames=s.frames,
+                functions=s.functions,
+                bytes=s.bytes,
+                count=s.count,
+                pid=s.pid,
+                detail=f"{fmt_number(s.count)} {counted}",
+            )
+            for s in r.stacks
+        ]
+
+    return Stacks(kind="events", shown=shown, of=of, folded=lambda r: r.folded)

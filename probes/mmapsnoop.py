@@ -4,12 +4,24 @@ or shared, writable), and munmap() per process: the reservations that precede re
 from __future__ import annotations
 
 from memdiag.system import arch
+from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes
 from pydantic import BaseModel
 
 from . import kernel
-from .base import ProbeResult, ProbeTarget, run_probe
-from .growth import RawStack, Spaces, StackGrowth, folded_lines, merge_stacks, read_samples, stack_losses
+from .base import Run, run_probe
+from .face import Face, FactDef, ProbeResult, plain
+from .growth import (
+    RawStack,
+    Spaces,
+    StackGrowth,
+    event_stacks,
+    folded_lines,
+    heaviest_function,
+    merge_stacks,
+    read_samples,
+    stack_losses,
+)
 from .text import event_stack_lines
 
 METHOD = "raw tracepoint sys_enter (mmap/munmap), kernel stacks + .eh_frame unwinding"
@@ -52,7 +64,7 @@ def build_options() -> dict[str, int | str]:
     return dict(arch.syscall_defines())
 
 
-def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
+def run(target: Target, duration: float, top: int = 50) -> MmapResult:
     spaces = Spaces()
 
     def collect(bpf, _elapsed: float) -> dict:
@@ -81,13 +93,38 @@ def run(target: ProbeTarget, duration: float, top: int = 50) -> MmapResult:
         }
 
     return run_probe(
-        MmapResult,
-        "mmapsnoop",
+        Run(
+            "mmapsnoop",
+            MmapResult,
+            requirements(),
+            build_options(),
+            collect,
+            METHOD,
+            spaces=spaces,
+        ),
         target,
         duration,
-        requirements(),
-        build_options(),
-        collect,
-        METHOD,
-        spaces=spaces,
     )  # type: ignore[return-value]
+
+
+def facts_of(r: MmapResult | None, _plan, name) -> dict:
+    if r is None or r.status not in ("ok", "partial"):
+        return {}
+    return {
+        "mmap.anon_bytes": sum(s.bytes for s in r.stacks if s.kind.startswith("anon")),
+        "mmap.top_function": heaviest_function(r.stacks, name) if r.stacks else None,
+    }
+
+
+FACE = Face(
+    name="mmapsnoop",
+    run=plain(run),
+    result=MmapResult,
+    describe=describe,
+    facts=(
+        FactDef("mmap.anon_bytes", "bytes", "anonymous memory mapped during the probe"),
+        FactDef("mmap.top_function", "string", "the function that mapped the most"),
+    ),
+    facts_of=facts_of,
+    stacks=event_stacks("mmap() calls"),
+)

@@ -27,13 +27,12 @@ from memdiag.system.cgroup import (
 )
 from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.meminfo import read_meminfo
+from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes
 from pydantic import BaseModel
 
 from . import btf, kernel
 from .base import (
-    ProbeResult,
-    ProbeTarget,
     ProbeUnavailable,
     attached,
     bpf_stats,
@@ -43,6 +42,7 @@ from .base import (
     stop_on_signals,
     unavailable,
 )
+from .face import Face, ProbeResult, plain
 from .procmaps import AddressSpace
 from .stacks import Symbolizer
 from .text import stack_lines
@@ -332,16 +332,17 @@ def _complete(e: OomEvent, log: OomKill | None) -> OomEvent:
     return e.model_copy(update=update)
 
 
-def _concerns(target: ProbeTarget, e: OomEvent) -> bool:
+def _concerns(target: Target, e: OomEvent) -> bool:
     if target.kind == "system":
         return True
     if target.kind == "pid":
         return target.pid in (e.victim_pid, e.trigger_pid)
-    return any(memcg_matches(cg, target.cgroup_path or "") for cg in (e.victim_cgroup, e.memcg))
+    path = target.cgroup.path if target.cgroup is not None else ""
+    return any(memcg_matches(cg, path) for cg in (e.victim_cgroup, e.memcg))
 
 
 def run(
-    target: ProbeTarget,
+    target: Target,
     duration: float,
     on_kill: Callable[[OomEvent], None] | None = None,
     ready: threading.Event | None = None,
@@ -353,7 +354,7 @@ def run(
     except ProbeUnavailable as e:
         return OomKillResult(**unavailable("oomkill", target, str(e)))
     except Exception as e:
-        return OomKillResult(name="oomkill", status="error", reason=f"loading failed: {e}", target=target.description)
+        return OomKillResult(name="oomkill", status="error", reason=f"loading failed: {e}", target=target.describe())
     kills: list[OomEvent] = []
     if ready is not None:
         ready.set()
@@ -376,7 +377,7 @@ def run(
         name="oomkill",
         status="ok",
         method="tracepoint oom:mark_victim + kernel log + cgroup files",
-        target=target.description,
+        target=target.describe(),
         started=started,
         duration_s=time.time() - started,
         interrupted=stop.interrupted,
@@ -384,3 +385,6 @@ def run(
         cost=cost,
         kills=kills,
     )
+
+
+FACE = Face(name="oomkill", run=plain(run), result=OomKillResult, describe=describe)

@@ -15,46 +15,12 @@ import bisect
 import contextlib
 import os
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
+from .elf import elf_info
+from .mapping import Mapping, parse_maps
 
-@dataclass(frozen=True)
-class Mapping:
-    start: int
-    end: int
-    perms: str
-    offset: int
-    path: str  # "" for anonymous memory, "[heap]", "[stack]", or a file
-    inode: int = 0  # the mapped file's inode number as maps shows it (0: anonymous or unknown)
-    dev: int = 0  # and its device (under overlayfs: the layer's device, not the overlay's)
-    deleted: bool = False  # maps said "(deleted)": the path no longer names the mapped file
-
-    @property
-    def is_file(self) -> bool:
-        return self.path.startswith("/")
-
-    @property
-    def executable(self) -> bool:
-        return "x" in self.perms
-
-
-def parse_maps(text: str) -> list[Mapping]:
-    out = []
-    for line in text.splitlines():
-        parts = line.split(None, 5)
-        if len(parts) < 5:
-            continue
-        lo, hi = parts[0].split("-")
-        path = parts[5].strip() if len(parts) == 6 else ""
-        deleted = path.endswith(" (deleted)")
-        if deleted:
-            path = path[: -len(" (deleted)")]
-        inode = int(parts[4]) if parts[4].isdigit() else 0
-        major, _, minor = parts[3].partition(":")
-        dev = os.makedev(int(major, 16), int(minor, 16)) if inode else 0
-        out.append(Mapping(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), path, inode, dev, deleted))
-    return sorted(out, key=lambda m: m.start)
+__all__ = ["AddressSpace", "Mapping", "parse_maps"]
 
 
 class AddressSpace:
@@ -178,8 +144,6 @@ def _stat(path: str) -> os.stat_result | None:
 def _same_build(path: str, mapped: str | None) -> bool:
     """Both files carry the same GNU build id (an overlayfs path and its lower inode differ in
     device and inode number, not in contents); no build id on either side is no match."""
-    from .elf import elf_info  # elf imports Mapping from here
-
     a, b = elf_info(path), elf_info(mapped) if mapped else None
     bid = a.build_id() if a else None
     return bid is not None and b is not None and b.build_id() == bid

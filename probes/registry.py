@@ -1,11 +1,11 @@
 """The one list of probes. Every place that needs to know which probes exist reads it: the engine's
-order of the probe table, the rule model's probe names, `memdiag probe`'s choices, `memdiag
-prepare`'s program list, the fact namespaces of the probe table and the text of a result.
+order of the probe table, the rule model's probe names and fact catalog, `memdiag probe`'s choices
+and options, `memdiag prepare`'s program list, the report's stacks, rows and sections.
 
-Adding a probe: its BPF program (bpf/NAME.c), its loader (probes/NAME.py: run(), requirements(),
-describe(); build_options() if it has any) and one ProbeSpec below. Nothing here imports a loader
-until a probe is run, prepared or described (importlib, by module name), so the rule model and the
-command line stay light."""
+Adding a probe: its module with its face (probes/face.py says what a face declares), its BPF
+program if it has one (bpf/NAME.c), and one ProbeSpec below. Nothing here imports a probe's module
+until its face is asked for (importlib, by module name): the rule model and the command line read
+the names without loading any probe."""
 
 from __future__ import annotations
 
@@ -13,15 +13,19 @@ import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import Literal
+
+from .face import Face, FactDef
 
 Options = Callable[[ModuleType, str], dict[str, int | str]]
 
 
+def target_mode(target_kind: str, filtered: bool = True) -> int:
+    """TARGET_MODE of a program: 1 keeps a `targets` map of tgids, 0 sees every process."""
+    return 1 if filtered and target_kind != "system" else 0
+
+
 def _targeted(module: ModuleType, target_kind: str) -> dict[str, int | str]:
     """TARGET_MODE: a `targets` map of tgids for a pid or cgroup, every process system-wide."""
-    from .base import target_mode
-
     return {"TARGET_MODE": target_mode(target_kind, getattr(module, "FILTERED", True))}
 
 
@@ -31,25 +35,23 @@ def _no_options(module: ModuleType, target_kind: str) -> dict[str, int | str]:
 
 @dataclass(frozen=True)
 class ProbeSpec:
-    """One probe: what runs it, how it is compiled ahead of time, what it yields and shows."""
+    """One probe: where its face is, how its BPF program is compiled ahead of time."""
 
     name: str
     # compile options for a target kind ("pid", "cgroup", "system"), given its loader module
     options: Options = _targeted
-    # fact namespaces its results yield (the probe table's figures), e.g. drsnoop -> reclaim.*
-    facts: tuple[str, ...] = ()
-    # its stacks: "allocations" (outstanding blocks: memleak) or "events" (counted events, each
-    # stack with frames, bytes and count); None: no stacks for the culprit or the flame graph
-    stack_kind: Literal["allocations", "events"] | None = None
-    stack_events: str = ""  # what a stack's count counts, e.g. "page faults"
-    module: str = ""  # the loader; memdiag.probes.NAME when empty
+    module: str = ""  # the module holding FACE; memdiag.probes.NAME when empty
+    bpf: bool = True  # it loads bpf/NAME.c (False: it reads a runtime's own instruments)
     # its program runs for every call of its syscalls on the host and filters the target inside:
     # the BPF run time it reports is an upper bound of the target's share
     host_wide: bool = False
 
     def loader(self) -> ModuleType:
-        """The loader module (run, requirements, describe), imported on first use."""
+        """The probe's module, imported on first use."""
         return importlib.import_module(self.module or f"{__package__}.{self.name}")
+
+    def face(self) -> Face:
+        return self.loader().FACE
 
     def compile_options(self, target_kind: str) -> dict[str, int | str]:
         return self.options(self.loader(), target_kind)
@@ -57,12 +59,13 @@ class ProbeSpec:
 
 @dataclass(frozen=True)
 class Variant:
-    """A way to run a probe that `memdiag probe` offers under its own name, with its own facts."""
+    """A way to run a probe that `memdiag probe` offers under its own name, with options set."""
 
     name: str
     of: str  # the probe it runs
-    facts: tuple[str, ...] = ()
-    pid_only: bool = False  # it needs one process (--pid)
+    options: tuple[tuple[str, object], ...] = ()  # ctx.options it sets for the probe
+    needs_pid: str = ""  # why it needs one process (--pid), refused without; empty: it does not
+    refuses: tuple[str, ...] = ()  # options of the probe it cannot run with (a refusal, as without --pid)
 
 
 def _faults(m: ModuleType, kind: str) -> dict[str, int | str]:
@@ -73,35 +76,33 @@ def _defaults(m: ModuleType, kind: str) -> dict[str, int | str]:
     return {**_targeted(m, kind), **m.build_options()}
 
 
-def _swapin(m: ModuleType, kind: str) -> dict[str, int | str]:
-    from .kernel import kprobes
-
-    return {**_targeted(m, kind), **m.build_options(kprobes().available)}
-
-
 def _oomkill(m: ModuleType, kind: str) -> dict[str, int | str]:
     return m.build_options()  # the OOM killer is watched for every process: no targets map
 
 
 # The engine's order: the order of the probe table in a report.
 PROBES: tuple[ProbeSpec, ...] = (
-    ProbeSpec("faults", _faults, facts=("faults",), stack_kind="events", stack_events="page faults"),
-    ProbeSpec("memleak", _defaults, facts=("memleak",), stack_kind="allocations"),
-    ProbeSpec("brkstack", _defaults, facts=("brk",), stack_kind="events", stack_events="brk() calls", host_wide=True),
-    ProbeSpec(
-        "mmapsnoop", _defaults, facts=("mmap",), stack_kind="events", stack_events="mmap() calls", host_wide=True
-    ),
+    ProbeSpec("faults", _faults),
+    ProbeSpec("memleak", _defaults),
+    ProbeSpec("brkstack", _defaults, host_wide=True),
+    ProbeSpec("mmapsnoop", _defaults, host_wide=True),
     ProbeSpec("oomkill", _oomkill),
-    ProbeSpec("swapin", _swapin, facts=("swapin",)),
+    ProbeSpec("swapin", _defaults),
     ProbeSpec("vmscan"),
-    ProbeSpec("drsnoop", facts=("reclaim",)),
+    ProbeSpec("drsnoop"),
 )
 VARIANTS: tuple[Variant, ...] = (
     # memleak, then the reachability scan of its outstanding blocks
-    Variant("reach", of="memleak", facts=("reach",), pid_only=True),
+    Variant(
+        "reach",
+        of="memleak",
+        options=(("scan_reach", True),),
+        needs_pid="scans one process's memory: give --pid (user-space allocations)",
+        refuses=("kernel",),
+    ),
 )
 # Compiled ahead of time but not a probe of its own: the rate count that prices memleak.
-HELPERS: tuple[ProbeSpec, ...] = (ProbeSpec("ratecount", _no_options),)
+HELPERS: tuple[ProbeSpec, ...] = (ProbeSpec("ratecount", _no_options, module="memdiag.probes.memleak.ratecount"),)
 
 
 class Registry:
@@ -123,6 +124,13 @@ class Registry:
                 return p
         raise KeyError(f"no probe named {name!r} (probes/registry.py)")
 
+    def face(self, name: str) -> Face:
+        return self.spec(name).face()
+
+    def faces(self) -> list[Face]:
+        """Every probe's face, in the engine's order."""
+        return [p.face() for p in self.probes]
+
     def variant(self, name: str) -> Variant | None:
         return next((v for v in self.variants if v.name == name), None)
 
@@ -130,20 +138,27 @@ class Registry:
         """What `memdiag probe` offers: every probe and every variant."""
         return sorted(self.names + tuple(v.name for v in self.variants))
 
-    def fact_rows(self) -> dict[str, str]:
-        """Fact namespace -> the row of the probe table that shows it."""
-        rows = {ns: p.name for p in self.probes for ns in p.facts}
-        rows.update({ns: v.name for v in self.variants for ns in v.facts})
-        return rows
+    def fact_defs(self) -> list[FactDef]:
+        """The catalog entries of every probe's facts, in the engine's order."""
+        return [f for face in self.faces() for f in face.facts]
 
-    def event_stacks(self) -> tuple[ProbeSpec, ...]:
-        """Probes whose stacks count events (page faults, brk, mmap), in order."""
-        return tuple(p for p in self.probes if p.stack_kind == "events")
+    def retired_facts(self) -> dict[str, str]:
+        """Facts a probe yielded once -> what decides now (a rule naming one is told)."""
+        return {name: why for face in self.faces() for name, why in face.retired}
+
+    def figure_rows(self) -> dict[str, str]:
+        """Fact name -> the row of the probe table whose figures show it."""
+        return {f.name: f.row or face.name for face in self.faces() for f in face.facts if f.figure}
+
+    def stack_faces(self) -> list[Face]:
+        """Probes with stacks: allocation stacks first, then event stacks, each in the engine's order."""
+        with_stacks = [f for f in self.faces() if f.stacks is not None]
+        return [f for kind in ("allocations", "events") for f in with_stacks if f.stacks.kind == kind]  # type: ignore[union-attr]
 
     def programs(self, target_kind: str) -> list[tuple[str, dict[str, int | str]]]:
         """(program, compile options) of every BPF program a diagnosis may load: helpers first
-        (pricing memleak is the engine's first BPF step), then each probe."""
-        return [(p.name, p.compile_options(target_kind)) for p in self.helpers + self.probes]
+        (pricing memleak is the engine's first BPF step), then each probe that has one."""
+        return [(p.name, p.compile_options(target_kind)) for p in self.helpers + self.probes if p.bpf]
 
 
 REGISTRY = Registry(PROBES, VARIANTS, HELPERS)

@@ -12,11 +12,13 @@ import threading
 
 from memdiag.system.cgroup import locate_memory_cgroup
 from memdiag.system.swaps import SwapDevice, read_swaps
+from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes
 from pydantic import BaseModel
 
 from . import bpfsys, kernel
-from .base import ProbeResult, ProbeTarget, run_probe
+from .base import Run, run_probe
+from .face import Face, FactDef, ProbeResult, plain
 from .growth import Spaces
 
 REGION_SHIFT = 21
@@ -75,12 +77,15 @@ def describe(r: SwapinResult, top: int) -> list[str]:
     return lines
 
 
-def build_options(use_kprobe: bool) -> dict[str, int | str]:
+def build_options(use_kprobe: bool | None = None) -> dict[str, int | str]:
+    """use_kprobe: the kprobe on the kernel's swap read too (None: where the kernel offers kprobes)."""
+    if use_kprobe is None:
+        use_kprobe = kernel.kprobes().available
     return {"REGION_SHIFT": REGION_SHIFT, **({"USE_KPROBE": 1} if use_kprobe else {})}
 
 
 def run(
-    target: ProbeTarget,
+    target: Target,
     duration: float,
     top: int = 20,
     ready: threading.Event | None = None,
@@ -99,58 +104,13 @@ def run(
         if attached:  # system-wide events: once, whoever joins the target later
             return
         attached.append(True)
-        bpf.attach_perf_event(
-            ev_type=bpfsys.PERF_TYPE_SOFTWARE,
-            ev_config=bpfsys.PERF_COUNT_SW_PAGE_FAULTS_MAJ,
-            fn_name=b"on_major_fault",
-            sample_period=1,
-        )
-        if use_kprobe:
-            kprobe.update(_attach_swap_read(bpf))
-
-        def on_call(cpu, data, size):
-            c = bpf["swap_calls"].event(data)
-            calls.append(
-                SwapCall(
-                    pid=c.pid,
-                    comm=c.comm.decode(errors="replace"),
-                    call="swapon" if c.on else "swapoff",
-                    path=c.path.decode(errors="replace"),
-                )
-            )
-
-        bpf["swap_calls"].open_perf_buffer(on_call)
+        kprobe.update(_attach_events(bpf, use_kprobe, calls))
 
     def collect(bpf, _elapsed: float) -> dict:
         bpf.perf_buffer_poll(timeout=0)
-        kprobe_reads = {k.value: v.value for k, v in bpf["swap_reads"].items()} if "on" in kprobe else {}
-        procs: dict[int, ProcessSwapins] = {}
-        regions: dict[int, list[Region]] = {}
-        for key, count in bpf["faults"].items():
-            pid = key.tgid
-            p = procs.setdefault(pid, ProcessSwapins(pid=pid, comm=key.comm.decode(errors="replace"), swapins=0))
-            start = key.region << REGION_SHIFT
-            space = spaces.get(pid)
-            mapping = space.find(start) if space else None
-            label = mapping.path if mapping and mapping.path else "anon"
-            if mapping is not None and mapping.is_file:
-                p.file_major_faults += count.value
-            else:
-                p.swapins += count.value
-                regions.setdefault(pid, []).append(
-                    Region(start=start, end=start + (1 << REGION_SHIFT), faults=count.value, mapping=label)
-                )
-        for pid, reads in kprobe_reads.items():
-            procs.setdefault(pid, ProcessSwapins(pid=pid, comm="", swapins=0)).swapins = reads
-        out = []
-        for pid, p in procs.items():
-            loc = locate_memory_cgroup(pid)
-            p.cgroup = loc.path if loc else None
-            p.regions = sorted(regions.get(pid, []), key=lambda r: r.faults, reverse=True)[:10]
-            out.append(p)
-        out.sort(key=lambda p: p.swapins, reverse=True)
+        reads = {k.value: v.value for k, v in bpf["swap_reads"].items()} if "on" in kprobe else {}
         return {
-            "processes": out[:top],
+            "processes": _by_process(bpf, spaces, reads)[:top],
             "swap_devices": read_swaps() or [],
             "swap_calls": calls,
             "events": bpf["stats"][0].value,
@@ -160,18 +120,76 @@ def run(
 
     defines = build_options(use_kprobe)
     return run_probe(
-        SwapinResult,
-        "swapin",
+        Run(
+            "swapin",
+            SwapinResult,
+            requirements(),
+            defines,
+            collect,
+            "",
+            spaces=spaces,
+            attach=attach,
+            ready=ready,
+        ),
         target,
         duration,
-        requirements(),
-        defines,
-        collect,
-        "",
-        spaces=spaces,
-        attach=attach,
-        ready=ready,
     )  # type: ignore[return-value]
+
+
+def _attach_events(bpf, use_kprobe: bool, calls: list[SwapCall]) -> dict[str, str]:
+    """Major faults (a perf software event), the kprobe on the swap read where asked (what became of
+    it, as _attach_swap_read says), and swapon/swapoff calls into calls."""
+    bpf.attach_perf_event(
+        ev_type=bpfsys.PERF_TYPE_SOFTWARE,
+        ev_config=bpfsys.PERF_COUNT_SW_PAGE_FAULTS_MAJ,
+        fn_name=b"on_major_fault",
+        sample_period=1,
+    )
+    kprobe = _attach_swap_read(bpf) if use_kprobe else {}
+
+    def on_call(cpu, data, size):
+        c = bpf["swap_calls"].event(data)
+        calls.append(
+            SwapCall(
+                pid=c.pid,
+                comm=c.comm.decode(errors="replace"),
+                call="swapon" if c.on else "swapoff",
+                path=c.path.decode(errors="replace"),
+            )
+        )
+
+    bpf["swap_calls"].open_perf_buffer(on_call)
+    return kprobe
+
+
+def _by_process(bpf, spaces: Spaces, kprobe_reads: dict[int, int]) -> list[ProcessSwapins]:
+    """Major faults by process, heaviest first: on anonymous memory a swap-in (its regions kept),
+    on a file a page-cache miss; the kprobe's swap reads, where it ran, are the swap-ins."""
+    procs: dict[int, ProcessSwapins] = {}
+    regions: dict[int, list[Region]] = {}
+    for key, count in bpf["faults"].items():
+        pid = key.tgid
+        p = procs.setdefault(pid, ProcessSwapins(pid=pid, comm=key.comm.decode(errors="replace"), swapins=0))
+        start = key.region << REGION_SHIFT
+        space = spaces.get(pid)
+        mapping = space.find(start) if space else None
+        label = mapping.path if mapping and mapping.path else "anon"
+        if mapping is not None and mapping.is_file:
+            p.file_major_faults += count.value
+        else:
+            p.swapins += count.value
+            regions.setdefault(pid, []).append(
+                Region(start=start, end=start + (1 << REGION_SHIFT), faults=count.value, mapping=label)
+            )
+    for pid, reads in kprobe_reads.items():
+        procs.setdefault(pid, ProcessSwapins(pid=pid, comm="", swapins=0)).swapins = reads
+    out = []
+    for pid, p in procs.items():
+        loc = locate_memory_cgroup(pid)
+        p.cgroup = loc.path if loc else None
+        p.regions = sorted(regions.get(pid, []), key=lambda r: r.faults, reverse=True)[:10]
+        out.append(p)
+    return sorted(out, key=lambda p: p.swapins, reverse=True)
 
 
 def _attach_swap_read(bpf) -> dict[str, str]:
@@ -196,3 +214,19 @@ def _method(use_kprobe: bool, kprobe: dict[str, str]) -> str:
     if use_kprobe:
         return f"{faults}; {kprobe.get('failed', 'kprobe not attached')}"
     return f"{faults}; kprobes unavailable: {kernel.kprobes().reason}"
+
+
+def facts_of(r: SwapinResult | None, _plan, _name) -> dict:
+    if r is None or r.status != "ok" or not r.processes or not r.duration_s:
+        return {}
+    return {"swapin.top_rate": r.processes[0].swapins / r.duration_s}
+
+
+FACE = Face(
+    name="swapin",
+    run=plain(run),
+    result=SwapinResult,
+    describe=describe,
+    facts=(FactDef("swapin.top_rate", "per_s", "swap-ins per second of the process paying most"),),
+    facts_of=facts_of,
+)

@@ -4,10 +4,12 @@ is a property of the machine or the cgroup, not of one process)."""
 
 from __future__ import annotations
 
+from memdiag.system.target import Target
 from pydantic import BaseModel
 
 from . import kernel
-from .base import ProbeResult, ProbeTarget, run_probe
+from .base import Run, run_probe
+from .face import Face, ProbeResult, plain
 
 KINDS = ("direct", "memcg", "slab", "kswapd")
 FILTERED = False  # reclaim is a host matter: counted for every process, whatever the target
@@ -55,7 +57,7 @@ def bucket_label(slot: int) -> str:
     return f"{lo}-{(1 << slot) - 1}"
 
 
-def run(target: ProbeTarget, duration: float) -> VmscanResult:
+def run(target: Target, duration: float) -> VmscanResult:
     def collect(bpf, _elapsed: float) -> dict:
         hist: dict[int, dict[str, int]] = {i: {} for i in range(len(KINDS))}
         for k, v in sorted(bpf["hist"].items(), key=lambda kv: (kv[0].kind, kv[0].slot)):
@@ -77,13 +79,18 @@ def run(target: ProbeTarget, duration: float) -> VmscanResult:
         }
 
     return run_probe(
-        VmscanResult,
-        "vmscan",
+        Run(
+            "vmscan",
+            VmscanResult,
+            requirements(),
+            {},
+            collect,
+            "vmscan tracepoints (system-wide)",
+            filtered=FILTERED,
+        ),
         target,
         duration,
-        requirements(),
-        {},
-        collect,
-        "vmscan tracepoints (system-wide)",
-        filtered=FILTERED,
     )  # type: ignore[return-value]
+
+
+FACE = Face(name="vmscan", run=plain(run), result=VmscanResult, describe=describe)

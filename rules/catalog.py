@@ -1,20 +1,15 @@
 """Every fact a rule may name: its kind of unit and what it means. Rule files are checked against
 this list when they are loaded, so a misspelt fact is an error with a suggestion, never a rule
-that silently never fires. The values are computed by memdiag.diagnose.factset."""
+that silently never fires. The counters' facts are listed here and computed by
+memdiag.diagnose.factset; each probe's are declared by its face (probes/face.py) and read from the
+registry, the first time the catalog is asked for (the rule model imports no probe)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
 
-from memdiag.system.units import Kind
-
-
-@dataclass(frozen=True)
-class FactDef:
-    name: str
-    kind: Kind
-    help: str
-
+from memdiag.probes.face import FactDef
+from memdiag.probes.registry import REGISTRY
 
 _DEFS = [
     # the target
@@ -119,55 +114,27 @@ _DEFS = [
     ("summary.cut_by_oom", "string", "memory that levelled off between OOM kills: the kernel cut the growth"),
     # the budget
     ("budget.percent", "percent", "how much the diagnosis may slow the target"),
-    ("alloc.rate", "per_s", "allocating calls (malloc, operator new ...) per second, from a bounded count"),
-    ("alloc.tracing_percent", "percent", "tracing every allocation priced before attaching: share of the window"),
-    ("alloc.tracing", "string", "memleak priced against the budget: full, fallback, unknown, or none (not priced)"),
-    (
-        "alloc.allocator",
-        "string",
-        "the allocator the target calls: glibc, jemalloc, tcmalloc, static, ... (when priced)",
-    ),
-    # probe findings
-    ("faults.top_bytes", "bytes", "pages faulted in by the heaviest stack"),
-    ("faults.top_function", "string", "the application function of the heaviest fault stack"),
-    ("brk.growth", "bytes", "heap growth by brk() during the probe"),
-    ("brk.top_function", "string", "the function whose brk() calls grew the heap most"),
-    ("mmap.anon_bytes", "bytes", "anonymous memory mapped during the probe"),
-    ("mmap.top_function", "string", "the function that mapped the most"),
-    ("memleak.top_outstanding", "bytes", "outstanding bytes of the heaviest stack"),
-    ("memleak.top_rate", "bytes_per_s", "growth of the heaviest stack's outstanding bytes"),
-    ("memleak.top_free_ratio", "percent", "share of its allocated bytes the heaviest stack freed"),
-    ("memleak.top_function", "string", "the application function of the heaviest stack"),
-    ("memleak.top_entry", "string", "how the heaviest stack allocates: malloc, calloc, ... or mmap (mappings)"),
-    (
-        "memleak.top_trend",
-        "string",
-        "climbing, levelled, flat, shrinking, sawtooth or unknown (too few samples): the heaviest stack's "
-        "outstanding bytes",
-    ),
-    # the reachability scan (after memleak): what still points at the outstanding blocks
-    ("reach.scanned", "bool", "the reachability scan ran (false: it was skipped or failed; see reach.not_run_reason)"),
-    ("reach.not_run_reason", "string", "why no reachability scan ran"),
-    ("reach.paused", "seconds", "how long the scan stopped the target (measured)"),
-    ("reach.leaked_bytes", "bytes", "bytes nothing points at, of the stack with the most of them (the leak stack)"),
-    ("reach.leaked_count", "number", "blocks nothing points at, of the leak stack"),
-    ("reach.unreferenced_count", "number", "of those, blocks no other leaked block points at either"),
-    ("reach.leaked_ratio", "percent", "share of the leak stack's outstanding bytes that nothing points at"),
-    ("reach.leak_function", "string", "the application function of the leak stack"),
-    ("reach.leak_trend", "string", "climbing, levelled, flat or shrinking: the leak stack's outstanding bytes"),
-    ("reach.leak_rate", "bytes_per_s", "bytes the leak stack leaked per second of the probe"),
-    ("reach.leak_share", "string", "how often its allocations leak: '1 in 7 allocations', 'every allocation'"),
-    ("reach.anchored_bytes", "bytes", "bytes of the heaviest stack the program still points at"),
-    ("reach.anchored_ratio", "percent", "share of the heaviest stack's outstanding bytes still pointed at"),
-    ("reach.anchor", "string", "the root that holds most of the heaviest stack's anchored bytes"),
-    (
-        "reach.anchor_kind",
-        "string",
-        "what kind of root that is: static, stack, register, tls, or untracked (memory memdiag did not see "
-        "allocated: heap from before the probe, or the allocator's own, where stale pointers can remain)",
-    ),
-    ("swapin.top_rate", "per_s", "swap-ins per second of the process paying most"),
-    ("reclaim.stall_time", "seconds", "time tasks spent in direct or memcg reclaim during the probe"),
 ]
 
-FACTS: dict[str, FactDef] = {name: FactDef(name, kind, help) for name, kind, help in _DEFS}  # type: ignore[arg-type]
+
+def facts() -> dict[str, FactDef]:
+    """The catalog: the counters' facts, then every probe's, in the registry's order."""
+    return _catalog(REGISTRY.probes)
+
+
+@functools.lru_cache(maxsize=4)
+def _catalog(_probes: tuple) -> dict[str, FactDef]:
+    """Built once per list of probes (a test's registry with one more is another list)."""
+    own = [FactDef(name, kind, help) for name, kind, help in _DEFS]  # type: ignore[arg-type]
+    out = {f.name: f for f in own}
+    for f in REGISTRY.fact_defs():
+        if f.name in out:
+            raise ValueError(f"fact `{f.name}` is declared twice (a probe's face and the catalog, or two faces)")
+        out[f.name] = f
+    return out
+
+
+def __getattr__(name: str):
+    if name == "FACTS":  # the catalog as a constant, built on first use
+        return facts()
+    raise AttributeError(name)

@@ -6,7 +6,7 @@ stops the others."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from memdiag.system.units import format_quantity
@@ -135,6 +135,7 @@ class Conclusion:
     findings: list[tuple[str, str]]
     advice: list[str]
     because: list[str]  # the winner's `because` rules that fired: those its summary quotes
+    finding_keys: dict[str, str] = field(default_factory=dict)  # rule id -> its finding's key (Then.finding_key)
 
 
 def winner_of(outcomes: list[tuple[Rule, Outcome]]) -> Rule | None:
@@ -151,4 +152,5 @@ def conclude(outcomes: list[tuple[Rule, Outcome]], facts: dict) -> Conclusion:
     decided = next((o.reason for r, o in outcomes if r is best), "")
     summary = render(action.summary, facts, because_of(action, dict(findings), decided)) if action else None
     quoted = [name for name in action.because if name in dict(findings)] if action else []
-    return Conclusion(best, summary, findings, advice_of(fired, facts), quoted)
+    keys = {r.id: r.then.finding_key(r.id) for r in fired if r.then.finding}
+    return Conclusion(best, summary, findings, advice_of(fired, facts), quoted, keys)

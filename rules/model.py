@@ -26,7 +26,7 @@ from memdiag.probes.registry import REGISTRY
 from memdiag.system.units import KIND_NAMES, Kind, parse_quantity
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
-from .catalog import FACTS
+from .catalog import facts
 
 _COMPARISON = re.compile(r"^\s*([a-z_][a-z0-9_.]*)\s*(>=|<=|==|!=|>|<)\s*(.+?)\s*$")
 TEMPLATE = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
@@ -37,13 +37,12 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-# Facts that carried a decision made in Python; the playbook's rules make it now (issue 14).
+# Facts that carried a decision made in Python; the playbook's rules make it now (issue 14). A
+# probe's own are its face's (Face.retired).
 REMOVED_FACTS = {
     "summary.stable": "the shipped rule `stable` decides it (window.samples, memory.shape)",
     "summary.too_few": "the shipped rule `too-few-samples` decides it (window.samples)",
     "summary.exited": "the shipped rules `exited` and `exited-too-early` decide it (target.exited)",
-    "memleak.top_shape": "the playbook's anchors trend-leak and trend-cache decide it from memleak.top_trend, "
-    "memleak.top_free_ratio and process.rss_shape",
     "pressure.target_pays": "the playbook's anchor target-pays decides it (target.kind, cgroup.limit_hits, "
     "pressure.target_major_faults)",
     "summary.pressure": "a pressure verdict is written from pressure.where, the sign rules that fired ({because}) "
@@ -52,10 +51,11 @@ REMOVED_FACTS = {
 
 
 def known_fact(name: str) -> str:
-    if name in REMOVED_FACTS:
-        raise ValueError(f"fact `{name}` was removed: {REMOVED_FACTS[name]}")
-    if name not in FACTS:
-        close = difflib.get_close_matches(name, FACTS, n=1)
+    removed = {**REMOVED_FACTS, **REGISTRY.retired_facts()}
+    if name in removed:
+        raise ValueError(f"fact `{name}` was removed: {removed[name]}")
+    if name not in facts():
+        close = difflib.get_close_matches(name, facts(), n=1)
         hint = f"; did you mean `{close[0]}`?" if close else ""
         raise ValueError(f"unknown fact `{name}`{hint}")
     return name
@@ -80,12 +80,12 @@ class Comparison(_Strict):
         if not m:
             name = text.strip()
             known_fact(name)
-            if FACTS[name].kind != "bool":
+            if facts()[name].kind != "bool":
                 raise ValueError(f"`{text}` is not a comparison (write: FACT OP VALUE, e.g. process.rss > 1GiB)")
             return cls(fact=name, op="==", value=True, text=text)
         name, op, raw = m.groups()
         known_fact(name)
-        kind = FACTS[name].kind
+        kind = facts()[name].kind
         value, literal_kind = parse_quantity(raw.strip("'\""))
         if raw.lower() in ("true", "false") and kind == "bool":
             value, literal_kind = raw.lower() == "true", "bool"
@@ -201,6 +201,12 @@ class Then(_Strict):
     probes: list[ProbeRequest] = []
     verdict: VerdictAction | None = None
     advice: list[Step] = []
+
+    def finding_key(self, rule_id: str) -> str:
+        """What its finding says, as a key: the fact it states when it is that fact alone
+        ("{summary.growth}": the counters' reading, which their own finding states too), else its rule."""
+        whole = TEMPLATE.fullmatch((self.finding or "").strip())
+        return whole.group(1) if whole else rule_id
 
     def advice_items(self, rule_id: str) -> list[tuple[str, str]]:
         """(key, text) of each next step: its own key, else the rule's id and its place."""

@@ -285,14 +285,14 @@ def cost_section(results: dict) -> list[str]:
 
 def per_event_section() -> list[str]:
     from memdiag.probes import faults
-    from memdiag.probes.base import ProbeTarget
-    from memdiag.probes.calibrate import host_costs
+    from memdiag.probes.memleak.costs import host_costs
+    from memdiag.system.target import Target
 
     costs = [host_costs(refresh=True) for _ in range(RUNS)]
     per_fault = []
     for _ in range(RUNS):
         with Workload("leak", "8192") as w:
-            r = faults.run(ProbeTarget.for_pid(w.pid), 3)
+            r = faults.run(Target.for_pid(w.pid), 3)
         if r.cost.bpf_run_ns and r.cost.events:
             per_fault.append(r.cost.bpf_run_ns / r.cost.events)
     ok = [c for c in costs if c is not None]

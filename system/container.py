@@ -14,7 +14,8 @@ and the kubelet write (their documented formats), in cgroup v1 and v2, systemd a
 A folder inside a container's own folder (`.../libpod-<id>.scope/container` with v2 nesting,
 `init.scope`) belongs to that container. Ids are 64 hex digits, as every one of these runtimes
 writes them: a shorter hex name (a harness's `/process_api/<32 hex>`) is no container.
-Pure: reads folder names only, never runs anything."""
+Pure: reads folder names only, never runs anything. ContainerInfo and PodInfo are what a container
+or pod is once resolved (diagnose/containers.py asks the runtimes' CLIs): the target carries them."""
 
 from __future__ import annotations
 
@@ -159,3 +160,45 @@ def list_pods(mount: Path) -> list[PodCgroup]:
     """Every Kubernetes pod whose own folder is in this memory hierarchy folder, sorted by path."""
     pods = [p for path in cgroup_folders(mount) if (p := pod_cgroup(path)) is not None and p.path == path]
     return sorted(pods, key=lambda p: p.path)
+
+
+class ContainerInfo(BaseModel):
+    """A running container: its cgroup, and what its runtime says of it when asked."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str  # full, 64 hex
+    name: str | None = None
+    image: str | None = None
+    runtime: Runtime
+    cgroup: str  # the container's own path inside the memory hierarchy
+    pod_uid: str | None = None
+    pod: str | None = None
+    namespace: str | None = None
+    host_pid: int | None = None  # the container's main process, as the host numbers it
+    limit_bytes: int | None = None  # the container's own memory limit; None: unlimited
+
+    @property
+    def short_id(self) -> str:
+        return self.id[:12]
+
+    def describe(self) -> str:
+        return f"container {self.name} ({self.short_id})" if self.name else f"container {self.short_id}"
+
+
+class PodInfo(BaseModel):
+    """A Kubernetes pod: its cgroup (every container of the pod below it) and its containers."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    uid: str
+    name: str | None = None
+    namespace: str | None = None
+    qos: str | None = None
+    cgroup: str
+    limit_bytes: int | None = None
+    containers: list[ContainerInfo] = []
+
+    def describe(self) -> str:
+        named = f"{self.namespace}/{self.name}" if self.name else self.uid
+        return f"pod {named}"

@@ -1,4 +1,4 @@
-"""Event counters from /proc/vmstat. Rates come from two readings (see ``diagnose.trends``)."""
+"""Event counters from /proc/vmstat. Rates come from two readings (see ``system.trends``)."""
 
 from __future__ import annotations
 

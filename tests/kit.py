@@ -21,6 +21,8 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from memdiag.system.cgroup import CgroupLocation
+
 ROOT = Path(__file__).resolve().parent.parent
 # The installed console script, as users run it (beside the interpreter running the tests).
 MEMDIAG = shutil.which("memdiag", path=str(Path(sys.executable).parent)) or "memdiag"
@@ -257,6 +259,13 @@ class MemoryCgroup:
     @property
     def procs_file(self) -> Path:
         return self.fs_path / "cgroup.procs"
+
+    @property
+    def location(self) -> CgroupLocation:
+        """Where it is, as the readers and a cgroup target (Target.for_cgroup) name it."""
+        return CgroupLocation(
+            version=self.version, path=self.path, fs_path=str(self.fs_path), mount_point=str(self.mount)
+        )
 
     def __enter__(self) -> MemoryCgroup:
         self.fs_path.mkdir()

@@ -9,8 +9,8 @@ import sys
 import time
 from pathlib import Path
 
-from memdiag.probes.base import INTERRUPTION, phase
 from memdiag.rules.loader import RuleFileError
+from memdiag.system.signals import INTERRUPTION, phase
 
 from ..errors import MemdiagError, PermissionNeeded, SignalInterrupted, UsageError
 from ..options import DURATION, INTERVAL, MILLISECONDS, PERCENT, PID, add_playbook_option

@@ -8,18 +8,18 @@ import sys
 import time
 from pathlib import Path
 
-from memdiag.probes.base import INTERRUPTION
 from memdiag.system.meminfo import read_meminfo
 from memdiag.system.process import ProcessMemory
 from memdiag.system.processes import read_all_processes
 from memdiag.system.psi import read_memory_pressure
+from memdiag.system.signals import INTERRUPTION
+from memdiag.system.trends import counter_rate
 from memdiag.system.units import fmt_bytes
 from memdiag.system.vmstat import read_vmstat
 
 from ..errors import SignalInterrupted
 from ..options import INTERVAL, ROWS
 from ..render.text import plain
-from ..trends import counter_rate
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -127,10 +127,6 @@ def _culprit_stack(c) -> str:
     return " ← ".join(parts) + (f" ← … {more} more" if more > 0 else "")
 
 
-# measured on the target itself; every other probe's overhead is its BPF run time
-_ON_THE_TARGET = ("ratecount", "memleak", "reach")
-
-
 def _overhead_lines(o, probes=()) -> list[str]:
     window = f" over the {fmt_duration(o.window_s)} window" if o.window_s else ""
     lines = ["## Overhead", "", f"- Budget: {o.budget_percent:g}% of the target's time{window}"]
@@ -148,7 +144,8 @@ def _overhead_lines(o, probes=()) -> list[str]:
             parts.append(f"the target's CPU time above its rate before the attach {o.tracing_cpu_percent:.2f}%")
         how = "the first counts, raised to the second up to twice it"
         lines += [f"- Allocation tracing, measured two ways ({how}): {'; '.join(parts)}"]
-    others = [p.name for p in probes if p.name not in _ON_THE_TARGET and p.overhead_percent]
+    # the rows not measured on the target itself: their overhead is their BPF run time
+    others = [p.name for p in probes if not p.on_target and p.overhead_percent]
     wide = [n for n in others if n in REGISTRY.names and REGISTRY.spec(n).host_wide]
     if others:
         every = (
@@ -353,6 +350,20 @@ def _stacks(report: Report) -> list[str]:
     return lines + [""]
 
 
+def _sections(report: Report) -> list[str]:
+    """The probes' own parts of the evidence, each under its heading: its lines, then its table."""
+    lines = []
+    for sec in report.sections:
+        lines += [f"### {prose(sec.title)}", ""]
+        lines += [f"- {prose(line)}" for line in sec.lines]
+        if sec.lines and sec.header:
+            lines += [""]
+        if sec.header:
+            lines += _table(sec.header, sec.rows)
+        lines += [""]
+    return lines
+
+
 def _trends(report: Report) -> list[str]:
     trends = report.counters.trends
     if not trends:
@@ -446,11 +457,13 @@ def _swap_devices(report: Report) -> list[str]:
 
 
 def _evidence(report: Report) -> list[str]:
-    """What the verdict rests on: findings, stacks, trends, counters, processes, OOM kills, slab, swap."""
+    """What the verdict rests on: findings, stacks, the probes' sections, trends, counters, processes,
+    OOM kills, slab, swap."""
     return (
         ["", "## Evidence", ""]
         + _findings(report)
         + _stacks(report)
+        + _sections(report)
         + _trends(report)
         + _counter_tables(report)
         + _processes(report)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from memdiag.probes.base import ProbeResult
+from memdiag.probes.face import ProbeResult
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.units import fmt_bytes, fmt_duration
 
@@ -28,7 +28,7 @@ def _header(r: ProbeResult) -> list[str]:
         cost.append(f"BPF run time {r.cost.bpf_run_ns / 1e6:.1f} ms")
     if r.cost.map_bytes:
         cost.append(f"maps {fmt_bytes(r.cost.map_bytes)}")
-    tracing = getattr(r, "tracing_cost", None)
+    tracing = REGISTRY.face(r.name).measured(r)
     if tracing is not None and tracing.measured_ns is not None:
         cost.append(
             f"the target's time {tracing.measured_ns / 1e6:.1f} ms over {fmt_duration(tracing.attached_s)} "
@@ -42,7 +42,7 @@ def _header(r: ProbeResult) -> list[str]:
 
 
 def render_probe(r: ProbeResult, top: int = 10) -> str:
-    """The header every probe shares, then the lines its loader's describe() gives (probes/registry.py)."""
+    """The header every probe shares, then the lines its face's describe() gives (probes/face.py)."""
     r = flattened(r)  # no ESC, newline or other control character from outside reaches the terminal
-    lines = _header(r) + REGISTRY.spec(r.name).loader().describe(r, top)
+    lines = _header(r) + REGISTRY.face(r.name).describe(r, top)
     return "\n".join(lines) + "\n"

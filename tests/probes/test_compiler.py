@@ -10,7 +10,8 @@ import sys
 import pytest
 from kit import MEMDIAG
 from memdiag.probes import brkstack, compiler, drsnoop, faults, memleak, mmapsnoop, oomkill, swapin, vmscan
-from memdiag.probes.base import ProbeTarget, load
+from memdiag.probes.base import load
+from memdiag.system.target import Target
 
 
 def _prepare(cache) -> str:
@@ -38,7 +39,7 @@ def test_prepare_compiles_once_and_covers_a_diagnosis(tmp_path, monkeypatch, wor
     # The probes, as the engine runs them on a process, find everything they load in the cache.
     monkeypatch.setattr(compiler, "CACHE", tmp_path)
     w = workload("leak", "1024")
-    t = ProbeTarget.for_pid(w.pid)
+    t = Target.for_pid(w.pid)
     results = [m.run(t, 1) for m in (faults, memleak, brkstack, mmapsnoop, swapin, vmscan, drsnoop)]
     assert [r.status for r in results] == ["ok"] * len(results), [(r.name, r.reason) for r in results]
     oomkill.OomWatch().close()
@@ -60,8 +61,8 @@ def test_a_diagnosis_never_maps_the_compiler(workload):
         "import sys\n"
         "from pathlib import Path\n"
         "from memdiag.probes import faults, memleak, swapin\n"
-        "from memdiag.probes.base import ProbeTarget\n"
-        f"t = ProbeTarget.for_pid({w.pid})\n"
+        "from memdiag.system.target import Target\n"
+        f"t = Target.for_pid({w.pid})\n"
         "print([m.run(t, 1).status for m in (faults, memleak, swapin)])\n"
         "print('bcc' in sys.modules, 'LLVM' in Path('/proc/self/maps').read_text())\n"
     )

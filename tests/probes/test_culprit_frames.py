@@ -5,8 +5,8 @@ with .eh_frame, and the wrapper's code is read as forwarding (or not) from its i
 from kit import build
 from memdiag.diagnose.culprit import default_classes
 from memdiag.probes import forwarders, memleak
-from memdiag.probes.base import ProbeTarget
 from memdiag.probes.elf import elf_info
+from memdiag.system.target import Target
 
 O2 = ["-O2", "-fomit-frame-pointer"]
 
@@ -25,7 +25,7 @@ def test_forwarding_is_read_from_the_code_of_real_binaries():
 
 def test_paths_through_two_wrappers_without_frame_pointers_name_the_callers(workload):
     w = workload("wrapleak", "2000", "7", flags=O2)
-    r = memleak.run(ProbeTarget.for_pid(w.pid), 4, series_interval=1.0)
+    r = memleak.run(Target.for_pid(w.pid), 4, series_interval=1.0)
     assert r.status == "ok", r.reason
     named = {}
     for s in r.stacks:
@@ -47,7 +47,7 @@ def test_a_garbage_frame_chain_neither_floods_the_maps_nor_merges_the_paths(work
     keys whose walk failed merged the two paths through the wrapper (open_session's stack held
     1,731 of log_entry's anchored blocks). Now: no walk, two stacks, each unwound by .eh_frame."""
     w = workload("oddframe", "2000", flags=O2)
-    r = memleak.run(ProbeTarget.for_pid(w.pid), 5, series_interval=1.0, scan_reach=True)
+    r = memleak.run(Target.for_pid(w.pid), 5, series_interval=1.0, scan_reach=True)
     assert r.status == "ok", r.reason
     assert r.lost["stack_errors"] == 0 and r.lost["samples_dropped"] == 0
     assert len(r.stacks) <= 4 and all(s.method == "eh_frame" for s in r.stacks)

@@ -4,7 +4,7 @@ code, on the real kernel."""
 import time
 
 from memdiag.probes import brkstack, faults, mmapsnoop
-from memdiag.probes.base import ProbeTarget
+from memdiag.system.target import Target
 
 MiB = 1 << 20
 
@@ -15,7 +15,7 @@ def _functions(stack):
 
 def test_faults_name_the_leaking_function_through_glibc(workload):
     w = workload("leak", "4096")
-    r = faults.run(ProbeTarget.for_pid(w.pid), 3)
+    r = faults.run(Target.for_pid(w.pid), 3)
     assert r.status == "ok", r.reason
     top = r.stacks[0]
     assert "leak_order_history" in _functions(top)
@@ -30,13 +30,13 @@ def test_faults_name_the_leaking_function_through_glibc(workload):
 
 def test_faults_in_cpp_name_the_method_behind_operator_new(workload):
     w = workload("cppleak", "4096")
-    r = faults.run(ProbeTarget.for_pid(w.pid), 2)
+    r = faults.run(Target.for_pid(w.pid), 2)
     assert any("OrderBook::record(long)" in _functions(s) for s in r.stacks[:3])
 
 
 def test_faults_per_process_without_target(workload):
     w = workload("leak", "8192")
-    r = faults.run(ProbeTarget(kind="system"), 2)
+    r = faults.run(Target(kind="system"), 2)
     assert r.status == "ok" and r.stacks == []
     mine = [p for p in r.per_process if p.pid == w.pid]
     assert mine and mine[0].comm == "leak" and mine[0].faults > 1000
@@ -49,7 +49,7 @@ def test_faults_stop_when_the_target_exits(workload):
     import threading
 
     threading.Timer(6, w.stop).start()  # after the program is compiled and attached
-    r = faults.run(ProbeTarget.for_pid(w.pid), 40)
+    r = faults.run(Target.for_pid(w.pid), 40)
     assert time.monotonic() - started < 25
     assert r.target_exited_at is not None and r.duration_s < 10
     assert any("leak_order_history" in _functions(s) for s in r.stacks)  # the partial result is kept
@@ -57,7 +57,7 @@ def test_faults_stop_when_the_target_exits(workload):
 
 def test_brkstack_names_the_heap_grower(workload):
     w = workload("mapper", "256", "0")
-    r = brkstack.run(ProbeTarget.for_pid(w.pid), 2)
+    r = brkstack.run(Target.for_pid(w.pid), 2)
     assert r.status == "ok", r.reason
     top = r.stacks[0]
     assert "grow_heap_with_brk" in _functions(top)
@@ -68,7 +68,7 @@ def test_brkstack_names_the_heap_grower(workload):
 
 def test_mmapsnoop_names_the_mapper_and_the_kind(workload):
     w = workload("mapper", "0", "512")
-    r = mmapsnoop.run(ProbeTarget.for_pid(w.pid), 2)
+    r = mmapsnoop.run(Target.for_pid(w.pid), 2)
     assert r.status == "ok", r.reason
     top = r.stacks[0]
     assert "map_buffers" in _functions(top)

@@ -4,8 +4,8 @@ every allocator entry point, jemalloc, C++, the cache's series levelling off."""
 import os
 
 from memdiag.probes import memleak
-from memdiag.probes.base import ProbeTarget
 from memdiag.system import arch
+from memdiag.system.target import Target
 
 JEMALLOC = arch.library("libjemalloc.so.2")
 
@@ -18,7 +18,7 @@ def _by_function(result, name):
 
 def test_names_the_leak_and_not_the_churn(workload):
     w = workload("leak", "2048")
-    r = memleak.run(ProbeTarget.for_pid(w.pid), 5, series_interval=1.0)
+    r = memleak.run(Target.for_pid(w.pid), 5, series_interval=1.0)
     assert r.status == "ok", r.reason
     assert r.allocator == "glibc"
     top = r.stacks[0]
@@ -39,7 +39,7 @@ def test_names_the_leak_and_not_the_churn(workload):
 
 def test_cache_series_levels_off(workload):
     w = workload("cache", "16", "2")  # 16 MiB in 2 s, then evicts as it inserts
-    r = memleak.run(ProbeTarget.for_pid(w.pid), 7, series_interval=1.0)
+    r = memleak.run(Target.for_pid(w.pid), 7, series_interval=1.0)
     cache = _by_function(r, "cache_insert")[0]
     assert cache.frees > 1000  # it frees as it inserts once full
     s = cache.series
@@ -49,7 +49,7 @@ def test_cache_series_levels_off(workload):
 
 def test_every_entry_point(workload):
     w = workload("bigalloc", "20")
-    r = memleak.run(ProbeTarget.for_pid(w.pid), 3, snoop_min=1 << 20)
+    r = memleak.run(Target.for_pid(w.pid), 3, snoop_min=1 << 20)
     assert r.status == "ok", r.reason
     named = {fn for s in r.stacks for fn in s.functions if fn and fn.startswith("via_")}
     assert named == {
@@ -81,11 +81,11 @@ def test_every_entry_point(workload):
 
 def test_size_filter_and_sampling(workload):
     w = workload("bigalloc", "20")
-    r = memleak.run(ProbeTarget.for_pid(w.pid), 3, min_size=6000, max_size=8000)
+    r = memleak.run(Target.for_pid(w.pid), 3, min_size=6000, max_size=8000)
     seen = {f for s in r.stacks for f in s.functions if f and f.startswith("via_")}
     assert seen == {"via_memalign", "via_valloc", "via_pvalloc"}  # 6000, 7000, 8000 bytes
     w2 = workload("leak", "4096")
-    r2 = memleak.run(ProbeTarget.for_pid(w2.pid), 3, sample_every=10)
+    r2 = memleak.run(Target.for_pid(w2.pid), 3, sample_every=10)
     top = r2.stacks[0]
     assert "leak_order_history" in top.functions
     assert r2.lost["allocs_dropped"] == 0 and r2.sample_every == 10
@@ -97,7 +97,7 @@ def test_jemalloc_target(root_required):
 
     w = Workload("leak", "2048", env={"LD_PRELOAD": JEMALLOC}).start()
     try:
-        r = memleak.run(ProbeTarget.for_pid(w.pid), 3)
+        r = memleak.run(Target.for_pid(w.pid), 3)
     finally:
         w.stop()
     assert r.status == "ok", r.reason
@@ -116,7 +116,7 @@ def test_cpp_under_jemalloc_is_traced_through_its_operator_new(workload):
     alloc = find_allocator(w.pid)
     assert "_Znam -> _Znwm" in alloc.forwarded and "_ZdlPv -> free" in alloc.forwarded
     assert not any(p.function in ("_Znam", "_ZdlPv") for p in alloc.placements)
-    r = memleak.run(ProbeTarget.for_pid(w.pid), 3, series_interval=1.0)
+    r = memleak.run(Target.for_pid(w.pid), 3, series_interval=1.0)
     assert r.status == "ok" and r.allocator == "jemalloc", r.reason
     take = next(s for s in r.stacks if "OrderDesk::take(long)" in s.functions)
     assert take.functions[0] == "operator new(unsigned long)" and take.frees > 100
@@ -127,7 +127,7 @@ def test_cpp_under_jemalloc_is_traced_through_its_operator_new(workload):
 
 def test_cpp_operator_new(workload):
     w = workload("cppleak", "2048")
-    r = memleak.run(ProbeTarget.for_pid(w.pid), 3)
+    r = memleak.run(Target.for_pid(w.pid), 3)
     top = r.stacks[0]
     assert top.functions[1] == "operator new(unsigned long)"
     assert top.functions[2] == "OrderBook::record(long)"  # the caller of new, not skipped
@@ -136,14 +136,14 @@ def test_cpp_operator_new(workload):
 
 
 def test_kernel_mode(workload):
-    r = memleak.run(ProbeTarget(kind="system"), 2, kernel_mode=True)
+    r = memleak.run(Target(kind="system"), 2, kernel_mode=True)
     assert r.status in ("ok", "partial"), r.reason
     assert r.mode == "kernel" and r.cost.events > 0
     assert any(f and ("alloc" in f or "kmem" in f or "page" in f) for s in r.stacks for f in s.functions)
 
 
 def test_user_mode_needs_a_target():
-    r = memleak.run(ProbeTarget(kind="system"), 1)
+    r = memleak.run(Target(kind="system"), 1)
     assert r.status == "unavailable" and "needs a process or cgroup" in r.reason
 
 
@@ -154,9 +154,9 @@ def test_its_uprobes_go_in_as_links_where_the_kernel_has_them_and_one_by_one_els
     from memdiag.probes import bpfobj
 
     w = workload("leak", "2048")
-    linked = memleak.run(ProbeTarget.for_pid(w.pid), 3)
+    linked = memleak.run(Target.for_pid(w.pid), 3)
     monkeypatch.setattr(bpfobj, "_MULTI", [False])  # as on a kernel before 6.6
-    alone = memleak.run(ProbeTarget.for_pid(w.pid), 3)
+    alone = memleak.run(Target.for_pid(w.pid), 3)
     release = tuple(int(x) for x in os.uname().release.split(".")[:2])
     if release >= (6, 6):
         assert "uprobe_multi link" in linked.method, linked.method

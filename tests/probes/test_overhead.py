@@ -9,10 +9,10 @@ import pytest
 from kit import BenchAlloc
 from memdiag.probes import memleak
 from memdiag.probes.allocator import find_allocator
-from memdiag.probes.base import ProbeTarget
-from memdiag.probes.calibrate import host_costs
+from memdiag.probes.memleak.costs import host_costs
 from memdiag.system import arch
 from memdiag.system.process import cpu_seconds
+from memdiag.system.target import Target
 
 JEMALLOC = arch.library("libjemalloc.so.2")
 
@@ -40,7 +40,7 @@ def _traced(b: BenchAlloc, seconds: float, **kw):
     base = b.ns_per_op(t0 + 0.5, time.monotonic() - 1.0, cpu=True)
     baseline = (cpu_seconds(b.pid) - c0) / (time.monotonic() - t0)
     start = time.monotonic()
-    r = memleak.run(ProbeTarget.for_pid(b.pid), seconds, costs=host_costs(), cpu_baseline=baseline, **kw)
+    r = memleak.run(Target.for_pid(b.pid), seconds, costs=host_costs(), cpu_baseline=baseline, **kw)
     end = time.monotonic()
     time.sleep(2.2)
     assert base is not None and r.status == "ok", r.reason
@@ -80,7 +80,7 @@ def test_price_is_per_site(root_required, bench):
     """glibc's malloc and free sit on emulated instructions; under jemalloc both are single-stepped
     and priced at the stepped trap. How much dearer is this host's: its measured costs decide
     (3.6x on one machine, ~30x on another), never a ratio the test assumes."""
-    from memdiag.probes.overhead import price
+    from memdiag.probes.memleak.meter import price
 
     costs = host_costs()
     glibc = find_allocator(bench(1000).pid)

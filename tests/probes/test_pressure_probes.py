@@ -6,7 +6,9 @@ import threading
 
 from kit import swapped_bytes, wait_until
 from memdiag.probes import drsnoop, kernel, oomkill, swapin, vmscan
-from memdiag.probes.base import ProbeResult, ProbeTarget, run_probe
+from memdiag.probes.base import Run, run_probe
+from memdiag.probes.face import ProbeResult
+from memdiag.system.target import Target
 
 MiB = 1 << 20
 
@@ -14,7 +16,7 @@ MiB = 1 << 20
 def test_oomkill_catches_a_cgroup_oom(workload, memcg):
     cg = memcg(48 * MiB, swap=False)
     box, armed = {}, threading.Event()
-    t = threading.Thread(target=lambda: box.setdefault("r", oomkill.run(ProbeTarget(kind="system"), 10, ready=armed)))
+    t = threading.Thread(target=lambda: box.setdefault("r", oomkill.run(Target(kind="system"), 10, ready=armed)))
     t.start()
     assert armed.wait(60)
     w = workload("hog", "512", "8", "20", cgroup=cg)
@@ -57,7 +59,7 @@ def test_oomkill_built_for_a_tracepoint_with_the_pid_alone_completes_kills_from_
     cg = memcg(48 * MiB, swap=False)
     box, armed = {}, threading.Event()
     t = threading.Thread(
-        target=lambda: box.setdefault("r", oomkill.run(ProbeTarget(kind="system"), 10, ready=armed, options=options))
+        target=lambda: box.setdefault("r", oomkill.run(Target(kind="system"), 10, ready=armed, options=options))
     )
     t.start()
     assert armed.wait(60)
@@ -76,7 +78,7 @@ def test_swap_pressure_seen_by_swapin_vmscan_drsnoop(swap, workload, memcg):
     cg = memcg(96 * MiB)
     w = workload("hog", "256", "8", "10", cgroup=cg)
     wait_until(lambda: swapped_bytes(w.pid) >= 8 * MiB, "the hog swapping")  # past its 96 MiB
-    s = swapin.run(ProbeTarget.for_pid(w.pid), 3)
+    s = swapin.run(Target.for_pid(w.pid), 3)
     assert s.status == "ok", s.reason
     assert "major page faults on anonymous memory" in s.method
     kprobes = kernel.kprobes()  # the method follows what this kernel offers
@@ -89,12 +91,12 @@ def test_swap_pressure_seen_by_swapin_vmscan_drsnoop(swap, workload, memcg):
     assert hog.regions and hog.regions[0].mapping in ("anon", "[heap]")
     assert str(swap) in [d.filename for d in s.swap_devices]
 
-    v = vmscan.run(ProbeTarget(kind="system"), 3)
+    v = vmscan.run(Target(kind="system"), 3)
     memcg_reclaim = [x for x in v.reclaim if x.kind == "memcg"][0]
     assert memcg_reclaim.events > 50 and memcg_reclaim.pages_reclaimed > 1000
     assert sum(memcg_reclaim.histogram_us.values()) == memcg_reclaim.events  # read after detaching
 
-    d = drsnoop.run(ProbeTarget.for_cgroup(str(cg.fs_path), cg.path), 3)
+    d = drsnoop.run(Target.for_cgroup(cg.location), 3)
     mine = [p for p in d.processes if p.pid == w.pid]
     assert mine and mine[0].comm == "hog" and mine[0].memcg_count > 50 and mine[0].total_ms > 0
 
@@ -103,7 +105,7 @@ def test_swapon_calls_are_seen(root_required):
     from kit import swapfile
 
     box, armed = {}, threading.Event()
-    t = threading.Thread(target=lambda: box.setdefault("r", swapin.run(ProbeTarget(kind="system"), 4, ready=armed)))
+    t = threading.Thread(target=lambda: box.setdefault("r", swapin.run(Target(kind="system"), 4, ready=armed)))
     t.start()
     assert armed.wait(60)
     with swapfile(64 * MiB) as path:
@@ -121,7 +123,7 @@ def test_swapins_kprobe_path_runs_whatever_the_kernel_offers(swap, workload, mem
     cg = memcg(64 * MiB)
     w = workload("hog", "160", "16", "20", cgroup=cg)
     wait_until(lambda: swapped_bytes(w.pid) > 8 * MiB, "the hog's pages in swap")
-    r = swapin.run(ProbeTarget.for_pid(w.pid), 3, use_kprobe=True)
+    r = swapin.run(Target.for_pid(w.pid), 3, use_kprobe=True)
     assert r.status == "ok", r.reason
     hog = next(p for p in r.processes if p.pid == w.pid)
     assert hog.swapins > 0
@@ -136,14 +138,16 @@ def test_a_missing_requirement_is_unavailable_with_its_reason():
     # kprobes where this kernel lacks them (6.18 here); elsewhere a requirement no kernel meets
     missing = kprobes if not kprobes.available else kernel.Availability(available=False, reason="no such feature")
     r = run_probe(
-        ProbeResult,
-        "needs-kprobes",
-        ProbeTarget(kind="system"),
+        Run(
+            "needs-kprobes",
+            ProbeResult,
+            [missing],
+            {},
+            lambda bpf, elapsed: {},
+            "kprobe",
+        ),
+        Target(kind="system"),
         1,
-        [missing],
-        {},
-        lambda bpf, elapsed: {},
-        "kprobe",
     )
     assert r.status == "unavailable"
     assert missing.reason in r.reason

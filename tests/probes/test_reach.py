@@ -6,18 +6,17 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from memdiag.probes import memleak, reach
-from memdiag.probes.base import ProbeTarget
+from memdiag.probes import memleak
+from memdiag.probes.memleak import reach
 from memdiag.system import arch
+from memdiag.system.target import Target
 
 MiB = 1 << 20
 JEMALLOC = arch.library("libjemalloc.so.2")
 
 
 def _scan(w, seconds: float = 6, allowed_ms: float | None = None):
-    r = memleak.run(
-        ProbeTarget.for_pid(w.pid), seconds, series_interval=1.0, scan_reach=True, reach_allowed_ms=allowed_ms
-    )
+    r = memleak.run(Target.for_pid(w.pid), seconds, series_interval=1.0, scan_reach=True, reach_allowed_ms=allowed_ms)
     assert r.status == "ok", r.reason
     assert r.reach_scan is not None and r.reach_scan.status == "ran", r.reach_scan
     assert r.reach_scan.paused_ms is not None and r.reach_scan.paused_ms > 0
@@ -121,7 +120,7 @@ def test_pointers_rewritten_in_a_tight_loop_are_never_leaked(workload, attempt):
 
 def test_a_one_gib_target_is_priced_skipped_over_budget_and_measured_when_allowed(workload):
     w = workload("bigheap", "1024")
-    r = memleak.run(ProbeTarget.for_pid(w.pid), 3, scan_reach=True, reach_allowed_ms=50)
+    r = memleak.run(Target.for_pid(w.pid), 3, scan_reach=True, reach_allowed_ms=50)
     scan = r.reach_scan
     assert scan.status == "skipped" and scan.paused_ms is None
     assert scan.planned_bytes >= 1 << 30 and scan.priced_ms > 50
@@ -137,7 +136,7 @@ def test_a_one_gib_target_is_priced_skipped_over_budget_and_measured_when_allowe
 
 
 def test_scan_needs_a_process(workload):
-    r = memleak.run(ProbeTarget(kind="system"), 1, kernel_mode=True, scan_reach=True)
+    r = memleak.run(Target(kind="system"), 1, kernel_mode=True, scan_reach=True)
     assert r.reach_scan is not None and r.reach_scan.status == "skipped"
     assert "process target" in r.reach_scan.reason
 
@@ -153,7 +152,7 @@ def test_the_pause_stops_at_its_limit_and_the_target_runs_on(workload, monkeypat
         return dataclasses.replace(p, speed=p.speed * 100, fixed_ms=0.0)
 
     monkeypatch.setattr(reach, "price", underpriced)
-    r = memleak.run(ProbeTarget.for_pid(w.pid), 3, scan_reach=True, reach_allowed_ms=60)
+    r = memleak.run(Target.for_pid(w.pid), 3, scan_reach=True, reach_allowed_ms=60)
     scan = r.reach_scan
     assert scan.status == "failed" and "stopped at the 60 ms pause allowed" in scan.reason, scan
     assert 60 <= scan.paused_ms < 60 + 250  # one chunk past the limit at most, on a loaded machine
@@ -206,7 +205,7 @@ def test_a_traced_target_is_left_alone(workload):
         while f"TracerPid:\t{tracer.pid}\n" not in Path(f"/proc/{w.pid}/status").read_text():
             assert time.monotonic() < deadline, "strace never attached"
             time.sleep(0.05)  # until strace has attached: the kernel says so in TracerPid
-        r = memleak.run(ProbeTarget.for_pid(w.pid), 2, scan_reach=True)
+        r = memleak.run(Target.for_pid(w.pid), 2, scan_reach=True)
         scan = r.reach_scan
         assert scan.status == "failed" and scan.paused_ms is None
         assert f"is traced by PID {tracer.pid} (strace)" in scan.reason

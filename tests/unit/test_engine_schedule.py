@@ -1,14 +1,16 @@
 """The engine's scheduling and budget decisions without root or BPF: fake probes (a runner that
-returns a result and moves a fake clock on by the seconds it was given) and a fake pricer. The
+returns a result and moves a fake clock on by the seconds it was given) and a fake planner. The
 rules are the shipped playbook's, so what runs in memleak's place is what the playbook says."""
 
 from types import SimpleNamespace
 
 import pytest
-from memdiag.diagnose.engine import MIN_PROBE_S, BudgetDecision, Engine
-from memdiag.diagnose.target import Target
+from memdiag.diagnose.engine import MIN_PROBE_S, Engine
 from memdiag.diagnose.workflow import load_rules
-from memdiag.probes.base import ProbeResult
+from memdiag.probes.face import Budget, Context, ProbeResult
+from memdiag.probes.memleak.plan import MemleakPlan, Schedule, _Pricing, decision
+from memdiag.probes.registry import REGISTRY
+from memdiag.system.target import Target
 
 
 class FakeProbes:
@@ -21,19 +23,21 @@ class FakeProbes:
     def clock(self) -> float:
         return self.now
 
-    def run(self, name: str, seconds: float) -> ProbeResult:
-        self.runs.append((name, round(seconds, 3)))
-        self.now += seconds
-        return ProbeResult(name=name, status="ok", duration_s=seconds)
+    def run(self, name: str, ctx: Context) -> ProbeResult:
+        """The probe's own (empty) result, as its face says it returns."""
+        self.runs.append((name, round(ctx.seconds, 3)))
+        self.now += ctx.seconds
+        return REGISTRY.face(name).result(name=name, status="ok", duration_s=ctx.seconds)
 
 
-def engine(fake: FakeProbes, decision: BudgetDecision | None = None, duration: float = 30.0) -> Engine:
+def engine(fake: FakeProbes, decided: MemleakPlan | None = None, duration: float = 30.0) -> Engine:
     priced: list[float] = []
 
-    def pricer(run_s: float) -> BudgetDecision:
-        priced.append(run_s)
-        assert decision is not None, "memleak priced when it should not have been"
-        return decision
+    def planner(name: str, ctx: Context) -> MemleakPlan:
+        assert name == "memleak", "only memleak has a plan"
+        priced.append(ctx.seconds)
+        assert decided is not None, "memleak priced when it should not have been"
+        return decided
 
     e = Engine(
         load_rules(),
@@ -42,7 +46,7 @@ def engine(fake: FakeProbes, decision: BudgetDecision | None = None, duration: f
         2.0,
         clock=fake.clock,
         runner=fake.run,
-        pricer=pricer,
+        planner=planner,
     )
     e.priced = priced  # type: ignore[attr-defined]
     return e
@@ -54,25 +58,25 @@ def trail(e: Engine, kind: str) -> list[tuple[str, str, str]]:
 
 def test_memleak_over_budget_runs_what_the_playbook_asks_in_its_place():
     fake = FakeProbes()
-    over = BudgetDecision(choice="fallback", reason="priced at 7% > budget 2%")
+    over = decision("fallback", "priced at 7% > budget 2%")
     e = engine(fake, over)
     fake.now += 10  # the first look: 20 s of the 30 s window left
     e.run_requests([("memleak", 12.0, "rss-climbing")])
     assert e.priced == [12.0]  # priced for what it would have run
     said = "priced at 7% > budget 2%; in its place the playbook runs faults, brkstack, mmapsnoop"
     assert trail(e, "budget") == [("memleak", "fallback", said)]  # read from the playbook, not written in Python
-    assert e.budget_decision.reason == said
+    assert e.plans["memleak"].reason == said
     # the playbook's memleak-over-budget rule: faults, brkstack, mmapsnoop, sharing the 19 s left
     assert [n for n, _ in fake.runs] == ["faults", "brkstack", "mmapsnoop"]
     assert [s for _, s in fake.runs] == pytest.approx([19 / 3] * 3, abs=0.01)
     reasons = [r for _, _, r in trail(e, "probe")]
     assert reasons == ["asked by budget (instead of memleak, asked by rss-climbing); ok"] * 3
-    assert "memleak" not in e.results and e.budget_decision.choice == over.choice
+    assert "memleak" not in e.results and e.plans["memleak"].state == over.state
 
 
 def test_memleak_within_budget_runs_for_what_the_rule_asked():
     fake = FakeProbes()
-    e = engine(fake, BudgetDecision(choice="full", reason="0.5% <= budget 2%"))
+    e = engine(fake, decision("full", "0.5% <= budget 2%"))
     fake.now += 10
     e.run_requests([("memleak", 12.0, "rss-climbing"), ("memleak", 5.0, "another-rule")])
     assert fake.runs == [("memleak", 12.0)]  # once per diagnosis, as the first asker asked
@@ -109,20 +113,26 @@ def _price(ns_per_s: float) -> SimpleNamespace:
 
 
 def test_the_budget_decision_is_the_projected_share_of_the_window():
-    from memdiag.probes.overhead import detach_seconds
+    from memdiag.probes.memleak.meter import detach_seconds
 
-    fake = FakeProbes()
-    e = engine(fake)
     rates = SimpleNamespace(counts=[SimpleNamespace(seconds=0.25)])
-    e.spent_ns = 1e6  # the rate count's 1 ms
-    # 12 s attached + the detach at 40 ms of the target's time a second, over a 30 s window
-    cheap = e._decide(_price(4e7), 1000.0, rates, "", 12.0)
+    # the rate count's 1 ms spent already; 12 s attached + the detach at 40 ms of the target's time
+    # a second, over a 30 s window
+    pricing = _Pricing(
+        Budget(2.0, 30.0, spent_ns=1e6), Schedule(12.0), costs=None, allocator="glibc", allocating=1000.0
+    )
+    cheap = pricing.decide(_price(4e7), rates, "")
     expected = 100 * (4e7 * (12 + detach_seconds()) + 1e6) / 30e9
-    assert cheap.choice == "full" and cheap.estimated_percent == pytest.approx(expected)
+    assert cheap.choice == "full" and cheap.go and cheap.estimated_percent == pytest.approx(expected)
     assert cheap.reason.endswith("<= budget 2%") and cheap.cost_ns == pytest.approx(4e4)
-    dear = e._decide(_price(1e8), 1000.0, rates, "malloc alone: ", 12.0)
-    assert dear.choice == "fallback" and "> budget 2%: every uprobe hit is a trap" in dear.reason
-    assert dear.reason.startswith("malloc alone: malloc+0") and dear.facts()["alloc.tracing"] == "fallback"
+    dear = pricing.decide(_price(1e8), rates, "malloc alone: ")
+    assert dear.choice == "fallback" and not dear.go and "> budget 2%: every uprobe hit is a trap" in dear.reason
+    assert dear.reason.startswith("malloc alone: malloc+0") and dear.facts["alloc.tracing"] == "fallback"
+    assert dear.facts["alloc.allocator"] == "glibc"
+    # N bursts of L seconds are priced as what they keep attached: each burst and its detach
+    bursts = _Pricing(Budget(2.0, 30.0), Schedule(2.0, bursts=3), costs=None, allocator="glibc", allocating=1000.0)
+    three = bursts.decide(_price(4e7), rates, "")
+    assert three.estimated_percent == pytest.approx(100 * 4e7 * 3 * (2 + detach_seconds()) / 30e9)
 
 
 def test_unpriced_memleak_leaves_the_fallback_rule_false_not_missing():
@@ -136,7 +146,7 @@ def test_unpriced_memleak_leaves_the_fallback_rule_false_not_missing():
     assert facts["alloc.tracing"] == "none" and "alloc.rate" not in facts
     states = {rule.id: o.state for rule, o in run_rules(e.rules, facts)}
     assert states["memleak-over-budget"] == "not-fired"  # a report's trail lists no skipped rule for it
-    e.budget_decision = BudgetDecision(choice="unknown", reason="no allocator found")
+    e.plans["memleak"] = decision("unknown", "no allocator found")
     facts, _c, _t = e.facts_of(obs)
     states = {rule.id: o.state for rule, o in run_rules(e.rules, facts)}
     assert states["memleak-over-budget"] == "fired"

@@ -213,8 +213,8 @@ def test_host_pressure_is_not_put_on_a_target_that_did_not_pay():
     assert check_figures(rep) == []
     v = rep["verdict"]
     assert v["kind"] == "pressure", v
-    assert v["summary"].startswith("memory pressure on the host (host-wide counters, seen from cgroup /app"), v
-    assert v["summary"].endswith("; no major fault in cgroup /app during the window"), v
+    assert v["summary"].startswith("memory pressure on the host (host-wide counters, seen from cgroup /app (v1))"), v
+    assert v["summary"].endswith("; no major fault in cgroup /app (v1) during the window"), v
     findings = {f["id"]: f["summary"] for f in rep["findings"]}
     assert findings["host-memory-pressure"].startswith("the host is under memory pressure that cgroup /app (v1) did")
 
@@ -229,7 +229,7 @@ def test_a_cgroup_that_levelled_off_under_host_pressure_it_did_not_pay_is_a_plat
     rep = _report(_observation(Target(kind="cgroup", cgroup=CG), snaps, first, last))
     assert check_figures(rep) == []
     assert rep["verdict"]["kind"] == "cache", rep["verdict"]
-    assert rep["verdict"]["summary"].startswith("memory usage of cgroup /app grew 36.0 MiB then levelled off"), rep
+    assert rep["verdict"]["summary"].startswith("memory usage of cgroup /app (v1) grew 36.0 MiB then levelled off"), rep
     findings = {f["id"]: f["summary"] for f in rep["findings"]}
     assert findings["swap-in"].startswith("pages swapped in 500/s"), findings
     assert findings["host-memory-pressure"] == (

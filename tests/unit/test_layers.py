@@ -1,5 +1,5 @@
-"""Layers import one way: system (readers of /proc and /sys, units) <- probes <- diagnose, and
-rules <- diagnose. A reader never learns of a probe, a probe never of the diagnosis."""
+"""Layers import one way: system (readers of /proc and /sys, units, the target, signals) <- probes
+<- rules <- diagnose. A reader never learns of a probe, a probe never of the rules or the diagnosis."""
 
 import ast
 from pathlib import Path
@@ -11,7 +11,8 @@ ROOT = Path(__file__).resolve().parents[2]
 MAY_IMPORT = {  # package -> memdiag modules (or packages) it may import besides its own
     "system": set(),
     "probes": {"system", "bpf"},
-    "rules": {"system", "probes.registry"},  # the probe registry's names (light: it imports no loader)
+    # the probe registry's names and the faces' fact declarations (light: neither imports a loader)
+    "rules": {"system", "probes.registry", "probes.face"},
 }
 
 

@@ -1,9 +1,9 @@
 """Leak, cache or neither from one stack's series alone (no reachability scan): the facts are
-computed in Python (diagnose.leakcache), the judgment is the shipped playbook's (its trend-leak
+computed in Python (probes/memleak/trend.py), the judgment is the shipped playbook's (its trend-leak
 and trend-cache anchors), and a site moves the line with a YAML edit."""
 
 import pytest
-from memdiag.diagnose.leakcache import stack_trend
+from memdiag.probes.memleak.trend import stack_trend
 from memdiag.rules.engine import conclude, run_rules
 from memdiag.rules.loader import load_playbooks, playbook_paths, shipped_playbooks
 

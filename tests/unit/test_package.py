@@ -37,9 +37,13 @@ def test_wheel_layout(tmp_path):
     names = zipfile.ZipFile(wheel).namelist()
     top = {n.split("/")[0] for n in names}
     assert top == {"memdiag", next(t for t in top if t.endswith(".dist-info"))}  # nothing else at the top
-    for probe in REGISTRY.names:
-        assert f"memdiag/bpf/{probe}.c" in names
-        assert f"memdiag/probes/{probe}.py" in names
+    probes = ROOT / "probes"
+    for spec in REGISTRY.probes:
+        assert not spec.bpf or f"memdiag/bpf/{spec.name}.c" in names
+        module = Path(spec.loader().__file__)  # probes/NAME.py, or a package's __init__.py
+        folder = module.parent if module.name == "__init__.py" else None
+        for path in sorted(folder.rglob("*.py")) if folder else [module]:  # a package is shipped whole
+            assert f"memdiag/probes/{path.relative_to(probes)}" in names
     assert "memdiag/bpf/memdiag.h" in names
     for module in (
         "diagnose/cli.py",

@@ -1,7 +1,7 @@
 """The reachability scan said in words: every case on its whole output, and the merge of two stack
 keys that symbolize alike."""
 
-from memdiag.probes.reach import ReachScan, StackReach, merged
+from memdiag.probes.memleak.reach import ReachScan, StackReach, merged
 
 MiB = 1 << 20
 

@@ -25,9 +25,9 @@ from memdiag.diagnose.report import (
     Verdict,
     Window,
 )
-from memdiag.diagnose.trends import growth_trend
-from memdiag.probes.reach import StackReach
+from memdiag.probes.memleak.reach import StackReach
 from memdiag.system.kmsg import OomKill
+from memdiag.system.trends import growth_trend
 
 GOLDEN = Path(__file__).parent / "golden"
 MiB = 1 << 20
@@ -93,6 +93,7 @@ def fixture_report() -> Report:
                 events=12288,
                 lost={"table_full": 12},
                 figures={"memleak.top_outstanding": 24 * MiB, "memleak.top_rate": 2 * MiB},
+                on_target=True,
             ),
             ProbeStatus(
                 name="swapin",

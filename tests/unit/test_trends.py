@@ -2,7 +2,7 @@
 
 import random
 
-from memdiag.diagnose.trends import counter_rate, growth_trend
+from memdiag.system.trends import counter_rate, growth_trend
 
 MiB = 1 << 20
 

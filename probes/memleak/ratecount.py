@@ -14,10 +14,10 @@ import time
 
 from pydantic import BaseModel
 
-from .allocator import ALLOCATING, Allocator, find_allocator
-from .base import ProbeUnavailable, load
-from .compiler import CompileError
-from .procmaps import AddressSpace
+from ..allocator import ALLOCATING, Allocator, find_allocator
+from ..base import ProbeUnavailable, load
+from ..compiler import CompileError
+from ..procmaps import AddressSpace
 
 # The entry points a program calls often enough to matter for the price (C++'s new and delete
 # where an allocator library defines them); the rest (memalign, valloc, mmap, ...) are rare in
@@ -104,6 +104,25 @@ def estimate_call_rates(
         return None
 
 
+def _attach(bpf, pid: int, space: AddressSpace, sites: list) -> None:
+    """One counting probe per site, on the very file this process maps (AddressSpace.inode_path),
+    as memleak places them: one link per site's program, attached together."""
+    with bpf.uprobe_batch() as refused:
+        for slot, p in enumerate(sites):
+            path = space.inode_path(space.first_mapping_of(p.module))
+            if path is None:
+                raise OSError(f"{p.module} is not the file PID {pid} maps")
+            bpf.attach_uprobe(
+                name=path.encode(),
+                sym=p.function.encode(),
+                sym_off=p.offset,
+                fn_name=f"count_site_{slot}".encode(),
+                pid=pid,
+            )
+    if refused:
+        raise refused[0][1]
+
+
 def _count(
     pid: int,
     space: AddressSpace,
@@ -116,21 +135,7 @@ def _count(
     bpf = load("ratecount", {})
     try:
         placed = time.monotonic()
-        with bpf.uprobe_batch() as refused:  # one link per site's program, attached together
-            for slot, p in enumerate(sites):
-                # the very file this process maps (AddressSpace.inode_path), as memleak does
-                path = space.inode_path(space.first_mapping_of(p.module))
-                if path is None:
-                    raise OSError(f"{p.module} is not the file PID {pid} maps")
-                bpf.attach_uprobe(
-                    name=path.encode(),
-                    sym=p.function.encode(),
-                    sym_off=p.offset,
-                    fn_name=f"count_site_{slot}".encode(),
-                    pid=pid,
-                )
-        if refused:
-            raise refused[0][1]
+        _attach(bpf, pid, space, sites)
         calls = bpf["calls"]
         # The first hits pay one-off set-up (the kernel's out-of-line slot page): measure from
         # the first poll on, not from the attach.

@@ -23,11 +23,11 @@ import capstone
 from memdiag.system import arch
 from pydantic import BaseModel
 
-from .allocator import BPF_FUNCTION, Placement, find_allocator
-from .allocator import _emulated as is_emulated
-from .base import ProbeUnavailable, bpf_stats, load, program_stats, set_targets
-from .compiler import CompileError, source
-from .elf import elf_info
+from ..allocator import BPF_FUNCTION, Placement, find_allocator, is_emulated
+from ..base import ProbeUnavailable, bpf_stats, load, program_stats, set_targets
+from ..compiler import CompileError, source
+from ..elf import elf_info
+from .options import build_options
 
 CACHE = Path("/var/lib/memdiag/costs.json")
 CALLS = 20000
@@ -134,8 +134,6 @@ def _traps(libc, malloc: Placement, free: Placement) -> tuple[float, float, floa
 
 def _programs(libc, malloc, free) -> dict[str, float]:
     """memleak's programs' run time per hit, attached to this process as memleak attaches them."""
-    from .memleak import build_options  # memleak prices itself with these costs: imported late
-
     try:
         bpf = load("memleak", {"TARGET_MODE": 1, **build_options()})
     except ProbeUnavailable:

@@ -6,7 +6,7 @@ instruction the kernel emulates (a push: ~0.5-1.3 µs here) or one it must singl
 (~16 µs: jemalloc's malloc+0 and free+0), plus a return probe where the result is needed (the
 kernel hijacks the return address: a second trap). The BPF program then runs on top of the trap.
 So the price of a site is trap(kind) [+ return trap] + the programs' own run time, each measured
-on this host (probes/calibrate.py), times that site's call rate (probes/ratecount.py).
+on this host (costs.py), times that site's call rate (ratecount.py).
 
 While memleak is attached, the cost is measured rather than estimated, two ways: the kernel's
 count and run time of each program (BPF stats), with each program's hits priced at its site's
@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 from memdiag.system.process import cpu_seconds
 from memdiag.system.units import fmt_ns
-from pydantic import BaseModel
 
-from .allocator import BPF_FUNCTION, Placement
-from .base import program_stats
-from .bpfobj import multi_links
-from .calibrate import Costs
+from ..allocator import BPF_FUNCTION, Placement
+from ..base import program_stats
+from ..bpfobj import multi_links
+from ..face import TracingCost
+from .costs import Costs
 
 RETURN_PROGRAM = "alloc_return"  # bpf/memleak.c: every return probe runs it
 # How long a hot probe goes on trapping once detaching starts (bpfobj.detach_all). Perf-event uprobes
@@ -138,19 +138,6 @@ def _weighted_trap(sites: list[Placement], costs: Costs, rates: dict[str, float]
     if total <= 0:
         return max(t for _, t in weights)
     return sum(w * t for w, t in weights) / total
-
-
-class TracingCost(BaseModel):
-    """What allocation tracing cost the target, measured, from the attach to now (or the detach)."""
-
-    attached_s: float
-    probes_ns: float | None = None  # each program's hits x its site's trap + the programs' run time
-    cpu_ns: float | None = None  # the target's CPU time above its rate before the attach
-    measured_ns: float | None = None  # what is reported and enforced: the probes' count, raised by
-    # the CPU clock's up to CPU_TRUST times it
-
-    def percent_of(self, window_s: float) -> float | None:
-        return None if self.measured_ns is None or window_s <= 0 else 100 * self.measured_ns / (window_s * 1e9)
 
 
 class Meter:

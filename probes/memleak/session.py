@@ -1,12 +1,13 @@
-"""memleak: outstanding allocations by stack, and how they evolve — the raw material of leak
-versus cache.
+"""memleak's tracing run: outstanding allocations by stack, and how they evolve — the raw material
+of leak versus cache.
 
 User mode: uprobes on the allocator the target really uses (probes/allocator.py), per pid, on
 emulated instructions where the prologue has one. Kernel mode: the kmem tracepoints. Per stack:
 outstanding bytes and count, allocations and frees, the age of the oldest outstanding allocation,
 and a series of outstanding bytes sampled every few seconds. Sampling (1 in N), size filters and
 a snoop mode for single large allocations. Every map is bounded or grows with use; what did not
-fit is counted and reported."""
+fit is counted and reported. At the end, with the probes still attached, the reachability scan
+(reach/) may stop the target and say what still points at the outstanding blocks."""
 
 from __future__ import annotations
 
@@ -15,36 +16,21 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from memdiag.system.units import fmt_bytes, fmt_duration
-from pydantic import BaseModel
+from memdiag.system.signals import phase
+from memdiag.system.target import Target
 
-from . import kernel
-from . import reach as reachscan
-from .allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
-from .base import ProbeResult, ProbeTarget, disarm, phase, run_probe
-from .calibrate import Costs
-from .growth import Spaces
-from .overhead import CHECK_S, Meter, TracingCost, detach_seconds
-from .reach import ReachScan, StackReach
-from .stacks import Symbolizer, folded, recover
-from .text import stack_lines
+from ..allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
+from ..base import Run, disarm, run_probe
+from ..face import TracingCost
+from ..growth import RawStack, Spaces, symbolize
+from ..stacks import Frame, Symbolizer, folded, recover
+from .costs import Costs
+from .meter import CHECK_S, Meter, detach_seconds
+from .options import STAT_NAMES, build_options, requirements
+from .reach import Blocks, ReachScan, merged, scan
+from .result import BigAlloc, LeakStack, MemleakResult
 
-STAT_NAMES = (
-    "allocs",
-    "frees",
-    "stack_errors",
-    "allocs_dropped",
-    "unknown_frees",
-    "failed_allocs",
-    "samples_dropped",
-    "stacks_dropped",
-    "sampled_out",
-    "nested",
-)
-MAX_ALLOCS = 262144
-MAX_STACKS = 4096  # the stack map is preallocated: about 1 KiB a slot
 _FORWARD_DEPTH = 8  # wrappers sit just above the allocator: frames deeper are never read for forwarding
-KMEM_TRACEPOINTS = ("kmalloc", "kfree", "kmem_cache_alloc", "kmem_cache_free", "mm_page_alloc", "mm_page_free")
 
 
 class _StackKey(ct.Structure):
@@ -61,123 +47,12 @@ class _BigAllocEvent(ct.Structure):  # struct big_alloc in bpf/memleak.c
     ]
 
 
-class LeakStack(BaseModel):
-    frames: list[str]
-    functions: list[str | None]
-    forwards: list[bool] = []  # per frame: its code only forwards an allocation (probes/forwarders.py)
-    pid: int
-    method: str
-    unknown_frames: int = 0
-    outstanding_bytes: int
-    outstanding_count: int
-    allocs: int
-    frees: int
-    alloc_bytes: int
-    freed_bytes: int
-    oldest_age_s: float | None = None
-    series: list[int] = []  # outstanding bytes at each of MemleakResult.series_times
-    reach: StackReach | None = None  # what still points at its blocks (the scan ran)
-
-
-class BigAlloc(BaseModel):
-    pid: int
-    comm: str
-    size: int
-    address: int
-    when: float
-    frames: list[str] = []
-
-
-class MemleakResult(ProbeResult):
-    mode: str = "user"
-    allocator: str | None = None
-    allocator_module: str | None = None
-    placements: list[str] = []
-    missing_entry_points: list[str] = []
-    attach_errors: list[str] = []
-    sample_every: int = 1
-    min_size: int = 0
-    max_size: int | None = None
-    series_times: list[float] = []  # seconds since the probe attached
-    stacks: list[LeakStack] = []
-    folded: list[str] = []
-    big_allocations: list[BigAlloc] = []
-    outstanding_allocations: int = 0
-    reach_scan: ReachScan | None = None  # None: no scan was asked for
-    tracing_cost: TracingCost | None = None  # what tracing cost the target, measured (costs given)
-
-    def leak_stack(self) -> LeakStack | None:
-        """The stack with the most leaked bytes (nothing points at them), if the scan found any."""
-        scanned = [s for s in self.stacks if s.reach is not None and s.reach.leaked_bytes > 0]
-        return max(scanned, key=lambda s: s.reach.leaked_bytes) if scanned else None  # type: ignore[union-attr]
-
-
-def describe(r: MemleakResult, top: int) -> list[str]:
-    """The result's lines under its header in `memdiag probe memleak` (and reach): where the probes
-    went, the stacks with outstanding blocks and what the scan found of them, big allocations."""
-    lines = [f"  allocator: {r.allocator}" + (f" ({r.allocator_module})" if r.allocator_module else "")]
-    lines += [f"    probe on {p}" for p in r.placements]
-    if r.missing_entry_points:
-        lines.append("    not in this process: " + ", ".join(r.missing_entry_points))
-    lines += [f"    could not attach: {e}" for e in r.attach_errors]
-    for s in r.stacks[:top]:
-        age = f", oldest {fmt_duration(s.oldest_age_s)}" if s.oldest_age_s is not None else ""
-        trend = " -> ".join(fmt_bytes(v) for v in s.series[-6:])
-        lines.append(
-            f"  {fmt_bytes(s.outstanding_bytes)} outstanding in {s.outstanding_count:,} allocations "
-            f"({s.allocs:,} allocs, {s.frees:,} frees{age}) PID {s.pid}:"
-        )
-        lines += stack_lines(s.frames)
-        if trend:
-            lines.append(f"      outstanding: {trend}")
-        if s.reach is not None:
-            lines.append(f"      {_reach_line(s.reach)}")
-    if r.reach_scan is not None:
-        lines.append(f"  reachability scan: {r.reach_scan.describe()}")
-    for b in r.big_allocations[:top]:
-        lines.append(f"  big allocation {fmt_bytes(b.size)} by PID {b.pid} ({b.comm}):")
-        lines += stack_lines(b.frames)
-    return lines
-
-
-def _reach_line(r: StackReach) -> str:
-    anchor = f"; most from {r.anchor} ({fmt_bytes(r.anchor_bytes)})" if r.anchor else ""
-    return (
-        f"at the scan: leaked {r.leaked_count:,} blocks ({fmt_bytes(r.leaked_bytes)}, {r.unreferenced_count:,} "
-        f"unreferenced), anchored {r.anchored_count:,} ({fmt_bytes(r.anchored_bytes)}){anchor}"
-    )
-
-
-def requirements(kernel_mode: bool) -> list[kernel.Availability]:
-    if kernel_mode:
-        return [kernel.tracepoint("kmem", tp) for tp in KMEM_TRACEPOINTS]
-    return [kernel.uprobes()]
-
-
 def _key_tuple(k) -> tuple:
     return (k.tgid, k.stack_id, k.ip, k.at_sp)
 
 
-def build_options(
-    kernel_mode: bool = False, sample_every: int = 1, min_size: int = 0, max_size: int | None = None, snoop_min: int = 0
-) -> dict[str, int | str]:
-    """The -D options of bpf/memleak.c for these parameters."""
-    defines: dict[str, int | str] = {
-        "KERNEL_MODE": int(kernel_mode),
-        "SAMPLE_EVERY": max(1, sample_every),
-        "MIN_SIZE": min_size,
-        "SNOOP_MIN": snoop_min,
-        "MAX_ALLOCS": MAX_ALLOCS,
-        "MAX_STACKS": MAX_STACKS,
-        "PAGE_BYTES": os.sysconf("SC_PAGE_SIZE"),
-    }
-    if max_size is not None:
-        defines["MAX_SIZE"] = f"{max_size}ULL"
-    return defines
-
-
 def run(
-    target: ProbeTarget,
+    target: Target,
     duration: float,
     *,
     kernel_mode: bool = False,
@@ -196,20 +71,20 @@ def run(
     reach_allowed_ms: float | None = None,
 ) -> MemleakResult:
     """functions: attach only these entry points (a narrower, cheaper set), default all.
-    costs (this host's, probes/calibrate.py): measure what tracing costs the target as it runs
+    costs (this host's, costs.py): measure what tracing costs the target as it runs
     (result.tracing_cost). site_rates: calls per second by entry point (the rate count), to attach
     (and so detach) the hottest first and to price a program shared by several sites by the
     sites' hits. allowance_ns: detach early once that measured cost, with what detaching
     will add, reaches this many ns of the target's time. cpu_baseline: the target's CPU seconds per
     second before the attach, to measure its added CPU time (a pid target).
     scan_reach: at the end, with the probes still attached, stop the target and scan its memory
-    for what points at the outstanding blocks (probes/reach.py), if the pause fits
+    for what points at the outstanding blocks (reach/), if the pause fits
     reach_allowed_ms (None: no limit) and what is left of the allowance."""
     if target.kind == "system" and not kernel_mode:
         return MemleakResult(
             name="memleak",
             status="unavailable",
-            target=target.description,
+            target=target.describe(),
             started=time.time(),
             reason="user-space allocation tracing needs a process or cgroup target "
             "(use the kernel mode for system-wide kernel allocations)",
@@ -232,22 +107,7 @@ def run(
         spaces=Spaces(),
         meter=Meter(target.pid if target.kind == "pid" else None, cpu_baseline),
     )
-    defines = build_options(kernel_mode, sample_every, min_size, max_size, snoop_min)
-    method = "kmem tracepoints, kernel stacks" if kernel_mode else USER_METHOD
-    return run_probe(
-        MemleakResult,
-        "memleak",
-        target,
-        duration,
-        requirements(kernel_mode),
-        defines,
-        session.collect,
-        method,
-        spaces=session.spaces,
-        attach=session.attach,
-        on_tick=session.on_tick,
-        before_detach=session.before_detach,
-    )  # type: ignore[return-value]
+    return session.run(duration)
 
 
 USER_METHOD = "uprobes on the target's allocator (per pid), user stacks + .eh_frame unwinding"
@@ -269,7 +129,7 @@ class _Session:
     """One run's options and what its four steps share; run_probe calls attach (again for
     processes that join a cgroup), on_tick while attached, before_detach, then collect."""
 
-    target: ProbeTarget
+    target: Target
     kernel_mode: bool
     sample_every: int
     min_size: int
@@ -295,6 +155,24 @@ class _Session:
 
     def __post_init__(self) -> None:
         self.last_sample = -self.series_interval
+
+    def run(self, duration: float) -> MemleakResult:
+        k = self.kernel_mode
+        defines = build_options(k, self.sample_every, self.min_size, self.max_size, self.snoop_min)
+        method = "kmem tracepoints, kernel stacks" if k else USER_METHOD
+        probe = Run(
+            "memleak",
+            MemleakResult,
+            requirements(k),
+            defines,
+            self.collect,
+            method,
+            spaces=self.spaces,
+            attach=self.attach,
+            on_tick=self.on_tick,
+            before_detach=self.before_detach,
+        )
+        return run_probe(probe, self.target, duration)  # type: ignore[return-value]
 
     def attach(self, bpf, pids: set[int]) -> None:
         if self.kernel_mode:
@@ -383,7 +261,7 @@ class _Session:
         keys: list[tuple] = []
         glibc = self.info["allocator"] == "glibc"
 
-        def read(final: bool) -> reachscan.Blocks:
+        def read(final: bool) -> Blocks:
             if final:
                 self.scanned["at_ns"] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
             blocks = _blocks(bpf, target.pid, keys if final else [], final)
@@ -395,7 +273,7 @@ class _Session:
             left_ms = max(0.0, self.allowance_ns - spent * (1 + detach_seconds() / max(elapsed, 1e-3))) / 1e6
             allowed = left_ms if allowed is None else min(allowed, left_ms)
         with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
-            found, per_group = reachscan.scan(target.pid, read, allowed, interrupted)
+            found, per_group = scan(target.pid, read, allowed, interrupted)
         self.scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         self.scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
 
@@ -475,7 +353,7 @@ def _paused_s(scanned: dict) -> float:
     return (scan.paused_ms or 0) / 1000 if scan is not None else 0.0
 
 
-def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> reachscan.Blocks:
+def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> Blocks:
     """The outstanding blocks of pid from the allocs table, each grouped by its stack key; keys
     receives the key of each group number. final: read with the target stopped, for the scan (the
     probe's books stop there); otherwise a look while it runs, to price the scan."""
@@ -500,10 +378,10 @@ def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> reachscan.Blocks:
          values["ip"].view(np.int64), values["at_sp"].view(np.int64)], axis=1,
     )  # fmt: skip
     if not len(addrs):
-        return reachscan.Blocks(addrs, values["size"], np.zeros(0, dtype=np.int64))
+        return Blocks(addrs, values["size"], np.zeros(0, dtype=np.int64))
     unique, groups = np.unique(fields, axis=0, return_inverse=True)
     keys.extend((int(t), int(s), int(i) & (2**64 - 1), int(a) & (2**64 - 1)) for t, s, i, a in unique.tolist())
-    return reachscan.Blocks(addrs.copy(), values["size"].copy(), groups.reshape(-1).astype(np.int64))
+    return Blocks(addrs.copy(), values["size"].copy(), groups.reshape(-1).astype(np.int64))
 
 
 def _set_text_range(bpf, pid: int, space) -> None:
@@ -529,47 +407,76 @@ def _sample_series(bpf, elapsed: float, times: list[float], series: dict[tuple, 
         points.extend([points[-1] if points else 0] * (index + 1 - len(points)))
 
 
-def _frame_like(function: str | None):
-    from .stacks import Frame
-
+def _frame_like(function: str | None) -> Frame:
     return Frame(address=0, function=function)
 
 
-def _stacks(
-    bpf, kernel_mode: bool, spaces: Spaces, series: dict, oldest: dict, now_ns: int, reached: dict
-) -> list[LeakStack]:
+def _raw_stacks(bpf, kernel_mode: bool) -> list[RawStack]:
+    """Each per-stack entry as a RawStack keyed by its table key: its frame-pointer walk, and in user
+    mode the registers and stack copy the program saved for .eh_frame unwinding."""
     stack_table, samples = bpf["stacks"], bpf["samples"]
-    merged: dict[tuple, LeakStack] = {}
-    symbolizers: dict[int, Symbolizer] = {}
-    for k, v in bpf["per_stack"].items():
-        key = _key_tuple(k)
+    raw = []
+    for k, _v in bpf["per_stack"].items():
         fp = list(stack_table.walk(k.stack_id)) if k.stack_id >= 0 else ([k.ip] if k.ip else [])
-        if kernel_mode:
-            frames = [bpf.ksym(a, show_offset=True).decode(errors="replace") for a in fp]
-            functions = [f.split("+")[0] for f in frames]
-            method, unknown = "kernel frame pointers / ORC", sum(1 for f in frames if f.startswith("[unknown]"))
-            forwards = []
-        else:
-            regs = data = None
+        regs = data = None
+        if not kernel_mode:
             try:
                 s = samples[k]
                 regs, data = (s.regs.ip, s.regs.sp, s.regs.bp), bytes(bytearray(s.data)[: s.len])
             except KeyError:
                 pass
-            space = spaces.get(k.tgid)
-            addresses, method = recover(space, fp, regs, data)
-            sym = symbolizers.setdefault(k.tgid, Symbolizer(space))
-            fr = sym.frames(addresses)
-            frames, functions = [str(f) for f in fr], [f.function for f in fr]
-            forwards = [sym.forwards(a) for a in addresses[:_FORWARD_DEPTH]]
-            unknown = sum(1 for f in fr if not f.known)
-        age = (now_ns - oldest[key]) / 1e9 if key in oldest else None
-        group = (k.tgid, tuple(frames))
+        raw.append(RawStack(pid=k.tgid, fp_stack=fp, regs=regs, stack=data, count=0, bytes=0, key=_key_tuple(k)))
+    return raw
+
+
+def _kernel_frames(bpf, raw: list[RawStack]):
+    """(raw, frames, functions, forwards, method, unknown) of kernel stacks, named by kallsyms."""
+    for r in raw:
+        frames = [bpf.ksym(a, show_offset=True).decode(errors="replace") for a in r.fp_stack]
+        unknown = sum(1 for f in frames if f.startswith("[unknown]"))
+        yield r, frames, [f.split("+")[0] for f in frames], [], "kernel frame pointers / ORC", unknown
+
+
+def _user_frames(raw: list[RawStack], spaces: Spaces):
+    """The same of user stacks: recovered, symbolized (growth.symbolize), the wrappers' code read."""
+    for s in symbolize(raw, spaces):
+        forwards = [s.symbolizer.forwards(a) for a in s.addresses[:_FORWARD_DEPTH]]
+        unknown = sum(1 for f in s.frames if not f.known)
+        yield s.raw, [str(f) for f in s.frames], [f.function for f in s.frames], forwards, s.method, unknown
+
+
+def _merge(m: LeakStack, item: LeakStack) -> LeakStack:
+    """Two stack keys that symbolize alike (the same frames of one pid) as one stack."""
+    ages = [a for a in (m.oldest_age_s, item.oldest_age_s) if a is not None]
+    return m.model_copy(
+        update={
+            "outstanding_bytes": m.outstanding_bytes + item.outstanding_bytes,
+            "outstanding_count": m.outstanding_count + item.outstanding_count,
+            "allocs": m.allocs + item.allocs,
+            "frees": m.frees + item.frees,
+            "alloc_bytes": m.alloc_bytes + item.alloc_bytes,
+            "freed_bytes": m.freed_bytes + item.freed_bytes,
+            "oldest_age_s": max(ages) if ages else None,
+            "series": [a + b for a, b in zip(m.series, item.series, strict=False)] or item.series,
+            "reach": merged(m.reach, item.reach),
+        }
+    )
+
+
+def _stacks(
+    bpf, kernel_mode: bool, spaces: Spaces, series: dict, oldest: dict, now_ns: int, reached: dict
+) -> list[LeakStack]:
+    values = {_key_tuple(k): v for k, v in bpf["per_stack"].items()}
+    raw = _raw_stacks(bpf, kernel_mode)
+    named = _kernel_frames(bpf, raw) if kernel_mode else _user_frames(raw, spaces)
+    merged: dict[tuple, LeakStack] = {}
+    for r, frames, functions, forwards, method, unknown in named:
+        key, v = r.key, values[r.key]
         item = LeakStack(
             frames=frames,
             functions=functions,
             forwards=forwards,
-            pid=k.tgid,
+            pid=r.pid,
             method=method,
             unknown_frames=unknown,
             outstanding_bytes=v.outstanding_bytes,
@@ -578,27 +485,12 @@ def _stacks(
             frees=v.frees,
             alloc_bytes=v.alloc_bytes,
             freed_bytes=v.freed_bytes,
-            oldest_age_s=age,
+            oldest_age_s=(now_ns - oldest[key]) / 1e9 if key in oldest else None,
             series=series.get(key, []),
             reach=reached.get(key),
         )
-        if group in merged:
-            m = merged[group]
-            ages = [a for a in (m.oldest_age_s, age) if a is not None]
-            item = m.model_copy(
-                update={
-                    "outstanding_bytes": m.outstanding_bytes + item.outstanding_bytes,
-                    "outstanding_count": m.outstanding_count + item.outstanding_count,
-                    "allocs": m.allocs + item.allocs,
-                    "frees": m.frees + item.frees,
-                    "alloc_bytes": m.alloc_bytes + item.alloc_bytes,
-                    "freed_bytes": m.freed_bytes + item.freed_bytes,
-                    "oldest_age_s": max(ages) if ages else None,
-                    "series": [a + b for a, b in zip(m.series, item.series, strict=False)] or item.series,
-                    "reach": reachscan.merged(m.reach, item.reach),
-                }
-            )
-        merged[group] = item
+        group = (r.pid, tuple(frames))
+        merged[group] = _merge(merged[group], item) if group in merged else item
     return sorted(merged.values(), key=lambda s: s.outstanding_bytes, reverse=True)
 
 

@@ -7,9 +7,8 @@ started shows a climb while it turns over, which is why the playbook asks RSS to
 
 from __future__ import annotations
 
+from memdiag.system.trends import growth_trend
 from pydantic import BaseModel
-
-from .trends import growth_trend
 
 # A shape needs this many samples of the series (memleak reads it every ~2 s): fewer is "unknown",
 # neither a leak's nor a cache's shape (a trend of two points is a line through them).

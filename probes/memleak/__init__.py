@@ -1,0 +1,122 @@
+"""memleak: outstanding allocations by stack, how they evolve, and what still points at them —
+the raw material of leak versus cache. Its face (below) and its parts:
+
+  session.py   the tracing run (uprobes on the target's allocator, or the kmem tracepoints)
+  plan.py      its price before it attaches: the rate count (ratecount.py) times this host's trap
+               costs (costs.py: calibration; meter.py: the price per site and the meter that
+               measures the real cost while attached, detaching over the allowance)
+  reach/       the reachability scan of its outstanding blocks, at the end of its run
+  facts.py     its facts (memleak.*, reach.*, alloc.*); view.py: its stacks, rows, trail, caveats
+  result.py    its result, and the result in words (`memdiag probe memleak`)"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from memdiag.system.target import Target
+
+from ..face import Context, Face, Option
+from . import view
+from .costs import host_costs
+from .facts import FACTS, facts_of
+from .options import build_options, requirements
+from .plan import MemleakPlan, plan
+from .result import BigAlloc, LeakStack, MemleakResult, describe
+from .session import hotness, run
+
+__all__ = [
+    "FACE", "BigAlloc", "LeakStack", "MemleakPlan", "MemleakResult", "build_options", "describe", "hotness",
+    "requirements", "run",
+]  # fmt: skip
+
+
+def _run(target: Target, ctx: Context) -> MemleakResult:
+    """In a diagnosis: as planned (the host's costs and the call rates, to measure its cost and
+    detach over what the budget leaves), its series sampled ten times, then the reachability scan
+    within the pause allowed. Alone (`memdiag probe memleak` / `reach`): with its options."""
+    if ctx.alone:
+        return _run_alone(target, ctx)
+    p = ctx.plan if isinstance(ctx.plan, MemleakPlan) else None
+    costs = p.costs if p is not None else None
+    return run(
+        target,
+        ctx.seconds,
+        series_interval=max(1.0, ctx.seconds / 10),
+        costs=costs,
+        site_rates=p.site_rates if p is not None else None,
+        allowance_ns=ctx.budget.allowance_ns if costs is not None and ctx.budget is not None else None,
+        cpu_baseline=ctx.cpu_rate,
+        scan_reach=True,
+        reach_allowed_ms=ctx.max_pause_ms,
+    )
+
+
+def _run_alone(target: Target, ctx: Context) -> MemleakResult:
+    o = ctx.options
+    kernel = bool(o.get("kernel"))
+    pause = o.get("max_pause")
+    if pause is None and ctx.budget is not None:  # the default budget's share of the run
+        pause = ctx.budget.percent / 100 * ctx.seconds * 1000
+    return run(
+        target,
+        ctx.seconds,
+        kernel_mode=kernel,
+        sample_every=o.get("sample_every", 1),
+        min_size=o.get("min_size", 0),
+        max_size=o.get("max_size"),
+        snoop_min=o.get("snoop", 0),
+        top=o.get("top", 20),
+        costs=None if kernel else host_costs(),  # the target's time it cost, measured
+        scan_reach=bool(o.get("scan_reach")),
+        reach_allowed_ms=pause,
+    )
+
+
+def _refuse(options: Mapping[str, Any]) -> str | None:
+    max_size, min_size = options.get("max_size"), options.get("min_size") or 0
+    if max_size is not None and max_size < min_size:
+        return "--max-size is smaller than --min-size"
+    return None
+
+
+OPTIONS = (
+    Option("--sample-every", "count", "trace 1 in N allocations", default=1),
+    Option("--min-size", "size", "ignore smaller allocations", default=0),
+    Option("--max-size", "size", "ignore larger allocations"),
+    Option("--snoop", "size", "also list single allocations of at least SIZE (e.g. 1MiB)", default=0),
+    Option("--kernel", "flag", "kernel allocations (kmem tracepoints)", default=False),
+    Option(
+        "--max-pause",
+        "milliseconds",
+        "skip the scan if it would stop the target longer (default: 2%% of --duration)",
+        group="reach",
+    ),
+)
+
+FACE = Face(
+    name="memleak",
+    run=_run,
+    result=MemleakResult,
+    describe=describe,
+    facts=FACTS,
+    retired=(
+        (
+            "memleak.top_shape",
+            "the playbook's anchors trend-leak and trend-cache decide it from memleak.top_trend, "
+            "memleak.top_free_ratio and process.rss_shape",
+        ),
+    ),
+    facts_of=facts_of,
+    rows=view.rows,
+    stacks=view.STACKS,
+    caveats=view.caveats,
+    trail=view.trail,
+    missed=view.missed,
+    measured=view.measured,
+    on_target=True,
+    plan=plan,
+    planning="counting allocator calls",
+    options=OPTIONS,
+    refuse=_refuse,
+)

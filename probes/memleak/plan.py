@@ -1,0 +1,200 @@
+"""memleak's plan(): allocation tracing priced site by site before it attaches, against the budget.
+
+Each counted entry point's rate (ratecount.py: a bounded count, malloc and its kin first) times what
+a call through its probe costs on this host (meter.py: an emulated or single-stepped trap, a return
+probe, memleak's programs; costs.py measures them once per kernel and CPU), over the time it would
+be attached with its detach, plus what the count itself cost, as a share of the window, against
+the budget. The count's cost is spent whatever the decision: a row of the probe table. Within
+budget memleak attaches for the whole time asked (one burst); over it, the playbook says what runs
+instead (its rule on the `alloc.tracing` fact)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from memdiag.system.target import Target
+
+from ..allocator import ALLOCATING, Allocator, find_allocator
+from ..face import Budget, Context, Plan, Spent
+from .costs import Costs, host_costs
+from .meter import Price, detach_seconds, price, trap_ns
+from .ratecount import COUNTED, Rates, estimate_call_rates
+
+COUNT_STEP = "ratecount"  # the probe table's row of the rate count
+COUNT_METHOD = "one uprobe per entry point, each count stopped after ~1,000 calls or 0.25 s"
+NOT_PER_PROCESS = "allocation tracing is priced per process, not for a cgroup or the whole system"
+NOT_PRICED = "could not price allocation tracing (no allocator found or the count failed)"
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """How memleak would be attached: `bursts` runs of `seconds` each, every one ended by a detach.
+    Full tracing is one burst for the whole time asked."""
+
+    seconds: float
+    bursts: int = 1
+
+    @property
+    def attached_s(self) -> float:
+        """The time its probes trap the target: every burst, and the detach that ends each."""
+        return self.bursts * (self.seconds + detach_seconds())
+
+
+class MemleakPlan(Plan):
+    """The budget decision (state: full, fallback or unknown) and what the run needs of it."""
+
+    call_rate: float | None = None  # allocating calls (malloc, operator new, mallocx) per second
+    cost_ns: float | None = None  # what tracing costs the target per malloc call, all sites together
+    attached_percent: float | None = None  # share of a CPU while memleak is attached
+    sites: str | None = None  # the price site by site
+    allocator: str | None = None  # the allocator it would trace (None: none found, or not a process)
+    costs: Costs | None = None  # this host's trap costs: the run measures what it costs with them
+    site_rates: dict[str, float] | None = None  # calls per second by entry point, hottest attached first
+    schedule: Schedule | None = None
+
+    @property
+    def choice(self) -> str:
+        return self.state
+
+
+def plan_facts(plan: Plan | None) -> dict:
+    """What the rules see of the decision: `alloc.tracing` (full, fallback, unknown; none when memleak
+    was not priced, so the fallback rule is false, not missing) says whether memleak attaches."""
+    if not isinstance(plan, MemleakPlan):
+        return {"alloc.tracing": "none", "alloc.allocator": None}
+    return {
+        "alloc.rate": plan.call_rate,
+        "alloc.tracing_percent": plan.estimated_percent,
+        "alloc.tracing": plan.state,
+        "alloc.allocator": plan.allocator,
+    }
+
+
+def decision(state: str, reason: str, spent: list[Spent] | None = None, **fields) -> MemleakPlan:
+    """A plan with its facts filled in, as the trail and the Overhead section say it."""
+    of = "allocation tracing" if state == "full" else "allocation tracing, not attached"
+    kept = {"spent": spent or [], **fields}
+    bare = MemleakPlan(go=state == "full", state=state, reason=reason, estimate_of=of, **kept)
+    return bare.model_copy(update={"facts": plan_facts(bare)})
+
+
+def plan(target: Target, ctx: Context) -> MemleakPlan:
+    """Price memleak for ctx.seconds (what it would run) against ctx.budget."""
+    if target.kind != "pid" or target.pid is None:
+        return decision("fallback", NOT_PER_PROCESS)
+    budget = ctx.budget or Budget(percent=100.0, window_s=ctx.seconds)
+    costs = host_costs()
+    alloc = find_allocator(target.pid)
+    allocator = alloc.name if alloc is not None else None
+    rates = None
+    if costs is not None and alloc is not None:
+        traps = {p.function: trap_ns(p, costs) for p in alloc.placements}
+        rates = estimate_call_rates(target.pid, trap_ns=traps, alloc=alloc, functions=ALLOCATING)
+    if costs is None or alloc is None or rates is None:
+        return decision("unknown", NOT_PRICED, allocator=allocator)
+    pricing = _Pricing(budget, Schedule(ctx.seconds), costs, allocator)
+    pricing.spend(rates)
+    first_step = [p for p in alloc.placements if p.function in ALLOCATING]
+    prefix = " and ".join(r.function for r in rates.counts) + " alone: "
+    first = pricing.decide(price(first_step, rates.per_s(), costs), rates, prefix)
+    if first.state != "full":
+        return first
+    return pricing.every_site(target.pid, alloc, traps, rates)
+
+
+@dataclass
+class _Pricing:
+    """One pricing's state: the budget, what memleak would run, what the counts cost so far."""
+
+    budget: Budget
+    schedule: Schedule
+    costs: Costs
+    allocator: str | None
+    spent_ns: float = 0.0  # the counts' cost to the target
+    count: Spent | None = None  # the counts, merged into one row
+    counted: set[str] = field(default_factory=set)  # the entry points counted
+    allocating: float = 0.0  # allocating calls per second
+
+    def spend(self, rates: Rates) -> None:
+        """A count's cost to the target, kept for the probe table (one row for every count)."""
+        self.spent_ns += rates.cost_ns
+        self.counted.update(r.function for r in rates.counts)
+        if not self.allocating:
+            self.allocating = sum(r.per_s for r in rates.counts)
+        before = self.count
+        self.count = Spent(
+            step=COUNT_STEP,
+            seconds=(before.seconds if before else 0.0) + rates.probes_s,
+            ns=(before.ns if before else 0.0) + rates.cost_ns,
+            events=(before.events if before else 0) + rates.hits,
+            reason=f"counted calls to {', '.join(sorted(self.counted))} to price allocation tracing",
+            method=COUNT_METHOD,
+        )
+
+    def every_site(self, pid: int, alloc: Allocator, traps: dict[str, float], rates: Rates) -> MemleakPlan:
+        """The second step, when the allocating calls alone did not price memleak out: count the
+        others (free, calloc, realloc, mmap ...) and price every site."""
+        others = tuple(f for f in COUNTED if f not in ALLOCATING)
+        more = estimate_call_rates(pid, trap_ns=traps, alloc=alloc, functions=others)
+        if more is not None:
+            self.spend(more)
+        every = rates.plus(more)
+        if sum(r.calls for r in every.counts) == 0:
+            names = ", ".join(r.function for r in every.counts)
+            first = every.counts[0]
+            return self._fallback_no_calls(names, first.seconds, first.module)
+        per_s = every.per_s()
+        if more is None:  # the second count failed: price each free as an allocation's (they pair up)
+            per_s.setdefault("free", self.allocating)
+        return self.decide(price(alloc.placements, per_s, self.costs), every, "", site_rates=per_s)
+
+    def _fallback_no_calls(self, names: str, seconds: float, module: str) -> MemleakPlan:
+        return decision(
+            "fallback",
+            f"no call to {names} in {seconds:.2f} s: the memory does not come through "
+            f"{module.rsplit('/', 1)[-1]} (direct brk/mmap, or a runtime with its own allocator)",
+            self._spent(),
+            call_rate=0.0,
+            allocator=self.allocator,
+            costs=self.costs,
+        )
+
+    def _spent(self) -> list[Spent]:
+        return [self.count] if self.count is not None else []
+
+    def decide(self, pr: Price, rates: Rates, prefix: str, site_rates: dict[str, float] | None = None) -> MemleakPlan:
+        """Full tracing or not: the price's rate of cost over the time memleak would be attached
+        with its detach, with what was spent already, as a share of the window, against the budget."""
+        b, run_s = self.budget, self.schedule.seconds
+        spent = b.spent_ns + self.spent_ns
+        projected = 100 * (pr.ns_per_s * self.schedule.attached_s + spent) / (b.window_s * 1e9)
+        what = (
+            f"{prefix}{pr.describe()} (rates counted over {rates.counts[0].seconds:.2f} s, corrected for the "
+            f"count's own traps) = {pr.percent:.2f}% of a CPU while attached; over the {run_s:.0f} s it would "
+            f"run and its detach, with the rate count's {spent / 1e6:.1f} ms, {projected:.2f}% of the "
+            f"{b.window_s:.0f} s window"
+        )
+        rare = ", ".join(f for f in pr.uncounted() if not prefix)
+        if rare:
+            what += f" ({rare} not counted beforehand: measured once attached)"
+        within = projected <= b.percent
+        reason = (
+            f"{what} <= budget {b.percent:g}%"
+            if within
+            else f"{what} > budget {b.percent:g}%: every uprobe hit is a trap whatever the program does, so "
+            "sampling or a size filter would not make it cheaper"
+        )
+        return decision(
+            "full" if within else "fallback",
+            reason,
+            self._spent(),
+            estimated_percent=projected,
+            attached_percent=pr.percent,
+            call_rate=self.allocating,
+            cost_ns=pr.ns_per_s / self.allocating if self.allocating else None,
+            sites=pr.describe(),
+            allocator=self.allocator,
+            costs=self.costs,
+            site_rates=site_rates,
+            schedule=self.schedule,
+        )

@@ -1,0 +1,172 @@
+"""reach: is anything still pointing at memleak's outstanding blocks?
+
+A conservative reachability scan of a live process, the way vmware/chap classifies the
+allocations of a core file and LeakSanitizer the heap at exit, but on the running target with
+memleak's allocation stacks. A block is *anchored* when a root points into it (any pointer-sized,
+pointer-aligned word whose value falls inside [start, start + size)), or an anchored block does;
+*leaked* otherwise; *unreferenced* when leaked and no other block points at it either.
+
+Roots: every thread's registers; each thread's stack from its stack pointer (less the x86-64
+red zone) up, which holds its TLS too; modules' writable data (.data, .bss and the anonymous
+mapping after it); and every other readable, writable mapping outside the tracked blocks. That
+last part is the heap memdiag did not see allocated (before memleak attached) and memory the
+allocator holds free: it is counted as potentially live, so a block it points at is anchored. The
+scan can therefore miss a leak (a stale pointer in freed memory), never invent one. Pages neither
+resident nor swapped hold zeros or the file's own bytes and are not read (/proc/PID/pagemap);
+swapped pages are read (that pages them in: counted in the result); device mappings are skipped.
+
+Consistency: every thread is stopped (PTRACE_SEIZE + PTRACE_INTERRUPT, waited for) before
+memleak's block table is read and memory is scanned, and resumed right after: blocks, registers
+and pointers are one instant's. A thread stopped inside malloc or free is between two table
+updates that have not happened yet, so nothing half-done is a candidate. If memdiag dies while
+the target is stopped, the kernel detaches and the target runs on. The pause is priced before
+(bytes to read x this host's measured scan speed) and measured."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from memdiag.system.units import fmt_duration, fmt_mib, fmt_speed
+
+# numpy's bundled OpenBLAS starts a thread per core at import; the scan does no linear algebra.
+os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+
+from ...face import StackReach
+from ...procmaps import AddressSpace, parse_maps
+from ...stacks import Symbolizer
+from .anchors import label
+from .graph import reachability, stack_figures
+from .match import scan_memory
+from .model import ANCHOR_KIND, Blocks, ReachScan, ScanAborted, merged
+from .pause import Price, price
+from .regions import readable_regions
+from .stop import alive, check_stoppable, stopped
+
+__all__ = ["Blocks", "ReachScan", "StackReach", "merged", "price", "scan"]
+
+
+def scan(
+    pid: int,
+    read_blocks: Callable[[bool], Blocks],
+    allowed_ms: float | None,
+    interrupted: Callable[[], bool] = lambda: False,
+) -> tuple[ReachScan, dict[int, StackReach]]:
+    """Price, stop, read the blocks, scan, resume, classify. read_blocks(final) returns the
+    outstanding blocks: once while the target runs (final False, to price the scan), once with it
+    stopped (final True: the probe's books stop there). allowed_ms: the longest pause allowed (None:
+    no limit); the scan gives up, resumes the target and concludes nothing when it gets there, or
+    when interrupted() says so (SIGINT, SIGTERM)."""
+    import numpy  # noqa: F401  (imported before the table read is timed: the import is not part of a pause)
+
+    t = time.monotonic()
+    ahead = read_blocks(False)
+    est = price(pid, ahead, (time.monotonic() - t) * 1000, allowed_ms)
+    if est is None:
+        return ReachScan(status="failed", reason="the target is gone"), {}
+    info = dict(planned_bytes=est.planned_bytes, priced_ms=est.ms, allowed_ms=allowed_ms)
+    if not est.blocks:
+        return ReachScan(status="ran", reason="no outstanding block to check: the target was not stopped", **info), {}
+    if est.refused:
+        return ReachScan(status="skipped", reason=est.refused, **info), {}
+    if allowed_ms is not None and est.ms is not None and est.ms > allowed_ms:
+        swap = f", {fmt_mib(est.swapped_bytes)} of it in swap," if est.swapped_bytes else ""
+        why = (
+            f"reading {est.planned_bytes / 2**20:,.0f} MiB of writable memory{swap} at {fmt_speed(est.speed)} "
+            f"(sampled on the target) and {est.blocks:,} blocks would pause the target "
+            f"~{fmt_duration(est.ms / 1000)} > {fmt_duration(allowed_ms / 1000)} allowed "
+            "(a larger --budget, a longer --duration or --max-pause lets it run)"
+        )
+        return ReachScan(status="skipped", reason=why, **info), {}
+    try:
+        check_stoppable(pid)
+    except ScanAborted as e:
+        return ReachScan(status="failed", reason=str(e), **info), {}
+    box: dict = {}
+    # In a thread of its own that ends with the stop: when a tracer thread exits, the kernel
+    # detaches every tracee it still holds (exit_ptrace), also one that never reached its stop or
+    # died meanwhile (a zombie goes back to its parent), so nothing is left traced, whatever fails.
+    worker = threading.Thread(
+        target=_stop_and_scan, args=(pid, read_blocks, allowed_ms, interrupted, est, box), name="memdiag-reach"
+    )
+    worker.start()
+    worker.join()
+    if "error" in box:
+        e = box["error"]
+        reason = str(e) if isinstance(e, ScanAborted) else f"reading the target's memory failed: {e}"
+        return ReachScan(status="failed", reason=reason, paused_ms=box.get("paused_ms"), **info), {}
+    if "empty" in box:
+        return ReachScan(status="ran", reason="no outstanding block", paused_ms=box["paused_ms"], **info), {}
+    if not alive(pid):
+        why = "the target exited during the scan: nothing is concluded from it"
+        return ReachScan(status="failed", reason=why, paused_ms=box["paused_ms"], **info), {}
+    return _classify(box, info)
+
+
+def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: dict) -> None:
+    t0 = time.monotonic()
+
+    def stop_check(done: int) -> None:
+        if interrupted():
+            raise ScanAborted("interrupted: the target was resumed and nothing is concluded from a partial scan")
+        spent = (time.monotonic() - t0) * 1000
+        if allowed_ms is not None and spent > allowed_ms:
+            raise ScanAborted(
+                f"stopped at the {fmt_duration(allowed_ms / 1000)} pause allowed, after {fmt_mib(done)} of "
+                f"{fmt_mib(est.planned_bytes)} (the target was resumed; a partial scan concludes nothing)"
+            )
+
+    try:
+        with stopped(pid) as threads:
+            blocks = read_blocks(True)
+            if not len(blocks.starts):
+                box["empty"] = True
+                return
+            blocks = blocks.sort()
+            space = AddressSpace(pid, parse_maps(Path(f"/proc/{pid}/maps").read_text()), root=f"/proc/{pid}/root")
+            regions = readable_regions(space, threads, est.tls_bytes, blocks)
+            t_scan = time.monotonic()
+            found = scan_memory(pid, blocks, regions, threads, stop_check)
+            scan_s = time.monotonic() - t_scan
+        box.update(threads=threads, blocks=blocks, space=space, regions=regions, found=found, scan_s=scan_s)
+    except Exception as e:  # handed to the caller's thread; the stop ends with this thread either way
+        box["error"] = e
+    finally:
+        box["paused_ms"] = (time.monotonic() - t0) * 1000
+
+
+def _classify(box: dict, info: dict) -> tuple[ReachScan, dict[int, StackReach]]:
+    """Leaked or anchored per block, the anchors named, per group; after the target runs again."""
+    import numpy as np
+
+    blocks, found, threads, space, regions = box["blocks"], box["found"], box["threads"], box["space"], box["regions"]
+    anchored, seed_of, referenced = reachability(len(blocks.starts), found)
+    by_tid = {t.tid: t for t in threads}
+    symbolizer = Symbolizer(space)
+    labels = {}
+    for seed in np.unique(seed_of[anchored]).tolist():
+        try:
+            labels[seed] = label(seed, found, regions, by_tid, space, symbolizer)
+        except Exception:  # a malformed module must not cost the result: the tier still says what held it
+            labels[seed] = (ANCHOR_KIND[int(found.root_tier[seed])], "a root memdiag could not name")
+    per_group = stack_figures(blocks, anchored, seed_of, referenced, labels)
+    scan_s = box["scan_s"]
+    return (
+        ReachScan(
+            status="ran",
+            paused_ms=box["paused_ms"],
+            scanned_bytes=found.scanned,
+            swapped_bytes=found.swapped,
+            unreadable_bytes=found.unreadable,
+            regions=len(regions),
+            threads=len(threads),
+            blocks=len(blocks.starts),
+            references=found.edge_count,
+            speed_bytes_per_s=found.scanned / scan_s if scan_s > 0 else None,
+            **info,
+        ),
+        per_group,
+    )

@@ -1,0 +1,85 @@
+"""Naming the root that anchors a block: a global by its ELF symbol ("`registry` in registry's .bss"),
+a thread-local variable by its TLS symbol, a thread's stack frame by .eh_frame unwinding, a register."""
+
+from __future__ import annotations
+
+import os
+
+from memdiag.system import arch
+
+from ...elf import elf_info
+from ...procmaps import AddressSpace
+from ...stacks import Symbolizer, demangle
+from ...unwind import StackSlice, unwind
+from .match import Found
+from .model import ANCHOR_KIND, TIER_REGISTER, TIER_STACK, TIER_STATIC, TIER_TLS
+from .regions import Region, tls_segment
+from .stop import Thread
+
+
+def _frame_name(space: AddressSpace, t: Thread, address: int, symbolizer: Symbolizer) -> str | None:
+    """The function whose frame holds a stack address, by .eh_frame unwinding of the copy."""
+    if not t.stack or not arch.supported():  # .eh_frame replayed with x86-64 registers
+        return None
+    result = unwind(space, t.ip, t.sp, t.bp, StackSlice(t.stack_base, t.stack))
+    low = t.sp
+    for pc, cfa in zip(result.addresses, result.cfas, strict=False):
+        if low - arch.RED_ZONE <= address < cfa:
+            return symbolizer.frame(pc).function
+        low = cfa
+    return None
+
+
+def label(
+    block: int, found: Found, regions: list[Region], threads: dict[int, Thread], space, symbolizer
+) -> tuple[str, str]:
+    """(kind, name) of the root that anchors a seed block."""
+    tier = int(found.root_tier[block])
+    kind = ANCHOR_KIND[tier]
+    if tier == TIER_REGISTER:
+        return kind, f"a register of thread {int(found.root_tid[block])}"
+    r = regions[int(found.root_region[block])]
+    addr = int(found.root_addr[block])
+    if tier == TIER_STACK and r.tid is not None:
+        main = " (main thread)" if r.tid == space.pid else ""
+        fn = _frame_name(space, threads[r.tid], addr, symbolizer)
+        return kind, f"the stack of thread {r.tid}{main}" + (f", in {fn}()" if fn else "")
+    if tier == TIER_STATIC and r.module is not None:
+        return kind, _static_name(space, r, addr)
+    if tier == TIER_TLS and r.tid is not None:
+        main = " (main thread)" if r.tid == space.pid else ""
+        var = _tls_name(space, threads[r.tid], addr)
+        return kind, (f"{var} in " if var else "") + f"the thread-local storage of thread {r.tid}{main}"
+    where = r.mapping.path or f"anonymous memory at {r.mapping.start:#x}"
+    return kind, f"memory memdiag did not see allocated ({where})"
+
+
+def _tls_name(space: AddressSpace, t: Thread, addr: int) -> str | None:
+    """The executable's thread-local variable at addr (its TLS block sits right below the thread
+    pointer in variant II), as "`name` (thread-local)"."""
+    exe = space.mappings[0].path if space.mappings and space.mappings[0].is_file else None
+    elf = elf_info(space.file_path(space.mappings[0])) if exe else None
+    seg = tls_segment(elf) if elf is not None else None
+    if seg is None or t.tp is None:
+        return None
+    size = -(-seg["p_memsz"] // max(seg["p_align"], 1)) * max(seg["p_align"], 1)
+    offset = addr - (t.tp - size)
+    if not 0 <= offset < seg["p_memsz"]:
+        return None
+    sym = elf.tls_object_at(offset)
+    return f"`{demangle(sym.name)}` (thread-local)" if sym is not None else None
+
+
+def _static_name(space: AddressSpace, r: Region, addr: int) -> str:
+    """A module's writable data by the variable that holds addr: "`registry` in registry's .bss"."""
+    base = os.path.basename(r.module or "")
+    mappings = [m for m in space.mappings if m.path == r.module]
+    elf = elf_info(space.file_path(mappings[0])) if mappings else None
+    bias = next((b for m in mappings if (b := elf.bias(m)) is not None), None) if elf is not None else None
+    if elf is None or bias is None:
+        return f"{base}'s writable data"
+    sym = elf.object_at(addr - bias)
+    section = elf.section_of(addr - bias) or "data"
+    if sym is None:
+        return f"{base}'s {section} (no symbol)"
+    return f"`{demangle(sym[0].name)}` in {base}'s {section}"

@@ -1,0 +1,67 @@
+"""From references to leaked and anchored: anchored is reachable from a root, directly or through
+other anchored blocks (breadth first from the best roots); per stack, its blocks by what holds them."""
+
+from __future__ import annotations
+
+from collections import deque
+
+from ...face import StackReach
+from .match import Found
+from .model import ANCHOR_KIND, Blocks
+
+
+def reachability(n: int, found: Found) -> tuple:
+    """(anchored bool per block, seed block per anchored block, referenced-by-a-block per block)."""
+    import numpy as np
+
+    edges = np.concatenate(found.edges) if found.edges else np.zeros((0, 2), dtype=np.int32)
+    edges = edges[edges[:, 0] != edges[:, 1]]  # a block pointing into itself anchors nothing
+    referenced = np.zeros(n, dtype=bool)
+    referenced[edges[:, 1]] = True
+    order = np.argsort(edges[:, 0], kind="stable")
+    src, dst = edges[order, 0], edges[order, 1]
+    first = np.searchsorted(src, np.arange(n + 1))
+    seed_of = np.full(n, -1, dtype=np.int64)
+    dst_list = dst.tolist()
+    first_list = first.tolist()
+    # Credit each anchored block to the best root that reaches it: seeds by tier, breadth first.
+    for tier in sorted(ANCHOR_KIND):
+        seeds = np.flatnonzero((found.root_tier == tier) & (seed_of < 0))
+        queue = deque()
+        for s in seeds.tolist():
+            seed_of[s] = s
+            queue.append(s)
+        while queue:
+            b = queue.popleft()
+            for d in dst_list[first_list[b] : first_list[b + 1]]:
+                if seed_of[d] < 0:
+                    seed_of[d] = seed_of[b]
+                    queue.append(d)
+    return seed_of >= 0, seed_of, referenced
+
+
+def stack_figures(blocks: Blocks, anchored, seed_of, referenced, labels: dict[int, tuple[str, str]]) -> dict:
+    import numpy as np
+
+    out: dict[int, StackReach] = {}
+    sizes = blocks.sizes.astype(np.int64)
+    for g in np.unique(blocks.groups).tolist():
+        mine = blocks.groups == g
+        held = mine & anchored
+        lost = mine & ~anchored
+        r = StackReach(
+            leaked_count=int(lost.sum()),
+            leaked_bytes=int(sizes[lost].sum()),
+            unreferenced_count=int((lost & ~referenced).sum()),
+            anchored_count=int(held.sum()),
+            anchored_bytes=int(sizes[held].sum()),
+        )
+        if r.anchored_count:
+            by_anchor: dict[tuple[str, str], int] = {}
+            for b, size in zip(np.flatnonzero(held).tolist(), sizes[held].tolist(), strict=True):
+                key = labels[int(seed_of[b])]
+                by_anchor[key] = by_anchor.get(key, 0) + size
+            (kind, name), held_bytes = max(by_anchor.items(), key=lambda kv: kv[1])
+            r = r.model_copy(update={"anchor": name, "anchor_kind": kind, "anchor_bytes": held_bytes})
+        out[g] = r
+    return out

@@ -1,0 +1,99 @@
+"""How memleak shows in the report: its stacks (outstanding blocks, with their series and what the
+scan found), the reachability scan as a row of the probe table and a step of the trail, the
+caveat the scan's roots call for, and what an interrupted run did not gather."""
+
+from __future__ import annotations
+
+from memdiag.system.units import fmt_number
+
+from ..face import ProbeStatus, RowContext, Stack, Stacks, TracingCost, TrailItem
+from .result import LeakStack, MemleakResult
+
+SCAN_METHOD = "all threads stopped (ptrace), writable memory read and matched against memleak's blocks"
+
+
+def stack(s: LeakStack) -> Stack:
+    return Stack(
+        frames=s.frames,
+        functions=s.functions,
+        forwards=s.forwards,
+        bytes=s.outstanding_bytes,
+        count=s.outstanding_count,
+        pid=s.pid,
+        detail=f"{fmt_number(s.outstanding_count)} allocations outstanding, "
+        f"{fmt_number(s.allocs)} allocs, {fmt_number(s.frees)} frees",
+        series=s.series,
+        reach=s.reach,
+    )
+
+
+def culprit(r: MemleakResult, verdict_kind: str) -> Stack | None:
+    """A leak rests on the stack whose blocks nothing points at, as the leak rule read it; a leak,
+    cache or growth otherwise on the heaviest stack; any other verdict on no allocation stack."""
+    leak = r.leak_stack() if verdict_kind == "leak" else None
+    if leak is not None:
+        return stack(leak)
+    if verdict_kind in ("leak", "cache", "growth") and r.stacks:
+        return stack(r.stacks[0])
+    return None
+
+
+STACKS = Stacks(
+    kind="allocations",
+    shown=5,
+    of=lambda r: [stack(s) for s in r.stacks],
+    folded=lambda r: r.folded,
+    culprit=culprit,
+)
+
+
+def rows(r: MemleakResult | None, _plan, ctx: RowContext) -> list[ProbeStatus]:
+    """memleak's row, then the reachability scan's: its cost is the pause it caused."""
+    scan = r.reach_scan if r is not None else None
+    if scan is None:
+        return [ctx.row]
+    ran = scan.status == "ran"
+    paused = scan.paused_ms
+    return [
+        ctx.row,
+        ProbeStatus(
+            name="reach",
+            status="ok" if ran else ("not-run" if scan.status == "skipped" else "error"),
+            reason=scan.describe(),
+            method=SCAN_METHOD,
+            duration_s=(paused or 0) / 1000,
+            events=scan.blocks,
+            overhead_percent=100 * paused / 1000 / ctx.window_s if paused is not None else None,
+            figures=ctx.figures.get("reach", {}),
+            on_target=True,
+        ),
+    ]
+
+
+def trail(r: MemleakResult) -> list[TrailItem]:
+    scan = r.reach_scan
+    if scan is None:
+        return []
+    return [TrailItem(kind="scan", name="reach", state=scan.status, reason=scan.describe())]
+
+
+def missed(r: MemleakResult) -> list[str]:
+    scan = r.reach_scan
+    if r.interrupted and (scan is None or scan.status != "ran"):
+        return ["the reachability scan (which outstanding blocks are leaked, which still anchored)"]
+    return []
+
+
+def caveats(r: MemleakResult) -> list[str]:
+    scan = r.reach_scan
+    if scan is None or scan.status != "ran":
+        return []
+    return [
+        f"Leaked versus anchored is conservative: the roots were {scan.roots}. Blocks whose only pointer "
+        "is held by the kernel or stored encoded would look leaked; frees memleak does not hook (a custom "
+        "allocator's own free) make freed blocks look leaked."
+    ]
+
+
+def measured(r: MemleakResult) -> TracingCost | None:
+    return r.tracing_cost
