@@ -21,6 +21,7 @@ from memdiag.rules.model import FrameClass
 _FRAME = re.compile(r"^(?P<fn>.*?)(?:\+0x[0-9a-f]+| \([^()]*\)) \[(?P<mod>[^\]]+)\]$")
 _UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>.+)\])?$")  # the module may be bracketed itself: [[anon]]
 PASSED_OVER = ("allocator", "wrapper", "guessed-wrapper", "runtime")
+JIT_UNNAMED = "JIT-compiled code no perf map names"
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,8 @@ class Classes:
         function, module = split_frame(frames[index]) if index is not None else (None, None)
         interp = index is not None and kinds[index] == "interpreter"
         label = function or (f"an unnamed function in {module} (no symbol)" if module else None)
+        if label is None and any(split_frame(f) == (None, "[anon]") for f in frames):
+            label = JIT_UNNAMED  # past the runtime's frames, only code a JIT generated, no perf map naming it
         return Named(kinds, index, function, guessed and index is not None, interp, label)
 
 

@@ -12,9 +12,12 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from memdiag.system.target import Target
+from memdiag.system.units import fmt_bytes, fmt_duration
 from pydantic import BaseModel
 
-from .base import ProbeResult, ProbeTarget
+from . import goview
+from .face import Cost, Face, ProbeResult, TracingCost, plain
 from .gomemory import GoProcess, GoSnapshot, GoUnreadable, scaled
 from .gopclntab import GoFrame, GoTable
 
@@ -67,10 +70,10 @@ def requirements() -> list:
     return []  # no kernel feature: /proc/PID/mem, as root or the target's owner with ptrace rights
 
 
-def run(target: ProbeTarget, seconds: float, interval: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic):
+def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic):
     """Read the target's heap profile and goroutines every `interval` for `seconds`."""
     started = time.time()
-    base = GoHeapResult(status="unavailable", target=target.description, started=started, method="")
+    base = GoHeapResult(status="unavailable", target=target.describe(), started=started, method="")
     if target.kind != "pid" or target.pid is None:
         return base.model_copy(update={"reason": "reads one Go process: give --pid"})
     try:
@@ -84,10 +87,16 @@ def run(target: ProbeTarget, seconds: float, interval: float = INTERVAL_S, clock
     result = summarize(proc, snaps, started)
     status = "ok" if not why else ("partial" if snaps else "error")
     reason = _profile_reason(result) + (f"; {why}" if why else "")
-    return result.model_copy(update={"status": status, "reason": reason, "duration_s": time.time() - started})
+    reason += (
+        f"; read {fmt_bytes(result.read_bytes)} of its memory in {fmt_duration(result.read_seconds)} "
+        "(nothing stopped or written)"
+    )
+    cost = Cost(events=proc.memory.reads)
+    update = {"status": status, "reason": reason, "duration_s": time.time() - started, "cost": cost}
+    return result.model_copy(update=update)
 
 
-def _read(proc: GoProcess, target: ProbeTarget, seconds: float, interval: float, clock) -> tuple[list, str]:
+def _read(proc: GoProcess, target: Target, seconds: float, interval: float, clock) -> tuple[list, str]:
     snaps: list[GoSnapshot] = []
     end = clock() + seconds
     while True:
@@ -113,7 +122,7 @@ def _profile_reason(r: GoHeapResult) -> str:
     if r.profile == "rate-zero":
         return f"{how}; heap profile off: the program set runtime.MemProfileRate to 0; goroutines read"
     gcs = r.cycles[-1] - r.cycles[0] if r.cycles else 0
-    return f"{how}; heap profile sampled every {r.rate} bytes, {gcs} GC(s) completed in the window"
+    return f"{how}; heap profile sampled once per {fmt_bytes(r.rate)} allocated on average, {gcs} GC(s) completed"
 
 
 def summarize(proc: GoProcess, snaps: list[GoSnapshot], started: float) -> GoHeapResult:
@@ -251,3 +260,25 @@ def _goroutines(proc: GoProcess, snaps: list[GoSnapshot]) -> tuple[list[Goroutin
             )
         )
     return groups, users, totals
+
+
+def measured(r: GoHeapResult) -> TracingCost | None:
+    """What the reads cost the target, at most: the time they held its memory map for reading (its
+    own page faults share that lock; only an mmap or munmap waits on a read in progress)."""
+    if r.status not in ("ok", "partial"):
+        return None
+    ns = r.read_seconds * 1e9
+    return TracingCost(attached_s=r.duration_s, measured_ns=ns)
+
+
+FACE = Face(
+    name="goheap",
+    run=plain(run),
+    result=GoHeapResult,
+    describe=goview.describe,
+    facts=goview.FACTS,
+    facts_of=goview.facts_of,
+    stacks=goview.STACKS,
+    sections=goview.sections,
+    measured=measured,
+)

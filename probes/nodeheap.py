@@ -14,10 +14,13 @@ from pathlib import Path
 
 from memdiag.system.perfmap import perf_map_path
 from memdiag.system.runtime import read_runtime
+from memdiag.system.target import Target
+from memdiag.system.units import fmt_duration
 from memdiag.system.v8memory import read_v8_memory
 from pydantic import BaseModel
 
-from .base import ProbeResult, ProbeTarget
+from . import nodeview
+from .face import Cost, Face, ProbeResult, TracingCost, plain
 
 INTERVAL_S = 2.0  # smaps walks every page table of the process: a read every two seconds
 
@@ -53,9 +56,9 @@ def perf_map_state(pid: int, proc_root: Path = Path("/proc")) -> PerfMapState | 
     return PerfMapState(path=f"/tmp/{path.name}", size=size)
 
 
-def run(target: ProbeTarget, seconds: float, interval: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic):
+def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic):
     started = time.time()
-    base = NodeHeapResult(status="unavailable", target=target.description, started=started)
+    base = NodeHeapResult(status="unavailable", target=target.describe(), started=started)
     if target.kind != "pid" or target.pid is None:
         return base.model_copy(update={"reason": "reads one Node.js process: give --pid"})
     runtime = read_runtime(target.pid)
@@ -84,7 +87,9 @@ def run(target: ProbeTarget, seconds: float, interval: float = INTERVAL_S, clock
     return base.model_copy(
         update={
             "status": status,
-            "reason": f"{len(times)} reads of smaps; {how}" + ("" if status == "ok" else "; the target exited"),
+            "reason": f"{len(times)} reads of smaps in {fmt_duration(spent)}; {how}"
+            + ("" if status == "ok" else "; the target exited"),
+            "cost": Cost(events=len(times)),
             "method": "/proc/PID/smaps: V8's heap pages (anonymous, below 64 TiB) against malloc'd memory",
             "version": runtime.version,
             "times": times,
@@ -98,3 +103,24 @@ def run(target: ProbeTarget, seconds: float, interval: float = INTERVAL_S, clock
             "duration_s": time.time() - started,
         }
     )
+
+
+def measured(r: NodeHeapResult) -> TracingCost | None:
+    """At most the time the smaps reads held the target's memory map (the kernel walks its page
+    tables for each read)."""
+    if r.status not in ("ok", "partial"):
+        return None
+    ns = r.read_seconds * 1e9
+    return TracingCost(attached_s=r.duration_s, measured_ns=ns)
+
+
+FACE = Face(
+    name="nodeheap",
+    run=plain(run),
+    result=NodeHeapResult,
+    describe=nodeview.describe,
+    facts=nodeview.FACTS,
+    facts_of=nodeview.facts_of,
+    sections=nodeview.sections,
+    measured=measured,
+)

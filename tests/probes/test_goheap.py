@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
-from memdiag.probes.base import ProbeTarget
 from memdiag.probes.goheap import run
 from memdiag.probes.golayout import layout_for, load_target
 from memdiag.probes.gomemory import GoProcess, scaled
 from memdiag.probes.gopclntab import GoTable
+from memdiag.system.target import Target
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kit import GO_ENV, build, go_version, wait_until  # noqa: E402
@@ -151,7 +151,7 @@ def _error_path(r, per_s: float, size: int) -> None:
 @pytest.mark.parametrize("flags", [[], STRIPPED, NOT_INLINED], ids=["plain", "stripped", "not-inlined"])
 def test_an_error_path_map_names_the_function_that_inserts(workload, flags):
     w = workload("goerrmap", "400", "3", "16384", flags=flags)
-    r = run(ProbeTarget.for_pid(w.pid), 12)
+    r = run(Target.for_pid(w.pid), 12)
     assert r.status == "ok", r.reason
     assert r.version == go_version() and r.profile == "on" and r.rate == 512 * KiB
     assert r.stripped == (flags == STRIPPED)
@@ -166,7 +166,7 @@ def test_an_error_path_map_names_the_function_that_inserts(workload, flags):
 def test_a_bounded_cache_levels_off(workload):
     w = workload("gocache", "400", "1500", "16384")  # full (1,500 x 16 KiB, 23.4 MiB) in under 4 s
     time.sleep(6)
-    r = run(ProbeTarget.for_pid(w.pid), 10)
+    r = run(Target.for_pid(w.pid), 10)
     assert r.status == "ok", r.reason
     cache = next(s for s in r.stacks if s.functions[0] == "main.(*cache).fetch")
     # held at the bound the whole time: each point within the sampling's error (~47 samples of
@@ -177,7 +177,7 @@ def test_a_bounded_cache_levels_off(workload):
 
 def test_a_goroutine_leak_is_named_by_what_the_goroutines_run_and_wait_for(workload):
     w = workload("goleak", "100")
-    r = run(ProbeTarget.for_pid(w.pid), 6)
+    r = run(Target.for_pid(w.pid), 6)
     assert r.status == "ok", r.reason
     g = r.groups[0]
     assert g.function == "main.serve.func1" and g.created_by == "main.serve (main.go:27)"
@@ -191,7 +191,7 @@ def test_a_goroutine_leak_is_named_by_what_the_goroutines_run_and_wait_for(workl
 )
 def test_a_heap_profile_the_linker_switched_off_is_said_so(workload, flags):
     w = workload("goerrmap", "400", "3", flags=flags)
-    r = run(ProbeTarget.for_pid(w.pid), 3)
+    r = run(Target.for_pid(w.pid), 3)
     assert r.status == "ok" and r.profile == "compiled-out" and r.rate == 0 and not r.stacks
     assert "the program never references runtime.MemProfile, so the linker switched" in r.reason
     assert r.goroutines and r.goroutines[-1] >= 1  # goroutines are read either way
@@ -199,7 +199,7 @@ def test_a_heap_profile_the_linker_switched_off_is_said_so(workload, flags):
 
 def test_not_a_go_program_and_an_unsupported_version(workload):
     w = workload("leak", "64")
-    r = run(ProbeTarget.for_pid(w.pid), 1)
+    r = run(Target.for_pid(w.pid), 1)
     assert r.status == "unavailable" and "not a Go program" in r.reason
     with pytest.raises(
         Exception, match=r"^unsupported Go version go1\.22\.3 \(memdiag reads the runtime of go1\.19\)$"
@@ -214,7 +214,7 @@ def test_page_fault_stacks_in_a_stripped_go_binary_name_the_inlined_function(wor
     from memdiag.probes import faults
 
     w = workload("goerrmap", "400", "3", flags=["-tags", "noprofile", *STRIPPED])
-    r = faults.run(ProbeTarget.for_pid(w.pid), 3)
+    r = faults.run(Target.for_pid(w.pid), 3)
     assert r.status == "ok", r.reason
     kept = [s for s in r.stacks if "main.rememberFailure" in s.functions]
     assert kept, [s.frames[:6] for s in r.stacks[:5]]

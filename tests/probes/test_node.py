@@ -17,10 +17,10 @@ from pathlib import Path
 
 from memdiag.diagnose.culprit import default_classes
 from memdiag.probes import memleak
-from memdiag.probes.base import ProbeTarget
 from memdiag.probes.nodeheap import run as nodeheap
 from memdiag.system.perfmap import read_perf_map
 from memdiag.system.process import innermost_pid
+from memdiag.system.target import Target
 from memdiag.system.v8memory import read_v8_memory
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -60,7 +60,7 @@ def test_the_split_is_what_node_says_of_itself(workload):
 def test_a_node_leak_names_the_javascript_function_with_a_perf_map(workload):
     w = workload("nodeleak", "200", "3", flags=PERF)
     time.sleep(3)  # V8 compiles the hot functions to code the perf map names
-    r = memleak.run(ProbeTarget.for_pid(w.pid), 6)
+    r = memleak.run(Target.for_pid(w.pid), 6)
     assert r.status == "ok", r.reason
     own = _own_frames(r)  # heaviest outstanding first: the kept copies
     assert own, [s.frames[:12] for s in r.stacks[:3]]
@@ -70,19 +70,20 @@ def test_a_node_leak_names_the_javascript_function_with_a_perf_map(workload):
     defined = {"rememberFailure": 11, "handleOrder": 17}
     assert culprit in defined, own[0]
     assert f"{culprit} (JS function at nodeleak.js:{defined[culprit]}) [perf-{w.pid}.map]" in own[0]
-    h = nodeheap(ProbeTarget.for_pid(w.pid), 4)
+    h = nodeheap(Target.for_pid(w.pid), 4)
     assert h.perf_map == f"/tmp/perf-{w.pid}.map" and h.perf_map_bytes > 0
 
 
 def test_without_a_perf_map_javascript_frames_stay_unnamed(workload):
     w = workload("nodeleak", "200", "3")
     time.sleep(3)
-    r = memleak.run(ProbeTarget.for_pid(w.pid), 5)
+    r = memleak.run(Target.for_pid(w.pid), 5)
     assert r.status == "ok", r.reason
     top = r.stacks[0]
     assert "[unknown] [[anon]]" in top.frames and not any("JS function" in f for f in top.frames)
-    assert default_classes().name(top.frames).function is None  # Node's own frames are passed over
-    h = nodeheap(ProbeTarget.for_pid(w.pid), 6)
+    named = default_classes().name(top.frames)  # Node's own frames are passed over, the JIT's unnamed
+    assert (named.function, named.label) == (None, "JIT-compiled code no perf map names")
+    h = nodeheap(Target.for_pid(w.pid), 6)
     assert h.status == "ok" and h.perf_map is None and "started without --perf-basic-prof" in h.reason
     # the kept Buffers grow outside V8's heap
     assert h.native_resident[-1] - h.native_resident[0] > 2 * (h.v8_mapped[-1] - h.v8_mapped[0]), h
@@ -109,7 +110,7 @@ def test_a_perf_map_in_a_private_tmp_of_a_pid_namespace(root_required, tmp_path)
         pm = read_perf_map(node)
         assert pm is not None and pm.path == f"/proc/{node}/root/tmp/perf-{ns_pid}.map"
         assert not Path(f"/tmp/perf-{node}.map").exists()  # nothing of it in the host's /tmp
-        r = memleak.run(ProbeTarget.for_pid(node), 5)
+        r = memleak.run(Target.for_pid(node), 5)
         own = _own_frames(r)
         assert own and any(f.endswith(f" [perf-{ns_pid}.map]") for f in own[0]), [s.frames[:12] for s in r.stacks]
     finally:
