@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_duration
@@ -33,6 +34,7 @@ class GoStack(BaseModel):
     inuse_bytes: list[int]  # estimated (sampled counts scaled as pprof does), one per point
     inuse_objects: int  # estimated, at the last point
     alloc_bytes: int  # estimated, allocated since the process started, at the last point
+    freed_bytes: int = 0  # estimated, freed between the first point and the last
     recovered: bool = False  # its leaf frame was read from the call site (the profile had dropped it)
 
 
@@ -172,29 +174,42 @@ def _points(snaps: list[GoSnapshot]) -> list[GoSnapshot]:
     return out
 
 
+@dataclass
+class _Acc:
+    """One stack's figures while its buckets are summed (estimated bytes)."""
+
+    series: list[float]
+    objects: float = 0.0  # in use at the last point
+    allocated: float = 0.0  # since the start, at the last point
+    freed: list[float] = field(default_factory=lambda: [0.0, 0.0])  # since the start, at the first and last point
+
+
 def _stacks(table: GoTable, points: list[GoSnapshot], module: str) -> tuple[list[int], list[GoStack]]:
     """In-use bytes per stack at each point (buckets of one stack and several sizes summed)."""
-    keys: dict[tuple[int, ...], list[list[float]]] = {}
+    keys: dict[tuple[int, ...], _Acc] = {}
+    last = len(points) - 1
     for i, p in enumerate(points):
         for b in p.buckets:
             objects, inuse = scaled(b.allocs - b.frees, b.alloc_bytes - b.free_bytes, p.rate)
-            _, allocated = scaled(b.allocs, b.alloc_bytes, p.rate)
-            row = keys.setdefault(b.stack, [[0.0] * len(points), [0.0], [0.0]])
-            row[0][i] += inuse
-            if i == len(points) - 1:
-                row[1][0] += objects
-                row[2][0] += allocated
-    heap = [round(sum(row[0][i] for row in keys.values())) for i in range(len(points))]
+            acc = keys.setdefault(b.stack, _Acc(series=[0.0] * len(points)))
+            acc.series[i] += inuse
+            if i in (0, last):
+                acc.freed[i and 1] += scaled(b.frees, b.free_bytes, p.rate)[1]
+            if i == last:
+                acc.objects += objects
+                acc.allocated += scaled(b.allocs, b.alloc_bytes, p.rate)[1]
+    heap = [round(sum(a.series[i] for a in keys.values())) for i in range(len(points))]
     stacks = []
-    for stack, (series, objects, allocated) in keys.items():
+    for stack, a in keys.items():
         frames, functions, recovered = symbolize(table, stack, module)
         stacks.append(
             GoStack(
                 frames=frames,
                 functions=functions,
-                inuse_bytes=[round(v) for v in series],
-                inuse_objects=round(objects[0]),
-                alloc_bytes=round(allocated[0]),
+                inuse_bytes=[round(v) for v in a.series],
+                inuse_objects=round(a.objects),
+                alloc_bytes=round(a.allocated),
+                freed_bytes=round(max(0.0, a.freed[1] - a.freed[0])),
                 recovered=recovered,
             )
         )

@@ -4,13 +4,13 @@ sections (the heap profile, the goroutines) and its lines under `memdiag probe g
 
 from __future__ import annotations
 
-from memdiag.system.trends import MIN_GROWTH_BYTES, growth_trend
+from memdiag.system.trends import MIN_GROWTH_BYTES
 from memdiag.system.units import fmt_bytes, fmt_number
 
 from .face import FactDef, Namer, Section, Stack, Stacks
+from .gotrend import sampled_shape
 from .text import stack_lines
 
-MIN_POINTS = 4  # a shape needs four points of the series (the profile moves at GCs: four GCs)
 TOP_SHOWN = 8
 
 FACTS = (
@@ -45,10 +45,12 @@ FACTS = (
 )  # fmt: skip
 
 
-def _shape(times: list[float], series: list[int], floor: float) -> str:
-    if len(series) < MIN_POINTS:
-        return "unknown"
-    return growth_trend(list(zip(times, series, strict=False)), floor=floor).shape
+def _shape(times: list[float], series: list[int], replaced: float, rate: int) -> str:
+    return sampled_shape(times, series, replaced, rate, least=max(MIN_GROWTH_BYTES, 2 * rate))
+
+
+def _count_shape(times: list[float], counts: list[int]) -> str:
+    return sampled_shape(times, counts, least=2)
 
 
 def _program_function(functions: list[str], frames: list[str], name: Namer) -> str | None:
@@ -65,23 +67,21 @@ def facts_of(r, _plan, name: Namer) -> dict:
     if r.profile != "on":
         return f
     f["go.gc_cycles"] = r.cycles[-1] - r.cycles[0] if r.cycles else 0
-    # a change under two samples' worth is the sampling's own noise (each sample stands for
-    # ~MemProfileRate bytes in the estimate)
-    floor = max(MIN_GROWTH_BYTES, 2 * (r.rate or 0))
+    freed = sum(s.freed_bytes for s in r.stacks)
     if r.heap_inuse:
         f.update(
             {
                 "go.heap_inuse": r.heap_inuse[-1],
                 "go.heap_growth": r.heap_inuse[-1] - r.heap_inuse[0],
-                "go.heap_trend": _shape(r.times, r.heap_inuse, floor),
+                "go.heap_trend": _shape(r.times, r.heap_inuse, freed, r.rate or 0),
             }
         )
     if r.stacks:
-        f.update(_stack_facts(r, name, floor))
+        f.update(_stack_facts(r, name))
     return f
 
 
-def _stack_facts(r, name: Namer, floor: float) -> dict:
+def _stack_facts(r, name: Namer) -> dict:
     top = r.stacks[0]  # the most growth first
     growth = top.inuse_bytes[-1] - top.inuse_bytes[0]
     span = r.times[-1] - r.times[0] if len(r.times) > 1 else 0
@@ -93,7 +93,7 @@ def _stack_facts(r, name: Namer, floor: float) -> dict:
         "go.top_rate": growth / span if span else None,
         "go.top_inuse": top.inuse_bytes[-1],
         "go.top_share": 100 * growth / total if total > 0 and growth > 0 else None,
-        "go.top_trend": _shape(r.times, top.inuse_bytes, floor),
+        "go.top_trend": _shape(r.times, top.inuse_bytes, top.freed_bytes, r.rate or 0),
         "go.largest_function": _program_function(largest.functions, largest.frames, name),
         "go.largest_inuse": largest.inuse_bytes[-1],
     }
@@ -105,14 +105,14 @@ def _goroutine_facts(r) -> dict:
     f: dict = {
         "go.goroutines": r.goroutines[-1],
         "go.goroutines_growth": r.goroutines[-1] - r.goroutines[0],
-        "go.goroutines_trend": _shape(r.read_times, r.goroutines, 2),
+        "go.goroutines_trend": _count_shape(r.read_times, r.goroutines),
     }
     if r.groups:
         g = r.groups[0]
         f.update(
             {
                 "go.goroutine_top_growth": g.counts[-1] - g.counts[0],
-                "go.goroutine_top_trend": _shape(r.read_times, g.counts, 2),
+                "go.goroutine_top_trend": _count_shape(r.read_times, g.counts),
                 "go.goroutine_top_function": g.function,
                 "go.goroutine_top_creator": g.created_by,
                 "go.goroutine_top_wait": g.wait,

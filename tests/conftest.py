@@ -48,6 +48,7 @@ SLOW_MODULES = frozenset(
         "e2e/test_budget.py",
         "e2e/test_containers.py",
         "e2e/test_culprit.py",
+        "e2e/test_runtimes.py",
         "e2e/test_scenarios.py",
         "e2e/test_signals.py",
         "e2e/test_verify.py",
