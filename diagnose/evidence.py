@@ -92,81 +92,44 @@ def _rows(obs: Observation) -> list[CounterRow]:
     s = obs.snapshots
     if not s:
         return []
-    first, last, secs = s[0], s[-1], window_seconds(obs)
-    rows: list[CounterRow] = []
-    if first.process is not None and last.process is not None:
-        for name in _PROCESS_BYTES:
-            rows.append(
-                CounterRow(
-                    scope="process",
-                    name=name,
-                    unit="bytes",
-                    first=getattr(first.process, name),
-                    last=getattr(last.process, name),
-                )
-            )
-        rows.append(
-            CounterRow(
-                scope="process", name="threads", unit="count", first=first.process.threads, last=last.process.threads
-            )
-        )
-        for name in ("minflt", "majflt"):
-            rows.append(
-                CounterRow(
-                    scope="process",
-                    name=name,
-                    unit="per_s",
-                    first=getattr(first.process, name),
-                    last=getattr(last.process, name),
-                    rate_per_s=counter_rate(getattr(first.process, name), getattr(last.process, name), secs),
-                )
-            )
-    last_cg = obs.last_cgroup  # read once more at the window's end: a kill after the last sample counts
-    if first.cgroup is not None and last_cg is not None:
-        for name in _CGROUP_BYTES:
-            rows.append(
-                CounterRow(
-                    scope="cgroup",
-                    name=name,
-                    unit="bytes",
-                    first=getattr(first.cgroup, name),
-                    last=getattr(last_cg, name),
-                )
-            )
-        for name in _CGROUP_COUNTS:
-            rows.append(
-                CounterRow(
-                    scope="cgroup",
-                    name=name,
-                    unit="count",
-                    first=getattr(first.cgroup, name),
-                    last=getattr(last_cg, name),
-                )
-            )
-    for name in _MEMINFO_ROWS:
-        rows.append(
-            CounterRow(
-                scope="system",
-                name=name,
-                unit="bytes",
-                first=getattr(first.meminfo, name),
-                last=getattr(last.meminfo, name),
-            )
-        )
+    return _process_rows(obs) + _cgroup_rows(obs) + _system_rows(obs)
+
+
+def _pair(scope, name: str, unit, first, last, secs: float | None = None) -> CounterRow:
+    """One counter at both ends of the window (its rate over the window when secs is given)."""
+    a, b = getattr(first, name), getattr(last, name)
+    rate = counter_rate(a, b, secs) if secs is not None else None
+    return CounterRow(scope=scope, name=name, unit=unit, first=a, last=b, rate_per_s=rate)
+
+
+def _process_rows(obs: Observation) -> list[CounterRow]:
+    first, last, secs = obs.snapshots[0].process, obs.snapshots[-1].process, window_seconds(obs)
+    if first is None or last is None:
+        return []
+    rows = [_pair("process", name, "bytes", first, last) for name in _PROCESS_BYTES]
+    rows.append(_pair("process", "threads", "count", first, last))
+    return rows + [_pair("process", name, "per_s", first, last, secs) for name in ("minflt", "majflt")]
+
+
+def _cgroup_rows(obs: Observation) -> list[CounterRow]:
+    first = obs.snapshots[0].cgroup
+    last = obs.last_cgroup  # read once more at the window's end: a kill after the last sample counts
+    if first is None or last is None:
+        return []
+    rows = [_pair("cgroup", name, "bytes", first, last) for name in _CGROUP_BYTES]
+    return rows + [_pair("cgroup", name, "count", first, last) for name in _CGROUP_COUNTS]
+
+
+def _system_rows(obs: Observation) -> list[CounterRow]:
+    first, last, secs = obs.snapshots[0], obs.snapshots[-1], window_seconds(obs)
+    rows = [_pair("system", name, "bytes", first.meminfo, last.meminfo) for name in _MEMINFO_ROWS]
     for name, unit in _VMSTAT_RATES.items():
         a, b = first.vmstat.get(name), last.vmstat.get(name)
         if a is None and b is None:
             continue
         rows.append(
-            CounterRow(
-                scope="system",
-                name=name,
-                unit=unit,
-                first=a,
-                last=b,  # type: ignore[arg-type]
-                rate_per_s=counter_rate(a, b, secs),
-            )
-        )
+            CounterRow(scope="system", name=name, unit=unit, first=a, last=b, rate_per_s=counter_rate(a, b, secs))
+        )  # type: ignore[arg-type]
     for kind in ("some", "full"):
         line = last.psi and getattr(last.psi, kind)
         if line is not None:

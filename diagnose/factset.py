@@ -52,25 +52,37 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     }
     if not obs.snapshots:
         return f
+    f.update(_system_facts(obs, counters))
+    f["memory.level"] = memory_level(counters)
+    f.update(_process_facts(obs, counters))
+    f.update(_cgroup_facts(obs, counters))
+    # what the target paid in the window: the playbook's target-pays anchor weighs it with its limit hits
+    f["pressure.target_major_faults"] = sum(r.majflt_delta or 0 for r in counters.processes)
+    f["pressure.target_swap"] = _target_swap(obs, f.get("system.swap_used"))
+    return f
+
+
+def _system_facts(obs: Observation, counters: Counters) -> dict:
+    """The host's memory, swap, faults, reclaim, PSI, and its fastest grower (never memdiag)."""
     first, last, secs = obs.snapshots[0], obs.snapshots[-1], window_seconds(obs)
     m = last.meminfo
-    f.update(
-        {
-            "system.mem_total": m.mem_total,
-            "system.mem_available": m.mem_available,
-            "system.mem_available_percent": m.available_percent,
-            "system.swap_total": m.swap_total,
-            "system.swap_used": m.swap_used,
-            "system.swapin_rate": counter_rate(first.vmstat.get("pswpin"), last.vmstat.get("pswpin"), secs),
-            "system.swapout_rate": counter_rate(first.vmstat.get("pswpout"), last.vmstat.get("pswpout"), secs),
-            "system.majfault_rate": counter_rate(first.vmstat.get("pgmajfault"), last.vmstat.get("pgmajfault"), secs),
-            "system.direct_reclaim_rate": counter_rate(
-                first.vmstat.get("allocstall"), last.vmstat.get("allocstall"), secs
-            ),
-            "system.psi_some": psi_stall_percent(obs, "some"),
-            "system.psi_full": psi_stall_percent(obs, "full"),
-        }
-    )
+
+    def rate(name: str) -> float | None:
+        return counter_rate(first.vmstat.get(name), last.vmstat.get(name), secs)
+
+    f: dict = {
+        "system.mem_total": m.mem_total,
+        "system.mem_available": m.mem_available,
+        "system.mem_available_percent": m.available_percent,
+        "system.swap_total": m.swap_total,
+        "system.swap_used": m.swap_used,
+        "system.swapin_rate": rate("pswpin"),
+        "system.swapout_rate": rate("pswpout"),
+        "system.majfault_rate": rate("pgmajfault"),
+        "system.direct_reclaim_rate": rate("allocstall"),
+        "system.psi_some": psi_stall_percent(obs, "some"),
+        "system.psi_full": psi_stall_percent(obs, "full"),
+    }
     a, b = first.vmstat.get("oom_kill"), last.vmstat.get("oom_kill")
     f["system.oom_kills"] = (b - a) if a is not None and b is not None else None
     if first.meminfo.sunreclaim is not None and m.sunreclaim is not None:
@@ -83,8 +95,13 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     top = max(counters.processes, key=lambda r: (r.growth, r.rss_last or 0)) if counters.processes else None
     f["system.top_grower_pid"] = str(top.pid) if top else None
     f["system.mem_available_shape"] = avail.shape if avail else "unknown"
-    f["memory.level"] = memory_level(counters)
+    return f
 
+
+def _process_facts(obs: Observation, counters: Counters) -> dict:
+    """A pid target's RSS, its trend and its faults, and whether the OOM killer took it."""
+    first, last, secs = obs.snapshots[0], obs.snapshots[-1], window_seconds(obs)
+    f: dict = {}
     rss = counters.trends.get("process.rss")
     if rss is not None and last.process is not None:
         p0, p1 = first.process, last.process
@@ -105,21 +122,24 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     f["process.oom_killed"] = (
         any(k.victim_pid == obs.target.pid for k in counters.oom_kills) if (obs.target.kind == "pid") else None
     )
+    return f
 
-    cg = obs.last_cgroup  # read once more at the window's end, as the counter table has it
-    if cg is not None:
-        f.update({"cgroup.usage": cg.usage, "cgroup.limit": cg.effective_limit, "cgroup.oom_kills": cg.oom_kill})
-        if cg.effective_limit and cg.usage is not None:
-            f["cgroup.usage_percent"] = 100.0 * cg.usage / cg.effective_limit
-        if (hits := limit_hits(obs)) is not None:
-            f["cgroup.limit_hits"] = hits
-        usage = counters.trends.get("cgroup.usage")
-        if usage is not None:
-            f["cgroup.usage_rate"] = usage.recent_rate_per_s if usage.shape == "climbing" else usage.rate_per_s
-            f["cgroup.usage_shape"] = usage.shape
-    # what the target paid in the window: the playbook's target-pays anchor weighs it with its limit hits
-    f["pressure.target_major_faults"] = sum(r.majflt_delta or 0 for r in counters.processes)
-    f["pressure.target_swap"] = _target_swap(obs, f.get("system.swap_used"))
+
+def _cgroup_facts(obs: Observation, counters: Counters) -> dict:
+    """The target's memory cgroup at the window's end (read once more then, as the counter table
+    has it): usage against its limit, limit hits, OOM kills, its usage's trend."""
+    cg = obs.last_cgroup
+    if cg is None:
+        return {}
+    f: dict = {"cgroup.usage": cg.usage, "cgroup.limit": cg.effective_limit, "cgroup.oom_kills": cg.oom_kill}
+    if cg.effective_limit and cg.usage is not None:
+        f["cgroup.usage_percent"] = 100.0 * cg.usage / cg.effective_limit
+    if (hits := limit_hits(obs)) is not None:
+        f["cgroup.limit_hits"] = hits
+    usage = counters.trends.get("cgroup.usage")
+    if usage is not None:
+        f["cgroup.usage_rate"] = usage.recent_rate_per_s if usage.shape == "climbing" else usage.rate_per_s
+        f["cgroup.usage_shape"] = usage.shape
     return f
 
 

@@ -6,7 +6,11 @@ mode 700 (reports hold command lines, paths and symbols of the target, which may
 Every file is written through a descriptor of its folder (opened with O_NOFOLLOW) under a temporary
 name created with O_EXCL|O_NOFOLLOW, then renamed over the final name: a symlink planted at either
 name is removed or replaced, never followed. The folder's own path is the user's to choose, but its
-last component may not be a symlink (the predictable default name must not lead elsewhere)."""
+last component may not be a symlink (the predictable default name must not lead elsewhere), and it
+may not be on a filesystem of kernel objects (in cgroupfs, mkdir makes a cgroup).
+
+Who may plant links is decided here once (unsafe_folder, unsafe_ancestors), for the CLI's report
+folders and for `memdiag serve --data`, which checks every folder above its own as well."""
 
 from __future__ import annotations
 
@@ -14,13 +18,21 @@ import contextlib
 import errno
 import os
 import pwd
+import stat
 from pathlib import Path
+
+from memdiag.system.cgroup import parse_mountinfo
 
 from .errors import UsageError
 
 NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 FOLDER_MODE = 0o700
 FILE_MODE = 0o600
+# filesystems of kernel objects, not storage: a mkdir there makes a cgroup, a configfs item or a
+# tracing instance (and proc, sysfs and the rest refuse it, or make something that is not a folder)
+KERNEL_FILESYSTEMS = frozenset(
+    {"cgroup", "cgroup2", "proc", "sysfs", "configfs", "tracefs", "debugfs", "securityfs", "bpf", "pstore", "efivarfs"}
+)
 
 
 class ReportFolder:
@@ -50,6 +62,8 @@ def open_report_folder(path: Path, label: str) -> ReportFolder:
     """The folder at path (created mode 700 if missing), proved writable; UsageError (label names it:
     "--output DIR" or "report folder DIR") when it cannot be written or another user could write to it."""
     created = False
+    if kind := kernel_filesystem(path):
+        raise UsageError(f"{label}: {on_kernel_filesystem(kind)}")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         os.mkdir(path, FOLDER_MODE)
@@ -67,7 +81,7 @@ def open_report_folder(path: Path, label: str) -> ReportFolder:
         if created and st.st_uid == os.geteuid():
             os.fchmod(fd, FOLDER_MODE)  # whatever the umask took away or left
             st = os.fstat(fd)
-        if problem := _unsafe(st, path):
+        if problem := unsafe_folder(st, path):
             raise UsageError(f"{label}: {problem}")
         _prove_writable(fd)
     except OSError as e:
@@ -104,19 +118,65 @@ def _replace(dfd: int, name: str, text: str) -> None:
         raise
 
 
-def _unsafe(st: os.stat_result, path: Path) -> str | None:
-    """Why another user could plant links in this folder, or None."""
+def unsafe_folder(st: os.stat_result, path: Path, noun: str = "report folder") -> str | None:
+    """Why another user could plant links in this folder (its fstat), or None."""
     if st.st_uid not in (0, os.geteuid()):
         return (
-            f"refusing a report folder owned by {_user(st.st_uid)}: its owner could plant links that memdiag "
+            f"refusing a {noun} owned by {_user(st.st_uid)}: its owner could plant links that memdiag "
             f"would write through; name a new folder (memdiag creates it, mode 700) or one owned by root"
         )
     if st.st_mode & 0o022:
         return (
-            f"refusing a report folder others can write to (mode {st.st_mode & 0o7777:o}): they could plant "
+            f"refusing a {noun} others can write to (mode {st.st_mode & 0o7777:o}): they could plant "
             f"links that memdiag would write through; run chmod go-w {path} or name a new folder"
         )
     return None
+
+
+def unsafe_ancestors(path: Path) -> str | None:
+    """Why another user could swap one of the folders above `path` (an absolute path, links resolved)
+    for a link, or None: each existing one must be root's or this user's, and not writable by its
+    group or others unless sticky (as /tmp: there only an entry's owner may rename or remove it, and
+    the entry below is checked in turn)."""
+    for folder in path.parents:
+        try:
+            st = os.stat(folder)
+        except FileNotFoundError:
+            continue  # made by memdiag, mode 700
+        if st.st_uid not in (0, os.geteuid()):
+            return (
+                f"{folder} above it is owned by {_user(st.st_uid)}, who could swap the folders below it for "
+                "links memdiag would write through; use a folder whose parents are root's"
+            )
+        if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+            return (
+                f"{folder} above it can be written by others (mode {st.st_mode & 0o7777:o}): they could swap "
+                f"the folders below it for links memdiag would write through; run chmod go-w {folder}"
+            )
+    return None
+
+
+def kernel_filesystem(path: Path) -> str | None:
+    """The filesystem of kernel objects (KERNEL_FILESYSTEMS) that `path`, or its nearest existing
+    folder, is on; None for storage."""
+    real = Path(os.path.realpath(path))
+    try:
+        mounts = parse_mountinfo(Path("/proc/self/mountinfo").read_text())
+    except OSError:  # no /proc: nothing known, and the mkdir says what it says
+        return None
+    above = [m for m in mounts if real == Path(m.mount_point) or Path(m.mount_point) in real.parents]
+    if not above:
+        return None
+    # the longest mount point; of two at the same point the later, mounted over the other, is seen
+    fstype = max(enumerate(above), key=lambda im: (len(im[1].mount_point), im[0]))[1].fstype
+    return fstype if fstype in KERNEL_FILESYSTEMS else None
+
+
+def on_kernel_filesystem(fstype: str) -> str:
+    return (
+        f"on the {fstype} filesystem, which holds kernel objects, not files (in cgroupfs a new folder is a new "
+        "cgroup): name a folder on a disk"
+    )
 
 
 def _open_problem(path: Path, e: OSError) -> str:

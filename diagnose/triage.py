@@ -246,6 +246,15 @@ def _pressure_context(obs: Observation, counters: Counters, growth: _Growth) -> 
     return "; ".join(text)
 
 
+# The growth series' readings, each the summary.* fact it becomes.
+SUMMARY_FACTS = {
+    "growth": "summary.growth",
+    "plateau": "summary.plateau",
+    "sawtooth": "summary.sawtooth",
+    "cut_by_oom": "summary.cut_by_oom",
+}
+
+
 class _Growth:
     """What the growth series says: findings, caveats, its sentence by name (growth, plateau,
     sawtooth, cut_by_oom: the `summary.*` fact it becomes) and the culprit it names."""
@@ -295,16 +304,14 @@ def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> 
         # cut the growth (CI saw a 32 MiB OOM loop sampled flat for 2.4 s between kills).
         summary = (
             f"{what} of {who} ended at {fmt_bytes(tr.last)} (between {fmt_bytes(tr.low)} and {fmt_bytes(tr.peak)} "
-            f"over {fmt_duration(tr.seconds)}) with {killed} OOM kill{'s' if killed > 1 else ''} in the window: "
-            "the kernel cut the growth, so the level says nothing of a bound"
-        )
+            f"over {fmt_duration(tr.seconds)}) with {killed} OOM kill{'s' if killed > 1 else ''} in the window"
+        )  # what it means (the kernel cut the growth) is the playbook's: level-cut-by-oom
         return _said(out, "cut_by_oom", summary, "growth-killed", {**evidence, "oom_kills": killed})
     if tr.shape == "levelled":
         summary = (
             f"{what} of {who} grew {fmt_bytes(tr.delta)} then levelled off at {fmt_bytes(tr.last)} "
-            f"for the last {fmt_duration(tr.levelled_for_s)} of {fmt_duration(tr.seconds)}: a plateau, "
-            "consistent with a bounded cache filling to its size, not a leak"
-        )
+            f"for the last {fmt_duration(tr.levelled_for_s)} of {fmt_duration(tr.seconds)}"
+        )  # what it is consistent with (a bounded cache) is the playbook's: plateau
         out.caveats.append(
             "counters show the shape of growth, not its cause: a leak that paused also looks like a plateau for a while"
         )
@@ -312,9 +319,8 @@ def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> 
     if tr.shape == "sawtooth":
         summary = (
             f"{what} of {who} rose and fell over {fmt_duration(tr.seconds)}, between {fmt_bytes(tr.low)} and "
-            f"{fmt_bytes(tr.peak)} ({fmt_bytes(tr.last)} at the end): it fell and grew again (swapped out, freed, "
-            "or killed and restarted), so no one rate describes it"
-        )
+            f"{fmt_bytes(tr.peak)} ({fmt_bytes(tr.last)} at the end)"
+        )  # why no rate describes it is the playbook's: sawtooth
         return _said(out, "sawtooth", summary, "growth-sawtooth", evidence)
     if tr.shape == "shrinking":
         out.findings.append(
@@ -414,9 +420,9 @@ def triage(obs: Observation, counters: Counters) -> Triage:
         facts["summary.oom"], culprits["oom"] = oom
     keys = {}
     if g.kind is not None and g.summary is not None:
-        facts[f"summary.{g.kind}"] = g.summary
+        facts[SUMMARY_FACTS[g.kind]] = g.summary
         if g.finding is not None:
-            keys[g.finding] = f"summary.{g.kind}"
+            keys[g.finding] = SUMMARY_FACTS[g.kind]
     if g.culprit is not None and g.kind in ("growth", "plateau"):
         culprits["growth"] = g.culprit
     return Triage(findings, caveats, facts, culprits, keys)

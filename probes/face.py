@@ -25,10 +25,13 @@ The face, field by field (only `name` and `run` are required)
 ---------------------------------------------------------------
 name       the registry's name: what rules ask for and what the probe table's row is called.
 run        run(target, ctx) -> ProbeResult (a subclass: the probe's own typed result). ctx.seconds
-           is how long it may observe; ctx.plan its own plan when it made one; ctx.budget what the
-           budget leaves it (None when run alone by `memdiag probe`); ctx.options the values of its
-           own `options` on `memdiag probe`. A probe that cannot run returns status "unavailable"
-           with the reason, never raises; it leaves nothing running in the target.
+           is how long it may observe; ctx.plan its own plan when it made one; ctx.budget the
+           budget's ledger (allowance_ns: what is left of the target's time; `memdiag probe`: the
+           default budget over its own run); ctx.max_pause_ms the longest stop of the target
+           allowed; ctx.cpu_rate the target's CPU rate before any probe; ctx.alone and ctx.options
+           (its own `options`' values, and --top) when `memdiag probe NAME` runs it. A probe that
+           cannot run returns status "unavailable" with the reason, never raises; it leaves nothing
+           running in the target (a recording it started is stopped, a stopped thread resumed).
 result     the type run() returns (a ProbeResult subclass): what facts_of, rows, stacks ... receive.
 describe   describe(result, top) -> lines for `memdiag probe NAME` under the common header.
 facts      its catalog entries, FactDef(name, kind, help): the facts it yields, each under the
@@ -42,7 +45,11 @@ rows       rows(result | None, plan | None, RowContext) -> [ProbeStatus]: its ro
            table. Default: [ctx.row], the row every probe has, from the result's common fields (or
            "not-run" and why: the trail's reason, or its plan's when that did not go).
 stacks     Stacks(kind, shown, of, folded, culprit): its stacks as the one Stack type (frames in
-           the probe's own language: native symbols, or Java methods with their lines).
+           the probe's own language: native symbols, or Java methods with their lines; a frame not
+           of the native "fn+0x1a [module]" form is matched whole against the playbook's wrappers).
+           kind "allocations" (what is held: outstanding blocks, a heap's live objects) comes before
+           "events" (page faults, calls) in the report and when the verdict's stack is chosen;
+           culprit(result, verdict kind) picks the stack a verdict rests on (default: the heaviest).
 caveats    caveats(result) -> sentences for the report's Caveats.
 sections   sections(result) -> [Section]: report sections of its own ("Java heap"): a title, lines
            and an optional table, rendered in Markdown and HTML and kept in report.json.
@@ -51,9 +58,12 @@ missed     missed(result) -> what an interrupted run did not gather beyond its o
 measured   measured(result) -> TracingCost | None: what it cost the target, measured on the target
            (its CPU time, its traps); None: its cost is its BPF run time (Cost.bpf_run_ns).
 on_target  its row's overhead is measured on the target, not its BPF run time (ProbeStatus.on_target).
-plan       plan(target, ctx) -> Plan | None, before it runs: its price against ctx.budget.
-           None (the field, or the answer): cheap, just run it. A Plan that does not `go` is in the
-           trail; its `facts` are shown to the rules, and what they then ask for runs in its place.
+plan       plan(target, ctx) -> Plan | None, before it runs: its price against ctx.budget for
+           ctx.seconds. None (the field, or the answer): cheap, just run it. A Plan (subclass it with
+           what its run needs: memleak's carries the host's trap costs, the call rates and a
+           Schedule of N bursts of L seconds) is in the trail; what it `spent` (a count) is in the
+           ledger and a row of the table each; its `facts` are shown to the rules; one that does
+           not `go` is not run, and what the rules then ask for runs in its place.
 planning   what plan() does, in words, for the phase a signal may interrupt.
 options    Option(...): `memdiag probe NAME`'s arguments of its own; their values in ctx.options.
 refuse     refuse(options) -> str | None: a usage error among its options' values (exit 2).

@@ -51,7 +51,10 @@ class ProbeSpec:
         return importlib.import_module(self.module or f"{__package__}.{self.name}")
 
     def face(self) -> Face:
-        return self.loader().FACE
+        face = self.loader().FACE
+        if face.name != self.name:
+            raise ValueError(f"probe {self.name!r}: its module's FACE is named {face.name!r} (probes/registry.py)")
+        return face
 
     def compile_options(self, target_kind: str) -> dict[str, int | str]:
         return self.options(self.loader(), target_kind)

@@ -109,9 +109,9 @@ _DEFS = [
         "what stands behind memory pressure: the growth, who pays in major faults, who is biggest",
     ),
     ("summary.growth", "string", "memory still climbing: rate, duration, projection to the limit"),
-    ("summary.plateau", "string", "growth that levelled off"),
-    ("summary.sawtooth", "string", "memory that rose and fell (kills, restarts, flushes): no steady trend"),
-    ("summary.cut_by_oom", "string", "memory that levelled off between OOM kills: the kernel cut the growth"),
+    ("summary.plateau", "string", "growth that levelled off: how much, where, for how long"),
+    ("summary.sawtooth", "string", "memory that rose and fell (kills, restarts, flushes): its low, peak and end"),
+    ("summary.cut_by_oom", "string", "memory that levelled off with OOM kills in the window: where, how many kills"),
     # the budget
     ("budget.percent", "percent", "how much the diagnosis may slow the target"),
 ]

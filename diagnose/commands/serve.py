@@ -6,12 +6,13 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import signal
 import socket
 import sqlite3
 import stat
 from pathlib import Path
 
-from ..errors import PermissionNeeded, UsageError
+from ..errors import PermissionNeeded, SignalInterrupted, UsageError
 from ..options import PERCENT, add_playbook_option, number
 from ..workflow import DEFAULT_BUDGET_PERCENT, load_book
 
@@ -53,7 +54,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--duration", type=_DURATION, default=30.0, metavar="S", help="window of each diagnosis")
     parser.add_argument("--budget", type=PERCENT, default=DEFAULT_BUDGET_PERCENT, metavar="PERCENT")
-    parser.add_argument("--queue", type=_QUEUE, default=16, metavar="N", help="diagnoses waiting at most (429 beyond)")
+    parser.add_argument(
+        "--queue",
+        type=_QUEUE,
+        default=16,
+        metavar="N",
+        help="diagnoses waiting at most; a group's alerts beyond it are answered 429, taken when delivered again",
+    )
     parser.add_argument(
         "--grafana-secret-file",
         type=Path,
@@ -63,6 +70,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--grafana-timestamp-header", metavar="NAME", help="the timestamp header Grafana signs with, when configured"
     )
+    _add_store_arguments(parser)
+    _add_agent_arguments(parser)
+    add_playbook_option(parser)
+
+
+def _add_store_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--max-incidents",
         type=_INCIDENTS,
@@ -93,6 +106,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="diagnoses started per alert (restarts and re-deliveries) before it stays failed (default 3)",
     )
     parser.add_argument("--no-oom-watch", action="store_true", help="do not watch for OOM kills")
+
+
+def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--node",
         metavar="NAME",
@@ -108,7 +124,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--poll", type=_POLL, default=15.0, metavar="S", help="seconds between pulls from --alertmanager (default 15)"
     )
-    add_playbook_option(parser)
 
 
 def _secret(path: Path | None, what: str) -> str | None:
@@ -200,18 +215,81 @@ def _start_poller(pull: tuple[str, str, str | None], poll: float, store, worker,
     return Poller(url, node, token, poll, take).start()
 
 
-def execute(args: argparse.Namespace) -> int:
+def _stop_on_signals() -> None:
+    """SIGINT and SIGTERM end serve with one line and the shell's status (130, 143). uvicorn catches
+    both while it runs, shuts down, puts back the handlers it found (these) and raises the signal
+    again: the handler's exception comes out of Server.run to the CLI. Before uvicorn runs, the
+    same handler ends the start."""
+
+    def stopped(signum: int, _frame) -> None:
+        raise SignalInterrupted(
+            signum,
+            f"serve stopped by {signal.Signals(signum).name}; diagnoses queued or cut off resume at the next start",
+        )
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, stopped)
+
+
+def _open_store(args: argparse.Namespace):
+    from ..serve.datadir import DataInUse, UnsafeData
+    from ..serve.store import Limits, Store
+
+    limits = Limits(
+        max_incidents=args.max_incidents,
+        max_report_bytes=args.max_report_mb << 20,
+        dedupe_window=args.dedupe_window,
+        max_attempts=args.max_attempts,
+    )
+    try:
+        store = Store(args.data, limits)
+    except (DataInUse, UnsafeData) as e:
+        raise UsageError(str(e)) from None
+    except (OSError, sqlite3.Error) as e:
+        raise UsageError(f"--data {args.data}: {getattr(e, 'strerror', None) or e}") from None
+    if store.resumed:
+        print(f"memdiag serve: {len(store.resumed)} diagnoses cut off by the last stop re-queued", flush=True)
+    return store
+
+
+def _worker(args: argparse.Namespace, store, metrics, rules):
+    from ..serve.worker import Worker
+
+    def done(elapsed: float, report) -> None:
+        metrics.durations.observe(elapsed)
+        if report.overhead.measured_percent is not None:
+            metrics.overhead.set(report.overhead.measured_percent)
+
+    return Worker(store, args.duration, args.budget, rules, maxsize=args.queue, on_done=done)
+
+
+def _serve(app, listener: socket.socket) -> None:
     import uvicorn
+
+    from ..serve.connections import bounded_protocol, connection_limit
+
+    config = uvicorn.Config(
+        app,
+        log_level="warning",
+        access_log=False,
+        # idle deadline, and a cap on open connections answered as the application answers refusals
+        # (connections.py); uvicorn's limit_concurrency is not set: its 503 is plain text
+        http=bounded_protocol(connection_limit(BACKLOG)),
+        backlog=BACKLOG,
+        timeout_keep_alive=5,
+        h11_max_incomplete_event_size=16 * 1024,  # request line and headers
+    )
+    uvicorn.Server(config).run(sockets=[listener])
+
+
+def execute(args: argparse.Namespace) -> int:
     from memdiag.rules.loader import RuleFileError
 
     from ..serve.app import Config, Metrics, create_app
-    from ..serve.connections import bounded_protocol, connection_limit
-    from ..serve.oomwatch import OomWatcher, describe, incident_key, incident_place
+    from ..serve.oomwatch import KillIncidents, OomWatcher
     from ..serve.security import FailureLimiter
-    from ..serve.store import DataInUse, Limits, Store, UnsafeData
-    from ..serve.targets import NotOnHost, target_from_labels
-    from ..serve.worker import QueueFull, Worker
 
+    _stop_on_signals()
     host, port = _listen(args.listen)
     pull = _pull_options(args)
     token = _secret(args.token_file, "--token-file")
@@ -227,58 +305,10 @@ def execute(args: argparse.Namespace) -> int:
     except RuleFileError as e:
         raise UsageError(e.usage_text()) from None
     os.umask(0o077)  # everything serve creates is the owner's only
-    limits = Limits(
-        max_incidents=args.max_incidents,
-        max_report_bytes=args.max_report_mb << 20,
-        dedupe_window=args.dedupe_window,
-        max_attempts=args.max_attempts,
-    )
-    try:
-        store = Store(args.data, limits)
-    except (DataInUse, UnsafeData) as e:
-        raise UsageError(str(e)) from None
-    except (OSError, sqlite3.Error) as e:
-        raise UsageError(f"--data {args.data}: {getattr(e, 'strerror', None) or e}") from None
-    if store.resumed:
-        print(f"memdiag serve: {len(store.resumed)} diagnoses cut off by the last stop re-queued", flush=True)
+    store = _open_store(args)
     metrics = Metrics(store)
-
-    def done(elapsed: float, report) -> None:
-        metrics.durations.observe(elapsed)
-        if report.overhead.measured_percent is not None:
-            metrics.overhead.set(report.overhead.measured_percent)
-
-    worker = Worker(store, args.duration, args.budget, rules, maxsize=args.queue, on_done=done)
-
-    def on_kill(e, container) -> None:
-        metrics.oom_kills.inc()
-        cgroup = e.memcg or e.victim_cgroup
-        target = None
-        if cgroup and cgroup != "/":
-            try:
-                target = target_from_labels({"id": cgroup})
-            except (NotOnHost, ValueError, UsageError):
-                target = None  # the cgroup is gone
-            # the victim may linger in cgroup.procs while it dies: only a survivor is diagnosed
-            if target is not None and (target.kind != "pid" or target.pid == e.victim_pid):
-                target = None
-            # the survivor diagnosed may be in another container of the pod (or none): the victim's
-            # container (named at the kill) stands in only for the same container
-            same = target is not None and container is not None and target.container is not None
-            if same and target.container.id == container.id:
-                target = target.model_copy(update={"container": container})  # the report in its terms
-        record = {**e.model_dump(), "container": container.model_dump() if container else None}
-        state = "queued" if target is not None else "recorded"
-        where, key = incident_place(e, container), incident_key(e, container)
-        # a refused write raises StorageFailing: the OOM watch keeps the kill and records it later
-        incident, new = store.record("oomwatch", state, where, record, key, summary=describe(e, container))
-        if target is not None and new:
-            try:
-                worker.submit(incident.id, target)
-            except QueueFull:
-                store.settle(incident.id, state="recorded", error="queue full: recorded, not diagnosed")
-
-    watcher = None if args.no_oom_watch else OomWatcher(on_kill)
+    worker = _worker(args, store, metrics, rules)
+    watcher = None if args.no_oom_watch else OomWatcher(KillIncidents(store, worker, metrics.oom_kills.inc))
     cfg = Config(
         oom_watch=watcher,
         store=store,
@@ -291,18 +321,6 @@ def execute(args: argparse.Namespace) -> int:
     )
     if pull is not None:
         cfg.checks = (_start_poller(pull, args.poll, store, worker, metrics).health,)
-    app = create_app(cfg, metrics)
-    limit = connection_limit()
-    config = uvicorn.Config(
-        app,
-        log_level="warning",
-        access_log=False,
-        http=bounded_protocol(limit),  # idle deadline and a cap on open connections (connections.py)
-        limit_concurrency=limit + BACKLOG,  # a backstop: asyncio accepts up to BACKLOG at once before the cap acts
-        backlog=BACKLOG,
-        timeout_keep_alive=5,
-        h11_max_incomplete_event_size=16 * 1024,  # request line and headers
-    )
     print(f"memdiag serve: listening on http://{args.listen} (data in {args.data})", flush=True)
-    uvicorn.Server(config).run(sockets=[listener])
+    _serve(create_app(cfg, metrics), listener)
     return 0

@@ -19,12 +19,12 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import UsageError
-from ..target import Target, pid_target
+from ..target import Target, as_largest_process, pid_target
 from .alerts import Alert, AlertmanagerPayload, DiagnoseRequest, GrafanaPayload
 from .security import FailureLimiter, grafana_signature_ok, token_ok
 from .store import STATES, ReportGone, StorageFailing, Store
 from .targets import BadLabel, NotOnHost, cgroup_by_path, container_by_ref, target_from_labels
-from .worker import Job, QueueFull, Worker
+from .worker import Job, Worker
 
 MAX_BODY = 1 << 20
 BODY_SECONDS = 10.0  # a whole body must arrive within this: a trickling client holds nothing for long
@@ -81,7 +81,7 @@ class Metrics:
         )
         self.refused = Counter(
             "memdiag_alert_groups_refused",
-            "Alert groups refused with nothing stored",
+            "Alert groups refused (429: the queue had no room for some or all of their alerts; 503: storage)",
             ["reason"],
             registry=self.registry,
         )
@@ -99,8 +99,11 @@ def _error(status: int, reason: str) -> JSONResponse:
 
 
 class Refused(Exception):
-    def __init__(self, status: int, reason: str):
-        self.status, self.reason = status, reason
+    """A request answered with a status and a one-line reason (and, for a group taken in part, the
+    incidents that were stored)."""
+
+    def __init__(self, status: int, reason: str, extra: dict | None = None):
+        self.status, self.reason, self.extra = status, reason, extra or {}
 
 
 async def _body(request: Request) -> bytes:
@@ -182,16 +185,49 @@ def _target_json(t: Target) -> dict:
 
 
 def admit_jobs(worker: Worker, metrics: Metrics, jobs: list[Job]) -> list:
-    """All of a group or none of it: 429 when the queue cannot take every diagnosis it needs
-    (Alertmanager retries the group), 503 when storage refuses; in both cases nothing stored."""
+    """What fits of a group, queued (worker.admit_into: per job its incident and outcome, or None when
+    the queue had no room for it); 503 when storage refuses."""
     try:
         return worker.admit(jobs)
-    except QueueFull:
-        metrics.refused.labels(reason="queue full").inc()
-        raise Refused(429, "diagnosis queue is full: nothing stored, deliver again later") from None
     except StorageFailing as e:
         metrics.refused.labels(reason="storage").inc()
         raise Refused(503, f"cannot store the incident: {e}") from None
+
+
+def _incident_item(incident, how: str) -> dict:
+    item = {"id": incident.id, "state": incident.state, "new": how != "duplicate"}
+    return {**item, "requeued": True, "attempts": incident.attempts} if how == "requeued" else item
+
+
+def _queue_full(metrics: Metrics, left: int, firing: int, out: list[dict]) -> Refused:
+    """429 for the firing alerts the queue had no room for: nothing is stored for them, so the next
+    delivery of the group takes them (what this one stored is a duplicate then)."""
+    metrics.refused.labels(reason="queue full").inc()
+    if not out:
+        return Refused(429, "diagnosis queue is full: nothing stored, deliver again later")
+    return Refused(
+        429,
+        f"diagnosis queue is full: {left} of {firing} firing alerts not stored, deliver the group again later "
+        "(the incidents listed were stored: delivered again, they are duplicates)",
+        {"incidents": out},
+    )
+
+
+def _plans(alerts: list[Alert]) -> list[tuple[Alert, Target | None]]:
+    """Each alert with its target (None: resolved), every one checked before any is acted on
+    (Refused 422/404: nothing stored)."""
+    plans = []
+    for alert in alerts:  # per alert: a truncated group's top-level status can be wrong
+        if alert.status == "resolved":
+            plans.append((alert, None))
+            continue
+        try:
+            plans.append((alert, target_from_labels(alert.labels)))
+        except BadLabel as e:
+            raise Refused(422, str(e)) from None
+        except (NotOnHost, UsageError) as e:
+            raise Refused(404, str(e)) from None
+    return plans
 
 
 def take_alerts(
@@ -204,42 +240,35 @@ def take_alerts(
 ) -> list[dict]:
     """The one path from alerts to incidents, for webhooks and for alerts pulled from Alertmanager
     (pull.py): every alert checked before any is acted on (Refused 422/404: nothing stored), then
-    the firing ones admitted all-or-nothing (Refused 429/503) and the resolved ones recorded.
-    Per alert: {"id", "state", "new"} (and "requeued", "attempts" for a re-queued one)."""
-    plans = []
-    for alert in alerts:  # per alert: a truncated group's top-level status can be wrong
-        if alert.status == "resolved":
-            plans.append((alert, None))
-            continue
-        try:
-            plans.append((alert, target_from_labels(alert.labels)))
-        except BadLabel as e:
-            raise Refused(422, str(e)) from None
-        except (NotOnHost, UsageError) as e:
-            raise Refused(404, str(e)) from None
+    the firing ones queued as far as the queue has room (the rest Refused 429, with what was stored)
+    and the resolved ones recorded. Per alert: {"id", "state", "new"} (and "requeued", "attempts"
+    for a re-queued one)."""
+    plans = _plans(alerts)
     jobs = [Job(source, t, _target_json(t), a.model_dump(), a.dedup_key(source)) for a, t in plans if t is not None]
-    admitted = iter(admit_jobs(worker, metrics, jobs))  # diagnoses first: a 429 leaves nothing, not even resolved
-    out = []
+    admitted = admit_jobs(worker, metrics, jobs)
+    left = sum(a is None for a in admitted)
+    nothing = bool(jobs) and left == len(jobs)  # no room at all: the group comes again whole, resolved too
+    taken, out = iter(admitted), []
     for alert, target in plans:
         if target is not None:
-            incident, how = next(admitted)
-            metrics.deliveries.labels(outcome=how).inc()
-            item = {"id": incident.id, "state": incident.state, "new": how != "duplicate"}
-            out.append({**item, "requeued": True, "attempts": incident.attempts} if how == "requeued" else item)
-            continue
-        try:
-            incident, new = store.record(
-                source,
-                "resolved",
-                None,
-                alert.model_dump(),
-                dedup_key=alert.dedup_key(source),
-                summary=resolved_summary,
-            )
-        except StorageFailing as e:
-            raise Refused(503, f"cannot store the incident: {e}") from None
-        out.append({"id": incident.id, "state": incident.state, "new": new})
+            if (item := next(taken)) is not None:
+                metrics.deliveries.labels(outcome=item[1]).inc()
+                out.append(_incident_item(*item))
+        elif not nothing:
+            out.append(_record_resolved(store, source, alert, resolved_summary))
+    if left:
+        raise _queue_full(metrics, left, len(jobs), out)
     return out
+
+
+def _record_resolved(store: Store, source: str, alert: Alert, summary: str) -> dict:
+    try:
+        incident, new = store.record(
+            source, "resolved", None, alert.model_dump(), dedup_key=alert.dedup_key(source), summary=summary
+        )
+    except StorageFailing as e:
+        raise Refused(503, f"cannot store the incident: {e}") from None
+    return {"id": incident.id, "state": incident.state, "new": new}
 
 
 def _diagnose_target(req: DiagnoseRequest) -> Target:
@@ -252,7 +281,7 @@ def _diagnose_target(req: DiagnoseRequest) -> Target:
         if req.pid is not None:
             return pid_target(req.pid)
         if req.cgroup is not None:
-            return target_from_labels({"id": req.cgroup}) if req.cgroup.startswith("/") else cgroup_by_path(req.cgroup)
+            return as_largest_process(cgroup_by_path(req.cgroup))  # as a label's cgroup is
         if req.container is not None:
             return container_by_ref(req.container)
         return target_from_labels({"container_id": req.container_id or ""})
@@ -363,7 +392,10 @@ class Api:
             raise Refused(422, _validation(e)) from None
         target = _diagnose_target(req)
         job = Job("api", target, _target_json(target), None, None, req.duration)
-        ((incident, _),) = admit_jobs(self.worker, self.metrics, [job])
+        (taken,) = admit_jobs(self.worker, self.metrics, [job])
+        if taken is None:
+            raise _queue_full(self.metrics, 1, 1, [])
+        incident, _ = taken
         return JSONResponse({"id": incident.id, "state": "queued"}, status_code=202)
 
     async def incidents(self, request: Request) -> Response:
@@ -433,7 +465,7 @@ class Api:
 
 async def _refused(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, Refused)
-    return _error(exc.status, exc.reason)
+    return JSONResponse({"error": exc.reason, **exc.extra}, status_code=exc.status)
 
 
 async def _not_found(request: Request, exc: Exception) -> Response:

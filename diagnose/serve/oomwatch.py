@@ -2,6 +2,9 @@
 becomes an incident with victim, trigger, cgroup, limit and host memory at that moment, and the
 cgroup is diagnosed if anything in it still runs.
 
+What a kill becomes is decided here (KillIncidents): an incident keyed by the kill, and a diagnosis
+of what survives in the cgroup whose limit was hit.
+
 A kill inside a container is attributed to it (and to its Kubernetes pod) from the victim's
 cgroup path, and its incident is named and keyed by the container. The container is often gone
 when its kill is recorded (its main process was the victim; `podman run --rm` removes it at
@@ -24,6 +27,10 @@ from memdiag.system.units import fmt_bytes
 
 from ..containers import ContainerInfo, container_of_cgroup
 from ..errors import UsageError
+from ..target import Target
+from .store import Store
+from .targets import NotOnHost, target_from_labels
+from .worker import QueueFull, Worker
 
 FORGET_AFTER_S = 600.0  # a container gone from the cgroup tree this long is no longer remembered
 MAX_KNOWN = 4096
@@ -167,6 +174,51 @@ def _attributed(e: OomEvent, known: KnownContainers) -> tuple[OomEvent, Containe
     except Exception as err:  # noqa: BLE001
         print(f"memdiag serve: the container of an OOM kill not found: {err}", file=sys.stderr, flush=True)
         return e, None
+
+
+def survivor(e: OomEvent, container: ContainerInfo | None) -> Target | None:
+    """What to diagnose after a kill: the largest process left in the cgroup whose limit was hit (else
+    the victim's), or None: a system OOM in the root cgroup (recorded, not diagnosed), a cgroup gone,
+    or only the victim left (it may linger in cgroup.procs while it dies). A survivor in the victim's
+    own container is described with what was known of the container at the kill; one in another
+    container of the pod (or in none) keeps its own."""
+    cgroup = e.memcg or e.victim_cgroup
+    if not cgroup or cgroup == "/":
+        return None
+    try:
+        target = target_from_labels({"id": cgroup})
+    except (NotOnHost, ValueError, UsageError):
+        return None  # the cgroup is gone
+    if target.kind != "pid" or target.pid == e.victim_pid:
+        return None
+    if container is not None and target.container is not None and target.container.id == container.id:
+        return target.model_copy(update={"container": container})  # the report in its terms
+    return target
+
+
+class KillIncidents:
+    """The watch's on_kill: each kill an incident under its own key (a kill delivered twice, after a
+    refused write, is one incident, counted once), queued for a diagnosis of its survivor when there
+    is one, else recorded; with the queue full it stays recorded, with the reason. A refused write
+    raises StorageFailing: the watch keeps the kill and delivers it again later."""
+
+    def __init__(self, store: Store, worker: Worker, counted: Callable[[], None] = lambda: None):
+        self.store, self.worker, self.counted = store, worker, counted
+
+    def __call__(self, e: OomEvent, container: ContainerInfo | None) -> None:
+        target = survivor(e, container)
+        record = {**e.model_dump(), "container": container.model_dump() if container else None}
+        state = "queued" if target is not None else "recorded"
+        where, key = incident_place(e, container), incident_key(e, container)
+        incident, new = self.store.record("oomwatch", state, where, record, key, summary=describe(e, container))
+        if not new:
+            return
+        self.counted()
+        if target is not None:
+            try:
+                self.worker.submit(incident.id, target)
+            except QueueFull:
+                self.store.settle(incident.id, state="recorded", error="queue full: recorded, not diagnosed")
 
 
 class OomWatcher:

@@ -1,6 +1,7 @@
 """Incidents in SQLite under --data, reports as folders beside it: one server per folder (an
-exclusive lock), owner-only modes, no symlink followed, bounded in count and bytes, and never a
-lost outcome (a terminal state the database refuses is kept in memory and written later).
+exclusive lock), owner-only modes, no symlink followed (the folder and its paths: datadir.py),
+bounded in count and bytes, and never a lost outcome (a terminal state the database refuses is
+kept in memory and written later).
 
 Delivery rules (at-least-once): an alert key that is queued or running, or finished within the
 dedupe window, is a duplicate; anything else (failed, interrupted, or finished before the window)
@@ -10,12 +11,8 @@ diagnosis cut off by a restart is re-queued when the store opens, up to `max_att
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
-import os
-import shutil
 import sqlite3
-import stat
 import threading
 import time
 import uuid
@@ -25,12 +22,12 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .datadir import DataDir
+
 STATES = ("queued", "running", "done", "failed", "interrupted", "resolved", "recorded")
 ACTIVE = ("queued", "running")
 FINISHED = ("done", "failed", "interrupted", "resolved", "recorded")  # evictable, oldest first
 DB_NAME = "incidents.sqlite3"
-LOCK_NAME = "serve.lock"
-NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 MIN_FREE = 1 << 20  # less free space than this in --data: storage is failing (a report needs room)
 BUSY_MS = 2_000  # how long a write waits for a database locked by another process before it fails (only
 # another process can hold it: this one's writes are serialized by the store's own lock)
@@ -97,18 +94,6 @@ class Incident(BaseModel):
     runtime: str | None = None  # the diagnosed target's runtime: Go 1.19.8 (/usr/bin/prometheus; ...), none
 
 
-class DataInUse(Exception):
-    """Another server holds the data folder's lock."""
-
-    def __init__(self, folder: Path, pid: str | None):
-        other = f"another memdiag serve (pid {pid})" if pid else "another memdiag serve"
-        super().__init__(f"--data {folder}: {other} is using this folder; one server per data folder")
-
-
-class UnsafeData(Exception):
-    """The data folder holds something memdiag will not follow or trust (a symlink)."""
-
-
 class StorageFailing(Exception):
     """A database or report write failed; the reason is kept for /healthz."""
 
@@ -145,34 +130,38 @@ def bound_record(record: dict, limits: Limits) -> dict:
 
 class Store:
     def __init__(self, data: Path, limits: Limits | None = None):
-        self.data, self.limits = data, limits or Limits()
+        self.limits = limits or Limits()
         self._lock = threading.Lock()
         self.failure: str | None = None  # the last storage error, until a write succeeds again
         self._pending: dict[str, dict[str, Any]] = {}  # terminal updates the database refused
-        data.mkdir(parents=True, exist_ok=True, mode=0o700)
-        self._lockfd = _take_lock(data)  # before anything in the folder is modified
-        os.chmod(data, 0o700)
-        self.reports = data / "reports"
-        _real_dir(self.reports)
-        _tighten(self.reports)
-        db = data / DB_NAME
-        for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", DB_NAME + "-journal"):
-            _no_symlink(data / name)
-        os.close(os.open(db, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600))  # SQLite gives -wal/-shm its mode
-        self._db = sqlite3.connect(db, check_same_thread=False, isolation_level=None, timeout=BUSY_MS / 1000)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.executescript(_SCHEMA)
-        have = {r[1] for r in self._db.execute("PRAGMA table_info(incidents)")}
-        for col, decl in _ADDED.items():
-            if col not in have:
-                self._db.execute(f"ALTER TABLE incidents ADD COLUMN {col} {decl}")
-        for name in (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm"):
-            with contextlib.suppress(FileNotFoundError):
-                _no_symlink(data / name)
-                os.chmod(data / name, 0o600)
-        self.resumed = self._recover()
+        self.dir = DataDir(data)  # checked, open and locked (UnsafeData, DataInUse)
+        try:
+            self.data = self.dir.path
+            self.reports = self.data / "reports"
+            self.dir.prepare_reports()
+            self._db = self._open_db()
+            self.resumed = self._recover()
+        except BaseException:
+            self.dir.close()
+            raise
 
     # -- opening ---------------------------------------------------------------------------------
+
+    def _open_db(self) -> sqlite3.Connection:
+        names = (DB_NAME, DB_NAME + "-wal", DB_NAME + "-shm", DB_NAME + "-journal")
+        for name in names:
+            self.dir.no_symlink(name)
+        self.dir.create(DB_NAME)  # SQLite gives -wal/-shm its mode
+        db = sqlite3.connect(self.data / DB_NAME, check_same_thread=False, isolation_level=None, timeout=BUSY_MS / 1000)
+        db.execute("PRAGMA journal_mode=WAL")
+        db.executescript(_SCHEMA)
+        have = {r[1] for r in db.execute("PRAGMA table_info(incidents)")}
+        for col, decl in _ADDED.items():
+            if col not in have:
+                db.execute(f"ALTER TABLE incidents ADD COLUMN {col} {decl}")
+        for name in names[:3]:
+            self.dir.owner_only(name)
+        return db
 
     def _recover(self) -> list[Incident]:
         """Work cut off by a stop: re-queued (and it says so), or failed once attempts are spent."""
@@ -203,7 +192,7 @@ class Store:
     def close(self) -> None:
         with self._lock:
             self._db.close()
-            os.close(self._lockfd)
+            self.dir.close()
 
     # -- intake ----------------------------------------------------------------------------------
 
@@ -243,7 +232,7 @@ class Store:
                 )
                 fresh = state == "done" or attempts >= self.limits.max_attempts  # past the window: a new round
                 with contextlib.suppress(OSError):  # the old report goes: one incident, its latest outcome
-                    _remove(self.reports / iid)
+                    self.dir.remove_report(iid)
                 self._write(
                     "UPDATE incidents SET state='queued', updated=?, previous=?, attempts=?, error=NULL, "
                     "verdict_kind=NULL, summary=NULL, runtime=NULL, report_dir=NULL, report_bytes=0, duration_s=NULL "
@@ -327,49 +316,26 @@ class Store:
             raise StorageFailing(self.failure) from None
 
     def write_report(self, iid: str, files: dict[str, str]) -> tuple[str, int]:
-        """Write reports/<id>/<name> without following any symlink; (folder, bytes). On any error
-        nothing half-written is left and StorageFailing says why."""
+        """Write reports/<id>/<name> without following any symlink (datadir.py); (folder, bytes). On
+        any error nothing half-written is left and StorageFailing says why."""
         folder = self.reports / iid
         try:
-            _remove(folder)
-            os.mkdir(folder, 0o700)
-            dfd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
-            try:
-                size = 0
-                for name, text in files.items():
-                    raw = text.encode()
-                    fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600, dir_fd=dfd)
-                    try:
-                        view = memoryview(raw)
-                        while view:
-                            view = view[os.write(fd, view) :]
-                    finally:
-                        os.close(fd)
-                    size += len(raw)
-            finally:
-                os.close(dfd)
+            size = self.dir.write_report(iid, files)
         except OSError as e:
-            with contextlib.suppress(OSError):
-                _remove(folder)
-            self.failure = f"writing the report: {e}"
-            raise StorageFailing(f"writing the report: {e.strerror or e} ({e.filename or folder})") from None
+            self.failure = f"writing the report: {e.strerror or e}"
+            where = "" if self.dir.reports_problem() else f" ({folder})"  # the problem names the folder
+            raise StorageFailing(f"writing the report: {e.strerror or e}{where}") from None
         with self._lock, contextlib.suppress(StorageFailing):
             self._write("UPDATE incidents SET report_bytes=? WHERE id=?", (size, iid))
         return str(folder), size
 
     def read_report(self, iid: str, name: str) -> bytes:
         try:
-            dfd = os.open(self.reports / iid, os.O_RDONLY | os.O_DIRECTORY | NOFOLLOW)
-            try:
-                fd = os.open(name, os.O_RDONLY | NOFOLLOW, dir_fd=dfd)
-            finally:
-                os.close(dfd)
+            return self.dir.read_report(iid, name)
         except FileNotFoundError:
             raise ReportGone(f"the report file {name} of incident {iid} is gone (evicted or removed)") from None
         except OSError as e:
             raise ReportGone(f"the report file {name} of incident {iid} cannot be read: {e.strerror}") from None
-        with os.fdopen(fd, "rb") as f:
-            return f.read()
 
     # -- bounds and health -----------------------------------------------------------------------
 
@@ -394,7 +360,7 @@ class Store:
                 return  # only active work left: it finishes first
             for iid in victims:
                 with contextlib.suppress(OSError):
-                    _remove(self.reports / iid)
+                    self.dir.remove_report(iid)
                 self._write("DELETE FROM incidents WHERE id=?", (iid,))
 
     def health(self) -> str | None:
@@ -407,28 +373,20 @@ class Store:
                 finally:
                     self._db.execute(f"PRAGMA busy_timeout={BUSY_MS}")
                 self._probe()
-            room = os.statvfs(self.data)
-            free = room.f_bavail * room.f_frsize
+            free = self.dir.free_bytes()
             if self._pending:
                 return f"storage failing ({len(self._pending)} outcomes kept in memory): {self.failure}"
             if self.failure is not None:
                 return f"storage failing: {self.failure}"
             if free < MIN_FREE:
                 return f"storage failing: {free} bytes free in {self.data} (under {MIN_FREE})"
-            return None
+            problem = self.dir.reports_problem()
+            return f"storage failing: {problem}" if problem else None
 
     def _probe(self) -> None:
         """Clear the kept failure if a small file can be written again."""
-        probe = self.data / ".healthz-probe"
         try:
-            _remove(probe)
-            fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o600)
-            try:
-                os.write(fd, b"\0" * (64 << 10))  # room for at least a small report
-            finally:
-                os.close(fd)
-                with contextlib.suppress(OSError):
-                    os.unlink(probe)
+            self.dir.probe(".healthz-probe", 64 << 10)  # room for at least a small report
         except OSError as e:
             self.failure = f"writing to {self.data}: {e.strerror or e}"
         else:
@@ -472,61 +430,6 @@ class Store:
                 counts[state] -= 1
                 counts[kept] = counts.get(kept, 0) + 1
         return counts
-
-
-def _take_lock(data: Path) -> int:
-    path = data / LOCK_NAME
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o600)
-    except OSError as e:
-        if e.errno == 40:  # ELOOP: a symlink planted as the lock file
-            raise UnsafeData(f"--data {data}: {LOCK_NAME} is a symbolic link: refusing to follow it") from None
-        raise
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        other = os.pread(fd, 32, 0).decode(errors="replace").strip()
-        os.close(fd)
-        raise DataInUse(data, other if other.isdigit() else None) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-    os.fchmod(fd, 0o600)
-    return fd
-
-
-def _no_symlink(path: Path) -> None:
-    if path.is_symlink():
-        raise UnsafeData(f"{path} is a symbolic link: refusing to follow it (remove it)")
-
-
-def _real_dir(path: Path) -> None:
-    """`path` as a real folder: a symlink or file planted there is removed, never followed."""
-    if path.is_symlink() or (path.exists() and not path.is_dir()):
-        path.unlink()
-    path.mkdir(mode=0o700, exist_ok=True)
-
-
-def _tighten(folder: Path) -> None:
-    """Owner-only modes under `folder`, whatever they were (symlinks are left unfollowed)."""
-    os.chmod(folder, 0o700)
-    for root, dirs, files in os.walk(folder):
-        for name in dirs + files:
-            p = os.path.join(root, name)
-            mode = os.lstat(p).st_mode
-            if not stat.S_ISLNK(mode):
-                os.chmod(p, 0o700 if stat.S_ISDIR(mode) else 0o600)
-
-
-def _remove(path: Path) -> None:
-    """Remove a file, symlink or folder at `path` (a symlink itself, never what it points to)."""
-    try:
-        mode = os.lstat(path).st_mode
-    except FileNotFoundError:
-        return
-    if stat.S_ISDIR(mode):
-        shutil.rmtree(path)
-    else:
-        os.unlink(path)
 
 
 def _incident(row) -> Incident:

@@ -4,6 +4,7 @@ memory hierarchy); it is never used to build a file path or a command."""
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from memdiag.system.process import ProcessGone, read_process
 
 from ..containers import resolve_container, resolve_pod
 from ..errors import AmbiguousTarget, UnknownTarget, UsageError
-from ..target import Target, as_largest_process, cgroup_target, pid_target, with_container
+from ..target import Target, as_largest_process, cgroup_target, pid_target, system_target, with_container
 
 PID = re.compile(r"^[1-9][0-9]{0,9}$")
 CONTAINER = re.compile(r"^(?:(?:containerd|cri-o|docker)://)?([0-9a-f]{12,64})$")
@@ -48,11 +49,33 @@ def _cgroup_path_ok(value: str) -> bool:
 
 
 def cgroup_by_path(value: str) -> Target:
-    """POST /diagnose's relative `cgroup`: the cgroup itself, validated by pattern, then resolved
-    (symlinks too) and refused outside the mounted hierarchy by cgroup_target."""
+    """POST /diagnose's `cgroup`: whatever the CLI's --cgroup accepts (a path inside the memory
+    hierarchy, with or without its leading '/', or the folder under its mount), checked by pattern
+    first, then resolved by the CLI's own resolver (cgroup_target: symlinks, '..' and anything
+    outside the mounted hierarchy refused), then taken as a label's cgroup is (_as_named)."""
     if not _cgroup_path_ok(value):
         raise BadLabel("cgroup: not a cgroup path (letters, digits, _.:@=+- and '/', no '.' or '..' steps)")
-    return cgroup_target(value)
+    try:
+        target = cgroup_target(value)
+    except UsageError as e:
+        raise NotOnHost(f"cgroup: {str(e).removeprefix('--cgroup: ')}") from None
+    return _as_named(target)
+
+
+def _as_named(target: Target) -> Target:
+    """A cgroup as serve diagnoses it. The root of the hierarchy is the whole host: the whole system
+    is diagnosed (host-wide counters and probes; no process is traced or stopped, where the root
+    cgroup's largest process, often init, would get memleak's uprobes and the reachability scan's
+    ptrace stop). A Kubernetes pod's own cgroup (cAdvisor's pod-level series) is the pod."""
+    loc = target.cgroup
+    if loc is None:
+        return target
+    if os.path.realpath(loc.fs_path) == os.path.realpath(loc.mount_point):
+        return system_target()
+    pod = pod_cgroup(loc.path)
+    if pod is not None and pod.path == loc.path.rstrip("/"):
+        return target.model_copy(update={"pod": _resolved(lambda: resolve_pod(None, None, pod.uid))})
+    return target
 
 
 def _resolved(find):
@@ -132,10 +155,7 @@ def _cgroup_target(labels: dict[str, str]) -> Target:
         known = set(cgroup_dirs())
         if value.rstrip("/") not in known and value not in known:
             raise NotOnHost("label id: no such cgroup on this host")
-        pod = pod_cgroup(value)
-        if pod is not None and pod.path == value.rstrip("/"):  # cAdvisor's pod-level series: the pod
-            return cgroup_target(value).model_copy(update={"pod": _resolved(lambda: resolve_pod(None, None, pod.uid))})
-        return cgroup_target(value)
+        return _as_named(cgroup_target(value))
     pod = _pod_target(labels)
     if pod is not None:
         return pod
@@ -146,10 +166,10 @@ def _cgroup_target(labels: dict[str, str]) -> Target:
 
 
 def target_from_labels(labels: dict[str, str]) -> Target:
-    """pid; container_id; cAdvisor's id (a cgroup path); a pod by uid, or by namespace and pod (with
-    container: one of its containers); name (a container's). Within a cgroup the process
-    diagnosed is the largest by RSS, unless a pid was named; the target carries its container and
-    pod, whichever label named it."""
+    """pid; container_id; cAdvisor's id (a cgroup path; "/" is the whole system); a pod by uid, or by
+    namespace and pod (with container: one of its containers); name (a container's). Within a
+    cgroup the process diagnosed is the largest by RSS, unless a pid was named; the target carries
+    its container and pod, whichever label named it."""
     if "pid" in labels:
         value = labels["pid"]
         if not PID.fullmatch(value):

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..render import render_all
-from ..target import Target, cgroup_target, pid_target, with_container
+from ..target import Target, cgroup_target, pid_target, system_target, with_container
 from ..workflow import diagnose
 from .store import Incident, StorageFailing, Store
 from .targets import BadLabel, NotOnHost, target_from_labels
@@ -72,20 +72,11 @@ class Worker:
             self._queue.append((iid, target, duration))
             self._ready.notify()
 
-    def admit(self, jobs: list[Job]) -> list[tuple[Incident, str]]:
-        """Queue a group all-or-nothing: QueueFull (nothing stored) unless every diagnosis it needs
-        fits; StorageFailing if the database refuses. Per job: the incident and new/requeued/duplicate."""
+    def admit(self, jobs: list[Job]) -> list[tuple[Incident, str] | None]:
+        """Queue what fits of a group, in its order (admit_into); StorageFailing if the database refuses."""
         with self.admission:
-            needed = sum(1 for j in jobs if self.store.would_queue(j.dedup_key))
-            if self.maxsize - len(self._queue) < needed:
-                raise QueueFull
-            out = []
-            for j in jobs:
-                incident, how = self.store.admit(j.source, j.target_json, j.alert, j.dedup_key)
-                if how != "duplicate":
-                    self._put(incident.id, j.target, j.duration)  # room checked above, under the same lock
-                out.append((incident, how))
-            return out
+            room = self.maxsize - len(self._queue)
+            return admit_into(self.store, jobs, room, lambda iid, j: self._put(iid, j.target, j.duration))
 
     def health(self) -> str | None:
         """None when the worker can take work; else why not."""
@@ -143,6 +134,26 @@ class Worker:
             self.on_done(elapsed, report)
 
 
+def admit_into(
+    store: Store, jobs: list[Job], room: int, put: Callable[[str, Job], None]
+) -> list[tuple[Incident, str] | None]:
+    """Admission is per alert, so a group larger than the queue is never refused whole for room that
+    cannot exist: each job needing a diagnosis takes one place while `room` lasts, a duplicate takes
+    none, and a job left without room gets None (nothing stored for it: delivered again, it is taken
+    then). Per job: (incident, "new" | "requeued" | "duplicate"), or None. `put` queues a diagnosis."""
+    out: list[tuple[Incident, str] | None] = []
+    for j in jobs:
+        if room <= 0 and store.would_queue(j.dedup_key):
+            out.append(None)
+            continue
+        incident, how = store.admit(j.source, j.target_json, j.alert, j.dedup_key)
+        if how != "duplicate":
+            put(incident.id, j)
+            room -= 1
+        out.append((incident, how))
+    return out
+
+
 def _reason(e: Exception) -> str:
     if isinstance(e, StorageFailing):
         return str(e)
@@ -165,6 +176,8 @@ def _target_again(incident: Incident | None) -> Target:
             return with_container(target)
         if t.get("cgroup"):
             return with_container(cgroup_target(t["cgroup"]))
+        if t.get("kind") == "system":  # the root cgroup asked for (targets._as_named)
+            return system_target()
     except (BadLabel, NotOnHost, UsageError) as e:
         raise LookupError(f"the target is gone: {e}") from None
     raise LookupError("nothing recorded to find the target again")

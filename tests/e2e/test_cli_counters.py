@@ -151,7 +151,8 @@ def test_pid_that_exits_normally_during_the_window(workload, tmp_path):
         (["top", "--lines", "0"], 2, "argument -n/--lines: '0' is not a whole number at least 1"),
         (["probe", "memleak", "--duration", "inf"], 2, "argument --duration: 'inf' is not a finite number"),
         (["probe", "memleak", "--sample-every", "0"], 2, "argument --sample-every: '0' is not a whole number"),
-        (["--pid", str(os.getpid()), "--output", "/proc/memdiag-cannot-write"], 2, "cannot write there"),
+        (["--pid", str(os.getpid()), "--output", "/etc/hostname/memdiag-cannot-write"], 2, "not a folder"),
+        (["--pid", str(os.getpid()), "--output", "/proc/memdiag-cannot-write"], 2, "holds kernel objects, not files"),
         (["--pid", "abc"], 2, "argument --pid: 'abc' is not a whole number at least 1"),
         (["--bogus"], 2, "unrecognized arguments"),
         # every number has an upper bound, checked before anything runs (the BPF side takes u32/u64)

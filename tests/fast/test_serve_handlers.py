@@ -1,8 +1,8 @@
 """serve's HTTP handlers in-process (Starlette's TestClient), without root: a real Store in a
 temporary folder and a fake worker that queues without diagnosing. What the real-server tests in
-tests/serve show over HTTP, here for the handler logic alone: webhook intake (accept, dedupe,
-all-or-nothing 429), authentication and its rate limit, /healthz, /incidents paging and the
-refusals of bad requests. The targets are real processes this test starts."""
+tests/serve show over HTTP, here for the handler logic alone: webhook intake (accept, dedupe, a
+group queued as far as there is room and the rest 429), authentication and its rate limit,
+/healthz, /incidents paging and the refusals of bad requests. The targets are real processes this test starts."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from memdiag.diagnose.serve.app import MAX_PAGE, Config, Metrics, create_app, oom_watch_state
 from memdiag.diagnose.serve.security import FailureLimiter
 from memdiag.diagnose.serve.store import Store
-from memdiag.diagnose.serve.worker import Job, QueueFull
+from memdiag.diagnose.serve.worker import Job, admit_into
 from starlette.testclient import TestClient
 
 TOKEN, READ = "fast-token-9c2e", "fast-read-77a1"
@@ -24,8 +24,8 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 class FakeWorker:
-    """The worker's admission (all of a group or none of it, duplicates not queued) over the real
-    Store, with a queue nothing drains: what is queued stays there to be looked at."""
+    """The worker's own admission (worker.admit_into: what fits of a group, duplicates not queued)
+    over the real Store, with a queue nothing drains: what is queued stays there to be looked at."""
 
     def __init__(self, store: Store, maxsize: int = 4):
         self.store, self.maxsize = store, maxsize
@@ -34,16 +34,7 @@ class FakeWorker:
         self.problem: str | None = None
 
     def admit(self, jobs: list[Job]) -> list:
-        needed = sum(1 for j in jobs if self.store.would_queue(j.dedup_key))
-        if self.maxsize - len(self.queued) < needed:
-            raise QueueFull
-        out = []
-        for j in jobs:
-            incident, how = self.store.admit(j.source, j.target_json, j.alert, j.dedup_key)
-            if how != "duplicate":
-                self.queued.append(j)
-            out.append((incident, how))
-        return out
+        return admit_into(self.store, jobs, self.maxsize - len(self.queued), lambda iid, job: self.queued.append(job))
 
     def qsize(self) -> int:
         return len(self.queued)
@@ -127,18 +118,39 @@ def test_the_same_notification_twice_is_one_incident_and_resolved_is_recorded(se
     assert len(worker.queued) == 1 and store.counts() == {"queued": 1, "resolved": 1}
 
 
-def test_a_group_larger_than_the_queue_room_is_429_and_stores_nothing(serve, target):
+def test_a_group_larger_than_the_queue_room_is_taken_as_far_as_it_fits_then_429(serve, target):
     client, store, worker = serve(maxsize=2)
     group = _group(*(_alert(target, f"g{i}") for i in range(3)), _alert(target, "g-done", "resolved"))
     r = client.post("/alerts/alertmanager", json=group, headers=AUTH)
     assert r.status_code == 429
-    assert r.json() == {"error": "diagnosis queue is full: nothing stored, deliver again later"}
-    assert store.counts() == {} and worker.queued == []  # not even the resolved one
-    two = client.post("/alerts/alertmanager", json=_group(_alert(target, "g0"), _alert(target, "g1")), headers=AUTH)
-    assert two.status_code == 202 and len(worker.queued) == 2
+    body = r.json()
+    assert body["error"] == (
+        "diagnosis queue is full: 1 of 3 firing alerts not stored, deliver the group again later "
+        "(the incidents listed were stored: delivered again, they are duplicates)"
+    )
+    assert [(i["state"], i["new"]) for i in body["incidents"]] == [("queued", True)] * 2 + [("resolved", True)]
+    assert [j.alert["fingerprint"] for j in worker.queued] == ["g0", "g1"]  # in the group's order
+    assert store.counts() == {"queued": 2, "resolved": 1}
+    # the queue full: nothing of a group fits, nothing of it is stored (not even its resolved alert)
+    r = client.post(
+        "/alerts/alertmanager", json=_group(_alert(target, "h0"), _alert(target, "h-done", "resolved")), headers=AUTH
+    )
+    assert (r.status_code, r.json()) == (429, {"error": "diagnosis queue is full: nothing stored, deliver again later"})
+    assert store.counts() == {"queued": 2, "resolved": 1}
+    worker.queued.clear()  # diagnosed: room again, and the group delivered again takes the rest
+    r = client.post("/alerts/alertmanager", json=group, headers=AUTH)
+    assert r.status_code == 202
+    assert [i["new"] for i in r.json()["incidents"]] == [False, False, True, False]
+    assert [j.alert["fingerprint"] for j in worker.queued] == ["g2"]
+    assert store.counts() == {"queued": 3, "resolved": 1}
+    r = client.post("/diagnose", json={"pid": target}, headers=AUTH)
+    assert r.status_code == 202
+    r = client.post("/diagnose", json={"pid": target}, headers=AUTH)
+    assert (r.status_code, r.json()) == (429, {"error": "diagnosis queue is full: nothing stored, deliver again later"})
     metrics = client.get("/metrics").text
-    assert 'memdiag_alert_groups_refused_total{reason="queue full"} 1.0' in metrics
-    assert 'memdiag_alert_deliveries_total{outcome="new"} 2.0' in metrics
+    assert 'memdiag_alert_groups_refused_total{reason="queue full"} 3.0' in metrics
+    assert 'memdiag_alert_deliveries_total{outcome="new"} 3.0' in metrics
+    assert 'memdiag_alert_deliveries_total{outcome="duplicate"} 2.0' in metrics
 
 
 def test_a_target_not_on_this_host_is_404_and_a_bad_label_422(serve):

@@ -131,6 +131,37 @@ def server(root_required, tmp_path):
 
 
 @pytest.fixture
+def sleeper():
+    """start() -> the pid of a new `sleep 600`, a target of our own; all killed at the end."""
+    procs: list[subprocess.Popen] = []
+
+    def start() -> int:
+        procs.append(subprocess.Popen(["sleep", "600"]))
+        return procs[-1].pid
+
+    yield start
+    for p in procs:
+        p.kill()
+        p.wait()
+
+
+@pytest.fixture
+def servers(root_required):
+    """Servers on any folder, each killed at the end."""
+    started: list[Server] = []
+
+    def start(data: Path, duration: float = 2, extra: list[str] | None = None) -> Server:
+        # no OOM watch: kills elsewhere on the host would add incidents (and diagnoses) of their own
+        s = Server(data, duration=duration, extra=["--no-oom-watch", *(extra or [])])
+        started.append(s)
+        return s.start()
+
+    yield start
+    for s in started:
+        s.stop(kill=True)
+
+
+@pytest.fixture
 def alertmanager(root_required, tmp_path):
     procs = []
 

@@ -1,5 +1,6 @@
 """Slow clients against a real server: sockets that connect and say nothing, or send their headers
-and then trickle the body a byte at a time. Closed by the caller (Flood.close) in a finally."""
+and then trickle the body a byte at a time. What the server answered each is kept (Flood.answers).
+Closed by the caller (Flood.close) in a finally."""
 
 from __future__ import annotations
 
@@ -10,9 +11,12 @@ import time
 
 
 class Flood:
-    def __init__(self, port: int, n: int, token: str):
-        self.port, self.token = port, token
+    """n sockets: half idle and half trickling a body, or (every_one_asks) all trickling one."""
+
+    def __init__(self, port: int, n: int, token: str, every_one_asks: bool = False):
+        self.port, self.token, self.every_one_asks = port, token, every_one_asks
         self.socks: list[socket.socket] = []
+        self.answers: dict[int, bytes] = {}  # socket index -> the bytes the server sent it
         self.refused = 0
         self._stop = threading.Event()
         for i in range(n):
@@ -25,7 +29,7 @@ class Flood:
                 s.close()
                 continue
             self.socks.append(s)
-            if i % 2:  # half send headers and promise a body they trickle
+            if every_one_asks or i % 2:  # these send headers and promise a body they trickle
                 self._send(
                     s,
                     f"POST /alerts/alertmanager HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\n"
@@ -46,31 +50,32 @@ class Flood:
                 return  # closed by the server: what the server is meant to do
 
     def _trickle(self) -> None:
+        asking = self.socks if self.every_one_asks else self.socks[1::2]
         while not self._stop.wait(0.5):
-            for s in self.socks[1::2]:
+            for s in asking:
                 with contextlib.suppress(OSError):  # closed by the server: what it is meant to do
                     s.send(b" ")
 
     def open_count(self) -> int:
-        """How many of the flood's sockets the server still holds open (reading to EOF or reset)."""
-        return sum(_open(s) for s in self.socks)
+        """How many of the flood's sockets the server still holds open (reading to EOF or reset); what
+        was read is kept in `answers`."""
+        return sum(self._open(i, s) for i, s in enumerate(self.socks))
+
+    def _open(self, i: int, s: socket.socket) -> bool:
+        try:
+            while chunk := s.recv(65536):
+                self.answers[i] = self.answers.get(i, b"") + chunk  # an answer (408, 503) before the close
+            return False
+        except BlockingIOError:
+            return True
+        except OSError:
+            return False
 
     def close(self) -> None:
         self._stop.set()
         self._thread.join(5)
         for s in self.socks:
             s.close()
-
-
-def _open(s: socket.socket) -> bool:
-    try:
-        while s.recv(65536):
-            pass  # an answer (408, 503) before the close
-        return False
-    except BlockingIOError:
-        return True
-    except OSError:
-        return False
 
 
 def healthz_seconds(port: int, timeout: float = 30) -> float:

@@ -134,7 +134,9 @@ def _on_host(key: str, value) -> bool:
     # a new process by the time it is posted (seen: a diagnosis started, then a flaky replay).
     if isinstance(value, int) and not isinstance(value, bool):
         return 0 < value <= PID_MAX_LIMIT
-    if isinstance(value, str) and re.fullmatch(r"\s*[0-9]{1,10}\s*", value) and 0 < int(value) <= PID_MAX_LIMIT:
+    # (the digits alone: \s also matches separators such as \x1f, which int() does not strip)
+    digits = re.fullmatch(r"\s*([0-9]{1,10})\s*", value) if isinstance(value, str) else None
+    if digits and 0 < int(digits[1]) <= PID_MAX_LIMIT:
         return True
     return _resolves(key, value)
 

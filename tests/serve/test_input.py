@@ -4,6 +4,8 @@ server's own options and secret files. Real servers on loopback, real sockets, r
 
 from __future__ import annotations
 
+import collections
+import concurrent.futures
 import json
 import os
 import shutil
@@ -55,6 +57,48 @@ def test_slow_clients_neither_exhaust_descriptors_nor_slow_healthz(root_required
         srv.stop()
     err = srv.proc.stderr.read()
     assert "Too many open files" not in err and "Traceback" not in err
+
+
+def _json_answer(raw: bytes) -> tuple[int, dict]:
+    """(status, JSON body) of one raw HTTP answer; AssertionError if it is not JSON."""
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"content-type: application/json" in head.lower(), raw[:300]
+    return int(head.split()[1]), json.loads(body)
+
+
+def test_the_connection_cap_answers_with_a_json_reason_never_plain_text(root_required, tmp_path):
+    """1,100 clients each holding a request (headers sent, body trickled) past the cap: uvicorn's own
+    limit_concurrency answered 243 of them a plain-text "503 Service Unavailable" here, and ran the
+    server out of descriptors (EMFILE in accept)."""
+    srv = Server(tmp_path / "data", extra=["--no-oom-watch"])
+    srv.cmd = ["prlimit", "--nofile=1024:1024", *srv.cmd]
+    srv.start()
+    flood, answers = None, []
+    try:
+        flood = Flood(srv.port, 1100, TOKEN, every_one_asks=True)
+        with concurrent.futures.ThreadPoolExecutor(20) as pool:  # real clients meanwhile
+            clients = list(pool.map(lambda _: srv.post("/diagnose", {"pid": 4_000_000}), range(40)))
+        deadline = time.monotonic() + 40
+        while flood.open_count() and time.monotonic() < deadline:
+            time.sleep(1)
+        assert flood.open_count() == 0
+        answers = [_json_answer(a) for a in flood.answers.values()]
+    finally:
+        if flood is not None:
+            flood.close()
+        srv.stop()
+    statuses = collections.Counter(status for status, _ in answers)
+    print(f"1,100 held requests answered: {dict(statuses)}; {1100 - len(answers)} closed without an answer")
+    assert set(statuses) <= {400, 408, 503}, statuses  # 400: a trickled byte before the headers went
+    cap = [body["error"] for status, body in answers if status == 503]
+    assert cap and all(e.startswith("too many open connections (at most ") for e in cap), cap[:3]
+    assert len(answers) >= 1000  # a held request is told why it ends, not just cut off
+    for status, body in clients:  # each a JSON answer: no such process, or the cap's own reason
+        assert (status, "no such process" in body.get("error", "")) == (404, True) or (
+            status == 503 and body["error"].startswith("too many open connections")
+        ), (status, body)
+    err = srv.proc.stderr.read()
+    assert "Exceeded concurrency limit" not in err and "Too many open files" not in err and "Traceback" not in err
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ incidents kept across a restart."""
 
 import datetime as dt
 import json
+import signal
 import socket
 import time
 
@@ -211,6 +212,26 @@ def test_restart_keeps_incidents_and_requeues_the_cut_off_one(server, workload):
     assert item["previous"].startswith("attempt 1 interrupted: memdiag serve stopped during the diagnosis")
     html = again.get("/incidents?format=html")[1].decode()
     assert body["id"] in html and "<table" in html
+
+
+def test_sigterm_and_sigint_stop_serve_with_one_line_and_the_shells_status(server, sleeper):
+    """SIGTERM (systemd's stop) killed serve by the signal with nothing said; now both signals end it
+    as the CLI's other commands end: one line, 128 + the signal."""
+    for sig, status in ((signal.SIGTERM, 143), (signal.SIGINT, 130)):
+        srv = server(duration=30, extra=["--no-oom-watch"])
+        code, body = srv.post("/diagnose", {"pid": sleeper()})
+        srv.wait(body["id"], states=("running",), timeout=30)
+        started = time.monotonic()
+        srv.proc.send_signal(sig)
+        _out, err = srv.proc.communicate(timeout=30)
+        assert srv.proc.returncode == status, (sig, srv.proc.returncode, err)
+        assert err.splitlines() == [
+            f"memdiag: serve stopped by {sig.name}; diagnoses queued or cut off resume at the next start"
+        ]
+        assert time.monotonic() - started < 10  # not held by the 30 s diagnosis under way
+        again = server(duration=1, extra=["--no-oom-watch"])  # same folder: the cut-off one resumes
+        assert again.wait(body["id"], timeout=60)["attempts"] == 2
+        again.stop()
 
 
 def test_refuses_to_listen_off_loopback_without_token(memdiag, root_required, tmp_path):

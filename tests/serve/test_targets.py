@@ -1,6 +1,8 @@
 """Alert labels to targets on real cgroups named the way container runtimes and the kubelet name
-them (systemd and cgroupfs styles), found by walking the memory hierarchy."""
+them (systemd and cgroupfs styles), found by walking the memory hierarchy; POST /diagnose's cgroup
+on a real server, resolved as the CLI's --cgroup is."""
 
+import json
 import uuid
 from pathlib import Path
 
@@ -140,6 +142,40 @@ def test_a_name_label_that_names_no_container(root_required):
         target_from_labels({"name": "memdiag-no-such-container"})
     assert str(e.value).startswith("label name memdiag-no-such-container: no such running container")
     assert "running:" not in str(e.value)  # a webhook's sender is not told what runs here
+
+
+def test_diagnose_takes_the_cgroup_paths_the_cli_takes_and_the_root_is_the_whole_system(server, memcg, workload):
+    srv = server(duration=1, extra=["--no-oom-watch"])
+    cg = memcg(None)
+    w = workload("churn", "1000", cgroup=cg)
+    # the hierarchy path, without its '/', and the folder under the mount (refused before: "label id: ...")
+    for value in (cg.path, cg.path.lstrip("/"), str(cg.fs_path)):
+        status, body = srv.post("/diagnose", {"cgroup": value})
+        assert status == 202, (value, body)
+        done = srv.wait(body["id"], timeout=60)
+        assert done["state"] == "done" and done["target"]["pid"] == w.pid and done["target"]["cgroup"] == cg.path
+    for value in (cg.path + "-gone", f"{cg.fs_path}-gone"):
+        status, body = srv.post("/diagnose", {"cgroup": value})
+        assert status == 404 and body["error"].startswith(f"cgroup: '{value}' is not a memory cgroup"), body
+    status, body = srv.post("/diagnose", {"cgroup": "a/../b"})
+    assert status == 422 and body["error"].startswith("cgroup: not a cgroup path"), body
+    firing = [{"status": "firing", "labels": {"id": cg.path + "-gone"}}]  # a label says it is one
+    status, body = srv.post("/alerts/alertmanager", {"alerts": firing})
+    assert (status, body) == (404, {"error": "label id: no such cgroup on this host"})
+    # the root: the whole system, no process traced (before: the host's largest process, here PID 1)
+    for value in ("/", str(cg.mount)):
+        status, body = srv.post("/diagnose", {"cgroup": value})
+        assert status == 202, (value, body)
+        done = srv.wait(body["id"], timeout=60)
+        assert done["state"] == "done", done
+        assert done["target"] == {
+            "kind": "system", "pid": None, "comm": None, "cgroup": None, "description": "the whole system",
+            "container": None, "pod": None,
+        }  # fmt: skip
+        report = json.loads(srv.get(f"/incidents/{body['id']}?format=json")[1])
+        assert report["target"]["kind"] == "system" and report["target"]["pid"] is None
+        traced = [p for p in report["probes"] if p["name"] in ("memleak", "reach") and p["status"] in ("ok", "partial")]
+        assert traced == []  # a system target: memleak and the reachability scan attach to no process
 
 
 def _until_rss(pid: int, size: int, timeout: float = 30) -> None:

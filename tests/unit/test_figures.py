@@ -173,7 +173,7 @@ def test_a_level_between_oom_kills_is_no_plateau():
     assert rep["counters"]["trends"]["cgroup.usage"]["shape"] == "levelled"
     assert not [f for f in rep["findings"] if "plateau" in f["summary"] or "cache" in f["summary"]], rep["findings"]
     killed = next(f for f in rep["findings"] if f["id"] == "growth-killed")
-    assert "with 2 OOM kills in the window: the kernel cut the growth" in killed["summary"], killed["summary"]
+    assert killed["summary"].endswith("with 2 OOM kills in the window"), killed["summary"]
     assert rep["verdict"]["kind"] == "oom", rep["verdict"]
 
 

@@ -16,42 +16,57 @@ ROOT = Path(__file__).resolve().parents[2]
 # In a fresh interpreter: a fake probe (run by vmscan's loader) added to the registry before anything
 # reads it, then what each reader sees.
 _WITH_FAKE = """
-import argparse, dataclasses, json
+import argparse, json, sys
+sys.path.insert(0, {folder!r})
 from memdiag.probes import registry
-fake = registry.ProbeSpec("fakeprobe", facts=("fake",), module="memdiag.probes.vmscan")
-registry.REGISTRY.probes = registry.REGISTRY.probes + (fake,)
+registry.REGISTRY.probes += (
+    registry.ProbeSpec("fakeprobe", module="fakeprobe"),  # with a BPF program (vmscan's, compiled as its own)
+    registry.ProbeSpec("fakereader", module="fakereader", bpf=False),  # reads a runtime's counters: no BPF
+)
 from memdiag.rules.model import ProbeRequest
 from memdiag.diagnose.commands import probe as command
-from memdiag.diagnose.factset import _FACT_PROBES
+from memdiag.diagnose.factset import probe_figures
 from memdiag.probes import prepare
 parser = argparse.ArgumentParser()
 command.add_arguments(parser)
 choices = next(a.choices for a in parser._actions if a.dest == "name")
-print(json.dumps({
-    "rule": ProbeRequest(name="fakeprobe").name,
+print(json.dumps({{
+    "rule": [ProbeRequest(name="fakeprobe").name, ProbeRequest(name="fakereader").name],
     "cli": choices,
+    "options": [a.dest for a in parser._actions],
     "prepare": [name for name, _ in prepare.programs("pid")],
-    "facts": _FACT_PROBES.get("fake"),
-}))
+    "figures": probe_figures({{"fake.level": 1.0}}),
+}}))
+"""
+_FAKE = """
+from memdiag.probes.face import Face, FactDef, Option, plain
+from memdiag.probes.vmscan import FILTERED, run
+FACE = Face(name="{name}", run=plain(run), facts=(FactDef("{fact}", "number", "a level"),),
+            options=(Option("--{name}-depth", "count", "how deep"),))
 """
 
 
 # prepare's compile options ask the kernel what it offers (tracefs: kprobes for swapin), which only root may read
 @pytest.mark.bpf
-def test_a_probe_added_to_the_registry_alone_reaches_every_reader():
-    out = subprocess.run([sys.executable, "-c", _WITH_FAKE], capture_output=True, text=True, timeout=60)
+def test_a_probe_added_to_the_registry_alone_reaches_every_reader(tmp_path):
+    (tmp_path / "fakeprobe.py").write_text(_FAKE.format(name="fakeprobe", fact="fake.level"))
+    (tmp_path / "fakereader.py").write_text(_FAKE.format(name="fakereader", fact="fakereader.level"))
+    code = _WITH_FAKE.format(folder=str(tmp_path))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     seen = json.loads(out.stdout)
-    assert seen["rule"] == "fakeprobe"
-    assert "fakeprobe" in seen["cli"] and "reach" in seen["cli"] and "memleak" in seen["cli"]
+    assert seen["rule"] == ["fakeprobe", "fakereader"]
+    assert {"fakeprobe", "fakereader", "reach", "memleak"} <= set(seen["cli"])
+    assert "fakeprobe_depth" in seen["options"] and "fakereader_depth" in seen["options"]
+    # compiled ahead of time: the probe with a BPF program, not the reader without one
     assert seen["prepare"][0] == "ratecount" and seen["prepare"][-1] == "fakeprobe"
-    assert seen["facts"] == "fakeprobe"
+    assert "fakereader" not in seen["prepare"]
+    assert seen["figures"] == {"fakeprobe": {"fake.level": 1.0}}
 
 
 # prepare's compile options ask the kernel what it offers (tracefs: kprobes for swapin), which only root may read
 @pytest.mark.bpf
 def test_the_readers_agree_with_the_registry_as_shipped():
-    from memdiag.diagnose.factset import _FACT_PROBES
     from memdiag.probes.prepare import programs
     from memdiag.rules.model import ProbeRequest
 
@@ -59,10 +74,12 @@ def test_the_readers_agree_with_the_registry_as_shipped():
     assert names == ("faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop")
     assert ProbeRequest.model_fields["name"].annotation.__args__ == names
     assert [p for p, _ in programs("system")] == ["ratecount", *names]
-    assert _FACT_PROBES["reclaim"] == "drsnoop" and _FACT_PROBES["reach"] == "reach"
-    for spec in REGISTRY.probes:  # each loader has what the registry's readers call
-        loader = spec.loader()
-        assert callable(loader.run) and callable(loader.describe) and callable(loader.requirements), spec.name
+    rows = REGISTRY.figure_rows()
+    assert rows["reclaim.stall_time"] == "drsnoop" and rows["reach.leaked_count"] == "reach"
+    assert "alloc.tracing" not in rows  # memleak's budget decision: a fact, no figure of the table
+    for spec in REGISTRY.probes:  # each face has what the registry's readers call, under its own name
+        face = spec.face()
+        assert face.name == spec.name and callable(face.run) and callable(face.describe), spec.name
 
 
 def _name_lists(path: Path, names: set[str]) -> list[str]:

@@ -1,0 +1,320 @@
+"""Every probe is its face (probes/face.py), and the diagnosis reads nothing else of it: each
+registered probe's facts are the catalog's and the catalog's are produced; each probe's rows, stacks
+and sections reach report.md, report.json and report.html through assemble(); and a probe added as
+one module plus one registry entry drives a verdict through a playbook rule with no change to
+diagnose/ or rules/.
+
+A new probe adds its example result to EXAMPLES below (a result its run() could return, with what
+its facts need): the tests fail for a registered probe without one."""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from memdiag.diagnose.assemble import assemble
+from memdiag.diagnose.culprit import default_classes
+from memdiag.diagnose.factset import window_facts
+from memdiag.diagnose.observe import Observation
+from memdiag.diagnose.render import render_all
+from memdiag.diagnose.snapshot import Snapshot
+from memdiag.diagnose.verdict import EngineResult, verdict_of
+from memdiag.diagnose.workflow import load_rules
+from memdiag.probes.brkstack import BrkResult
+from memdiag.probes.drsnoop import DrsnoopResult, ProcessReclaim
+from memdiag.probes.face import Plan, ProbeResult, StackReach, TracingCost
+from memdiag.probes.faults import FaultsResult
+from memdiag.probes.growth import StackGrowth
+from memdiag.probes.memleak import LeakStack, MemleakResult
+from memdiag.probes.memleak.plan import decision
+from memdiag.probes.memleak.reach import ReachScan
+from memdiag.probes.mmapsnoop import MapStack, MmapResult
+from memdiag.probes.oomkill import OomEvent, OomKillResult
+from memdiag.probes.registry import REGISTRY
+from memdiag.probes.swapin import ProcessSwapins, SwapinResult
+from memdiag.probes.vmscan import ReclaimLatency, VmscanResult
+from memdiag.rules.catalog import facts as catalog
+from memdiag.rules.engine import run_rules
+from memdiag.system.meminfo import MemInfo
+from memdiag.system.process import ProcessMemory
+from memdiag.system.target import Target
+from memdiag.system.vmstat import VmStat
+
+ROOT = Path(__file__).resolve().parents[2]
+MiB, GiB = 1 << 20, 1 << 30
+T0 = 1_800_000_000.0
+PID = 500
+FRAMES = ["malloc+0x0 [libc.so.6]", "grow_orders+0x12 [orderd]", "main+0x9 [orderd]"]
+FUNCTIONS = ["malloc", "grow_orders", "main"]
+
+
+def _growth(count: int, nbytes: int, **kw) -> dict:
+    return dict(frames=FRAMES, functions=FUNCTIONS, count=count, bytes=nbytes, pid=PID, method="eh_frame", **kw)
+
+
+def _leak_stack(reach: StackReach | None) -> LeakStack:
+    return LeakStack(
+        frames=FRAMES, functions=FUNCTIONS, forwards=[False] * 3, pid=PID, method="frame pointers",
+        outstanding_bytes=24 * MiB, outstanding_count=1536, allocs=10752, frees=9216, alloc_bytes=168 * MiB,
+        freed_bytes=144 * MiB, oldest_age_s=11.0, series=[4 * MiB, 8 * MiB, 12 * MiB, 16 * MiB, 20 * MiB, 24 * MiB],
+        reach=reach,
+    )  # fmt: skip
+
+
+def _memleak(scan: ReachScan, reach: StackReach | None) -> MemleakResult:
+    return MemleakResult(
+        name="memleak", status="ok", method="uprobes", duration_s=12.0, series_times=[0, 2, 4, 6, 8, 10],
+        stacks=[_leak_stack(reach)], folded=["main;grow_orders;malloc 25165824"], reach_scan=scan,
+        tracing_cost=TracingCost(attached_s=12.0, probes_ns=1.2e8, cpu_ns=1.5e8, measured_ns=1.5e8),
+    )  # fmt: skip
+
+
+SCANNED = ReachScan(status="ran", paused_ms=31.0, scanned_bytes=40 * MiB, regions=8, threads=2, blocks=1536)
+LEAKED = StackReach(leaked_count=1200, leaked_bytes=18 * MiB, unreferenced_count=1100, anchored_count=336,
+                    anchored_bytes=6 * MiB, anchor="`orders` in orderd's .bss", anchor_kind="static",
+                    anchor_bytes=6 * MiB)  # fmt: skip
+PLAN: Plan = decision("full", "malloc+0 1,000/s x 1.0 µs = 0.10% <= budget 2%", estimated_percent=0.1,
+                      call_rate=1000.0, allocator="glibc")  # fmt: skip
+OOM = OomEvent(when=T0 + 5, victim_pid=PID, victim_comm="orderd", trigger_pid=PID, trigger_comm="orderd")
+
+# (result, plan) examples of every probe: together they yield every fact the probe declares.
+EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
+    "faults": [(FaultsResult(name="faults", status="ok", stacks=[StackGrowth(**_growth(989, 989 * 4096))],
+                             folded=["main;grow_orders;malloc 989"]), None)],
+    "memleak": [
+        (_memleak(SCANNED, LEAKED), PLAN),
+        (_memleak(ReachScan(status="skipped", reason="over budget"), None), None),
+    ],
+    "brkstack": [(BrkResult(name="brkstack", status="ok", calls=12, heap_growth=3 * MiB,
+                            stacks=[StackGrowth(**_growth(12, 3 * MiB))], folded=["main;grow_orders 12"]), None)],
+    "mmapsnoop": [(MmapResult(name="mmapsnoop", status="ok", mapped_bytes=8 * MiB,
+                              stacks=[MapStack(kind="anon private rw", **_growth(2, 8 * MiB))]), None)],
+    "oomkill": [(OomKillResult(name="oomkill", status="ok", kills=[OOM]), None)],
+    "swapin": [(SwapinResult(name="swapin", status="ok", duration_s=4.0,
+                             processes=[ProcessSwapins(pid=PID, comm="orderd", swapins=640)]), None)],
+    "vmscan": [(VmscanResult(name="vmscan", status="ok", kswapd_wakeups=3, reclaim=[
+        ReclaimLatency(kind="direct", events=5, total_ms=12.5, pages_reclaimed=900, histogram_us={"8-15": 5})]), None)],
+    "drsnoop": [(DrsnoopResult(name="drsnoop", status="ok", processes=[
+        ProcessReclaim(pid=PID, comm="orderd", count=5, memcg_count=0, total_ms=150.0, max_ms=40.0,
+                       pages_reclaimed=900)]), None)],
+}  # fmt: skip
+
+
+def observation(seconds: int = 20) -> Observation:
+    """A process whose RSS climbs 4 MiB a second, one sample a second."""
+
+    def proc(t: int) -> ProcessMemory:
+        return ProcessMemory(pid=PID, comm="orderd", cmdline=["orderd"], rss=100 * MiB + 4 * MiB * t, start_ticks=1)
+
+    snaps = [
+        Snapshot(t=float(t), wall=T0 + t, meminfo=MemInfo(mem_total=8 * GiB, mem_available=6 * GiB),
+                 vmstat=VmStat(counters={"pgmajfault": 0}), process=proc(t))
+        for t in range(seconds)
+    ]  # fmt: skip
+    return Observation(
+        target=Target(kind="pid", pid=PID, comm="orderd", cmdline=["orderd"], start_ticks=1), requested_s=seconds,
+        started=T0, ended=T0 + seconds - 1, snapshots=snaps, oom_kills=[], processes_first={PID: proc(0)},
+        processes_last={PID: proc(seconds - 1)}, memdiag_pid=4000,
+    )  # fmt: skip
+
+
+def engine_result(results: dict[str, ProbeResult], plans: dict[str, Plan], rules=None) -> EngineResult:
+    """What the engine would return for this window and these probes: the real fact set, rules and verdict."""
+    obs, classes = observation(), default_classes()
+    rules = rules if rules is not None else load_rules()
+    facts, counters, tri = window_facts(obs, obs.target, 2.0, None, {}, results, plans, classes)
+    outcomes = run_rules(rules, facts)
+    c, verdict = verdict_of(outcomes, facts, obs.target, tri, results, classes)
+    return EngineResult(
+        observation=obs, counters=counters, triage=tri, facts=facts, verdict=verdict, findings=c.findings,
+        finding_keys=c.finding_keys, advice=c.advice, results=results, plans=plans, trail=[], classes=classes,
+    )  # fmt: skip
+
+
+def test_every_probe_has_an_example():
+    assert set(EXAMPLES) == set(REGISTRY.names), "a probe of the registry without an example here (EXAMPLES)"
+    for name, examples in EXAMPLES.items():
+        for result, _plan in examples:
+            assert isinstance(result, REGISTRY.face(name).result), (name, type(result))
+
+
+@pytest.mark.parametrize("name", REGISTRY.names)
+def test_a_probe_yields_exactly_the_facts_it_declares(name):
+    face = REGISTRY.face(name)
+    name_of = lambda frames, forwards: default_classes().name(frames, forwards or None).label  # noqa: E731
+    produced: set[str] = set(face.facts_of(None, None, name_of))  # not run: only what stands without a run
+    for result, plan in EXAMPLES[name]:
+        produced |= set(face.facts_of(result, plan, name_of))
+    assert produced == face.fact_names(), (produced - face.fact_names(), face.fact_names() - produced)
+    known = catalog()
+    for fact in face.facts:
+        assert known[fact.name] == fact, fact.name  # the catalog's entry is the face's own
+        assert fact.row is None or fact.row in _rows(name), (fact.name, fact.row)
+
+
+def _rows(name: str) -> set[str]:
+    """The rows of the probe table a probe shows, over its examples."""
+    face = REGISTRY.face(name)
+    return {row.name for result, plan in EXAMPLES[name] for row in face.table(result, plan, 30.0, {}, "")}
+
+
+def _counter_facts() -> set[str]:
+    return set(catalog()) - {f.name for f in REGISTRY.fact_defs()}
+
+
+def test_every_counter_fact_of_the_catalog_has_a_producer():
+    """The catalog's own facts (the counters') are each set by name in diagnose/: no entry nobody computes."""
+    literals: set[str] = set()
+    for path in (ROOT / "diagnose").rglob("*.py"):
+        nodes = ast.walk(ast.parse(path.read_text()))
+        literals |= {n.value for n in nodes if isinstance(n, ast.Constant) and isinstance(n.value, str)}
+    assert not _counter_facts() - literals
+
+
+def test_every_fact_the_diagnosis_produces_is_in_the_catalog():
+    results = {name: examples[0][0] for name, examples in EXAMPLES.items()}
+    result = engine_result(results, {"memleak": PLAN})
+    assert not set(result.facts) - set(catalog())
+    for target in (Target(kind="system"), Target(kind="pid", pid=PID, comm="orderd")):
+        obs = observation().model_copy(update={"target": target})
+        facts, _c, _t = window_facts(obs, target, 2.0, None, {}, {}, {}, default_classes())
+        assert not set(facts) - set(catalog()), target.kind
+
+
+@pytest.mark.parametrize("name", REGISTRY.names)
+def test_a_probes_rows_stacks_and_sections_render_in_markdown_json_and_html(name):
+    face = REGISTRY.face(name)
+    for result, plan in EXAMPLES[name]:
+        report = assemble(engine_result({name: result}, {name: plan} if plan else {}), 2.0)
+        files = render_all(report)
+        md, html, data = files["report.md"], files["report.html"], json.loads(files["report.json"])
+        rows = face.table(result, plan, 30.0, {}, "")
+        assert rows, name
+        for row in rows:
+            assert f"| {row.name} | {row.status} |" in md and f"<td>{row.name}</td>" in html, row.name
+            assert row.name in [p["name"] for p in data["probes"]], row.name
+        stacks = face.stacks.of(result) if face.stacks is not None else []
+        for s in stacks[: face.stacks.shown if face.stacks else 0]:
+            assert f"({name}: {s.detail})" in md and s.detail in html, s.detail
+            assert f"`{s.frames[1]}`" in md and f"<code>{s.frames[1]}</code>" in html
+            assert any(st["probe"] == name and st["frames"] == s.frames for st in data["stacks"])
+        for sec in face.sections(result):
+            assert f"### {sec.title}" in md and f"<h3>{sec.title}</h3>" in html
+            assert sec.model_dump() in data["sections"]
+        for caveat in face.caveats(result):
+            assert caveat[:40] in md and caveat in data["caveats"]
+
+
+# --- a probe of a new kind, added as one module plus one registry entry --------------------------
+
+FAKE_MODULE = '''
+"""A probe that reads a runtime's own counter: no BPF, a fact, a section of its own and a stack
+whose frames are the runtime's language."""
+
+from memdiag.probes.face import Face, FactDef, ProbeResult, Section, Stack, Stacks
+
+
+class HeapResult(ProbeResult):
+    in_use: int = 0
+    frames: list[str] = []
+
+
+def run(target, ctx):
+    frames = ["OrderService.retry(Order) line: 17", "OrderService.processBatch(int) line: 42"]
+    return HeapResult(name="fakeheap", status="ok", method="the runtime's own counters", target=target.describe(),
+                      duration_s=ctx.seconds, in_use=48 << 20, frames=frames)
+
+
+def facts_of(r, plan, name):
+    return {} if r is None else {"fakeheap.in_use": r.in_use, "fakeheap.holder": name(r.frames, [])}
+
+
+def stacks(r):
+    return [Stack(frames=r.frames, bytes=r.in_use, count=1, detail="live after the last GC")]
+
+
+FACE = Face(
+    name="fakeheap", run=run, result=HeapResult,
+    facts=(FactDef("fakeheap.in_use", "bytes", "the runtime's heap in use after its last collection"),
+           FactDef("fakeheap.holder", "string", "the frame that holds most of it")),
+    facts_of=facts_of,
+    stacks=Stacks(kind="allocations", shown=5, of=stacks, folded=lambda r: []),
+    sections=lambda r: [Section(probe="fakeheap", title="Runtime heap", lines=[f"{r.in_use >> 20} MiB in use"],
+                                header=["space", "used"], rows=[["old", f"{r.in_use >> 20} MiB"]])],
+)
+'''
+
+FAKE_RULES = """
+rules:
+  - id: ask-fakeheap
+    description: a process whose memory climbs, so read its runtime's heap
+    when: process.rss_shape == climbing
+    then:
+      probes: [{name: fakeheap, duration: 4s}]
+  - id: runtime-heap-grows
+    description: the runtime's own heap holds the growth
+    when: fakeheap.in_use > 32MiB
+    then:
+      finding: "the runtime's heap holds {fakeheap.in_use}"
+      verdict:
+        kind: growth
+        summary: "{target.name}: the runtime's heap holds {fakeheap.in_use}, most from {fakeheap.holder}"
+        confidence: 0.8
+        priority: 99
+"""
+
+# In a fresh interpreter: the probe's module on the path and its one registry entry, added before
+# anything reads the registry; then the engine's rounds as the real engine runs them (the fake
+# probe's run needs no root), the verdict, and the report.
+FAKE_RUN = """
+import json, sys
+sys.path[:0] = [{folder!r}, {tests!r}]
+from memdiag.probes import registry
+registry.REGISTRY.probes += (registry.ProbeSpec("fakeheap", module="fakeheap", bpf=False),)
+from pathlib import Path
+from memdiag.diagnose.assemble import assemble
+from memdiag.diagnose.engine import Engine
+from memdiag.diagnose.render import render_all
+from memdiag.rules.loader import load_playbooks, shipped_playbooks
+from test_conformance import observation
+
+rules = load_playbooks(shipped_playbooks() + [Path({rules!r})], trusted=False)
+obs = observation()
+clock = iter(range(1000, 2000, 1))
+engine = Engine(rules, obs.target, 30.0, 2.0, clock=lambda: float(next(clock)))
+facts, _c, _t = engine.facts_of(obs)
+engine.run_requests([r for r in engine.evaluate(facts) if r[0] == "fakeheap"])
+report = assemble(engine._finish(obs, False), 2.0)
+files = render_all(report)
+seen = {{"report": json.loads(files["report.json"]), "md": files["report.md"], "html": files["report.html"]}}
+print(json.dumps(seen))
+"""
+
+
+def test_a_probe_added_as_one_module_and_one_registry_entry_drives_a_verdict(tmp_path):
+    (tmp_path / "fakeheap.py").write_text(FAKE_MODULE)
+    rules = tmp_path / "fake.yaml"
+    rules.write_text(FAKE_RULES)
+    code = FAKE_RUN.format(folder=str(tmp_path), tests=str(Path(__file__).parent), rules=str(rules))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    seen = json.loads(out.stdout)
+    rep, md, html = seen["report"], seen["md"], seen["html"]
+    v = rep["verdict"]
+    assert (v["kind"], v["rule"]) == ("growth", "runtime-heap-grows"), v
+    assert (
+        v["summary"]
+        == "PID 500 (orderd): the runtime's heap holds 48.0 MiB, most from OrderService.retry(Order) line: 17"
+    )
+    # its stack is the verdict's, named in its own language (an allocation stack: before any event stack)
+    assert v["culprit"]["stack"][0] == "OrderService.retry(Order) line: 17"
+    assert v["culprit"]["function"] == "OrderService.retry(Order) line: 17"
+    row = next(p for p in rep["probes"] if p["name"] == "fakeheap")
+    assert row["status"] == "ok" and row["figures"] == {"fakeheap.in_use": 48 << 20}
+    assert "### Runtime heap" in md and "<h3>Runtime heap</h3>" in html and "| old | 48 MiB |" in md
+    assert any(t["name"] == "fakeheap" and t["kind"] == "probe" for t in rep["trail"])
+    assert "`fakeheap.in_use` | 48.0 MiB" in md
