@@ -95,6 +95,7 @@ def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Cal
     )
     cost = Cost(events=proc.memory.reads)
     update = {"status": status, "reason": reason, "duration_s": time.time() - started, "cost": cost}
+    update["target"] = base.target
     return result.model_copy(update=update)
 
 
