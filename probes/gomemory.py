@@ -32,6 +32,15 @@ MAX_BUCKETS = 200_000  # a bucket list longer than this is not read to its end (
 MAX_GOROUTINES = 500_000
 
 
+def standard_library(function: str) -> bool:
+    """A function of Go's standard library: its package path's first element has no dot, as the go
+    command tells standard packages from others (main is the program's): internal/poll.runtime_pollWait,
+    net/http.(*conn).serve; not main.serve nor github.com/x/y.f."""
+    slash = function.rfind("/", 0, function.find("(") if "(" in function else len(function))
+    package = function[: function.index(".", slash + 1)] if "." in function[slash + 1 :] else function
+    return package != "main" and "." not in package.split("/", 1)[0]
+
+
 class GoUnreadable(Exception):
     """The process's Go runtime cannot be read; the message is the one line to show."""
 
@@ -253,22 +262,25 @@ class GoProcess:
         return where
 
     def _parked_in(self, g: bytes, depth: int = 24) -> int:
-        """Where a parked goroutine waits in the program's own code: the first return PC past the
-        runtime's frames, walking its frame pointers up from g.sched (gopark's frame, saved by
-        mcall); 0 when none is found within depth frames."""
+        """Where a parked goroutine waits in the program's own code: the first return PC outside
+        Go's standard library (else the first past the runtime), walking its frame pointers up
+        from g.sched (gopark's frame, saved by mcall); 0 when neither is found within depth frames."""
         L = self.layout
         pc, bp = struct.unpack_from("<Q", g, L.g_sched_pc)[0], struct.unpack_from("<Q", g, L.g_sched_bp)[0]
+        past_runtime = 0
         for _ in range(depth):
             frame = self.table.frame(pc - 1)
             if frame is None:
-                return 0
-            if not frame.function.startswith("runtime."):
+                break
+            if not standard_library(frame.function):
                 return pc
+            if not past_runtime and not frame.function.startswith("runtime."):
+                past_runtime = pc
             raw = self.memory.exact(bp, 16) if bp else None  # stacks lie apart: no chunk around them
             if raw is None:
-                return 0
+                break
             bp, pc = struct.unpack("<QQ", raw)
-        return 0
+        return past_runtime
 
     def system_goroutine(self, startpc: int) -> bool:
         """runtime.isSystemGoroutine: started in a runtime function other than runtime.main."""

@@ -35,3 +35,11 @@ def test_a_held_set_climbs_a_filled_one_levels_a_freed_one_shrinks():
 def test_goroutine_counts():
     assert sampled_shape([0, 1, 2, 3, 4], [439, 553, 673, 798, 900], least=2) == "climbing"
     assert sampled_shape([0, 1, 2, 3, 4], [3, 3, 3, 4, 3], least=2) == "flat"
+
+
+def test_the_standard_library_is_told_by_its_package_path():
+    from memdiag.probes.gomemory import standard_library
+
+    std = ["internal/poll.runtime_pollWait", "net/http.(*conn).serve", "sync.runtime_Semacquire", "os/signal.loop"]
+    own = ["main.serve", "main.(*cache).fetch", "github.com/x/y.(*T).m", "golang.org/x/sync/errgroup.(*Group).Go.func1"]
+    assert all(standard_library(f) for f in std) and not any(standard_library(f) for f in own)
