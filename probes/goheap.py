@@ -18,10 +18,11 @@ from memdiag.system.units import fmt_bytes, fmt_duration
 from pydantic import BaseModel
 
 from . import goview
-from .face import Cost, Face, ProbeResult, TracingCost, plain
+from .face import Cost, Face, ProbeResult, TracingCost
 from .gomemory import GoProcess, GoSnapshot, GoUnreadable, scaled
 from .gopclntab import GoFrame, GoTable
 
+BACKED_OFF = "stopped early: the next read would take its reads' time past what the budget leaves"
 INTERVAL_S = 1.0  # one read a second: the profile moves at GCs, goroutines at any time
 TOP_GROUPS = 8
 
@@ -72,8 +73,16 @@ def requirements() -> list:
     return []  # no kernel feature: /proc/PID/mem, as root or the target's owner with ptrace rights
 
 
-def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic):
-    """Read the target's heap profile and goroutines every `interval` for `seconds`."""
+def run(
+    target: Target,
+    seconds: float,
+    interval: float = INTERVAL_S,
+    clock: Callable[[], float] = time.monotonic,
+    allowance_ns: float | None = None,
+):
+    """Read the target's heap profile and goroutines every `interval` for `seconds`; stop early
+    (backed off) once the reads' time, what they may have cost the target at most, would pass
+    allowance_ns (what the budget leaves; None: no budget)."""
     started = time.time()
     base = GoHeapResult(status="unavailable", target=target.describe(), started=started, method="")
     if target.kind != "pid" or target.pid is None:
@@ -83,7 +92,7 @@ def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Cal
     except GoUnreadable as e:
         return base.model_copy(update={"reason": str(e)})
     try:
-        snaps, why = _read(proc, target, seconds, interval, clock)
+        snaps, why = _read(proc, target, seconds, interval, clock, allowance_ns)
     finally:
         proc.close()
     result = summarize(proc, snaps, started)
@@ -95,11 +104,14 @@ def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Cal
     )
     cost = Cost(events=proc.memory.reads)
     update = {"status": status, "reason": reason, "duration_s": time.time() - started, "cost": cost}
+    update["backed_off"] = why == BACKED_OFF
     update["target"] = base.target
     return result.model_copy(update=update)
 
 
-def _read(proc: GoProcess, target: Target, seconds: float, interval: float, clock) -> tuple[list, str]:
+def _read(
+    proc: GoProcess, target: Target, seconds: float, interval: float, clock, allowance_ns: float | None
+) -> tuple[list, str]:
     snaps: list[GoSnapshot] = []
     end = clock() + seconds
     while True:
@@ -112,6 +124,9 @@ def _read(proc: GoProcess, target: Target, seconds: float, interval: float, cloc
             return snaps, ""
         if not target.alive():
             return snaps, "the target exited"
+        spent = proc.memory.seconds * 1e9
+        if allowance_ns is not None and spent + spent / len(snaps) > allowance_ns:  # the next read would pass it
+            return snaps, BACKED_OFF
         time.sleep(min(interval, left))
 
 
@@ -289,7 +304,7 @@ def measured(r: GoHeapResult) -> TracingCost | None:
 
 FACE = Face(
     name="goheap",
-    run=plain(run),
+    run=lambda target, ctx: run(target, ctx.seconds, allowance_ns=ctx.budget.allowance_ns if ctx.budget else None),
     result=GoHeapResult,
     describe=goview.describe,
     facts=goview.FACTS,

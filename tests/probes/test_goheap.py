@@ -230,3 +230,11 @@ def test_page_fault_stacks_in_a_stripped_go_binary_name_the_inlined_function(wor
         "main.main (main.go:63) [goerrmap]",
     ]
     assert default_classes().name(frames).function == "main.rememberFailure"
+
+
+def test_reads_stop_at_what_the_budget_leaves(workload):
+    w = workload("goleak", "100")
+    r = run(Target.for_pid(w.pid), 10, allowance_ns=1.0)  # the first read spends it all
+    assert r.backed_off and r.status == "partial" and len(r.read_times) == 1
+    assert "stopped early: the next read would take its reads' time past what the budget leaves" in r.reason
+    assert r.duration_s < 5
