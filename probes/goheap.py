@@ -18,9 +18,10 @@ from memdiag.system.units import fmt_bytes, fmt_duration
 from pydantic import BaseModel
 
 from . import goview
-from .face import Cost, Face, ProbeResult, TracingCost
+from .face import Cost, Face, ProbeResult
 from .gomemory import GoProcess, GoSnapshot, GoUnreadable, scaled
 from .gopclntab import GoFrame, GoTable
+from .reader import reads_cost
 
 BACKED_OFF = "stopped early: the next read would take its reads' time past what the budget leaves"
 INTERVAL_S = 1.0  # one read a second: the profile moves at GCs, goroutines at any time
@@ -293,15 +294,6 @@ def _goroutines(proc: GoProcess, snaps: list[GoSnapshot]) -> tuple[list[Goroutin
     return groups, users, totals
 
 
-def measured(r: GoHeapResult) -> TracingCost | None:
-    """What the reads cost the target, at most: the time they held its memory map for reading (its
-    own page faults share that lock; only an mmap or munmap waits on a read in progress)."""
-    if r.status not in ("ok", "partial"):
-        return None
-    ns = r.read_seconds * 1e9
-    return TracingCost(attached_s=r.duration_s, measured_ns=ns)
-
-
 FACE = Face(
     name="goheap",
     run=lambda target, ctx: run(target, ctx.seconds, allowance_ns=ctx.budget.allowance_ns if ctx.budget else None),
@@ -311,5 +303,5 @@ FACE = Face(
     facts_of=goview.facts_of,
     stacks=goview.STACKS,
     sections=goview.sections,
-    measured=measured,
+    measured=reads_cost,
 )

@@ -20,7 +20,8 @@ from memdiag.system.v8memory import read_v8_memory
 from pydantic import BaseModel
 
 from . import nodeview
-from .face import Cost, Face, ProbeResult, TracingCost, plain
+from .face import Cost, Face, ProbeResult, plain
+from .reader import reads_cost
 
 INTERVAL_S = 2.0  # smaps walks every page table of the process: a read every two seconds
 
@@ -105,15 +106,6 @@ def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Cal
     )
 
 
-def measured(r: NodeHeapResult) -> TracingCost | None:
-    """At most the time the smaps reads held the target's memory map (the kernel walks its page
-    tables for each read)."""
-    if r.status not in ("ok", "partial"):
-        return None
-    ns = r.read_seconds * 1e9
-    return TracingCost(attached_s=r.duration_s, measured_ns=ns)
-
-
 FACE = Face(
     name="nodeheap",
     run=plain(run),
@@ -122,5 +114,5 @@ FACE = Face(
     facts=nodeview.FACTS,
     facts_of=nodeview.facts_of,
     sections=nodeview.sections,
-    measured=measured,
+    measured=reads_cost,
 )

@@ -101,10 +101,9 @@ def build(name: str, extra_flags: list[str] | None = None) -> Path:
 def build_go(name: str, flags: list[str]) -> Path:
     """`go build FLAGS` of the package tests/workloads/go/NAME with the Go toolchain on PATH
     (Debian's golang-go: scripts/setup.sh --test installs it), its caches under .build."""
-    files = sorted(p for p in (GO_SOURCES / name).iterdir() if p.suffix == ".go")
-    digest = hashlib.sha256(" ".join(flags).encode() + go_version().encode())
-    for path in [GO_SOURCES / "go.mod", *files]:
-        digest.update(path.name.encode() + path.read_bytes())
+    digest = hashlib.sha256(" ".join(flags).encode() + go_version().encode() + name.encode())
+    for path in [GO_SOURCES / "go.mod", *sorted(GO_SOURCES.rglob("*.go"))]:  # its package and the shared kit
+        digest.update(str(path.relative_to(GO_SOURCES)).encode() + path.read_bytes())
     out = BUILD / digest.hexdigest()[:12] / name
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -227,7 +227,7 @@ def test_page_fault_stacks_in_a_stripped_go_binary_name_the_inlined_function(wor
     assert frames[at : at + 3] == [
         "main.rememberFailure (main.go:21, inlined) [goerrmap]",
         "main.handle (main.go:30, inlined) [goerrmap]",
-        "main.main (main.go:63) [goerrmap]",
+        "main.main (main.go:51) [goerrmap]",
     ]
     assert default_classes().name(frames).function == "main.rememberFailure"
 

@@ -1,13 +1,13 @@
 // A bounded cache: lookups that miss fetch a 16 KiB value and keep it, evicting the oldest entry
 // once the cache holds capacity entries, so the heap rises while it fills and then stays level
-// (values are replaced, never accumulated). The heap profile is written on SIGUSR1 (profile.go).
+// (values are replaced, never accumulated). The heap profile is written on SIGUSR1 (internal/kit).
 // usage: gocache [lookups_per_second=400] [capacity=1500] [value_bytes=16384]
 package main
 
 import (
 	"fmt"
+	"memdiag.test/workloads/internal/kit"
 	"os"
-	"strconv"
 	"time"
 )
 
@@ -32,25 +32,13 @@ func (c *cache) fetch(key, size int) []byte {
 	return v
 }
 
-func arg(i, fallback int) int {
-	if len(os.Args) > i {
-		if v, err := strconv.Atoi(os.Args[i]); err == nil {
-			return v
-		}
-	}
-	return fallback
-}
-
 var sink byte
 
 func main() {
-	rate, capacity, size := arg(1, 400), arg(2, 1500), arg(3, 16384)
+	rate, capacity, size := kit.Arg(1, 400), kit.Arg(2, 1500), kit.Arg(3, 16384)
 	c := &cache{capacity: capacity, values: map[int][]byte{}}
 	fmt.Printf("ready %d\n", os.Getpid())
-	perTick := rate / 20
-	if perTick < 1 {
-		perTick = 1
-	}
+	perTick := kit.PerTick(rate)
 	key := 0
 	for range time.Tick(50 * time.Millisecond) {
 		for i := 0; i < perTick; i++ {

@@ -8,8 +8,8 @@ package main
 import (
 	"errors"
 	"fmt"
+	"memdiag.test/workloads/internal/kit"
 	"os"
-	"strconv"
 	"time"
 )
 
@@ -36,26 +36,14 @@ func handle(id, failOneIn int, payload []byte) error {
 
 var sink int
 
-func arg(i, fallback int) int {
-	if len(os.Args) > i {
-		if v, err := strconv.Atoi(os.Args[i]); err == nil {
-			return v
-		}
-	}
-	return fallback
-}
-
 func main() {
-	rate, failOneIn, size := arg(1, 400), arg(2, 3), arg(3, 16384)
+	rate, failOneIn, size := kit.Arg(1, 400), kit.Arg(2, 3), kit.Arg(3, 16384)
 	payload := make([]byte, size)
 	for i := range payload {
 		payload[i] = byte(i)
 	}
 	fmt.Printf("ready %d\n", os.Getpid())
-	perTick := rate / 20
-	if perTick < 1 {
-		perTick = 1
-	}
+	perTick := kit.PerTick(rate)
 	id := 0
 	for range time.Tick(50 * time.Millisecond) {
 		for i := 0; i < perTick; i++ {

@@ -1,13 +1,13 @@
 // A goroutine leak: each request starts a goroutine that waits for a reply on a channel nobody
 // ever writes to (the requester gave up after its timeout), so the goroutines, each with its stack
-// and its request, pile up. The heap profile is written on SIGUSR1 (profile.go).
+// and its request, pile up. The heap profile is written on SIGUSR1 (internal/kit).
 // usage: goleak [requests_per_second=100] [request_bytes=4096]
 package main
 
 import (
 	"fmt"
+	"memdiag.test/workloads/internal/kit"
 	"os"
-	"strconv"
 	"time"
 )
 
@@ -31,22 +31,10 @@ func serve(id, size int) {
 	}
 }
 
-func arg(i, fallback int) int {
-	if len(os.Args) > i {
-		if v, err := strconv.Atoi(os.Args[i]); err == nil {
-			return v
-		}
-	}
-	return fallback
-}
-
 func main() {
-	rate, size := arg(1, 100), arg(2, 4096)
+	rate, size := kit.Arg(1, 100), kit.Arg(2, 4096)
 	fmt.Printf("ready %d\n", os.Getpid())
-	perTick := rate / 20
-	if perTick < 1 {
-		perTick = 1
-	}
+	perTick := kit.PerTick(rate)
 	id := 0
 	for range time.Tick(50 * time.Millisecond) {
 		for i := 0; i < perTick; i++ {
