@@ -24,7 +24,10 @@ from .gopclntab import GoFrame, GoTable
 from .reader import reads_cost
 
 BACKED_OFF = "stopped early: the next read would take its reads' time past what the budget leaves"
-INTERVAL_S = 1.0  # one read a second: the profile moves at GCs, goroutines at any time
+INTERVAL_S = 1.0
+# With the heap profile off, the goroutines' trend (four reads at least) is all there is to read:
+# the rest of the window is left to the probes that can name the code (page faults)
+PROFILE_OFF_READS = 5  # one read a second: the profile moves at GCs, goroutines at any time
 TOP_GROUPS = 8
 
 
@@ -120,6 +123,8 @@ def _read(
             snaps.append(proc.snapshot())
         except GoUnreadable as e:
             return snaps, str(e)
+        if len(snaps) == 1 and snaps[0].rate == 0:  # no heap profile: goroutines only, for less of the window
+            end = min(end, clock() + max(PROFILE_OFF_READS * interval, seconds / 3))
         left = end - clock()
         if left <= 0:
             return snaps, ""
@@ -136,10 +141,12 @@ def _profile_reason(r: GoHeapResult) -> str:
     if r.profile == "compiled-out":
         return (
             f"{how}; heap profile off: the program never references runtime.MemProfile, so the linker switched "
-            "the runtime's allocation sampling off (runtime.disableMemoryProfiling); goroutines read"
+            "the runtime's allocation sampling off (runtime.disableMemoryProfiling); goroutines read, for a third "
+            "of its time"
         )
     if r.profile == "rate-zero":
-        return f"{how}; heap profile off: the program set runtime.MemProfileRate to 0; goroutines read"
+        off = "heap profile off: the program set runtime.MemProfileRate to 0"
+        return f"{how}; {off}; goroutines read, for a third of its time"
     gcs = r.cycles[-1] - r.cycles[0] if r.cycles else 0
     return f"{how}; heap profile sampled once per {fmt_bytes(r.rate)} allocated on average, {gcs} GC(s) completed"
 
