@@ -23,7 +23,8 @@ def memdiag_version() -> str:
         return "unknown"
 
 
-def target_info(target: Target) -> TargetInfo:
+def target_info(target: Target, facts: dict | None = None) -> TargetInfo:
+    facts = facts or {}
     return TargetInfo(
         kind=target.kind,
         description=target.describe(),
@@ -34,6 +35,8 @@ def target_info(target: Target) -> TargetInfo:
         cgroup_version=target.cgroup.version if target.cgroup else None,
         container=target.container,
         pod=target.pod,
+        runtime=facts.get("target.runtime"),
+        runtime_detail=facts.get("target.runtime_detail"),
     )
 
 
@@ -109,7 +112,7 @@ def assemble(result: EngineResult, budget_percent: float) -> Report:
     reasons = [p.reason for p in result.plans.values()]
     return Report(
         memdiag_version=memdiag_version(),
-        target=target_info(obs.target),
+        target=target_info(obs.target, result.facts),
         window=Window(
             started=obs.started,
             ended=obs.ended,

@@ -20,12 +20,15 @@ from fnmatch import fnmatchcase
 from memdiag.rules.loader import load_playbook, shipped_playbooks
 from memdiag.rules.model import FrameClass
 
-_FRAME = re.compile(r"^(?P<fn>.*?)\+0x[0-9a-f]+ \[(?P<mod>[^\]]+)\]$")
-_UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>[^\]]+)\])?$")
-# A Python frame as probes/cpython/frames.py prints it: `qualname (file:line) [python]`.
+# `fn+0x1a [module]`, or a Go frame from its function table: `main.handle (main.go:30, inlined) [orderd]`
+_FRAME = re.compile(r"^(?P<fn>.*?)(?:\+0x[0-9a-f]+| \([^()]*\)) \[(?P<mod>[^\]]+)\]$")
+_UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>.+)\])?$")  # the module may be bracketed itself: [[anon]]
+# A Python frame as probes/cpython/frames.py prints it: `qualname (file:line) [python]` (read first:
+# it has the Go frame's shape too).
 _PYTHON = re.compile(r"^(?P<fn>.+) \((?P<file>.+?)(?::(?P<line>\d+))?\) \[(?P<mod>python(?: stdlib)?)\]$")
 PYTHON_MODULES = ("python", "python stdlib")
 PASSED_OVER = ("allocator", "wrapper", "guessed-wrapper", "runtime")
+JIT_UNNAMED = "JIT-compiled code no perf map names"
 
 
 @dataclass(frozen=True)
@@ -118,6 +121,8 @@ class Classes:
         function, module = split[index] if index is not None else (None, None)
         interp = index is not None and kinds[index] == "interpreter"
         label = function or (f"an unnamed function in {module} (no symbol)" if module else None)
+        if label is None and any(split_frame(f) == (None, "[anon]") for f in frames):
+            label = JIT_UNNAMED  # past the runtime's frames, only code a JIT generated, no perf map naming it
         caller = self._python_caller(split, index) if module not in PYTHON_MODULES else None
         if caller and label:
             label = f"{label}, called from Python {caller}"
@@ -149,8 +154,9 @@ def _all_passed(kinds: list[str]) -> bool:
 
 
 def split_frame(frame: str) -> tuple[str | None, str | None]:
-    """(function, module) of a frame as the probes print it: `fn+0x1a [module]` or `[unknown] [module]`;
-    a Python frame `handle_order (/srv/orders.py:42) [python]` is (`handle_order (orders.py:42)`, `python`)."""
+    """(function, module) of a frame as the probes print it: `fn+0x1a [module]`, `fn (file.go:12)
+    [module]` (Go) or `[unknown] [module]`; a Python frame `handle_order (/srv/orders.py:42) [python]`
+    is (`handle_order (orders.py:42)`, `python`)."""
     p = _PYTHON.match(frame)
     if p:
         line = f":{p['line']}" if p["line"] else ""

@@ -29,6 +29,8 @@ class TargetInfo(_Model):
     cgroup_version: int | None = None
     container: ContainerInfo | None = None  # the container the target is or runs in
     pod: PodInfo | None = None  # the Kubernetes pod the target is
+    runtime: str | None = None  # target.runtime: cpython, go, node, jvm, none (native), unknown
+    runtime_detail: str | None = None  # its version and module: Go 1.19.8 (/usr/bin/prometheus; ...)
 
 
 class Culprit(_Model):

@@ -18,11 +18,16 @@ _DEFS = [
     ("target.name", "string", "the target as a person reads it: PID 123 (orderd), cgroup /x, the system"),
     ("target.pid", "string", "the target's process id, as commands take it (no thousands separator)"),
     ("target.command", "string", "the target's command line, quoted for a shell"),
-    ("target.runtime", "string", "the runtime the target runs: cpython, none (native), unknown (not a process)"),
+    (
+        "target.runtime",
+        "string",
+        "the runtime the target runs: cpython, go, node, jvm, none (native code), unknown (not a process)",
+    ),
     (
         "target.runtime_detail",
         "string",
-        "the runtime and the module holding its code: CPython 3.11 (/usr/bin/python3.11)",
+        "the runtime, its version and the module holding its code: CPython 3.11 (/usr/bin/python3.11), "
+        "Go 1.19.8 (/usr/bin/prometheus; module github.com/prometheus/prometheus/cmd/prometheus)",
     ),
     (
         "target.python_frames",

@@ -49,6 +49,7 @@ SLOW_MODULES = frozenset(
         "e2e/test_containers.py",
         "e2e/test_culprit.py",
         "e2e/test_python_targets.py",
+        "e2e/test_runtimes.py",
         "e2e/test_scenarios.py",
         "e2e/test_long_window.py",
         "e2e/test_signals.py",

@@ -145,8 +145,16 @@ def _overhead_lines(o, probes=()) -> list[str]:
             parts.append(f"the target's CPU time above its rate before the attach {o.tracing_cpu_percent:.2f}%")
         how = "the first counts, raised to the second up to twice it"
         lines += [f"- Allocation tracing, measured two ways ({how}): {'; '.join(parts)}"]
-    # the rows not measured on the target itself: their overhead is their BPF run time
-    others = [p.name for p in probes if not p.on_target and p.overhead_percent]
+    # the rows not measured on the target itself: their overhead is their BPF run time, or for a
+    # reader of the target's memory (no BPF) the time its reads held the target's memory map
+    shown = [p.name for p in probes if not p.on_target and p.overhead_percent]
+    readers = [n for n in shown if n in REGISTRY.names and not REGISTRY.spec(n).bpf]
+    if readers:
+        lines += [
+            f"- {', '.join(readers)}: memdiag's time reading the target's memory or maps (nothing stopped): an "
+            "upper bound of the time they held its memory map for reading"
+        ]
+    others = [n for n in shown if n not in readers]
     wide = [n for n in others if n in REGISTRY.names and REGISTRY.spec(n).host_wide]
     if others:
         every = (
@@ -280,6 +288,8 @@ def _heading(report: Report) -> list[str]:
     if t.cgroup and t.kind == "pid":
         target_line += f" — memory cgroup {code(t.cgroup)} (v{t.cgroup_version})"
     lines += [target_line]
+    if t.runtime_detail:
+        lines += [f"- Runtime: {prose(t.runtime_detail)}"]
     lines += _container_lines(report)
     thinned = ""
     if w.thinned:

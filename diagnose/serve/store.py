@@ -50,10 +50,15 @@ CREATE TABLE IF NOT EXISTS incidents (
 );
 """
 # Columns added after the first release: added to older databases when they open.
-_ADDED = {"attempts": "INTEGER NOT NULL DEFAULT 0", "previous": "TEXT", "report_bytes": "INTEGER NOT NULL DEFAULT 0"}
+_ADDED = {
+    "attempts": "INTEGER NOT NULL DEFAULT 0",
+    "previous": "TEXT",
+    "report_bytes": "INTEGER NOT NULL DEFAULT 0",
+    "runtime": "TEXT",
+}
 _COLS = (
     "id, created, updated, source, state, target, alert, verdict_kind, summary, report_dir, error, duration_s, "
-    "attempts, previous"
+    "attempts, previous, runtime"
 )
 
 
@@ -86,6 +91,7 @@ class Incident(BaseModel):
     duration_s: float | None = None
     attempts: int = 0
     previous: str | None = None  # why the attempt before this one did not finish (or what it found)
+    runtime: str | None = None  # the diagnosed target's runtime: Go 1.19.8 (/usr/bin/prometheus; ...), none
 
 
 class StorageFailing(Exception):
@@ -229,7 +235,8 @@ class Store:
                     self.dir.remove_report(iid)
                 self._write(
                     "UPDATE incidents SET state='queued', updated=?, previous=?, attempts=?, error=NULL, "
-                    "verdict_kind=NULL, summary=NULL, report_dir=NULL, report_bytes=0, duration_s=NULL WHERE id=?",
+                    "verdict_kind=NULL, summary=NULL, runtime=NULL, report_dir=NULL, report_bytes=0, duration_s=NULL "
+                    "WHERE id=?",
                     (time.time(), before, 0 if fresh else attempts, iid),
                 )
                 self._pending.pop(iid, None)

@@ -125,6 +125,7 @@ class Worker:
             state="done",
             verdict_kind=report.verdict.kind,
             summary=report.verdict.summary,
+            runtime=report.target.runtime_detail or report.target.runtime,
             report_dir=folder,
             duration_s=elapsed,
             error=None,
