@@ -4,8 +4,10 @@
  * the classic tracepoint does not expose). Counts aggregate in the kernel per (tgid, frame-pointer
  * stack, ip, word at sp); the first event of each key also saves registers and a copy of the user
  * stack so user space can unwind frameless library code with .eh_frame.
- * Without a target (TARGET_MODE 0 and PER_PROCESS 1) it only counts faults per process. */
+ * Without a target (TARGET_MODE 0 and PER_PROCESS 1) it only counts faults per process.
+ * PY_FRAMES 1: the Python stack of processes in py_procs is part of the key (bpf/pyframes.h). */
 #include "memdiag.h"
+#include "pyframes.h"
 
 #ifndef PER_PROCESS
 #define PER_PROCESS 0
@@ -39,12 +41,38 @@ BPF_HASH(per_process, struct proc_key, u64, MAX_KEYS);
 /* Grows with use: a sample is 8 KiB, so only what is seen is paid for. */
 BPF_F_TABLE("hash", struct fault_key, struct stack_sample, samples, MAX_SAMPLES, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(scratch, struct stack_sample, 1);
-/* 0 events, 1 stack errors, 2 samples dropped (table full), 3 counts dropped (table full) */
-BPF_ARRAY(stats, u64, 4);
+/* 0 events, 1 stack errors, 2 samples dropped (table full), 3 counts dropped (table full),
+ * 4 Python stacks dropped (table full) */
+BPF_ARRAY(stats, u64, 5);
+#if PY_FRAMES
+BPF_HASH(py_procs, u32, struct py_proc, 1024);
+BPF_F_TABLE("lru_hash", u32, struct py_thread, py_threads, 8192, 0);
+BPF_PERCPU_ARRAY(py_scratch, struct py_scratch, 1);
+/* the Python stack of each key, recorded with its first stack copy */
+BPF_F_TABLE("hash", struct fault_key, struct py_stack, pystacks, MAX_SAMPLES, BPF_F_NO_PREALLOC);
+
+/* The hash of the calling thread's Python stack (0: not a CPython thread), its frames in *out. */
+static __always_inline u64 py_now(u64 id, struct py_scratch **out)
+{
+	u32 tgid = id >> 32, tid = (u32)id;
+	int zero = 0;
+	struct py_proc *p = py_procs.lookup(&tgid);
+	struct py_scratch *s = py_scratch.lookup(&zero);
+	if (!p || !s)
+		return 0;
+	struct py_thread fresh;
+	u64 ts = py_tstate(p, tid, py_threads.lookup(&tid), &fresh);
+	if (fresh.looked_ns)
+		py_threads.update(&tid, &fresh);
+	*out = s;
+	return ts ? py_walk(p, ts, s) : 0;
+}
+#endif
 
 RAW_TRACEPOINT_PROBE(page_fault_user)
 {
-	u32 tgid = current_pid_tgid() >> 32;
+	u64 id = current_pid_tgid();
+	u32 tgid = id >> 32;
 #if TARGET_MODE == 1
 	if (!targets.lookup(&tgid))
 		return 0;
@@ -68,6 +96,11 @@ RAW_TRACEPOINT_PROBE(page_fault_user)
 	if (key.stack_id < 0)
 		stats.increment(1);
 	bpf_probe_read_user(&key.at_sp, sizeof(key.at_sp), (void *)s->regs.sp);
+#if PY_FRAMES
+	struct py_scratch *py = NULL;
+	u64 py_hash = py_now(id, &py);
+	key.at_sp ^= py_hash; /* one native stack serves many Python call paths */
+#endif
 
 	u64 one = 1, *count = counts.lookup(&key);
 	if (count) {
@@ -81,6 +114,10 @@ RAW_TRACEPOINT_PROBE(page_fault_user)
 	copy_user_stack(s);
 	if (samples.insert(&key, s) != 0)
 		stats.increment(2);
+#if PY_FRAMES
+	if (py_hash && py && pystacks.insert(&key, &py->st) != 0)
+		stats.increment(4);
+#endif
 	return 0;
 #endif
 }

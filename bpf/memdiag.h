@@ -87,4 +87,63 @@ static __always_inline void read_user_regs(struct user_regs *r, struct pt_regs *
 	bpf_probe_read_kernel(&r->bp, sizeof(r->bp), &regs->bp);
 }
 
+/* --- CPython frames (walked by bpf/pyframes.h, read back by probes/cpython) -------------------
+ * One py_proc per traced CPython process, filled by user space from the interpreter's layout
+ * (probes/cpython/layout.py: a table per version, or the _Py_DebugOffsets that CPython 3.13+
+ * publishes at the start of _PyRuntime): where the thread states are and the offsets of the
+ * fields walked. PY_FRAMES 1 compiles the walk into a probe. */
+#ifndef PY_FRAMES
+#define PY_FRAMES 0
+#endif
+#ifndef PY_MAX_FRAMES
+#define PY_MAX_FRAMES 32 /* a power of two: indexes into frames[] are masked with it */
+#endif
+#ifndef PY_MAX_THREADS
+#define PY_MAX_THREADS 64 /* thread states looked through for the current thread's */
+#endif
+#define PY_NO_FIELD 0xffff
+#define PY_NO_OWNER 0xff
+/* Bit 63 of a frame's instruction pointer (user addresses stay below 2^47): the last Python frame
+ * that its _PyEval_EvalFrameDefault call runs (3.11: is_entry; 3.12+: the frame above a shim). */
+#define PY_LAST_IN_CALL (1ULL << 63)
+/* py_stack.flags */
+#define PY_TRUNCATED 1   /* more than PY_MAX_FRAMES frames: the outermost are missing */
+#define PY_READ_FAILED 2 /* a frame could not be read: the stack ends there */
+
+struct py_proc {
+	u64 interp_head;    /* address of _PyRuntime.interpreters.head (a PyInterpreterState *) */
+	u16 interp_threads; /* PyInterpreterState.threads.head */
+	u16 tstate_next;    /* PyThreadState.next */
+	u16 tstate_tid;     /* PyThreadState.native_thread_id */
+	u16 tstate_frame;   /* PyThreadState.cframe (3.11, 3.12) or .current_frame (3.13) */
+	u16 cframe_frame;   /* _PyCFrame.current_frame; PY_NO_FIELD: tstate_frame is the frame */
+	u16 frame_code;     /* _PyInterpreterFrame.f_code (3.13: f_executable) */
+	u16 frame_previous; /* _PyInterpreterFrame.previous */
+	u16 frame_instr;    /* _PyInterpreterFrame.prev_instr (3.13: instr_ptr) */
+	u16 frame_entry;    /* _PyInterpreterFrame.is_entry (3.11); PY_NO_FIELD after */
+	u16 frame_owner;    /* _PyInterpreterFrame.owner */
+	u8 owner_cstack;    /* FRAME_OWNED_BY_CSTACK (3.12+: a shim between C calls); PY_NO_OWNER before */
+	u8 pad[3];
+};
+
+struct py_frame {
+	u64 code;  /* the PyCodeObject * (user space checks its type before reading it) */
+	u64 instr; /* the frame's instruction pointer, | PY_LAST_IN_CALL */
+};
+
+struct py_stack {
+	u32 depth; /* frames[] used, innermost first */
+	u32 flags;
+	struct py_frame frames[PY_MAX_FRAMES];
+};
+
+/* The thread state a thread's Python frames hang from, when it was looked for (0: none), and the
+ * native_thread_id it holds: the thread's id in the target's own pid namespace, which user space
+ * fills in where that is not the id BPF sees (a target in a container). */
+struct py_thread {
+	u64 tstate;
+	u64 looked_ns;
+	u64 native_tid;
+};
+
 #endif

@@ -9,12 +9,14 @@
  * mm_page_alloc/free) with kernel stacks.
  *
  * Defines from the loader: MIN_SIZE, MAX_SIZE (size filter), SAMPLE_EVERY (1 in N),
- * SNOOP_MIN (report single allocations at least this big, 0 = off), MAX_ALLOCS, MAX_STACKS.
+ * SNOOP_MIN (report single allocations at least this big, 0 = off), MAX_ALLOCS, MAX_STACKS,
+ * PY_FRAMES (1: record the Python stack of targets in py_procs, bpf/pyframes.h).
  * Known traps handled: a NULL return is not outstanding; in-flight state is per thread (keyed by
  * the full pid_tgid); realloc and mremap move an allocation instead of duplicating it; frees of
  * allocations made before attach are counted apart, not subtracted; mmap/mremap called from
  * inside the allocator (its own large chunks) are not counted twice. */
 #include "memdiag.h"
+#include "pyframes.h"
 
 #ifndef KERNEL_MODE
 #define KERNEL_MODE 0
@@ -87,7 +89,7 @@ struct big_alloc {
 
 enum stat {
 	S_ALLOCS, S_FREES, S_STACK_ERRORS, S_ALLOCS_DROPPED, S_UNKNOWN_FREES, S_FAILED, S_SAMPLES_DROPPED,
-	S_STACKS_DROPPED, S_SAMPLED_OUT, S_NESTED, S_COUNT
+	S_STACKS_DROPPED, S_SAMPLED_OUT, S_NESTED, S_PY_DROPPED, S_COUNT
 };
 
 BPF_HASH(targets, u32, u8, 4096);
@@ -103,6 +105,30 @@ BPF_HASH(texts, u32, struct text_range, 4096);
 /* Armed by the loader once every uprobe is attached and disarmed before the maps are read, so
  * attaching and detaching one probe after another never leaves half a call on the books. */
 BPF_ARRAY(control, u32, 1);
+#if PY_FRAMES
+BPF_HASH(py_procs, u32, struct py_proc, 1024);
+BPF_F_TABLE("lru_hash", u32, struct py_thread, py_threads, 8192, 0);
+BPF_PERCPU_ARRAY(py_scratch, struct py_scratch, 1);
+/* the Python stack of each stack key, recorded with its first stack copy */
+BPF_F_TABLE("hash", struct stack_key, struct py_stack, pystacks, 1024, BPF_F_NO_PREALLOC);
+
+/* The hash of the calling thread's Python stack (0: not a CPython thread), its frames in *out. */
+static __always_inline u64 py_now(u64 id, struct py_scratch **out)
+{
+	u32 tgid = id >> 32, tid = (u32)id;
+	int zero = 0;
+	struct py_proc *p = py_procs.lookup(&tgid);
+	struct py_scratch *s = py_scratch.lookup(&zero);
+	if (!p || !s)
+		return 0;
+	struct py_thread fresh;
+	u64 ts = py_tstate(p, tid, py_threads.lookup(&tid), &fresh);
+	if (fresh.looked_ns)
+		py_threads.update(&tid, &fresh);
+	*out = s;
+	return ts ? py_walk(p, ts, s) : 0;
+}
+#endif
 
 static __always_inline int armed(void)
 {
@@ -262,10 +288,19 @@ static __always_inline int enter(struct pt_regs *ctx, u64 size, u64 ptr_arg, u32
 		in.key.stack_id = NO_FRAME_POINTERS; /* named from the stack copy by .eh_frame */
 		in.key.at_sp ^= path_fingerprint(s, tgid);
 	}
+#if PY_FRAMES
+	struct py_scratch *py = NULL;
+	u64 py_hash = py_now(id, &py); /* one native stack serves many Python call paths */
+	in.key.at_sp ^= py_hash;
+#endif
 	if (!samples.lookup(&in.key)) {
 		copy_user_stack(s);
 		if (samples.insert(&in.key, s) != 0)
 			stats.increment(S_SAMPLES_DROPPED);
+#if PY_FRAMES
+		if (py_hash && py && pystacks.insert(&in.key, &py->st) != 0)
+			stats.increment(S_PY_DROPPED);
+#endif
 	}
 	inflight_map.update(&id, &in);
 	return 0;

@@ -2,9 +2,11 @@
  * file-backed, private or shared, writable or not), and munmap() per process, so reservations can
  * be told from what becomes resident. Raw syscall tracepoints carry the user pt_regs: the syscall
  * arguments (SYSCALL_ARGn in memdiag.h) and the registers for .eh_frame unwinding.
- * The loader passes NR_MMAP and NR_MUNMAP. */
+ * The loader passes NR_MMAP and NR_MUNMAP; PY_FRAMES 1 adds the Python stack of processes in
+ * py_procs to the key (bpf/pyframes.h). */
 #include <uapi/linux/mman.h>
 #include "memdiag.h"
+#include "pyframes.h"
 
 struct map_key {
 	u32 tgid;
@@ -31,14 +33,39 @@ BPF_HASH(counts, struct map_key, struct map_val, 4096);
 BPF_HASH(unmaps, u32, struct unmap_val, 4096);
 BPF_F_TABLE("hash", struct map_key, struct stack_sample, samples, 512, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(scratch, struct stack_sample, 1);
-BPF_ARRAY(stats, u64, 4); /* 0 calls, 1 stack errors, 2 samples dropped, 3 keys dropped */
+BPF_ARRAY(stats, u64, 5); /* 0 calls, 1 stack errors, 2 samples dropped, 3 keys dropped, 4 Python stacks dropped */
+#if PY_FRAMES
+BPF_HASH(py_procs, u32, struct py_proc, 1024);
+BPF_F_TABLE("lru_hash", u32, struct py_thread, py_threads, 8192, 0);
+BPF_PERCPU_ARRAY(py_scratch, struct py_scratch, 1);
+/* the Python stack of each key, recorded with its first stack copy */
+BPF_F_TABLE("hash", struct map_key, struct py_stack, pystacks, 512, BPF_F_NO_PREALLOC);
+
+/* The hash of the calling thread's Python stack (0: not a CPython thread), its frames in *out. */
+static __always_inline u64 py_now(u64 id, struct py_scratch **out)
+{
+	u32 tgid = id >> 32, tid = (u32)id;
+	int zero = 0;
+	struct py_proc *p = py_procs.lookup(&tgid);
+	struct py_scratch *s = py_scratch.lookup(&zero);
+	if (!p || !s)
+		return 0;
+	struct py_thread fresh;
+	u64 ts = py_tstate(p, tid, py_threads.lookup(&tid), &fresh);
+	if (fresh.looked_ns)
+		py_threads.update(&tid, &fresh);
+	*out = s;
+	return ts ? py_walk(p, ts, s) : 0;
+}
+#endif
 
 RAW_TRACEPOINT_PROBE(sys_enter)
 {
 	u64 nr = ctx->args[1];
 	if (nr != NR_MMAP && nr != NR_MUNMAP)
 		return 0;
-	u32 tgid = current_pid_tgid() >> 32;
+	u64 id = current_pid_tgid();
+	u32 tgid = id >> 32;
 #if TARGET_MODE == 1
 	if (!targets.lookup(&tgid))
 		return 0;
@@ -68,6 +95,11 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 	if (key.stack_id < 0)
 		stats.increment(1);
 	bpf_probe_read_user(&key.at_sp, sizeof(key.at_sp), (void *)s->regs.sp);
+#if PY_FRAMES
+	struct py_scratch *py = NULL;
+	u64 py_hash = py_now(id, &py); /* which Python line grew pymalloc by an arena */
+	key.at_sp ^= py_hash;
+#endif
 	stats.increment(0);
 	struct map_val zero = {}, *v = counts.lookup(&key);
 	if (!v) {
@@ -81,6 +113,10 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 		copy_user_stack(s);
 		if (samples.insert(&key, s) != 0)
 			stats.increment(2);
+#if PY_FRAMES
+		if (py_hash && py && pystacks.insert(&key, &py->st) != 0)
+			stats.increment(4);
+#endif
 	}
 	__sync_fetch_and_add(&v->calls, 1);
 	__sync_fetch_and_add(&v->bytes, len);

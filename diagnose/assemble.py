@@ -24,7 +24,8 @@ def memdiag_version() -> str:
         return "unknown"
 
 
-def target_info(target: Target) -> TargetInfo:
+def target_info(target: Target, facts: dict | None = None) -> TargetInfo:
+    facts = facts or {}
     return TargetInfo(
         kind=target.kind,
         description=target.describe(),
@@ -35,6 +36,8 @@ def target_info(target: Target) -> TargetInfo:
         cgroup_version=target.cgroup.version if target.cgroup else None,
         container=target.container,
         pod=target.pod,
+        runtime=facts.get("target.runtime"),
+        runtime_detail=facts.get("target.runtime_detail"),
     )
 
 
@@ -110,13 +113,15 @@ def assemble(result: EngineResult, budget_percent: float) -> Report:
     reasons = [p.reason for p in result.plans.values()]
     return Report(
         memdiag_version=memdiag_version(),
-        target=target_info(obs.target),
+        target=target_info(obs.target, result.facts),
         window=Window(
             started=obs.started,
             ended=obs.ended,
             requested_s=obs.requested_s,
             samples=len(obs.snapshots),
             target_exited_at=obs.exited_at,
+            thinned=obs.thinned,
+            thinned_before_s=obs.thinned_before_s,
         ),
         verdict=result.verdict,
         interrupted=result.interruption,
@@ -131,6 +136,8 @@ def assemble(result: EngineResult, budget_percent: float) -> Report:
         sections=jvm_sections(obs) + [s for face, r in ran for s in face.sections(r)],
         folded=folded,
         counters=result.counters,
+        cycles=result.cycles,
+        interim=result.interim,
     )
 
 

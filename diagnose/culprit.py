@@ -4,7 +4,10 @@ Allocator entry points, allocation wrappers (xmalloc, zmalloc, g_malloc, operato
 ...) and runtime code (libc, libstdc++, std:: templates) are passed over, by the playbook's
 `wrappers:` list (data, extendable by a site's files) and, for wrappers nobody listed, by what the
 probe read in the function's code (it only forwards what an allocator returned: a guess, said so).
-Interpreter frames are named, since no native frame is closer to the program, and marked as such.
+Interpreter frames are named, since no native frame is closer to the program, and marked as such;
+where the stack carries the Python frames the interpreter ran (`handle_order (/srv/orders.py:42)
+[python]`, read by probes/cpython), the interpreter's frames are passed over and the Python frame
+is named, and a native culprit (a C library called through ctypes) is named with its Python caller.
 The whole stack stays in the report; each frame gets its kind."""
 
 from __future__ import annotations
@@ -17,9 +20,15 @@ from fnmatch import fnmatchcase
 from memdiag.rules.loader import load_playbook, shipped_playbooks
 from memdiag.rules.model import FrameClass
 
-_FRAME = re.compile(r"^(?P<fn>.*?)\+0x[0-9a-f]+ \[(?P<mod>[^\]]+)\]$")
-_UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>[^\]]+)\])?$")
+# `fn+0x1a [module]`, or a Go frame from its function table: `main.handle (main.go:30, inlined) [orderd]`
+_FRAME = re.compile(r"^(?P<fn>.*?)(?:\+0x[0-9a-f]+| \([^()]*\)) \[(?P<mod>[^\]]+)\]$")
+_UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>.+)\])?$")  # the module may be bracketed itself: [[anon]]
+# A Python frame as probes/cpython/frames.py prints it: `qualname (file:line) [python]` (read first:
+# it has the Go frame's shape too).
+_PYTHON = re.compile(r"^(?P<fn>.+) \((?P<file>.+?)(?::(?P<line>\d+))?\) \[(?P<mod>python(?: stdlib)?)\]$")
+PYTHON_MODULES = ("python", "python stdlib")
 PASSED_OVER = ("allocator", "wrapper", "guessed-wrapper", "runtime")
+JIT_UNNAMED = "JIT-compiled code no perf map names"
 
 
 @dataclass(frozen=True)
@@ -34,6 +43,7 @@ class Named:
     guessed: bool  # a frame was passed over as a wrapper from its code alone, not from the list
     interpreter: bool  # the culprit is an interpreter function
     label: str | None = None  # the function, or the module of an unnamed one: what facts say
+    python_caller: str | None = None  # a native culprit's first Python frame above it (ctypes)
 
 
 @functools.lru_cache(maxsize=1)
@@ -73,9 +83,12 @@ class Classes:
     @functools.lru_cache(maxsize=8192)  # noqa: B019  (one Classes per playbook, kept for the run)
     def kind(self, function: str | None, module: str | None) -> str | None:
         mod = (module or "").rsplit("/", 1)[-1]
+        python = mod in PYTHON_MODULES
         if function:
             bare = _bare(function)
             for e in self.by_function:
+                if python and e.module is None:
+                    continue  # a C name's glob (malloc, xmalloc*) says nothing of a Python function
                 if (_glob(e.function, function) or _glob(e.function, bare)) and (
                     e.module is None or _glob(e.module, mod)
                 ):
@@ -91,23 +104,38 @@ class Classes:
         passed over as a wrapper when every frame below it was passed over too."""
         kinds: list[str] = []
         index, guessed = None, False
-        for i, frame in enumerate(frames):
+        split = [split_frame(f) for f in frames]
+        python_above = [any(m in PYTHON_MODULES for _f, m in split[i + 1 :]) for i in range(len(split))]
+        for i, (fn, mod) in enumerate(split):
             if index is not None:
                 kinds.append("caller")
                 continue
-            fn, mod = split_frame(frame)
             kind = self.kind(fn, mod) if fn else _unnamed(self.kind(None, mod), mod)
             if kind is None and forwards and i < len(forwards) and forwards[i] and _all_passed(kinds):
                 kind, guessed = "guessed-wrapper", True
-            if kind in PASSED_OVER or kind == "unknown":
-                kinds.append(kind)
+            if kind in PASSED_OVER or kind == "unknown" or (kind == "interpreter" and python_above[i]):
+                kinds.append(kind)  # the interpreter's own frames, where the Python frames above say more
                 continue
             index = i
             kinds.append("interpreter" if kind == "interpreter" else "culprit")
-        function, module = split_frame(frames[index]) if index is not None else (None, None)
+        function, module = split[index] if index is not None else (None, None)
         interp = index is not None and kinds[index] == "interpreter"
         label = function or (f"an unnamed function in {module} (no symbol)" if module else None)
-        return Named(kinds, index, function, guessed and index is not None, interp, label)
+        if label is None and any(split_frame(f) == (None, "[anon]") for f in frames):
+            label = JIT_UNNAMED  # past the runtime's frames, only code a JIT generated, no perf map naming it
+        caller = self._python_caller(split, index) if module not in PYTHON_MODULES else None
+        if caller and label:
+            label = f"{label}, called from Python {caller}"
+        return Named(kinds, index, function, guessed and index is not None, interp, label, caller)
+
+    def _python_caller(self, split: list[tuple[str | None, str | None]], index: int | None) -> str | None:
+        """The first Python frame above a native culprit that is not the standard library's."""
+        if index is None:
+            return None
+        for fn, mod in split[index + 1 :]:
+            if fn and mod in PYTHON_MODULES and self.kind(fn, mod) not in PASSED_OVER:
+                return fn
+        return None
 
 
 def _unnamed(module_kind: str | None, module: str | None) -> str | None:
@@ -116,7 +144,7 @@ def _unnamed(module_kind: str | None, module: str | None) -> str | None:
     the culprit, unnamed (naming its caller instead would blame the wrong code)."""
     if module_kind in PASSED_OVER:
         return module_kind
-    if module_kind == "interpreter" or not module or module.startswith("["):
+    if module_kind == "interpreter" or not module or module.startswith("[") or module in PYTHON_MODULES:
         return "unknown"
     return None
 
@@ -126,7 +154,13 @@ def _all_passed(kinds: list[str]) -> bool:
 
 
 def split_frame(frame: str) -> tuple[str | None, str | None]:
-    """(function, module) of a frame as the probes print it: `fn+0x1a [module]` or `[unknown] [module]`."""
+    """(function, module) of a frame as the probes print it: `fn+0x1a [module]`, `fn (file.go:12)
+    [module]` (Go) or `[unknown] [module]`; a Python frame `handle_order (/srv/orders.py:42) [python]`
+    is (`handle_order (orders.py:42)`, `python`)."""
+    p = _PYTHON.match(frame)
+    if p:
+        line = f":{p['line']}" if p["line"] else ""
+        return f"{p['fn']} ({p['file'].rsplit('/', 1)[-1]}{line})", p["mod"]
     m = _FRAME.match(frame)
     if m:
         return m["fn"], m["mod"]

@@ -15,6 +15,7 @@ Engine.run() returns one EngineResult; diagnose/assemble.py makes the Report of 
 from __future__ import annotations
 
 import contextlib
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -29,6 +30,7 @@ from memdiag.system.runtime import read_runtime
 from memdiag.system.signals import INTERRUPTION, interrupted, phase
 from memdiag.system.target import Target
 
+from . import cycles
 from .culprit import Classes, default_classes
 from .factset import window_facts
 from .observe import Observation, Sampler
@@ -66,9 +68,13 @@ class Engine:
         runner: Callable[[str, Context], ProbeResult] | None = None,
         planner: Callable[[str, Context], Plan | None] | None = None,
         given: dict | None = None,
+        cycle_s: float | None = None,
+        on_cycle: Callable[[EngineResult], None] | None = None,
     ):
         """clock, runner (probe name, context -> result) and planner (probe name, context -> its
-        plan) are the probes' own unless a test gives its own; given: facts known beforehand."""
+        plan) are the probes' own unless a test gives its own; given: facts known beforehand;
+        cycle_s: watch the window in cycles of that length (diagnose/cycles.py), on_cycle told
+        what the window says so far after each."""
         self.rules, self.target, self.duration, self.budget = rules, target, duration, budget_percent
         self.interval, self.on_sample, self.on_step = interval, on_sample, on_step or (lambda _s: None)
         self.max_pause_ms = max_pause_ms
@@ -86,13 +92,22 @@ class Engine:
         self.spent_ns = 0.0  # the budget's ledger: the target's time plans spent (a rate count)
         self.cpu_start = cpu_seconds(target.pid) if target.kind == "pid" and target.pid is not None else None
         self.given = dict(given or {})
+        self.cycle_s, self.on_cycle = cycle_s, on_cycle
+        self.cycle_end: float | None = None  # the current cycle's end, seconds into the window
+        self.records: list = []  # diagnose.cycles.CycleRecord, one per cycle watched
+        self.kept: dict[str, ProbeResult] = {}  # per probe, the run that speaks for the window so far
 
     # --- time and the budget ---------------------------------------------------------------
     def elapsed(self) -> float:
         return self.clock() - self.started
 
     def left(self) -> float:
-        return self.duration - self.elapsed()
+        """Time left in the window, or in the current cycle of a long one."""
+        return (self.cycle_end if self.cycle_end is not None else self.duration) - self.elapsed()
+
+    def _budget_window(self) -> float:
+        """What the budget is a share of: the window, or a cycle of a long one (each gets its share)."""
+        return self.cycle_s if self.cycle_s is not None else self.duration
 
     def _context(self, seconds: float, name: str | None = None) -> Context:
         """What a probe is told: its time, what the budget leaves, its plan, the pause allowed and
@@ -103,7 +118,7 @@ class Engine:
             rate = (now - self.cpu_start) / self.elapsed() if now is not None else None
         return Context(
             seconds=seconds,
-            budget=Budget(self.budget, self.duration, self.spent_ns),
+            budget=Budget(self.budget, self._budget_window(), self.spent_ns),
             plan=self.plans.get(name) if name else None,
             max_pause_ms=self.max_pause_ms,
             cpu_rate=rate,
@@ -111,8 +126,8 @@ class Engine:
 
     # --- facts and rules ---------------------------------------------------------------------
     def facts_of(self, obs: Observation) -> tuple[dict, Counters, Triage]:
-        t = self.target
-        return window_facts(obs, t, self.budget, self.runtime, self.given, self.results, self.plans, self.classes)
+        t, given = self.target, {**self.given, **cycles.cycle_facts(self.records)}
+        return window_facts(obs, t, self.budget, self.runtime, given, self.results, self.plans, self.classes)
 
     def evaluate(self, facts: dict) -> list[Request]:
         """Run the rules on the facts; the probes the fired rules ask for, as (name, seconds, rule)."""
@@ -217,11 +232,15 @@ class Engine:
         # Programs not compiled for this kernel yet are compiled while the counters are read, in
         # a child process: the probes then load bytecode and keep their whole share of the window.
         threading.Thread(target=_warm_up, args=(self.target.kind,), daemon=True).start()
-        first_look = min(self.duration, max(FIRST_LOOK_MIN_S, FIRST_LOOK_SHARE * self.duration))
+        span = self.cycle_s or self.duration
+        first_look = min(span, max(FIRST_LOOK_MIN_S, FIRST_LOOK_SHARE * span))
         with phase("counters (first look)"):
             sampler.wait(first_look, interrupted)
         try:
-            self._rounds(sampler)
+            if self.cycle_s is None:
+                self._rounds(sampler)
+            else:
+                self._cycles(sampler)
         except KeyboardInterrupt:  # a caller that did not catch signals (memdiag's CLI does)
             sampler.stop()
         rules_cut = interrupted()  # the signal came before the rules had asked for everything
@@ -244,11 +263,37 @@ class Engine:
                 return
             self.run_requests(requests)
 
-    def _finish(self, obs: Observation, rules_cut: bool) -> EngineResult:
-        """The rules on the whole window and every probe's facts, each in the trail; the verdict."""
+    def _cycles(self, sampler: Sampler) -> None:
+        """A long window in cycles: in each, rules and probes as in a short window (each probe at
+        most once a cycle, within the budget's share of the cycle), then a record of what it saw
+        and the window so far told to on_cycle; the next cycle starts where this one ends."""
+        index, start = 0, 0.0
+        while sampler.alive() and not interrupted() and start < self.duration:
+            self.cycle_end = min(start + self.cycle_s, self.duration)  # type: ignore[operator]
+            self.decided, self.results, self.spent_ns = set(), {}, 0.0
+            self._rounds(sampler)
+            with phase(f"counters (cycle {index + 1})"):
+                sampler.wait(max(0.0, self.cycle_end - self.elapsed()), interrupted)
+            obs = sampler.so_far()
+            self.records.append(cycles.record(index, start, self.elapsed(), obs, self.results, self.classes))
+            for name, r in self.results.items():
+                self.kept[name] = cycles.kept(self.kept.get(name), r)
+            index, start = index + 1, self.cycle_end
+            if self.on_cycle is not None and sampler.alive() and not interrupted():
+                self.results = dict(self.kept)  # the window so far speaks through what each probe kept
+                done = f"cycle {index} of {math.ceil(self.duration / self.cycle_s)}"  # type: ignore[operator]
+                self.on_cycle(self._finish(obs, False, interim=done))
+        self.cycle_end = None
+        self.results = dict(self.kept)
+
+    def _finish(self, obs: Observation, rules_cut: bool, interim: str | None = None) -> EngineResult:
+        """The rules on the whole window and every probe's facts, each in the trail; the verdict.
+        interim: the window still runs (a long one, after a cycle): said, and the trail kept as it was."""
         facts, counters, tri = self.facts_of(obs)
         self.evaluate(facts)
-        self.trail += rule_steps(self.outcomes, self.elapsed())
+        trail = self.trail + rule_steps(self.outcomes, self.elapsed())
+        if interim is None:
+            self.trail = trail
         c, verdict = verdict_of(self.outcomes, facts, self.target, tri, self.results, self.classes)
         cut = None
         if interrupted():
@@ -266,7 +311,9 @@ class Engine:
             advice=c.advice,
             results=self.results,
             plans=self.plans,
-            trail=self.trail,
+            trail=trail,
             interruption=cut,
             classes=self.classes,
+            cycles=list(self.records),
+            interim=interim,
         )

@@ -6,11 +6,12 @@ from __future__ import annotations
 
 import shlex
 
+from memdiag.probes.cpython.target import frames_readable
 from memdiag.probes.face import Namer, Plan, ProbeResult
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.runtime import Runtime
 from memdiag.system.target import Target
-from memdiag.system.trends import counter_rate
+from memdiag.system.trends import counter_rate, growth_trend
 
 from .culprit import Classes, default_classes
 from .evidence import build_counters, psi_stall_percent, window_seconds
@@ -26,16 +27,16 @@ def app_function(frames: list[str], forwards: list[bool] | None = None, classes:
     return (classes or default_classes()).name(frames, forwards).label
 
 
-def target_facts(kind: str, pid: int | None, cmdline: list[str], runtime: Runtime | None, jvm: bool = False) -> dict:
-    """Facts about a process target that commands in advice need: its pid, command line, runtime.
-    jvm: the counters found HotSpot's libjvm.so mapped (until system/runtime.py names the JVM)."""
+def target_facts(kind: str, pid: int | None, cmdline: list[str], runtime: Runtime | None) -> dict:
+    """Facts about a process target that commands in advice need: its pid, command line, runtime."""
     if kind != "pid" or pid is None:
         return {"target.runtime": "unknown"}  # a cgroup or the system may run anything
     return {
         "target.pid": str(pid),
         "target.command": shlex.join(cmdline) if cmdline else None,
-        "target.runtime": runtime.name if runtime else ("jvm" if jvm else "none"),
+        "target.runtime": runtime.name if runtime else "none",
         "target.runtime_detail": runtime.describe() if runtime else None,
+        "target.python_frames": frames_readable(pid) if runtime and runtime.name == "cpython" else None,
     }
 
 
@@ -204,7 +205,28 @@ def window_facts(
     f = counter_facts(obs, counters, budget_percent)
     f.update(given)
     f["target.name"] = target.describe()
-    f.update(target_facts(target.kind, target.pid, target.cmdline, runtime, obs.jvm))
+    f.update(target_facts(target.kind, target.pid, target.cmdline, runtime))
     f.update(tri.facts)
     f.update(probe_facts(results, plans, classes))
+    f["memory.shape_while_traced"] = shape_while_traced(obs, counters, results)
     return f, counters, tri
+
+
+def shape_while_traced(obs: Observation, counters: Counters, results: dict[str, ProbeResult]) -> str:
+    """The target's own memory (RSS, a cgroup's usage) over the run of the probe that traced its
+    allocations: what a stack's outstanding bytes are to be read against. Over the whole window a
+    cache that filled before the trace reads "levelled" while, traced, its memory does not move."""
+    run = next(
+        (
+            results[f.name]
+            for f in REGISTRY.stack_faces()
+            if f.stacks is not None and f.stacks.kind == "allocations" and f.name in results
+        ),
+        None,
+    )
+    series = next((counters.series[n] for n in ("process.rss", "cgroup.usage") if counters.series.get(n)), None)
+    if run is None or run.status not in ("ok", "partial") or series is None:
+        return "unknown"
+    start = run.started - obs.started
+    points = [(t, v) for t, v in series if start <= t <= start + run.duration_s]
+    return growth_trend(points).shape if len(points) >= 3 else "unknown"

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memdiag.system.cgroup import CgroupMemory
-from memdiag.system.jvm import read_jvm_library
 from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.process import ProcessMemory
 from memdiag.system.processes import read_all_processes
+from memdiag.system.runtime import read_runtime
 from memdiag.system.slab import SlabCache, read_slabinfo
 from memdiag.system.swaps import SwapDevice, read_swaps
 from memdiag.system.target import Target
@@ -40,10 +40,13 @@ class Observation(BaseModel):
     processes_first: dict[int, ProcessMemory] = {}
     processes_last: dict[int, ProcessMemory] = {}
     memdiag_pid: int | None = None  # the diagnosing process: it and its children are never in a list of suspects
-    jvm: bool = False  # the target maps HotSpot's libjvm.so: its own counters are in the snapshots
     # the cgroup read once more when the window ended (the target exited, the time was up, a signal):
     # a kill that ended a pid target is counted by memory.events after the last sample had been taken
     cgroup_closing: CgroupMemory | None = None
+    # samples dropped to keep a long window's memory bounded (Sampler.MAX_SAMPLES), all of them
+    # older than thinned_before (seconds into the window): the older, the coarser
+    thinned: int = 0
+    thinned_before_s: float | None = None
 
     @property
     def last_cgroup(self) -> CgroupMemory | None:
@@ -60,7 +63,14 @@ def default_interval(duration: float) -> float:
 
 class Sampler:
     """The counters of one window, sampled until it ends, the target exits, the user interrupts
-    (Ctrl-C) or stop() is called; run() in the caller's thread, or start() in one of its own."""
+    (Ctrl-C) or stop() is called; run() in the caller's thread, or start() in one of its own.
+
+    A window of hours would keep a sample a second (~14 KiB each, a cgroup's member list the
+    most): past MAX_SAMPLES the older half is thinned to every other sample, so the recent part
+    keeps the sampling interval and the older the coarser, the first sample always kept; how many
+    were dropped, and before when, is in the Observation and the report."""
+
+    MAX_SAMPLES = 720
 
     def __init__(
         self,
@@ -74,6 +84,7 @@ class Sampler:
         self.interval = interval or default_interval(duration)
         self.on_sample = on_sample
         self.snapshots: list[Snapshot] = []
+        self.thinned, self.thinned_before_s = 0, None
         self.processes_first: dict[int, ProcessMemory] = {}  # every process, at the first sample
         self.slab_first: list[SlabCache] | None = None
         self.started = time.time()
@@ -81,10 +92,9 @@ class Sampler:
         self.interrupted = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # a JVM target (HotSpot's libjvm.so mapped): its own counters are sampled with the rest
-        self.jvm = (
-            target.kind == "pid" and target.pid is not None and read_jvm_library(target.pid, proc_root) is not None
-        )
+        # a JVM target: its own counters are sampled with the rest
+        runtime = read_runtime(target.pid, proc_root) if target.kind == "pid" and target.pid is not None else None
+        self.jvm = runtime is not None and runtime.name == "jvm"
 
     def start(self) -> Sampler:
         self._thread = threading.Thread(target=self.run, daemon=True)
@@ -139,6 +149,17 @@ class Sampler:
             # Every process, whatever the target: pressure is paid and caused host-wide.
             self.processes_first = read_all_processes(self.proc_root)
         self.snapshots.append(snap)
+        if len(self.snapshots) > self.MAX_SAMPLES:
+            self._thin()
+
+    def _thin(self) -> None:
+        """Every other sample of the older half dropped (the first kept): bounded, and said."""
+        half = len(self.snapshots) // 2
+        older = self.snapshots[:half]
+        kept = older[::2]
+        self.thinned += len(older) - len(kept)
+        self.thinned_before_s = older[-1].t - self.snapshots[0].t
+        self.snapshots = kept + self.snapshots[half:]
 
     def so_far(self) -> Observation:
         """The window until now: its snapshots, the kernel log, slab, swap and the process tables."""
@@ -149,6 +170,8 @@ class Sampler:
             started=self.started,
             ended=time.time(),
             snapshots=list(self.snapshots),
+            thinned=self.thinned,
+            thinned_before_s=self.thinned_before_s,
             exited_at=self.exited_at,
             interrupted=self.interrupted,
             oom_kills=read_oom_kills(),
@@ -158,6 +181,5 @@ class Sampler:
             processes_first=dict(self.processes_first),
             processes_last=read_all_processes(root) if self.snapshots else {},
             memdiag_pid=os.getpid(),
-            jvm=self.jvm,
             cgroup_closing=read_target_cgroup(self.target) if self.snapshots else None,
         )

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from memdiag.system.units import parse_size
+from memdiag.system.units import parse_quantity, parse_size
 
 
 def _shown(x: float) -> str:
@@ -46,7 +46,9 @@ def number(
         try:
             value: float = int(text, 10) if integer else float(text)
         except ValueError:  # also a whole number of more digits than Python converts (4300)
-            raise argparse.ArgumentTypeError(f"{_quoted(text)} is not {described()}") from None
+            value = _seconds(text) if unit == "seconds" else None  # type: ignore[assignment]
+            if value is None:
+                raise argparse.ArgumentTypeError(f"{_quoted(text)} is not {described()}") from None
         if not math.isfinite(value):
             raise argparse.ArgumentTypeError(f"{_quoted(text)} is not {described()}")
         too_low = minimum is not None and (value <= minimum if above else value < minimum)
@@ -56,6 +58,17 @@ def number(
 
     parse.__name__ = "number"  # argparse names the type in some messages
     return parse
+
+
+def _seconds(text: str) -> float | None:
+    """A duration with its unit ('90s', '30min', '6h', '1d'), in seconds; None when it is not one."""
+    try:
+        value, kind = parse_quantity(text)
+    except ValueError as e:
+        if "ambiguous" in str(e):  # '1m': a minute or a MiB; say so rather than "not a number"
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return None
+    return value if kind == "seconds" else None  # type: ignore[return-value]
 
 
 def size(maximum: int) -> Callable[[str], int]:

@@ -29,6 +29,8 @@ class TargetInfo(_Model):
     cgroup_version: int | None = None
     container: ContainerInfo | None = None  # the container the target is or runs in
     pod: PodInfo | None = None  # the Kubernetes pod the target is
+    runtime: str | None = None  # target.runtime: cpython, go, node, jvm, none (native), unknown
+    runtime_detail: str | None = None  # its version and module: Go 1.19.8 (/usr/bin/prometheus; ...)
 
 
 class Culprit(_Model):
@@ -114,6 +116,8 @@ class Window(_Model):
     requested_s: float
     samples: int
     target_exited_at: float | None = None
+    thinned: int = 0  # samples dropped to keep a long window's memory bounded, all before thinned_before_s
+    thinned_before_s: float | None = None
 
 
 class ProcessRow(_Model):
@@ -175,6 +179,27 @@ class Verification(_Model):
     window_after_s: float | None = None
 
 
+class CycleStack(_Model):
+    """An allocation stack as one cycle of a long window saw it (diagnose/cycles.py)."""
+
+    probe: str
+    function: str | None
+    bytes: int  # outstanding at the end of the cycle's trace
+    leaked_bytes: int | None = None  # nothing pointed at them at the cycle's scan (None: no scan)
+    leaked_count: int | None = None
+
+
+class CycleRecord(_Model):
+    """One cycle of a long window: when, the target's memory at its end, what its probes saw."""
+
+    index: int
+    start_s: float  # seconds into the window
+    end_s: float
+    memory: int | None = None  # the target's RSS (a cgroup's usage) at the cycle's end
+    probes: list[str] = []  # the probes that ran in it
+    stacks: list[CycleStack] = []
+
+
 class Report(_Model):
     memdiag_version: str
     target: TargetInfo
@@ -193,3 +218,5 @@ class Report(_Model):
     folded: list[str] = []  # memory-growth flame graph input (growth.folded)
     counters: Counters
     verification: Verification | None = None  # memdiag verify: the earlier report's culprits now
+    cycles: list[CycleRecord] = []  # a long window's cycles (empty: a window watched in one go)
+    interim: str | None = None  # a report written while the window still runs: how far it is

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from .culprit import Classes
 from .observe import Observation
-from .report import Counters, Culprit, Interrupted, Verdict
+from .report import Counters, Culprit, CycleRecord, Interrupted, Verdict
 from .triage import Triage
 
 PARTIAL_CONFIDENCE = 0.5  # at most this sure of a verdict a signal cut short
@@ -40,6 +40,8 @@ class EngineResult(BaseModel):
     trail: list[TrailItem]
     interruption: Interrupted | None = None  # a signal ended the diagnosis early
     classes: Classes  # the frame classes the culprit was named with
+    cycles: list[CycleRecord] = []  # a long window's cycles, each as it was recorded
+    interim: str | None = None  # the window still runs: how far it is ("cycle 3 of 24")
 
 
 def verdict_of(

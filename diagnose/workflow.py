@@ -10,6 +10,7 @@ from memdiag.rules.model import Playbook, Rule
 
 from .assemble import assemble
 from .culprit import shipped_wrappers
+from .cycles import cycle_length
 from .engine import Engine
 from .report import Report
 from .snapshot import Snapshot
@@ -52,9 +53,13 @@ def diagnose(
     proc_root: Path = Path("/proc"),
     max_pause_ms: float = DEFAULT_MAX_PAUSE_MS,
     given: dict | None = None,
+    cycle_s: float | None = None,
+    on_interim: Callable[[Report], None] | None = None,
 ) -> Report:
     """Diagnose the target over the window: the engine under the playbook's rules, then the Report.
-    given: facts the caller knows beforehand (memdiag verify: what the earlier report named)."""
+    given: facts the caller knows beforehand (memdiag verify: what the earlier report named);
+    cycle_s: a long window's cycle (diagnose/cycles.py; None: the default for the window's
+    length); on_interim receives the report of the window so far after each cycle."""
     book = _playbook(rules)
     engine = Engine(
         book.rules,
@@ -67,5 +72,7 @@ def diagnose(
         max_pause_ms=max_pause_ms,
         wrappers=book.wrappers,
         given=given,
+        cycle_s=cycle_length(duration, cycle_s),
+        on_cycle=(lambda r: on_interim(assemble(r, budget_percent))) if on_interim is not None else None,
     )
     return assemble(engine.run(), budget_percent)

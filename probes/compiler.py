@@ -53,8 +53,8 @@ def cache_key(name: str, defines: dict[str, int | str]) -> str:
     and headers), and the compiler."""
     h = hashlib.sha256()
     src = source(name)
-    for part in (src.read_bytes(), (src.parent / "memdiag.h").read_bytes()):
-        h.update(part)
+    for part in (src, *sorted(src.parent.glob("*.h"))):  # the shared headers it may include
+        h.update(part.read_bytes())
     uname = os.uname()
     h.update(f"{FORMAT}|{_defines_text(defines)}|{uname.release}|{uname.version}|{uname.machine}".encode())
     # the header tree bcc compiles against (prepare_bcc_environment exports this same path)

@@ -67,6 +67,9 @@ plan       plan(target, ctx) -> Plan | None, before it runs: its price against c
 planning   what plan() does, in words, for the phase a signal may interrupt.
 options    Option(...): `memdiag probe NAME`'s arguments of its own; their values in ctx.options.
 refuse     refuse(options) -> str | None: a usage error among its options' values (exit 2).
+keep       keep(older, newer) -> the result that speaks for a long window watched in cycles, where
+           the probe runs once per cycle (diagnose/cycles.py); None: the newest. memleak keeps the
+           run whose scan found the most leaked bytes: a leak seen at night is not forgotten by day.
 """
 
 from __future__ import annotations
@@ -159,7 +162,7 @@ class StackReach(_Frozen):
     anchored_count: int = 0
     anchored_bytes: int = 0
     anchor: str | None = None  # the root that holds most of the anchored bytes
-    anchor_kind: str | None = None  # static | stack | register | tls | untracked
+    anchor_kind: str | None = None  # static | stack | register | tls | untracked | runtime (a global it names)
     anchor_bytes: int = 0
 
 
@@ -354,6 +357,7 @@ class Face:
     planning: str = ""
     options: tuple[Option, ...] = ()
     refuse: Callable[[Mapping[str, Any]], str | None] = lambda _o: None
+    keep: Callable[[Any, Any], Any] | None = None
 
     def table(
         self, result: ProbeResult | None, plan: Plan | None, window_s: float, figures: Mapping, not_run: str

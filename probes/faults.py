@@ -14,6 +14,8 @@ from pydantic import BaseModel
 
 from . import kernel
 from .base import Run, run_probe
+from .cpython.frames import PythonReading, PythonStacks, reading_lines
+from .cpython.frames import caveats as python_caveats
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import (
     RawStack,
@@ -43,6 +45,7 @@ class FaultsResult(ProbeResult):
     stacks: list[StackGrowth] = []
     folded: list[str] = []
     per_process: list[ProcessFaults] = []
+    python: PythonReading | None = None  # the Python frames walked at each fault (CPython targets)
 
 
 def requirements() -> list[kernel.Availability]:
@@ -51,17 +54,19 @@ def requirements() -> list[kernel.Availability]:
 
 def describe(r: FaultsResult, top: int) -> list[str]:
     """The result's lines under its header in `memdiag probe faults`."""
-    return event_stack_lines(r, top, "faults")
+    return [*event_stack_lines(r, top, "faults"), *reading_lines(r.python)]
 
 
 def build_options(target_kind: str) -> dict[str, int | str]:
-    """Per-process counts only system-wide (the seeds' one-liner); per stack always."""
-    return {"PER_PROCESS": int(target_kind == "system")}
+    """Per-process counts only system-wide (the seeds' one-liner); per stack always, with the
+    Python frames of CPython targets."""
+    return {"PER_PROCESS": int(target_kind == "system"), "PY_FRAMES": int(target_kind != "system")}
 
 
 def run(target: Target, duration: float, top: int = 50) -> FaultsResult:
     per_process = target.kind == "system"
     spaces = Spaces()
+    python = PythonStacks()
 
     def collect(bpf, _elapsed: float) -> dict:
         stats = [bpf["stats"][i].value for i in range(4)]
@@ -82,15 +87,25 @@ def run(target: Target, duration: float, top: int = 50) -> FaultsResult:
             )
             return fields
         raw = [
-            RawStack(pid=key.tgid, fp_stack=fp, regs=regs, stack=data, count=count.value, bytes=count.value * PAGE_SIZE)
+            RawStack(
+                pid=key.tgid,
+                fp_stack=fp,
+                regs=regs,
+                stack=data,
+                count=count.value,
+                bytes=count.value * PAGE_SIZE,
+                python=python.frames(bpf, key, key.tgid),
+            )
             for key, count, fp, regs, data in read_samples(bpf, bpf["counts"])
         ]
-        stacks, failed = merge_stacks(raw, spaces)
+        stacks, failed = merge_stacks(raw, spaces, python.group)
         fields.update(
             stacks=stacks[:top],
             folded=folded_lines(stacks),
             lost=stack_losses(stats, failed),
+            python=python.reading() if python.targets or python.refused else None,
         )
+        python.close()
         return fields
 
     return run_probe(
@@ -102,6 +117,7 @@ def run(target: Target, duration: float, top: int = 50) -> FaultsResult:
             collect,
             METHOD,
             spaces=spaces,
+            attach=python.attacher(spaces, enabled=not per_process),
         ),
         target,
         duration,
@@ -119,6 +135,7 @@ FACE = Face(
     run=plain(run),
     result=FaultsResult,
     describe=describe,
+    caveats=lambda r: python_caveats(r.python),
     facts=(
         FactDef("faults.top_bytes", "bytes", "pages faulted in by the heaviest stack"),
         FactDef("faults.top_function", "string", "the application function of the heaviest fault stack"),

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from memdiag.system.units import fmt_number
 from pydantic import BaseModel
 
+from .cpython.frames import PyFrame, mixed
 from .face import Namer, Stack, Stacks
 from .procmaps import AddressSpace
 from .stacks import Frame, Symbolizer, folded, recover
@@ -54,6 +55,7 @@ class RawStack(BaseModel):
     count: int
     bytes: int
     key: tuple = ()  # the caller's key for it (memleak's per-stack table entry)
+    python: list[PyFrame] = []  # the Python frames the walk recorded with it (bpf/pyframes.h)
 
 
 @dataclass
@@ -79,21 +81,26 @@ def symbolize(raw: Iterable[RawStack], spaces: Spaces) -> Iterator[Symbolized]:
         yield Symbolized(r, addresses, sym.frames(addresses), method, sym)
 
 
-def merge_stacks(raw: Iterable[RawStack], spaces: Spaces) -> tuple[list[StackGrowth], int]:
-    """Recover, symbolize and merge stacks; returns them heaviest first and the failed look-ups."""
+def merge_stacks(raw: Iterable[RawStack], spaces: Spaces, group=None) -> tuple[list[StackGrowth], int]:
+    """Recover, symbolize and merge stacks; returns them heaviest first and the failed look-ups.
+    group(pid, frames): what stacks merge by (default: their frames; a CPython target's Python call
+    path, probes/cpython/frames.py)."""
     merged: dict[tuple, StackGrowth] = {}
     symbolizers: dict[int, Symbolizer] = {}
     for s in symbolize(raw, spaces):
         r, frames = s.raw, s.frames
         symbolizers[r.pid] = s.symbolizer
-        key = (r.pid, tuple(str(f) for f in frames))
+        names, functions = mixed([str(f) for f in frames], [f.function for f in frames], r.python)
+        key = (r.pid, group(r.pid, names) if group else tuple(names))
         if key in merged:
             m = merged[key]
+            if r.bytes > m.bytes:  # the heaviest's frames stand for the group
+                m = m.model_copy(update={"frames": names, "functions": functions, "method": s.method})
             merged[key] = m.model_copy(update={"count": m.count + r.count, "bytes": m.bytes + r.bytes})
             continue
         merged[key] = StackGrowth(
-            frames=[str(f) for f in frames],
-            functions=[f.function for f in frames],
+            frames=names,
+            functions=functions,
             count=r.count,
             bytes=r.bytes,
             pid=r.pid,

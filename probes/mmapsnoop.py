@@ -10,6 +10,8 @@ from pydantic import BaseModel
 
 from . import kernel
 from .base import Run, run_probe
+from .cpython.frames import PythonReading, PythonStacks, reading_lines
+from .cpython.frames import caveats as python_caveats
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import (
     RawStack,
@@ -43,6 +45,7 @@ class MmapResult(ProbeResult):
     unmaps: list[Unmaps] = []
     mapped_bytes: int = 0
     unmapped_bytes: int = 0
+    python: PythonReading | None = None  # the Python frames walked at each mmap (CPython targets)
 
 
 def kind_name(kind: int) -> str:
@@ -56,32 +59,44 @@ def requirements() -> list[kernel.Availability]:
 def describe(r: MmapResult, top: int) -> list[str]:
     """The result's lines under its header in `memdiag probe mmapsnoop`."""
     mapped = f"  mapped {fmt_bytes(r.mapped_bytes)}, unmapped {fmt_bytes(r.unmapped_bytes)}"
-    return [*event_stack_lines(r, top, "calls"), mapped]
+    return [*event_stack_lines(r, top, "calls"), mapped, *reading_lines(r.python)]
 
 
 def build_options() -> dict[str, int | str]:
-    """The syscall numbers the program compares the raw tracepoint's id with."""
-    return dict(arch.syscall_defines())
+    """The syscall numbers the program compares the raw tracepoint's id with; the Python frames of
+    CPython targets (pymalloc's arenas are mmap()ed)."""
+    return {**arch.syscall_defines(), "PY_FRAMES": 1}
 
 
 def run(target: Target, duration: float, top: int = 50) -> MmapResult:
     spaces = Spaces()
+    python = PythonStacks()
 
     def collect(bpf, _elapsed: float) -> dict:
         stats = [bpf["stats"][i].value for i in range(4)]
         by_kind: dict[int, list[RawStack]] = {}
         for key, v, fp, regs, data in read_samples(bpf, bpf["counts"]):
             by_kind.setdefault(key.kind, []).append(
-                RawStack(pid=key.tgid, fp_stack=fp, regs=regs, stack=data, count=v.calls, bytes=v.bytes)
+                RawStack(
+                    pid=key.tgid,
+                    fp_stack=fp,
+                    regs=regs,
+                    stack=data,
+                    count=v.calls,
+                    bytes=v.bytes,
+                    python=python.frames(bpf, key, key.tgid),
+                )
             )
         stacks: list[MapStack] = []
         failed = 0
         for kind, raw in by_kind.items():
-            merged, f = merge_stacks(raw, spaces)
+            merged, f = merge_stacks(raw, spaces, python.group)
             failed += f
             stacks += [MapStack(kind=kind_name(kind), **s.model_dump()) for s in merged]
         stacks.sort(key=lambda s: s.bytes, reverse=True)
         unmaps = [Unmaps(pid=k.value, calls=v.calls, bytes=v.bytes) for k, v in bpf["unmaps"].items()]
+        reading = python.reading() if python.targets or python.refused else None
+        python.close()
         return {
             "events": stats[0],
             "stacks": stacks[:top],
@@ -90,6 +105,7 @@ def run(target: Target, duration: float, top: int = 50) -> MmapResult:
             "mapped_bytes": sum(s.bytes for s in stacks),
             "unmapped_bytes": sum(u.bytes for u in unmaps),
             "lost": stack_losses(stats, failed),
+            "python": reading,
         }
 
     return run_probe(
@@ -101,6 +117,7 @@ def run(target: Target, duration: float, top: int = 50) -> MmapResult:
             collect,
             METHOD,
             spaces=spaces,
+            attach=python.attacher(spaces),
         ),
         target,
         duration,
@@ -121,6 +138,7 @@ FACE = Face(
     run=plain(run),
     result=MmapResult,
     describe=describe,
+    caveats=lambda r: python_caveats(r.python),
     facts=(
         FactDef("mmap.anon_bytes", "bytes", "anonymous memory mapped during the probe"),
         FactDef("mmap.top_function", "string", "the function that mapped the most"),

@@ -86,6 +86,9 @@ def _oomkill(m: ModuleType, kind: str) -> dict[str, int | str]:
 # The engine's order: the order of the probe table in a report.
 PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("faults", _faults),
+    # a Go program's own heap profile and goroutines, read from its memory: before memleak, whose
+    # stacks see only a Go program's C allocations (its culprit is the heap profile's when it ran)
+    ProbeSpec("goheap", _no_options, bpf=False),
     ProbeSpec("memleak", _defaults),
     ProbeSpec("brkstack", _defaults, host_wide=True),
     ProbeSpec("mmapsnoop", _defaults, host_wide=True),
@@ -93,6 +96,7 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("swapin", _defaults),
     ProbeSpec("vmscan"),
     ProbeSpec("drsnoop"),
+    ProbeSpec("nodeheap", _no_options, bpf=False),  # V8's heap against memory outside it, from smaps
     # a JVM's own flight recorder through its attach socket: no BPF
     ProbeSpec("jfr", module="memdiag.probes.jvm.view", bpf=False),
 )

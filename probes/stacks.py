@@ -7,17 +7,18 @@ import functools
 import os
 from collections import Counter
 from collections.abc import Iterable
+from pathlib import Path
 
 import cxxfilt
+from memdiag.system.perfmap import PerfMap, perf_map_grew
 from pydantic import BaseModel, ConfigDict
 
 from . import forwarders
 from .elf import elf_info
-from .jit import JitNames
+from .gostacks import go_frames
+from .jit import jit_perf_map
 from .procmaps import AddressSpace
 from .unwind import StackSlice, unwind
-
-JIT_MODULE = "jit"  # a frame named from a perf map: JIT-compiled code, printed "[jit]"
 
 
 class Frame(BaseModel):
@@ -27,6 +28,7 @@ class Frame(BaseModel):
     function: str | None = None
     offset: int | None = None
     module: str | None = None
+    source: str | None = None  # a Go frame's file:line (its function table says it; inlined calls too)
 
     @property
     def known(self) -> bool:
@@ -36,6 +38,8 @@ class Frame(BaseModel):
         mod = f" [{os.path.basename(self.module)}]" if self.module else ""
         if self.function is None:
             return f"[unknown]{mod}"
+        if self.source is not None:
+            return f"{self.function} ({self.source}){mod}"
         return f"{self.function}+0x{self.offset:x}{mod}"
 
 
@@ -51,14 +55,15 @@ def demangle(name: str) -> str:
 
 
 class Symbolizer:
-    """Addresses of one process to frames. Failed look-ups are counted, not hidden. jit: frames in
-    anonymous executable memory are named from the JIT's perf map (probes/jit.py: a JVM is asked
-    for one through its attach socket), for stacks read while the process runs."""
+    """Addresses of one process to frames. Failed look-ups are counted, not hidden. jit: a HotSpot
+    JVM may be asked for its perf map (probes/jit.py, through its attach socket), for stacks read
+    while the process runs; other JITs' maps are read as they are."""
 
     def __init__(self, space: AddressSpace | None, jit: bool = False):
         self.space = space
         self.failed = 0
-        self.jit = JitNames(space.pid) if jit and space is not None else None
+        self.ask_jvm = jit
+        self.perf_map: PerfMap | None = None  # the process's JIT names, read at the first JIT address
 
     def frame(self, address: int) -> Frame:
         mapping = self.space.find(address) if self.space else None
@@ -66,9 +71,9 @@ class Symbolizer:
             self.failed += 1
             return Frame(address=address)
         if not mapping.is_file:
-            hit = self.jit.lookup(address) if self.jit is not None and mapping.executable and not mapping.path else None
-            if hit is not None:
-                return Frame(address=address, function=hit[0], offset=hit[1], module=JIT_MODULE)
+            jit = self._jit_frame(address) if mapping.executable and not mapping.path else None
+            if jit is not None:
+                return jit
             self.failed += 1
             return Frame(address=address, module=mapping.path or "[anon]")
         elf = elf_info(self.space.file_path(mapping))
@@ -80,8 +85,32 @@ class Symbolizer:
         sym, off = hit
         return Frame(address=address, function=demangle(sym.name), offset=off, module=mapping.path)
 
+    def _jit_frame(self, address: int) -> Frame | None:
+        """Code a JIT generated, named by the runtime's perf map (Node under --perf-basic-prof);
+        the map is read again when an address is not in it and the file has grown since."""
+        if self.space is None:
+            return None
+        pm = self.perf_map
+        if pm is None or (pm.lookup(address) is None and perf_map_grew(pm)):
+            pm = self.perf_map = jit_perf_map(self.space.pid, Path(self.space.proc or "/proc").parent, self.ask_jvm)
+        hit = pm.lookup(address) if pm is not None else None
+        if hit is None:
+            return None
+        function, source = hit.function()
+        if source and source.startswith("node:"):  # Node's own JavaScript (node:buffer, node:internal/timers)
+            function = f"{source.rsplit(':', 1)[0]}.{function}"
+        where = f"JS function at {source}" if source else "JIT code"
+        return Frame(address=address, function=function, module=pm.path, source=where)
+
     def frames(self, addresses: Iterable[int]) -> list[Frame]:
-        return [self.frame(a) for a in addresses]
+        """One frame per address, or, in a Go executable, the frames its function table gives it:
+        the calls the compiler inlined there, then the function (gostacks.go_frames)."""
+        out: list[Frame] = []
+        for i, a in enumerate(addresses):
+            mapping = self.space.find(a) if self.space else None
+            go = go_frames(self.space, mapping, a, leaf=i == 0) if mapping is not None and mapping.is_file else None
+            out += go if go else [self.frame(a)]
+        return out
 
     def forwards(self, address: int) -> bool:
         """The function at address reads as only forwarding an allocation (probes/forwarders.py)."""
@@ -100,8 +129,10 @@ def _forwards_cached(elf, sym) -> bool:
 
 
 def _executable(space: AddressSpace, address: int) -> bool:
+    """Code: an executable mapping of a file, or an anonymous one (a JIT's code: V8's, a JVM's,
+    whose frames keep frame pointers and a perf map may name)."""
     m = space.find(address)
-    return m is not None and m.executable and m.is_file
+    return m is not None and m.executable and (m.is_file or not m.path)
 
 
 def recover(
@@ -124,7 +155,9 @@ def recover(
         return result.addresses, "eh_frame"
     if len(result.addresses) > 1:
         tail = fp_stack[1:]
-        joined = next((i for i, a in enumerate(tail) if a in result.addresses), None)
+        # where they meet deepest: the frame-pointer walk's frames the unwind already has are not
+        # repeated (a V8 stack unwound up to a builtin without call-frame info met it at its 2nd frame)
+        joined = next((i for i in range(len(tail) - 1, -1, -1) if tail[i] in result.addresses), None)
         extra = tail[joined + 1 :] if joined is not None else []
         extra = _while_executable(space, extra)
         return result.addresses + extra, "eh_frame+frame pointers" if extra else "eh_frame (partial)"

@@ -18,19 +18,41 @@ _DEFS = [
     ("target.name", "string", "the target as a person reads it: PID 123 (orderd), cgroup /x, the system"),
     ("target.pid", "string", "the target's process id, as commands take it (no thousands separator)"),
     ("target.command", "string", "the target's command line, quoted for a shell"),
-    ("target.runtime", "string", "the runtime the target runs: cpython, jvm, none (native), unknown (not a process)"),
+    (
+        "target.runtime",
+        "string",
+        "the runtime the target runs: cpython, go, node, jvm, none (native code), unknown (not a process)",
+    ),
     (
         "target.runtime_detail",
         "string",
-        "the runtime and the module holding its code: CPython 3.11 (/usr/bin/python3.11)",
+        "the runtime, its version and the module holding its code: CPython 3.11 (/usr/bin/python3.11), "
+        "Go 1.19.8 (/usr/bin/prometheus; module github.com/prometheus/prometheus/cmd/prometheus)",
+    ),
+    (
+        "target.python_frames",
+        "string",
+        "read: the probes name a CPython target's Python frames; else why not (unsupported version 3.10.13)",
     ),
     ("window.seconds", "seconds", "how long the counters were watched"),
     ("window.samples", "number", "how many counter samples the window holds (a trend needs three)"),
+    # a long window watched in cycles (diagnose/cycles.py); absent in a window watched in one go
+    ("window.cycles", "number", "cycles a long window was watched in so far (the probes run again in each)"),
+    ("window.cycles_traced", "number", "cycles in which allocation stacks were recorded"),
+    ("window.cycles_leaking", "number", "cycles whose reachability scan found blocks nothing points at"),
+    ("window.leak_function", "string", "the function whose blocks nothing pointed at in the most cycles"),
+    ("window.leak_function_cycles", "number", "in how many cycles window.leak_function's blocks were leaked"),
     (
         "memory.shape",
         "string",
         "the target's own memory series (RSS of a process, usage of a cgroup): climbing, levelled, sawtooth, "
         "flat, shrinking or unknown",
+    ),
+    (
+        "memory.shape_while_traced",
+        "string",
+        "the target's own memory series over the run that traced its allocations (climbing, levelled, flat, ...; "
+        "unknown: none ran)",
     ),
     ("memory.level", "bytes", "where that series ended (MemAvailable for the whole system)"),
     # memdiag verify: the earlier report a diagnosis follows up (absent in a plain diagnosis)

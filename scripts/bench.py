@@ -6,8 +6,9 @@ Sections: (1) slowdown of an allocation-heavy target at three rates, (2) memdiag
 cost of the probes on this host, (4) accuracy and time to verdict on the end-to-end scenarios,
 (5) the reachability scan's pause and speed per GiB of writable memory (`--only reach`: that alone),
 (6) the alert loop's latency, exporter -> Prometheus -> Alertmanager -> memdiag serve -> verdict
-(`--only loop`, or `./scripts/bench.sh loop`: that alone), (7) JVM targets: the flight recording's
-cost on the target and the JVM scenarios' verdicts (scripts/bench_jvm.py; `--only jvm`).
+(`--only loop`, or `./scripts/bench.sh loop`: that alone), (7) a long window (`--only long`: hours, so only alone),
+(8) JVM targets: the flight recording's cost on the target and the JVM scenarios' verdicts
+(scripts/bench_jvm.py; `--only jvm`).
 Numbers are medians of RUNS runs with min-max. No test asserts any of them."""
 
 from __future__ import annotations
@@ -521,6 +522,59 @@ def loop_section() -> list[str]:
     return lines
 
 
+LONG_TITLE = "## 7. A long window: memdiag's memory and the report's size over hours"
+
+
+def long_section() -> list[str]:
+    """memdiag --pid over a long window (BENCH_LONG, default 6h) on dayshift (a cache filled by day,
+    a leak by night, 12 phases): memdiag's peak RSS (tree) and the report folder's size, sampled
+    through the window; the cycles, the samples kept and thinned, the verdict."""
+    from memdiag.diagnose.options import DURATION
+
+    seconds = DURATION(os.environ.get("BENCH_LONG", "6h"))
+    phase = max(10, int(seconds / 12))
+    out = Path(tempfile.mkdtemp(prefix="bench-long-"))
+    w = Workload("dayshift", str(phase), "16", "100").start()
+    sizes: list[int] = []
+    try:
+        started = time.monotonic()
+        proc = subprocess.Popen(
+            [MEMDIAG, "--pid", str(w.pid), "--duration", str(seconds), "--output", str(out), "--quiet"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=BCC_ENV,
+            text=True,
+        )
+        watch = Watch(proc)
+        while proc.poll() is None:
+            sizes.append(sum(f.stat().st_size for f in out.iterdir() if f.is_file()))
+            time.sleep(10)
+        text = proc.stdout.read()  # type: ignore[union-attr]
+        wall = time.monotonic() - started
+    finally:
+        w.stop()
+    rep = json.loads((out / "report.json").read_text())
+    final = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
+    w_ = rep["window"]
+    return [
+        LONG_TITLE,
+        "",
+        f"`memdiag --pid` of `dayshift {phase} 16 100` (a 16 MiB cache filled by day, 100 records/s by night",
+        f"of which 1 in 7 leaks; {phase} s phases) for `--duration {seconds:.0f}` ({seconds / 3600:.1f} h), once: the",
+        "benchmark's other sections do not run it (`./scripts/bench.sh --only long`, `BENCH_LONG=6h`).",
+        "",
+        "| window | cycles | samples kept | samples thinned | memdiag peak RSS (tree) | report folder, final | "
+        "report folder, largest seen | verdict |",
+        "|---|---|---|---|---|---|---|---|",
+        f"| {wall / 3600:.1f} h | {len(rep['cycles'])} | {w_['samples']} | {w_.get('thinned', 0):,} | "
+        f"{watch.peak / MiB:.0f} MiB | {final / 1024:.0f} KiB | {max(sizes or [final]) / 1024:.0f} KiB | "
+        f"{rep['verdict']['kind']} ({rep['verdict']['culprit'].get('function')}) |",
+        "",
+        f"Last line memdiag printed: `{text.strip().splitlines()[0][:160] if text.strip() else ''}`",
+        "",
+    ]
+
+
 def _replace_section(text: str, title: str, body: list[str]) -> str:
     """BENCHMARKS.md with one section (from its title to the next ## or the end) rewritten."""
     start = text.find(title)
@@ -564,7 +618,8 @@ def main() -> int:
         "slowdown": (lambda: slowdown_section()[0], "1"),
         "costs": (per_event_section, "3"),
         "loop": (loop_section, "6"),
-        "jvm": (lambda: jvm_section(RUNS), "7"),
+        "long": (long_section, "7"),
+        "jvm": (lambda: jvm_section(RUNS), "8"),
     }
     if len(sys.argv) == 3 and sys.argv[1] == "--only" and sys.argv[2] in only:  # one section, not twenty minutes
         make, number = only[sys.argv[2]]
@@ -581,7 +636,13 @@ def main() -> int:
     slow, results = slowdown_section()
     sections = (
         slow + cost_section(results) + per_event_section() + accuracy_section() + reach_section() + loop_section()
-    ) + jvm_section(RUNS)
+    )
+    old = (ROOT / "BENCHMARKS.md").read_text() if (ROOT / "BENCHMARKS.md").exists() else ""
+    if LONG_TITLE in old:  # hours long: kept from its own run (--only long), not run again here
+        at = old.index(LONG_TITLE)
+        end = old.find("\n## ", at + len(LONG_TITLE))
+        sections += [""] + old[at : end if end >= 0 else len(old)].rstrip("\n").splitlines() + [""]
+    sections += jvm_section(RUNS)
     cpu = next(
         (
             line.split(":", 1)[1].strip()

@@ -1,4 +1,4 @@
-"""BENCHMARKS.md section 7: JVM targets. What the JVM's flight recording costs the target, measured on
+"""BENCHMARKS.md section 8: JVM targets. What the JVM's flight recording costs the target, measured on
 the target (its CPU time, utime + stime, in windows without memdiag before and after each recording:
 interleaved, so the target's own drift shows), against what the probe measured and what its plan
 estimated; the pause of the recording's stop (the JVM's safepoint time while JFR.stop ran, from its
@@ -94,8 +94,8 @@ def _scenario(name: str, main: str, args: list[str], flags: list[str], kind: str
 
 
 def jvm_section(runs_per_figure: int) -> list[str]:
-    """Section 7 of BENCHMARKS.md."""
-    title = "## 7. JVM targets: the flight recording's cost on the target"
+    """Section 8 of BENCHMARKS.md."""
+    title = "## 8. JVM targets: the flight recording's cost on the target"
     if not have_jdk():
         return [title, "", "No JDK on this machine (scripts/setup.sh --test installs openjdk-17): not measured.", ""]
     runs: dict[str, list[float]] = {

@@ -20,10 +20,13 @@ need=()
 # libc6-dbg: glibc's symbols by build-id, so frames inside malloc are named, not [unknown]
 packages=(bpfcc-tools python3-bpfcc python3-venv gcc g++ libc6-dev libc6-dbg make libjemalloc2 util-linux)
 # --test: what only the test suite needs (a real Alertmanager to send webhooks, a real browser,
-# a real container runtime: podman with runc, since crun refuses hybrid cgroup hosts; a real JVM
-# with its javac, jfr tool and JNI headers for the Java workloads, and a Java server of Debian's)
+# a real container runtime: podman with runc, since crun refuses hybrid cgroup hosts; a real
+# Python daemon of the distribution, graphite-carbon, whose cache memdiag names in Python's terms;
+# the Go toolchain and Node that build and run the runtime tests' programs; a real JVM with its
+# javac, jfr tool and JNI headers for the Java workloads, and a Java server of Debian's, H2)
 if [ "${1:-}" = "--test" ]; then
-    packages+=(prometheus-alertmanager curl chromium strace podman runc openjdk-17-jdk-headless libh2-java)
+    packages+=(prometheus-alertmanager curl chromium strace podman runc graphite-carbon golang-go nodejs)
+    packages+=(openjdk-17-jdk-headless libh2-java)
 fi
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")

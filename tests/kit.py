@@ -7,6 +7,7 @@ Later issues reuse it: probes and end-to-end scenarios run on the same workloads
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import os
 import select
@@ -28,6 +29,16 @@ MEMDIAG = shutil.which("memdiag", path=str(Path(sys.executable).parent)) or "mem
 SOURCES = ROOT / "tests" / "workloads"
 BUILD = ROOT / ".build" / "workloads"
 CFLAGS = ["-O1", "-g", "-fno-omit-frame-pointer", "-Wall", "-Werror"]
+PYTHON = "/usr/bin/python3.11"  # Debian's CPython, for the workloads written in Python (NAME.py)
+GO_SOURCES = SOURCES / "go"  # one Go module, a package per program
+GO_ENV = {
+    **os.environ,
+    "GOCACHE": str(BUILD / "gocache"),
+    "GOPATH": str(BUILD / "gopath"),
+    "GOFLAGS": "-buildvcs=false",
+    "GOPROXY": "off",  # the programs import the standard library only
+    "GOTOOLCHAIN": "local",
+}
 
 
 def wait_for_line(proc: subprocess.Popen, wanted: str, timeout: float = 60) -> str:
@@ -68,7 +79,10 @@ def swapped_bytes(pid: int) -> int:
 
 
 def build(name: str, extra_flags: list[str] | None = None) -> Path:
-    """Compile tests/workloads/NAME.c or NAME.cc (once per source content and flags); the binary."""
+    """Compile tests/workloads/NAME.c or NAME.cc, or the Go program tests/workloads/go/NAME (once
+    per source content and flags); the binary."""
+    if (GO_SOURCES / name).is_dir():
+        return build_go(name, extra_flags or [])
     src = SOURCES / f"{name}.c"
     compiler = "cc"
     if not src.exists():
@@ -85,6 +99,43 @@ def build(name: str, extra_flags: list[str] | None = None) -> Path:
     return out
 
 
+def build_library(name: str) -> Path:
+    """Compile tests/workloads/NAME.c as a shared object, libNAME.so (once per source), for a
+    workload to load (ctypes)."""
+    src = SOURCES / f"{name}.c"
+    flags = [*CFLAGS, "-shared", "-fPIC"]
+    digest = hashlib.sha256(src.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
+    out = BUILD / digest / f"lib{name}.so"
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        subprocess.run(["cc", *flags, "-o", str(tmp), str(src)], check=True)
+        tmp.rename(out)
+    return out
+
+
+def build_go(name: str, flags: list[str]) -> Path:
+    """`go build FLAGS` of the package tests/workloads/go/NAME with the Go toolchain on PATH
+    (Debian's golang-go: scripts/setup.sh --test installs it), its caches under .build."""
+    digest = hashlib.sha256(" ".join(flags).encode() + go_version().encode() + name.encode())
+    for path in [GO_SOURCES / "go.mod", *sorted(GO_SOURCES.rglob("*.go"))]:  # its package and the shared kit
+        digest.update(str(path.relative_to(GO_SOURCES)).encode() + path.read_bytes())
+    out = BUILD / digest.hexdigest()[:12] / name
+    if not out.exists():
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp = out.with_suffix(".tmp")
+        subprocess.run(["go", "build", *flags, "-o", str(tmp), f"./{name}"], cwd=GO_SOURCES, env=GO_ENV, check=True)
+        tmp.rename(out)
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def go_version() -> str:
+    """The toolchain's version as its binaries record it (go1.19.8)."""
+    out = subprocess.run(["go", "env", "GOVERSION"], env=GO_ENV, capture_output=True, text=True, check=True)
+    return out.stdout.strip()
+
+
 class Workload:
     """A running workload process. ``with Workload("leak", "2048") as w: w.pid``."""
 
@@ -98,8 +149,20 @@ class Workload:
         env: dict | None = None,
         flags: list[str] | None = None,
     ):
-        self.binary = build(name, flags)
-        self.argv = [str(self.binary), *args]
+        python, script = SOURCES / f"{name}.py", SOURCES / f"{name}.js"
+        self.cwd: Path | None = None
+        if python.exists():
+            # a Python workload runs under Debian's interpreter (always installed), never a pyenv build
+            self.binary = Path(PYTHON)
+            self.argv = [PYTHON, str(python), *args]
+        elif script.exists():  # a Node program: flags are node's own (--perf-basic-prof)
+            self.binary = Path(shutil.which("node") or "node")
+            self.argv = [str(self.binary), *(flags or []), str(script), *args]
+            self.cwd = BUILD / "node"  # --perf-basic-prof writes V8's isolate-*-v8.log in the working folder
+            self.cwd.mkdir(parents=True, exist_ok=True)
+        else:
+            self.binary = build(name, flags)
+            self.argv = [str(self.binary), *args]
         self.cgroup = cgroup
         self.env = env
         self.proc: subprocess.Popen | None = None
@@ -123,6 +186,7 @@ class Workload:
             stderr=subprocess.DEVNULL,
             preexec_fn=enter_cgroup,
             env={**os.environ, **(self.env or {})},
+            cwd=self.cwd,
         )
         line = self.proc.stdout.readline().decode()  # type: ignore[union-attr]
         if not line.startswith(self.ready):
@@ -143,6 +207,10 @@ class Workload:
             self.proc.wait()
         if self.proc is not None and self.proc.stdout:
             self.proc.stdout.close()
+        if self.proc is not None and self.cwd is not None:  # what node --perf-basic-prof leaves behind
+            Path(f"/tmp/perf-{self.proc.pid}.map").unlink(missing_ok=True)
+            for log in self.cwd.glob(f"isolate-*-{self.proc.pid}-v8.log"):
+                log.unlink(missing_ok=True)
 
     def __enter__(self) -> Workload:
         return self.start()

@@ -50,6 +50,14 @@ def add_target_arguments(parser: argparse.ArgumentParser, verb: str = "diagnose"
 def add_window_arguments(parser: argparse.ArgumentParser) -> None:
     """The options of a diagnosis but its target and duration (shared with memdiag verify)."""
     parser.add_argument(
+        "--cycle",
+        type=DURATION,
+        default=None,
+        metavar="S",
+        help="watch the window in cycles of S, the probes run again in each and the report rewritten after "
+        "each (default: a 24th of a window of 10 min or more, at least 1 min; none for a shorter one)",
+    )
+    parser.add_argument(
         "--interval",
         type=INTERVAL,
         default=None,
@@ -172,6 +180,8 @@ def run_diagnosis(args: argparse.Namespace, target: Target, rules, folder: Repor
         on_step=progress.step,
         max_pause_ms=args.max_pause,
         given=given,
+        cycle_s=args.cycle,
+        on_interim=lambda r: _write_interim(folder, r),
     )
     progress.done()
     if finish is not None:
@@ -184,6 +194,17 @@ def run_diagnosis(args: argparse.Namespace, target: Target, rules, folder: Repor
         report = report.model_copy(update={"interrupted": cut})
         _write(folder, report)
     return report
+
+
+def _write_interim(folder: ReportFolder, report) -> None:
+    """A long window's report so far, after a cycle: readable mid-way, and what is left after a
+    crash. A failure to write it is said on stderr and the diagnosis goes on."""
+    with phase("writing the report so far"):
+        try:
+            folder.write(render_all(report))
+        except OSError as e:
+            said = f"memdiag: could not write the report so far in {plain(folder.path)}: {e.strerror or e}"
+            print(said, file=sys.stderr)
 
 
 def _write(folder: ReportFolder, report) -> None:

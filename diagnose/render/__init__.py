@@ -7,6 +7,7 @@ from .flamegraph import render_flamegraph
 from .html import render_html
 from .jsonout import render_json
 from .markdown import render_markdown
+from .window import render_window
 
 
 def render_all(report: Report) -> dict[str, str]:
@@ -19,4 +20,6 @@ def render_all(report: Report) -> dict[str, str]:
         "growth.folded": "".join(f"{line}\n" for line in report.folded),
         "growth.svg": render_flamegraph(report.folded, title=f"memory growth — {report.target.description}"),
     }
+    if report.cycles:  # a long window's curve, beside the report and shown in it
+        files["window.svg"] = render_window(report)
     return files

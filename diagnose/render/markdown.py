@@ -130,7 +130,8 @@ def _kind_note(kind: str) -> str:
 def _culprit_stack(c) -> str:
     """The stack from the leaf to two frames past the named one (at least five), each marked."""
     kinds = c.frame_kinds
-    named = next((i for i, k in enumerate(kinds) if k in ("culprit", "interpreter")), None)
+    named = next((i for i, k in enumerate(kinds) if k == "culprit"), None)  # else an interpreter frame
+    named = next((i for i, k in enumerate(kinds) if k == "interpreter"), None) if named is None else named
     shown = max(5, named + 3) if named is not None else 5
     parts = []
     for i, frame in enumerate(c.stack[:shown]):
@@ -158,8 +159,16 @@ def _overhead_lines(o, probes=()) -> list[str]:
             parts.append(f"the target's CPU time above its rate before the attach {o.tracing_cpu_percent:.2f}%")
         how = "the first counts, raised to the second up to twice it"
         lines += [f"- Allocation tracing, measured two ways ({how}): {'; '.join(parts)}"]
-    # the rows not measured on the target itself: their overhead is their BPF run time
-    others = [p.name for p in probes if not p.on_target and p.overhead_percent]
+    # the rows not measured on the target itself: their overhead is their BPF run time, or for a
+    # reader of the target's memory (no BPF) the time its reads held the target's memory map
+    shown = [p.name for p in probes if not p.on_target and p.overhead_percent]
+    readers = [n for n in shown if n in REGISTRY.names and not REGISTRY.spec(n).bpf]
+    if readers:
+        lines += [
+            f"- {', '.join(readers)}: memdiag's time reading the target's memory or maps (nothing stopped): an "
+            "upper bound of the time they held its memory map for reading"
+        ]
+    others = [n for n in shown if n not in readers]
     wide = [n for n in others if n in REGISTRY.names and REGISTRY.spec(n).host_wide]
     if others:
         every = (
@@ -275,6 +284,8 @@ def _heading(report: Report) -> list[str]:
     v, t, w = report.verdict, report.target, report.window
     cut = report.interrupted
     partial = " (partial: interrupted)" if cut is not None else ""
+    if report.interim is not None:
+        partial = f" (so far: {report.interim}; the window still runs)"
     lines = [f"# memdiag: {v.kind}{partial} — {prose(t.description)}", ""]
     lines += [f"**Verdict ({v.kind}, confidence {v.confidence:.0%}{partial}):** {prose(v.summary)}", ""]
     if cut is not None:
@@ -291,10 +302,18 @@ def _heading(report: Report) -> list[str]:
     if t.cgroup and t.kind == "pid":
         target_line += f" — memory cgroup {code(t.cgroup)} (v{t.cgroup_version})"
     lines += [target_line]
+    if t.runtime_detail:
+        lines += [f"- Runtime: {prose(t.runtime_detail)}"]
     lines += _container_lines(report)
+    thinned = ""
+    if w.thinned:
+        thinned = (
+            f"; {w.thinned:,} older samples dropped to bound memdiag's memory, all in the first "
+            f"{fmt_duration(w.thinned_before_s)}: the older, the coarser"
+        )
     lines += [
         f"- Window: {_utc(w.started)} to {_utc(w.ended)} ({fmt_duration(w.ended - w.started)} of "
-        f"{fmt_duration(w.requested_s)} asked, {w.samples} samples)"
+        f"{fmt_duration(w.requested_s)} asked, {w.samples} samples{thinned})"
     ]
     if w.target_exited_at is not None:
         lines += [f"- Target exited at {_utc(w.target_exited_at)}"]
@@ -335,6 +354,42 @@ def _verification(report: Report) -> list[str]:
 
 def _count(n: int | None) -> str:
     return f"{n:,}" if n is not None else "—"
+
+
+def _clock(seconds: float) -> str:
+    """A moment of the window, as a clock reads it from its start: 0:00:30, 6:00:00."""
+    s = int(round(seconds))
+    return f"{s // 3600}:{s % 3600 // 60:02d}:{s % 60:02d}"
+
+
+def _cycles(report: Report) -> list[str]:
+    """A long window, cycle by cycle: the target's memory at each cycle's end and the allocation
+    stacks its probes recorded (window.svg draws the same figures)."""
+    if not report.cycles:
+        return []
+    rows = []
+    for c in report.cycles:
+        stacks = "; ".join(
+            f"{code(s.function or '?')} {fmt_bytes(s.bytes)}"
+            + (f" ({s.leaked_count:,} blocks leaked)" if s.leaked_count else "")
+            for s in c.stacks
+            if s.bytes or s.leaked_count
+        )
+        rows.append(
+            [
+                str(c.index + 1),
+                f"{_clock(c.start_s)}–{_clock(c.end_s)}",
+                fmt_bytes(c.memory),
+                ", ".join(c.probes) or "—",
+                stacks or "—",
+            ]
+        )
+    header = ["cycle", "from–to", "memory at its end", "probes", "allocation stacks (outstanding at the cycle's end)"]
+    return (
+        ["### The window, cycle by cycle", "", "![memory over the window](window.svg)", ""]
+        + _table(header, rows)
+        + [""]
+    )
 
 
 def _findings(report: Report) -> list[str]:
@@ -476,6 +531,7 @@ def _evidence(report: Report) -> list[str]:
         + _findings(report)
         + _stacks(report)
         + _sections(report)
+        + _cycles(report)
         + _trends(report)
         + _counter_tables(report)
         + _processes(report)

@@ -23,13 +23,19 @@ def _header(r: ProbeResult) -> list[str]:
         lines.append("  stopped early: it cost more than its overhead budget allows")
     if r.target_exited_at:
         lines.append(f"  target exited at {time.strftime('%H:%M:%S', time.localtime(r.target_exited_at))}")
-    cost = [f"{r.cost.events:,} events"]
+    reader = not REGISTRY.spec(r.name).bpf  # it reads the target's memory or maps: no BPF, no trap
+    cost = [f"{r.cost.events:,} {'reads' if reader else 'events'}"]
     if r.cost.bpf_run_ns is not None:
         cost.append(f"BPF run time {r.cost.bpf_run_ns / 1e6:.1f} ms")
     if r.cost.map_bytes:
         cost.append(f"maps {fmt_bytes(r.cost.map_bytes)}")
     tracing = REGISTRY.face(r.name).measured(r)
-    if tracing is not None and tracing.measured_ns is not None:
+    if tracing is not None and tracing.measured_ns is not None and reader:
+        cost.append(
+            f"memdiag's time in those reads {tracing.measured_ns / 1e6:.1f} ms over {fmt_duration(tracing.attached_s)} "
+            f"({tracing.percent_of(tracing.attached_s):.2f}%: an upper bound of how long they held its memory map)"
+        )
+    elif tracing is not None and tracing.measured_ns is not None:
         cost.append(
             f"the target's time {tracing.measured_ns / 1e6:.1f} ms over {fmt_duration(tracing.attached_s)} "
             f"attached ({tracing.percent_of(tracing.attached_s):.2f}%: hits x trap cost + BPF run time)"

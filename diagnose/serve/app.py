@@ -19,12 +19,14 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..errors import UsageError
+from ..report import Report
 from ..target import Target, as_largest_process, pid_target
+from ..verify import find_service
 from .alerts import Alert, AlertmanagerPayload, DiagnoseRequest, GrafanaPayload
 from .security import FailureLimiter, grafana_signature_ok, token_ok
 from .store import STATES, ReportGone, StorageFailing, Store
 from .targets import BadLabel, NotOnHost, cgroup_by_path, container_by_ref, target_from_labels
-from .worker import Job, Worker
+from .worker import Job, QueueFull, Worker, target_json
 
 MAX_BODY = 1 << 20
 BODY_SECONDS = 10.0  # a whole body must arrive within this: a trickling client holds nothing for long
@@ -172,18 +174,6 @@ def _query_int(request: Request, name: str, default: int, low: int, high: int) -
     return int(raw)
 
 
-def _target_json(t: Target) -> dict:
-    return {
-        "kind": t.kind,
-        "pid": t.pid,
-        "comm": t.comm,
-        "cgroup": t.cgroup.path if t.cgroup else None,
-        "description": t.describe(),
-        "container": t.container.model_dump() if t.container else None,
-        "pod": t.pod.model_dump(exclude={"containers"}) if t.pod else None,
-    }
-
-
 def admit_jobs(worker: Worker, metrics: Metrics, jobs: list[Job]) -> list:
     """What fits of a group, queued (worker.admit_into: per job its incident and outcome, or None when
     the queue had no room for it); 503 when storage refuses."""
@@ -244,7 +234,7 @@ def take_alerts(
     and the resolved ones recorded. Per alert: {"id", "state", "new"} (and "requeued", "attempts"
     for a re-queued one)."""
     plans = _plans(alerts)
-    jobs = [Job(source, t, _target_json(t), a.model_dump(), a.dedup_key(source)) for a, t in plans if t is not None]
+    jobs = [Job(source, t, target_json(t), a.model_dump(), a.dedup_key(source)) for a, t in plans if t is not None]
     admitted = admit_jobs(worker, metrics, jobs)
     left = sum(a is None for a in admitted)
     nothing = bool(jobs) and left == len(jobs)  # no room at all: the group comes again whole, resolved too
@@ -314,6 +304,11 @@ REPORT_FILES = {
     "json": ("report.json", "application/json"),
     "html": ("report.html", "text/html"),
 }
+
+
+def _related(r) -> dict:
+    """An earlier incident of the same service, as listed beside a later one."""
+    return {k: getattr(r, k) for k in ("id", "created", "state", "verdict_kind", "summary", "verification")}
 
 
 def _report(store: Store, iid: str, item, fmt: str) -> Response:
@@ -391,7 +386,7 @@ class Api:
         except ValidationError as e:
             raise Refused(422, _validation(e)) from None
         target = _diagnose_target(req)
-        job = Job("api", target, _target_json(target), None, None, req.duration)
+        job = Job("api", target, target_json(target), None, None, req.duration)
         (taken,) = admit_jobs(self.worker, self.metrics, [job])
         if taken is None:
             raise _queue_full(self.metrics, 1, 1, [])
@@ -429,7 +424,35 @@ class Api:
             return _report(self.store, iid, item, fmt)
         if fmt is not None:
             raise Refused(400, "format is md, json or html")
-        return JSONResponse(item.model_dump())
+        related = [_related(r) for r in self.store.related(item)]  # its service's earlier incidents
+        return JSONResponse({**item.model_dump(), "related": related})
+
+    async def verify(self, request: Request) -> Response:
+        """Follow a done incident's diagnosis into a new one of the same service (after a fix)."""
+        self.guard(request)
+        iid = request.path_params["iid"]
+        item = self.store.get(iid) if iid.isalnum() and len(iid) <= 32 else None
+        if item is None:
+            raise Refused(404, "no such incident")
+        if item.state != "done" or item.report_dir is None:
+            raise Refused(409, f"incident {iid} has no report to verify against ({item.state})")
+        try:
+            base = Report.model_validate_json(self.store.read_report(iid, "report.json"))
+        except ReportGone as e:
+            raise Refused(410, str(e)) from None
+        except ValueError:
+            raise Refused(409, f"incident {iid}'s report is not one this memdiag reads (an older version)") from None
+        try:
+            target, _how = find_service(base)
+        except UsageError as e:
+            raise Refused(422, f"the service of incident {iid} cannot be found again: {e}") from None
+        incident = self.store.admit_verify(iid, target_json(target))
+        try:
+            self.worker.submit(incident.id, target)
+        except QueueFull:
+            self.store.settle(incident.id, state="failed", error="queue full: not diagnosed; ask again later")
+            raise _queue_full(self.metrics, 1, 1, []) from None
+        return JSONResponse({"id": incident.id, "state": "queued", "baseline": iid}, status_code=202)
 
     async def healthz(self, request: Request) -> Response:
         # ?scope=process: only what a restart of this process could mend (a liveness probe's question),
@@ -458,6 +481,7 @@ class Api:
             Route("/diagnose", self.diagnose, methods=["POST"]),
             Route("/incidents", self.incidents, methods=["GET"]),
             Route("/incidents/{iid}", self.incident, methods=["GET"]),
+            Route("/incidents/{iid}/verify", self.verify, methods=["POST"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/metrics", self.metrics_endpoint, methods=["GET"]),
         ]

@@ -21,17 +21,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memdiag.probes.oomkill import OomEvent, OomWatch
-from memdiag.system.cgroup import memory_hierarchy
+from memdiag.system.cgroup import cgroup_pids, memory_hierarchy
 from memdiag.system.container import list_containers, parse_container_path, parse_pod_path
+from memdiag.system.processes import read_all_processes
 from memdiag.system.units import fmt_bytes
 
 from ..containers import ContainerInfo, container_of_cgroup
 from ..errors import UsageError
-from ..target import Target
+from ..target import Target, pid_target, with_container
+from .cases import service_key
 from .store import Store
 from .targets import NotOnHost, target_from_labels
 from .worker import QueueFull, Worker
 
+# A supervisor restarts a killed service within this (systemd's RestartSec defaults to 100 ms, podman's
+# restart policy and a shell loop at once; Kubernetes backs off 10 s and more: it is diagnosed as its
+# cgroup's largest process then): the follow-up of a service that was seen growing waits for it.
+RESTART_GRACE_S = 5.0
 FORGET_AFTER_S = 600.0  # a container gone from the cgroup tree this long is no longer remembered
 MAX_KNOWN = 4096
 LOOKUPS_PER_POLL = 4
@@ -177,8 +183,9 @@ def _attributed(e: OomEvent, known: KnownContainers) -> tuple[OomEvent, Containe
 
 
 def survivor(e: OomEvent, container: ContainerInfo | None) -> Target | None:
-    """What to diagnose after a kill: the largest process left in the cgroup whose limit was hit (else
-    the victim's), or None: a system OOM in the root cgroup (recorded, not diagnosed), a cgroup gone,
+    """What to diagnose after a kill: the victim's program restarted in the cgroup whose limit was
+    hit (a process of the victim's name), else the largest process left there (else in the victim's
+    cgroup), or None: a system OOM in the root cgroup (recorded, not diagnosed), a cgroup gone,
     or only the victim left (it may linger in cgroup.procs while it dies). A survivor in the victim's
     own container is described with what was known of the container at the kill; one in another
     container of the pod (or in none) keeps its own."""
@@ -186,7 +193,7 @@ def survivor(e: OomEvent, container: ContainerInfo | None) -> Target | None:
     if not cgroup or cgroup == "/":
         return None
     try:
-        target = target_from_labels({"id": cgroup})
+        target = _restarted(cgroup, e) or target_from_labels({"id": cgroup})
     except (NotOnHost, ValueError, UsageError):
         return None  # the cgroup is gone
     if target.kind != "pid" or target.pid == e.victim_pid:
@@ -196,29 +203,79 @@ def survivor(e: OomEvent, container: ContainerInfo | None) -> Target | None:
     return target
 
 
+def _restarted(cgroup: str, e: OomEvent) -> Target | None:
+    """A process of the victim's name in the cgroup, not the victim: its program, restarted."""
+    found = memory_hierarchy()
+    if found is None or not e.victim_comm:
+        return None
+    folder = Path(found[1].mount_point) / cgroup.lstrip("/")
+    procs = read_all_processes(pids=cgroup_pids(folder)) if folder.is_dir() else {}
+    same = [p for pid, p in procs.items() if p.comm == e.victim_comm and pid != e.victim_pid and p.state != "Z"]
+    if not same:
+        return None
+    return with_container(pid_target(max(same, key=lambda p: p.rss or 0).pid))
+
+
+def kill_service(e: OomEvent, container: ContainerInfo | None) -> str | None:
+    """The service a kill struck (serve/cases.py): the victim's program in its cgroup, or its container."""
+    cgroup = e.victim_cgroup or e.memcg
+    return service_key(
+        {
+            "kind": "pid",
+            "comm": e.victim_comm,
+            "cgroup": cgroup,
+            "container": container.model_dump() if container else None,
+        }
+    )
+
+
 class KillIncidents:
     """The watch's on_kill: each kill an incident under its own key (a kill delivered twice, after a
     refused write, is one incident, counted once), queued for a diagnosis of its survivor when there
     is one, else recorded; with the queue full it stays recorded, with the reason. A refused write
     raises StorageFailing: the watch keeps the kill and delivers it again later."""
 
-    def __init__(self, store: Store, worker: Worker, counted: Callable[[], None] = lambda: None):
-        self.store, self.worker, self.counted = store, worker, counted
+    def __init__(
+        self,
+        store: Store,
+        worker: Worker,
+        counted: Callable[[], None] = lambda: None,
+        grace_s: float = RESTART_GRACE_S,
+    ):
+        self.store, self.worker, self.counted, self.grace_s = store, worker, counted, grace_s
 
     def __call__(self, e: OomEvent, container: ContainerInfo | None) -> None:
-        target = survivor(e, container)
+        service = kill_service(e, container)
+        # a service diagnosed growing before: its restart is waited for, then followed (the worker
+        # compares what runs now with that diagnosis: does the restarted process grow the same way?)
+        follow = self.store.latest_growth(service, e.when) is not None
+        target = None if follow else survivor(e, container)
         record = {**e.model_dump(), "container": container.model_dump() if container else None}
-        state = "queued" if target is not None else "recorded"
+        state = "queued" if target is not None or follow else "recorded"
         where, key = incident_place(e, container), incident_key(e, container)
         incident, new = self.store.record("oomwatch", state, where, record, key, summary=describe(e, container))
         if not new:
             return
         self.counted()
-        if target is not None:
-            try:
-                self.worker.submit(incident.id, target)
-            except QueueFull:
-                self.store.settle(incident.id, state="recorded", error="queue full: recorded, not diagnosed")
+        if follow:
+            timer = threading.Timer(self.grace_s, self._after_restart, (incident.id, e, container))
+            timer.daemon = True
+            timer.start()
+        elif target is not None:
+            self._submit(incident.id, target)
+
+    def _after_restart(self, iid: str, e: OomEvent, container: ContainerInfo | None) -> None:
+        target = survivor(e, container)
+        if target is None:
+            self.store.settle(iid, state="recorded", error="nothing ran in its cgroup after the restart grace")
+            return
+        self._submit(iid, target)
+
+    def _submit(self, iid: str, target: Target) -> None:
+        try:
+            self.worker.submit(iid, target)
+        except QueueFull:
+            self.store.settle(iid, state="recorded", error="queue full: recorded, not diagnosed")
 
 
 class OomWatcher:

@@ -22,6 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
+from .cases import RELATED, service_key
 from .datadir import DataDir
 
 STATES = ("queued", "running", "done", "failed", "interrupted", "resolved", "recorded")
@@ -50,10 +51,18 @@ CREATE TABLE IF NOT EXISTS incidents (
 );
 """
 # Columns added after the first release: added to older databases when they open.
-_ADDED = {"attempts": "INTEGER NOT NULL DEFAULT 0", "previous": "TEXT", "report_bytes": "INTEGER NOT NULL DEFAULT 0"}
+_ADDED = {
+    "attempts": "INTEGER NOT NULL DEFAULT 0",
+    "previous": "TEXT",
+    "report_bytes": "INTEGER NOT NULL DEFAULT 0",
+    "runtime": "TEXT",
+    "service": "TEXT",  # what stays the same across restarts (cases.service_key)
+    "baseline": "TEXT",  # the earlier incident this one's diagnosis follows up (verify)
+    "verification": "TEXT",  # what that follow-up found: fixed, still-leaking, new-growth, inconclusive
+}
 _COLS = (
     "id, created, updated, source, state, target, alert, verdict_kind, summary, report_dir, error, duration_s, "
-    "attempts, previous"
+    "attempts, previous, runtime, service, baseline, verification"
 )
 
 
@@ -86,6 +95,10 @@ class Incident(BaseModel):
     duration_s: float | None = None
     attempts: int = 0
     previous: str | None = None  # why the attempt before this one did not finish (or what it found)
+    runtime: str | None = None  # the diagnosed target's runtime: Go 1.19.8 (/usr/bin/prometheus; ...), none
+    service: str | None = None  # the service it concerns, across restarts (serve/cases.py)
+    baseline: str | None = None  # the earlier incident its diagnosis followed up
+    verification: str | None = None  # fixed, still-leaking, new-growth or inconclusive, against the baseline
 
 
 class StorageFailing(Exception):
@@ -153,6 +166,7 @@ class Store:
         for col, decl in _ADDED.items():
             if col not in have:
                 db.execute(f"ALTER TABLE incidents ADD COLUMN {col} {decl}")
+        db.execute("CREATE INDEX IF NOT EXISTS incidents_service ON incidents (service, created)")
         for name in names[:3]:
             self.dir.owner_only(name)
         return db
@@ -229,7 +243,8 @@ class Store:
                     self.dir.remove_report(iid)
                 self._write(
                     "UPDATE incidents SET state='queued', updated=?, previous=?, attempts=?, error=NULL, "
-                    "verdict_kind=NULL, summary=NULL, report_dir=NULL, report_bytes=0, duration_s=NULL WHERE id=?",
+                    "verdict_kind=NULL, summary=NULL, runtime=NULL, report_dir=NULL, report_bytes=0, duration_s=NULL "
+                    "WHERE id=?",
                     (time.time(), before, 0 if fresh else attempts, iid),
                 )
                 self._pending.pop(iid, None)
@@ -249,12 +264,12 @@ class Store:
             self._evict()
             return incident, True
 
-    def _insert(self, source, state, target, alert, dedup_key, summary) -> Incident:
+    def _insert(self, source, state, target, alert, dedup_key, summary, baseline=None) -> Incident:
         now, iid = time.time(), uuid.uuid4().hex[:16]
         stored = bound_record(alert, self.limits) if alert else None
         self._write(
-            "INSERT INTO incidents (id, created, updated, source, dedup_key, state, target, alert, summary) "
-            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            "INSERT INTO incidents (id, created, updated, source, dedup_key, state, target, alert, summary, "
+            "service, baseline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             (
                 iid,
                 now,
@@ -265,9 +280,42 @@ class Store:
                 json.dumps(target) if target else None,
                 json.dumps(stored) if stored else None,
                 summary,
+                service_key(target),
+                baseline,
             ),
         )
         return self._get(iid)  # type: ignore[return-value]
+
+    def admit_verify(self, baseline: str, target: dict) -> Incident:
+        """A follow-up of an earlier incident's diagnosis, queued (POST /incidents/ID/verify)."""
+        with self._lock:
+            incident = self._insert("verify", "queued", target, None, None, None, baseline=baseline)
+            self._evict()
+            return incident
+
+    def related(self, incident: Incident) -> list[Incident]:
+        """The earlier incidents of the same service, newest first (RELATED of them)."""
+        if incident.service is None:
+            return []
+        with self._lock:
+            rows = self._db.execute(
+                f"SELECT {_COLS} FROM incidents WHERE service=? AND created<? AND id!=? "  # noqa: S608
+                "ORDER BY created DESC LIMIT ?",
+                (incident.service, incident.created, incident.id, RELATED),
+            ).fetchall()
+            return [self._overlay(_incident(r)) for r in rows]
+
+    def latest_growth(self, service: str | None, before: float) -> Incident | None:
+        """The service's latest diagnosis before `before` that found growth and kept its report."""
+        if service is None:
+            return None
+        with self._lock:
+            row = self._db.execute(
+                f"SELECT {_COLS} FROM incidents WHERE service=? AND created<? AND state='done' "  # noqa: S608
+                "AND verdict_kind IN ('leak', 'growth') AND report_dir IS NOT NULL ORDER BY created DESC LIMIT 1",
+                (service, before),
+            ).fetchone()
+            return self._overlay(_incident(row)) if row else None
 
     # -- the worker's side -----------------------------------------------------------------------
 

@@ -13,9 +13,12 @@ from dataclasses import dataclass
 
 from ..errors import UsageError
 from ..render import render_all
+from ..report import Report
 from ..target import Target, cgroup_target, pid_target, system_target, with_container
+from ..verify import baseline_facts
 from ..workflow import diagnose
-from .store import Incident, StorageFailing, Store
+from .cases import follow_up, report_service, service_key, worth_following
+from .store import Incident, ReportGone, StorageFailing, Store
 from .targets import BadLabel, NotOnHost, target_from_labels
 
 STUCK_FACTOR, STUCK_SLACK = 3, 120.0  # "running far past its window": 3x the window plus 2 minutes
@@ -114,23 +117,52 @@ class Worker:
             incident = self.store.start(iid)
             if target is None:
                 target = _target_again(incident)
-            report = diagnose(target, window, budget_percent=self.budget, rules=self.rules)
+            base = self._baseline(incident, target)  # an earlier diagnosis this one follows up
+            given = baseline_facts(base[1]) if base else None
+            report = diagnose(target, window, budget_percent=self.budget, rules=self.rules, given=given)
+            if base is not None:
+                report = follow_up(report, base[1], base[0].report_dir or "", base[2])
             folder, _ = self.store.write_report(iid, render_all(report))
         except Exception as e:  # a failed diagnosis is recorded, the worker goes on
             self.store.settle(iid, state="failed", error=_reason(e), duration_s=time.monotonic() - started)
             return
         elapsed = time.monotonic() - started
+        v = report.verification
         self.store.settle(
             iid,
             state="done",
             verdict_kind=report.verdict.kind,
             summary=report.verdict.summary,
+            runtime=report.target.runtime_detail or report.target.runtime,
             report_dir=folder,
             duration_s=elapsed,
             error=None,
+            service=report_service(report),
+            baseline=base[0].id if base else None,
+            verification=v.status if v is not None else None,
         )
         if self.on_done:
             self.on_done(elapsed, report)
+
+    def _baseline(self, incident: Incident | None, target: Target) -> tuple[Incident, Report, str] | None:
+        """(earlier incident, its report, how this diagnosis relates to it): the one a verify names,
+        or for the OOM watch's diagnosis after a kill, the service's latest that found growth."""
+        if incident is None:
+            return None
+        if incident.baseline:
+            earlier, how = self.store.get(incident.baseline), f"a follow-up of incident {incident.baseline}"
+        elif incident.source == "oomwatch":
+            earlier = self.store.latest_growth(service_key(target_json(target)), incident.created)
+            how = "the OOM watch, after a kill: whether what runs now grows the way its service did"
+        else:
+            return None
+        if earlier is None or earlier.report_dir is None:
+            return None
+        try:
+            report = Report.model_validate_json(self.store.read_report(earlier.id, "report.json"))
+        except (ReportGone, ValueError):  # evicted, or a report of an older memdiag: nothing to follow
+            return None
+        return (earlier, report, how) if incident.baseline or worth_following(report) else None
 
 
 def admit_into(
@@ -151,6 +183,19 @@ def admit_into(
             room -= 1
         out.append((incident, how))
     return out
+
+
+def target_json(t: Target) -> dict:
+    """A target as an incident stores it (and its service is keyed by)."""
+    return {
+        "kind": t.kind,
+        "pid": t.pid,
+        "comm": t.comm,
+        "cgroup": t.cgroup.path if t.cgroup else None,
+        "description": t.describe(),
+        "container": t.container.model_dump() if t.container else None,
+        "pod": t.pod.model_dump(exclude={"containers"}) if t.pod else None,
+    }
 
 
 def _reason(e: Exception) -> str:

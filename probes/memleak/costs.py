@@ -31,7 +31,8 @@ from .options import build_options
 
 CACHE = Path("/var/lib/memdiag/costs.json")
 CALLS = 20000
-SCHEMA = 2  # a cache written by an older layout is measured again
+SCHEMA = 3  # a cache written by an older layout is measured again
+WALK_EXTRA_FRAMES = 30  # Python frames added to this process's own stack to measure the walk per frame
 
 
 class Costs(BaseModel):
@@ -42,6 +43,10 @@ class Costs(BaseModel):
     stepped_ns: float  # trap of a uprobe on an instruction the kernel single-steps
     return_ns: float  # a return probe's trap on top of its entry probe
     program_ns: dict[str, float] = {}  # memleak's programs: run time per hit (BPF stats)
+    # the Python frame walk an allocation's program adds for a CPython target (bpf/pyframes.h),
+    # measured on this process, a CPython itself: a fixed part and a part per frame; None: not measured
+    python_walk_ns: float | None = None
+    python_frame_ns: float | None = None
     host: str
 
 
@@ -132,12 +137,9 @@ def _traps(libc, malloc: Placement, free: Placement) -> tuple[float, float, floa
     return max(cost[True], 1.0), max(cost[False], 1.0), max(entry_return - entry, 1.0)
 
 
-def _programs(libc, malloc, free) -> dict[str, float]:
-    """memleak's programs' run time per hit, attached to this process as memleak attaches them."""
-    try:
-        bpf = load("memleak", {"TARGET_MODE": 1, **build_options()})
-    except ProbeUnavailable:
-        return {}
+def _memleak_here(malloc, free):
+    """memleak's program attached to this process's malloc and free as memleak attaches them, armed."""
+    bpf = load("memleak", {"TARGET_MODE": 1, **build_options()})
     pid = os.getpid()
     try:
         set_targets(bpf, {pid})
@@ -152,12 +154,68 @@ def _programs(libc, malloc, free) -> dict[str, float]:
             if p.return_probe:
                 bpf.attach_uretprobe(name=p.module.encode(), sym=p.function.encode(), fn_name=b"alloc_return", pid=pid)
         bpf["control"][ctypes.c_int(0)] = ctypes.c_uint(1)
+    except BaseException:
+        bpf.cleanup()
+        raise
+    return bpf
+
+
+def _programs(libc, malloc, free) -> dict[str, float]:
+    """memleak's programs' run time per hit, attached to this process as memleak attaches them."""
+    try:
+        bpf = _memleak_here(malloc, free)
+    except ProbeUnavailable:
+        return {}
+    try:
         with bpf_stats():
             _loop(libc, CALLS)
             stats = program_stats(bpf) or {}
     finally:
         bpf.cleanup()
     return {name: run_ns / count for name, (count, run_ns) in stats.items() if count}
+
+
+def _deeper(frames: int, call):
+    """call() with that many more Python frames under it."""
+    return call() if frames <= 0 else _deeper(frames - 1, call)
+
+
+def _python_walk(libc, malloc, free, plain_ns: float | None) -> tuple[float, float] | None:
+    """(fixed, per frame) ns the Python frame walk adds to malloc's program: this process (memdiag
+    runs on CPython) registered as a CPython target, malloc's run time measured at its own depth and
+    WALK_EXTRA_FRAMES deeper, against plain_ns without the walk. None where it cannot be measured
+    (an interpreter whose frames memdiag does not read)."""
+    import traceback
+
+    from ..cpython.frames import PythonStacks
+    from ..procmaps import AddressSpace
+
+    if plain_ns is None:
+        return None
+    try:
+        bpf = _memleak_here(malloc, free)
+    except ProbeUnavailable:
+        return None
+    stacks = PythonStacks()
+    try:
+        if stacks.register(bpf, os.getpid(), AddressSpace.of(os.getpid())) is None:
+            return None
+        per_run: dict[int, float] = {}
+        with bpf_stats():
+            for extra in (0, WALK_EXTRA_FRAMES):
+                before = (program_stats(bpf) or {}).get("malloc_enter", (0, 0))
+                depth = _deeper(extra, lambda: len(traceback.extract_stack()) + 1)
+                _deeper(extra, lambda: _loop(libc, CALLS))
+                after = (program_stats(bpf) or {}).get("malloc_enter", (0, 0))
+                if after[0] <= before[0]:
+                    return None
+                per_run[depth] = (after[1] - before[1]) / (after[0] - before[0])
+    finally:
+        stacks.close()
+        bpf.cleanup()
+    (shallow, ns_shallow), (deep, ns_deep) = sorted(per_run.items())
+    frame = max(0.0, (ns_deep - ns_shallow) / max(deep - shallow, 1))
+    return max(0.0, ns_shallow - plain_ns - frame * shallow), frame
 
 
 def _measure() -> Costs | None:
@@ -172,6 +230,7 @@ def _measure() -> Costs | None:
     try:
         traps = _traps(libc, malloc, free)
         programs = _programs(libc, malloc, free)
+        walk = _python_walk(libc, malloc, free, programs.get("malloc_enter"))
     except (ProbeUnavailable, CompileError, OSError):
         return None
     if traps is None:
@@ -182,6 +241,8 @@ def _measure() -> Costs | None:
         stepped_ns=stepped,
         return_ns=ret,
         program_ns=programs,
+        python_walk_ns=walk[0] if walk else None,
+        python_frame_ns=walk[1] if walk else None,
         host=_host_key(),
     )
 

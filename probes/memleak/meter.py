@@ -48,6 +48,7 @@ def detach_seconds() -> float:
 # memleak costs 1.8% of the target, waiting for the check past the allowance measured 2.06% for 2%).
 CHECK_S = 0.5
 CPU_TRUST = 2.0
+NOT_WALKING = ("free_enter", "munmap_enter")  # the programs of bpf/memleak.c that never walk Python frames
 
 
 def trap_ns(placement: Placement, costs: Costs) -> float:
@@ -55,10 +56,13 @@ def trap_ns(placement: Placement, costs: Costs) -> float:
     return costs.emulated_ns if placement.emulated else costs.stepped_ns
 
 
-def site_ns(placement: Placement, costs: Costs) -> float:
-    """What one call through this site costs the target with memleak attached."""
+def site_ns(placement: Placement, costs: Costs, walk_ns: float = 0.0) -> float:
+    """What one call through this site costs the target with memleak attached; walk_ns: what the
+    Python frame walk adds to an allocation's program (a CPython target: probes/cpython/price.py)."""
     program = BPF_FUNCTION[placement.function]
     ns = trap_ns(placement, costs) + costs.program_ns.get(program, costs.program_ns.get("malloc_enter", 0.0))
+    if program not in NOT_WALKING:
+        ns += walk_ns
     if placement.return_probe:
         ns += costs.return_ns + costs.program_ns.get(RETURN_PROGRAM, 0.0)
     return ns
@@ -69,6 +73,7 @@ class SitePrice:
     placement: Placement
     per_s: float | None  # calls per second; None: not counted
     ns: float  # per call
+    walk_ns: float = 0.0  # of which the Python frame walk (a CPython target)
 
     @property
     def ns_per_s(self) -> float:
@@ -78,7 +83,8 @@ class SitePrice:
         how = "emulated" if self.placement.emulated else "single-stepped"
         ret = " + return probe" if self.placement.return_probe else ""
         rate = f"{self.per_s:,.0f}/s" if self.per_s is not None else "not counted"
-        return f"{self.placement.function}+{self.placement.offset} ({how}{ret}) {rate} x {fmt_ns(self.ns)}"
+        walk = f" (the Python frame walk {fmt_ns(self.walk_ns)} of it)" if self.walk_ns else ""
+        return f"{self.placement.function}+{self.placement.offset} ({how}{ret}) {rate} x {fmt_ns(self.ns)}{walk}"
 
 
 @dataclass
@@ -104,8 +110,12 @@ class Price:
         return [s.placement.function for s in self.sites if s.per_s is None]
 
 
-def price(placements: list[Placement], rates: dict[str, float], costs: Costs) -> Price:
-    return Price([SitePrice(p, rates.get(p.function), site_ns(p, costs)) for p in placements])
+def price(placements: list[Placement], rates: dict[str, float], costs: Costs, walk_ns: float = 0.0) -> Price:
+    sites = []
+    for p in placements:
+        walks = walk_ns if BPF_FUNCTION[p.function] not in NOT_WALKING else 0.0
+        sites.append(SitePrice(p, rates.get(p.function), site_ns(p, costs, walk_ns), walks))
+    return Price(sites)
 
 
 class LiveCost:

@@ -18,6 +18,7 @@ STAT_NAMES = (
     "stacks_dropped",
     "sampled_out",
     "nested",
+    "python_stacks_dropped",
 )
 MAX_ALLOCS = 262144
 MAX_STACKS = 4096  # the stack map is preallocated: about 1 KiB a slot
@@ -42,6 +43,7 @@ def build_options(
         "MAX_ALLOCS": MAX_ALLOCS,
         "MAX_STACKS": MAX_STACKS,
         "PAGE_BYTES": os.sysconf("SC_PAGE_SIZE"),
+        "PY_FRAMES": int(not kernel_mode),  # walked for the pids registered in py_procs only
     }
     if max_size is not None:
         defines["MAX_SIZE"] = f"{max_size}ULL"

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from memdiag.system.target import Target
 
 from ..allocator import ALLOCATING, Allocator, find_allocator
+from ..cpython.price import walk_ns
 from ..face import Budget, Context, Plan, Spent
 from .costs import Costs, host_costs
 from .meter import Price, detach_seconds, price, trap_ns
@@ -92,11 +93,11 @@ def plan(target: Target, ctx: Context) -> MemleakPlan:
         rates = estimate_call_rates(target.pid, trap_ns=traps, alloc=alloc, functions=ALLOCATING)
     if costs is None or alloc is None or rates is None:
         return decision("unknown", NOT_PRICED, allocator=allocator)
-    pricing = _Pricing(budget, Schedule(ctx.seconds), costs, allocator)
+    pricing = _Pricing(budget, Schedule(ctx.seconds), costs, allocator, walk_ns=walk_ns(target.pid, costs))
     pricing.spend(rates)
     first_step = [p for p in alloc.placements if p.function in ALLOCATING]
     prefix = " and ".join(r.function for r in rates.counts) + " alone: "
-    first = pricing.decide(price(first_step, rates.per_s(), costs), rates, prefix)
+    first = pricing.decide(price(first_step, rates.per_s(), costs, pricing.walk_ns), rates, prefix)
     if first.state != "full":
         return first
     return pricing.every_site(target.pid, alloc, traps, rates)
@@ -114,6 +115,7 @@ class _Pricing:
     count: Spent | None = None  # the counts, merged into one row
     counted: set[str] = field(default_factory=set)  # the entry points counted
     allocating: float = 0.0  # allocating calls per second
+    walk_ns: float = 0.0  # what a CPython target's frame walk adds to one allocation (probes/cpython/price.py)
 
     def spend(self, rates: Rates) -> None:
         """A count's cost to the target, kept for the probe table (one row for every count)."""
@@ -146,7 +148,7 @@ class _Pricing:
         per_s = every.per_s()
         if more is None:  # the second count failed: price each free as an allocation's (they pair up)
             per_s.setdefault("free", self.allocating)
-        return self.decide(price(alloc.placements, per_s, self.costs), every, "", site_rates=per_s)
+        return self.decide(price(alloc.placements, per_s, self.costs, self.walk_ns), every, "", site_rates=per_s)
 
     def _fallback_no_calls(self, names: str, seconds: float, module: str) -> MemleakPlan:
         return decision(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from memdiag.system.units import fmt_bytes, fmt_duration
 from pydantic import BaseModel
 
+from ..cpython.frames import PythonReading, reading_lines
 from ..face import ProbeResult, StackReach, TracingCost
 from ..text import stack_lines
 from .reach import ReachScan
@@ -55,6 +56,7 @@ class MemleakResult(ProbeResult):
     outstanding_allocations: int = 0
     reach_scan: ReachScan | None = None  # None: no scan was asked for
     tracing_cost: TracingCost | None = None  # what tracing cost the target, measured (costs given)
+    python: PythonReading | None = None  # the Python frames walked at each allocation (CPython targets)
 
     def leak_stack(self) -> LeakStack | None:
         """The stack with the most leaked bytes (nothing points at them), if the scan found any."""
@@ -67,6 +69,7 @@ def describe(r: MemleakResult, top: int) -> list[str]:
     went, the stacks with outstanding blocks and what the scan found of them, big allocations."""
     lines = [f"  allocator: {r.allocator}" + (f" ({r.allocator_module})" if r.allocator_module else "")]
     lines += [f"    probe on {p}" for p in r.placements]
+    lines += reading_lines(r.python)
     if r.missing_entry_points:
         lines.append("    not in this process: " + ", ".join(r.missing_entry_points))
     lines += [f"    could not attach: {e}" for e in r.attach_errors]

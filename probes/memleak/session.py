@@ -21,6 +21,7 @@ from memdiag.system.target import Target
 
 from ..allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
 from ..base import Run, disarm, run_probe
+from ..cpython.frames import PythonStacks, mixed
 from ..face import TracingCost
 from ..growth import RawStack, Spaces, symbolize
 from ..stacks import Frame, Symbolizer, folded, recover
@@ -152,6 +153,7 @@ class _Session:
     last_sample: float | None = None
     scanned: dict = field(default_factory=dict)
     placed: list = field(default_factory=list)  # the placements attached, for pricing each program's hits
+    python: PythonStacks = field(default_factory=PythonStacks)
 
     def __post_init__(self) -> None:
         self.last_sample = -self.series_interval
@@ -195,6 +197,7 @@ class _Session:
             return
         info["allocator"], info["module"] = alloc.name, alloc.module
         _set_text_range(bpf, pid, space)
+        self.python.register(bpf, pid, space)
         info["missing"] = sorted(set(info["missing"]) | set(alloc.missing))
         asked = []
         # attached together as the batch ends (uprobe_multi links where the kernel has them)
@@ -241,6 +244,8 @@ class _Session:
         if elapsed - self.last_sample >= self.series_interval:
             self.last_sample = elapsed
             _sample_series(bpf, elapsed, self.series_times, self.series)
+            for pid in self.python.targets:  # threads born in a target with a pid namespace of its own
+                self.python.seed_threads(bpf, pid)
         if self.allowance_ns is not None and self.costs is not None and elapsed > 0.5:
             spent = self._spent_ns(bpf)
             # detaching keeps the hottest probes trapping for about a grace period more, and the next
@@ -273,7 +278,7 @@ class _Session:
             left_ms = max(0.0, self.allowance_ns - spent * (1 + detach_seconds() / max(elapsed, 1e-3))) / 1e6
             allowed = left_ms if allowed is None else min(allowed, left_ms)
         with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
-            found, per_group = scan(target.pid, read, allowed, interrupted)
+            found, per_group = scan(target.pid, read, allowed, interrupted, self.python.namer(target.pid))
         self.scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         self.scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
 
@@ -307,7 +312,7 @@ class _Session:
         now_ns = self.scanned.get("at_ns") or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         oldest, outstanding = self._oldest(bpf)
         kernel_mode, info, scanned = self.kernel_mode, self.info, self.scanned
-        stacks = _stacks(bpf, kernel_mode, self.spaces, self.series, oldest, now_ns, scanned.get("per_key", {}))
+        stacks = _stacks(bpf, self, oldest, now_ns, scanned.get("per_key", {}))
         bigs = [_big(bpf, b, self.spaces, kernel_mode) for b in self.big if b is not None][:200]
         lost = {k: v for k, v in stats.items() if k not in ("allocs", "frees", "sampled_out", "nested")}
         lost["symbol_lookups_failed"] = sum(s.unknown_frames for s in stacks)
@@ -334,6 +339,7 @@ class _Session:
             "outstanding_allocations": outstanding,
             "reach_scan": scanned.get("scan"),
             "tracing_cost": self._cost(bpf) if self.costs else None,
+            "python": self.python.reading() if self.python.targets or self.python.refused else None,
         }
 
 
@@ -411,9 +417,10 @@ def _frame_like(function: str | None) -> Frame:
     return Frame(address=0, function=function)
 
 
-def _raw_stacks(bpf, kernel_mode: bool) -> list[RawStack]:
+def _raw_stacks(bpf, kernel_mode: bool, python: PythonStacks) -> list[RawStack]:
     """Each per-stack entry as a RawStack keyed by its table key: its frame-pointer walk, and in user
-    mode the registers and stack copy the program saved for .eh_frame unwinding."""
+    mode the registers and stack copy the program saved for .eh_frame unwinding, and the Python
+    frames its walk recorded (CPython targets)."""
     stack_table, samples = bpf["stacks"], bpf["samples"]
     raw = []
     for k, _v in bpf["per_stack"].items():
@@ -425,7 +432,10 @@ def _raw_stacks(bpf, kernel_mode: bool) -> list[RawStack]:
                 regs, data = (s.regs.ip, s.regs.sp, s.regs.bp), bytes(bytearray(s.data)[: s.len])
             except KeyError:
                 pass
-        raw.append(RawStack(pid=k.tgid, fp_stack=fp, regs=regs, stack=data, count=0, bytes=0, key=_key_tuple(k)))
+        py = [] if kernel_mode else python.frames(bpf, k, k.tgid)
+        raw.append(
+            RawStack(pid=k.tgid, fp_stack=fp, regs=regs, stack=data, count=0, bytes=0, key=_key_tuple(k), python=py)
+        )
     return raw
 
 
@@ -442,12 +452,16 @@ def _user_frames(raw: list[RawStack], spaces: Spaces):
     for s in symbolize(raw, spaces):
         forwards = [s.symbolizer.forwards(a) for a in s.addresses[:_FORWARD_DEPTH]]
         unknown = sum(1 for f in s.frames if not f.known)
-        yield s.raw, [str(f) for f in s.frames], [f.function for f in s.frames], forwards, s.method, unknown
+        frames, functions = mixed([str(f) for f in s.frames], [f.function for f in s.frames], s.raw.python)
+        yield s.raw, frames, functions, forwards, s.method, unknown
 
 
 def _merge(m: LeakStack, item: LeakStack) -> LeakStack:
-    """Two stack keys that symbolize alike (the same frames of one pid) as one stack."""
+    """Two stack keys that symbolize alike (the same frames of one pid; a CPython target's same
+    Python call path) as one stack, the heavier's frames standing for it."""
     ages = [a for a in (m.oldest_age_s, item.oldest_age_s) if a is not None]
+    if item.outstanding_bytes > m.outstanding_bytes:
+        m = m.model_copy(update={"frames": item.frames, "functions": item.functions, "forwards": item.forwards})
     return m.model_copy(
         update={
             "outstanding_bytes": m.outstanding_bytes + item.outstanding_bytes,
@@ -463,11 +477,10 @@ def _merge(m: LeakStack, item: LeakStack) -> LeakStack:
     )
 
 
-def _stacks(
-    bpf, kernel_mode: bool, spaces: Spaces, series: dict, oldest: dict, now_ns: int, reached: dict
-) -> list[LeakStack]:
+def _stacks(bpf, session: _Session, oldest: dict, now_ns: int, reached: dict) -> list[LeakStack]:
+    kernel_mode, spaces, series, python = session.kernel_mode, session.spaces, session.series, session.python
     values = {_key_tuple(k): v for k, v in bpf["per_stack"].items()}
-    raw = _raw_stacks(bpf, kernel_mode)
+    raw = _raw_stacks(bpf, kernel_mode, python)
     named = _kernel_frames(bpf, raw) if kernel_mode else _user_frames(raw, spaces)
     merged: dict[tuple, LeakStack] = {}
     for r, frames, functions, forwards, method, unknown in named:
@@ -489,7 +502,7 @@ def _stacks(
             series=series.get(key, []),
             reach=reached.get(key),
         )
-        group = (r.pid, tuple(frames))
+        group = (r.pid, python.group(r.pid, frames, by_entry=True))
         merged[group] = _merge(merged[group], item) if group in merged else item
     return sorted(merged.values(), key=lambda s: s.outstanding_bytes, reverse=True)
 

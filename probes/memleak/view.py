@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from memdiag.system.units import fmt_number
 
+from ..cpython.frames import caveats as python_caveats
 from ..face import ProbeStatus, RowContext, Stack, Stacks, TracingCost, TrailItem
 from .result import LeakStack, MemleakResult
 
@@ -86,9 +87,10 @@ def missed(r: MemleakResult) -> list[str]:
 
 def caveats(r: MemleakResult) -> list[str]:
     scan = r.reach_scan
+    python = python_caveats(r.python)
     if scan is None or scan.status != "ran":
-        return []
-    return [
+        return python
+    return python + [
         f"Leaked versus anchored is conservative: the roots were {scan.roots}. Blocks whose only pointer "
         "is held by the kernel or stored encoded would look leaked; frees memleak does not hook (a custom "
         "allocator's own free) make freed blocks look leaked."

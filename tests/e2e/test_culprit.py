@@ -1,7 +1,7 @@
 """The culprit is the first frame worth reading, end to end on real programs: behind a malloc
 wrapper (listed or only forwarding) and behind operator new without frame pointers, the verdict
 and report.json name the wrapper's caller and keep the whole stack, each frame marked; under
-CPython the report says native frames name the interpreter and gives the commands for the pid."""
+CPython the Python frames memdiag read name the culprit by Python function and line."""
 
 import json
 import subprocess
@@ -50,7 +50,7 @@ def test_a_leak_behind_operator_new_without_frame_pointers_is_named_by_its_calle
     assert "append(long)" not in " ".join(c["stack"])  # the held path stays apart
 
 
-def test_a_python_target_is_said_to_be_named_by_the_interpreter(memdiag, root_required, tmp_path):
+def test_a_python_target_is_named_by_its_python_frames(memdiag, root_required, tmp_path):
     proc = subprocess.Popen(["/usr/bin/python3", str(PYLIST), "100"], stdout=subprocess.PIPE)
     try:
         assert proc.stdout.readline().startswith(b"ready")
@@ -60,11 +60,12 @@ def test_a_python_target_is_said_to_be_named_by_the_interpreter(memdiag, root_re
         proc.wait()
     pid = proc.pid
     said = " ".join(f["summary"] for f in rep["findings"])
-    assert f"PID {pid} (python3) runs CPython 3." in said and "native stack frames name the interpreter" in said
+    assert f"PID {pid} (python3) runs CPython 3." in said and "memdiag read its Python frames" in said
+    line = next(i for i, text in enumerate(PYLIST.read_text().splitlines(), 1) if "kept.append(" in text)
+    assert rep["verdict"]["culprit"]["function"] == f"remember (pylist.py:{line})"
     steps = "\n".join(rep["next_steps"])
-    assert f"py-spy dump --pid {pid}" in steps
-    assert f"memray attach --trace-python-allocators -o memray-{pid}.bin {pid}" in steps
-    assert f"PYTHONTRACEMALLOC=25 /usr/bin/python3 {PYLIST} 100" in steps
-    assert not any(s.startswith("read ") for s in rep["next_steps"])  # no native function to read
+    assert "py-spy" not in steps and "memray" not in steps  # memdiag has the Python stack already
     grown = [s for s in rep["stacks"] if s["probe"] == "memleak" and "interpreter" in s["frame_kinds"]]
+    # the native frames still name the interpreter's functions, marked and passed over
     assert grown and any(f.startswith("PyByteArray_") for f in grown[0]["frames"])
+    assert grown[0]["frame_kinds"].index("culprit") > grown[0]["frame_kinds"].index("interpreter")

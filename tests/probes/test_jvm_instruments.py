@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from jvmkit import JAVA_HOME, have_jdk
 from kit import wait_until
-from memdiag.probes.jit import jit_map
+from memdiag.probes.jit import jit_perf_map
 from memdiag.probes.jvm.attach import AttachRefused, describe_target, jcmd, refusal, start_listener
 from memdiag.probes.jvm.jfr import Recording, jfr_tool, print_json
 from memdiag.probes.jvm.recording import held, parse_recording
@@ -181,9 +181,9 @@ def test_jit_frames_are_named_from_the_jvms_perf_map_and_its_file_removed(java):
     w = java("NativeLeak", "2000", jvm=["-Xmx64m"])
     ready_counters(w.pid, collected=False)
     wait_until(lambda: (counters(w.pid).clock_s or 0) > 3, "the JIT to compile the hot loop")
-    found = jit_map(w.pid)
-    assert found is not None and len(found) > 10
-    assert any(name.startswith("NativeLeak.") for name in found.names)
+    found = jit_perf_map(w.pid, ask=True)
+    assert found is not None and len(found.symbols) > 10
+    assert any(s.name.startswith("NativeLeak.recordOrder(") for s in found.symbols)
     assert leftovers(w.pid) == []
 
 

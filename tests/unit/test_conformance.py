@@ -28,6 +28,7 @@ from memdiag.probes.brkstack import BrkResult
 from memdiag.probes.drsnoop import DrsnoopResult, ProcessReclaim
 from memdiag.probes.face import Plan, ProbeResult, StackReach, TracingCost
 from memdiag.probes.faults import FaultsResult
+from memdiag.probes.goheap import GoHeapResult, GoroutineGroup, GoStack
 from memdiag.probes.growth import StackGrowth
 from memdiag.probes.jvm.plan import JfrPlan
 from memdiag.probes.jvm.probe import JfrResult
@@ -36,6 +37,7 @@ from memdiag.probes.memleak import LeakStack, MemleakResult
 from memdiag.probes.memleak.plan import decision
 from memdiag.probes.memleak.reach import ReachScan
 from memdiag.probes.mmapsnoop import MapStack, MmapResult
+from memdiag.probes.nodeheap import NodeHeapResult
 from memdiag.probes.oomkill import OomEvent, OomKillResult
 from memdiag.probes.registry import REGISTRY
 from memdiag.probes.swapin import ProcessSwapins, SwapinResult
@@ -129,6 +131,25 @@ JFR = JfrResult(
 )
 REFUSED = "the JVM runs with -XX:+DisableAttachMechanism: it accepts no attach (its counters are still read)"
 
+GO_FRAMES = ["main.rememberFailure (main.go:21, inlined) [orderd]", "main.main (main.go:63) [orderd]"]
+GOHEAP = GoHeapResult(
+    status="ok", version="go1.19.8", found_by="its symbol table", stripped=False, profile="on", rate=512 << 10,
+    times=[0, 3, 6, 9, 12], cycles=[10, 11, 12, 13, 14], heap_inuse=[i * 8 * MiB + 20 * MiB for i in range(5)],
+    stacks=[GoStack(frames=GO_FRAMES, functions=["main.rememberFailure", "main.main"],
+                    inuse_bytes=[i * 8 * MiB + 12 * MiB for i in range(5)], inuse_objects=2816,
+                    alloc_bytes=44 * MiB)],
+    read_times=[0, 3, 6, 9, 12], goroutines=[3, 40, 80, 120, 160], goroutines_total=[10, 47, 87, 127, 167],
+    groups=[GoroutineGroup(function="main.serve.func1", created_by="main.serve (main.go:27)", wait="chan receive",
+                           waiting_in="main.awaitReply (main.go:20)", counts=[0, 37, 77, 117, 157])],
+    read_bytes=9 * MiB, read_seconds=0.006, module="orderd", duration_s=12.0,
+)  # fmt: skip
+UNSUPPORTED_GO = "unsupported Go version go1.22.3 (memdiag reads the runtime of go1.19)"
+NODEHEAP = NodeHeapResult(
+    status="ok", version="20.20.2", times=[0, 2, 4, 6], v8_mapped=[6 * MiB] * 4, v8_resident=[4 * MiB] * 4,
+    native_resident=[30 * MiB, 34 * MiB, 38 * MiB, 42 * MiB], jit_resident=[256 << 10] * 4,
+    perf_map="/tmp/perf-500.map", perf_map_bytes=120_000, read_seconds=0.02, duration_s=6.0,
+)  # fmt: skip
+
 # (result, plan) examples of every probe: together they yield every fact the probe declares.
 EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
     "faults": [(FaultsResult(name="faults", status="ok", stacks=[StackGrowth(**_growth(989, 989 * 4096))],
@@ -146,6 +167,8 @@ EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
                              processes=[ProcessSwapins(pid=PID, comm="orderd", swapins=640)]), None)],
     "vmscan": [(VmscanResult(name="vmscan", status="ok", kswapd_wakeups=3, reclaim=[
         ReclaimLatency(kind="direct", events=5, total_ms=12.5, pages_reclaimed=900, histogram_us={"8-15": 5})]), None)],
+    "goheap": [(GOHEAP, None), (GoHeapResult(status="unavailable", reason=UNSUPPORTED_GO), None)],
+    "nodeheap": [(NODEHEAP, None)],
     "jfr": [
         (JFR, JfrPlan(go=True, state="full", reason="priced", facts={"jfr.plan": "full"})),
         (JfrResult(name="jfr", status="unavailable", reason=REFUSED),

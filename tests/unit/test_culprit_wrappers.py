@@ -58,6 +58,55 @@ def test_interpreter_frames_are_named_and_marked():
     assert n.kinds == ["allocator", "wrapper", "interpreter", "caller"]
 
 
+PY = "[python3.11]"
+
+
+def test_with_the_python_frames_the_interpreter_is_passed_over_and_the_python_line_named():
+    n = _name(
+        [
+            f"malloc+0x0 {LIBC}",
+            f"_PyObject_Malloc+0x10 {PY}",
+            f"PyByteArray_FromStringAndSize+0x99 {PY}",
+            "handle_order (/srv/app/orders.py:42) [python]",
+            "main (/srv/app/orders.py:60) [python]",
+        ]
+    )
+    assert n.function == "handle_order (orders.py:42)" and not n.interpreter
+    assert n.kinds == ["allocator", "wrapper", "interpreter", "culprit", "caller"]
+    assert split_frame("handle_order (/srv/app/orders.py:42) [python]") == ("handle_order (orders.py:42)", "python")
+    assert split_frame("[unknown] [python]") == (None, "python")
+    # the standard library and frames whose code could not be read are passed over
+    n = _name(
+        [
+            f"malloc+0x0 {LIBC}",
+            f"PyUnicode_New+0x1 {PY}",
+            "JSONEncoder.encode (/usr/lib/python3.11/json/encoder.py:200) [python stdlib]",
+            "[unknown] [python]",
+            "Report.write (/srv/app/report.py:3) [python]",
+        ]
+    )
+    assert n.function == "Report.write (report.py:3)"
+    assert n.kinds == ["allocator", "interpreter", "runtime", "unknown", "culprit"]
+    # a C name's glob never claims a Python function: xmalloc_buffer() is the program's own
+    assert _name([f"malloc+0x0 {LIBC}", "xmalloc_buffer (/a/b.py:1) [python]"]).function == "xmalloc_buffer (b.py:1)"
+
+
+def test_a_native_culprit_called_through_ctypes_is_named_with_its_python_caller():
+    n = _name(
+        [
+            f"malloc+0x0 {LIBC}",
+            "take_record+0x1a [libdrop.so]",
+            "[unknown] [libffi.so.8.1.2]",
+            "_ctypes_callproc+0x2a4 [_ctypes.cpython-311-x86_64-linux-gnu.so]",
+            f"_PyObject_MakeTpCall+0x87 {PY}",
+            "process_batch (/srv/job/batch.py:21) [python]",
+        ]
+    )
+    assert n.function == "take_record" and n.python_caller == "process_batch (batch.py:21)"
+    assert n.label == "take_record, called from Python process_batch (batch.py:21)"
+    assert n.kinds[:2] == ["allocator", "culprit"]
+
+
 def test_a_guessed_wrapper_is_passed_over_only_right_above_the_allocator():
     frames = [f"malloc+0x0 {LIBC}", "ticket_alloc+0x9 [app]", "take_ticket+0x16 [app]", "main+0x86 [app]"]
     n = _name(frames, [False, True, False, True])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from memdiag.probes.jit import parse_perf_map
+from memdiag.probes.jit import short_name
 from memdiag.probes.jvm.attach import parse_reply, request
 from memdiag.probes.jvm.recording import (
     after_gc,
@@ -18,6 +18,7 @@ from memdiag.probes.jvm.recording import (
     parse_recording,
     parse_time,
 )
+from memdiag.system.perfmap import PerfMap, parse_perf_map
 
 T0 = "2026-12-01T21:53:58.000000000Z"
 
@@ -183,16 +184,15 @@ def test_attach_request_and_reply_bytes():
         request("x" * 2000)
 
 
-def test_perf_maps_of_hotspot_and_of_other_jits():
+def test_hotspots_perf_map_names_are_read_as_java_stacks_print_methods():
+    """HotSpot's Compiler.perfmap lines (`0xSTART 0xSIZE <return type> <method>(<parameters>)`)
+    through the perf map reader (system/perfmap.py), the return type dropped."""
     text = (
         "0x00007fc75cec7620 0x0000000000000208 boolean java.util.ArrayList.add(java.lang.Object)\n"
         "0x00007fc75cec7b20 0x0000000000000238 void HeapThrash.churn(int)\n"
-        "7f0000001000 40 LazyCompile:*handler /srv/app.js:10\n"
-        "not a line\n"
     )
-    m = parse_perf_map(text)
-    assert len(m) == 3
-    assert m.lookup(0x7FC75CEC7620 + 0x10) == ("java.util.ArrayList.add(java.lang.Object)", 0x10)
-    assert m.lookup(0x7FC75CEC7B20) == ("HeapThrash.churn(int)", 0)
-    assert m.lookup(0x7F0000001000 + 0x3F) == ("LazyCompile:*handler /srv/app.js:10", 0x3F)
-    assert m.lookup(0x7F0000001000 + 0x40) is None
+    pm = PerfMap("perf-1.map", parse_perf_map(text), len(text), False)
+    hit = pm.lookup(0x7FC75CEC7620 + 0x10)
+    assert hit is not None and short_name(hit.name) == "java.util.ArrayList.add(java.lang.Object)"
+    assert short_name(pm.lookup(0x7FC75CEC7B20).name) == "HeapThrash.churn(int)"
+    assert short_name("Interpreter") == "Interpreter" and short_name("StubRoutines (1)") == "StubRoutines (1)"

@@ -46,7 +46,7 @@ def observation(samples: list[JvmSample]) -> Observation:
         for t, j in enumerate(samples)
     ]  # fmt: skip
     return Observation(target=Target.for_pid(7, "java"), requested_s=30, started=1.8e9, ended=1.8e9 + len(snaps),
-                       snapshots=snaps, jvm=True)  # fmt: skip
+                       snapshots=snaps)  # fmt: skip
 
 
 def leaking() -> Observation:

@@ -71,9 +71,12 @@ def test_the_readers_agree_with_the_registry_as_shipped():
     from memdiag.rules.model import ProbeRequest
 
     names = REGISTRY.names
-    assert names == ("faults", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop")
+    assert names == (
+        "faults", "goheap", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop", "nodeheap",
+    )  # fmt: skip
     assert ProbeRequest.model_fields["name"].annotation.__args__ == names
-    assert [p for p, _ in programs("system")] == ["ratecount", *names]
+    readers = {"goheap", "nodeheap"}  # no BPF program: nothing compiled for them
+    assert [p for p, _ in programs("system")] == ["ratecount", *(n for n in names if n not in readers)]
     rows = REGISTRY.figure_rows()
     assert rows["reclaim.stall_time"] == "drsnoop" and rows["reach.leaked_count"] == "reach"
     assert "alloc.tracing" not in rows  # memleak's budget decision: a fact, no figure of the table

@@ -322,3 +322,15 @@ def test_the_overhead_line_names_host_wide_probes_only_when_they_ran():
     ), alone
     both = _overhead_lines(o, [faults, brk])[-1]
     assert "faults, brkstack: " in both and "(every syscall on the host for brkstack, which filter" in both, both
+
+
+def test_the_targets_runtime_is_a_line_of_its_own_when_recognised():
+    base = fixture_report()
+    detail = "Go 1.19.8 (/usr/bin/orderd; module example.com/orderd)"
+    go = base.model_copy(update={"target": base.target.model_copy(update={"runtime": "go", "runtime_detail": detail})})
+    lines = render_markdown(go).splitlines()
+    at = lines.index(f"- Runtime: {detail}")
+    assert lines[at - 1].startswith("- Target: PID 123 (orderd)")
+    assert Report.model_validate_json(render_json(go)).target.runtime_detail == detail
+    native = base.model_copy(update={"target": base.target.model_copy(update={"runtime": "none"})})
+    assert not any(x.startswith("- Runtime:") for x in render_markdown(native).splitlines())

@@ -177,6 +177,7 @@ SCANNED = {
     "memleak.top_entry": "malloc",
     "memleak.top_rate": 1000.0,
     "memleak.top_outstanding": 4 * MiB,
+    "memory.shape_while_traced": "climbing",
 }
 
 
@@ -217,6 +218,11 @@ def test_playbook_held_growth_and_held_cache_are_not_leaks():
     rule, _, _ = _winner({**held, "process.rss_shape": "flat", "memleak.top_trend": "climbing"})
     assert rule == "cache-held"  # tracked blocks replace older ones: RSS does not move
     rule, _, _ = _winner({**held, "process.rss_shape": "climbing", "memleak.top_trend": "levelled"})
+    assert rule == "cache-held"
+    # a cache full before the trace: the window's memory levelled, flat while traced, the traced
+    # blocks (new entries) climbing as they replace untraced ones
+    traced_flat = {**held, "process.rss_shape": "levelled", "memory.shape_while_traced": "flat"}
+    rule, _, _ = _winner({**traced_flat, "memleak.top_trend": "climbing"})
     assert rule == "cache-held"
 
 

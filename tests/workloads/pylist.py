@@ -1,6 +1,7 @@
 """A Python program whose memory grows into a list: remember() keeps a 2 KiB bytearray per
 request in a module-level list, about 200 KiB/s. Native stacks of its allocations name CPython's
-functions (PyByteArray_*), never remember(). usage: python3 pylist.py [per_second=100]"""
+functions (PyByteArray_*), never remember(): only its Python frames do. usage: python3 pylist.py
+[per_second=100]"""
 
 import os
 import sys

@@ -38,7 +38,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from ...face import StackReach
 from ...procmaps import AddressSpace, parse_maps
 from ...stacks import Symbolizer
-from .anchors import label
+from .anchors import label, runtime_label
 from .graph import reachability, stack_figures
 from .match import scan_memory
 from .model import ANCHOR_KIND, Blocks, ReachScan, ScanAborted, merged
@@ -54,12 +54,14 @@ def scan(
     read_blocks: Callable[[bool], Blocks],
     allowed_ms: float | None,
     interrupted: Callable[[], bool] = lambda: False,
+    namer: Callable[[int, int, int], str | None] | None = None,
 ) -> tuple[ReachScan, dict[int, StackReach]]:
     """Price, stop, read the blocks, scan, resume, classify. read_blocks(final) returns the
     outstanding blocks: once while the target runs (final False, to price the scan), once with it
     stopped (final True: the probe's books stop there). allowed_ms: the longest pause allowed (None:
     no limit); the scan gives up, resumes the target and concludes nothing when it gets there, or
-    when interrupted() says so (SIGINT, SIGTERM)."""
+    when interrupted() says so (SIGINT, SIGTERM). namer(word address, block start, size): the holder
+    of a block in the runtime's own terms (a CPython global: probes/cpython/holder.py), or None."""
     import numpy  # noqa: F401  (imported before the table read is timed: the import is not part of a pause)
 
     t = time.monotonic()
@@ -103,7 +105,7 @@ def scan(
     if not alive(pid):
         why = "the target exited during the scan: nothing is concluded from it"
         return ReachScan(status="failed", reason=why, paused_ms=box["paused_ms"], **info), {}
-    return _classify(box, info)
+    return _classify(box, info, namer)
 
 
 def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: dict) -> None:
@@ -138,7 +140,7 @@ def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: d
         box["paused_ms"] = (time.monotonic() - t0) * 1000
 
 
-def _classify(box: dict, info: dict) -> tuple[ReachScan, dict[int, StackReach]]:
+def _classify(box: dict, info: dict, namer=None) -> tuple[ReachScan, dict[int, StackReach]]:
     """Leaked or anchored per block, the anchors named, per group; after the target runs again."""
     import numpy as np
 
@@ -149,7 +151,9 @@ def _classify(box: dict, info: dict) -> tuple[ReachScan, dict[int, StackReach]]:
     labels = {}
     for seed in np.unique(seed_of[anchored]).tolist():
         try:
-            labels[seed] = label(seed, found, regions, by_tid, space, symbolizer)
+            labels[seed] = runtime_label(seed, found, blocks, namer) or label(
+                seed, found, regions, by_tid, space, symbolizer
+            )
         except Exception:  # a malformed module must not cost the result: the tier still says what held it
             labels[seed] = (ANCHOR_KIND[int(found.root_tier[seed])], "a root memdiag could not name")
     per_group = stack_figures(blocks, anchored, seed_of, referenced, labels)

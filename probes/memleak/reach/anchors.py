@@ -1,5 +1,6 @@
 """Naming the root that anchors a block: a global by its ELF symbol ("`registry` in registry's .bss"),
-a thread-local variable by its TLS symbol, a thread's stack frame by .eh_frame unwinding, a register."""
+a thread-local variable by its TLS symbol, a thread's stack frame by .eh_frame unwinding, a register;
+or, where the runtime can say (runtime_label), the runtime's own holder: a CPython global."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from ...procmaps import AddressSpace
 from ...stacks import Symbolizer, demangle
 from ...unwind import StackSlice, unwind
 from .match import Found
-from .model import ANCHOR_KIND, TIER_REGISTER, TIER_STACK, TIER_STATIC, TIER_TLS
+from .model import ANCHOR_KIND, TIER_REGISTER, TIER_STACK, TIER_STATIC, TIER_TLS, TIER_UNTRACKED
 from .regions import Region, tls_segment
 from .stop import Thread
 
@@ -52,6 +53,15 @@ def label(
         return kind, (f"{var} in " if var else "") + f"the thread-local storage of thread {r.tid}{main}"
     where = r.mapping.path or f"anonymous memory at {r.mapping.start:#x}"
     return kind, f"memory memdiag did not see allocated ({where})"
+
+
+def runtime_label(block: int, found: Found, blocks, namer) -> tuple[str, str] | None:
+    """The holder of a seed block in the runtime's terms, where a word outside the tracked blocks
+    (untracked heap, a module's data) holds it and the runtime names that word's object."""
+    if namer is None or int(found.root_tier[block]) not in (TIER_UNTRACKED, TIER_STATIC):
+        return None
+    name = namer(int(found.root_addr[block]), int(blocks.starts[block]), int(blocks.sizes[block]))
+    return ("runtime", name) if name else None
 
 
 def _tls_name(space: AddressSpace, t: Thread, addr: int) -> str | None:

@@ -1,0 +1,104 @@
+"""A long window watched in cycles: the workflow's "observe for a business cycle". A window of
+hours is cut into cycles; in each the rules run on the counters so far and the probes they ask
+for run again, within the budget's share of that cycle, so allocation tracing is spread over the
+whole window in short runs rather than spent at its start. What each cycle's probes saw is kept as
+a small record (the target's memory at its end, its heaviest allocation stacks with what nothing
+pointed at), which the report draws as the window's curve; the probes' full results are not kept
+beyond their cycle, except the one each probe's face says speaks most for the window (Face.keep).
+
+From the records come the facts a playbook rule reads across cycles (`window.cycles`,
+`window.cycles_leaking`, ...): a stack whose blocks nothing points at cycle after cycle is a leak
+even when the last cycle was quiet (a leak that grows only at night), a cache fills and levels
+whatever the phase."""
+
+from __future__ import annotations
+
+from memdiag.probes.face import ProbeResult
+from memdiag.probes.registry import REGISTRY
+
+from .culprit import Classes
+from .observe import Observation
+from .report import CycleRecord, CycleStack
+
+LONG_WINDOW_S = 600.0  # a window this long or longer is watched in cycles (unless --cycle says)
+CYCLES = 24  # how many, by default: a day in hours
+MIN_CYCLE_S = 60.0  # the shortest default cycle: a first look, a price and a probe's run fit in it
+STACKS_KEPT = 3  # allocation stacks kept per cycle, heaviest first
+
+
+def cycle_length(duration: float, asked: float | None = None) -> float | None:
+    """The cycle a window is watched in: asked (--cycle), else none below LONG_WINDOW_S, else a
+    CYCLES-th of the window, at least MIN_CYCLE_S."""
+    if asked is not None:
+        return asked if asked < duration else None
+    if duration < LONG_WINDOW_S:
+        return None
+    return max(MIN_CYCLE_S, duration / CYCLES)
+
+
+def record(
+    index: int, start_s: float, end_s: float, obs: Observation, results: dict[str, ProbeResult], classes: Classes
+) -> CycleRecord:
+    """What one cycle saw: the target's memory at its end and its allocation stacks."""
+    stacks: list[CycleStack] = []
+    for face in REGISTRY.stack_faces():
+        r = results.get(face.name)
+        if r is None or face.stacks is None or face.stacks.kind != "allocations" or r.status not in ("ok", "partial"):
+            continue
+        for s in face.stacks.of(r)[:STACKS_KEPT]:
+            named = classes.name(s.frames, s.forwards or None)
+            stacks.append(
+                CycleStack(
+                    probe=face.name,
+                    function=named.label,
+                    bytes=s.bytes,
+                    leaked_bytes=s.reach.leaked_bytes if s.reach is not None else None,
+                    leaked_count=s.reach.leaked_count if s.reach is not None else None,
+                )
+            )
+    return CycleRecord(
+        index=index,
+        start_s=round(start_s, 1),
+        end_s=round(end_s, 1),
+        memory=_memory_at_end(obs),
+        probes=sorted(n for n, r in results.items() if r.status in ("ok", "partial")),
+        stacks=stacks,
+    )
+
+
+def _memory_at_end(obs: Observation) -> int | None:
+    """The target's own memory at the cycle's end: a process's RSS, a cgroup's usage."""
+    if not obs.snapshots:
+        return None
+    last = obs.snapshots[-1]
+    if last.process is not None:
+        return last.process.rss
+    cg = obs.last_cgroup
+    return cg.usage if cg is not None else None
+
+
+def cycle_facts(records: list[CycleRecord]) -> dict:
+    """What the cycles say together, for the playbook (absent in a window without cycles)."""
+    if not records:
+        return {}
+    traced = [r for r in records if r.stacks]
+    leaking: dict[str, int] = {}
+    for r in traced:
+        for fn in {s.function for s in r.stacks if s.leaked_count and s.function}:
+            leaking[fn] = leaking.get(fn, 0) + 1
+    top = max(leaking, key=lambda fn: leaking[fn]) if leaking else None
+    return {
+        "window.cycles": len(records),
+        "window.cycles_traced": len(traced),
+        "window.cycles_leaking": sum(1 for r in traced if any(s.leaked_count for s in r.stacks)),
+        "window.leak_function": top,
+        "window.leak_function_cycles": leaking.get(top, 0) if top else 0,
+    }
+
+
+def kept(old: ProbeResult | None, new: ProbeResult) -> ProbeResult:
+    """Of two cycles' results of one probe, the one its face says speaks for the window."""
+    if old is None:
+        return new
+    keep = REGISTRY.face(new.name).keep
+    return keep(old, new) if keep is not None else new

@@ -1,0 +1,258 @@
+"""A held block named in Python's terms: the reachability scan (probes/reach.py) finds the word
+that points at a growing block; when that word lies in a Python object, or in the item array of a
+module global's list, the holder is the global: "`__main__.failed` (a list)".
+
+The object around a word is found from pymalloc's pool header (objects of 512 bytes or less sit
+in 16 KiB pools of one size class) and checked: its type pointer must point at a type (a type's
+own type is `type`, or a metaclass whose type is). The globals come from sys.modules: every
+module's dict, the items of each global list, tuple, set or dict and those of the containers
+among them (a dict of dicts: a cache's entries), indexed once per scan within a bound of bytes
+read (Memory.max_bytes). A word that is in none of them is not named."""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .code import Codes
+from .layout import (
+    DICT_KEYS_GENERAL,
+    POOL_MAXNEXT,
+    POOL_OVERHEAD,
+    POOL_SIZE,
+    POOL_SZIDX,
+    SMALL_ALIGNMENT,
+    SMALL_MAX,
+    TPFLAGS_DICT_SUBCLASS,
+    TPFLAGS_HAVE_GC,
+    TPFLAGS_LIST_SUBCLASS,
+    TPFLAGS_TUPLE_SUBCLASS,
+)
+from .memory import Memory
+from .target import PythonProcess
+
+MAX_ITEMS = 1 << 20  # items of one container read (8 MiB of pointers)
+MAX_DESCEND = 10_000  # a global container's items looked into for containers of their own
+INDEX_SECONDS = 3.0  # the index of globals stops after this much of memdiag's CPU (the target runs on)
+INDEX_BYTES = 32 << 20  # and after reading this much of the target's memory
+_CONTAINERS = TPFLAGS_LIST_SUBCLASS | TPFLAGS_TUPLE_SUBCLASS | TPFLAGS_DICT_SUBCLASS
+MAX_TP_NAME = 128
+_ARTICLE = {"list": "a list", "tuple": "a tuple", "dict": "a dict", "set": "a set"}
+
+
+@dataclass(frozen=True)
+class _Global:
+    name: str  # module.attribute
+    kind: str  # its type's name
+
+
+class Holders:
+    """Module globals of one CPython process, and the objects and item arrays they hold."""
+
+    def __init__(self, proc: PythonProcess, memory: Memory, seconds: float = INDEX_SECONDS):
+        self.proc, self.mem, self.lay = proc, memory, proc.layout
+        self.codes = Codes(proc, memory)
+        self.seconds = seconds  # the index stops there (partial: a holder may be missed, never invented)
+        self.partial = False
+        self._types: dict[int, tuple[str, int] | None] = {}
+        self._globals: list[_Global] = []
+        self._by_address: dict[int, int] = {}  # a global's object -> its index in _globals
+        self._held: list[tuple[object, int]] = []  # (addresses of objects a global's containers hold, its index)
+        self._addr = self._who = None  # the held objects' addresses in order, and whose each is
+        self._arrays: list[tuple[int, int, int]] = []  # a global list's or tuple's item array
+        self._indexed = False
+        self._deadline = 0.0
+        self._start_bytes = 0
+
+    # --- naming ---------------------------------------------------------------------------
+    def name(self, word: int, block: int, size: int = 0) -> str | None:
+        """What holds the block at `block` through the pointer at address `word`, or None. A block
+        that holds small objects (a pymalloc arena, whose own pool lists point at it) is held by
+        the global whose container holds most of the objects inside it."""
+        self._index()
+        for lo, hi, g in self._arrays:
+            if lo <= word < hi:
+                return _said(self._globals[g])
+        for address in (self.object_at(word), self.object_start(block)):
+            if address is None:
+                continue
+            g = self._by_address.get(address)
+            g = self._holder_of(address) if g is None else g
+            if g is not None:
+                return _said(self._globals[g])
+        g = self._held_inside(block, block + size) if size else None
+        return _said(self._globals[g]) if g is not None else None
+
+    def _holder_of(self, address: int) -> int | None:
+        i = int(np.searchsorted(self._addr, address))
+        return int(self._who[i]) if i < len(self._addr) and int(self._addr[i]) == address else None
+
+    def _held_inside(self, lo: int, hi: int) -> int | None:
+        """The global holding the most of the objects that lie in [lo, hi)."""
+        first, last = np.searchsorted(self._addr, [lo, hi])
+        if first == last:
+            return None
+        return int(np.bincount(self._who[first:last]).argmax())
+
+    def object_at(self, address: int) -> int | None:
+        """The small object (pymalloc block) whose memory holds address, checked by its type."""
+        pool = address & ~(POOL_SIZE - 1)
+        head = self.mem.read(pool, POOL_OVERHEAD)
+        if head is None:
+            return None
+        szidx, maxnext = struct.unpack_from("<I", head, POOL_SZIDX)[0], struct.unpack_from("<I", head, POOL_MAXNEXT)[0]
+        size = (szidx + 1) * SMALL_ALIGNMENT
+        if size > SMALL_MAX or maxnext != POOL_SIZE - size or address < pool + POOL_OVERHEAD:
+            return None  # not a pool in use
+        block = pool + POOL_OVERHEAD + (address - pool - POOL_OVERHEAD) // size * size
+        return self.object_start(block)
+
+    def object_start(self, block: int) -> int | None:
+        """The object in a block: at its start, or after the PyGC_Head of a GC-tracked type."""
+        for address, gc in ((block, False), (block + self.lay.gc_head, True)):
+            t = self.type_of(address)
+            if t is not None and bool(t[1] & TPFLAGS_HAVE_GC) == gc:
+                return address
+        return None
+
+    def type_of(self, obj: int) -> tuple[str, int] | None:
+        """(tp_name, tp_flags) of the object at obj, if its type pointer points at a type."""
+        tp = self.mem.u64(obj + self.lay.ob_type)
+        if not tp:
+            return None
+        if tp not in self._types:
+            self._types[tp] = self._type(tp)
+        return self._types[tp]
+
+    def _type(self, tp: int) -> tuple[str, int] | None:
+        meta = self.mem.u64(tp + self.lay.ob_type)
+        type_type = self.proc.types.get("PyType_Type")
+        if not meta or (meta != type_type and self.mem.u64(meta + self.lay.ob_type) != type_type):
+            return None
+        flags = self.mem.u64(tp + self.lay.tp_flags)
+        name_at = self.mem.u64(tp + self.lay.tp_name)
+        raw = self.mem.read(name_at, MAX_TP_NAME) if name_at else None
+        if flags is None or raw is None:
+            return None
+        return raw.split(b"\0", 1)[0].decode(errors="replace"), flags
+
+    # --- the globals ------------------------------------------------------------------------
+    def _index(self) -> None:
+        if self._indexed:
+            return
+        self._indexed = True
+        lay, mem = self.lay, self.mem
+        self._deadline = time.thread_time() + self.seconds  # memdiag's own CPU: others' load does not count
+        self._start_bytes = self.mem.bytes
+        interp = mem.u64(self.proc.interpreters_head)
+        modules = mem.u64(interp + lay.interp_modules) if interp else None
+        for key, module in self.dict_items(modules or 0):
+            modname = self.codes.string(key)
+            if modname is None or mem.u64(module + lay.ob_type) != self.proc.types.get("PyModule_Type"):
+                continue
+            for k, value in self.dict_items(mem.u64(module + lay.module_dict) or 0):
+                if self._late():
+                    break
+                attr = self.codes.string(k)
+                if attr is None or (attr.startswith("__") and attr.endswith("__")):
+                    continue  # __builtins__, __loader__, ...: the interpreter's, not the program's
+                self._add(f"{modname}.{attr}", value)
+        # then the containers inside global containers, once every global's own items are in
+        for items, g in list(self._held):
+            if len(items) <= MAX_DESCEND and not self._late():
+                self._descend(items, g)
+        held = [a for a, _ in self._held] or [np.zeros(0, dtype=np.uint64)]
+        who = [np.full(len(a), g, dtype=np.int64) for a, g in self._held] or [np.zeros(0, dtype=np.int64)]
+        addr, owner = np.concatenate(held), np.concatenate(who)
+        order = np.argsort(addr, kind="stable")
+        self._addr, self._who = addr[order], owner[order]
+
+    def _add(self, name: str, value: int) -> None:
+        t = self.type_of(value)
+        if t is None:
+            return
+        g = len(self._globals)
+        self._globals.append(_Global(name, t[0]))
+        self._by_address.setdefault(value, g)
+        self._held.append((self.items(value, t, g), g))
+
+    def _descend(self, items, g: int) -> None:
+        """The items of the containers among a global container's items (a dict of dicts: a
+        cache's entries), held by the same global."""
+        for item in items.tolist():
+            if self._late():
+                return
+            inner = self.type_of(item)
+            if inner is not None and inner[1] & _CONTAINERS:
+                self._held.append((self.items(item, inner, g), g))
+
+    def _late(self) -> bool:
+        """Past the index's time or bytes (what is left of the memory bound names the blocks)."""
+        if time.thread_time() > self._deadline or self.mem.bytes - self._start_bytes > INDEX_BYTES:
+            self.partial = True
+        return self.partial
+
+    def items(self, obj: int, t: tuple[str, int], g: int):
+        """The objects (addresses, numpy) a list, tuple, dict (values) or set holds; a list's or
+        tuple's item array is kept as a range, so a word inside it names the container."""
+        lay, mem, types = self.lay, self.mem, self.proc.types
+        flags, none = t[1], np.zeros(0, dtype=np.uint64)
+        if flags & (TPFLAGS_LIST_SUBCLASS | TPFLAGS_TUPLE_SUBCLASS):
+            n = mem.i64(obj + lay.ob_size) or 0
+            # a list's items are an array of their own; a tuple's follow its header
+            array = (mem.u64(obj + lay.list_items) or 0) if flags & TPFLAGS_LIST_SUBCLASS else obj + lay.tuple_items
+            if not 0 < n <= MAX_ITEMS or not array:
+                return none
+            self._arrays.append((array, array + 8 * n, g))
+            words = self._words(array, n)
+            return words[words != 0]
+        if flags & TPFLAGS_DICT_SUBCLASS:
+            pairs = self._dict_words(obj)
+            return pairs[pairs[:, 0] != 0, 1] if len(pairs) else none
+        if mem.u64(obj + lay.ob_type) == types.get("PySet_Type"):
+            mask = mem.i64(obj + lay.set_mask) or 0
+            table = mem.u64(obj + lay.set_table) or 0
+            if not 0 <= mask < MAX_ITEMS or not table:
+                return none
+            keys = self._words(table, 2 * (mask + 1))[0::2]
+            return keys[keys != 0]
+        return none
+
+    def _words(self, address: int, count: int):
+        data = self.mem.read(address, 8 * count)
+        return np.frombuffer(data, dtype="<u8") if data is not None else np.zeros(0, dtype=np.uint64)
+
+    def dict_items(self, d: int) -> list[tuple[int, int]]:
+        """(key, value) pairs of a dict with a combined table (module dicts are; a split table,
+        an instance's, yields nothing)."""
+        pairs = self._dict_words(d)
+        return [(int(k), int(v)) for k, v in pairs.tolist() if k and v]
+
+    def _dict_words(self, d: int):
+        """The (key, value) words of a combined-table dict's entries, as an (n, 2) array."""
+        lay, mem = self.lay, self.mem
+        empty = np.zeros((0, 2), dtype=np.uint64)
+        if not d:
+            return empty
+        keys, values = mem.u64(d + lay.dict_keys), mem.u64(d + lay.dict_values)
+        head = mem.read(keys, lay.keys_indices) if keys and not values else None
+        if head is None:
+            return empty
+        index_bytes, kind = 1 << head[lay.keys_log2_index_bytes], head[lay.keys_kind]
+        n = struct.unpack_from("<q", head, lay.keys_nentries)[0]
+        width = 3 if kind == DICT_KEYS_GENERAL else 2  # words per entry: (hash,) key, value
+        if not 0 < n <= MAX_ITEMS or index_bytes > 8 * MAX_ITEMS:
+            return empty
+        words = self._words(keys + lay.keys_indices + index_bytes, n * width)
+        if len(words) != n * width:
+            return empty
+        entries = words.reshape(n, width)[:, width - 2 :]
+        return entries[entries[:, 1] != 0]
+
+
+def _said(g: _Global) -> str:
+    article = _ARTICLE.get(g.kind) or ("an " if g.kind[:1].lower() in "aeiou" else "a ") + g.kind
+    return f"`{g.name}` ({article})"

@@ -1,0 +1,71 @@
+"""A Node.js process's memory split as V8 lays it out, from /proc/PID/smaps alone (no inspector, no
+signal, nothing asked of the process): V8's heap against what lives outside it.
+
+V8 maps its heap in pages of its own (256 KiB, large objects alone) at addresses it chooses at
+random below 64 TiB (v8::base::OS::GetRandomMmapAddr on x86-64 masks its hints to 0x3fffffff000),
+where nothing else in the process asks to be: glibc's heap and arenas, large malloc blocks, thread
+stacks and libraries sit where the kernel places mappings without a hint, near the top of the
+address space, or at the executable's break (`[heap]`). So:
+
+- v8: anonymous mappings below 64 TiB. Their mapped size is the heap V8 committed (what
+  process.memoryUsage().heapTotal says, within a few percent); their resident size what it touched.
+- native: `[heap]` and anonymous read-write mappings elsewhere: malloc'd memory, among it the
+  contents of array buffers and Buffers (V8's external memory, malloc'd by Node's array-buffer
+  allocator), Node's and addons' C++ objects, thread stacks.
+- jit: anonymous executable mappings elsewhere (V8's code range).
+Files mapped (the binary, libraries) are not counted."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from ._parse import Fact, read_text
+
+V8_ADDRESS_LIMIT = 0x3FFFFFFFF000 + 0x1000  # V8's random mmap hints stay below this on x86-64
+_HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \d+\s*(.*)$")
+
+
+class V8Memory(Fact):
+    v8_mapped: int  # bytes V8 mapped read-write for its heap (committed)
+    v8_resident: int  # of it resident
+    native_resident: int  # [heap] and other anonymous read-write memory, resident
+    jit_resident: int  # V8's generated code, resident
+    v8_mappings: int  # how many mappings the heap is in
+
+
+def parse_smaps(text: str) -> V8Memory:
+    mapped = resident = native = jit = count = 0
+    start = 0
+    perms = path = ""
+    sizes: list[tuple[int, int, str, str, int]] = []
+    for line in text.splitlines():
+        m = _HEADER.match(line)
+        if m:
+            start, end, perms, path = int(m[1], 16), int(m[2], 16), m[3], m[4].strip()
+            sizes.append((start, end - start, perms, path, 0))
+            continue
+        if line.startswith("Rss:") and sizes:
+            s = sizes[-1]
+            sizes[-1] = (s[0], s[1], s[2], s[3], int(line.split()[1]) * 1024)
+    for start, size, perms, named, rss in sizes:
+        path = "" if named.startswith("[anon:") else named  # a named anonymous mapping is still anonymous
+        if path and path != "[heap]":
+            continue  # files, [stack], [vdso]...: not the heap's or malloc's
+        if path == "[heap]":
+            native += rss
+        elif start < V8_ADDRESS_LIMIT:
+            count += 1
+            resident += rss
+            mapped += size if "w" in perms else 0
+        elif "x" in perms:
+            jit += rss
+        elif "w" in perms:
+            native += rss
+    return V8Memory(v8_mapped=mapped, v8_resident=resident, native_resident=native, jit_resident=jit, v8_mappings=count)
+
+
+def read_v8_memory(pid: int, proc_root: Path = Path("/proc")) -> V8Memory | None:
+    """The split of a Node process's memory now, or None (gone, or smaps unreadable)."""
+    text = read_text(proc_root / str(pid) / "smaps")
+    return parse_smaps(text) if text is not None else None

@@ -1,0 +1,154 @@
+"""The CPython reader on the real interpreter (Debian's /usr/bin/python3.11, always installed): the
+location-table decoder agrees with CPython's own co_lines() on the standard library's code, a
+running child is located with its exact version and layout, its code objects are read back by
+name, file and line and anything else is refused, its holders are named by the global, and a
+layout it cannot know is refused by version. A child of the test is read through /proc/PID/mem
+as the same user: no root needed."""
+
+from __future__ import annotations
+
+import struct
+import subprocess
+import sys
+import time
+import types
+from pathlib import Path
+
+import pytest
+from memdiag.probes.cpython import layout
+from memdiag.probes.cpython.code import Codes, line_at
+from memdiag.probes.cpython.holder import Holders
+from memdiag.probes.cpython.memory import Memory
+from memdiag.probes.cpython.target import locate
+from memdiag.probes.procmaps import AddressSpace
+
+PYTHON = "/usr/bin/python3.11"
+FIELDS = ("pid", "hexversion", "code", "first", "bytearray", "buffer", "bytes", "failed")
+CHILD = """
+import ctypes, os, sys
+failed = []
+by_id = {}
+def handle_order(i):
+    payload = bytearray(16384)
+    failed.append(payload)
+    by_id[i] = b"x" * 20000
+def report():
+    ba = failed[7]
+    buf = ctypes.addressof((ctypes.c_char * len(ba)).from_buffer(ba))
+    code = handle_order.__code__
+    print(os.getpid(), sys.hexversion, id(code), code.co_firstlineno, id(ba), buf, id(by_id[3]), id(failed), flush=True)
+for i in range(40):
+    handle_order(i)
+report()
+sys.stdin.read()
+"""
+
+
+def _code_objects(module: types.ModuleType):
+    todo = [v.__code__ for v in vars(module).values() if isinstance(v, types.FunctionType)]
+    while todo:
+        co = todo.pop()
+        yield co
+        todo += [c for c in co.co_consts if isinstance(c, types.CodeType)]
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="the location table is 3.11's")
+def test_location_table_lines_match_co_lines_on_the_standard_library():
+    import argparse
+    import asyncio.base_events
+    import email.message
+    import json.decoder
+    import typing
+
+    checked = 0
+    for module in (json.decoder, asyncio.base_events, email.message, argparse, typing):
+        for co in _code_objects(module):
+            for start, end, line in co.co_lines():
+                for unit in range(start // 2, end // 2):
+                    assert line_at(co.co_linetable, co.co_firstlineno, unit) == line, (co.co_qualname, unit)
+                    checked += 1
+    assert checked > 10000
+
+
+@pytest.fixture
+def child():
+    proc = subprocess.Popen([PYTHON, "-c", CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        fields = [int(x) for x in proc.stdout.readline().split()]
+        yield proc, dict(zip(FIELDS, fields, strict=True))
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_a_running_interpreter_is_located_with_its_version_and_read_by_its_layout(child):
+    _proc, seen = child
+    pid = seen["pid"]
+    with Memory(pid) as mem:
+        found, why = locate(pid, AddressSpace.of(pid), mem)
+        assert found is not None, why
+        assert found.version == layout.describe_version(seen["hexversion"])
+        assert found.layout.version == (3, 11) and found.layout.source == "table"
+        assert found.module == str(Path(PYTHON).resolve()) and found.stdlib == "/usr/lib/python3.11"
+        codes = Codes(found, mem)
+        code = codes.code(seen["code"])
+        assert code is not None
+        assert (code.qualname, code.filename, code.firstlineno) == ("handle_order", "<string>", seen["first"])
+        # the first instruction of a function is at its def line; a non-code object is no code
+        assert code.line(found.layout.code_adaptive, seen["code"] + found.layout.code_adaptive) == seen["first"]
+        assert codes.code(seen["bytearray"]) is None and codes.code(seen["code"] + 8) is None
+        assert codes.invalid == 2
+        assert mem.reads > 0 and mem.bytes > 0  # what naming cost is counted
+
+
+def test_a_held_block_is_named_by_the_global_that_holds_it(child):
+    _proc, seen = child
+    pid = seen["pid"]
+    with Memory(pid) as mem:
+        found, _why = locate(pid, AddressSpace.of(pid), mem)
+        holders = Holders(found, mem)
+        # the bytearray's buffer is pointed at from the bytearray (a small object in a pool)
+        assert holders.object_at(seen["bytearray"] + 32) == seen["bytearray"]
+        assert holders.name(seen["bytearray"] + 32, seen["buffer"]) == "`__main__.failed` (a list)"
+        # a bytes object is its own block, held by a dict's value
+        assert holders.name(0, seen["bytes"]) == "`__main__.by_id` (a dict)"
+        assert holders.type_of(seen["failed"])[0] == "list"
+        assert holders.name(seen["buffer"] + 64, seen["buffer"] + 64) is None  # inside a buffer: no object
+
+
+def test_an_unknown_version_is_refused_by_name_never_read():
+    offsets = bytearray(layout.DEBUG_OFFSETS_BYTES)
+    offsets[:8] = layout.DEBUG_COOKIE
+    struct.pack_into("<Q", offsets, 8, 0x030E00F0)  # 3.14.0
+    refused = (None, "unsupported version 3.14.0 (its _Py_DebugOffsets is not read)")
+    assert layout.from_debug_offsets(bytes(offsets)) == refused
+    struct.pack_into("<QQ", offsets, 8, 0x030D00F0, 1)  # 3.13.0, free-threaded
+    assert layout.from_debug_offsets(bytes(offsets))[1] == "unsupported build: free-threaded CPython 3.13.0"
+    assert layout.from_debug_offsets(b"\0" * layout.DEBUG_OFFSETS_BYTES)[0] is None
+    struct.pack_into("<QQ", offsets, 8, 0x030D00F0, 0)
+    got, why = layout.from_debug_offsets(bytes(offsets))
+    assert got is not None and got.version == (3, 13) and got.source == "_Py_DebugOffsets" and why == ""
+    assert layout.TABLES[(3, 11)].frame_fields_fit() and layout.TABLES[(3, 12)].frame_fields_fit()
+
+
+def test_the_deepest_python_stack_is_read_to_price_the_walk():
+    from memdiag.probes.cpython.price import deepest_stack
+
+    code = (
+        "import os, sys\n"
+        "def down(n):\n    return sys.stdin.read() if n == 0 else down(n - 1)\n"
+        "print(os.getpid(), flush=True)\ndown(20)\n"
+    )
+    proc = subprocess.Popen([PYTHON, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pid = int(proc.stdout.readline())
+        with Memory(pid) as mem:
+            found, why = locate(pid, AddressSpace.of(pid), mem)
+            assert found is not None, why
+            deadline = time.monotonic() + 10
+            while deepest_stack(found, mem) != 22 and time.monotonic() < deadline:  # <module> + 21 down()
+                time.sleep(0.05)  # until it sits in the innermost call
+            assert deepest_stack(found, mem) == 22
+    finally:
+        proc.kill()
+        proc.wait()

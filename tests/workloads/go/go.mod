@@ -1,0 +1,3 @@
+module memdiag.test/workloads
+
+go 1.19
