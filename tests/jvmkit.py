@@ -66,6 +66,7 @@ class JavaWorkload(Workload):
         self.classes = build_java()
         self.cgroup = cgroup
         self.env = env
+        self.cwd: Path | None = None  # the test's working folder (the JVM writes nothing there)
         self.proc = None
         self.ready = ready
         path = ":".join([str(self.classes), *(classpath or [])])
