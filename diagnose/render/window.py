@@ -1,9 +1,9 @@
 """window.svg: a long window's curve — the target's memory over the whole window (the counters'
-series, as the Trends table has them); per cycle, the bytes each allocation stack's trace in that
-cycle left outstanding at the cycle's end (a dot, filled where nothing pointed at its blocks); and
-for a stack that leaked, its leaked bytes summed cycle after cycle (a solid line: blocks nothing
-points at are never freed), so a leak that grows in some phases and a cache that fills and levels
-are seen apart. Self-contained SVG."""
+series, as the Trends table has them, and a JVM's live set after each collection); per cycle, the
+bytes each allocation stack's trace in that cycle left outstanding at the cycle's end (a dot, filled
+where nothing pointed at its blocks); and for a stack that leaked, its leaked bytes summed cycle
+after cycle (a solid line: blocks nothing points at are never freed), so a leak that grows in some
+phases and a cache that fills and levels are seen apart. Self-contained SVG."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from ..report import Report
 
 WIDTH, HEIGHT, PAD_L, PAD_R, PAD_T, PAD_B = 1000, 360, 70, 200, 30, 40
 SERIES = ("process.rss", "cgroup.usage")  # the target's own memory, as the Trends table names it
+# what a runtime says it holds, drawn beside it: a JVM's live set after each collection
+RUNTIME_SERIES = ("jvm.live_set",)
 MAX_FUNCTIONS = 5  # stacks drawn, the heaviest over the window first
 
 
@@ -36,7 +38,9 @@ def render_window(report: Report) -> str:
         )
     span = max(report.window.ended - report.window.started, report.cycles[-1].end_s, 1.0)
     cumulated = {fn: _cumulated(pts) for fn, pts in stacks.items() if any(leaked for _, _, leaked in pts)}
+    runtime = [(n, report.counters.series[n]) for n in RUNTIME_SERIES if report.counters.series.get(n)]
     values = ([v for _, v in memory[1]] if memory else []) + [b for pts in stacks.values() for _, b, _ in pts]
+    values += [v for _, pts in runtime for _, v in pts]
     values += [b for pts in cumulated.values() for _, b in pts]
     peak = max([*values, 1.0])
     plot_w, plot_h = WIDTH - PAD_L - PAD_R, HEIGHT - PAD_T - PAD_B
@@ -67,6 +71,10 @@ def render_window(report: Report) -> str:
         pts = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in memory[1])
         out.append(f'<polyline fill="none" stroke="#222" stroke-width="1.5" points="{pts}"/>')
         legend.append((memory[0], "#222", False))
+    for name, pts in runtime:
+        line = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in pts)
+        out.append(f'<polyline fill="none" stroke="#06c" stroke-width="1.5" points="{line}"/>')
+        legend.append((name, "#06c", False))
     for fn, pts in stacks.items():
         color = _color(fn)
         out.append(f'<polyline fill="none" stroke="{color}" stroke-dasharray="4 3" points="'
