@@ -13,8 +13,11 @@ whatever the phase."""
 
 from __future__ import annotations
 
+import math
+
 from memdiag.probes.face import ProbeResult
 from memdiag.probes.registry import REGISTRY
+from memdiag.system.signals import interrupted, phase
 
 from .culprit import Classes
 from .observe import Observation
@@ -24,6 +27,31 @@ LONG_WINDOW_S = 600.0  # a window this long or longer is watched in cycles (unle
 CYCLES = 24  # how many, by default: a day in hours
 MIN_CYCLE_S = 60.0  # the shortest default cycle: a first look, a price and a probe's run fit in it
 STACKS_KEPT = 3  # allocation stacks kept per cycle, heaviest first
+
+
+def watch(engine, sampler) -> None:
+    """A long window in cycles (engine: diagnose.engine.Engine): in each, rules and probes as in a
+    short window (each probe at most once a cycle, within the budget's share of the cycle), then a
+    record of what it saw and the window so far told to engine.on_cycle; the next cycle starts
+    where this one ends. At the end, each probe's result is the one its face kept for the window."""
+    index, start = 0, 0.0
+    while sampler.alive() and not interrupted() and start < engine.duration:
+        engine.cycle_end = min(start + engine.cycle_s, engine.duration)
+        engine.decided, engine.results, engine.spent_ns = set(), {}, 0.0
+        engine._rounds(sampler)
+        with phase(f"counters (cycle {index + 1})"):
+            sampler.wait(max(0.0, engine.cycle_end - engine.elapsed()), interrupted)
+        obs = sampler.so_far()
+        engine.records.append(record(index, start, engine.elapsed(), obs, engine.results, engine.classes))
+        for name, r in engine.results.items():
+            engine.kept[name] = kept(engine.kept.get(name), r)
+        index, start = index + 1, engine.cycle_end
+        if engine.on_cycle is not None and sampler.alive() and not interrupted():
+            engine.results = dict(engine.kept)  # the window so far speaks through what each probe kept
+            done = f"cycle {index} of {math.ceil(engine.duration / engine.cycle_s)}"
+            engine.on_cycle(engine._finish(obs, False, interim=done))
+    engine.cycle_end = None
+    engine.results = dict(engine.kept)
 
 
 def cycle_length(duration: float, asked: float | None = None) -> float | None:

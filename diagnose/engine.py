@@ -15,7 +15,6 @@ Engine.run() returns one EngineResult; diagnose/assemble.py makes the Report of 
 from __future__ import annotations
 
 import contextlib
-import math
 import threading
 import time
 from collections.abc import Callable
@@ -92,7 +91,7 @@ class Engine:
         self.spent_ns = 0.0  # the budget's ledger: the target's time plans spent (a rate count)
         self.cpu_start = cpu_seconds(target.pid) if target.kind == "pid" and target.pid is not None else None
         self.given = dict(given or {})
-        self.cycle_s, self.on_cycle = cycle_s, on_cycle
+        self.cycle_s, self.on_cycle = cycle_s, on_cycle  # a long window's cycles (diagnose/cycles.py)
         self.cycle_end: float | None = None  # the current cycle's end, seconds into the window
         self.records: list = []  # diagnose.cycles.CycleRecord, one per cycle watched
         self.kept: dict[str, ProbeResult] = {}  # per probe, the run that speaks for the window so far
@@ -240,7 +239,7 @@ class Engine:
             if self.cycle_s is None:
                 self._rounds(sampler)
             else:
-                self._cycles(sampler)
+                cycles.watch(self, sampler)
         except KeyboardInterrupt:  # a caller that did not catch signals (memdiag's CLI does)
             sampler.stop()
         rules_cut = interrupted()  # the signal came before the rules had asked for everything
@@ -262,29 +261,6 @@ class Engine:
             if not requests:
                 return
             self.run_requests(requests)
-
-    def _cycles(self, sampler: Sampler) -> None:
-        """A long window in cycles: in each, rules and probes as in a short window (each probe at
-        most once a cycle, within the budget's share of the cycle), then a record of what it saw
-        and the window so far told to on_cycle; the next cycle starts where this one ends."""
-        index, start = 0, 0.0
-        while sampler.alive() and not interrupted() and start < self.duration:
-            self.cycle_end = min(start + self.cycle_s, self.duration)  # type: ignore[operator]
-            self.decided, self.results, self.spent_ns = set(), {}, 0.0
-            self._rounds(sampler)
-            with phase(f"counters (cycle {index + 1})"):
-                sampler.wait(max(0.0, self.cycle_end - self.elapsed()), interrupted)
-            obs = sampler.so_far()
-            self.records.append(cycles.record(index, start, self.elapsed(), obs, self.results, self.classes))
-            for name, r in self.results.items():
-                self.kept[name] = cycles.kept(self.kept.get(name), r)
-            index, start = index + 1, self.cycle_end
-            if self.on_cycle is not None and sampler.alive() and not interrupted():
-                self.results = dict(self.kept)  # the window so far speaks through what each probe kept
-                done = f"cycle {index} of {math.ceil(self.duration / self.cycle_s)}"  # type: ignore[operator]
-                self.on_cycle(self._finish(obs, False, interim=done))
-        self.cycle_end = None
-        self.results = dict(self.kept)
 
     def _finish(self, obs: Observation, rules_cut: bool, interim: str | None = None) -> EngineResult:
         """The rules on the whole window and every probe's facts, each in the trail; the verdict.

@@ -1,0 +1,50 @@
+"""A long window's pieces without a target to trace: the sampler's memory bounded on real /proc
+readings (thinned, said), the cycles' length, and what the cycles say together."""
+
+import os
+
+from memdiag.diagnose.cycles import cycle_facts, cycle_length
+from memdiag.diagnose.observe import Sampler
+from memdiag.diagnose.report import CycleRecord, CycleStack
+from memdiag.diagnose.target import pid_target
+
+
+def test_the_sampler_keeps_at_most_its_bound_the_first_sample_kept_and_says_what_it_dropped(monkeypatch):
+    monkeypatch.setattr(Sampler, "MAX_SAMPLES", 40)
+    s = Sampler(pid_target(os.getpid()), duration=1.5, interval=0.01)
+    obs = s.run()
+    kept = len(obs.snapshots)
+    assert kept <= 40 and obs.thinned > 0
+    assert obs.thinned + kept > 60  # it sampled more than it kept: the older half thinned
+    assert obs.snapshots[0].t <= obs.snapshots[1].t and obs.thinned_before_s is not None
+    gaps = [b.t - a.t for a, b in zip(obs.snapshots, obs.snapshots[1:], strict=False)]
+    assert gaps[0] > gaps[-1]  # the older, the coarser; the recent part at the sampling interval
+
+
+def test_a_window_is_cut_in_cycles_only_when_long():
+    assert cycle_length(30) is None and cycle_length(599) is None
+    assert cycle_length(6 * 3600) == 900 and cycle_length(86400) == 3600
+    assert cycle_length(700) == 60  # at least a minute
+    assert cycle_length(90, asked=15) == 15 and cycle_length(90, asked=120) is None
+
+
+def _cycle(i: int, leaked: dict[str, int]) -> CycleRecord:
+    stacks = [CycleStack(probe="memleak", function=f, bytes=n << 10, leaked_count=n or None) for f, n in leaked.items()]
+    return CycleRecord(index=i, start_s=i * 15.0, end_s=(i + 1) * 15.0, memory=1 << 20, stacks=stacks)
+
+
+def test_what_the_cycles_say_together():
+    records = [
+        _cycle(0, {"cache_insert": 0}),
+        _cycle(1, {"night_batch": 300}),
+        CycleRecord(index=2, start_s=30, end_s=45),  # nothing traced in it
+        _cycle(3, {"night_batch": 280, "cache_insert": 0}),
+    ]
+    assert cycle_facts(records) == {
+        "window.cycles": 4,
+        "window.cycles_traced": 3,
+        "window.cycles_leaking": 2,
+        "window.leak_function": "night_batch",
+        "window.leak_function_cycles": 2,
+    }
+    assert cycle_facts([]) == {}
