@@ -26,6 +26,23 @@ def _color(name: str) -> str:
     return f"hsl({h % 360},65%,40%)"
 
 
+class _Scale:
+    """Seconds into the window and bytes, to the plot's pixels."""
+
+    def __init__(self, span: float, peak: float):
+        self.span, self.peak = span, peak
+        self.w, self.h = WIDTH - PAD_L - PAD_R, HEIGHT - PAD_T - PAD_B
+
+    def x(self, t: float) -> float:
+        return PAD_L + self.w * t / self.span
+
+    def y(self, v: float) -> float:
+        return PAD_T + self.h * (1 - v / self.peak)
+
+    def line(self, pts) -> str:
+        return " ".join(f"{self.x(t):.1f},{self.y(v):.1f}" for t, v in pts)
+
+
 def render_window(report: Report) -> str:
     """The chart, or a one-line SVG saying there is none (a window watched in one go)."""
     title = f"memory over the window — {report.target.description}"
@@ -42,53 +59,61 @@ def render_window(report: Report) -> str:
     values = ([v for _, v in memory[1]] if memory else []) + [b for pts in stacks.values() for _, b, _ in pts]
     values += [v for _, pts in runtime for _, v in pts]
     values += [b for pts in cumulated.values() for _, b in pts]
-    peak = max([*values, 1.0])
-    plot_w, plot_h = WIDTH - PAD_L - PAD_R, HEIGHT - PAD_T - PAD_B
+    scale = _Scale(span, max([*values, 1.0]))
+    out = _frame(report, title, scale)
+    legend: list[tuple[str, str, bool]] = []
+    for name, pts in ([memory] if memory is not None else []) + runtime:
+        color = "#222" if name in SERIES else "#06c"
+        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{scale.line(pts)}"/>')
+        legend.append((name, color, False))
+    for fn, pts in stacks.items():
+        out += _stack_marks(fn, pts, cumulated.get(fn), scale)
+        legend.append((fn, _color(fn), True))
+        if fn in cumulated:
+            legend.append((f"{fn}, leaked so far", _color(fn), False))
+    out += _legend(legend)
+    out.append("</svg>\n")
+    return "\n".join(out)
 
-    def x(t: float) -> float:
-        return PAD_L + plot_w * t / span
 
-    def y(v: float) -> float:
-        return PAD_T + plot_h * (1 - v / peak)
-
+def _frame(report: Report, title: str, scale: _Scale) -> list[str]:
+    """The title, the axes with their scale, the cycles' ends as a clock and their boundaries."""
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{HEIGHT}" font-family="sans-serif" '
         'font-size="11">',
         f'<text x="{PAD_L}" y="18" font-size="14">{html.escape(title)}</text>',
-        f'<line x1="{PAD_L}" y1="{PAD_T + plot_h}" x2="{PAD_L + plot_w}" y2="{PAD_T + plot_h}" stroke="#999"/>',
-        f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{PAD_T + plot_h}" stroke="#999"/>',
-        f'<text x="{PAD_L - 4}" y="{PAD_T + 4}" text-anchor="end">{fmt_bytes(peak)}</text>',
-        f'<text x="{PAD_L - 4}" y="{PAD_T + plot_h}" text-anchor="end">0</text>',
+        f'<line x1="{PAD_L}" y1="{PAD_T + scale.h}" x2="{PAD_L + scale.w}" y2="{PAD_T + scale.h}" stroke="#999"/>',
+        f'<line x1="{PAD_L}" y1="{PAD_T}" x2="{PAD_L}" y2="{PAD_T + scale.h}" stroke="#999"/>',
+        f'<text x="{PAD_L - 4}" y="{PAD_T + 4}" text-anchor="end">{fmt_bytes(scale.peak)}</text>',
+        f'<text x="{PAD_L - 4}" y="{PAD_T + scale.h}" text-anchor="end">0</text>',
     ]
     step = max(1, len(report.cycles) // 8)
     for c in report.cycles[::step] + [report.cycles[-1]]:  # the cycles' ends, as a clock from the start
-        out.append(f'<text x="{x(c.end_s):.1f}" y="{HEIGHT - 12}" text-anchor="middle">{_clock(c.end_s)}</text>')
+        out.append(f'<text x="{scale.x(c.end_s):.1f}" y="{HEIGHT - 12}" text-anchor="middle">{_clock(c.end_s)}</text>')
     for c in report.cycles:  # cycle boundaries
-        out.append(f'<line x1="{x(c.start_s):.1f}" y1="{PAD_T}" x2="{x(c.start_s):.1f}" y2="{PAD_T + plot_h}" '
-                   'stroke="#eee"/>')  # fmt: skip
-    legend = []
-    if memory is not None:
-        pts = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in memory[1])
-        out.append(f'<polyline fill="none" stroke="#222" stroke-width="1.5" points="{pts}"/>')
-        legend.append((memory[0], "#222", False))
-    for name, pts in runtime:
-        line = " ".join(f"{x(t):.1f},{y(v):.1f}" for t, v in pts)
-        out.append(f'<polyline fill="none" stroke="#06c" stroke-width="1.5" points="{line}"/>')
-        legend.append((name, "#06c", False))
-    for fn, pts in stacks.items():
-        color = _color(fn)
-        out.append(f'<polyline fill="none" stroke="{color}" stroke-dasharray="4 3" points="'
-                   + " ".join(f"{x(t):.1f},{y(b):.1f}" for t, b, _ in pts) + '"/>')  # fmt: skip
-        for t, b, leaked in pts:
-            fill = color if leaked else "white"
-            tip = f"{fn}: {fmt_bytes(b)} outstanding at {_clock(t)}" + (", leaked" if leaked else "")
-            out.append(f'<circle cx="{x(t):.1f}" cy="{y(b):.1f}" r="4" fill="{fill}" stroke="{color}">'
-                       f"<title>{html.escape(tip)}</title></circle>")  # fmt: skip
-        legend.append((fn, color, True))
-        if fn in cumulated:
-            pts_c = " ".join(f"{x(t):.1f},{y(b):.1f}" for t, b in cumulated[fn])
-            out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts_c}"/>')
-            legend.append((f"{fn}, leaked so far", color, False))
+        out.append(f'<line x1="{scale.x(c.start_s):.1f}" y1="{PAD_T}" x2="{scale.x(c.start_s):.1f}" '
+                   f'y2="{PAD_T + scale.h}" stroke="#eee"/>')  # fmt: skip
+    return out
+
+
+def _stack_marks(fn: str, pts, cumulated, scale: _Scale) -> list[str]:
+    """One stack: its bytes at each cycle's end (dashed, a dot each, filled where leaked), and for a
+    stack that leaked its leaked bytes summed so far (solid)."""
+    color = _color(fn)
+    out = [f'<polyline fill="none" stroke="{color}" stroke-dasharray="4 3" points="'
+           + scale.line((t, b) for t, b, _ in pts) + '"/>']  # fmt: skip
+    for t, b, leaked in pts:
+        fill = color if leaked else "white"
+        tip = f"{fn}: {fmt_bytes(b)} outstanding at {_clock(t)}" + (", leaked" if leaked else "")
+        out.append(f'<circle cx="{scale.x(t):.1f}" cy="{scale.y(b):.1f}" r="4" fill="{fill}" stroke="{color}">'
+                   f"<title>{html.escape(tip)}</title></circle>")  # fmt: skip
+    if cumulated is not None:
+        out.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{scale.line(cumulated)}"/>')
+    return out
+
+
+def _legend(legend: list[tuple[str, str, bool]]) -> list[str]:
+    out = []
     for i, (name, color, dots) in enumerate(legend):
         ly = PAD_T + 14 * i + 6
         out.append(f'<line x1="{WIDTH - PAD_R + 10}" y1="{ly}" x2="{WIDTH - PAD_R + 30}" y2="{ly}" stroke="{color}"'
@@ -97,8 +122,7 @@ def render_window(report: Report) -> str:
     notes = ("dots: outstanding at a cycle's end", "of that cycle's trace; filled: leaked")
     for i, note in enumerate(notes):
         out.append(f'<text x="{WIDTH - PAD_R + 10}" y="{PAD_T + 14 * (len(legend) + i) + 12}">{note}</text>')
-    out.append("</svg>\n")
-    return "\n".join(out)
+    return out
 
 
 def _clock(seconds: float) -> str:

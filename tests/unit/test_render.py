@@ -334,3 +334,36 @@ def test_the_targets_runtime_is_a_line_of_its_own_when_recognised():
     assert Report.model_validate_json(render_json(go)).target.runtime_detail == detail
     native = base.model_copy(update={"target": base.target.model_copy(update={"runtime": "none"})})
     assert not any(x.startswith("- Runtime:") for x in render_markdown(native).splitlines())
+
+
+def cycles_report() -> Report:
+    """The fixture watched as a long window: four cycles, a leaking stack and a cache that fills."""
+    from memdiag.diagnose.report import CycleRecord, CycleStack
+
+    cycles = []
+    for i in range(4):
+        stacks = [CycleStack(probe="memleak", function="failed_batch", bytes=(i + 1) * MiB,
+                             leaked_bytes=(i + 1) * MiB if i % 2 else 0, leaked_count=(i + 1) * 64 if i % 2 else 0),
+                  CycleStack(probe="memleak", function="cache_put", bytes=min(i, 2) * 4 * MiB,
+                             leaked_bytes=0, leaked_count=0)]  # fmt: skip
+        cycles.append(CycleRecord(index=i, start_s=7.5 * i, end_s=7.5 * (i + 1), memory=(100 + 6 * i) * MiB,
+                                  probes=["memleak"], stacks=stacks))  # fmt: skip
+    report = fixture_report()
+    series = {**report.counters.series, "jvm.live_set": [(float(t), 40 * MiB + MiB * t / 3) for t in range(0, 31, 6)]}
+    counters = report.counters.model_copy(update={"series": series})
+    return report.model_copy(update={"cycles": cycles, "counters": counters})
+
+
+def test_window_svg_whole_output():
+    from memdiag.diagnose.render.window import render_window
+
+    svg = render_window(cycles_report())
+    _check("window.svg", svg)
+    # the leaking stack's running total is drawn, the cache's is not (it never leaked)
+    assert "failed_batch, leaked so far" in svg and "cache_put, leaked so far" not in svg
+
+
+def test_window_svg_without_cycles_says_so():
+    from memdiag.diagnose.render.window import render_window
+
+    assert "no cycles recorded" in render_window(fixture_report())
