@@ -18,7 +18,6 @@ import os
 import platform
 import resource
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -31,64 +30,13 @@ from memdiag.system import arch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from bench_common import BCC_ENV, RUNS, MiB, Watch, median_range  # noqa: E402
+from bench_hours import LONG_TITLE, long_section, loop_section  # noqa: E402
 from bench_jvm import jvm_section  # noqa: E402
 from kit import MEMDIAG, BenchAlloc, MemoryCgroup, Workload, build, swapfile  # noqa: E402
 
-RUNS = int(os.environ.get("BENCH_RUNS", "3"))
 RATES = [(10_000, "10 thousand/s"), (100_000, "100 thousand/s"), (0, "unthrottled (over 1 million/s)")]
 LEAK_FN = "leak_bench_records"
-MiB = 1 << 20
-HEADERS = Path("/var/lib/memdiag/kernel-headers") / platform.release()
-BCC_ENV = {**os.environ, **({"BCC_KERNEL_SOURCE": str(HEADERS)} if HEADERS.exists() else {})}
-
-
-def median_range(values: list[float], fmt: str = "{:.2f}") -> str:
-    if not values:
-        return "–"
-    return f"{fmt.format(statistics.median(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
-
-
-class Watch:
-    """Peak RSS (process tree) and CPU time of a tool run."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.proc, self.peak, self.map_bytes = proc, 0, 0
-        self.thread = threading.Thread(target=self._poll, daemon=True)
-        self.thread.start()
-
-    def _poll(self) -> None:
-        try:
-            p = psutil.Process(self.proc.pid)
-        except psutil.Error:
-            return
-        while self.proc.poll() is None:
-            try:
-                rss = p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
-                self.peak = max(self.peak, rss)
-                self.map_bytes = max(self.map_bytes, bpf_map_bytes(p.pid))
-            except psutil.Error:
-                pass
-            time.sleep(0.1)
-
-
-def bpf_map_bytes(pid: int) -> int:
-    """Kernel memory of the BPF maps a process holds: memlock of each map fd (fdinfo)."""
-    total = 0
-    fd_dir = Path(f"/proc/{pid}/fdinfo")
-    try:
-        entries = list(fd_dir.iterdir())
-    except OSError:
-        return 0
-    for entry in entries:
-        try:
-            text = entry.read_text()
-        except OSError:
-            continue
-        if "map_type:" in text:
-            for line in text.splitlines():
-                if line.startswith("memlock:"):
-                    total += int(line.split()[1])
-    return total
 
 
 def run_tool(kind: str, pid: int, seconds: float, env: dict | None = None) -> dict:
@@ -438,141 +386,6 @@ def reach_section() -> list[str]:
         ]
         lines.append(f"| {mib:,} MiB | " + " | ".join(cells) + " |")
     return lines + [""]
-
-
-LOOP_TEST = ROOT / "tests" / "e2e" / "test_alert_loop.py"
-LOOP_STEPS = (
-    ("workload start", "first sample showing growth", "start_to_growth_s"),
-    ("first sample showing growth", "alert firing in Prometheus", "growth_to_firing_s"),
-    ("alert firing in Prometheus", "incident created by memdiag serve", "firing_to_incident_s"),
-    ("incident created", "verdict", "diagnosis_s"),
-    ("first sample showing growth", "incident created", "growth_to_incident_s"),
-    ("**first sample showing growth**", "**verdict**", "growth_to_verdict_s"),
-)
-
-
-def _version(package: str) -> str:
-    done = subprocess.run(["dpkg-query", "-W", "-f=${Version}", package], capture_output=True, text=True)
-    return done.stdout.strip() or "?"
-
-
-def loop_section() -> list[str]:
-    """The alert loop end to end: the CI test itself (tests/e2e/test_alert_loop.py) run RUNS times,
-    each run appending its timings (Prometheus's own sample and evaluation timestamps, the
-    incident's created and updated times) to a file."""
-    from loop import LEAK_KIB_S, SPEED_UP
-
-    measured = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    failed: list[str] = []  # why, per failed run: on a shared machine another job's swapping wins the verdict
-    with tempfile.TemporaryDirectory(prefix="bench-loop-") as tmp:
-        out = Path(tmp) / "timings.jsonl"
-        out.touch()
-        while len(out.read_text().splitlines()) < RUNS and len(failed) < RUNS:
-            done = subprocess.run(
-                [sys.executable, "-m", "pytest", str(LOOP_TEST), "-q", "-p", "no:cacheprovider", "-k", "leak_goes"],
-                env={**os.environ, "MEMDIAG_LOOP_TIMINGS": str(out)},
-                cwd=ROOT,
-                capture_output=True,
-                text=True,
-            )
-            if done.returncode != 0:
-                failed.append(
-                    next((line[1:].strip() for line in done.stdout.splitlines() if line.startswith("E ")), "?")
-                )
-                print(f"bench: alert loop run failed: {failed[-1][:300]}", file=sys.stderr)
-        runs = [json.loads(line) for line in out.read_text().splitlines()]
-    if not runs:
-        raise RuntimeError(f"the alert loop failed {len(failed)} times: {failed}")
-    named = sum("leak_order_history" in r["summary"] for r in runs)
-    lines = [
-        "## 6. The alert loop: from the first sample of growth to the verdict",
-        "",
-        f"Measured {measured} (`./scripts/bench.sh loop`: this section alone). The CI test "
-        "`tests/e2e/test_alert_loop.py`, run as is: `leak` leaking "
-        f"{LEAK_KIB_S // 1024} MiB/s from `leak_order_history()`; Debian's process-exporter "
-        f"{_version('prometheus-process-exporter')} naming it `{{{{.Comm}}}}:{{{{.PID}}}}`; Debian's "
-        f"Prometheus {_version('prometheus')} scraping and evaluating every second the shipped "
-        f"`deploy/prometheus/memdiag-rules.yml` on a clock {SPEED_UP} times faster (every time constant divided by "
-        f"{SPEED_UP}, nothing else: MemoryProcessGrowth's 30 min slope is 10 s, its 15 min hold 5 s, its "
-        "64 MiB-an-hour floor 64 MiB in 20 s); Alertmanager "
-        f"{_version('prometheus-alertmanager')} with the shipped receiver's matchers and grouping, "
-        "group_wait 1 s (shipped: 10 s); `memdiag serve --duration 14`. First sample showing growth: the first "
-        "scrape whose resident bytes exceed the scrape before (Prometheus's timestamp); firing: the first "
-        'evaluation with ALERTS{alertstate="firing"}; incident created and verdict: the incident\'s own times. '
-        f"At the shipped speed the growth-to-firing step takes about {SPEED_UP} times longer (here "
-        f"{statistics.median(r['growth_to_firing_s'] for r in runs) * SPEED_UP / 60:.0f} min) and the rest of the "
-        "loop the same seconds, plus the shipped group_wait's extra 9 s.",
-        "",
-        "| from | to | latency (median, min–max) |",
-        "|---|---|---|",
-    ]
-    for start, end, key in LOOP_STEPS:
-        lines.append(f"| {start} | {end} | {median_range([r[key] for r in runs], '{:.1f}')} s |")
-    lines += [
-        "",
-        f"Verdicts: {', '.join(r['verdict_kind'] for r in runs)}; leaking function named in {named}/{len(runs)}"
-        + (
-            f"; {len(failed)} more run(s) failed and are not counted: " + "; ".join(f[:200] for f in failed)
-            if failed
-            else ""
-        )
-        + ".",
-        "",
-    ]
-    return lines
-
-
-LONG_TITLE = "## 7. A long window: memdiag's memory and the report's size over hours"
-
-
-def long_section() -> list[str]:
-    """memdiag --pid over a long window (BENCH_LONG, default 6h) on dayshift (a cache filled by day,
-    a leak by night, 12 phases): memdiag's peak RSS (tree) and the report folder's size, sampled
-    through the window; the cycles, the samples kept and thinned, the verdict."""
-    from memdiag.diagnose.options import DURATION
-
-    seconds = DURATION(os.environ.get("BENCH_LONG", "6h"))
-    phase = max(10, int(seconds / 12))
-    out = Path(tempfile.mkdtemp(prefix="bench-long-"))
-    w = Workload("dayshift", str(phase), "16", "100").start()
-    sizes: list[int] = []
-    try:
-        started = time.monotonic()
-        proc = subprocess.Popen(
-            [MEMDIAG, "--pid", str(w.pid), "--duration", str(seconds), "--output", str(out), "--quiet"],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            env=BCC_ENV,
-            text=True,
-        )
-        watch = Watch(proc)
-        while proc.poll() is None:
-            sizes.append(sum(f.stat().st_size for f in out.iterdir() if f.is_file()))
-            time.sleep(10)
-        text = proc.stdout.read()  # type: ignore[union-attr]
-        wall = time.monotonic() - started
-    finally:
-        w.stop()
-    rep = json.loads((out / "report.json").read_text())
-    final = sum(f.stat().st_size for f in out.iterdir() if f.is_file())
-    w_ = rep["window"]
-    return [
-        LONG_TITLE,
-        "",
-        f"`memdiag --pid` of `dayshift {phase} 16 100` (a 16 MiB cache filled by day, 100 records/s by night",
-        f"of which 1 in 7 leaks; {phase} s phases) for `--duration {seconds:.0f}` ({seconds / 3600:.1f} h), once: the",
-        "benchmark's other sections do not run it (`./scripts/bench.sh --only long`, `BENCH_LONG=6h`).",
-        "",
-        "| window | cycles | samples kept | samples thinned | memdiag peak RSS (tree) | report folder, final | "
-        "report folder, largest seen | verdict |",
-        "|---|---|---|---|---|---|---|---|",
-        f"| {wall / 3600:.1f} h | {len(rep['cycles'])} | {w_['samples']} | {w_.get('thinned', 0):,} | "
-        f"{watch.peak / MiB:.0f} MiB | {final / 1024:.0f} KiB | {max(sizes or [final]) / 1024:.0f} KiB | "
-        f"{rep['verdict']['kind']} ({rep['verdict']['culprit'].get('function')}) |",
-        "",
-        f"Last line memdiag printed: `{text.strip().splitlines()[0][:160] if text.strip() else ''}`",
-        "",
-    ]
 
 
 def _replace_section(text: str, title: str, body: list[str]) -> str:
