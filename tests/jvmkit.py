@@ -10,6 +10,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -64,6 +65,16 @@ class JavaWorkload(Workload):
         classpath: jars beside the kit's classes (a Debian program's); ready: how its first line of
         output starts once it is ready."""
         self.classes = build_java()
+        self.staged: Path | None = None
+        if user is not None:
+            # another user must reach the classes: the checkout may sit below a folder only root enters
+            # (a clone in a mktemp -d folder, mode 0700, failed this way), so they are copied to a folder
+            # of their own under /tmp, readable by all, removed by stop()
+            self.staged = Path(tempfile.mkdtemp(prefix="memdiag-java-"))
+            self.staged.chmod(0o755)
+            self.classes = Path(shutil.copytree(self.classes, self.staged / "classes"))
+            for d in [self.classes, *self.classes.rglob("*")]:
+                d.chmod(0o755 if d.is_dir() or d.suffix == ".so" else 0o644)
         self.cgroup = cgroup
         self.env = env
         self.cwd: Path | None = None  # the test's working folder (the JVM writes nothing there)
@@ -72,7 +83,6 @@ class JavaWorkload(Workload):
         path = ":".join([str(self.classes), *(classpath or [])])
         self.argv = [str(JAVA), *(jvm or []), f"-Djava.library.path={self.classes}", "-cp", path, main, *args]
         if user is not None:
-            self.classes.chmod(0o755)
             self.argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", *self.argv]
 
     def stop(self) -> None:
@@ -83,6 +93,8 @@ class JavaWorkload(Workload):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 self.proc.wait(10)
         super().stop()
+        if self.staged is not None:
+            shutil.rmtree(self.staged, ignore_errors=True)
 
 
 def jvm_image_programs() -> dict[str, Path]:
