@@ -9,9 +9,11 @@ import contextlib
 import json
 import os
 import select
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -89,16 +91,19 @@ def test_without_a_perf_map_javascript_frames_stay_unnamed(workload):
     assert h.native_resident[-1] - h.native_resident[0] > 2 * (h.v8_mapped[-1] - h.v8_mapped[0]), h
 
 
-def test_a_perf_map_in_a_private_tmp_of_a_pid_namespace(root_required, tmp_path):
+def test_a_perf_map_in_a_private_tmp_of_a_pid_namespace(root_required):
     """The map is read where the process wrote it: its own /tmp (a tmpfs of its mount namespace,
     not the host's), named by its pid in its own pid namespace."""
-    script = SOURCES / "nodeleak.js"
+    # the script and V8's isolate log (written in the working folder) live outside /tmp, which the
+    # tmpfs hides: a checkout under /tmp (a clone in a mktemp -d folder) lost its script this way
+    home = Path(tempfile.mkdtemp(prefix="memdiag-node-", dir="/var/tmp"))
+    script = Path(shutil.copy(SOURCES / "nodeleak.js", home))
     inner = f"mount -t tmpfs none /tmp && exec node --perf-basic-prof {script} 200 3"
     proc = subprocess.Popen(
         ["unshare", "--pid", "--fork", "--mount", "--propagation", "private", "sh", "-c", inner],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
-        cwd=tmp_path,  # V8's isolate log
+        cwd=home,
     )
     node = None
     try:
@@ -119,3 +124,4 @@ def test_a_perf_map_in_a_private_tmp_of_a_pid_namespace(root_required, tmp_path)
                 os.kill(node, signal.SIGKILL)
         proc.kill()
         proc.wait()
+        shutil.rmtree(home, ignore_errors=True)
