@@ -18,7 +18,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from containers import run_container, workload_image  # noqa: E402
+from containers import RUNTIME, run_container, workload_image  # noqa: E402
 from figures import read_report  # noqa: E402
 from kit import MEMDIAG, MemoryCgroup, Workload, swapfile  # noqa: E402
 
@@ -213,8 +213,8 @@ def podman_image():
     """One image of the workload kit per session (tagged for this run), removed at the end."""
     if os.geteuid() != 0:
         pytest.skip("needs root: podman with runc and cgroupfs")
-    if shutil.which("podman") is None or shutil.which("runc") is None:
-        pytest.skip("needs podman and runc (scripts/setup.sh --test installs them)")
+    if shutil.which("podman") is None or shutil.which(RUNTIME) is None:
+        pytest.skip(f"needs podman and {RUNTIME} (scripts/setup.sh --test installs them)")
     with workload_image(*CONTAINER_WORKLOADS) as image:
         yield image
 
