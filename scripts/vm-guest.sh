@@ -18,6 +18,8 @@ mkdir -p /var/lib/memdiag/build
 ln -sfn /var/lib/memdiag/build /root/memdiag/.build # the kit's workloads, built once per source
 cd /root/memdiag || exit 1
 export MEMDIAG_VENV=/var/lib/memdiag/venv PIP_NO_INDEX=1 PIP_FIND_LINKS=/mnt/wheels
+# podman as the distribution runs it on cgroup v2: crun under systemd's cgroup manager (tests/containers.py)
+export MEMDIAG_TEST_OCI_RUNTIME=crun MEMDIAG_TEST_CGROUP_MANAGER=systemd
 
 t0=$(up)
 echo "lane: memdiag's set-up (scripts/setup.sh)"
