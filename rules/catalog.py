@@ -98,6 +98,11 @@ _DEFS = [
         "that did, else the host (its host-wide counters, seen from the target)",
     ),
     (
+        "pressure.cgroup",
+        "string",
+        "the target's cgroup as the pressure it paid in its own memory.pressure is said (cgroup v2; absent on v1)",
+    ),
+    (
         "pressure.target_major_faults",
         "number",
         "major faults the target's processes (its process table) took in the window",

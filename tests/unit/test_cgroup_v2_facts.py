@@ -88,6 +88,7 @@ def test_a_v2_cgroup_that_stalls_is_under_pressure_by_its_own_psi_not_the_hosts(
     assert check_figures(rep) == []
     v = rep["verdict"]
     assert v["kind"] == "pressure", v
+    assert v["summary"].startswith("memory pressure on cgroup /app.slice (v2), its own tasks (memory.pressure): "), v
     assert "tasks of the cgroup stalled on memory 30.0% of the window (its own memory.pressure" in v["summary"], v
     assert "50.0%" not in v["summary"] and "host's PSI" not in v["summary"]
     assert rep["facts"]["cgroup.psi_some"] == 30.0 and rep["facts"]["cgroup.psi_full"] == 7.5
