@@ -12,8 +12,8 @@
 # memdiag's Python dependencies (keyed by pyproject.toml; the guest has no network), and a state disk
 # mounted at the guest's /var/lib/memdiag (its venv, the BPF programs compiled for its kernel, costs.json).
 # Everything else it makes (the qemu process, the copy of the checkout, the run's overlay image) is
-# removed on exit, also on failure or Ctrl-C. Exit status: pytest's in the guest; 1 when the lane could
-# not run (no result), with one line saying why.
+# removed on exit, also on failure or Ctrl-C. Exit status: pytest's in the guest; 1 when the lane ran
+# and gave no result, 77 when qemu cannot run here at all, each with one line saying why.
 #
 # Environment: MEMDIAG_VM_MEM (MiB, default 3072), MEMDIAG_VM_CPUS (default 2), MEMDIAG_VM_TIMEOUT (s, default
 # 3600), MEMDIAG_VM_KEEP=1 keeps the run's folder (console log, results) for a look.
@@ -28,6 +28,8 @@ suite=bookworm
 mirror=http://deb.debian.org/debian
 say() { echo "vm: $*"; }
 fail() { echo "vm: $*" >&2; exit 1; }
+# qemu cannot run at all: one line and exit 77, which scripts/test.sh reads as the lane's skip
+cannot_run() { echo "vm: qemu cannot run here: $*; the second-kernel lane did not run" >&2; exit 77; }
 now() { date +%s.%N; }
 since() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.0f", b - a }'; }
 times=()
@@ -45,12 +47,12 @@ if [ ${#need[@]} -gt 0 ]; then
     say "installing ${need[*]}"
     apt-get update -qq >/dev/null || true
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null ||
-        fail "qemu cannot run here: could not install ${need[*]}; the second-kernel lane did not run"
+        cannot_run "could not install ${need[*]}"
 fi
 # Can qemu start a machine at all (software emulation; KVM guests hang at the firmware here)?
 if ! echo quit | qemu-system-x86_64 -machine none -accel tcg -display none -monitor stdio -serial none \
     -nodefaults -S >/dev/null 2>&1; then
-    fail "qemu cannot run here (qemu-system-x86_64 -accel tcg fails to start); the second-kernel lane did not run"
+    cannot_run "qemu-system-x86_64 -accel tcg fails to start"
 fi
 phase "host tools" "$(since "$t0")"
 
