@@ -67,10 +67,12 @@ tail_pid=""
 cleanup() {
     local rc=$?
     [ -n "$tail_pid" ] && kill "$tail_pid" 2>/dev/null
-    if [ -n "$qemu_pid" ] && kill -0 "$qemu_pid" 2>/dev/null; then
-        kill "$qemu_pid" 2>/dev/null
-        sleep 1
-        kill -9 "$qemu_pid" 2>/dev/null || true
+    # the timeout wrapping qemu, then qemu itself by the pid it wrote
+    [ -n "$qemu_pid" ] && kill "$qemu_pid" 2>/dev/null
+    if [ -s "$run/qemu.pid" ] && kill -0 "$(cat "$run/qemu.pid")" 2>/dev/null; then
+        kill "$(cat "$run/qemu.pid")" 2>/dev/null
+        sleep 2
+        kill -9 "$(cat "$run/qemu.pid")" 2>/dev/null || true
     fi
     # a root build interrupted half-way leaves its chroot's mounts: never remove through them
     for m in $(awk -v r="$run" 'index($2, r) == 1 { print $2 }' /proc/mounts | sort -r); do umount -l "$m" || true; done
@@ -198,7 +200,8 @@ t0=$(now)
 share="$run/share"
 mkdir -p "$share/src" "$share/results"
 # the working tree as it is (tracked and untracked files, not what .gitignore leaves out)
-(cd "$here" && git ls-files -z -co --exclude-standard | tar --null -T - -cf -) | tar -x -C "$share/src"
+(cd "$here" && git ls-files -z -co --exclude-standard | tar --null --ignore-failed-read -T - -cf - 2>/dev/null) |
+    tar -x -C "$share/src"
 # pytest's arguments, one a line: tests/vm unless a path under tests/ is given
 has_path=0
 for a in "$@"; do case "$a" in tests/* | tests) has_path=1 ;; esac; done
@@ -216,6 +219,7 @@ say "booting Debian's kernel $kver (cgroup v2, tcg, ${cpus} vCPU, ${mem} MiB); t
 # thread=single: multi-threaded tcg oopsed the guest kernel; one host core at most
 timeout -k 10 "$limit" qemu-system-x86_64 -accel tcg,thread=single,tb-size=512 -cpu max \
     -machine q35 -smp "$cpus" -m "$mem" -nodefaults -no-reboot -display none -monitor none -nic none \
+    -pidfile "$run/qemu.pid" \
     -serial "file:$run/console.log" \
     -kernel "$cache/vmlinuz-$key" -initrd "$cache/initrd-$key" \
     -append "root=/dev/vda rw console=ttyS0 systemd.unified_cgroup_hierarchy=1 mitigations=off panic=-1 quiet loglevel=4 systemd.show_status=0" \
@@ -224,7 +228,7 @@ timeout -k 10 "$limit" qemu-system-x86_64 -accel tcg,thread=single,tb-size=512 -
     -virtfs "local,path=$share,mount_tag=memdiag,security_model=none,id=memdiag" \
     -virtfs "local,path=$wheels,mount_tag=wheels,security_model=none,readonly=on,id=wheels" &
 qemu_pid=$!
-tail -n +1 -F "$run/console.log" 2>/dev/null | grep --line-buffered -E '^(lane|setup|vm-guest)|^=+ .* =+$|(PASSED|FAILED|ERROR)( |$)|Kernel panic|BUG:|Oops' &
+tail -n +1 -F --pid="$qemu_pid" "$run/console.log" 2>/dev/null | grep --line-buffered -E '^(lane|setup|vm-guest)|^=+ .* =+$|(PASSED|FAILED|ERROR)( |$)|Kernel panic|BUG:|Oops' &
 tail_pid=$!
 set +e
 wait "$qemu_pid"
