@@ -15,7 +15,7 @@
 # removed on exit, also on failure or Ctrl-C. Exit status: pytest's in the guest; 1 when the lane ran
 # and gave no result, 77 when qemu cannot run here at all, each with one line saying why.
 #
-# Environment: MEMDIAG_VM_MEM (MiB, default 3072), MEMDIAG_VM_CPUS (default 2), MEMDIAG_VM_TIMEOUT (s, default
+# Environment: MEMDIAG_VM_FETCH_ONLY=1 fetches what the root and the guest's pip need and stops; MEMDIAG_VM_MEM (MiB, default 3072), MEMDIAG_VM_CPUS (default 2), MEMDIAG_VM_TIMEOUT (s, default
 # 3600), MEMDIAG_VM_KEEP=1 keeps the run's folder (console log, results) for a look.
 set -euo pipefail
 
@@ -87,6 +87,29 @@ trap cleanup EXIT
 trap 'exit 130' INT
 trap 'exit 143' TERM
 
+# --- the wheelhouse (cached): memdiag's Python dependencies for the guest's pip ------------------
+t0=$(now)
+wkey=$(sha256sum "$here/pyproject.toml" | cut -c1-12)
+wheels="$cache/wheels-$wkey"
+if [ ! -d "$wheels" ]; then
+    say "fetching memdiag's Python dependencies for the guest (once per pyproject.toml)"
+    /usr/bin/python3 -m venv "$run/pip"
+    mapfile -t reqs < <(/usr/bin/python3 - "$here/pyproject.toml" <<'EOF'
+import sys, tomllib
+p = tomllib.load(open(sys.argv[1], "rb"))
+for r in p["build-system"]["requires"] + p["project"]["dependencies"] + p["project"]["optional-dependencies"]["test"]:
+    print(r)
+EOF
+)
+    if ! "$run/pip/bin/pip" wheel -q --disable-pip-version-check --wheel-dir "$run/wheels" "${reqs[@]}" >"$run/pip.log" 2>&1; then
+        tail -n 20 "$run/pip.log" >&2
+        fail "could not fetch the Python dependencies for the guest (log above)"
+    fi
+    mv "$run/wheels" "$wheels"
+    rm -rf "$run/pip"
+fi
+phase "wheelhouse" "$(since "$t0")"
+
 # --- the root image (cached) -------------------------------------------------------------------
 # What the guest needs: systemd as init (cgroup v2 only, podman's systemd cgroup manager over dbus),
 # the stock kernel with its own headers (bcc compiles against them: no fallback), the distro's bcc,
@@ -98,13 +121,32 @@ packages=(systemd systemd-sysv udev dbus kmod procps util-linux iproute2 e2fspro
 recipe=3 # bump when the way the root is made changes (the unit, sysctls, masked services)
 key=$(printf '%s\n' "$suite" "$mirror" "$recipe" "${packages[@]}" | sha256sum | cut -c1-12)
 root_img="$cache/root-$key.img"
+inc=$(IFS=,; echo "${packages[*]}")
+# the packages first (network, little CPU; cached apart, so a failed install does not fetch again)
+debs="$cache/debs-$key.tgz"
+if [ ! -e "$root_img" ] && [ ! -e "$debs" ]; then
+    t0=$(now)
+    say "fetching the guest's packages (Debian $suite, ${#packages[@]} named)"
+    if ! debootstrap --variant=minbase --include="$inc" --make-tarball="$run/debs.tgz" "$suite" "$run/fetch" \
+        "$mirror" >"$run/fetch.log" 2>&1; then
+        tail -n 20 "$run/fetch.log" >&2
+        fail "debootstrap could not fetch the guest's packages (log above)"
+    fi
+    mv "$run/debs.tgz" "$debs"
+    rm -rf --one-file-system "$run/fetch"
+    phase "root packages fetched" "$(since "$t0")"
+fi
+if [ "${MEMDIAG_VM_FETCH_ONLY:-0}" = 1 ]; then
+    say "fetched; MEMDIAG_VM_FETCH_ONLY=1 stops here"
+    exit 0
+fi
 if [ ! -e "$root_img" ]; then
     t0=$(now)
     say "building the guest's root (Debian $suite, ${#packages[@]} packages; a few minutes, once)"
     root="$run/root"
     mkdir -p "$root"
-    inc=$(IFS=,; echo "${packages[*]}")
-    if ! debootstrap --variant=minbase --include="$inc" "$suite" "$root" "$mirror" >"$run/debootstrap.log" 2>&1; then
+    if ! debootstrap --variant=minbase --include="$inc" --unpack-tarball="$debs" "$suite" "$root" "$mirror" \
+        >"$run/debootstrap.log" 2>&1; then
         tail -n 20 "$run/debootstrap.log" >&2
         fail "debootstrap failed (log above)"
     fi
@@ -164,6 +206,7 @@ EOF
     echo "$kver" >"$cache/kernel-$key"
     mv "$run/root.img" "$root_img"
     rm -rf --one-file-system "$root"
+    rm -f "$debs"
     phase "root build (cold)" "$(since "$t0")"
 else
     phase "root build (cached)" 0
@@ -171,29 +214,6 @@ fi
 kver=$(cat "$cache/kernel-$key")
 state_img="$cache/state-$key.img"
 [ -e "$state_img" ] || mke2fs -q -t ext4 -L memdiag-state "$state_img" 8G
-
-# --- the wheelhouse (cached): memdiag's Python dependencies for the guest's pip ------------------
-t0=$(now)
-wkey=$(sha256sum "$here/pyproject.toml" | cut -c1-12)
-wheels="$cache/wheels-$wkey"
-if [ ! -d "$wheels" ]; then
-    say "fetching memdiag's Python dependencies for the guest (once per pyproject.toml)"
-    /usr/bin/python3 -m venv "$run/pip"
-    mapfile -t reqs < <(/usr/bin/python3 - "$here/pyproject.toml" <<'EOF'
-import sys, tomllib
-p = tomllib.load(open(sys.argv[1], "rb"))
-for r in p["build-system"]["requires"] + p["project"]["dependencies"] + p["project"]["optional-dependencies"]["test"]:
-    print(r)
-EOF
-)
-    if ! "$run/pip/bin/pip" wheel -q --disable-pip-version-check --wheel-dir "$run/wheels" "${reqs[@]}" >"$run/pip.log" 2>&1; then
-        tail -n 20 "$run/pip.log" >&2
-        fail "could not fetch the Python dependencies for the guest (log above)"
-    fi
-    mv "$run/wheels" "$wheels"
-    rm -rf "$run/pip"
-fi
-phase "wheelhouse" "$(since "$t0")"
 
 # --- this run: the checkout, an overlay of the root ---------------------------------------------
 t0=$(now)
