@@ -10,9 +10,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _collected(env: dict) -> list[str]:
+def _collected(env: dict, path: str) -> list[str]:
     r = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", "tests"],
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", path],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert r.returncode == 0, r.stdout + r.stderr
@@ -21,9 +21,9 @@ def _collected(env: dict) -> list[str]:
 
 def test_the_hosts_run_leaves_the_lanes_tests_out_and_the_guest_takes_them():
     env = {k: v for k, v in os.environ.items() if k != "MEMDIAG_LANE_GUEST"}
-    host = _collected(env)
+    host = _collected(env, "tests")  # as the host runs it: every folder
     assert host and not [t for t in host if t.startswith("tests/vm/")]
-    guest = _collected(env | {"MEMDIAG_LANE_GUEST": "1"})
+    guest = _collected(env | {"MEMDIAG_LANE_GUEST": "1"}, "tests/vm")
     lane = [t for t in guest if t.startswith("tests/vm/")]
     assert len(lane) >= 8, lane
 
