@@ -19,7 +19,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 from memdiag.system._parse import read_text
-from memdiag.system.cgroup import cgroup_pids, limit_bytes, memory_hierarchy
+from memdiag.system.cgroup import cgroup_pids, limit_bytes, memory_hierarchy, own_limit
 from memdiag.system.container import (
     CONTAINER_REF,
     ID_SCHEME,
@@ -295,7 +295,7 @@ def _info(found: ContainerCgroup, listed: _Listed | None, mount: Path, proc_root
         pod=listed.pod if listed else None,
         namespace=listed.namespace if listed else None,
         host_pid=(listed.pid if listed and listed.pid else None) or _main_pid(folder, proc_root),
-        limit_bytes=limit_bytes(folder),
+        limit_bytes=own_limit(folder),  # its scope's, or its leaf's (crun on v2)
     )
 
 

@@ -73,21 +73,94 @@ def series(obs: Observation) -> dict[str, list[tuple[float, float]]]:
     return out
 
 
-def trends(named_series: dict[str, list[tuple[float, float]]]) -> dict[str, Trend]:
-    return {name: growth_trend(points) for name, points in named_series.items()}
+def trends(
+    named_series: dict[str, list[tuple[float, float]]], collapses: dict[float, int] | None = None
+) -> dict[str, Trend]:
+    """Each series' trend; the target's own memory (RSS, a cgroup's usage) read past huge-page collapses."""
+    out = {name: growth_trend(points) for name, points in named_series.items()}
+    for name in TARGET_SERIES:
+        if collapses and name in out and out[name].shape != "climbing":
+            healed = growth_trend(collapse_healed(named_series[name], collapses))
+            if healed.shape != out[name].shape:
+                out[name] = out[name].model_copy(
+                    update={"shape": healed.shape, "levelled_for_s": healed.levelled_for_s}
+                )
+    return out
+
+
+# the target's own memory series, whose shape says whether it grows
+TARGET_SERIES = ("process.rss", "cgroup.usage")
+HUGE_PAGE = 2 << 20  # what one collapse by khugepaged maps (x86-64, arm64 with 4 KiB pages)
+
+
+def collapse_counts(obs: Observation) -> dict[float, int]:
+    """Huge pages khugepaged had collapsed by each sample (its time into the window, as series() has
+    it): the target's cgroup's own count (memory.stat thp_collapse_alloc, cgroup v2) where every sample
+    has one, else the host's (vmstat thp_collapse_alloc). Empty: the kernel counts none."""
+    s = obs.snapshots
+    if not s:
+        return {}
+    t0 = s[0].t
+    if all(x.cgroup is not None and "thp_collapse_alloc" in x.cgroup.stat for x in s):
+        return {round(x.t - t0, 3): x.cgroup.stat["thp_collapse_alloc"] for x in s}
+    if all(x.vmstat.get("thp_collapse_alloc") is not None for x in s):
+        return {round(x.t - t0, 3): x.vmstat.get("thp_collapse_alloc") for x in s}
+    return {}
+
+
+def thp_collapses(obs: Observation) -> int | None:
+    """Huge pages collapsed during the window (the counts collapse_counts reads); None: not counted."""
+    counts = collapse_counts(obs)
+    if not counts:
+        return None
+    values = list(counts.values())
+    return max(0, values[-1] - values[0])
+
+
+def collapse_healed(points: list[tuple[float, float]], collapses: dict[float, int]) -> list[tuple[float, float]]:
+    """The series with each fall that a collapse explains put back: between two samples where
+    khugepaged collapsed n huge pages, a fall of at most n x 2 MiB is the collapse (a stock kernel
+    with THP `always` dipped a steady leak's cgroup 1 MiB for a sample), not the target shrinking.
+    A fall larger than that, or one with no collapse beside it, stays."""
+    if not points:
+        return []
+    out, offset = [points[0]], 0.0
+    for (t0, v0), (t1, v1) in zip(points, points[1:], strict=False):
+        a, b = collapses.get(t0), collapses.get(t1)
+        n = (b - a) if a is not None and b is not None else 0
+        fall = v0 - v1
+        if fall > 0 and n > 0 and fall <= n * HUGE_PAGE:
+            offset += fall
+        out.append((t1, v1 + offset))
+    return out
+
+
+def _stall_percent(first, last, kind: str, secs: float) -> float | None:
+    """Share of secs (percent) during which some/all tasks stalled on memory, between two PSI readings."""
+    if first is None or last is None:
+        return None
+    a, b = getattr(first, kind), getattr(last, kind)
+    if a is None or b is None or secs <= 0:
+        return None
+    return max(0.0, min(100.0, 100.0 * (b.total_us - a.total_us) / (secs * 1e6)))
 
 
 def psi_stall_percent(obs: Observation, kind: str) -> float | None:
     """Share of the window (percent) during which some/all tasks stalled on memory, from the
-    PSI totals at both ends: exact for the window, unlike the kernel's 10 s average."""
+    host's PSI totals at both ends: exact for the window, unlike the kernel's 10 s average."""
     s = obs.snapshots
-    if len(s) < 2 or s[0].psi is None or s[-1].psi is None:
+    if len(s) < 2:
         return None
-    a, b = getattr(s[0].psi, kind), getattr(s[-1].psi, kind)
-    secs = window_seconds(obs)
-    if a is None or b is None or secs <= 0:
+    return _stall_percent(s[0].psi, s[-1].psi, kind, window_seconds(obs))
+
+
+def cgroup_psi_stall_percent(obs: Observation, kind: str) -> float | None:
+    """The same from the target's cgroup's own memory.pressure (cgroup v2): the stall its tasks paid.
+    None on v1 (no per-cgroup PSI) or without a cgroup."""
+    s = obs.snapshots
+    if len(s) < 2 or s[0].cgroup is None or s[-1].cgroup is None:
         return None
-    return min(100.0, 100.0 * (b.total_us - a.total_us) / (secs * 1e6))
+    return _stall_percent(s[0].cgroup.pressure, s[-1].cgroup.pressure, kind, window_seconds(obs))
 
 
 def _rows(obs: Observation) -> list[CounterRow]:
@@ -119,7 +192,25 @@ def _cgroup_rows(obs: Observation) -> list[CounterRow]:
     if first is None or last is None:
         return []
     rows = [_pair("cgroup", name, "bytes", first, last) for name in _CGROUP_BYTES]
-    return rows + [_pair("cgroup", name, "count", first, last) for name in _CGROUP_COUNTS]
+    rows += [_pair("cgroup", name, "count", first, last) for name in _CGROUP_COUNTS]
+    for name, key in cgroup_split(last).items():  # its memory.stat: anonymous and page cache
+        rows.append(CounterRow(scope="cgroup", name=name, unit="bytes", first=first.stat.get(key), last=last.stat[key]))
+    for kind in ("some", "full"):  # its own PSI (v2)
+        if (stall := cgroup_psi_stall_percent(obs, kind)) is not None:
+            rows.append(CounterRow(scope="cgroup", name=f"psi_{kind}_window", unit="percent", last=stall))
+    return rows
+
+
+def cgroup_split(cg) -> dict[str, str]:
+    """The memory.stat keys of a cgroup's anonymous memory and page cache: v2's anon and file,
+    v1's hierarchical total_rss and total_cache (else rss and cache); only those it has."""
+    pairs = (("anon", ("anon", "total_rss", "rss")), ("file", ("file", "total_cache", "cache")))
+    out = {}
+    for name, keys in pairs:
+        key = next((k for k in keys if k in cg.stat), None)
+        if key is not None:
+            out[name] = key
+    return out
 
 
 def _system_rows(obs: Observation) -> list[CounterRow]:
@@ -231,7 +322,7 @@ def build_counters(obs: Observation) -> Counters:
     named = series(obs)
     return Counters(
         rows=_rows(obs),
-        trends=trends(named),
+        trends=trends(named, collapse_counts(obs)),
         series=named,
         oom_kills=relevant_oom_kills(obs),
         slab_top=slab_top(obs),

@@ -14,7 +14,14 @@ from memdiag.system.target import Target
 from memdiag.system.trends import counter_rate, growth_trend
 
 from .culprit import Classes, default_classes
-from .evidence import build_counters, psi_stall_percent, window_seconds
+from .evidence import (
+    build_counters,
+    cgroup_psi_stall_percent,
+    cgroup_split,
+    psi_stall_percent,
+    thp_collapses,
+    window_seconds,
+)
 from .jvmheap import jvm_facts
 from .observe import Observation
 from .report import Counters
@@ -57,6 +64,7 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         return f
     f.update(_system_facts(obs, counters))
     f["memory.level"] = memory_level(counters)
+    f["memory.thp_collapses"] = thp_collapses(obs)
     f.update(_process_facts(obs, counters))
     f.update(_cgroup_facts(obs, counters))
     # what the target paid in the window: the playbook's target-pays anchor weighs it with its limit hits
@@ -136,6 +144,12 @@ def _cgroup_facts(obs: Observation, counters: Counters) -> dict:
     if cg is None:
         return {}
     f: dict = {"cgroup.usage": cg.usage, "cgroup.limit": cg.effective_limit, "cgroup.oom_kills": cg.oom_kill}
+    # the stall its own tasks paid (memory.pressure, v2; None on v1) and its memory by kind (memory.stat)
+    f["cgroup.psi_some"] = cgroup_psi_stall_percent(obs, "some")
+    f["cgroup.psi_full"] = cgroup_psi_stall_percent(obs, "full")
+    split = cgroup_split(cg)
+    f["cgroup.anon"] = cg.stat[split["anon"]] if "anon" in split else None
+    f["cgroup.file"] = cg.stat[split["file"]] if "file" in split else None
     if cg.effective_limit and cg.usage is not None:
         f["cgroup.usage_percent"] = 100.0 * cg.usage / cg.effective_limit
     if (hits := limit_hits(obs)) is not None:

@@ -223,6 +223,17 @@ def _pressure_where(obs: Observation) -> str:
     return f"the host (host-wide counters, seen from {who})"
 
 
+def _pressure_cgroup(obs: Observation) -> str | None:
+    """The target's cgroup as the pressure it pays in its own memory.pressure is said (cgroup v2);
+    None where it has no PSI of its own (v1, no cgroup)."""
+    cg, who = obs.last_cgroup, _who(obs)
+    if cg is None or cg.pressure is None:
+        return None
+    if obs.target.kind == "cgroup":
+        return f"{who}, its own tasks (memory.pressure)"
+    return f"cgroup {cg.path}, its own tasks (memory.pressure; seen from {who})"
+
+
 def _pressure_context(obs: Observation, counters: Counters, growth: _Growth) -> str:
     """What stands behind pressure, whichever signs of it the playbook finds: the growth, who pays
     in major faults, who is biggest. The figures themselves are the sign rules' findings."""
@@ -415,6 +426,7 @@ def triage(obs: Observation, counters: Counters) -> Triage:
     findings += g.findings
     caveats += g.caveats + _vsz_caveat(obs)
     facts = {"pressure.where": _pressure_where(obs), "summary.pressure_context": _pressure_context(obs, counters, g)}
+    facts["pressure.cgroup"] = _pressure_cgroup(obs)
     culprits: dict[str, Culprit] = {}
     if oom is not None:
         facts["summary.oom"], culprits["oom"] = oom

@@ -98,6 +98,11 @@ _DEFS = [
         "that did, else the host (its host-wide counters, seen from the target)",
     ),
     (
+        "pressure.cgroup",
+        "string",
+        "the target's cgroup as the pressure it paid in its own memory.pressure is said (cgroup v2; absent on v1)",
+    ),
+    (
         "pressure.target_major_faults",
         "number",
         "major faults the target's processes (its process table) took in the window",
@@ -109,6 +114,21 @@ _DEFS = [
         "can be swap-ins only when it has some",
     ),
     ("cgroup.oom_kills", "number", "OOM kills the cgroup has recorded since it was created"),
+    (
+        "cgroup.psi_some",
+        "percent",
+        "share of the window some task of the target's cgroup stalled on memory (its own memory.pressure, "
+        "cgroup v2; absent on v1)",
+    ),
+    ("cgroup.psi_full", "percent", "share of the window all tasks of the target's cgroup stalled on memory (v2)"),
+    ("cgroup.anon", "bytes", "anonymous memory of the target's cgroup (memory.stat anon; v1 total_rss)"),
+    ("cgroup.file", "bytes", "page cache of the target's cgroup (memory.stat file; v1 total_cache)"),
+    (
+        "memory.thp_collapses",
+        "number",
+        "huge pages khugepaged collapsed in the window (the cgroup's memory.stat thp_collapse_alloc, else "
+        "the host's vmstat): a fall of up to 2 MiB each beside one is not read as the target shrinking",
+    ),
     ("cgroup.usage_rate", "bytes_per_s", "growth rate of the cgroup's usage"),
     ("cgroup.usage_shape", "string", "climbing, levelled, sawtooth, flat, shrinking or unknown"),
     ("oom.kills", "number", "OOM kills that concern the target (kernel log)"),

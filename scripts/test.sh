@@ -14,6 +14,24 @@ rc=$?
 set -e
 if [ $rc -eq 5 ]; then
     echo "test: pytest collected no tests; that is a failure, not a pass" >&2
-    exit 1
+    rc=1
+fi
+# The second-kernel lane (scripts/vm.sh: Debian's stock kernel, cgroup v2 only, under qemu) after the
+# main suite: MEMDIAG_LANE=on (the default) or off. Only a whole-suite run takes it (no pytest arguments).
+lane="${MEMDIAG_LANE:-on}"
+case "$lane" in on | off) ;; *) echo "test: MEMDIAG_LANE must be on or off, not '$lane'" >&2; exit 2 ;; esac
+if [ "$lane" = on ] && [ $# -eq 0 ]; then
+    set +e
+    "$here/scripts/vm.sh"
+    lrc=$?
+    set -e
+    if [ $lrc -eq 77 ] && [ "$MEMDIAG_NO_SKIP" != 1 ]; then
+        echo "test: the second-kernel lane was skipped: qemu cannot run here (see the line above)" >&2
+    elif [ $lrc -ne 0 ]; then
+        echo "test: the second-kernel lane failed ($lrc)" >&2
+        [ $rc -ne 0 ] || rc=1
+    fi
+elif [ "$lane" = off ]; then
+    echo "test: the second-kernel lane is off (MEMDIAG_LANE=off)"
 fi
 exit $rc

@@ -252,7 +252,36 @@ def cgroup_pids(fs: Path) -> list[int]:
     return sorted({pid for procs in below for pid in _pids_in(procs.parent)})
 
 
-def _v2_effective_limit(fs: Path, mount_point: Path) -> int | None:
+def sole_leaf(fs: Path) -> Path | None:
+    """The one folder below fs holding all its processes, when fs holds none of its own (a
+    container's `libpod-<id>.scope/container` under crun on cgroup v2); None otherwise."""
+    if _pids_in(fs):
+        return None
+    try:
+        holders = {procs.parent for procs in fs.rglob("cgroup.procs") if procs.parent != fs and _pids_in(procs.parent)}
+    except OSError:
+        return None
+    return holders.pop() if len(holders) == 1 else None
+
+
+def own_limit(fs: Path, leaf: Path | None | bool = True) -> int | None:
+    """A cgroup folder's own memory limit, or, for one whose processes all sit in one leaf below it
+    (sole_leaf), the lowest limit from that leaf up to it: the runtime may set a container's limit on
+    its leaf rather than its scope. None: unlimited. leaf: sole_leaf(fs) when already found (True:
+    find it)."""
+    mine = limit_bytes(fs)
+    if leaf is True:
+        leaf = sole_leaf(fs)
+    limits = [mine] if mine is not None else []
+    node = leaf
+    while node is not None and node != fs and fs in node.parents:
+        if (lim := limit_bytes(node)) is not None:
+            limits.append(lim)
+        node = node.parent
+    return min(limits) if limits else None
+
+
+def _v2_effective_limit(fs: Path, mount_point: Path, own: int | None) -> int | None:
     limits = []
     node = fs
     while True:
@@ -262,19 +291,22 @@ def _v2_effective_limit(fs: Path, mount_point: Path) -> int | None:
         if node == mount_point or mount_point not in node.parents:
             break
         node = node.parent
+    if own is not None:  # its own_limit: a container's limit may be on the leaf holding its processes
+        limits.append(own)
     return min(limits) if limits else None
 
 
 def read_cgroup_v2(loc: CgroupLocation) -> CgroupMemory:
     fs = Path(loc.fs_path)
     events = _int_map(read_text(fs / "memory.events"))
+    own = own_limit(fs, sole_leaf(fs))
     return CgroupMemory(
         version=2,
         path=loc.path,
         fs_path=loc.fs_path,
         usage=int_or_none((read_text(fs / "memory.current") or "").strip()),
-        limit=_bytes_or_unlimited(read_text(fs / "memory.max")),
-        effective_limit=_v2_effective_limit(fs, Path(loc.mount_point)),
+        limit=own,
+        effective_limit=_v2_effective_limit(fs, Path(loc.mount_point), own),
         high=_bytes_or_unlimited(read_text(fs / "memory.high")),
         max_usage=int_or_none((read_text(fs / "memory.peak") or "").strip()),  # 5.19+
         failcnt=events.get("max"),

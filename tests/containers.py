@@ -32,10 +32,15 @@ from pathlib import Path
 from kit import build
 
 PODMAN = shutil.which("podman") or "podman"
+# The OCI runtime and cgroup manager: runc and cgroupfs on the test host (crun refuses its hybrid
+# cgroups; no systemd there); the second-kernel lane's guest (scripts/vm.sh) runs podman's defaults on
+# cgroup v2, crun under systemd's manager.
+RUNTIME = os.environ.get("MEMDIAG_TEST_OCI_RUNTIME", "runc")
+CGROUP_MANAGER = os.environ.get("MEMDIAG_TEST_CGROUP_MANAGER", "cgroupfs")
 # Where programs live inside the image: not the host's path, so symbols must come from the container.
 APP_DIR = "/app"
 # Global options for every podman call: cgroupfs because there is no systemd to manage scopes.
-GLOBAL = ["--cgroup-manager", "cgroupfs"]
+GLOBAL = ["--cgroup-manager", CGROUP_MANAGER]
 
 
 def podman(*args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
@@ -197,7 +202,7 @@ def run_container(
     """Start /app/PROGRAM (or PROGRAM, an absolute path) ARGS in a container of image; wait for its
     `ready` line (None: do not wait). The caller removes it (Container.remove, or the pytest fixture)."""
     name = name or f"memdiag-test-{uuid.uuid4().hex[:8]}"
-    opts = ["--runtime", "runc", "--network", "none", *host_ulimits(), "--name", name]
+    opts = ["--runtime", RUNTIME, "--network", "none", *host_ulimits(), "--name", name]
     if memory:
         opts += ["--memory", memory]
     if memory_swap:

@@ -44,6 +44,8 @@ _COUNTER_LABELS = {
     "failcnt": "limit hits (failcnt / events max)",
     "oom": "OOM events",
     "oom_kill": "OOM kills",
+    "anon": "anonymous (memory.stat)",
+    "file": "page cache (memory.stat)",
     **MEMINFO_KEYS,  # system rows: the /proc/meminfo names themselves
     "psi_some_avg10": "PSI some avg10",
     "psi_some_avg60": "PSI some avg60",

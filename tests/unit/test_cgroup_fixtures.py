@@ -132,3 +132,33 @@ def test_no_hierarchy_mounted(tmp_path):
     proc = _proc(tmp_path, 1, "0::/\n", "20 1 0:5 / /proc rw - proc proc rw\n")
     with pytest.raises(BadCgroup, match="no memory cgroup hierarchy"):
         resolve_cgroup("/x", proc)
+
+
+def test_a_v2_container_whose_limit_is_on_its_leaf(tmp_path):
+    """crun on cgroup v2 may hold a container's processes, and its memory.max, in the scope's
+    `container` leaf: the scope's own limit, the container's, and its effective limit are the leaf's."""
+    from memdiag.diagnose.containers import _info
+    from memdiag.system.cgroup import CgroupLocation, own_limit
+    from memdiag.system.container import parse_container_path
+
+    root = tmp_path / "sys" / "fs" / "cgroup"
+    _write(root / "cgroup.controllers", "memory pids\n")
+    cid = "ab" * 32
+    scope = root / "machine.slice" / f"libpod-{cid}.scope"
+    _write(scope / "memory.max", "max\n")
+    _write(scope / "memory.current", "104857600\n")
+    _write(scope / "cgroup.procs", "")
+    _write(scope / "container" / "memory.max", "536870912\n")
+    _write(scope / "container" / "memory.current", "104857600\n")
+    _write(scope / "container" / "cgroup.procs", "5151\n")
+    path = f"/machine.slice/libpod-{cid}.scope"
+    loc = CgroupLocation(version=2, path=path, fs_path=str(scope), mount_point=str(root))
+    m = read_cgroup_memory(loc)
+    assert m.limit == 512 << 20 and m.effective_limit == 512 << 20 and m.procs == [5151]
+    assert own_limit(scope) == 512 << 20
+    info = _info(parse_container_path(path), None, root, tmp_path / "proc")
+    assert info.limit_bytes == 512 << 20
+    # two leaves with processes are two cgroups of their own: no limit is taken from either
+    _write(scope / "other" / "memory.max", "1048576\n")
+    _write(scope / "other" / "cgroup.procs", "5152\n")
+    assert own_limit(scope) is None and read_cgroup_memory(loc).effective_limit is None

@@ -304,8 +304,8 @@ def test_a_verdicts_because_is_checked_when_loaded(tmp_path):
     assert len(errs) == 1 and "`because` names a rule twice" in errs[0], errs
 
     # a site file quoting the shipped sign rules loads with the shipped playbook, and lints alone
-    good = _file(tmp_path, head + VERDICT.replace("'S'", "'{because}'") + ", because: [swap-in, psi-stall]}\n")
-    assert load_playbooks([*shipped_playbooks(), good])[-1].then.verdict.because == ["swap-in", "psi-stall"]
+    good = _file(tmp_path, head + VERDICT.replace("'S'", "'{because}'") + ", because: [swap-in, host-psi-stall]}\n")
+    assert load_playbooks([*shipped_playbooks(), good])[-1].then.verdict.because == ["swap-in", "host-psi-stall"]
     assert load_playbooks([good])[0].id == "v"
 
 
@@ -342,7 +342,7 @@ def test_because_quotes_the_fired_findings_in_the_verdicts_order():
     c = conclude(run_rules(rules, facts), facts)
     assert c.winner.id == "memory-pressure"
     assert c.summary == (
-        "memory pressure on cgroup /app: tasks stalled on memory 30.0% of the window (PSI some; full 1.0%); "
+        "memory pressure on cgroup /app: tasks stalled on memory 30.0% of the window (the host's PSI some; full 1.0%); "
         "allocations stalled in direct reclaim 2/s; c"
     ), c.summary
 
