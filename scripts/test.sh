@@ -17,8 +17,9 @@ if [ $rc -eq 5 ]; then
     rc=1
 fi
 # The second-kernel lane (scripts/vm.sh: Debian's stock kernel, cgroup v2 only, under qemu) after the
-# main suite: MEMDIAG_LANE=on (the default) or off. Only a whole-suite run takes it (no pytest arguments).
-lane="${MEMDIAG_LANE:-on}"
+# main suite: MEMDIAG_LANE=on or off (the default, until the lane has run green and its time is measured
+# against CI's 90 minutes: the main suite alone took 49 min here). Only a whole-suite run takes it.
+lane="${MEMDIAG_LANE:-off}"
 case "$lane" in on | off) ;; *) echo "test: MEMDIAG_LANE must be on or off, not '$lane'" >&2; exit 2 ;; esac
 if [ "$lane" = on ] && [ $# -eq 0 ]; then
     set +e
@@ -32,6 +33,6 @@ if [ "$lane" = on ] && [ $# -eq 0 ]; then
         [ $rc -ne 0 ] || rc=1
     fi
 elif [ "$lane" = off ]; then
-    echo "test: the second-kernel lane is off (MEMDIAG_LANE=off)"
+    echo "test: the second-kernel lane did not run: it is off by default (MEMDIAG_LANE=on runs it; scripts/vm.sh alone)"
 fi
 exit $rc
