@@ -113,10 +113,12 @@ phase "wheelhouse" "$(since "$t0")"
 # --- the root image (cached) -------------------------------------------------------------------
 # What the guest needs: systemd as init (cgroup v2 only, podman's systemd cgroup manager over dbus),
 # the stock kernel with its own headers (bcc compiles against them: no fallback), the distro's bcc,
-# what scripts/setup.sh installs, podman with crun, stress-ng for pressure.
+# what scripts/setup.sh installs, podman with crun, stress-ng for pressure. debootstrap resolves no
+# virtual package: podman's containers-common depends on container-network-stack, which
+# containernetworking-plugins provides (without it dpkg left podman unconfigured and the build failed).
 packages=(systemd systemd-sysv udev dbus kmod procps util-linux iproute2 e2fsprogs initramfs-tools
     linux-image-amd64 linux-headers-amd64 bpfcc-tools python3-bpfcc python3-venv python3-pip-whl
-    gcc g++ libc6-dev libc6-dbg make libjemalloc2 podman crun conmon catatonit stress-ng strace
+    gcc g++ libc6-dev libc6-dbg make libjemalloc2 podman crun conmon catatonit containernetworking-plugins stress-ng strace
     ca-certificates)
 recipe=3 # bump when the way the root is made changes (the unit, sysctls, masked services)
 key=$(printf '%s\n' "$suite" "$mirror" "$recipe" "${packages[@]}" | sha256sum | cut -c1-12)
