@@ -198,7 +198,10 @@ EOF
     done
     kver=$(ls "$root/lib/modules" | sort -V | tail -n 1)
     [ -e "$root/boot/vmlinuz-$kver" ] || fail "no kernel in the debootstrapped root"
-    [ -e "$root/lib/modules/$kver/build/include" ] || fail "no headers for $kver in the root"
+    # build is an absolute link (/usr/src/linux-headers-...): it resolves inside the root, not on the host
+    build=$(readlink "$root/lib/modules/$kver/build" || true)
+    case "$build" in /*) build="$root$build" ;; ?*) build="$root/lib/modules/$kver/$build" ;; esac
+    [ -n "$build" ] && [ -e "$build/include" ] || fail "no headers for $kver in the root"
     cp "$root/boot/vmlinuz-$kver" "$run/vmlinuz"
     cp "$root/boot/initrd.img-$kver" "$run/initrd"
     rm -rf "$root/var/cache/apt/archives/"*.deb
