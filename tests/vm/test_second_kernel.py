@@ -166,7 +166,7 @@ def test_oomkill_swapin_and_drsnoop_on_a_kernel_with_kprobes(swap, memcg, worklo
     assert watch.returncode == 0, err
     data = json.loads(out)
     kill = next(k for k in data["kills"] if k["victim_pid"] == victim.pid)
-    assert kill["constraint"] == "CONSTRAINT_MEMCG" and kill["oom_memcg"] == oom_cg.path
+    assert kill["constraint"] == "CONSTRAINT_MEMCG" and kill["memcg"] == oom_cg.path  # the cgroup whose limit was hit
     assert oom_cg.oom_kills() == 1
 
 
@@ -180,7 +180,8 @@ def test_a_container_on_v2_with_crun_is_diagnosed_by_name(podman_container, memd
     assert "leak_order_history" in v["summary"]
     # the limit as the container's own leaf cgroup holds it (crun may nest it below the scope)
     assert row(rep, "cgroup", "effective_limit")["last"] == 512 * MiB
-    assert rep["target"]["kind"] == "cgroup"
+    # a container is diagnosed through its largest process, in its cgroup (as on the host's v1)
+    assert rep["target"]["kind"] == "pid" and rep["target"]["pid"] == c.pid
 
 
 def test_a_diagnosis_of_a_swapping_process_finishes_and_honours_sigterm(swap, memcg, workload, memdiag, tmp_path):
