@@ -264,16 +264,13 @@ def sole_leaf(fs: Path) -> Path | None:
     return holders.pop() if len(holders) == 1 else None
 
 
-def own_limit(fs: Path, leaf: Path | None | bool = True) -> int | None:
+def own_limit(fs: Path) -> int | None:
     """A cgroup folder's own memory limit, or, for one whose processes all sit in one leaf below it
     (sole_leaf), the lowest limit from that leaf up to it: the runtime may set a container's limit on
-    its leaf rather than its scope. None: unlimited. leaf: sole_leaf(fs) when already found (True:
-    find it)."""
+    its leaf rather than its scope. None: unlimited."""
     mine = limit_bytes(fs)
-    if leaf is True:
-        leaf = sole_leaf(fs)
     limits = [mine] if mine is not None else []
-    node = leaf
+    node = sole_leaf(fs)
     while node is not None and node != fs and fs in node.parents:
         if (lim := limit_bytes(node)) is not None:
             limits.append(lim)
@@ -299,7 +296,7 @@ def _v2_effective_limit(fs: Path, mount_point: Path, own: int | None) -> int | N
 def read_cgroup_v2(loc: CgroupLocation) -> CgroupMemory:
     fs = Path(loc.fs_path)
     events = _int_map(read_text(fs / "memory.events"))
-    own = own_limit(fs, sole_leaf(fs))
+    own = own_limit(fs)
     return CgroupMemory(
         version=2,
         path=loc.path,
