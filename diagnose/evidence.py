@@ -8,7 +8,7 @@ from memdiag.system.trends import Trend, counter_rate, growth_trend
 
 from .jvmheap import jvm_rows, jvm_series
 from .observe import Observation
-from .report import CounterRow, Counters, ProcessRow, SlabGrowth
+from .report import TARGET_SERIES, CounterRow, Counters, ProcessRow, SlabGrowth
 
 # vmstat counters shown as rates, with their unit
 _VMSTAT_RATES = {
@@ -88,8 +88,6 @@ def trends(
     return out
 
 
-# the target's own memory series, whose shape says whether it grows
-TARGET_SERIES = ("process.rss", "cgroup.usage")
 HUGE_PAGE = 2 << 20  # what one collapse by khugepaged maps (x86-64, arm64 with 4 KiB pages)
 
 

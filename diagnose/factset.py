@@ -24,7 +24,7 @@ from .evidence import (
 )
 from .jvmheap import jvm_facts
 from .observe import Observation
-from .report import Counters
+from .report import TARGET_SERIES, Counters
 from .triage import Triage, kills_during, limit_hits, memory_level, memory_shape, triage
 
 
@@ -238,7 +238,7 @@ def shape_while_traced(obs: Observation, counters: Counters, results: dict[str, 
         ),
         None,
     )
-    series = next((counters.series[n] for n in ("process.rss", "cgroup.usage") if counters.series.get(n)), None)
+    series = next((counters.series[n] for n in TARGET_SERIES if counters.series.get(n)), None)
     if run is None or run.status not in ("ok", "partial") or series is None:
         return "unknown"
     start = run.started - obs.started

@@ -136,6 +136,11 @@ class ProcessRow(_Model):
         return (self.rss_last or 0) - (self.rss_first or 0)
 
 
+# the target's own memory series, as the Trends table names them (a process's RSS, a cgroup's usage):
+# whose shape says whether the target grows
+TARGET_SERIES = ("process.rss", "cgroup.usage")
+
+
 class Counters(_Model):
     rows: list[CounterRow] = []
     trends: dict[str, Trend] = {}

@@ -13,7 +13,7 @@ from memdiag.system.trends import Trend
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 
 from .observe import Observation
-from .report import Counters, Culprit, Finding, ProcessRow
+from .report import TARGET_SERIES, Counters, Culprit, Finding, ProcessRow
 
 
 class Triage:
@@ -42,7 +42,7 @@ def _cgroup_path(obs: Observation) -> str | None:
 
 
 def _growth_series(obs: Observation, counters: Counters) -> tuple[str, Trend] | None:
-    for name in ("process.rss", "cgroup.usage"):
+    for name in TARGET_SERIES:
         if name in counters.trends:
             return name, counters.trends[name]
     return None
@@ -442,7 +442,7 @@ def triage(obs: Observation, counters: Counters) -> Triage:
 
 def memory_shape(counters: Counters) -> str:
     """The shape of the target's own memory series: its RSS for a process, its usage for a cgroup."""
-    for name in ("process.rss", "cgroup.usage"):
+    for name in TARGET_SERIES:
         if name in counters.trends:
             return counters.trends[name].shape
     return "unknown"

@@ -12,10 +12,9 @@ import zlib
 
 from memdiag.system.units import fmt_bytes
 
-from ..report import Report
+from ..report import TARGET_SERIES, Report
 
 WIDTH, HEIGHT, PAD_L, PAD_R, PAD_T, PAD_B = 1000, 360, 70, 200, 30, 40
-SERIES = ("process.rss", "cgroup.usage")  # the target's own memory, as the Trends table names it
 # what a runtime says it holds, drawn beside it: a JVM's live set after each collection
 RUNTIME_SERIES = ("jvm.live_set",)
 MAX_FUNCTIONS = 5  # stacks drawn, the heaviest over the window first
@@ -46,7 +45,7 @@ class _Scale:
 def render_window(report: Report) -> str:
     """The chart, or a one-line SVG saying there is none (a window watched in one go)."""
     title = f"memory over the window — {report.target.description}"
-    memory = next(((n, report.counters.series[n]) for n in SERIES if report.counters.series.get(n)), None)
+    memory = next(((n, report.counters.series[n]) for n in TARGET_SERIES if report.counters.series.get(n)), None)
     stacks = _stack_points(report)
     if not report.cycles or (memory is None and not stacks):
         return (
@@ -63,7 +62,7 @@ def render_window(report: Report) -> str:
     out = _frame(report, title, scale)
     legend: list[tuple[str, str, bool]] = []
     for name, pts in ([memory] if memory is not None else []) + runtime:
-        color = "#222" if name in SERIES else "#06c"
+        color = "#222" if name in TARGET_SERIES else "#06c"
         out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{scale.line(pts)}"/>')
         legend.append((name, color, False))
     for fn, pts in stacks.items():
