@@ -61,6 +61,7 @@ class JfrResult(ProbeResult):
     stop_cpu_s: float | None = None
     stop_pause_s: float | None = None  # the JVM's safepoint time while JFR.stop ran
     looked_at: float | None = None  # epoch seconds of the first look (the dump); None: none was taken
+    looked: bool = False  # the first look's dump was written (its holders are read for their sizes then)
     look_cpu_s: float | None = None
     look_pause_s: float | None = None  # the JVM's safepoint time while the first look's dump ran
     measured_ns: float | None = None  # reported and enforced: the threads', raised to the process's up to twice

@@ -36,7 +36,7 @@ FACTS = (
         "bool",
         "the holder had more entries at the stop than at the first look (unknown: no size said)",
     ),
-    FactDef("jfr.held_change", "string", "the holder's size at both looks in words, or that the JVM said none"),
+    FactDef("jfr.held_change", "string", "the holder's size at both looks in words, or which look said none and why"),
     FactDef("jfr.looks_apart", "seconds", "the time between the first look at the holders and the stop"),
     FactDef("jfr.alloc_class", "string", "the class allocated most, by the allocation samples' weight"),
     FactDef("jfr.alloc_site", "string", "the Java method and line that allocates it"),
@@ -81,17 +81,30 @@ def facts_of(r: JfrResult | None, p, _name) -> dict:
 
 
 def _sizes(r: JfrResult, top: Held) -> dict:
-    """The holder at both looks: its entries then and now, whether it grew, in words."""
+    """The holder at both looks: its entries then and now, whether it grew, in words (and, where
+    one look has no size, which one and why)."""
     apart = (r.stopped_at - r.looked_at) if r.looked_at and r.stopped_at else None
     f: dict = {"jfr.looks_apart": apart, "jfr.held_size_first": top.size_first, "jfr.held_size_last": top.size_last}
-    if top.size_first is None or top.size_last is None or apart is None:
-        f["jfr.held_change"] = "the JVM said no size of it at both looks"
+    last, first = top.size_last, top.size_first
+    if last is None:
+        f["jfr.held_change"] = "the JVM said no size of it at the stop"
         return f
-    f["jfr.held_grew"] = top.size_last > top.size_first
-    if top.size_last == top.size_first:
-        f["jfr.held_change"] = f"{top.size_last:,} entries at both looks, {fmt_duration(apart)} apart"
+    if not r.looked or apart is None:
+        # under load the recording can stop (its budget, the window) before the look, or the dump fail
+        why = "its dump failed" if r.looked_at else "the recording stopped before it"
+        f["jfr.held_change"] = f"{last:,} entries at the stop; no first look to compare ({why})"
+        return f
+    if first is None:
+        f["jfr.held_change"] = (
+            f"{last:,} entries at the stop; none of its sampled objects were held at the first look, "
+            f"{fmt_duration(apart)} earlier"
+        )
+        return f
+    f["jfr.held_grew"] = last > first
+    if last == first:
+        f["jfr.held_change"] = f"{last:,} entries at both looks, {fmt_duration(apart)} apart"
     else:
-        f["jfr.held_change"] = f"{top.size_last:,} entries, from {top.size_first:,} {fmt_duration(apart)} earlier"
+        f["jfr.held_change"] = f"{last:,} entries, from {first:,} {fmt_duration(apart)} earlier"
     return f
 
 

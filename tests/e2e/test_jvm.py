@@ -100,9 +100,13 @@ def test_a_bounded_lru_cache_is_a_cache_that_turns_over(memdiag, java, tmp_path)
     assert v["kind"] == "cache", v["summary"]
     holders = section(rep, "Java heap: what holds it")["rows"]
     if holders:  # the sampled entries still in the cache at the stop (the JVM's sampler kept some)
-        assert "held by LruCache.cache (4,000 entries at both looks" in v["summary"], v["summary"]
+        # its entries at the stop; at the first look too, unless (under load, as in CI once) the first
+        # look found none of its objects sampled yet or was not taken: then the words say which
+        assert "held by LruCache.cache (4,000 entries at " in v["summary"], v["summary"]
         assert "allocated at LruCache.load(int) line: " in v["summary"] and "let go again" in v["summary"]
-        assert holders[0][2:4] == ["LruCache.cache", "4000, 4000"]  # its entries at the first look and at the stop
+        assert holders[0][2] == "LruCache.cache" and holders[0][3] in ("4000, 4000", "?, 4000"), holders[0]
+        if holders[0][3] == "?, 4000":
+            assert "4,000 entries at the stop; " in v["summary"], v["summary"]
     else:  # none kept: the JVM's counters say the heap grew for garbage it turns over
         assert v["rule"] == "java-heap-expands", v["summary"]
     assert left_in_jvm(w.pid) == []

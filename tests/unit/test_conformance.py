@@ -126,6 +126,7 @@ JFR = JfrResult(
     listener_started=True,
     started_at=T0,
     looked_at=T0 + 8,
+    looked=True,
     stopped_at=T0 + 18,
     look_pause_s=0.012,
 )

@@ -141,6 +141,29 @@ def test_the_recordings_face_yields_only_its_facts_and_says_what_holds_the_heap(
     assert FACE.rows(None, None, RowContext(30, {}, row)) == []  # no row for a target that is no JVM
 
 
+@pytest.mark.parametrize(
+    ("looked_at", "looked", "first", "last", "grew", "words"),
+    [
+        (8, True, 4000, 4000, False, "4,000 entries at both looks, 10 s apart"),
+        (8, True, 2004, 3037, True, "3,037 entries, from 2,004 10 s earlier"),
+        (8, True, None, 4000, None, "4,000 entries at the stop; none of its sampled objects were held at the first"),
+        (8, False, None, 4000, None, "4,000 entries at the stop; no first look to compare (its dump failed)"),
+        (None, False, None, 4000, None, "no first look to compare (the recording stopped before it)"),
+        (8, True, 4000, None, None, "the JVM said no size of it at the stop"),
+    ],
+)
+def test_the_holders_size_at_both_looks_says_which_look_had_none(looked_at, looked, first, last, grew, words):
+    """Under load (CI's), the first look can find none of the holder's objects sampled yet, or not
+    happen: the words say which, and growth is left unknown rather than guessed."""
+    r = jfr_result()
+    top = r.held[0].model_copy(update={"size_first": first, "size_last": last})
+    at = r.stopped_at - 10 if looked_at else None
+    r = r.model_copy(update={"held": [top], "looked_at": at, "looked": looked})
+    facts = FACE.facts_of(r, None, lambda *_: None)
+    assert words in facts["jfr.held_change"]
+    assert facts.get("jfr.held_grew") is grew
+
+
 def test_the_plan_prices_the_start_the_recording_and_the_stop_against_the_budget():
     jvm = Jvm(pid=7, nspid=7, uid=0, gid=0, start_ticks=1, proc=__import__("pathlib").Path("/proc/7"))
     cold = Price(start_s=1.31, record_per_s=0.0065, stop_s=0.09, measured_here=False)
