@@ -99,6 +99,7 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("nodeheap", _no_options, bpf=False),  # V8's heap against memory outside it, from smaps
     # a JVM's own flight recorder through its attach socket: no BPF
     ProbeSpec("jfr", module="memdiag.probes.jvm.view", bpf=False),
+    ProbeSpec("histogram", module="memdiag.probes.jvm.histogram", bpf=False),
 )
 VARIANTS: tuple[Variant, ...] = (
     # memleak, then the reachability scan of its outstanding blocks

@@ -16,7 +16,7 @@ import os
 from pathlib import Path
 
 from memdiag.system.hsperfdata import read_perfdata
-from memdiag.system.jvm import jvm_counters
+from memdiag.system.jvm import JvmCounters, jvm_counters
 from memdiag.system.target import Target
 
 from ..face import Budget, Context, Plan
@@ -71,21 +71,29 @@ def _refused(reason: str) -> JfrPlan:
     return JfrPlan(go=False, state="refused", reason=reason, facts={"jfr.plan": "refused", "jfr.not_run": reason})
 
 
+def attachable(pid: int) -> tuple[Jvm, JvmCounters | None] | str:
+    """The JVM and its counters, if memdiag may send it commands; else why not (nothing sent)."""
+    try:
+        jvm = describe_target(pid)
+    except AttachRefused as e:
+        return str(e)
+    if not listener_running(jvm) and not catches_sigquit(jvm):
+        return (
+            "the JVM does not catch SIGQUIT (-Xrs or -XX:+ReduceSignalUsage) and has no attach socket: a signal "
+            "would end it, so none is sent"
+        )
+    perf = read_perfdata(pid)
+    return jvm, jvm_counters(perf) if perf is not None else None
+
+
 def plan(target: Target, ctx: Context) -> JfrPlan:
     """The recording's plan for ctx.seconds (never raises; a refusal says why)."""
     if target.kind != "pid" or target.pid is None:
         return _refused("the flight recorder is a JVM's own: it records one process (--pid, or a container's JVM)")
-    try:
-        jvm = describe_target(target.pid)
-    except AttachRefused as e:
-        return _refused(str(e))
-    if not listener_running(jvm) and not catches_sigquit(jvm):
-        return _refused(
-            "the JVM does not catch SIGQUIT (-Xrs or -XX:+ReduceSignalUsage) and has no attach socket: a signal "
-            "would end it, so none is sent"
-        )
-    perf = read_perfdata(target.pid)
-    counters = jvm_counters(perf) if perf is not None else None
+    found = attachable(target.pid)
+    if isinstance(found, str):
+        return _refused(found)
+    jvm, counters = found
     tool, how = jfr_tool(jvm, counters.java_home if counters else None)
     if tool is None:
         return _refused(how)

@@ -73,7 +73,7 @@ class JfrResult(ProbeResult):
     notes: list[str] = []
 
 
-def _counters(pid: int) -> JvmCounters | None:
+def read_counters(pid: int) -> JvmCounters | None:
     perf = read_perfdata(pid)
     return jvm_counters(perf) if perf is not None else None
 
@@ -138,11 +138,11 @@ class _Session:
     def _look(self) -> None:
         """The first look: a dump of what the recording holds so far (its paths to GC roots too)."""
         self.recorded_cpu += self.meter.close_step()
-        before = _counters(self.pid)
+        before = read_counters(self.pid)
         self.out["looked_at"] = time.time()
         self.out["looked"] = self.rec.dump() is not None
         self.out["look_cpu_s"] = self.meter.close_step(STOPPING)
-        self.out["look_pause_s"] = _safepoint_delta(before, _counters(self.pid))
+        self.out["look_pause_s"] = safepoint_delta(before, read_counters(self.pid))
 
     def stop(self) -> None:
         out, meter = self.out, self.meter
@@ -154,10 +154,10 @@ class _Session:
         out["record_rate_s"] = max(0.0, time.monotonic() - self.answered - SETTLE_S)
         out["stopped_at"] = time.time()
         out["recorded_s"] = out["stopped_at"] - out["started_at"]
-        before = _counters(self.pid)
+        before = read_counters(self.pid)
         path = self.rec.stop()
         out["stop_cpu_s"] = meter.close_step(STOPPING)
-        out["stop_pause_s"] = _safepoint_delta(before, _counters(self.pid))
+        out["stop_pause_s"] = safepoint_delta(before, read_counters(self.pid))
         out["threads_ns"], out["process_ns"] = meter.threads_s * 1e9, meter.process_s() * 1e9
         out["measured_ns"] = meter.so_far() * 1e9
         out["duration_s"] = time.time() - out["started_at"]
@@ -177,7 +177,7 @@ def _record(target: Target, ctx: Context, p: JfrPlan, rec: Recording, stop: Stop
     _read(final, first, out)
 
 
-def _safepoint_delta(a: JvmCounters | None, b: JvmCounters | None) -> float | None:
+def safepoint_delta(a: JvmCounters | None, b: JvmCounters | None) -> float | None:
     if a is None or b is None or a.safepoint_time_s is None or b.safepoint_time_s is None:
         return None
     return max(0.0, b.safepoint_time_s - a.safepoint_time_s)

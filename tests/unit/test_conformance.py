@@ -30,6 +30,7 @@ from memdiag.probes.face import Plan, ProbeResult, StackReach, TracingCost
 from memdiag.probes.faults import FaultsResult
 from memdiag.probes.goheap import GoHeapResult, GoroutineGroup, GoStack
 from memdiag.probes.growth import StackGrowth
+from memdiag.probes.jvm.histogram import ClassGrowth, HistogramPlan, HistogramResult
 from memdiag.probes.jvm.plan import JfrPlan
 from memdiag.probes.jvm.probe import JfrResult
 from memdiag.probes.jvm.recording import Allocating, Held, JavaFrame
@@ -130,6 +131,14 @@ JFR = JfrResult(
     stopped_at=T0 + 18,
     look_pause_s=0.012,
 )
+HISTOGRAM = HistogramResult(
+    name="histogram", status="ok", method="jcmd GC.class_histogram, twice", duration_s=27.0, build="17.0.15",
+    looked_at=[T0, T0 + 26], live_first=60 * MiB, live_last=112 * MiB, pauses_s=[0.031, 0.044],
+    look_cpu_s=[0.05, 0.07], measured_ns=0.13e9, process_ns=0.13e9, heap_used=180 * MiB,
+    classes=[ClassGrowth(cls="byte[]", instances_first=3700, instances_last=6950, bytes_first=58 * MiB,
+                         bytes_last=109 * MiB)],
+)  # fmt: skip
+OVER = "its price is over the budget (the trail says by how much): a larger --budget or a longer --duration pays for it"
 REFUSED = "the JVM runs with -XX:+DisableAttachMechanism: it accepts no attach (its counters are still read)"
 
 GO_FRAMES = ["main.rememberFailure (main.go:21, inlined) [orderd]", "main.main (main.go:63) [orderd]"]
@@ -174,6 +183,12 @@ EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
         (JFR, JfrPlan(go=True, state="full", reason="priced", facts={"jfr.plan": "full"})),
         (JfrResult(name="jfr", status="unavailable", reason=REFUSED),
          JfrPlan(go=False, state="refused", reason=REFUSED, facts={"jfr.plan": "refused", "jfr.not_run": REFUSED})),
+    ],
+    "histogram": [
+        (HISTOGRAM, HistogramPlan(go=True, state="full", reason="priced", facts={"histogram.plan": "full"})),
+        (HistogramResult(name="histogram", status="unavailable", reason=OVER),
+         HistogramPlan(go=False, state="over-budget", reason=OVER,
+                       facts={"histogram.plan": "over-budget", "histogram.not_run": OVER})),
     ],
     "drsnoop": [(DrsnoopResult(name="drsnoop", status="ok", processes=[
         ProcessReclaim(pid=PID, comm="orderd", count=5, memcg_count=0, total_ms=150.0, max_ms=40.0,

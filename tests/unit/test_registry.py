@@ -73,10 +73,11 @@ def test_the_readers_agree_with_the_registry_as_shipped():
     names = REGISTRY.names
     assert names == (
         "faults", "goheap", "memleak", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop", "nodeheap",
-        "jfr",
+        "jfr", "histogram",
     )  # fmt: skip
     assert ProbeRequest.model_fields["name"].annotation.__args__ == names
-    readers = {"goheap", "nodeheap", "jfr"}  # no BPF program: nothing compiled for them (jfr: the JVM's recorder)
+    # no BPF program: nothing compiled for them (jfr: the JVM's recorder; histogram: its jcmd)
+    readers = {"goheap", "nodeheap", "jfr", "histogram"}
     assert [p for p, _ in programs("system")] == ["ratecount", *(n for n in names if n not in readers)]
     rows = REGISTRY.figure_rows()
     assert rows["reclaim.stall_time"] == "drsnoop" and rows["reach.leaked_count"] == "reach"

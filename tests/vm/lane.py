@@ -31,3 +31,8 @@ def row(rep: dict, scope: str, name: str) -> dict:
 def kv(path: Path) -> dict[str, int]:
     """A kernel file of `key value` lines (memory.events, memory.stat)."""
     return {k: int(v) for k, v in (line.split() for line in path.read_text().splitlines())}
+
+
+def trail(rep: dict, kind: str, name: str) -> list[dict]:
+    """The trail's steps of one kind ("budget", "probe", "rule") for one name."""
+    return [t for t in rep["trail"] if t["kind"] == kind and t["name"] == name]
