@@ -29,8 +29,10 @@ def median_range(values: list[float], fmt: str = "{:.2f}") -> str:
 class Watch:
     """Peak RSS (process tree) and CPU time of a tool run."""
 
-    def __init__(self, proc: subprocess.Popen):
+    def __init__(self, proc: subprocess.Popen, every_s: float | None = None):
+        """every_s: also keep (seconds since the start, peak RSS since the last point) that often."""
         self.proc, self.peak, self.map_bytes = proc, 0, 0
+        self.every_s, self.series = every_s, []
         self.thread = threading.Thread(target=self._poll, daemon=True)
         self.thread.start()
 
@@ -39,10 +41,17 @@ class Watch:
             p = psutil.Process(self.proc.pid)
         except psutil.Error:
             return
+        t0 = last = time.monotonic()
+        since = 0
         while self.proc.poll() is None:
             try:
                 rss = p.memory_info().rss + sum(c.memory_info().rss for c in p.children(recursive=True))
                 self.peak = max(self.peak, rss)
+                since = max(since, rss)
+                if self.every_s and time.monotonic() - last >= self.every_s:
+                    last = time.monotonic()
+                    self.series.append((last - t0, since))
+                    since = 0
                 self.map_bytes = max(self.map_bytes, bpf_map_bytes(p.pid))
             except psutil.Error:
                 pass

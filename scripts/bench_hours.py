@@ -107,6 +107,23 @@ def loop_section() -> list[str]:
 LONG_TITLE = "## 7. A long window: memdiag's memory and the report's size over hours"
 
 
+def _rss_over(series: list[tuple[float, int]], seconds: float) -> list[str]:
+    """memdiag's RSS (tree) over the window, by tenths: the peak of each, so a growth shows as a climb."""
+    if not series:
+        return []
+    tenth = seconds / 10
+    peaks = [max((rss for t, rss in series if i * tenth <= t < (i + 1) * tenth), default=0) for i in range(10)]
+    cells = " | ".join(f"{p / MiB:.0f}" if p else "–" for p in peaks)
+    return [
+        f"memdiag's RSS (process tree), the peak of each tenth of the window ({tenth / 60:.0f} min each), MiB:",
+        "",
+        "| " + " | ".join(f"{i + 1}/10" for i in range(10)) + " |",
+        "|" + "---|" * 10,
+        f"| {cells} |",
+        "",
+    ]
+
+
 def long_section() -> list[str]:
     """memdiag --pid over a long window (BENCH_LONG, default 6h) on dayshift (a cache filled by day,
     a leak by night, 12 phases): memdiag's peak RSS (tree) and the report folder's size, sampled
@@ -127,7 +144,7 @@ def long_section() -> list[str]:
             env=BCC_ENV,
             text=True,
         )
-        watch = Watch(proc)
+        watch = Watch(proc, every_s=max(10.0, seconds / 120))
         while proc.poll() is None:
             sizes.append(sum(f.stat().st_size for f in out.iterdir() if f.is_file()))
             time.sleep(10)
@@ -152,6 +169,7 @@ def long_section() -> list[str]:
         f"{watch.peak / MiB:.0f} MiB | {final / 1024:.0f} KiB | {max(sizes or [final]) / 1024:.0f} KiB | "
         f"{rep['verdict']['kind']} ({rep['verdict']['culprit'].get('function')}) |",
         "",
+        *_rss_over(watch.series, seconds),
         f"Last line memdiag printed: `{text.strip().splitlines()[0][:160] if text.strip() else ''}`",
         "",
     ]
