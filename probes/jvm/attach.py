@@ -44,6 +44,13 @@ ARG_MAX = 1024  # the listener refuses an argument longer than this (AttachOpera
 _OPTION_VARIABLES = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
 
 
+# What the report says of a listener memdiag started (jfr's and histogram's caveats)
+LISTENER_STARTED = (
+    "memdiag started the JVM's attach listener (SIGQUIT with its trigger file): its thread and socket "
+    "(/tmp/.java_pid<pid>) stay for the JVM's life, as after any jcmd"
+)
+
+
 class AttachRefused(Exception):
     """memdiag will not (or could not) speak to this JVM; the message says why, in one sentence."""
 

@@ -26,7 +26,7 @@ from memdiag.system.units import fmt_bytes, fmt_duration
 from ..base import Stop, run_for, stop_on_signals
 from ..face import Context, Face, FactDef, Plan, ProbeResult, Section, TracingCost, TrailItem, _Frozen
 from . import costs
-from .attach import AttachRefused, Jvm, jcmd
+from .attach import LISTENER_STARTED, AttachRefused, Jvm, jcmd, listener_running
 from .meter import Meter
 from .plan import attachable
 from .probe import read_counters, safepoint_delta
@@ -121,6 +121,7 @@ class HistogramResult(ProbeResult):
     measured_ns: float | None = None
     process_ns: float | None = None
     heap_used: int = 0  # the heap in use when the plan priced it
+    listener_started: bool = False  # memdiag's SIGQUIT started the JVM's attach listener
 
 
 def _refused(reason: str) -> HistogramPlan:
@@ -180,6 +181,7 @@ def _look(jvm: Jvm, meter: Meter, timeout_s: float, out: dict) -> Histogram:
 def _observe(target: Target, ctx: Context, p: HistogramPlan, stop: Stop, out: dict) -> None:
     assert p.jvm is not None and p.look is not None
     meter = Meter(p.jvm.pid, ctx.cpu_rate or 0.0)
+    out["listener_started"] = not listener_running(p.jvm)
     timeout = max(10.0, 5 * p.look.pause_s)
     begun = time.monotonic()
     first = _look(p.jvm, meter, timeout, out)
@@ -304,12 +306,15 @@ def sections(r: HistogramResult) -> list[Section]:
 
 
 def caveats(r: HistogramResult) -> list[str]:
-    if r.status not in ("ok", "partial") or not r.looked_at:
+    if r.status not in ("ok", "partial", "error") or not r.looked_at:
         return []
-    return [
+    out = [
         f"memdiag's class histograms ran {len(r.looked_at)} full collection(s) in the JVM: the live set its counters "
         "show includes them"
     ]
+    if r.listener_started:
+        out.append(LISTENER_STARTED)
+    return out
 
 
 def trail(r: HistogramResult) -> list[TrailItem]:

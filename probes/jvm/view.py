@@ -8,6 +8,7 @@ from __future__ import annotations
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_rate
 
 from ..face import Face, FactDef, Option, Section, Stack, Stacks, TrailItem
+from .attach import LISTENER_STARTED
 from .plan import plan
 from .probe import JfrResult, measured, run
 from .recording import Held
@@ -233,11 +234,7 @@ def _cost_line(r: JfrResult) -> str:
 def caveats(r: JfrResult) -> list[str]:
     out = []
     if r.listener_started:
-        out.append(
-            "memdiag started the JVM's attach listener (SIGQUIT with its trigger file): its thread and socket "
-            "(/tmp/.java_pid<pid>) stay for the JVM's life, as after any jcmd; the recording is stopped and its "
-            "files removed"
-        )
+        out.append(f"{LISTENER_STARTED}; the recording is stopped and its files removed")
     if r.cold_start and r.status in ("ok", "partial"):
         out.append(
             "JFR's own threads (JFR Recorder Thread, JFR Periodic Tasks) stay in the JVM, idle, once JFR has started"
