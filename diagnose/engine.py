@@ -158,22 +158,25 @@ class Engine:
         """Each probe once per diagnosis; a probe with a plan priced first, and what the playbook
         runs instead queued in its place when its plan does not go."""
         queue: list[Request] = []
-        for name, seconds, rule in requests:
-            if name in self.results or name in self.decided or any(q[0] == name for q in queue):
-                continue
-            self.decided.add(name)
-            planned = min(seconds or float("inf"), self.left() - 1.0)  # as run_requests gives it, at most
-            if REGISTRY.face(name).plan is not None and planned >= MIN_PROBE_S:  # else not run: not priced
-                if self._skipped_by_signal(name, rule):
-                    continue
-                if not self._planned_in(name, planned):
-                    for alt, alt_s in self._instead(self.plans[name]):
-                        if alt not in self.decided and all(q[0] != alt for q in queue):
-                            self.decided.add(alt)
-                            queue.append((alt, alt_s, f"budget (instead of {name}, asked by {rule})"))
-                    continue
-            queue.append((name, seconds, rule))
+        for request in requests:
+            self._admit(request, queue)
         return queue
+
+    def _admit(self, request: Request, queue: list[Request]) -> None:
+        """Queue one request, priced first when it has a plan; what runs instead is priced the same way."""
+        name, seconds, rule = request
+        if name in self.results or name in self.decided or any(q[0] == name for q in queue):
+            return
+        self.decided.add(name)
+        planned = min(seconds or float("inf"), self.left() - 1.0)  # as run_requests gives it, at most
+        if REGISTRY.face(name).plan is not None and planned >= MIN_PROBE_S:  # else not run: not priced
+            if self._skipped_by_signal(name, rule):
+                return
+            if not self._planned_in(name, planned):
+                for alt, alt_s in self._instead(self.plans[name]):
+                    self._admit((alt, alt_s, f"budget (instead of {name}, asked by {rule})"), queue)
+                return
+        queue.append(request)
 
     def _planned_in(self, name: str, planned: float) -> bool:
         """Ask the probe to price itself for the time it would run; the plan goes in the ledger and

@@ -29,8 +29,15 @@ def _header(r: ProbeResult) -> list[str]:
         cost.append(f"BPF run time {r.cost.bpf_run_ns / 1e6:.1f} ms")
     if r.cost.map_bytes:
         cost.append(f"maps {fmt_bytes(r.cost.map_bytes)}")
-    tracing = REGISTRY.face(r.name).measured(r)
-    if tracing is not None and tracing.measured_ns is not None and reader:
+    face = REGISTRY.face(r.name)
+    tracing = face.measured(r)
+    if tracing is not None and tracing.measured_ns is not None and reader and face.on_target:
+        # a command the runtime runs (a recording, a histogram): its CPU, measured on the target
+        cost.append(
+            f"the target's CPU time {tracing.measured_ns / 1e6:.1f} ms over {fmt_duration(tracing.attached_s)} "
+            f"({tracing.percent_of(tracing.attached_s):.2f}%: measured on the target)"
+        )
+    elif tracing is not None and tracing.measured_ns is not None and reader:
         cost.append(
             f"memdiag's time in those reads {tracing.measured_ns / 1e6:.1f} ms over {fmt_duration(tracing.attached_s)} "
             f"({tracing.percent_of(tracing.attached_s):.2f}%: an upper bound of how long they held its memory map)"

@@ -194,6 +194,7 @@ def _observe(target: Target, ctx: Context, p: HistogramPlan, stop: Stop, out: di
         out.update(live_first=first.bytes, live_last=last.bytes, classes=grown(first, last))
     meter.close_step()
     out["measured_ns"], out["process_ns"] = meter.so_far() * 1e9, meter.process_s() * 1e9
+    out["cost"] = {"events": len(out["looked_at"])}  # the looks: what the header counts as its reads
     out["duration_s"] = time.monotonic() - begun
 
 

@@ -150,3 +150,42 @@ def test_unpriced_memleak_leaves_the_fallback_rule_false_not_missing():
     facts, _c, _t = e.facts_of(obs)
     states = {rule.id: o.state for rule, o in run_rules(e.rules, facts)}
     assert states["memleak-over-budget"] == "fired"
+
+
+def test_what_runs_in_a_plans_place_is_priced_itself_and_in_the_trail():
+    """A JVM's recording over the budget: the playbook's class histograms run in its place, and
+    they are priced first like any probe with a plan (once they were queued unpriced)."""
+    from memdiag.probes.jvm.histogram import HistogramPlan
+    from memdiag.probes.jvm.plan import JfrPlan
+
+    fake = FakeProbes()
+    plans = {
+        "jfr": JfrPlan(go=False, state="over-budget", reason="1.5 s start > 600 ms",
+                       facts={"jfr.plan": "over-budget", "jfr.not_run": "over"}),
+        "histogram": HistogramPlan(go=True, state="full", reason="2 x 60 ms <= 600 ms",
+                                   facts={"histogram.plan": "full"}),
+    }  # fmt: skip
+    priced: list[str] = []
+
+    def planner(name: str, ctx: Context):
+        priced.append(name)
+        return plans[name]
+
+    e = Engine(load_rules(), Target.for_pid(7, "java"), 30.0, 2.0, clock=fake.clock, runner=fake.run, planner=planner)
+    e.facts = {**e.facts, "target.runtime": "jvm"}
+    fake.now += 5
+    e.run_requests([("jfr", None, "java-heap-grows")])
+    assert priced == ["jfr", "histogram"]
+    assert [(n, s) for n, s, _ in trail(e, "budget")] == [("jfr", "over-budget"), ("histogram", "full")]
+    assert "in its place the playbook runs histogram" in trail(e, "budget")[0][2]
+    assert [n for n, _ in fake.runs] == ["histogram"]
+    # over the budget too: nothing runs, and the trail says both
+    fake2 = FakeProbes()
+    plans["histogram"] = HistogramPlan(go=False, state="over-budget", reason="2 x 400 ms > 600 ms",
+                                       facts={"histogram.plan": "over-budget"})  # fmt: skip
+    e2 = Engine(load_rules(), Target.for_pid(7, "java"), 30.0, 2.0, clock=fake2.clock, runner=fake2.run,
+                planner=planner)  # fmt: skip
+    e2.facts = {**e2.facts, "target.runtime": "jvm"}
+    e2.run_requests([("jfr", None, "java-heap-grows")])
+    assert [(n, s) for n, s, _ in trail(e2, "budget")] == [("jfr", "over-budget"), ("histogram", "over-budget")]
+    assert fake2.runs == []
