@@ -1,25 +1,53 @@
 """The budget holds on the target's own clock: a whole diagnosis (30 s window, 2% budget) of
 bench_alloc, which times its own allocation batches, at an allocation rate memleak is admitted at
-(glibc, emulated probes) and at the same rate where it must be refused (jemalloc: single-stepped
-probes), and flat out. The time the target lost over the window, by its own thread's CPU clock
-(traps are charged to it; what memdiag and other processes take from it on this 2-core machine is
-not), stays within the budget and the report's overhead figure agrees with it."""
+on this host (glibc, emulated probes; its own plan finds the rate), at 10k/s where it must be
+refused (jemalloc: single-stepped probes, ~7 µs a call), and flat out. The time the target lost
+over the window, by its own thread's CPU clock (traps are charged to it; what memdiag and other
+processes take from it on this 2-core machine is not), stays within the budget and the report's
+overhead figure agrees with it."""
 
 import json
 import time
 
 import pytest
 from kit import BenchAlloc
+from memdiag.probes.face import Budget, Context
+from memdiag.probes.memleak.plan import plan
 from memdiag.system import arch
+from memdiag.system.target import Target
 
 JEMALLOC = arch.library("libjemalloc.so.2")
 
 
+WINDOW = Budget(percent=2.0, window_s=30.0)  # the diagnosis's defaults
+
+
+def admitted_rate(start: int = 10_000, share: float = 0.6) -> int:
+    """An allocation rate memleak's own plan admits on this host, at about `share` of the budget
+    (glibc). The rate is the host's: a trap here costs 633 ns on one host and 1,399 on another
+    (BENCHMARKS.md section 3), and 10k/s was admitted on the first (1.91% reported) but priced at
+    2.35% on the second. Priced as the diagnosis prices it: for the 12 s the rule asks."""
+    rate = start
+    for _ in range(4):
+        b = BenchAlloc(rate).start()
+        try:
+            time.sleep(2.0)
+            p = plan(Target.for_pid(b.pid, "bench_alloc"), Context(seconds=12.0, budget=WINDOW))
+        finally:
+            b.stop()
+        assert p.estimated_percent, p.reason
+        if p.state == "full" and p.estimated_percent <= 0.8 * WINDOW.percent:
+            return rate
+        rate = max(500, int(rate * share * WINDOW.percent / p.estimated_percent) // 100 * 100)
+    raise AssertionError(f"no rate admitted: {p.reason}")
+
+
 @pytest.mark.parametrize(
     ("rate", "allocator", "decision"),
-    [(10_000, "glibc", "full"), (10_000, "jemalloc", "fallback"), (0, "glibc", "fallback")],
+    [(None, "glibc", "full"), (10_000, "jemalloc", "fallback"), (0, "glibc", "fallback")],
 )
 def test_the_target_loses_no_more_than_the_budget(root_required, memdiag, tmp_path, rate, allocator, decision):
+    rate = admitted_rate() if rate is None else rate
     b = BenchAlloc(rate, env={"LD_PRELOAD": JEMALLOC} if allocator == "jemalloc" else None).start()
     try:
         # The untraced cost is taken on both sides of the run, 6 s each: flat out, one second's cost
