@@ -28,7 +28,7 @@ from ..face import Context, Face, FactDef, Plan, ProbeResult, Section, TracingCo
 from . import costs
 from .attach import LISTENER_STARTED, AttachRefused, Jvm, jcmd, listener_running
 from .meter import Meter
-from .plan import attachable
+from .plan import attachable, rows
 from .probe import read_counters, safepoint_delta
 from .recording import class_name
 
@@ -132,9 +132,7 @@ def _refused(reason: str) -> HistogramPlan:
 
 def plan(target: Target, ctx: Context) -> HistogramPlan:
     """Two looks' price for ctx.seconds (never raises; a refusal says why)."""
-    if target.kind != "pid" or target.pid is None:
-        return _refused("a class histogram is a JVM's own: one process (--pid, or a container's JVM)")
-    found = attachable(target.pid)
+    found = attachable(target, "a class histogram is a JVM's own: one process (--pid, or a container's JVM)")
     if isinstance(found, str):
         return _refused(found)
     jvm, counters = found
@@ -331,13 +329,6 @@ def describe(r: HistogramResult, top: int) -> list[str]:
     for c in r.classes[:top]:
         lines.append(f"  {c.cls}: +{fmt_bytes(c.grew)} ({c.added:+,} objects), {fmt_bytes(c.bytes_last)} live")
     return lines
-
-
-def rows(r, p, ctx):
-    """Its row; none for a target it was never asked about."""
-    if r is None and p is None and ctx.row.reason == "no rule asked for it":
-        return []
-    return [ctx.row]
 
 
 FACE = Face(

@@ -71,8 +71,12 @@ def _refused(reason: str) -> JfrPlan:
     return JfrPlan(go=False, state="refused", reason=reason, facts={"jfr.plan": "refused", "jfr.not_run": reason})
 
 
-def attachable(pid: int) -> tuple[Jvm, JvmCounters | None] | str:
-    """The JVM and its counters, if memdiag may send it commands; else why not (nothing sent)."""
+def attachable(target: Target, one_process: str) -> tuple[Jvm, JvmCounters | None] | str:
+    """The JVM and its counters, if memdiag may send it commands; else why not (nothing sent).
+    one_process: what to say of a target that is not one process."""
+    if target.kind != "pid" or target.pid is None:
+        return one_process
+    pid = target.pid
     try:
         jvm = describe_target(pid)
     except AttachRefused as e:
@@ -88,9 +92,9 @@ def attachable(pid: int) -> tuple[Jvm, JvmCounters | None] | str:
 
 def plan(target: Target, ctx: Context) -> JfrPlan:
     """The recording's plan for ctx.seconds (never raises; a refusal says why)."""
-    if target.kind != "pid" or target.pid is None:
-        return _refused("the flight recorder is a JVM's own: it records one process (--pid, or a container's JVM)")
-    found = attachable(target.pid)
+    found = attachable(
+        target, "the flight recorder is a JVM's own: it records one process (--pid, or a container's JVM)"
+    )
     if isinstance(found, str):
         return _refused(found)
     jvm, counters = found
@@ -157,3 +161,10 @@ def _priced(ctx: Context, jvm: Jvm, tool: Tool, build: str | None, cold: bool, c
         **estimate,
         **common,
     )
+
+
+def rows(r, p, ctx):
+    """A JVM probe's row; none at all for a target it was never asked about (a process that is no JVM)."""
+    if r is None and p is None and ctx.row.reason == "no rule asked for it":
+        return []
+    return [ctx.row]

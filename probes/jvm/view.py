@@ -9,7 +9,7 @@ from memdiag.system.units import fmt_bytes, fmt_duration, fmt_rate
 
 from ..face import Face, FactDef, Option, Section, Stack, Stacks, TrailItem
 from .attach import LISTENER_STARTED
-from .plan import plan
+from .plan import plan, rows
 from .probe import JfrResult, measured, run
 from .recording import Held
 
@@ -262,13 +262,6 @@ def describe(r: JfrResult, top: int) -> list[str]:
         lines += [f"      {f}" for f in h.frames[:6]]
         lines.append(f"      chain: {' <- '.join(h.chain)}")
     return lines
-
-
-def rows(r, p, ctx):
-    """Its row; none at all for a target it was never asked about (a process that is no JVM)."""
-    if r is None and p is None and ctx.row.reason == "no rule asked for it":
-        return []
-    return [ctx.row]
 
 
 FACE = Face(
