@@ -28,8 +28,8 @@ from ..face import Context, Face, FactDef, Plan, ProbeResult, Section, TracingCo
 from . import costs
 from .attach import LISTENER_STARTED, AttachRefused, Jvm, jcmd, listener_running
 from .meter import Meter
-from .plan import attachable, rows
-from .probe import read_counters, safepoint_delta
+from .plan import attachable, read_counters, rows
+from .probe import safepoint_delta
 from .recording import class_name
 
 COMMAND = "GC.class_histogram"

@@ -86,8 +86,13 @@ def attachable(target: Target, one_process: str) -> tuple[Jvm, JvmCounters | Non
             "the JVM does not catch SIGQUIT (-Xrs or -XX:+ReduceSignalUsage) and has no attach socket: a signal "
             "would end it, so none is sent"
         )
+    return jvm, read_counters(pid)
+
+
+def read_counters(pid: int) -> JvmCounters | None:
+    """The JVM's counters now (its hsperfdata file); None where it keeps none."""
     perf = read_perfdata(pid)
-    return jvm, jvm_counters(perf) if perf is not None else None
+    return jvm_counters(perf) if perf is not None else None
 
 
 def plan(target: Target, ctx: Context) -> JfrPlan:

@@ -14,8 +14,7 @@ from __future__ import annotations
 
 import time
 
-from memdiag.system.hsperfdata import read_perfdata
-from memdiag.system.jvm import JvmCounters, jvm_counters
+from memdiag.system.jvm import JvmCounters
 from memdiag.system.target import Target
 
 from ..base import Stop, run_for, stop_on_signals
@@ -24,7 +23,7 @@ from . import costs
 from .attach import AttachRefused
 from .jfr import MID, Recording, print_json
 from .meter import STARTING, STOPPING, Meter
-from .plan import JfrPlan, plan
+from .plan import JfrPlan, plan, read_counters
 from .recording import Allocating, Held, after_gc, allocating, held, parse_recording, with_sizes
 
 THROTTLE_PER_S = 100  # allocation samples a second (JFR's default settings: 150/s; profile: 300/s)
@@ -71,11 +70,6 @@ class JfrResult(ProbeResult):
     listener_started: bool = False  # memdiag's SIGQUIT started the JVM's attach listener
     tool: str = ""
     notes: list[str] = []
-
-
-def read_counters(pid: int) -> JvmCounters | None:
-    perf = read_perfdata(pid)
-    return jvm_counters(perf) if perf is not None else None
 
 
 def run(target: Target, ctx: Context) -> JfrResult:
