@@ -51,13 +51,15 @@ def test_the_classes_that_grew_most_first_a_new_one_included():
     assert g[1].bytes_first == 0 and g[1].added == 500
 
 
-def test_a_look_is_priced_by_the_heap_in_use_never_below_the_floor(tmp_path, monkeypatch):
+def test_a_look_is_priced_per_gib_never_below_the_floor_and_the_old_figures_are_not_read(tmp_path, monkeypatch):
     monkeypatch.setattr(costs, "STORE", tmp_path / "jvm-costs.json")
+    # what an earlier memdiag kept (its second look counted the young collections between the looks)
+    costs.STORE.write_text('{"17": {"histogram_cpu_per_gib": [3.2, 3.2], "histogram_pause_per_gib": [0.5]}}')
     big = costs.histogram_price("17", 2 << 30)
     assert not big.measured_here
-    assert big.cpu_s == pytest.approx(2 * costs.HISTOGRAM_PRIORS["histogram_cpu_per_gib"])
+    assert big.cpu_s == pytest.approx(2 * costs.HISTOGRAM_PRIORS["look_cpu_per_gib"])
     assert costs.histogram_price("17", 1 << 20).pause_s == costs.HISTOGRAM_FLOOR_S  # a tiny heap: the floor
-    costs.remember("17", {"histogram_cpu_per_gib": 0.1, "histogram_pause_per_gib": 0.05})
+    costs.remember("17", {"look_cpu_per_gib": 0.1, "look_pause_per_gib": 0.05})
     mine = costs.histogram_price("17", 2 << 30)
     assert mine.measured_here and mine.cpu_s == pytest.approx(0.2) and mine.pause_s == pytest.approx(0.1)
     assert not costs.histogram_price("11", 2 << 30).measured_here  # another build: its own figures, none yet

@@ -45,7 +45,7 @@ def test_an_ambiguous_m_in_a_rule_file_is_refused_with_its_line(tmp_path):
 
 def test_shipped_playbook_loads_with_sources():
     rules = load_playbooks(shipped_playbooks())
-    assert {"oom-kill", "memory-pressure", "rss-climbing", "leak-confirmed", "cache-confirmed", "stable"} <= {
+    assert {"oom-kill", "memory-pressure", "rss-climbing", "unfreed-unscanned", "cache-confirmed", "stable"} <= {
         r.id for r in rules
     }
     assert all(r.source.split(":")[-1].isdigit() for r in rules)
@@ -125,7 +125,7 @@ def _verdicts(facts: dict) -> list[str]:
 BASE = {"target.kind": "pid", "budget.percent": 2.0, "summary.growth": "grows", "target.name": "PID 1 (x)"}
 
 
-def test_playbook_leak_beats_growth():
+def test_playbook_a_climbing_stack_beats_the_counters_growth_and_without_a_scan_is_no_leak():
     facts = {
         **BASE,
         "reach.scanned": False,
@@ -138,7 +138,10 @@ def test_playbook_leak_beats_growth():
         "memleak.top_rate": 1.0,
         "memleak.top_outstanding": 1,
     }
-    assert _verdicts(facts)[0] == "leak"
+    rules = load_playbooks(shipped_playbooks())
+    fired = [r for r, o in run_rules(rules, facts) if o.state == "fired" and r.then.verdict]
+    assert max(fired, key=lambda r: r.then.verdict.priority).id == "unfreed-unscanned"
+    assert "leak" not in _verdicts(facts) and "rss-climbing" in {r.id for r in fired}
 
 
 def test_playbook_cache_and_mappings():
@@ -236,9 +239,9 @@ def test_playbook_without_a_scan_falls_back_to_the_trend_with_less_confidence():
         "memleak.top_free_ratio": 0.0,
     }
     rule, confidence, summary = _winner(facts)
-    assert rule == "leak-confirmed" and confidence < 0.9
+    assert rule == "unfreed-unscanned" and confidence < 0.9
     # the scan's price stays in the trail: its figures are no table's, and a headline is no place for them
-    assert "judged from the trend alone: the reachability scan did not run, for the reason in the trail" in summary
+    assert "which only the reachability scan tells, and it did not run (the reason is in the trail)" in summary
     assert "600 ms" not in summary
 
 
