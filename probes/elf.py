@@ -71,6 +71,7 @@ class ElfInfo:
         self._fde_starts: list[int] = []
         self._objects: list[Symbol] | None = None
         self._object_starts: list[int] = []
+        self._allocated: list[tuple[int, int, str]] | None = None  # (start, end, name) of SHF_ALLOC sections
 
     # --- addresses --------------------------------------------------------------------------
     def bias(self, mapping: Mapping) -> int | None:
@@ -226,10 +227,15 @@ class ElfInfo:
 
     def section_of(self, vaddr: int) -> str | None:
         """The name of the allocated section that holds vaddr (.data, .bss, .got, ...)."""
-        for sec in self.elf.iter_sections():
-            if sec["sh_flags"] & 0x2 and sec["sh_addr"] <= vaddr < sec["sh_addr"] + sec["sh_size"]:  # SHF_ALLOC
-                return sec.name
-        return None
+        # read once: pyelftools parses every section header again on each pass (a scan naming the
+        # anchor of 23,400 registry blocks spent 17 s here, 70 s under a profiler)
+        if self._allocated is None:
+            self._allocated = [
+                (sec["sh_addr"], sec["sh_addr"] + sec["sh_size"], sec.name)
+                for sec in self.elf.iter_sections()
+                if sec["sh_flags"] & 0x2  # SHF_ALLOC
+            ]
+        return next((name for lo, hi, name in self._allocated if lo <= vaddr < hi), None)
 
     # --- call frame information -----------------------------------------------------------
     def _fde_index(self) -> None:

@@ -69,7 +69,10 @@ def test_error_branch_leak_is_a_leak(memdiag, workload, tmp_path):
 
 def test_growing_registry_is_growth_with_its_anchor(memdiag, workload, tmp_path):
     w = workload("registry", "2000")
-    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    # the scan is what tells held from leaked: at the default 2% it fits on some hosts and not on
+    # others (on a host whose traps cost twice, 208 ms of pause against 183 ms left); 5% pays for it
+    # everywhere (without it the verdict is growth with the scan's absence said: test_leakcache)
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid), "--budget", "5")
     v = rep["verdict"]
     assert v["kind"] == "growth", v["summary"]
     assert "register_entry keeps adding blocks the program still holds" in v["summary"]
