@@ -39,10 +39,13 @@ def _run(target: Target, ctx: Context) -> MemleakResult:
         return _run_alone(target, ctx)
     p = ctx.plan if isinstance(ctx.plan, MemleakPlan) else None
     costs = p.costs if p is not None else None
+    seconds = ctx.seconds
+    if p is not None and p.schedule is not None:  # the time the budget pays for, where shorter
+        seconds = min(seconds, p.schedule.seconds)
     return run(
         target,
-        ctx.seconds,
-        series_interval=max(1.0, ctx.seconds / 10),
+        seconds,
+        series_interval=max(1.0, seconds / 10),
         costs=costs,
         site_rates=p.site_rates if p is not None else None,
         allowance_ns=ctx.budget.allowance_ns if costs is not None and ctx.budget is not None else None,

@@ -5,8 +5,9 @@ a call through its probe costs on this host (meter.py: an emulated or single-ste
 probe, memleak's programs; costs.py measures them once per kernel and CPU), over the time it would
 be attached with its detach, plus what the count itself cost, as a share of the window, against
 the budget. The count's cost is spent whatever the decision: a row of the probe table. Within
-budget memleak attaches for the whole time asked (one burst); over it, the playbook says what runs
-instead (its rule on the `alloc.tracing` fact)."""
+budget memleak attaches for the whole time asked (one burst); over it, for as long as the budget
+pays for where that is long enough for a trend (MIN_TRACE_S); shorter than that, the playbook says
+what runs instead (its rule on the `alloc.tracing` fact)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,11 @@ from ..face import Budget, Context, Plan, Spent
 from .costs import Costs, host_costs
 from .meter import Price, detach_seconds, price, trap_ns
 from .ratecount import COUNTED, Rates, estimate_call_rates
+from .trend import MIN_POINTS
 
+# The shortest trace worth attaching: the series is read once a second at the most often, and a
+# stack's shape needs MIN_POINTS readings of it (fewer is "unknown", neither leak nor cache)
+MIN_TRACE_S = float(MIN_POINTS + 1)
 COUNT_STEP = "ratecount"  # the probe table's row of the rate count
 COUNT_METHOD = "one uprobe per entry point, each count stopped after ~1,000 calls or 0.25 s"
 NOT_PER_PROCESS = "allocation tracing is priced per process, not for a cgroup or the whole system"
@@ -170,15 +175,29 @@ class _Pricing:
         b, run_s = self.budget, self.schedule.seconds
         spent = b.spent_ns + self.spent_ns
         projected = 100 * (pr.ns_per_s * self.schedule.attached_s + spent) / (b.window_s * 1e9)
+        asked, schedule, shortened = projected, self.schedule, ""
+        if projected > b.percent and schedule.bursts == 1 and pr.ns_per_s > 0:
+            # what the budget pays for: a shorter trace within it beats none (a 14 s window at 8,600
+            # malloc/s was refused for 8 s at 2.7% where 5 s fitted)
+            fits = int(((b.percent / 100 * b.window_s * 1e9 - spent) / pr.ns_per_s - detach_seconds()) * 10) / 10
+            if MIN_TRACE_S <= fits < run_s:
+                schedule = Schedule(fits)
+                short = 100 * (pr.ns_per_s * schedule.attached_s + spent) / (b.window_s * 1e9)
+                shortened = f"; the budget pays for {fits:g} s of it: traced for those ({short:.2f}% of the window)"
+                projected = short
+            elif fits < MIN_TRACE_S:
+                paid = f"{max(fits, 0.0):g} s"
+                shortened = f"; the budget pays for {paid} of it, under the {MIN_TRACE_S:g} s a stack's trend needs"
         what = (
             f"{prefix}{pr.describe()} (rates counted over {rates.counts[0].seconds:.2f} s, corrected for the "
             f"count's own traps) = {pr.percent:.2f}% of a CPU while attached; over the {run_s:.0f} s it would "
-            f"run and its detach, with the rate count's {spent / 1e6:.1f} ms, {projected:.2f}% of the "
+            f"run and its detach, with the rate count's {spent / 1e6:.1f} ms, {asked:.2f}% of the "
             f"{b.window_s:.0f} s window"
         )
         rare = ", ".join(f for f in pr.uncounted() if not prefix)
         if rare:
             what += f" ({rare} not counted beforehand: measured once attached)"
+        what += shortened
         within = projected <= b.percent
         reason = (
             f"{what} <= budget {b.percent:g}%"
@@ -198,5 +217,5 @@ class _Pricing:
             allocator=self.allocator,
             costs=self.costs,
             site_rates=site_rates,
-            schedule=self.schedule,
+            schedule=schedule,
         )

@@ -8,7 +8,7 @@ import pytest
 from memdiag.diagnose.engine import MIN_PROBE_S, Engine
 from memdiag.diagnose.workflow import load_rules
 from memdiag.probes.face import Budget, Context, ProbeResult
-from memdiag.probes.memleak.plan import MemleakPlan, Schedule, _Pricing, decision
+from memdiag.probes.memleak.plan import MIN_TRACE_S, MemleakPlan, Schedule, _Pricing, decision
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.target import Target
 
@@ -125,8 +125,16 @@ def test_the_budget_decision_is_the_projected_share_of_the_window():
     expected = 100 * (4e7 * (12 + detach_seconds()) + 1e6) / 30e9
     assert cheap.choice == "full" and cheap.go and cheap.estimated_percent == pytest.approx(expected)
     assert cheap.reason.endswith("<= budget 2%") and cheap.cost_ns == pytest.approx(4e4)
-    dear = pricing.decide(_price(1e8), rates, "malloc alone: ")
+    # 100 ms a second: 12 s is over the budget, the 5.x s it pays for are traced (within it)
+    shorter = pricing.decide(_price(1e8), rates, "")
+    fits = (0.02 * 30e9 - 1e6) / 1e8 - detach_seconds()
+    assert shorter.choice == "full" and shorter.schedule.seconds == pytest.approx(fits, abs=0.1)
+    assert shorter.schedule.seconds <= fits and shorter.estimated_percent <= 2.0
+    assert f"the budget pays for {shorter.schedule.seconds:g} s of it: traced for those" in shorter.reason
+    # 200 ms a second: what it pays for (under 3 s) is too short for a stack's trend: refused
+    dear = pricing.decide(_price(2e8), rates, "malloc alone: ")
     assert dear.choice == "fallback" and not dear.go and "> budget 2%: every uprobe hit is a trap" in dear.reason
+    assert f"under the {MIN_TRACE_S:g} s a stack's trend needs" in dear.reason
     assert dear.reason.startswith("malloc alone: malloc+0") and dear.facts["alloc.tracing"] == "fallback"
     assert dear.facts["alloc.allocator"] == "glibc"
     # N bursts of L seconds are priced as what they keep attached: each burst and its detach
