@@ -174,17 +174,20 @@ class _Pricing:
         with its detach, with what was spent already, as a share of the window, against the budget."""
         b, run_s = self.budget, self.schedule.seconds
         spent = b.spent_ns + self.spent_ns
-        projected = 100 * (pr.ns_per_s * self.schedule.attached_s + spent) / (b.window_s * 1e9)
+
+        def share(schedule: Schedule) -> float:
+            return 100 * (pr.ns_per_s * schedule.attached_s + spent) / (b.window_s * 1e9)
+
+        projected = share(self.schedule)
         asked, schedule, shortened = projected, self.schedule, ""
         if projected > b.percent and schedule.bursts == 1 and pr.ns_per_s > 0:
-            # what the budget pays for: a shorter trace within it beats none (a 14 s window at 8,600
-            # malloc/s was refused for 8 s at 2.7% where 5 s fitted)
+            # what the budget pays for: a shorter trace within it beats none (a stack's trend from a
+            # few seconds against no allocation stack at all)
             fits = int(((b.percent / 100 * b.window_s * 1e9 - spent) / pr.ns_per_s - detach_seconds()) * 10) / 10
             if MIN_TRACE_S <= fits < run_s:
                 schedule = Schedule(fits)
-                short = 100 * (pr.ns_per_s * schedule.attached_s + spent) / (b.window_s * 1e9)
-                shortened = f"; the budget pays for {fits:g} s of it: traced for those ({short:.2f}% of the window)"
-                projected = short
+                projected = share(schedule)
+                shortened = f"; the budget pays for {fits:g} s of it: traced for those ({projected:.2f}% of the window)"
             elif fits < MIN_TRACE_S:
                 paid = f"{max(fits, 0.0):g} s"
                 shortened = f"; the budget pays for {paid} of it, under the {MIN_TRACE_S:g} s a stack's trend needs"

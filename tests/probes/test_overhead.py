@@ -10,6 +10,7 @@ from kit import BenchAlloc
 from memdiag.probes import memleak
 from memdiag.probes.allocator import find_allocator
 from memdiag.probes.memleak.costs import host_costs
+from memdiag.probes.memleak.meter import price
 from memdiag.system import arch
 from memdiag.system.process import cpu_seconds
 from memdiag.system.target import Target
@@ -67,8 +68,6 @@ def test_measured_cost_agrees_with_what_the_target_lost(bench, allocator):
 
 
 def test_detaches_when_the_measured_cost_reaches_the_allowance(bench):
-    from memdiag.probes.memleak.meter import price
-
     b = bench(10_000)
     # 2 s of tracing at 10 thousand calls/s, as this host's traps price it (40 ms was 1.5 s of it on
     # one host and 0.7 s on one whose traps cost twice: under the first check's tick)
@@ -88,8 +87,6 @@ def test_price_is_per_site(root_required, bench):
     """glibc's malloc and free sit on emulated instructions; under jemalloc both are single-stepped
     and priced at the stepped trap. How much dearer is this host's: its measured costs decide
     (3.6x on one machine, ~30x on another), never a ratio the test assumes."""
-    from memdiag.probes.memleak.meter import price
-
     costs = host_costs()
     glibc = find_allocator(bench(1000).pid)
     jemalloc = find_allocator(bench(1000, env={"LD_PRELOAD": JEMALLOC}).pid)
