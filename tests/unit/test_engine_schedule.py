@@ -91,6 +91,18 @@ def test_probes_share_the_time_left_and_a_duration_is_a_ceiling():
     assert fake.runs == [("swapin", 4.0), ("vmscan", 7.5), ("drsnoop", 7.5)]
 
 
+def test_where_the_time_left_does_not_divide_the_first_probes_run_and_the_last_not():
+    fake = FakeProbes()
+    e = engine(fake)
+    fake.now += 30 - 6  # 6 s left, 5 after the margin: a third each would be under MIN_PROBE_S
+    e.run_requests([("faults", None, "growth"), ("brkstack", None, "growth"), ("mmapsnoop", None, "growth")])
+    assert fake.runs == [("faults", MIN_PROBE_S)]  # the playbook's first, for the shortest run
+    assert trail(e, "probe")[1:] == [
+        ("brkstack", "not-run", "asked by growth, but only 2 s of the window were left"),
+        ("mmapsnoop", "not-run", "asked by growth, but only 2 s of the window were left"),
+    ]
+
+
 def test_too_little_time_left_is_not_run_and_memleak_not_priced():
     fake = FakeProbes()
     e = engine(fake)  # no decision: pricing would fail the test
