@@ -52,6 +52,7 @@ def _run(target: Target, ctx: Context) -> MemleakResult:
         cpu_baseline=ctx.cpu_rate,
         scan_reach=True,
         reach_allowed_ms=ctx.max_pause_ms,
+        scan_kept_ms=(p.scan_ms or 0.0) if p is not None else 0.0,
     )
 
 

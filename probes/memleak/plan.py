@@ -21,11 +21,16 @@ from ..face import Budget, Context, Plan, Spent
 from .costs import Costs, host_costs
 from .meter import Price, detach_seconds, price, trap_ns
 from .ratecount import COUNTED, Rates, estimate_call_rates
+from .reach.pause import reserve_ms
 from .trend import MIN_POINTS
 
 # The shortest trace worth attaching: the series is read once a second at the most often, and a
 # stack's shape needs MIN_POINTS readings of it (fewer is "unknown", neither leak nor cache)
 MIN_TRACE_S = float(MIN_POINTS + 1)
+# The shortest trace where the reachability scan ends it: the scan, not a trend, tells leak from held
+# there (blocks born in the trace, outstanding and unreachable at its end); half a second is tens of
+# thousands of calls at the rates that are priced out of a whole window (100k/s glibc, 10k/s jemalloc)
+MIN_BURST_S = 0.5
 COUNT_STEP = "ratecount"  # the probe table's row of the rate count
 COUNT_METHOD = "one uprobe per entry point, each count stopped after ~1,000 calls or 0.25 s"
 NOT_PER_PROCESS = "allocation tracing is priced per process, not for a cgroup or the whole system"
@@ -57,6 +62,7 @@ class MemleakPlan(Plan):
     costs: Costs | None = None  # this host's trap costs: the run measures what it costs with them
     site_rates: dict[str, float] | None = None  # calls per second by entry point, hottest attached first
     schedule: Schedule | None = None
+    scan_ms: float | None = None  # the pause kept for the reachability scan that ends the trace (an estimate)
 
     @property
     def choice(self) -> str:
@@ -98,7 +104,12 @@ def plan(target: Target, ctx: Context) -> MemleakPlan:
         rates = estimate_call_rates(target.pid, trap_ns=traps, alloc=alloc, functions=ALLOCATING)
     if costs is None or alloc is None or rates is None:
         return decision("unknown", NOT_PRICED, allocator=allocator)
-    pricing = _Pricing(budget, Schedule(ctx.seconds), costs, allocator, walk_ns=walk_ns(target.pid, costs))
+    scan = reserve_ms(target.pid)
+    if scan is not None and ctx.max_pause_ms is not None and scan > ctx.max_pause_ms:
+        scan = None  # the scan would be refused at the end: no shortened trace may rest on it
+    pricing = _Pricing(
+        budget, Schedule(ctx.seconds), costs, allocator, walk_ns=walk_ns(target.pid, costs), scan_ms=scan
+    )
     pricing.spend(rates)
     first_step = [p for p in alloc.placements if p.function in ALLOCATING]
     prefix = " and ".join(r.function for r in rates.counts) + " alone: "
@@ -121,6 +132,7 @@ class _Pricing:
     counted: set[str] = field(default_factory=set)  # the entry points counted
     allocating: float = 0.0  # allocating calls per second
     walk_ns: float = 0.0  # what a CPython target's frame walk adds to one allocation (probes/cpython/price.py)
+    scan_ms: float | None = None  # the pause kept for the scan ending a shortened trace (reach/pause.py)
 
     def spend(self, rates: Rates) -> None:
         """A count's cost to the target, kept for the probe table (one row for every count)."""
@@ -169,6 +181,30 @@ class _Pricing:
     def _spent(self) -> list[Spent]:
         return [self.count] if self.count is not None else []
 
+    def _shortened(self, ns_per_s: float, spent: float) -> tuple[Schedule, str]:
+        """What the budget pays for, the pause of the scan that ends the trace kept out of it: a
+        shorter trace within it beats none, and its scan tells leak from held where a trend of a few
+        seconds cannot (a 14 s alert window traced 6 s and left its scan 12 ms of the 112 it needed).
+        The schedule asked where none fits, and the trail's words ({projected}: the share run)."""
+        b, kept = self.budget, self.scan_ms or 0.0
+        fits = (b.percent / 100 * b.window_s * 1e9 - spent - kept * 1e6) / ns_per_s - detach_seconds()
+        fits = int(fits * 10) / 10
+        shortest = MIN_BURST_S if self.scan_ms is not None else MIN_TRACE_S
+        if fits >= self.schedule.seconds:
+            return self.schedule, ""
+        if fits < shortest:
+            why = (
+                f"under the {MIN_BURST_S:g} s a trace ended by the reachability scan needs"
+                if self.scan_ms is not None
+                else f"under the {MIN_TRACE_S:g} s a stack's trend needs (no scan can end it)"
+            )
+            return self.schedule, f"; the budget pays for {max(fits, 0.0):g} s of it, {why}"
+        scan = f" with ~{kept:.0f} ms kept for the reachability scan at its end (an estimate)" if kept else ""
+        said = f"; the budget pays for {fits:g} s of it{scan}: traced for those ({{projected:.2f}}% of the window)"
+        if fits < MIN_TRACE_S:
+            said += f", under the {MIN_TRACE_S:g} s a stack's trend needs: the scan alone tells leak from held"
+        return Schedule(fits), said
+
     def decide(self, pr: Price, rates: Rates, prefix: str, site_rates: dict[str, float] | None = None) -> MemleakPlan:
         """Full tracing or not: the price's rate of cost over the time memleak would be attached
         with its detach, with what was spent already, as a share of the window, against the budget."""
@@ -181,16 +217,9 @@ class _Pricing:
         projected = share(self.schedule)
         asked, schedule, shortened = projected, self.schedule, ""
         if projected > b.percent and schedule.bursts == 1 and pr.ns_per_s > 0:
-            # what the budget pays for: a shorter trace within it beats none (a stack's trend from a
-            # few seconds against no allocation stack at all)
-            fits = int(((b.percent / 100 * b.window_s * 1e9 - spent) / pr.ns_per_s - detach_seconds()) * 10) / 10
-            if MIN_TRACE_S <= fits < run_s:
-                schedule = Schedule(fits)
-                projected = share(schedule)
-                shortened = f"; the budget pays for {fits:g} s of it: traced for those ({projected:.2f}% of the window)"
-            elif fits < MIN_TRACE_S:
-                paid = f"{max(fits, 0.0):g} s"
-                shortened = f"; the budget pays for {paid} of it, under the {MIN_TRACE_S:g} s a stack's trend needs"
+            schedule, shortened = self._shortened(pr.ns_per_s, spent)
+            projected = share(schedule)
+            shortened = shortened.format(projected=projected)
         what = (
             f"{prefix}{pr.describe()} (rates counted over {rates.counts[0].seconds:.2f} s, corrected for the "
             f"count's own traps) = {pr.percent:.2f}% of a CPU while attached; over the {run_s:.0f} s it would "
@@ -221,4 +250,5 @@ class _Pricing:
             costs=self.costs,
             site_rates=site_rates,
             schedule=schedule,
+            scan_ms=self.scan_ms,
         )

@@ -70,6 +70,7 @@ def run(
     cpu_baseline: float | None = None,
     scan_reach: bool = False,
     reach_allowed_ms: float | None = None,
+    scan_kept_ms: float = 0.0,
 ) -> MemleakResult:
     """functions: attach only these entry points (a narrower, cheaper set), default all.
     costs (this host's, costs.py): measure what tracing costs the target as it runs
@@ -80,7 +81,8 @@ def run(
     second before the attach, to measure its added CPU time (a pid target).
     scan_reach: at the end, with the probes still attached, stop the target and scan its memory
     for what points at the outstanding blocks (reach/), if the pause fits
-    reach_allowed_ms (None: no limit) and what is left of the allowance."""
+    reach_allowed_ms (None: no limit) and what is left of the allowance; scan_kept_ms of it are
+    kept for that scan (the early detach comes that much sooner)."""
     if target.kind == "system" and not kernel_mode:
         return MemleakResult(
             name="memleak",
@@ -105,6 +107,7 @@ def run(
         allowance_ns=allowance_ns,
         scan_reach=scan_reach,
         reach_allowed_ms=reach_allowed_ms,
+        scan_kept_ns=scan_kept_ms * 1e6 if scan_reach else 0.0,
         spaces=Spaces(),
         meter=Meter(target.pid if target.kind == "pid" else None, cpu_baseline),
     )
@@ -144,6 +147,7 @@ class _Session:
     allowance_ns: float | None
     scan_reach: bool
     reach_allowed_ms: float | None
+    scan_kept_ns: float
     spaces: Spaces
     meter: Meter
     info: dict = field(default_factory=_no_placements)
@@ -250,7 +254,8 @@ class _Session:
             spent = self._spent_ns(bpf)
             # detaching keeps the hottest probes trapping for about a grace period more, and the next
             # check is a tick away: detach now if either would carry it past the allowance
-            if spent is not None and spent * (1 + (detach_seconds() + CHECK_S) / elapsed) >= self.allowance_ns:
+            allowance = self.allowance_ns - self.scan_kept_ns  # the scan's pause kept (plan.py)
+            if spent is not None and spent * (1 + (detach_seconds() + CHECK_S) / elapsed) >= allowance:
                 return True
         return False
 

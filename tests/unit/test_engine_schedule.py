@@ -8,7 +8,7 @@ import pytest
 from memdiag.diagnose.engine import MIN_PROBE_S, Engine
 from memdiag.diagnose.workflow import load_rules
 from memdiag.probes.face import Budget, Context, ProbeResult
-from memdiag.probes.memleak.plan import MIN_TRACE_S, MemleakPlan, Schedule, _Pricing, decision
+from memdiag.probes.memleak.plan import MIN_BURST_S, MIN_TRACE_S, MemleakPlan, Schedule, _Pricing, decision
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.target import Target
 
@@ -149,6 +149,20 @@ def test_the_budget_decision_is_the_projected_share_of_the_window():
     assert f"under the {MIN_TRACE_S:g} s a stack's trend needs" in dear.reason
     assert dear.reason.startswith("malloc alone: malloc+0") and dear.facts["alloc.tracing"] == "fallback"
     assert dear.facts["alloc.allocator"] == "glibc"
+    # with a scan to end it (its pause kept out of what the budget pays for), a trace shorter than a
+    # trend's 5 s goes: 200 ms a second pays for about 2.x s, the scan alone telling leak from held
+    scanned = _Pricing(Budget(2.0, 30.0, spent_ns=1e6), Schedule(12.0), None, "glibc", allocating=1000.0, scan_ms=50.0)
+    burst = scanned.decide(_price(2e8), rates, "")
+    fits = (0.02 * 30e9 - 1e6 - 50e6) / 2e8 - detach_seconds()
+    assert burst.choice == "full" and burst.schedule.seconds == pytest.approx(fits, abs=0.1)
+    assert burst.schedule.seconds < MIN_TRACE_S
+    assert burst.schedule.seconds <= fits and burst.estimated_percent <= 2.0 * (600 - 50) / 600
+    assert "with ~50 ms kept for the reachability scan at its end (an estimate)" in burst.reason
+    assert "the scan alone tells leak from held" in burst.reason
+    # the scan kept out of the 5.x s too; and what pays for under MIN_BURST_S is refused, saying so
+    assert scanned.decide(_price(1e8), rates, "").schedule.seconds < shorter.schedule.seconds
+    refused = scanned.decide(_price(2e9), rates, "")
+    assert refused.choice == "fallback" and f"under the {MIN_BURST_S:g} s a trace ended by" in refused.reason
     # N bursts of L seconds are priced as what they keep attached: each burst and its detach
     bursts = _Pricing(Budget(2.0, 30.0), Schedule(2.0, bursts=3), costs=None, allocator="glibc", allocating=1000.0)
     three = bursts.decide(_price(4e7), rates, "")
