@@ -97,7 +97,7 @@ def test_a_leak_in_a_limited_v2_cgroup_diagnosed_by_pid(memdiag, memcg, workload
     w = workload("leak", "1024", cgroup=cg)
     rep = diagnose(memdiag, tmp_path, "--pid", str(w.pid), "--duration", "90", "--budget", BUDGET)
     v = rep["verdict"]
-    assert v["kind"] == "leak", v["summary"]
+    assert v["kind"] == "leak", (v["summary"], trail(rep, "scan", "reach"), trail(rep, "budget", "memleak"))
     assert "leak_order_history" in v["summary"]
     assert any("leak_order_history+0x" in f for f in v["culprit"]["stack"])
     assert v["culprit"]["pid"] == w.pid and v["culprit"]["cgroup"] == cg.path
@@ -183,7 +183,7 @@ def test_a_container_on_v2_with_crun_is_diagnosed_by_name(podman_container, memd
     assert Path(f"/proc/{c.pid}/cgroup").read_text().startswith("0::/")  # v2 only
     rep = diagnose(memdiag, tmp_path, "--container", c.name, "--duration", "90", "--budget", BUDGET)
     v = rep["verdict"]
-    assert v["kind"] == "leak", v["summary"]
+    assert v["kind"] == "leak", (v["summary"], trail(rep, "scan", "reach"), trail(rep, "budget", "memleak"))
     assert "leak_order_history" in v["summary"]
     # the limit as the container's own leaf cgroup holds it (crun may nest it below the scope)
     assert row(rep, "cgroup", "effective_limit")["last"] == 512 * MiB
