@@ -68,6 +68,14 @@ class GoHeapResult(ProbeResult):
     goroutines_total: list[int] = []  # with the runtime's own
     groups: list[GoroutineGroup] = []  # largest growth first, the top few
     goroutines_complete: bool = True
+    # the GC pacer's exact counts (runtime.gcController) and the process's anonymous RSS, every read
+    pacer_times: list[float] = []  # seconds from the first read
+    gogc: int | None = None  # GOGC the program runs with at the last read (-1: off)
+    heap_goal: list[int] = []  # the heap goal as the GC before the read ended
+    heap_marked: list[int] = []  # what that GC marked live
+    heap_retained: list[int] = []  # what the heap held from the OS (in-use spans and free ones not returned)
+    runtime_mapped: list[int] = []  # all the runtime held from the OS (heap, stacks, its own metadata)
+    rss_anon: list[int] = []  # the process's anonymous resident bytes
     read_bytes: int = 0  # what the reads took from the target's memory, over the run
     read_seconds: float = 0.0  # the reader's own time in those reads
     module: str = ""  # the executable's name, for frames
@@ -162,6 +170,7 @@ def summarize(proc: GoProcess, snaps: list[GoSnapshot], started: float) -> GoHea
     t0 = snaps[0].at if snaps else started
     heap, stacks = _stacks(proc.table, points, module)
     groups, users, totals = _goroutines(proc, snaps)
+    paced = [s for s in snaps if s.pacer is not None and s.rss_anon is not None]
     m = proc.memory
     return GoHeapResult(
         status="ok",
@@ -181,6 +190,13 @@ def summarize(proc: GoProcess, snaps: list[GoSnapshot], started: float) -> GoHea
         goroutines_total=totals,
         groups=groups,
         goroutines_complete=all(s.goroutines is None or s.goroutines.complete for s in snaps),
+        pacer_times=[round(s.at - t0, 3) for s in paced],
+        gogc=paced[-1].pacer.gc_percent if paced else None,  # type: ignore[union-attr]
+        heap_goal=[s.pacer.heap_goal for s in paced],  # type: ignore[union-attr]
+        heap_marked=[s.pacer.heap_marked for s in paced],  # type: ignore[union-attr]
+        heap_retained=[s.pacer.retained for s in paced],  # type: ignore[union-attr]
+        runtime_mapped=[s.pacer.mapped_ready for s in paced],  # type: ignore[union-attr]
+        rss_anon=[s.rss_anon for s in paced],  # type: ignore[misc]
         read_bytes=m.bytes_read,
         read_seconds=round(m.seconds, 6),
         method=f"/proc/PID/mem reads of the Go runtime's heap profile and goroutines (located from {proc.found_by})",

@@ -1,6 +1,7 @@
 """Where a Go runtime keeps what memdiag reads from outside, per Go version: the heap profile's
 bucket list (runtime.mbuckets), its GC cycle counter (runtime.mProfCycle), the sampling rate
-(runtime.MemProfileRate) and the goroutine list (runtime.allgs), and the layouts of the structures
+(runtime.MemProfileRate), the goroutine list (runtime.allgs), the GC pacer's own heap counts
+(runtime.gcController, where the symbol table names it), and the layouts of the structures
 behind them (runtime.bucket, runtime.memRecord, runtime.g).
 
 The variables are found by the binary's symbol table when it kept one, and otherwise (a stripped
@@ -34,6 +35,25 @@ class Recipe:
 
 
 @dataclass(frozen=True)
+class Pacer:
+    """runtime.gcControllerState (runtime/mgcpacer.go): the GC's own counts of the heap, exact where
+    the heap profile is an estimate. Offsets of its fields, checked against the DWARF of a program
+    built with the same toolchain (tests/probes/test_goheap.py)."""
+
+    gc_percent: int  # int32: GOGC as the program runs it (-1: off)
+    last_heap_goal: int  # the heap goal as the last GC ended: the heap may grow to it before the next
+    heap_marked: int  # what the last GC marked live
+    heap_in_use: int  # bytes in in-use spans
+    heap_released: int  # returned to the OS
+    heap_free: int  # in no span, not yet returned to the OS (resident, or never touched)
+    mapped_ready: int  # all the runtime holds from the OS, heap and not (what GOMEMLIMIT counts)
+
+    @property
+    def read_size(self) -> int:
+        return max(self.last_heap_goal, self.heap_marked, self.heap_in_use, self.heap_free, self.mapped_ready) + 8
+
+
+@dataclass(frozen=True)
 class Layout:
     bucket_header: int  # runtime.bucket: next, allnext, typ, hash, size, nstk (6 words)
     mem_bucket: int  # bucketType memProfile
@@ -54,6 +74,8 @@ class Layout:
     scan_bit: int  # _Gscan, or'd into the status while the GC scans the stack
     wait_reasons: tuple[str, ...]
     recipes: dict[str, Recipe]
+    # runtime.gcController, read where the symbol table names it (no recipe: a stripped binary goes without)
+    pacer: Pacer | None = None
 
 
 _WAIT_119 = (
@@ -94,6 +116,15 @@ LAYOUTS = {
             # forEachG: lock(&allglock), then `for _, gp := range allgs`: the slice's pointer, then its length
             "runtime.allgs": Recipe("runtime.forEachG", 8),
         },
+        pacer=Pacer(
+            gc_percent=0,
+            last_heap_goal=128,
+            heap_marked=184,
+            heap_in_use=304,
+            heap_released=312,
+            heap_free=320,
+            mapped_ready=344,
+        ),
     )
 }
 

@@ -22,6 +22,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memdiag.system.process import ProcessGone, read_process
 from memdiag.system.runtime import read_go_build
 
 from .golayout import Layout, UnsupportedGo, find_variables, layout_for
@@ -128,6 +129,24 @@ class Goroutines:
     complete: bool = True  # False: more than MAX_GOROUTINES, the rest not read
 
 
+@dataclass(frozen=True)
+class PacerCounts:
+    """The GC pacer's counts at one read (bytes; gc_percent as GOGC)."""
+
+    gc_percent: int
+    heap_goal: int
+    heap_marked: int
+    heap_in_use: int
+    heap_free: int
+    heap_released: int
+    mapped_ready: int
+
+    @property
+    def retained(self) -> int:
+        """What the heap holds from the OS: in-use spans and free ones not yet returned."""
+        return self.heap_in_use + self.heap_free
+
+
 @dataclass
 class GoSnapshot:
     at: float  # time.time()
@@ -136,6 +155,8 @@ class GoSnapshot:
     buckets: list[Bucket]
     goroutines: Goroutines | None
     complete: bool = True  # False: the bucket list was cut at MAX_BUCKETS or ran into unreadable memory
+    pacer: PacerCounts | None = None  # None: runtime.gcController not located (a stripped binary) or unreadable
+    rss_anon: int | None = None  # the process's anonymous resident bytes at the read (RssAnon)
 
 
 def scaled(count: int, size: int, rate: int) -> tuple[float, float]:
@@ -153,6 +174,7 @@ class GoProcess:
 
     def __init__(self, pid: int, proc_root: Path = Path("/proc")):
         self.pid = pid
+        self.proc_root = proc_root
         exe = proc_root / str(pid) / "exe"
         build = read_go_build(exe)
         if build is None:
@@ -175,6 +197,7 @@ class GoProcess:
         # the linker sets runtime.disableMemoryProfiling (and MemProfileRate's default to 0) when the
         # program never references runtime.MemProfile, and then drops the function itself
         self.profiling_linked = "runtime.MemProfile" in self.table.by_name
+        self.pacer_at = self.table.symtab.get("runtime.gcController") if self.layout.pacer else None
         self.memory = Memory(pid)
         self.parked: dict[tuple[int, int, int], int] = {}  # (g, goid, waitsince) -> where it is parked
 
@@ -192,7 +215,37 @@ class GoProcess:
         cycle = struct.unpack("<I", cycle_raw)[0] >> 1
         buckets, complete = self._buckets()
         gs = self._goroutines() if goroutines else None
-        return GoSnapshot(at=time.time(), rate=rate, cycle=cycle, buckets=buckets, goroutines=gs, complete=complete)
+        return GoSnapshot(
+            at=time.time(), rate=rate, cycle=cycle, buckets=buckets, goroutines=gs, complete=complete,
+            pacer=self._pacer(), rss_anon=self._rss_anon(),
+        )  # fmt: skip
+
+    def _pacer(self) -> PacerCounts | None:
+        P = self.layout.pacer
+        if P is None or self.pacer_at is None:
+            return None
+        raw = self.memory.read(self.pacer_at, P.read_size)
+        if raw is None:
+            return None
+
+        def u64(off: int) -> int:
+            return struct.unpack_from("<Q", raw, off)[0]
+
+        return PacerCounts(
+            gc_percent=struct.unpack_from("<i", raw, P.gc_percent)[0],
+            heap_goal=u64(P.last_heap_goal),
+            heap_marked=u64(P.heap_marked),
+            heap_in_use=u64(P.heap_in_use),
+            heap_free=u64(P.heap_free),
+            heap_released=u64(P.heap_released),
+            mapped_ready=u64(P.mapped_ready),
+        )
+
+    def _rss_anon(self) -> int | None:
+        try:
+            return read_process(self.pid, self.proc_root).rss_anon
+        except ProcessGone:
+            return None
 
     def _buckets(self) -> tuple[list[Bucket], bool]:
         L, m = self.layout, self.memory

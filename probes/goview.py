@@ -32,6 +32,19 @@ FACTS = (
     FactDef("go.top_trend", "string", "the shape of that stack's in-use bytes: climbing, levelled, flat ..."),
     FactDef("go.largest_function", "string", "the program's function of the stack holding the most in-use bytes"),
     FactDef("go.largest_inuse", "bytes", "what it holds at the last GC read (estimated)"),
+    FactDef("go.gogc", "number", "GOGC the program runs with, read from its GC pacer (-1: the GC is off)"),
+    FactDef("go.heap_marked", "bytes", "what the last GC marked live: the runtime's own count, exact"),
+    FactDef("go.heap_marked_trend", "string", "the shape of that over the reads: climbing, levelled, flat ..."),
+    FactDef("go.heap_goal", "bytes",
+            "the heap goal as the last GC ended: the heap grows to it between collections (live x (1 + GOGC/100))"),
+    FactDef("go.heap_retained", "bytes",
+            "what the Go heap holds from the OS at the last read: in-use spans and free ones not yet returned"),
+    FactDef("go.runtime_mapped", "bytes",
+            "all the Go runtime holds from the OS at the last read, heap and not (what its memory limit counts)"),
+    FactDef("go.beyond_runtime", "bytes",
+            "anonymous resident memory beyond all the Go runtime holds (cgo and C libraries, C threads' stacks)"),
+    FactDef("go.beyond_runtime_growth", "bytes", "how much that grew over the reads"),
+    FactDef("go.beyond_runtime_trend", "string", "the shape of that over the reads: climbing, levelled, flat ..."),
     FactDef("go.goroutines", "number", "the program's own goroutines at the last read (the runtime's not counted)"),
     FactDef("go.goroutines_growth", "number", "how many more than at the first read"),
     FactDef("go.goroutines_trend", "string", "the shape of the goroutine count: climbing, levelled, flat ..."),
@@ -64,6 +77,7 @@ def facts_of(r, _plan, name: Namer) -> dict:
         return {"go.unreadable": r.reason} if r.reason else {}
     f: dict = {"go.profile": r.profile, "go.version": r.version, "go.stripped": r.stripped}
     f.update(_goroutine_facts(r))
+    f.update(_pacer_facts(r))
     if r.profile != "on":
         return f
     f["go.gc_cycles"] = r.cycles[-1] - r.cycles[0] if r.cycles else 0
@@ -96,6 +110,29 @@ def _stack_facts(r, name: Namer) -> dict:
         "go.top_trend": _shape(r.times, top.inuse_bytes, top.freed_bytes, r.rate or 0),
         "go.largest_function": _program_function(largest.functions, largest.frames, name),
         "go.largest_inuse": largest.inuse_bytes[-1],
+    }
+
+
+def _pacer_facts(r) -> dict:
+    """The GC's exact counts beside RSS: where RSS climbs with the heap's live set flat, the climb
+    is the process touching memory the runtime already holds (its heap filling toward its goal,
+    garbage between collections), or memory beyond all the runtime holds (cgo, C libraries).
+    What the runtime holds is counted whether resident or not (it takes its heap's goal at once
+    and touches it as it allocates), so only anonymous RSS past it is beyond it."""
+    if not r.rss_anon:
+        return {}
+    beyond = [max(0, rss - held) for rss, held in zip(r.rss_anon, r.runtime_mapped, strict=True)]
+    exact = {"least": MIN_GROWTH_BYTES}
+    return {
+        "go.gogc": r.gogc,
+        "go.heap_marked": r.heap_marked[-1],
+        "go.heap_marked_trend": sampled_shape(r.pacer_times, r.heap_marked, **exact),
+        "go.heap_goal": r.heap_goal[-1],
+        "go.heap_retained": r.heap_retained[-1],
+        "go.runtime_mapped": r.runtime_mapped[-1],
+        "go.beyond_runtime": beyond[-1],
+        "go.beyond_runtime_growth": beyond[-1] - beyond[0],
+        "go.beyond_runtime_trend": sampled_shape(r.pacer_times, beyond, **exact),
     }
 
 
@@ -168,6 +205,8 @@ def sections(r) -> list[Section]:
             f"in use by the heap profile's stacks (estimated): {fmt_bytes(r.heap_inuse[0])} at the first GC read, "
             f"{fmt_bytes(r.heap_inuse[-1])} at the last"
         )
+    if r.rss_anon:
+        lines.append(_pacer_line(r))
     rows = [
         [
             _allocated_at(s.functions),
@@ -199,6 +238,18 @@ def sections(r) -> list[Section]:
             )
         )
     return out
+
+
+def _pacer_line(r) -> str:
+    gogc = "off" if r.gogc is not None and r.gogc < 0 else r.gogc
+    first, last = (max(0, a - m) for a, m in ((r.rss_anon[i], r.runtime_mapped[i]) for i in (0, -1)))
+    return (
+        f"the GC's own counts (exact): live {fmt_bytes(r.heap_marked[0])} at the first read, "
+        f"{fmt_bytes(r.heap_marked[-1])} at the last; goal {fmt_bytes(r.heap_goal[-1])} at GOGC={gogc}; "
+        f"the heap holds {fmt_bytes(r.heap_retained[-1])} from the OS, the whole runtime "
+        f"{fmt_bytes(r.runtime_mapped[-1])}; anonymous RSS {fmt_bytes(r.rss_anon[-1])}, "
+        f"{fmt_bytes(last)} of it beyond what the runtime holds ({fmt_bytes(first)} at the first read)"
+    )
 
 
 def _allocated_at(functions: list[str]) -> str:

@@ -100,7 +100,8 @@ def test_a_bounded_go_cache_is_a_cache(memdiag, workload, tmp_path):
     assert v["kind"] in ("cache", "healthy"), _why(rep, "go-")
     assert not _fired(rep, "go-heap-growth") and not _fired(rep, "goroutine-leak")
     if v["kind"] == "cache":
-        assert v["rule"] == "go-heap-cache" and "main.(*cache).fetch" in v["summary"]
+        # RSS levels within the window or climbs into what the runtime holds (the heap toward its goal)
+        assert v["rule"] in ("go-heap-cache", "go-heap-cache-headroom") and "main.(*cache).fetch" in v["summary"]
 
 
 def test_a_node_leak_names_the_javascript_function_with_a_perf_map(memdiag, workload, tmp_path):

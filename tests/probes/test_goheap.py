@@ -54,7 +54,12 @@ def _dwarf_members(path: Path, wanted: dict[str, list[str]]) -> dict[str, dict[s
 def test_the_layout_is_the_toolchains_own(root_required):
     binary = build("goerrmap")
     L = layout_for(go_version())
-    d = _dwarf_members(binary, {"runtime.g": [], "runtime.gobuf": [], "runtime.bucket": [], "runtime.memRecord": []})
+    d = _dwarf_members(
+        binary,
+        dict.fromkeys(
+            ["runtime.g", "runtime.gobuf", "runtime.bucket", "runtime.memRecord", "runtime.gcControllerState"], []
+        ),
+    )
     g, buf = d["runtime.g"], d["runtime.gobuf"]
     assert (L.g_status, L.g_goid, L.g_waitsince, L.g_waitreason) == (
         g["atomicstatus"],
@@ -66,6 +71,13 @@ def test_the_layout_is_the_toolchains_own(root_required):
     assert (L.g_sched_sp, L.g_sched_pc, L.g_sched_bp) == tuple(g["sched"] + buf[f] for f in ("sp", "pc", "bp"))
     assert L.bucket_header == d["runtime.bucket"]["<size>"] and d["runtime.bucket"]["nstk"] == L.bucket_header - 8
     assert d["runtime.memRecord"]["active"] == 0 and d["runtime.memRecord"]["future"] == L.record_size
+    pacer, P = d["runtime.gcControllerState"], L.pacer
+    assert (P.gc_percent, P.last_heap_goal, P.heap_marked) == (
+        pacer["gcPercent"], pacer["lastHeapGoal"], pacer["heapMarked"]
+    )  # fmt: skip
+    assert (P.heap_in_use, P.heap_released, P.heap_free, P.mapped_ready) == (
+        pacer["heapInUse"], pacer["heapReleased"], pacer["heapFree"], pacer["mappedReady"]
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("program,flags", [("goerrmap", []), ("goerrmap", ["-tags", "noprofile"]), ("goleak", [])])
@@ -119,7 +131,7 @@ def test_the_heap_profile_read_from_outside_is_the_programs_own(workload, tmp_pa
     proc = GoProcess(w.pid)
     try:
         for _attempt in range(10):
-            time.sleep(2)
+            time.sleep(3)  # ~2 MiB kept a second: past the 4 MiB below with the sampling's error
             before = proc.snapshot(goroutines=False)
             profile.unlink(missing_ok=True)
             os.kill(w.pid, signal.SIGUSR1)
@@ -177,12 +189,22 @@ def test_a_bounded_cache_is_not_a_climb(workload):
     assert 60 * MiB < f["go.largest_inuse"] < 130 * MiB  # the 94 MiB held, within the sampling's error
     cache = max(r.stacks, key=lambda s: s.inuse_bytes[-1])
     assert cache.alloc_bytes > 2 * max(cache.inuse_bytes) and cache.freed_bytes > 0  # replaced, not accumulated
+    # the GC's own counts: exact, where the profile is an estimate
+    assert f["go.gogc"] == 100  # the default (the goroutine test runs one set otherwise)
+    assert 94 * MiB <= f["go.heap_marked"] < 130 * MiB  # 6,000 values of 16 KiB, the map and its keys
+    assert f["go.heap_marked_trend"] in ("flat", "levelled"), r.heap_marked
+    # the goal: marked + (marked + stacks + globals) x GOGC/100 (runtime/mgcpacer.go)
+    assert 2 * f["go.heap_marked"] <= f["go.heap_goal"] < 2 * f["go.heap_marked"] + 8 * MiB
+    assert f["go.runtime_mapped"] >= f["go.heap_retained"] >= f["go.heap_marked"]
+    # a pure Go program: its anonymous RSS climbs into what its runtime holds, never beyond it
+    assert f["go.beyond_runtime"] < 1 * MiB and f["go.beyond_runtime_trend"] == "flat", (r.rss_anon, r.runtime_mapped)
 
 
 def test_a_goroutine_leak_is_named_by_what_the_goroutines_run_and_wait_for(workload):
-    w = workload("goleak", "100")
+    w = workload("goleak", "100", env={"GOGC": "50"})
     r = run(Target.for_pid(w.pid), 6)
     assert r.status == "ok", r.reason
+    assert r.gogc == 50  # the program's own setting, read from its GC pacer
     g = r.groups[0]
     assert g.function == "main.serve.func1" and g.created_by == "main.serve (main.go:27)"
     assert (g.wait, g.waiting_in) == ("chan receive", "main.awaitReply (main.go:20)")

@@ -151,6 +151,9 @@ GOHEAP = GoHeapResult(
     read_times=[0, 3, 6, 9, 12], goroutines=[3, 40, 80, 120, 160], goroutines_total=[10, 47, 87, 127, 167],
     groups=[GoroutineGroup(function="main.serve.func1", created_by="main.serve (main.go:27)", wait="chan receive",
                            waiting_in="main.awaitReply (main.go:20)", counts=[0, 37, 77, 117, 157])],
+    pacer_times=[0, 3, 6, 9, 12], gogc=100, heap_goal=[80 * MiB] * 5,
+    heap_marked=[i * 8 * MiB + 20 * MiB for i in range(5)],
+    heap_retained=[60 * MiB] * 5, runtime_mapped=[70 * MiB] * 5, rss_anon=[68 * MiB] * 5,
     read_bytes=9 * MiB, read_seconds=0.006, module="orderd", duration_s=12.0,
 )  # fmt: skip
 UNSUPPORTED_GO = "unsupported Go version go1.22.3 (memdiag reads the runtime of go1.19)"

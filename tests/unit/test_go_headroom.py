@@ -1,0 +1,52 @@
+"""A Go process's RSS against its runtime's own counts: the facts are goview's (from a goheap
+result), the judgment the shipped playbook's. RSS that climbs into memory the runtime already holds
+(its heap filling toward the GC's goal) beside a flat live set is a bounded heap; anonymous memory
+that climbs past all the runtime holds is not the Go heap's, and the cache verdict does not stand."""
+
+from memdiag.probes.goheap import GoHeapResult, GoStack
+from memdiag.probes.goview import facts_of
+from memdiag.rules.engine import conclude, run_rules
+from memdiag.rules.loader import load_playbooks, shipped_playbooks
+
+MiB = 1 << 20
+SHIPPED = load_playbooks(shipped_playbooks())
+T = [float(t) for t in range(0, 13)]
+# a cache's profile: about 94 MiB in use at every GC, what is replaced freed
+CACHE = GoStack(
+    frames=["main.(*cache).fetch (main.go:24) [gocache]"], functions=["main.(*cache).fetch"],
+    inuse_bytes=[94 * MiB] * len(T), inuse_objects=6000, alloc_bytes=2000 * MiB, freed_bytes=1900 * MiB,
+)  # fmt: skip
+
+
+def _result(rss_anon: list[int]) -> GoHeapResult:
+    return GoHeapResult(
+        status="ok", version="go1.19.8", found_by="its symbol table", stripped=False, profile="on", rate=512 << 10,
+        times=T, cycles=list(range(10, 10 + len(T))), heap_inuse=[94 * MiB] * len(T), stacks=[CACHE],
+        pacer_times=T, gogc=100, heap_goal=[190 * MiB] * len(T), heap_marked=[95 * MiB] * len(T),
+        heap_retained=[188 * MiB] * len(T), runtime_mapped=[204 * MiB] * len(T), rss_anon=rss_anon, module="gocache",
+    )  # fmt: skip
+
+
+def _judge(rss_anon: list[int]):
+    facts = facts_of(_result(rss_anon), None, lambda frames, forwards: None)
+    facts.update({"target.name": "PID 1 (gocache)", "process.rss_shape": "climbing", "process.rss_growth": 92 * MiB})
+    outcomes = run_rules(SHIPPED, facts)
+    return facts, {r.id for r, o in outcomes if o.state == "fired"}, conclude(outcomes, facts)
+
+
+def test_rss_that_climbs_into_what_the_runtime_holds_is_the_heaps_headroom():
+    # touched as the heap grows toward its goal: 105 MiB to 197 MiB, under the 204 MiB the runtime holds
+    facts, fired, c = _judge([int((105 + min(t, 5) * 18.4) * MiB) for t in T])
+    assert facts["go.beyond_runtime"] == 0 and facts["go.beyond_runtime_trend"] == "flat"
+    assert c.winner.id == "go-heap-cache-headroom" and c.winner.then.verdict.kind == "cache", c.summary
+    assert "the heap's goal is 190 MiB at GOGC=100" in c.summary and "main.(*cache).fetch" in c.summary
+    assert "go-beyond-runtime-growth" not in fired
+
+
+def test_anonymous_memory_past_all_the_runtime_holds_is_not_a_cache():
+    # the same heap, and 4 MiB a second more from 4 MiB under what the runtime holds
+    # (a cgo library's malloc): 44 MiB past it at the end
+    facts, fired, c = _judge([int((200 + 4 * t) * MiB) for t in T])
+    assert facts["go.beyond_runtime_trend"] == "climbing" and facts["go.beyond_runtime_growth"] == 44 * MiB
+    assert "go-beyond-runtime-growth" in fired
+    assert not fired & {"go-heap-cache", "go-heap-cache-headroom"}, c.summary
