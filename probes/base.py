@@ -248,8 +248,9 @@ class Run:
     "reason", "method" and "events". spaces (a growth.Spaces) is kept fresh while the target runs.
     filtered: the program keeps a `targets` map of tgids (TARGET_MODE 1) unless the target is the
     whole system. attach(bpf, pids) attaches what bcc does not attach by itself, at the start and
-    again for processes that join a cgroup target. on_tick(bpf, elapsed) runs about twice a second
-    while the probe is attached; returning True ends the run early (backed off, e.g. over budget).
+    again for processes that join a cgroup target. on_tick(bpf, elapsed) runs every tick_s (twice a
+    second unless the run asks otherwise) while the probe is attached; returning True ends the run
+    early (backed off, e.g. over budget).
     ready is set once everything is attached. before_detach(bpf, elapsed, interrupted) runs at the
     end with everything still attached and armed (memleak's reachability scan reads its table there)."""
 
@@ -265,6 +266,7 @@ class Run:
     on_tick: Callable[..., bool] | None = None
     ready: threading.Event | None = None
     before_detach: Callable[..., None] | None = None
+    tick_s: float = 0.5  # how often on_tick runs while attached
 
 
 def run_probe(run: Run, target: Target, duration: float) -> ProbeResult:
@@ -289,7 +291,7 @@ def run_probe(run: Run, target: Target, duration: float) -> ProbeResult:
                     run.spaces.refresh(pids)
                 return bool(run.on_tick(bpf, elapsed)) if run.on_tick is not None else False
 
-            elapsed = run_for(duration, target, stop, on_tick=tick)
+            elapsed = run_for(duration, target, stop, tick=run.tick_s, on_tick=tick)
             if run.before_detach is not None and not stop.interrupted:
                 run.before_detach(bpf, elapsed, lambda: stop.interrupted)
             detached = time.monotonic()

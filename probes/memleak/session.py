@@ -26,7 +26,7 @@ from ..face import TracingCost
 from ..growth import RawStack, Spaces, symbolize
 from ..stacks import Frame, Symbolizer, folded, recover
 from .costs import Costs
-from .meter import CHECK_S, Meter, detach_seconds
+from .meter import Meter, check_s, detach_seconds
 from .options import STAT_NAMES, build_options, requirements
 from .reach import Blocks, ReachScan, merged, scan
 from .result import BigAlloc, LeakStack, MemleakResult
@@ -158,6 +158,7 @@ class _Session:
     scanned: dict = field(default_factory=dict)
     placed: list = field(default_factory=list)  # the placements attached, for pricing each program's hits
     python: PythonStacks = field(default_factory=PythonStacks)
+    check_s: float = 0.5  # how often the meter checks the cost (meter.check_s of the trace's length)
 
     def __post_init__(self) -> None:
         self.last_sample = -self.series_interval
@@ -166,6 +167,7 @@ class _Session:
         k = self.kernel_mode
         defines = build_options(k, self.sample_every, self.min_size, self.max_size, self.snoop_min)
         method = "kmem tracepoints, kernel stacks" if k else USER_METHOD
+        self.check_s = check_s(duration)
         probe = Run(
             "memleak",
             MemleakResult,
@@ -177,6 +179,7 @@ class _Session:
             attach=self.attach,
             on_tick=self.on_tick,
             before_detach=self.before_detach,
+            tick_s=self.check_s,
         )
         return run_probe(probe, self.target, duration)  # type: ignore[return-value]
 
@@ -250,12 +253,12 @@ class _Session:
             _sample_series(bpf, elapsed, self.series_times, self.series)
             for pid in self.python.targets:  # threads born in a target with a pid namespace of its own
                 self.python.seed_threads(bpf, pid)
-        if self.allowance_ns is not None and self.costs is not None and elapsed > 0.5:
+        if self.allowance_ns is not None and self.costs is not None and elapsed >= self.check_s:
             spent = self._spent_ns(bpf)
             # detaching keeps the hottest probes trapping for about a grace period more, and the next
             # check is a tick away: detach now if either would carry it past the allowance
             allowance = self.allowance_ns - self.scan_kept_ns  # the scan's pause kept (plan.py)
-            if spent is not None and spent * (1 + (detach_seconds() + CHECK_S) / elapsed) >= allowance:
+            if spent is not None and spent * (1 + (detach_seconds() + self.check_s) / elapsed) >= allowance:
                 return True
         return False
 

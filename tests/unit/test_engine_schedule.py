@@ -223,3 +223,12 @@ def test_what_runs_in_a_plans_place_is_priced_itself_and_in_the_trail():
     e2.run_requests([("jfr", None, "java-heap-grows")])
     assert [(n, s) for n, s, _ in trail(e2, "budget")] == [("jfr", "over-budget"), ("histogram", "over-budget")]
     assert fake2.runs == []
+
+
+def test_a_trace_as_short_as_the_shortest_burst_is_checked_before_it_ends():
+    # the meter's check at 0.5 s came after a 0.5 s trace had run out, with what the target really
+    # paid past the pause kept for the scan; a trace of a few checks' length is checked more often
+    from memdiag.probes.memleak.meter import CHECK_S, check_s
+
+    assert check_s(MIN_BURST_S) < MIN_BURST_S and MIN_BURST_S / check_s(MIN_BURST_S) >= 4
+    assert check_s(MIN_TRACE_S) == CHECK_S  # a trend's trace keeps the usual tick
