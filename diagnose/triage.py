@@ -71,9 +71,12 @@ def _projection(obs: Observation, rate: float) -> str | None:
     limit, usage = _limit_and_usage(obs)
     if limit is not None and usage is not None:
         left = max(0, limit - usage)
+        if left == 0:  # a worker the limit kills over and over ends the window at it
+            return f"the cgroup's usage is at its limit {fmt_bytes(limit)} already"
+        when = "under a second" if left / rate < 1 else f"~{fmt_duration(left / rate)}"
         return (
-            f"at that rate the cgroup limit {fmt_bytes(limit)} ({fmt_bytes(left)} left) is reached in "
-            f"~{fmt_duration(left / rate)} (an estimate)"
+            f"at that rate the cgroup limit {fmt_bytes(limit)} ({fmt_bytes(left)} left) is reached in {when} "
+            "(an estimate)"
         )
     avail = obs.snapshots[-1].meminfo.mem_available
     if avail is not None:

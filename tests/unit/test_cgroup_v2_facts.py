@@ -149,3 +149,23 @@ def test_the_hosts_collapses_count_where_the_cgroup_has_no_count():
         oom_kills=[], processes_first={}, processes_last={}, memdiag_pid=4000,
     )  # fmt: skip
     assert thp_collapses(obs) == 4
+
+
+def _climb_to(last: int) -> dict:
+    # 100 MiB a second for 8 s, ending at `last`
+    return _report([_snap(float(t), last - (8 - t) * 100 * MiB) for t in range(9)])
+
+
+def test_a_cgroup_that_ends_the_window_at_its_limit_is_said_to_be_there_not_to_reach_it_in_no_time():
+    # a worker its limit kills over and over ends the window at the limit: "reached in ~0.0 s" was said
+    rep = _climb_to(1 * GiB)
+    growth = next(f["summary"] for f in rep["findings"] if f["id"] == "growth-climbing")
+    assert "the cgroup's usage is at its limit 1.0 GiB already" in growth and "reached in" not in growth
+    assert check_figures(rep) == []
+
+
+def test_a_limit_under_a_seconds_growth_away_is_reached_in_under_a_second():
+    rep = _climb_to(1 * GiB - 10 * MiB)
+    growth = next(f["summary"] for f in rep["findings"] if f["id"] == "growth-climbing")
+    assert "(10.0 MiB left) is reached in under a second (an estimate)" in growth, growth
+    assert check_figures(rep) == []
