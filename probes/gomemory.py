@@ -1,7 +1,8 @@
 """A Go process read from outside: its heap profile (the runtime's own sampled buckets: in-use
 bytes by allocation stack) and its goroutines, read from /proc/PID/mem with no cooperation from
 the target (nothing is written to it, nothing is stopped), as Coroot's node agent reads
-runtime.mbuckets; the stacks named with the binary's own function table, inlined calls included.
+runtime.mbuckets; the stacks named with the binary's own function table, inlined calls included;
+and beside them the GC pacer's exact counts (runtime.gcController) and the process's RssAnon.
 
 What a read costs the target: /proc/PID/mem takes the target's memory-map lock for reading, as its
 own page faults do; only its mmap/munmap wait on a read in progress. The reader's own time and the
@@ -22,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memdiag.system.process import ProcessGone, read_process
+from memdiag.system.process import read_rss_anon
 from memdiag.system.runtime import read_go_build
 
 from .golayout import Layout, UnsupportedGo, find_variables, layout_for
@@ -217,7 +218,7 @@ class GoProcess:
         gs = self._goroutines() if goroutines else None
         return GoSnapshot(
             at=time.time(), rate=rate, cycle=cycle, buckets=buckets, goroutines=gs, complete=complete,
-            pacer=self._pacer(), rss_anon=self._rss_anon(),
+            pacer=self._pacer(), rss_anon=read_rss_anon(self.pid, self.proc_root),
         )  # fmt: skip
 
     def _pacer(self) -> PacerCounts | None:
@@ -240,12 +241,6 @@ class GoProcess:
             heap_released=u64(P.heap_released),
             mapped_ready=u64(P.mapped_ready),
         )
-
-    def _rss_anon(self) -> int | None:
-        try:
-            return read_process(self.pid, self.proc_root).rss_anon
-        except ProcessGone:
-            return None
 
     def _buckets(self) -> tuple[list[Bucket], bool]:
         L, m = self.layout, self.memory

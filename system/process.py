@@ -112,6 +112,13 @@ def read_process(pid: int, root: Path = Path("/proc")) -> ProcessMemory:
     )
 
 
+def read_rss_anon(pid: int, root: Path = Path("/proc")) -> int | None:
+    """RssAnon from /proc/PID/status alone: no smaps walk (no hold on the target's memory map), the
+    read a sampler repeats every second. None when the process is gone or the line is missing."""
+    status = read_text(root / str(pid) / "status")
+    return None if status is None else kib_to_bytes(kv_lines(status, sep=":").get("RssAnon"))
+
+
 def cpu_seconds(pid: int, root: Path = Path("/proc")) -> float | None:
     """CPU time the process has used, all its threads, user + system (stat fields 14 and 15).
     Uprobe traps and the BPF programs they run are charged to the trapping thread as system time,

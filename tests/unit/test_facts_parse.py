@@ -2,7 +2,7 @@
 
 from memdiag.system.kmsg import parse_kmsg_line, parse_kmsg_records
 from memdiag.system.meminfo import parse_meminfo
-from memdiag.system.process import parse_process
+from memdiag.system.process import parse_process, read_rss_anon
 from memdiag.system.psi import parse_psi, read_psi_file
 from memdiag.system.slab import PAGE_SIZE, parse_slabinfo
 from memdiag.system.swaps import parse_swaps
@@ -91,6 +91,16 @@ def test_process_comm_with_spaces_and_parens():
     assert p.threads == 3 and p.start_ticks == 4242
     assert p.pss == 900 * 1024
     assert p.cmdline == ["/usr/bin/weird", "--flag"]
+
+
+def test_rss_anon_alone_from_status(tmp_path):
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "status").write_text("Name:\tgocache\nVmRSS:\t 2048 kB\nRssAnon:\t 1536 kB\n")
+    assert read_rss_anon(77, tmp_path) == 1536 * 1024
+    assert read_rss_anon(78, tmp_path) is None  # gone
+    (tmp_path / "2").mkdir()
+    (tmp_path / "2" / "status").write_text("Name:\tkthreadd\n")
+    assert read_rss_anon(2, tmp_path) is None  # a kernel thread has no such line
 
 
 def test_kernel_thread_has_no_rss():
