@@ -18,7 +18,7 @@ from .elf import elf_info
 from .gostacks import go_frames
 from .jit import jit_perf_map
 from .procmaps import AddressSpace
-from .unwind import StackSlice, unwind
+from .unwind import StackSlice, frame_pointer_walk, unwind
 
 
 class Frame(BaseModel):
@@ -160,7 +160,16 @@ def recover(
         joined = next((i for i in range(len(tail) - 1, -1, -1) if tail[i] in result.addresses), None)
         extra = tail[joined + 1 :] if joined is not None else []
         extra = _while_executable(space, extra)
-        return result.addresses + extra, "eh_frame+frame pointers" if extra else "eh_frame (partial)"
+        if extra:
+            return result.addresses + extra, "eh_frame+frame pointers"
+        # no meeting point (the kernel's walk began from an rbp that was no frame pointer: glibc's
+        # malloc uses it as a register): walk the chain from the rbp the unwind restored for its
+        # last frame (a V8 allocation unwound up to Builtins_CEntry went no further)
+        floor = result.cfas[-1] if result.cfas else sp
+        walked = frame_pointer_walk(result.bp, floor, StackSlice(sp, stack), lambda a: _executable(space, a))
+        if walked:
+            return result.addresses + walked, "eh_frame+frame pointers from its rbp"
+        return result.addresses, "eh_frame (partial)"
     # No rules for the leaf: a frameless leaf's return address sits at sp.
     ra = StackSlice(sp, stack).read_u64(sp)
     if ra is not None and _executable(space, ra) and ra not in fp_stack[:2]:

@@ -27,6 +27,7 @@ class Unwound:
     complete: bool  # False when the walk stopped for lack of stack bytes or rules
     stopped: str  # why the walk stopped
     cfas: tuple[int, ...] = ()  # frame i spans [cfas[i-1] (sp for the first), cfas[i])
+    bp: int | None = None  # rbp as the last frame had it (restored from its callees' saved copies)
 
 
 class StackSlice:
@@ -48,7 +49,7 @@ def unwind(space: AddressSpace, ip: int, sp: int, bp: int, stack: StackSlice) ->
     cfas: list[int] = []
 
     def done(complete: bool, why: str) -> Unwound:
-        return Unwound(addresses, complete, why, tuple(cfas))
+        return Unwound(addresses, complete, why, tuple(cfas), regs[RBP])
 
     while len(addresses) < MAX_FRAMES:
         mapping = space.find(pc)
@@ -88,3 +89,20 @@ def unwind(space: AddressSpace, ip: int, sp: int, bp: int, stack: StackSlice) ->
         addresses.append(ra)
         pc = ra
     return done(False, f"more than {MAX_FRAMES} frames")
+
+
+def frame_pointer_walk(bp: int | None, floor: int, stack: StackSlice, is_code, limit: int = MAX_FRAMES) -> list[int]:
+    """Return addresses up an rbp chain in the stack copy, from a frame whose rbp is `bp`: what code
+    without call-frame rules but with frame pointers leaves (V8's builtins and JIT frames). Each
+    rbp must lie above the last (from `floor`, the frame's own sp), 8-aligned, inside the copy, and
+    each return address be code (is_code): the walk stops at the first that is not."""
+    out: list[int] = []
+    while bp and len(out) < limit:
+        if bp < floor or bp % 8:
+            break
+        ra, caller_bp = stack.read_u64(bp + 8), stack.read_u64(bp)
+        if ra is None or caller_bp is None or not is_code(ra):
+            break
+        out.append(ra)
+        floor, bp = bp + 16, caller_bp
+    return out
