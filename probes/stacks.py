@@ -145,7 +145,8 @@ def recover(
 
     fp_stack: the kernel's frame-pointer walk (ip first). regs: (ip, sp, bp) at the event.
     stack: the copy of user stack from sp. Order of preference: a complete .eh_frame unwind; a
-    partial unwind joined to the frame-pointer walk where they meet; the frame-pointer walk with
+    partial unwind joined to the frame-pointer walk where they meet, or else continued up the rbp
+    chain from the rbp it restored for its last frame; the frame-pointer walk with
     the return address at sp restored as the caller of a frameless leaf."""
     if space is None or regs is None or stack is None:
         return fp_stack, "frame pointers"
