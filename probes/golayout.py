@@ -44,7 +44,6 @@ class Pacer:
     last_heap_goal: int  # the heap goal as the last GC ended: the heap may grow to it before the next
     heap_marked: int  # what the last GC marked live
     heap_in_use: int  # bytes in in-use spans
-    heap_released: int  # returned to the OS
     heap_free: int  # in no span, not yet returned to the OS (resident, or never touched)
     mapped_ready: int  # all the runtime holds from the OS, heap and not (what GOMEMLIMIT counts)
 
@@ -121,7 +120,6 @@ LAYOUTS = {
             last_heap_goal=128,
             heap_marked=184,
             heap_in_use=304,
-            heap_released=312,
             heap_free=320,
             mapped_ready=344,
         ),

@@ -139,7 +139,6 @@ class PacerCounts:
     heap_marked: int
     heap_in_use: int
     heap_free: int
-    heap_released: int
     mapped_ready: int
 
     @property
@@ -238,7 +237,6 @@ class GoProcess:
             heap_marked=u64(P.heap_marked),
             heap_in_use=u64(P.heap_in_use),
             heap_free=u64(P.heap_free),
-            heap_released=u64(P.heap_released),
             mapped_ready=u64(P.mapped_ready),
         )
 

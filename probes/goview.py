@@ -121,7 +121,7 @@ def _pacer_facts(r) -> dict:
     and touches it as it allocates), so only anonymous RSS past it is beyond it."""
     if not r.rss_anon:
         return {}
-    beyond = [max(0, rss - held) for rss, held in zip(r.rss_anon, r.runtime_mapped, strict=True)]
+    beyond = _beyond_runtime(r)
     exact = {"least": MIN_GROWTH_BYTES}
     return {
         "go.gogc": r.gogc,
@@ -134,6 +134,11 @@ def _pacer_facts(r) -> dict:
         "go.beyond_runtime_growth": beyond[-1] - beyond[0],
         "go.beyond_runtime_trend": sampled_shape(r.pacer_times, beyond, **exact),
     }
+
+
+def _beyond_runtime(r) -> list[int]:
+    """Anonymous RSS past all the runtime holds, at each read (0 where it is within it)."""
+    return [max(0, rss - held) for rss, held in zip(r.rss_anon, r.runtime_mapped, strict=True)]
 
 
 def _goroutine_facts(r) -> dict:
@@ -242,13 +247,13 @@ def sections(r) -> list[Section]:
 
 def _pacer_line(r) -> str:
     gogc = "off" if r.gogc is not None and r.gogc < 0 else r.gogc
-    first, last = (max(0, a - m) for a, m in ((r.rss_anon[i], r.runtime_mapped[i]) for i in (0, -1)))
+    beyond = _beyond_runtime(r)
     return (
         f"the GC's own counts (exact): live {fmt_bytes(r.heap_marked[0])} at the first read, "
         f"{fmt_bytes(r.heap_marked[-1])} at the last; goal {fmt_bytes(r.heap_goal[-1])} at GOGC={gogc}; "
         f"the heap holds {fmt_bytes(r.heap_retained[-1])} from the OS, the whole runtime "
         f"{fmt_bytes(r.runtime_mapped[-1])}; anonymous RSS {fmt_bytes(r.rss_anon[-1])}, "
-        f"{fmt_bytes(last)} of it beyond what the runtime holds ({fmt_bytes(first)} at the first read)"
+        f"{fmt_bytes(beyond[-1])} of it beyond what the runtime holds ({fmt_bytes(beyond[0])} at the first read)"
     )
 
 
