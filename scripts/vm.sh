@@ -280,5 +280,10 @@ fi
 echo "vm: times: $(IFS=';'; echo "${times[*]}")"
 [ -e "$res/summary" ] && sed 's/^/vm: guest pytest: /' "$res/summary"
 rc=$(cat "$res/rc")
+# a failure's own lines (the assertion and its message), else the run's folder and its log are gone
+if [ "$rc" != 0 ] && [ -e "$res/pytest.log" ]; then
+    sed -n '/^=\+ FAILURES =\+$/,/^=\+ short test summary/p' "$res/pytest.log" | grep -v '^=\+ short test summary' |
+        tail -n 200 | sed 's/^/vm: guest: /'
+fi
 if [ "${MEMDIAG_VM_KEEP:-0}" = 1 ]; then cp "$run/console.log" "$res/"; fi
 exit "$rc"

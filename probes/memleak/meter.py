@@ -58,6 +58,8 @@ SHORT_TRACE_S = 4 * CHECK_S
 def check_s(duration: float) -> float:
     """How often the meter checks a trace planned for `duration` seconds."""
     return SHORT_CHECK_S if duration <= SHORT_TRACE_S else CHECK_S
+
+
 CPU_TRUST = 2.0
 NOT_WALKING = ("free_enter", "munmap_enter")  # the programs of bpf/memleak.c that never walk Python frames
 

@@ -2,6 +2,8 @@
 every allocator entry point, jemalloc, C++, the cache's series levelling off."""
 
 import os
+import subprocess
+import time
 
 from memdiag.probes import memleak
 from memdiag.system import arch
@@ -166,3 +168,26 @@ def test_its_uprobes_go_in_as_links_where_the_kernel_has_them_and_one_by_one_els
         assert "leak_order_history" in r.stacks[0].functions and r.stacks[0].frees == 0
     assert linked.placements == alone.placements
     assert linked.detach_s is not None and alone.detach_s is not None
+
+
+def test_a_program_allocating_once_a_second_is_priced_not_sent_to_the_fallback(workload):
+    """bigalloc at one round a second: its calls come in one burst the quarter-second count misses
+    three times in four; the count repeated for longer sees it, so memleak is priced and attaches
+    (a fallback would name no allocation stack). A program that never allocates still falls back."""
+    from memdiag.probes.face import Budget, Context
+    from memdiag.probes.memleak.plan import plan
+
+    ctx = Context(seconds=12.0, budget=Budget(percent=2.0, window_s=30.0))
+    w = workload("bigalloc", "1")
+    for _ in range(3):  # three prices, each from its own counts
+        p = plan(Target.for_pid(w.pid, "bigalloc"), ctx)
+        assert p.state == "full", p.reason
+        assert p.site_rates and sum(p.site_rates.values()) > 0, p.site_rates
+    with subprocess.Popen(["sleep", "60"]) as idle:  # libc's, and not one call to it while asleep
+        try:
+            time.sleep(0.2)
+            p = plan(Target.for_pid(idle.pid, "sleep"), ctx)
+        finally:
+            idle.kill()
+    assert p.state == "fallback", p.reason
+    assert "nor in 1.2" in p.reason and "more of counting them all together" in p.reason, p.reason

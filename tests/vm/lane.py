@@ -11,6 +11,10 @@ from pathlib import Path
 MiB = 1 << 20
 # a larger budget where the test needs memleak: under emulation its traps are priced over 2%
 BUDGET = os.environ.get("MEMDIAG_LANE_BUDGET", "30")
+# the longest pause allowed to the reachability scan where a test needs it (ms): emulation reads the
+# target's memory at ~55 MiB/s (sampled on a leak's heap), against the host's GiB/s, so a 55 MiB heap
+# was refused at the default 1 s (a container's leak came out "growth", the scan skipped)
+MAX_PAUSE_MS = os.environ.get("MEMDIAG_LANE_MAX_PAUSE", "10000")
 
 
 def diagnose(memdiag, out: Path, *args: str, timeout: float = 900) -> dict:

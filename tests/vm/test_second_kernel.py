@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 
 from kit import MEMDIAG, swapped_bytes, wait_until
-from lane import BUDGET, MiB, diagnose, kv, row, trail
+from lane import BUDGET, MAX_PAUSE_MS, MiB, diagnose, kv, row, trail
 from memdiag.probes import kernel
 from memdiag.system.cgroup import memory_hierarchy, read_cgroup_memory, resolve_cgroup
 from memdiag.system.psi import read_psi_file
@@ -95,7 +95,9 @@ def test_a_leak_in_a_limited_v2_cgroup_diagnosed_by_cgroup(memdiag, memcg, workl
 def test_a_leak_in_a_limited_v2_cgroup_diagnosed_by_pid(memdiag, memcg, workload, tmp_path):
     cg = memcg(512 * MiB)
     w = workload("leak", "1024", cgroup=cg)
-    rep = diagnose(memdiag, tmp_path, "--pid", str(w.pid), "--duration", "90", "--budget", BUDGET)
+    rep = diagnose(
+        memdiag, tmp_path, "--pid", str(w.pid), "--duration", "90", "--budget", BUDGET, "--max-pause", MAX_PAUSE_MS
+    )
     v = rep["verdict"]
     assert v["kind"] == "leak", (v["summary"], trail(rep, "scan", "reach"), trail(rep, "budget", "memleak"))
     assert "leak_order_history" in v["summary"]
@@ -181,7 +183,9 @@ def test_a_container_on_v2_with_crun_is_diagnosed_by_name(podman_container, memd
     c = podman_container("leak", "1024", memory="512m")
     assert c.inspect("{{.OCIRuntime}}") == "crun"
     assert Path(f"/proc/{c.pid}/cgroup").read_text().startswith("0::/")  # v2 only
-    rep = diagnose(memdiag, tmp_path, "--container", c.name, "--duration", "90", "--budget", BUDGET)
+    rep = diagnose(
+        memdiag, tmp_path, "--container", c.name, "--duration", "90", "--budget", BUDGET, "--max-pause", MAX_PAUSE_MS
+    )
     v = rep["verdict"]
     assert v["kind"] == "leak", (v["summary"], trail(rep, "scan", "reach"), trail(rep, "budget", "memleak"))
     assert "leak_order_history" in v["summary"]
