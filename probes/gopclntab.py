@@ -23,6 +23,8 @@ from dataclasses import dataclass
 from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
+from .elf import open_elf, segment_headers
+
 MAGIC_118 = 0xFFFFFFF0  # Go 1.18 and 1.19 (1.20 moved to 0xfffffff1 with another _func and inline tree)
 _FUNC = struct.Struct("<IiiIIIIIIBBBB")  # runtime._func up to nfuncdata: 40 bytes
 _INLINED = struct.Struct("<hBBiiii")  # runtime.inlinedCall: parent, funcID, pad, file, line, func_, parentPc
@@ -77,10 +79,10 @@ class GoTable:
         try:
             with open(path, "rb") as f:
                 self._map = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
-                elf = ELFFile(f)
+                elf = open_elf(f)
                 self._loads = [
                     (s["p_vaddr"], s["p_offset"], s["p_filesz"])
-                    for s in elf.iter_segments()
+                    for s in segment_headers(elf)
                     if s["p_type"] == "PT_LOAD"
                 ]
                 section = elf.get_section_by_name(".gopclntab")

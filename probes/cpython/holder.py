@@ -88,12 +88,14 @@ class Holders:
 
     def _holder_of(self, address: int) -> int | None:
         import numpy as np
+
         i = int(np.searchsorted(self._addr, address))
         return int(self._who[i]) if i < len(self._addr) and int(self._addr[i]) == address else None
 
     def _held_inside(self, lo: int, hi: int) -> int | None:
         """The global holding the most of the objects that lie in [lo, hi)."""
         import numpy as np
+
         first, last = np.searchsorted(self._addr, [lo, hi])
         if first == last:
             return None
@@ -144,6 +146,7 @@ class Holders:
     # --- the globals ------------------------------------------------------------------------
     def _index(self) -> None:
         import numpy as np
+
         if self._indexed:
             return
         self._indexed = True
@@ -202,6 +205,7 @@ class Holders:
         """The objects (addresses, numpy) a list, tuple, dict (values) or set holds; a list's or
         tuple's item array is kept as a range, so a word inside it names the container."""
         import numpy as np
+
         lay, mem, types = self.lay, self.mem, self.proc.types
         flags, none = t[1], np.zeros(0, dtype=np.uint64)
         if flags & (TPFLAGS_LIST_SUBCLASS | TPFLAGS_TUPLE_SUBCLASS):
@@ -227,6 +231,7 @@ class Holders:
 
     def _words(self, address: int, count: int):
         import numpy as np
+
         data = self.mem.read(address, 8 * count)
         return np.frombuffer(data, dtype="<u8") if data is not None else np.zeros(0, dtype=np.uint64)
 
@@ -239,6 +244,7 @@ class Holders:
     def _dict_words(self, d: int):
         """The (key, value) words of a combined-table dict's entries, as an (n, 2) array."""
         import numpy as np
+
         lay, mem = self.lay, self.mem
         empty = np.zeros((0, 2), dtype=np.uint64)
         if not d:

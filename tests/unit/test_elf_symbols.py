@@ -38,3 +38,25 @@ def test_bulk_rows_are_pyelftools_rows(path):
                 for n, v, z, t, b, x in symbol_rows(elf, sec)
             ]
             assert got == want, sec.name
+
+
+@pytest.mark.parametrize("path", [*LIBS, "/usr/bin/python3.11"])
+def test_the_section_map_from_headers_is_pyelftools_own_and_builds_no_hash_table(path, monkeypatch):
+    """open_elf's name map is the one pyelftools makes by building every section, made from the
+    headers alone: no hash section (whose table pyelftools parses whole) is built for it."""
+    from elftools.elf import elffile
+    from memdiag.probes.elf import ElfInfo, open_elf
+
+    with open(path, "rb") as f:
+        own = ELFFile(f)
+        own._make_section_name_map()
+        built = []
+        real = elffile.ELFFile._make_elf_hash_section
+        monkeypatch.setattr(elffile.ELFFile, "_make_elf_hash_section", lambda s, *a: built.append(a) or real(s, *a))
+        elf = open_elf(f)
+        assert elf._section_name_map == own._section_name_map
+        assert elf.get_section_by_name(".dynsym") is not None
+        info = ElfInfo(path)
+        bss = info.elf.get_section_by_name(".bss")
+        assert info.section_of(bss["sh_addr"]) == ".bss"
+        assert not built
