@@ -13,7 +13,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from kit import MEMDIAG, swapped_bytes, wait_until
+from kit import MEMDIAG, swapped_bytes, wait_for_line, wait_until
 from lane import BUDGET, MAX_PAUSE_MS, MiB, diagnose, kv, row, trail
 from memdiag.probes import kernel
 from memdiag.system.cgroup import memory_hierarchy, read_cgroup_memory, resolve_cgroup
@@ -168,13 +168,17 @@ def test_oomkill_swapin_and_drsnoop_on_a_kernel_with_kprobes(swap, memcg, worklo
     with subprocess.Popen(
         [MEMDIAG, "probe", "oomkill", "--duration", "60", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
     ) as watch:
-        time.sleep(20)  # attached (the program is compiled already), under emulation
+        # the victim only once the watch says it is attached: a fixed 20 s was not always enough under
+        # emulation (a lane run's watch saw no kill, the same test alone passed)
+        wait_for_line(watch, "memdiag probe oomkill: attached", timeout=300)
         victim = workload("hog", "256", "4", "50", cgroup=oom_cg)
         assert victim.wait_exit(120) == -signal.SIGKILL
         out, err = watch.communicate(timeout=300)
     assert watch.returncode == 0, err
     data = json.loads(out)
-    kill = next(k for k in data["kills"] if k["victim_pid"] == victim.pid)
+    kills = [k for k in data["kills"] if k["victim_pid"] == victim.pid]
+    assert kills, (victim.pid, data["kills"], data.get("status"), data.get("reason"), err[-2000:])
+    kill = kills[0]
     assert kill["constraint"] == "CONSTRAINT_MEMCG" and kill["memcg"] == oom_cg.path  # the cgroup whose limit was hit
     assert oom_cg.oom_kills() == 1
 
