@@ -161,7 +161,7 @@ class _Pricing:
         more = estimate_call_rates(pid, trap_ns=traps, alloc=alloc, functions=others)
         if more is not None:
             self.spend(more)
-        every = rates.plus(more)
+        every, free_counted = rates.plus(more), more is not None
         if sum(r.calls for r in every.counts) == 0:
             # None in a quarter of a second is no proof the memory bypasses the allocator: a program
             # growing by pymalloc's 1 MiB arenas calls mmap ~4 times a second, and 1 diagnosis in 6
@@ -173,10 +173,9 @@ class _Pricing:
             self.spend(again)
             if sum(r.calls for r in again.counts) == 0:
                 return self._fallback_no_calls(every, again)
-            every = again
-            more = again
+            every, free_counted = again, True
         per_s = every.per_s()
-        if more is None:  # the second count failed: price each free as an allocation's (they pair up)
+        if not free_counted:  # the second count failed: price each free as an allocation's (they pair up)
             per_s.setdefault("free", self.allocating)
         return self.decide(price(alloc.placements, per_s, self.costs, self.walk_ns), every, "", site_rates=per_s)
 
