@@ -13,6 +13,7 @@ from elftools.common.exceptions import ELFError
 from elftools.dwarf.callframe import FDE, CallFrameInfo
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
+from memdiag.system.elfread import open_elf, section_headers, segment_headers
 
 from .mapping import Mapping
 
@@ -54,29 +55,6 @@ def _type_code(kind: str) -> int:
 
 def _bind_code(bind: str) -> int:
     return {"STB_GLOBAL": _STB_GLOBAL, "STB_WEAK": _STB_WEAK}.get(bind, 0)
-
-
-def section_headers(elf: ELFFile):
-    """(index, header, name) of every section, without building the sections: pyelftools builds each
-    section it iterates, and a hash section parses its whole table into Python lists on the way (at
-    the end of a diagnosis, +7 MiB of memdiag's RSS for the scan's names, measured)."""
-    for i in range(elf.num_sections()):
-        hdr = elf._get_section_header(i)
-        yield i, hdr, elf._get_section_name(hdr)
-
-
-def segment_headers(elf: ELFFile) -> list:
-    """Every program header (p_type, p_vaddr, ...), without building the segments: pyelftools'
-    dynamic segment builds every section when it is made (the hash tables with them)."""
-    return [elf._get_segment_header(i) for i in range(elf.num_segments())]
-
-
-def open_elf(stream) -> ELFFile:
-    """pyelftools' ELFFile with its name-to-section map made from the headers alone (its own first
-    get_section_by_name builds every section to make it; the map is the same: the last of a name)."""
-    elf = ELFFile(stream)
-    elf._section_name_map = {name: i for i, _hdr, name in section_headers(elf)}
-    return elf
 
 
 class ElfInfo:

@@ -30,6 +30,7 @@ from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from ._parse import Fact, kv_lines, read_text
+from .elfread import open_elf, segment_bytes, segment_headers
 
 _CPYTHON = re.compile(r"^(?:lib)?python(?P<version>3\.\d+)[a-z]*(?:\.so[.\d]*|-[\w.-]+)?$")
 _NODE = re.compile(r"^(?:node|nodejs|libnode\.so[.\d]*)$")
@@ -143,7 +144,7 @@ def node_versions(binary: Path) -> tuple[str | None, str | None]:
     try:
         with open(binary, "rb") as f:
             try:
-                rodata = ELFFile(f).get_section_by_name(".rodata")
+                rodata = open_elf(f).get_section_by_name(".rodata")
             except ELFError:
                 return None, None
             start, size = (rodata["sh_offset"], rodata["sh_size"]) if rodata is not None else (0, 0)
@@ -162,7 +163,7 @@ def read_go_build(exe: Path) -> GoBuild | None:
     try:
         with open(exe, "rb") as f:
             try:
-                elf = ELFFile(f)
+                elf = open_elf(f)
                 blob = _buildinfo_blob(elf)
             except (ELFError, struct.error, ValueError):
                 return None
@@ -176,14 +177,14 @@ def _buildinfo_blob(elf: ELFFile) -> bytes | None:
     section = elf.get_section_by_name(".go.buildinfo")
     if section is not None:
         return section.data()[: 64 << 10]
-    for seg in elf.iter_segments():
+    for seg in segment_headers(elf):
         if seg["p_type"] == "PT_LOAD" and seg["p_flags"] & 0x3 == 0x2:  # PF_W without PF_X
-            return seg.data()[: 64 << 10]
+            return segment_bytes(elf, seg, 64 << 10)
     return None
 
 
 def _read_vaddr(elf: ELFFile, addr: int, size: int) -> bytes | None:
-    for seg in elf.iter_segments():
+    for seg in segment_headers(elf):
         if seg["p_type"] == "PT_LOAD" and seg["p_vaddr"] <= addr and addr + size <= seg["p_vaddr"] + seg["p_filesz"]:
             elf.stream.seek(seg["p_offset"] + addr - seg["p_vaddr"])
             return elf.stream.read(size)

@@ -45,7 +45,8 @@ def test_the_section_map_from_headers_is_pyelftools_own_and_builds_no_hash_table
     """open_elf's name map is the one pyelftools makes by building every section, made from the
     headers alone: no hash section (whose table pyelftools parses whole) is built for it."""
     from elftools.elf import elffile
-    from memdiag.probes.elf import ElfInfo, open_elf
+    from memdiag.probes.elf import ElfInfo
+    from memdiag.system.elfread import open_elf
 
     with open(path, "rb") as f:
         own = ELFFile(f)
