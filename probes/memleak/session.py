@@ -286,7 +286,9 @@ class _Session:
             left_ms = max(0.0, self.allowance_ns - spent * (1 + detach_seconds() / max(elapsed, 1e-3))) / 1e6
             allowed = left_ms if allowed is None else min(allowed, left_ms)
         with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
-            found, per_group = scan(target.pid, read, allowed, interrupted, self.python.namer(target.pid))
+            found, per_group = scan(
+                target.pid, read, allowed, interrupted, self.python.namer(target.pid), self.info["allocator"]
+            )
         self.scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         self.scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
 

@@ -38,6 +38,7 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from ...face import StackReach
 from ...procmaps import AddressSpace, parse_maps
 from ...stacks import Symbolizer
+from . import allocmeta
 from .anchors import label, runtime_label
 from .graph import reachability, stack_figures
 from .match import scan_memory
@@ -55,13 +56,15 @@ def scan(
     allowed_ms: float | None,
     interrupted: Callable[[], bool] = lambda: False,
     namer: Callable[[int, int, int], str | None] | None = None,
+    allocator: str | None = None,
 ) -> tuple[ReachScan, dict[int, StackReach]]:
     """Price, stop, read the blocks, scan, resume, classify. read_blocks(final) returns the
     outstanding blocks: once while the target runs (final False, to price the scan), once with it
     stopped (final True: the probe's books stop there). allowed_ms: the longest pause allowed (None:
     no limit); the scan gives up, resumes the target and concludes nothing when it gets there, or
     when interrupted() says so (SIGINT, SIGTERM). namer(word address, block start, size): the holder
-    of a block in the runtime's own terms (a CPython global: probes/cpython/holder.py), or None."""
+    of a block in the runtime's own terms (a CPython global: probes/cpython/holder.py), or None.
+    allocator: memleak's name for the target's allocator, whose own metadata is no root (allocmeta)."""
     import numpy  # noqa: F401  (imported before the table read is timed: the import is not part of a pause)
 
     t = time.monotonic()
@@ -92,7 +95,9 @@ def scan(
     # detaches every tracee it still holds (exit_ptrace), also one that never reached its stop or
     # died meanwhile (a zombie goes back to its parent), so nothing is left traced, whatever fails.
     worker = threading.Thread(
-        target=_stop_and_scan, args=(pid, read_blocks, allowed_ms, interrupted, est, box), name="memdiag-reach"
+        target=_stop_and_scan,
+        args=(pid, read_blocks, allowed_ms, interrupted, est, box, allocator),
+        name="memdiag-reach",
     )
     worker.start()
     worker.join()
@@ -108,7 +113,7 @@ def scan(
     return _classify(box, info, namer)
 
 
-def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: dict) -> None:
+def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: dict, allocator=None) -> None:
     t0 = time.monotonic()
 
     def stop_check(done: int) -> None:
@@ -130,6 +135,9 @@ def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: d
             blocks = blocks.sort()
             space = AddressSpace(pid, parse_maps(Path(f"/proc/{pid}/maps").read_text()), root=f"/proc/{pid}/root")
             regions = readable_regions(space, threads, est.tls_bytes, blocks)
+            meta = _allocator_metadata(pid, regions, allocator)
+            regions = allocmeta.carve(regions, meta)
+            box["meta"] = meta
             t_scan = time.monotonic()
             found = scan_memory(pid, blocks, regions, threads, stop_check)
             scan_s = time.monotonic() - t_scan
@@ -138,6 +146,14 @@ def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: d
         box["error"] = e
     finally:
         box["paused_ms"] = (time.monotonic() - t0) * 1000
+
+
+def _allocator_metadata(pid: int, regions, allocator: str | None) -> allocmeta.Metadata:
+    fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    try:
+        return allocmeta.find(lambda at, size: os.pread(fd, size, at), regions, allocator)
+    finally:
+        os.close(fd)
 
 
 def _classify(box: dict, info: dict, namer=None) -> tuple[ReachScan, dict[int, StackReach]]:
@@ -170,6 +186,8 @@ def _classify(box: dict, info: dict, namer=None) -> tuple[ReachScan, dict[int, S
             blocks=len(blocks.starts),
             references=found.edge_count,
             speed_bytes_per_s=found.scanned / scan_s if scan_s > 0 else None,
+            allocator_metadata_bytes=box["meta"].bytes,
+            allocator_metadata=box["meta"].what,
             **info,
         ),
         per_group,

@@ -30,7 +30,8 @@ ANCHOR_KIND = {
 ROOTS = (
     "registers and stacks (from the stack pointer up) of every thread, modules' .data/.bss, and all other "
     "readable writable memory outside the tracked blocks (heap allocated before memleak attached or held "
-    "free by the allocator counts as live: a leak can be missed, never invented)"
+    "free by the allocator counts as live: a leak can be missed, never invented) but the allocator's own "
+    "records of its extents where memdiag recognises them (jemalloc's base blocks)"
 )
 CONSISTENCY = (
     "every thread stopped with ptrace (seize + interrupt) while memleak's table was read and memory scanned, "
@@ -72,6 +73,8 @@ class ReachScan(BaseModel):
     threads: int = 0
     blocks: int = 0
     references: int = 0  # block-to-block references found
+    allocator_metadata_bytes: int = 0  # the allocator's own records, neither read nor roots (allocmeta)
+    allocator_metadata: str = ""  # what they were
     speed_bytes_per_s: float | None = None  # measured in this scan
     buffer_bytes: int = CHUNK
     consistency: str = CONSISTENCY
@@ -91,11 +94,16 @@ class ReachScan(BaseModel):
         speed = f" (scan {fmt_speed(self.speed_bytes_per_s)})" if self.speed_bytes_per_s else ""
         swapped = f", {fmt_mib(self.swapped_bytes)} of it paged in from swap" if self.swapped_bytes else ""
         at = f"{self.at_s:.1f} s into memleak: " if self.at_s is not None else ""
+        meta = (
+            f"; {fmt_mib(self.allocator_metadata_bytes)} of {self.allocator_metadata} not counted as roots"
+            if self.allocator_metadata_bytes
+            else ""
+        )
         return (
             f"ran {at}paused the target {self.paused_ms:.1f} ms ({priced}{allowed}) to read "
             f"{fmt_mib(self.scanned_bytes)} of writable memory in {self.regions} mappings{speed}{swapped}; "
             f"{self.threads} thread(s), "
-            f"{self.blocks:,} outstanding blocks checked, {self.references:,} references between them; "
+            f"{self.blocks:,} outstanding blocks checked, {self.references:,} references between them{meta}; "
             f"{self.consistency}"
         )
 
