@@ -5,7 +5,9 @@ import json
 import time
 from pathlib import Path
 
+import pytest
 from kit import swapped_bytes, wait_until
+from memdiag.system import arch
 
 MiB = 1 << 20
 REPORT_FILES = {"report.md", "report.json", "report.html", "growth.svg", "growth.folded"}
@@ -50,16 +52,23 @@ def test_leak(memdiag, workload, tmp_path):
     assert svg.startswith("<svg") and "leak_order_history" in svg
 
 
-def test_error_branch_leak_is_a_leak(memdiag, workload, tmp_path):
-    """1 in 7 orders is dropped on an error path; the stack frees the other six."""
-    w = workload("errleak", "2000", "7")  # ~4,000 allocator calls/s: well inside the 2% budget here
+@pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])
+def test_error_branch_leak_is_a_leak(memdiag, workload, tmp_path, allocator):
+    """1 in 7 orders is dropped on an error path; the stack frees the other six. Under jemalloc its
+    records of its extents and its thread caches' stale slots are no roots (reach/allocmeta.py): they
+    held a quarter of the leak's blocks, and the verdict was growth."""
+    if allocator == "glibc":
+        w = workload("errleak", "2000", "7")  # ~4,000 allocator calls/s: well inside the 2% budget here
+    else:  # malloc+0 and free+0 single-stepped: a tenth of the rate is inside the budget
+        w = workload("errleak", "400", "7", env={"LD_PRELOAD": arch.library("libjemalloc.so.2")})
     rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
     v = rep["verdict"]
     assert v["kind"] == "leak", v["summary"]
     assert "leaks from process_order: 1 in 7 allocations is never freed and nothing points at it" in v["summary"]
     assert any("process_order+0x" in f for f in v["culprit"]["stack"])
     stack = next(s for s in rep["stacks"] if any("process_order" in f for f in s["frames"]))
-    assert stack["reach"]["leaked_count"] > 500 and stack["reach"]["anchored_count"] <= 2
+    assert stack["reach"]["leaked_count"] > (500 if allocator == "glibc" else 100)
+    assert stack["reach"]["anchored_count"] <= 2
     md = (tmp_path / "report.md").read_text()
     assert "at the scan: **leaked**" in md
     ran = {p["name"]: p for p in rep["probes"]}
