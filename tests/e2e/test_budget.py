@@ -92,8 +92,13 @@ def test_the_target_loses_no_more_than_the_budget(root_required, memdiag, tmp_pa
     if decision == "full":  # the figure stated is the target's own, within a factor of 1.5
         assert lost / 1.5 <= reported <= lost * 1.5, (lost, reported)
         assert "leak_bench_records" in rep["verdict"]["summary"], rep["verdict"]
-    if rate == 100_000:  # a fraction of a second traced, its scan ending it: the leak is a leak
-        assert rep["verdict"]["kind"] == "leak", rep["verdict"]["summary"]
-    else:  # nothing traps; tracepoint probes report their BPF run time host-wide, an upper bound
+    if rate in (100_000, 10_000):  # a fraction of the window traced, its scan ending it: the leak is a leak
+        # (10k/s under jemalloc: the scan's pause is priced again while traced, as the target grows,
+        # and jemalloc's own records are no roots; it came out growth, the scan priced out, before)
+        assert rep["verdict"]["kind"] == "leak", (
+            rep["verdict"]["summary"],
+            [t for t in rep["trail"] if t["kind"] == "scan"],
+        )
+    if rate != 100_000:  # nothing traps; tracepoint probes report their BPF run time host-wide, an upper bound
         assert reported <= rep["overhead"]["budget_percent"], rep["probes"]
         assert reported >= lost - max(1.0, noise), (lost, reported)  # never understated beyond the noise
