@@ -34,6 +34,21 @@ if [ $src -ne 0 ]; then
     exit 1
 fi
 
+if [ -e "$share/prepare" ]; then # scripts/vm.sh --prepare: the set-up, and the kit's programs the lane runs
+    mapfile -t kit < <(grep -ohE 'workload\("[a-z_0-9]+"' tests/vm/*.py | cut -d'"' -f2 | sort -u)
+    "$MEMDIAG_VENV/bin/python" - "${kit[@]}" >>"$res/setup.log" 2>&1 <<'EOF'
+import sys
+sys.path.insert(0, "tests")
+import kit
+for name in sys.argv[1:]:
+    print("lane: built", kit.build(name))
+EOF
+    echo "lane: prepared (memdiag's set-up done on the state disk, the kit's ${kit[*]} built; no test run)"
+    echo "prepared" >"$res/summary"
+    echo 0 >"$res/rc"
+    sync
+    exit 0
+fi
 mapfile -t args <"$share/args"
 t0=$(up)
 echo "lane: pytest ${args[*]}"

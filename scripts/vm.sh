@@ -5,6 +5,7 @@
 #   scripts/vm.sh                 # the lane's tests (tests/vm)
 #   scripts/vm.sh -k oom -x       # extra arguments go to pytest in the guest
 #   scripts/vm.sh tests/unit      # a path under tests/ replaces tests/vm
+#   scripts/vm.sh --prepare       # everything the tests need, cold parts included, and no test
 #
 # Run as root. Installs what it needs on the host (qemu-system-x86, qemu-utils, debootstrap, e2fsprogs).
 # Cached under /var/lib/memdiag/vm (MEMDIAG_VM_CACHE): the root image (debootstrap, keyed by the package
@@ -14,6 +15,10 @@
 # Everything else it makes (the qemu process, the copy of the checkout, the run's overlay image) is
 # removed on exit, also on failure or Ctrl-C. Exit status: pytest's in the guest; 1 when the lane ran
 # and gave no result, 77 when qemu cannot run here at all, each with one line saying why.
+# --prepare does the cold parts alone (host tools, wheelhouse, root, and a boot that runs memdiag's
+# set-up in the guest onto the state disk: bcc compiling every program for the guest's kernel) and
+# exits 0 once the guest's set-up passed: scripts/test.sh runs it beside the main suite, so the lane
+# after it starts cached.
 #
 # Environment: MEMDIAG_VM_FETCH_ONLY=1 fetches what the root and the guest's pip need and stops; MEMDIAG_VM_MEM (MiB, default 3072), MEMDIAG_VM_CPUS (default 2), MEMDIAG_VM_TIMEOUT (s, default
 # 3600), MEMDIAG_VM_KEEP=1 keeps the run's folder (console log, results) for a look.
@@ -36,6 +41,12 @@ times=()
 phase() { times+=("$1 $2 s"); say "$1: $2 s"; }
 
 [ "$(id -u)" -eq 0 ] || fail "must run as root (debootstrap, qemu's images, the guest's root)"
+prepare=0
+if [ "${1:-}" = --prepare ]; then
+    prepare=1
+    shift
+    [ $# -eq 0 ] || fail "--prepare takes no other argument"
+fi
 
 # --- host tools --------------------------------------------------------------------------------
 t0=$(now)
@@ -234,6 +245,7 @@ for a in "$@"; do case "$a" in tests/* | tests) has_path=1 ;; esac; done
     [ $has_path -eq 1 ] || echo tests/vm
     for a in "$@"; do echo "$a"; done
 } >"$share/args"
+[ $prepare -eq 0 ] || : >"$share/prepare" # the guest stops after its set-up (scripts/vm-guest.sh)
 qemu-img create -q -f qcow2 -b "$root_img" -F raw "$run/root.qcow2"
 phase "run's images" "$(since "$t0")"
 
@@ -253,7 +265,8 @@ timeout -k 10 "$limit" qemu-system-x86_64 -accel tcg,thread=single,tb-size=512 -
     -virtfs "local,path=$share,mount_tag=memdiag,security_model=none,id=memdiag" \
     -virtfs "local,path=$wheels,mount_tag=wheels,security_model=none,readonly=on,id=wheels" &
 qemu_pid=$!
-tail -n +1 -F --pid="$qemu_pid" "$run/console.log" 2>/dev/null | grep --line-buffered -E '^(lane|setup|vm-guest)|^=+ .* =+$|(PASSED|FAILED|ERROR)( |$)|Kernel panic|BUG:|Oops' &
+# the guest's lines come through systemd's journal to the console: "[  55.7] memdiag-lane[277]: lane: ..."
+tail -n +1 -F --pid="$qemu_pid" "$run/console.log" 2>/dev/null | grep --line-buffered -E '(^|\]: )(lane|setup|vm-guest)|(^|\]: )=+ .* =+$|(PASSED|FAILED|ERROR)( |$)|Kernel panic|BUG:|Oops' &
 tail_pid=$!
 set +e
 wait "$qemu_pid"
@@ -278,6 +291,12 @@ if [ ! -e "$res/rc" ]; then
 fi
 [ -e "$res/times" ] && while read -r line; do times+=("$line"); done <"$res/times"
 echo "vm: times: $(IFS=';'; echo "${times[*]}")"
+if [ $prepare -eq 1 ]; then
+    rc=$(cat "$res/rc")
+    [ "$rc" = 0 ] && say "prepared: root, wheelhouse and the guest's set-up cached in $cache (no test ran)"
+    [ "$rc" = 0 ] || sed 's/^/vm: guest: /' "$res/summary" >&2
+    exit "$rc"
+fi
 [ -e "$res/summary" ] && sed 's/^/vm: guest pytest: /' "$res/summary"
 rc=$(cat "$res/rc")
 # a failure's own lines (the assertion and its message), else the run's folder and its log are gone
