@@ -3,8 +3,10 @@ here: 0 a completed diagnosis (whatever it found; memdiag verify exits with its 
 1 a failure, 130 and 143 a SIGINT or SIGTERM that cut the command short (its partial report written).
 
 Only the standard library and errors.py are imported at start: the commands (pydantic, bcc's
-helpers) load inside main's handlers, with SIGINT held until they are loaded, so a Ctrl-C during
-the imports is one line and exit 130 too."""
+helpers) load inside main's handlers, with SIGINT and SIGTERM held until they are loaded, so a
+Ctrl-C during the imports is one line and exit 130 too, and a SIGTERM one line and exit 143 (the
+console script's handler: under emulation the imports took over 25 s, and a SIGTERM then killed
+memdiag without a word)."""
 
 from __future__ import annotations
 
@@ -25,12 +27,20 @@ class _BadUsage(Exception):
     pass
 
 
+class _Terminated(BaseException):  # as KeyboardInterrupt is to SIGINT: not an Exception, so never swallowed
+    """SIGTERM before a command's own handling was in place (the imports, a command without it)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise _Terminated
+
+
 def _commands() -> dict:
     """The subcommands by name (the main job, the diagnosis, under None)."""
-    # A Ctrl-C is held until the imports are done: a KeyboardInterrupt raised inside a compiled
-    # extension's initialisation (pydantic-core importing datetime) comes out as that extension's own
-    # panic, not as an interrupt. Released here, it is one inside main's handlers.
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    # A Ctrl-C (and a SIGTERM) is held until the imports are done: a KeyboardInterrupt raised inside a
+    # compiled extension's initialisation (pydantic-core importing datetime) comes out as that
+    # extension's own panic, not as an interrupt. Released here, it is one inside main's handlers.
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
     try:
         from .commands import prepare, probe, rules, run, serve, top, verify
     finally:
@@ -75,6 +85,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:  # perhaps during the imports: nothing more to load to say so
         print("memdiag: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:
+        print("memdiag: terminated", file=sys.stderr)
+        return 143
     except BrokenPipeError:
         return 1
     except Exception as e:  # the last line of defence: one line, unless debugging
@@ -107,8 +120,11 @@ def _say(message: str, prefix: str = "memdiag: ") -> None:
 
 
 def entry() -> None:  # console script entry point
+    signal.signal(signal.SIGTERM, _on_sigterm)  # SIGINT's KeyboardInterrupt, for SIGTERM
     try:
         code = main(sys.argv[1:])
     except KeyboardInterrupt:  # a second Ctrl-C, while the first was being reported
         code = 130
+    except _Terminated:
+        code = 143
     sys.exit(code)

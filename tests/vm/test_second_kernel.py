@@ -217,7 +217,10 @@ def test_a_diagnosis_of_a_swapping_process_finishes_and_honours_sigterm(swap, me
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
     ) as proc:
-        time.sleep(25)
+        # in the window, not in the start-up: under emulation the imports alone took over 25 s (a
+        # SIGTERM there is one line and exit 143, test_cli_safety); the folder is made as the window starts
+        wait_until(out.exists, "the diagnosis to start", 120)
+        time.sleep(10)
         proc.send_signal(signal.SIGTERM)
         try:
             proc.wait(timeout=30)
