@@ -45,6 +45,28 @@ def test_redis_zmalloc_under_jemalloc_names_its_caller():
     assert n.function == "_sdsnewlen" and n.kinds[:2] == ["allocator", "wrapper"]
 
 
+def test_a_go_heap_mapped_through_cgo_names_the_go_code_past_the_runtime():
+    """Every Debian Go binary importing net is a cgo one: the runtime maps its heap through its own
+    C glue (x_cgo_mmap), which was named the culprit."""
+    n = _name(
+        [
+            f"mmap64+0x0 {LIBC}",
+            "x_cgo_mmap+0x26 [sessiond]",
+            "runtime.callCgoMmap+0x40 [sessiond]",
+            "runtime.sysMap+0x2b [sessiond]",
+            "runtime.(*mheap).grow+0xd1 [sessiond]",
+            "runtime.mallocgc+0x4ab [sessiond]",
+            "runtime.mapassign_faststr+0x2f0 [sessiond]",
+            "main.rememberSession+0x9c [sessiond]",
+            "main.main+0x40 [sessiond]",
+        ]
+    )
+    assert n.function == "main.rememberSession"
+    assert n.kinds[:2] == ["allocator", "runtime"] and n.kinds[-2:] == ["culprit", "caller"]
+    glue = _name([f"malloc+0x0 {LIBC}", "_cgo_0b49d6ed4a0b_Cfunc_malloc+0x1c [app]", "main.fill+0x55 [app]"])
+    assert glue.function == "main.fill"
+
+
 def test_interpreter_frames_are_named_and_marked():
     n = _name(
         [

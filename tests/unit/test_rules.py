@@ -122,7 +122,10 @@ def _verdicts(facts: dict) -> list[str]:
     return [r.then.verdict.kind for r in fired]
 
 
-BASE = {"target.kind": "pid", "budget.percent": 2.0, "summary.growth": "grows", "target.name": "PID 1 (x)"}
+BASE = {
+    "target.kind": "pid", "budget.percent": 2.0, "summary.growth": "grows", "target.name": "PID 1 (x)",
+    "target.runtime": "none",  # every fact set has it (diagnose/factset.py)
+}  # fmt: skip
 
 
 def test_playbook_a_climbing_stack_beats_the_counters_growth_and_without_a_scan_is_no_leak():
@@ -227,6 +230,31 @@ def test_playbook_held_growth_and_held_cache_are_not_leaks():
     traced_flat = {**held, "process.rss_shape": "levelled", "memory.shape_while_traced": "flat"}
     rule, _, _ = _winner({**traced_flat, "memleak.top_trend": "climbing"})
     assert rule == "cache-held"
+
+
+def test_playbook_a_go_heap_arena_mapped_by_the_runtime_is_no_cache_nor_held_growth():
+    """Under Go, memleak's mmap stack is the runtime mapping its heap (x_cgo_mmap under runtime.sysMap):
+    one arena, flat and pointed at from the runtime's globals, said nothing of a growing map (a
+    trial's Go service came out cache at 85%). A C allocation through cgo is still judged."""
+    arena = {
+        **SCANNED,
+        "target.runtime": "go",
+        "memleak.top_entry": "mmap",
+        "memleak.top_free_ratio": 0.0,
+        "reach.leaked_count": 0,
+        "reach.leaked_ratio": 0.0,
+        "reach.anchored_bytes": 4 * MiB,
+        "reach.anchored_ratio": 100.0,
+        "reach.anchor": "`net/http.headerSorterPool` in sessiond's .data",
+        "reach.anchor_kind": "static",
+        "alloc.allocator": "glibc",
+        "process.rss_shape": "climbing",
+    }
+    for trend in ("levelled", "climbing"):
+        rule, _, summary = _winner({**arena, "memleak.top_trend": trend})
+        assert rule not in ("cache-held", "growth-held", "growth-held-by-untracked"), summary
+    rule, _, _ = _winner({**arena, "memleak.top_trend": "levelled", "memleak.top_entry": "malloc"})
+    assert rule == "cache-held"  # a C allocation the Go program made through cgo
 
 
 def test_playbook_without_a_scan_falls_back_to_the_trend_with_less_confidence():
