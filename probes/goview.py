@@ -28,7 +28,7 @@ FACTS = (
     FactDef("go.top_growth", "bytes", "how much that stack's in-use bytes grew over the GCs read (estimated)"),
     FactDef("go.top_rate", "bytes_per_s", "that growth per second"),
     FactDef("go.top_inuse", "bytes", "that stack's in-use bytes at the last GC read (estimated)"),
-    FactDef("go.top_share", "percent", "that stack's share of the heap profile's growth"),
+    FactDef("go.top_share", "percent", "that stack's share of what grew in the heap profile (at most 100%)"),
     FactDef("go.top_trend", "string", "the shape of that stack's in-use bytes: climbing, levelled, flat ..."),
     FactDef("go.largest_function", "string", "the program's function of the stack holding the most in-use bytes"),
     FactDef("go.largest_inuse", "bytes", "what it holds at the last GC read (estimated)"),
@@ -100,6 +100,9 @@ def _stack_facts(r, name: Namer) -> dict:
     growth = top.inuse_bytes[-1] - top.inuse_bytes[0]
     span = r.times[-1] - r.times[0] if len(r.times) > 1 else 0
     total = r.heap_inuse[-1] - r.heap_inuse[0] if r.heap_inuse else 0
+    # what grew, not the net change: where other stacks let go as much, the net is near nothing and
+    # a share of it is no share (prometheus: 549 KiB of growth over a net 4.2 KiB, "13137.4%")
+    total = max(total, sum(max(0, s.inuse_bytes[-1] - s.inuse_bytes[0]) for s in r.stacks))
     largest = max(r.stacks, key=lambda s: s.inuse_bytes[-1])
     return {
         "go.top_function": _program_function(top.functions, top.frames, name),

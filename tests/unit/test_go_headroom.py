@@ -50,3 +50,18 @@ def test_anonymous_memory_past_all_the_runtime_holds_is_not_a_cache():
     assert facts["go.beyond_runtime_trend"] == "climbing" and facts["go.beyond_runtime_growth"] == 44 * MiB
     assert "go-beyond-runtime-growth" in fired
     assert not fired & {"go-heap-cache", "go-heap-cache-headroom"}, c.summary
+
+
+def test_a_stacks_share_is_of_what_grew_never_over_all_of_it():
+    """prometheus: one stack grew 549 KiB while others let go of about as much; its share of the net
+    4.2 KiB change came out 13137.4%. A share is of what grew: at most 100%."""
+    grew = GoStack(
+        frames=["tsdb.newStripeSeries (head.go:1) [prometheus]"], functions=["tsdb.newStripeSeries"],
+        inuse_bytes=[0] * 12 + [549 << 10], inuse_objects=10, alloc_bytes=549 << 10, freed_bytes=0,
+    )  # fmt: skip
+    shrank = CACHE.model_copy(update={"inuse_bytes": [94 * MiB] * 12 + [94 * MiB - (545 << 10)]})
+    r = _result([100 * MiB] * len(T)).model_copy(
+        update={"stacks": [grew, shrank], "heap_inuse": [94 * MiB] * 12 + [94 * MiB + (4 << 10)]}
+    )
+    facts = facts_of(r, None, lambda frames, forwards: None)
+    assert facts["go.top_share"] == 100.0
