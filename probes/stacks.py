@@ -9,7 +9,6 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-import cxxfilt
 from memdiag.system.perfmap import PerfMap, perf_map_grew
 from pydantic import BaseModel, ConfigDict
 
@@ -48,6 +47,8 @@ def demangle(name: str) -> str:
     """C++ (Itanium ABI) names as people read them: OrderBook::record(long)."""
     if not name.startswith("_Z"):
         return name
+    import cxxfilt  # here: it maps libstdc++ and its demangler (0.85 MiB resident), for C++ names only
+
     try:
         return cxxfilt.demangle(name)
     except (cxxfilt.InvalidName, OSError):
