@@ -15,7 +15,6 @@ from pydantic import BaseModel, ConfigDict
 from . import forwarders
 from .elf import elf_info
 from .gostacks import go_frames
-from .jit import jit_perf_map
 from .procmaps import AddressSpace
 from .unwind import StackSlice, frame_pointer_walk, unwind
 
@@ -93,6 +92,8 @@ class Symbolizer:
             return None
         pm = self.perf_map
         if pm is None or (pm.lookup(address) is None and perf_map_grew(pm)):
+            from .jit import jit_perf_map  # here: it imports the JVM's attach (probes/jvm/), for JIT frames only
+
             pm = self.perf_map = jit_perf_map(self.space.pid, Path(self.space.proc or "/proc").parent, self.ask_jvm)
         hit = pm.lookup(address) if pm is not None else None
         if hit is None:
