@@ -20,7 +20,7 @@ from .mapping import Mapping
 DEBUG_ROOT = "/usr/lib/debug"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # slots: 40 bytes less each, of 8,400 in a C program's diagnosis (0.3 MiB)
 class Symbol:
     address: int
     size: int
@@ -73,6 +73,10 @@ class ElfInfo:
         self._objects: list[Symbol] | None = None
         self._object_starts: list[int] = []
         self._allocated: list[tuple[int, int, str]] | None = None  # (start, end, name) of SHF_ALLOC sections
+
+    def close(self) -> None:
+        """The file let go (a reader from passing_elf_info, once done with it)."""
+        self._file.close()
 
     # --- addresses --------------------------------------------------------------------------
     def bias(self, mapping: Mapping) -> int | None:
@@ -318,6 +322,12 @@ def _decoded(fde: FDE) -> list[dict]:
 
 @functools.lru_cache(maxsize=256)
 def _open(path: str, mtime_ns: int, inode: tuple[int, int]) -> ElfInfo | None:
+    return passing_elf_info(path)
+
+
+def passing_elf_info(path: str) -> ElfInfo | None:
+    """The parsed file at path, not kept in elf_info's cache: for a file looked at once and let go
+    (its reader holds ~90 KiB of pyelftools' structures, its symbols more)."""
     try:
         return ElfInfo(path)
     except (OSError, ELFError):

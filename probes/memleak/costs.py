@@ -22,7 +22,7 @@ import capstone
 from memdiag.system import arch
 from pydantic import BaseModel
 
-from ..allocator import BPF_FUNCTION, Placement, find_allocator, is_emulated
+from ..allocator import BPF_FUNCTION, Placement, allocator_module, find_allocator, is_emulated
 from ..base import ProbeUnavailable, bpf_stats, load, program_stats, set_targets
 from ..compiler import CompileError, sha256, source
 from ..elf import elf_info
@@ -67,8 +67,7 @@ def _host_key() -> str:
 
 
 def _libc_path() -> str:
-    alloc = find_allocator(os.getpid())
-    return alloc.module if alloc is not None else ""
+    return allocator_module(os.getpid()) or ""
 
 
 def _loop(libc, n: int) -> float:
