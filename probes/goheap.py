@@ -12,16 +12,19 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_duration
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from . import goview
 from .face import Cost, Face, ProbeResult
-from .gomemory import GoProcess, GoSnapshot, GoUnreadable, scaled
-from .gopclntab import GoFrame, GoTable
 from .reader import reads_cost
+
+if TYPE_CHECKING:  # the reader of a Go program's memory is imported when one is read (run)
+    from .gomemory import GoProcess, GoSnapshot
+    from .gopclntab import GoFrame, GoTable
 
 BACKED_OFF = "stopped early: the next read would take its reads' time past what the budget leaves"
 INTERVAL_S = 1.0
@@ -34,6 +37,10 @@ TOP_GROUPS = 8
 class GoStack(BaseModel):
     """One allocation stack of the heap profile, its in-use bytes at each point of the result."""
 
+    # defer_build: built when a Go program is read, not when the registry imports this face for
+    # every target (with the JVM's and Node's models: 0.55 MiB of a native target's diagnosis)
+    model_config = ConfigDict(defer_build=True)
+
     frames: list[str]  # leaf first: "main.rememberFailure (main.go:21, inlined) [orderd]"
     functions: list[str]  # the frames' Go function names
     inuse_bytes: list[int]  # estimated (sampled counts scaled as pprof does), one per point
@@ -44,6 +51,8 @@ class GoStack(BaseModel):
 
 
 class GoroutineGroup(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     function: str  # what they run (their start function)
     created_by: str  # the go statement's frame: "main.serve (main.go:27)"
     wait: str  # what they wait on: "chan receive", or "running or runnable"
@@ -52,6 +61,8 @@ class GoroutineGroup(BaseModel):
 
 
 class GoHeapResult(ProbeResult):
+    model_config = ConfigDict(defer_build=True)
+
     name: str = "goheap"
     version: str | None = None  # the toolchain's: go1.19.8
     found_by: str | None = None  # how the runtime's variables were located: symbol table, the runtime's code
@@ -95,6 +106,9 @@ def run(
     """Read the target's heap profile and goroutines every `interval` for `seconds`; stop early
     (backed off) once the reads' time, what they may have cost the target at most, would pass
     allowance_ns (what the budget leaves; None: no budget)."""
+    # here, not at the top: the registry imports this face for every target, native ones included
+    from .gomemory import GoProcess, GoUnreadable
+
     started = time.time()
     base = GoHeapResult(status="unavailable", target=target.describe(), started=started, method="")
     if target.kind != "pid" or target.pid is None:
@@ -124,6 +138,8 @@ def run(
 def _read(
     proc: GoProcess, target: Target, seconds: float, interval: float, clock, allowance_ns: float | None
 ) -> tuple[list, str]:
+    from .gomemory import GoUnreadable
+
     snaps: list[GoSnapshot] = []
     end = clock() + seconds
     while True:
@@ -226,6 +242,8 @@ class _Acc:
 
 def _stacks(table: GoTable, points: list[GoSnapshot], module: str) -> tuple[list[int], list[GoStack]]:
     """In-use bytes per stack at each point (buckets of one stack and several sizes summed)."""
+    from .gomemory import scaled
+
     keys: dict[tuple[int, ...], _Acc] = {}
     last = len(points) - 1
     for i, p in enumerate(points):

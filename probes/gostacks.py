@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import TYPE_CHECKING
 
 from .elf import elf_info
-from .gopclntab import GoTable, PclntabError, go_table
 from .procmaps import AddressSpace, Mapping
+
+if TYPE_CHECKING:
+    from .gopclntab import GoTable
 
 
 def _table(path: str) -> GoTable | None:
@@ -28,6 +31,9 @@ def _table_of(_dev: int, _ino: int, _mtime: int, path: str) -> GoTable | None:
     elf = elf_info(path)
     if elf is None or elf.elf.get_section_by_name(".gopclntab") is None:
         return None
+    # imported here: every native frame's file is asked, and only a Go executable reads on
+    from .gopclntab import PclntabError, go_table
+
     try:
         return go_table(path)
     except PclntabError:

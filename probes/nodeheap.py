@@ -16,8 +16,7 @@ from memdiag.system.perfmap import perf_map_path
 from memdiag.system.runtime import read_runtime
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_duration
-from memdiag.system.v8memory import read_v8_memory
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from . import nodeview
 from .face import Cost, Face, ProbeResult, plain
@@ -27,6 +26,8 @@ INTERVAL_S = 2.0  # smaps walks every page table of the process: a read every tw
 
 
 class NodeHeapResult(ProbeResult):
+    model_config = ConfigDict(defer_build=True)  # built when Node is read (goheap.py's GoStack says why)
+
     name: str = "nodeheap"
     version: str | None = None  # Node's
     times: list[float] = []  # seconds from the first read
@@ -40,6 +41,8 @@ class NodeHeapResult(ProbeResult):
 
 
 class PerfMapState(BaseModel):
+    model_config = ConfigDict(defer_build=True)
+
     path: str  # as the target names it (/tmp/perf-PID.map in its own namespace)
     size: int
 
@@ -65,6 +68,9 @@ def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Cal
     runtime = read_runtime(target.pid)
     if runtime is None or runtime.name != "node":
         return base.model_copy(update={"reason": f"PID {target.pid} does not run Node.js"})
+    # here, not at the top: the registry imports this face for every target, native ones included
+    from memdiag.system.v8memory import read_v8_memory
+
     times, v8m, v8r, native, jit = [], [], [], [], []
     spent, end, t0 = 0.0, clock() + seconds, clock()
     while True:

@@ -9,14 +9,12 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-import cxxfilt
 from memdiag.system.perfmap import PerfMap, perf_map_grew
 from pydantic import BaseModel, ConfigDict
 
 from . import forwarders
 from .elf import elf_info
 from .gostacks import go_frames
-from .jit import jit_perf_map
 from .procmaps import AddressSpace
 from .unwind import StackSlice, frame_pointer_walk, unwind
 
@@ -48,6 +46,8 @@ def demangle(name: str) -> str:
     """C++ (Itanium ABI) names as people read them: OrderBook::record(long)."""
     if not name.startswith("_Z"):
         return name
+    import cxxfilt  # here: it maps libstdc++ and its demangler (0.85 MiB resident), for C++ names only
+
     try:
         return cxxfilt.demangle(name)
     except (cxxfilt.InvalidName, OSError):
@@ -92,6 +92,8 @@ class Symbolizer:
             return None
         pm = self.perf_map
         if pm is None or (pm.lookup(address) is None and perf_map_grew(pm)):
+            from .jit import jit_perf_map  # here: it imports the JVM's attach (probes/jvm/), for JIT frames only
+
             pm = self.perf_map = jit_perf_map(self.space.pid, Path(self.space.proc or "/proc").parent, self.ask_jvm)
         hit = pm.lookup(address) if pm is not None else None
         if hit is None:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from ..report import Report
-from .flamegraph import render_flamegraph
-from .html import render_html
-from .jsonout import render_json
-from .markdown import render_markdown
-from .window import render_window
 
 
 def render_all(report: Report) -> dict[str, str]:
     """Every file of a report folder, by name."""
+    # The renderers are imported when a report is written, not with the package (render.text is
+    # imported at start): they and markdown-it-py are 2.3 MiB of memdiag's resident memory, measured,
+    # which the diagnosis, the reachability scan included, then runs without.
+    from .flamegraph import render_flamegraph
+    from .html import render_html
+    from .jsonout import render_json
+    from .markdown import render_markdown
+    from .window import render_window
+
     md = render_markdown(report)
     files = {
         "report.md": md,

@@ -19,18 +19,21 @@ from __future__ import annotations
 
 import re
 import time
+from typing import TYPE_CHECKING
 
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_duration
+from pydantic import ConfigDict
 
 from ..base import Stop, run_for, stop_on_signals
 from ..face import Context, Face, FactDef, Plan, ProbeResult, Section, TracingCost, TrailItem, _Frozen
 from . import costs
 from .attach import LISTENER_STARTED, AttachRefused, Jvm, jcmd, listener_running
-from .meter import Meter
-from .plan import attachable, read_counters, rows
-from .probe import safepoint_delta
 from .recording import class_name
+from .view import rows
+
+if TYPE_CHECKING:  # the meter, the plan's and the recorder's helpers load when a JVM is looked at
+    from .meter import Meter
 
 COMMAND = "GC.class_histogram"
 KEEP = 10  # classes kept: those whose live bytes grew most
@@ -43,6 +46,8 @@ _TOTAL = re.compile(r"^Total\s+(\d+)\s+(\d+)")
 
 class Histogram(_Frozen):
     """One look: each class's live instances and bytes, and the totals the JVM printed."""
+
+    model_config = ConfigDict(defer_build=True)  # built when a JVM is looked at (recording.py's _Frozen says why)
 
     classes: dict[str, tuple[int, int]] = {}  # class -> (instances, bytes)
     instances: int = 0
@@ -77,6 +82,8 @@ def parse_histogram(text: str) -> Histogram | None:
 class ClassGrowth(_Frozen):
     """One class at both looks."""
 
+    model_config = ConfigDict(defer_build=True)
+
     cls: str
     instances_first: int
     instances_last: int
@@ -104,6 +111,8 @@ def grown(first: Histogram, last: Histogram, keep: int = KEEP) -> list[ClassGrow
 
 
 class HistogramPlan(Plan):
+    model_config = ConfigDict(defer_build=True)
+
     jvm: Jvm | None = None
     build: str | None = None
     used: int = 0  # the bytes priced by: what survived the last collections (else the heap in use)
@@ -111,6 +120,8 @@ class HistogramPlan(Plan):
 
 
 class HistogramResult(ProbeResult):
+    model_config = ConfigDict(defer_build=True)
+
     build: str | None = None
     looked_at: list[float] = []  # epoch seconds of each look
     live_first: int | None = None  # live bytes at each look (the histogram's total)
@@ -132,6 +143,8 @@ def _refused(reason: str) -> HistogramPlan:
 
 def plan(target: Target, ctx: Context) -> HistogramPlan:
     """Two looks' price for ctx.seconds (never raises; a refusal says why)."""
+    from .plan import attachable
+
     found = attachable(target, "a class histogram is a JVM's own: one process (--pid, or a container's JVM)")
     if isinstance(found, str):
         return _refused(found)
@@ -172,6 +185,9 @@ def plan(target: Target, ctx: Context) -> HistogramPlan:
 
 
 def _look(jvm: Jvm, meter: Meter, timeout_s: float, out: dict) -> Histogram:
+    from .plan import read_counters
+    from .probe import safepoint_delta
+
     # the step before the look closes first: the collector's threads also run the target's own
     # young collections between the looks (counted, they made one look cost 3.2 s per GiB)
     meter.close_step()
@@ -187,6 +203,8 @@ def _look(jvm: Jvm, meter: Meter, timeout_s: float, out: dict) -> Histogram:
 
 
 def _observe(target: Target, ctx: Context, p: HistogramPlan, stop: Stop, out: dict) -> None:
+    from .meter import Meter
+
     assert p.jvm is not None and p.look is not None
     meter = Meter(p.jvm.pid, ctx.cpu_rate or 0.0)
     out["listener_started"] = not listener_running(p.jvm)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
-import secrets
 import subprocess
 import threading
 from dataclasses import dataclass, field
@@ -78,6 +77,14 @@ _OPEN: set[Recording] = set()  # recordings started and not yet closed, for the 
 _OPEN_LOCK = threading.Lock()
 
 
+def _token() -> str:
+    """A recording's name suffix, random. secrets is imported here, for a JVM target alone: it
+    imports hmac, which maps OpenSSL's libcrypto (3.5 MiB of memdiag's resident memory)."""
+    import secrets
+
+    return secrets.token_hex(6)
+
+
 @dataclass
 class Recording:
     """One recording of memdiag's in one JVM, from start to close."""
@@ -87,7 +94,7 @@ class Recording:
     throttle_per_s: int = 100
     cutoff_ms: int = 100
     margin_s: float = SELF_STOP_MARGIN_S  # the JVM stops it itself this long after planned_s
-    token: str = field(default_factory=lambda: secrets.token_hex(6))
+    token: str = field(default_factory=_token)
     started: bool = False
     stopped: bool = False
     listener_was_there: bool | None = None

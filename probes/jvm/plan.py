@@ -166,10 +166,3 @@ def _priced(ctx: Context, jvm: Jvm, tool: Tool, build: str | None, cold: bool, c
         **estimate,
         **common,
     )
-
-
-def rows(r, p, ctx):
-    """A JVM probe's row; none at all for a target it was never asked about (a process that is no JVM)."""
-    if r is None and p is None and ctx.row.reason == "no rule asked for it":
-        return []
-    return [ctx.row]

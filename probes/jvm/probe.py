@@ -18,13 +18,14 @@ from memdiag.system.jvm import JvmCounters
 from memdiag.system.target import Target
 
 from ..base import Stop, run_for, stop_on_signals
-from ..face import Context, ProbeResult, TracingCost
+from ..face import Context
 from . import costs
 from .attach import AttachRefused
 from .jfr import MID, Recording, print_json
 from .meter import STARTING, STOPPING, Meter
 from .plan import JfrPlan, plan, read_counters
-from .recording import Allocating, Held, after_gc, allocating, held, parse_recording, with_sizes
+from .recording import after_gc, allocating, held, parse_recording, with_sizes
+from .result import JfrResult
 
 THROTTLE_PER_S = 100  # allocation samples a second (JFR's default settings: 150/s; profile: 300/s)
 KEEP_GROUPS = 8
@@ -37,39 +38,6 @@ SETTLE_S = 2.0
 # The first look at the holders (a dump of the recording so far), this far into the recording: the
 # holders' sizes then and at the stop say whether they grew or stayed at a bound.
 LOOK_AT = 0.4
-
-
-class JfrResult(ProbeResult):
-    build: str | None = None  # the JVM's version
-    recorded_s: float = 0.0
-    started_at: float | None = None  # epoch seconds: the recording's start and stop
-    stopped_at: float | None = None
-    held: list[Held] = []  # the rooted old-object samples by class, site and anchor, most first
-    allocating: list[Allocating] = []  # allocation samples by class and site, most bytes first
-    old_samples: int = 0
-    unrooted: int = 0  # old-object samples no root reaches (garbage not yet collected)
-    alloc_samples: int = 0
-    alloc_bytes: int = 0  # what the allocation samples stand for
-    after_gc: list[tuple[float, int]] = []  # (epoch, heap used) just after each collection
-    collections: int = 0
-    direct_buffers: int | None = None
-    cutoff_ms: int = 0
-    cold_start: bool | None = None
-    start_cpu_s: float | None = None  # the target's CPU time above its rate, each step
-    record_cpu_s: float | None = None
-    stop_cpu_s: float | None = None
-    stop_pause_s: float | None = None  # the JVM's safepoint time while JFR.stop ran
-    looked_at: float | None = None  # epoch seconds of the first look (the dump); None: none was taken
-    looked: bool = False  # the first look's dump was written (its holders are read for their sizes then)
-    look_cpu_s: float | None = None
-    look_pause_s: float | None = None  # the JVM's safepoint time while the first look's dump ran
-    measured_ns: float | None = None  # reported and enforced: the threads', raised to the process's up to twice
-    threads_ns: float | None = None  # the recording threads' CPU time (probes/jvm/meter.py)
-    process_ns: float | None = None  # the process's CPU time above its rate before
-    record_rate_s: float = 0.0  # the part of the recording after the start had settled (its steady rate's)
-    listener_started: bool = False  # memdiag's SIGQUIT started the JVM's attach listener
-    tool: str = ""
-    notes: list[str] = []
 
 
 def run(target: Target, ctx: Context) -> JfrResult:
@@ -214,10 +182,3 @@ def _remember(out: dict) -> None:
             "stop_s": out.get("stop_cpu_s"),
         },
     )
-
-
-def measured(r: JfrResult) -> TracingCost | None:
-    if r.measured_ns is None:
-        return None
-    # no probes_ns: there is no trap to count (the report's "hits x trap cost" is memleak's measure)
-    return TracingCost(attached_s=r.duration_s, cpu_ns=r.process_ns, measured_ns=r.measured_ns)

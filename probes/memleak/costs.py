@@ -12,7 +12,6 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
-import hashlib
 import json
 import os
 import platform
@@ -23,9 +22,9 @@ import capstone
 from memdiag.system import arch
 from pydantic import BaseModel
 
-from ..allocator import BPF_FUNCTION, Placement, find_allocator, is_emulated
+from ..allocator import BPF_FUNCTION, Placement, allocator_module, find_allocator, is_emulated
 from ..base import ProbeUnavailable, bpf_stats, load, program_stats, set_targets
-from ..compiler import CompileError, source
+from ..compiler import CompileError, sha256, source
 from ..elf import elf_info
 from .options import build_options
 
@@ -58,7 +57,7 @@ def _host_key() -> str:
     with contextlib.suppress(OSError):
         lines = Path("/proc/cpuinfo").read_text().splitlines()
         cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
-    h = hashlib.sha256()
+    h = sha256()
     for name in ("memleak", "ratecount"):
         with contextlib.suppress(OSError):
             h.update(source(name).read_bytes())
@@ -68,8 +67,7 @@ def _host_key() -> str:
 
 
 def _libc_path() -> str:
-    alloc = find_allocator(os.getpid())
-    return alloc.module if alloc is not None else ""
+    return allocator_module(os.getpid()) or ""
 
 
 def _loop(libc, n: int) -> float:
