@@ -173,10 +173,20 @@ def _overhead(budget: float, result: EngineResult, probes: list[ProbeStatus], wi
 
 
 def _stack_caveats(stacks: list[StackReport]) -> list[str]:
-    unknown = sum(f.startswith("[unknown]") for s in stacks for f in s.frames)
-    if not unknown:
-        return []
-    return [
-        f"{unknown} stack frame(s) are [unknown]: frames without symbols or frame pointers; build with "
-        "-fno-omit-frame-pointer and install debug info (-dbg/-dbgsym packages) to name them"
-    ]
+    unknown = [f for s in stacks for f in s.frames if f.startswith("[unknown]")]
+    # "[unknown] [[anon]]": code in anonymous executable memory, which only a JIT writes (V8, HotSpot):
+    # no build flag or debug package names it, the runtime's perf map does
+    jit = sum(f.startswith("[unknown] [[anon") for f in unknown)
+    out = []
+    if jit:
+        out.append(
+            f"{jit} stack frame(s) are [unknown] in anonymous executable memory: code a JIT compiler generated "
+            "at run time, which no symbol table names; the runtime's perf map does (node --perf-basic-prof; "
+            "a JVM's memdiag asks for itself)"
+        )
+    if len(unknown) > jit:
+        out.append(
+            f"{len(unknown) - jit} stack frame(s) are [unknown]: frames without symbols or frame pointers; build "
+            "with -fno-omit-frame-pointer and install debug info (-dbg/-dbgsym packages) to name them"
+        )
+    return out

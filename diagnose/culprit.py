@@ -28,7 +28,7 @@ _UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>.+)\])?$")  # the module may b
 _PYTHON = re.compile(r"^(?P<fn>.+) \((?P<file>.+?)(?::(?P<line>\d+))?\) \[(?P<mod>python(?: stdlib)?)\]$")
 PYTHON_MODULES = ("python", "python stdlib")
 PASSED_OVER = ("allocator", "wrapper", "guessed-wrapper", "runtime")
-JIT_UNNAMED = "JIT-compiled code no perf map names"
+JIT_UNNAMED = "unnamed JIT-compiled code (no perf map)"
 
 
 @dataclass(frozen=True)

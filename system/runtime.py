@@ -92,12 +92,31 @@ def read_runtime(pid: int, proc_root: Path = Path("/proc")) -> Runtime | None:
     return Runtime(name="go", version=build.version.removeprefix("go"), module=module, detail=detail)
 
 
+def read_mapped_runtime_name(pid: int, proc_root: Path = Path("/proc")) -> RuntimeName | None:
+    """Which interpreter or virtual machine the process runs (cpython, jvm, node) by its mapped code
+    alone: no version read, no file opened (Go is told by its build info: read_runtime)."""
+    text = read_text(proc_root / str(pid) / "maps")
+    for line in (text or "").splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 6 or "x" not in fields[1]:
+            continue
+        base = fields[5].strip().rsplit("/", 1)[-1]
+        if _CPYTHON.match(base):
+            return "cpython"
+        if base == _JVM:
+            return "jvm"
+        if _NODE.match(base):
+            return "node"
+    return None
+
+
 def _mapped_runtime(path: str, root: Path) -> Runtime | None:
     """The interpreter or virtual machine whose code this executable mapping holds, if any."""
     base = path.rsplit("/", 1)[-1]
     m = _CPYTHON.match(base)
     if m:
-        return Runtime(name="cpython", version=m["version"], module=path)
+        exact = cpython_version(_inside(root, path))
+        return Runtime(name="cpython", version=exact or m["version"], module=path)
     if base == _JVM:
         version, detail = jvm_version(path, root)
         return Runtime(name="jvm", version=version, module=path, detail=detail)
@@ -135,6 +154,27 @@ def jvm_version(libjvm: str, root: Path) -> tuple[str | None, str | None]:
         if m:
             return m[1], f"version from the folder name {part}"
     return None, None
+
+
+# --- CPython ------------------------------------------------------------------------------------
+def describe_python_version(hexversion: int) -> str:
+    """PY_VERSION_HEX as people write it: 0x030b02f0 -> 3.11.2."""
+    return f"{(hexversion >> 24) & 0xFF}.{(hexversion >> 16) & 0xFF}.{(hexversion >> 8) & 0xFF}"
+
+
+def cpython_version(binary: Path) -> str | None:
+    """CPython's exact version from the Py_Version every 3.11+ build exports (its PY_VERSION_HEX),
+    looked up in the file's GNU hash table (6 ms for python3.11; a walk of its 2,208 dynamic symbols
+    takes 200), or None (before 3.11, or unreadable): the file's name then says 3.X."""
+    try:
+        with open(binary, "rb") as f:
+            elf = open_elf(f)
+            table = elf.get_section_by_name(".gnu.hash") or elf.get_section_by_name(".hash")
+            sym = table.get_symbol("Py_Version") if table is not None and hasattr(table, "get_symbol") else None
+            raw = _read_vaddr(elf, sym["st_value"], 4) if sym is not None else None
+    except (OSError, ELFError, ValueError, struct.error):
+        return None
+    return describe_python_version(int.from_bytes(raw, "little")) if raw and len(raw) == 4 else None
 
 
 # --- Node ---------------------------------------------------------------------------------------

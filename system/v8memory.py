@@ -69,3 +69,31 @@ def read_v8_memory(pid: int, proc_root: Path = Path("/proc")) -> V8Memory | None
     """The split of a Node process's memory now, or None (gone, or smaps unreadable)."""
     text = read_text(proc_root / str(pid) / "smaps")
     return parse_smaps(text) if text is not None else None
+
+
+def parse_v8_heap_ranges(maps: str) -> tuple[tuple[int, int], ...]:
+    """[start, end) of every mapping V8's heap is in (anonymous, writable, below V8's hint limit; not
+    a file's .bss continued past its last page, as the non-PIE node binary's is), from
+    /proc/PID/maps."""
+    out = []
+    file_end = -1  # where the last file mapping ends: an anonymous mapping from there is its .bss
+    for line in maps.splitlines():
+        fields = line.split(None, 5)
+        if len(fields) < 5:
+            continue
+        lo, _, hi = fields[0].partition("-")
+        start, end = int(lo, 16), int(hi, 16)
+        path = fields[5].strip() if len(fields) > 5 else ""
+        if path and not path.startswith("["):
+            file_end = end
+            continue
+        bss, file_end = start == file_end, -1
+        if "w" in fields[1] and start < V8_ADDRESS_LIMIT and not bss and (not path or path.startswith("[anon:")):
+            out.append((start, end))
+    return tuple(out)
+
+
+def read_v8_heap_ranges(pid: int, proc_root: Path = Path("/proc")) -> tuple[tuple[int, int], ...] | None:
+    """Where V8's heap is in a Node process now, or None (gone, or maps unreadable)."""
+    text = read_text(proc_root / str(pid) / "maps")
+    return parse_v8_heap_ranges(text) if text is not None else None

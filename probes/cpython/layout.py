@@ -15,6 +15,8 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass, replace
 
+from memdiag.system.runtime import describe_python_version as describe_version
+
 # bpf/pyframes.h reads PY_FRAME_READ bytes of a frame at once: every frame field must lie inside.
 PY_FRAME_READ = 72
 # Object flags (Include/object.h, the same 3.11-3.13): tp_flags bits.
@@ -202,11 +204,6 @@ DEBUG_OFFSETS_BYTES = len(DEBUG_COOKIE) + 8 * len(_DEBUG_313)
 
 def version_of(hexversion: int) -> tuple[int, int]:
     return (hexversion >> 24) & 0xFF, (hexversion >> 16) & 0xFF
-
-
-def describe_version(hexversion: int) -> str:
-    """PY_VERSION_HEX as people write it: 0x030b02f0 -> 3.11.2."""
-    return f"{(hexversion >> 24) & 0xFF}.{(hexversion >> 16) & 0xFF}.{(hexversion >> 8) & 0xFF}"
 
 
 def from_debug_offsets(data: bytes) -> tuple[Layout | None, str]:

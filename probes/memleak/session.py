@@ -29,6 +29,7 @@ from .costs import Costs
 from .meter import CHECK_S, Meter, check_s, detach_seconds
 from .options import STAT_NAMES, build_options, requirements
 from .reach import Blocks, ReachScan, merged, price, scan
+from .reach.anchors import v8_namer
 from .result import BigAlloc, LeakStack, MemleakResult
 
 _FORWARD_DEPTH = 8  # wrappers sit just above the allocator: frames deeper are never read for forwarding
@@ -330,10 +331,14 @@ class _Session:
             allowed = left_ms if allowed is None else min(allowed, left_ms)
         with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
             found, per_group = scan(
-                target.pid, read, allowed, interrupted, self.python.namer(target.pid), self.info["allocator"]
+                target.pid, read, allowed, interrupted, self._namer(target.pid), self.info["allocator"]
             )
         self.scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         self.scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
+
+    def _namer(self, pid: int):
+        """What names a held block in the runtime's terms: CPython's objects, V8's heap; or None."""
+        return self.python.namer(pid) or v8_namer(pid)
 
     def _oldest(self, bpf) -> tuple[dict[tuple, int], int]:
         """The oldest outstanding allocation's timestamp per stack key, and how many are outstanding."""

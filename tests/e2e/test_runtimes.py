@@ -110,6 +110,10 @@ def test_a_node_leak_names_the_javascript_function_with_a_perf_map(memdiag, work
     v = rep["verdict"]
     assert v["kind"] == "growth", v["summary"]
     assert v["culprit"]["function"] in ("rememberFailure", "handleOrder"), v["culprit"]["stack"]
+    # the Buffers' contents are held by what points at each straight away: their JavaScript objects
+    # (not a stack word that reaches the head of V8's list of all array buffers)
+    assert v["rule"] == "growth-held", _why(rep, "growth")
+    assert "reachable from JavaScript objects in V8's heap" in v["summary"], v["summary"]
     assert rep["target"]["runtime"] == "node"
     assert _fired(rep, "node-outside-v8-heap") and not _fired(rep, "node-without-perf-map")
     rows = _section(rep, "Node.js memory")["rows"]
@@ -128,3 +132,6 @@ def test_without_a_perf_map_memdiag_says_how_to_get_one(memdiag, workload, tmp_p
     steps = " ".join(rep["next_steps"])
     assert "restart it with node --perf-basic-prof" in steps and "never opens the inspector port" in steps
     assert rep["verdict"]["culprit"].get("function") is None  # no JavaScript name to give
+    # V8's code is unnamed for want of a perf map, not of frame pointers or debug packages
+    jit = [c for c in rep["caveats"] if "in anonymous executable memory" in c]
+    assert jit and "node --perf-basic-prof" in jit[0] and "-fno-omit-frame-pointer" not in jit[0], rep["caveats"]

@@ -84,7 +84,7 @@ def test_without_a_perf_map_javascript_frames_stay_unnamed(workload):
     top = r.stacks[0]
     assert "[unknown] [[anon]]" in top.frames and not any("JS function" in f for f in top.frames)
     named = default_classes().name(top.frames)  # Node's own frames are passed over, the JIT's unnamed
-    assert (named.function, named.label) == (None, "JIT-compiled code no perf map names")
+    assert (named.function, named.label) == (None, "unnamed JIT-compiled code (no perf map)")
     h = nodeheap(Target.for_pid(w.pid), 6)
     assert h.status == "ok" and h.perf_map is None and "started without --perf-basic-prof" in h.reason
     # the kept Buffers grow outside V8's heap

@@ -80,3 +80,24 @@ def test_a_missing_process_has_no_split(tmp_path: Path):
     from memdiag.system.v8memory import read_v8_memory
 
     assert read_v8_memory(99, tmp_path) is None
+
+
+MAPS = """\
+00400000-00b6f000 r-xp 00000000 08:01 1234 /usr/bin/node
+05600000-0563a000 rw-p 05200000 08:01 1234 /usr/bin/node
+0563a000-05689000 rw-p 00000000 00:00 0
+1c470000-1dc56000 rw-p 00000000 00:00 0                                  [heap]
+8be622c0000-8be62300000 rw-p 00000000 00:00 0
+8be62300000-8be62340000 ---p 00000000 00:00 0
+213672b00000-213672b42000 rw-p 00000000 00:00 0                          [anon:v8]
+7fc318000000-7fc3180b2000 rw-p 00000000 00:00 0
+7ffd2b6a0000-7ffd2b6c1000 rw-p 00000000 00:00 0                          [stack]
+"""
+
+
+def test_v8_heap_ranges_are_its_pages_not_the_binarys_bss_nor_malloc():
+    from memdiag.system.v8memory import parse_v8_heap_ranges
+
+    # the node binary's .bss continues its last data page (anonymous, low, yet no V8 page); [heap],
+    # a reservation without access, a malloc arena up high and the stack are none of V8's heap
+    assert parse_v8_heap_ranges(MAPS) == ((0x8BE622C0000, 0x8BE62300000), (0x213672B00000, 0x213672B42000))

@@ -124,3 +124,26 @@ def test_jdk_release_values_lose_their_quotes():
         "JAVA_VERSION": "21.0.2",
         "OS_NAME": "Linux",
     }
+
+
+def test_the_runtimes_name_alone_is_read_from_the_mappings(tmp_path):
+    from memdiag.system.runtime import read_mapped_runtime_name
+
+    assert read_mapped_runtime_name(42, _proc(tmp_path, "/usr/bin/node")) == "node"
+    assert read_mapped_runtime_name(42, _proc(tmp_path / "b", "/usr/lib/libpython3.11.so.1.0")) == "cpython"
+    assert read_mapped_runtime_name(42, _proc(tmp_path / "c", "/usr/lib/x86_64-linux-gnu/libc.so.6")) is None
+    assert read_mapped_runtime_name(43, _proc(tmp_path / "d", "/usr/bin/node")) is None  # gone
+
+
+def test_cpythons_exact_version_is_its_own_py_version(tmp_path):
+    import os
+    import platform
+    import sys
+
+    from memdiag.system.runtime import cpython_version
+
+    # this interpreter's file (3.11+ exports Py_Version), and a running process's line
+    assert cpython_version(Path(os.path.realpath(sys.executable))) == platform.python_version()
+    assert read_runtime(os.getpid()).version == platform.python_version()
+    (tmp_path / "python3.12").write_bytes(b"\x7fELF not really")
+    assert cpython_version(tmp_path / "python3.12") is None  # the name's 3.12 stands then

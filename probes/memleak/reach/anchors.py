@@ -1,12 +1,15 @@
 """Naming the root that anchors a block: a global by its ELF symbol ("`registry` in registry's .bss"),
 a thread-local variable by its TLS symbol, a thread's stack frame by .eh_frame unwinding, a register;
-or, where the runtime can say (runtime_label), the runtime's own holder: a CPython global."""
+or, where the runtime can say (runtime_label), the runtime's own holder: a CPython global, V8's heap."""
 
 from __future__ import annotations
 
+import bisect
 import os
+from collections.abc import Callable
 
 from memdiag.system import arch
+from memdiag.system.runtime import read_mapped_runtime_name
 
 from ...elf import elf_info
 from ...procmaps import AddressSpace
@@ -62,6 +65,32 @@ def runtime_label(block: int, found: Found, blocks, namer) -> tuple[str, str] | 
         return None
     name = namer(int(found.root_addr[block]), int(blocks.starts[block]), int(blocks.sizes[block]))
     return ("runtime", name) if name else None
+
+
+def v8_namer(pid: int) -> Callable[[int, int, int], str | None] | None:
+    """For a Node target: a word in V8's heap names its block's holder "JavaScript objects in V8's
+    heap" (an ArrayBuffer or a Buffer points at its contents, malloc'd outside the heap), where the
+    scan alone would say "memory memdiag did not see allocated". None for any other target."""
+    if read_mapped_runtime_name(pid) != "node":
+        return None
+    from memdiag.system.v8memory import read_v8_heap_ranges  # Node's reader, for Node alone
+
+    # V8 maps and unmaps its pages as it collects: read where they are before the scan stops the
+    # target, and once more after it resumes for a page mapped in between
+    ranges = sorted(read_v8_heap_ranges(pid) or ())
+    reread = [False]
+
+    def inside(word: int) -> bool:
+        at = bisect.bisect_right(ranges, (word, 1 << 64)) - 1
+        return at >= 0 and ranges[at][0] <= word < ranges[at][1]
+
+    def name(word: int, start: int, size: int) -> str | None:
+        if not inside(word) and not reread[0]:
+            reread[0] = True
+            ranges[:] = sorted(set(ranges) | set(read_v8_heap_ranges(pid) or ()))
+        return "JavaScript objects in V8's heap" if inside(word) else None
+
+    return name
 
 
 def _tls_name(space: AddressSpace, t: Thread, addr: int) -> str | None:

@@ -1,5 +1,6 @@
 """From references to leaked and anchored: anchored is reachable from a root, directly or through
-other anchored blocks (breadth first from the best roots); per stack, its blocks by what holds them."""
+other anchored blocks; each credited to its nearest root (the better tier among roots as near); per
+stack, its blocks by what holds them."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from collections import deque
 
 from ...face import StackReach
 from .match import Found
-from .model import ANCHOR_KIND, Blocks
+from .model import TIER_NONE, Blocks
 
 
 def reachability(n: int, found: Found) -> tuple:
@@ -24,19 +25,20 @@ def reachability(n: int, found: Found) -> tuple:
     seed_of = np.full(n, -1, dtype=np.int64)
     dst_list = dst.tolist()
     first_list = first.tolist()
-    # Credit each anchored block to the best root that reaches it: seeds by tier, breadth first.
-    for tier in sorted(ANCHOR_KIND):
-        seeds = np.flatnonzero((found.root_tier == tier) & (seed_of < 0))
-        queue = deque()
-        for s in seeds.tolist():
-            seed_of[s] = s
-            queue.append(s)
-        while queue:
-            b = queue.popleft()
-            for d in dst_list[first_list[b] : first_list[b + 1]]:
-                if seed_of[d] < 0:
-                    seed_of[d] = seed_of[b]
-                    queue.append(d)
+    # Credit each anchored block to its nearest root, the better tier among roots as near: one breadth
+    # first walk from every block a root points at, seeded in tier order. Nearest, as a heap analyser's
+    # retainers are ordered by distance: a block a V8 heap object points at straight away is V8's, not
+    # held by the one stack word that reaches the head of the engine's list of all array buffers.
+    seeds = np.flatnonzero(found.root_tier != TIER_NONE)
+    seeds = seeds[np.argsort(found.root_tier[seeds], kind="stable")]
+    seed_of[seeds] = seeds
+    queue = deque(seeds.tolist())
+    while queue:
+        b = queue.popleft()
+        for d in dst_list[first_list[b] : first_list[b + 1]]:
+            if seed_of[d] < 0:
+                seed_of[d] = seed_of[b]
+                queue.append(d)
     return seed_of >= 0, seed_of, referenced
 
 

@@ -1,0 +1,41 @@
+"""Which root a held block is credited to: its nearest (fewest references between), the better tier
+among roots as near; on hand-made reference graphs, so each case is exact."""
+
+from __future__ import annotations
+
+import numpy as np
+from memdiag.probes.memleak.reach.graph import reachability
+from memdiag.probes.memleak.reach.match import Found
+from memdiag.probes.memleak.reach.model import TIER_NONE, TIER_STACK, TIER_STATIC, TIER_UNTRACKED
+
+
+def _found(tiers: list[int], edges: list[tuple[int, int]]) -> Found:
+    n = len(tiers)
+    return Found(
+        root_tier=np.array(tiers, dtype=np.int8),
+        root_addr=np.zeros(n, dtype=np.uint64),
+        root_region=np.zeros(n, dtype=np.int32),
+        root_tid=np.zeros(n, dtype=np.int64),
+        edges=[np.array(edges, dtype=np.int32).reshape(-1, 2)],
+    )
+
+
+def test_a_block_pointed_at_from_the_runtimes_heap_is_its_not_a_stacks_that_reaches_a_list():
+    # Node: one stack word points at the head (0) of the engine's list of array buffers (0 -> 1 ->
+    # 2 -> 3), and a JavaScript object in V8's heap (untracked memory) points at each of 1, 2, 3
+    N, S, U = TIER_NONE, TIER_STACK, TIER_UNTRACKED
+    anchored, seed_of, _ = reachability(4, _found([S, U, U, U], [(0, 1), (1, 2), (2, 3)]))
+    assert anchored.all()
+    assert seed_of.tolist() == [0, 1, 2, 3]  # each its own nearest root, none the stack's
+    # a list only a stack's local holds is the stack's, however long
+    anchored, seed_of, _ = reachability(4, _found([S, N, N, N], [(0, 1), (1, 2), (2, 3)]))
+    assert anchored.all() and seed_of.tolist() == [0, 0, 0, 0]
+
+
+def test_among_roots_as_near_the_better_tier_wins_and_unreached_blocks_are_leaked():
+    N, ST, U = TIER_NONE, TIER_STATIC, TIER_UNTRACKED
+    # 2 is one reference from a global's block (0) and one from untracked memory's (1): the global's
+    anchored, seed_of, referenced = reachability(5, _found([U, ST, N, N, N], [(0, 2), (1, 2), (3, 4)]))
+    assert seed_of[2] == 1
+    assert anchored.tolist() == [True, True, True, False, False]  # 3 -> 4 with no root: leaked
+    assert referenced.tolist() == [False, False, True, False, True]
