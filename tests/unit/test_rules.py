@@ -424,3 +424,18 @@ def test_pages_touched_name_the_growth_before_address_space_mapped():
     assert _winner(facts)[0] == "anonymous-mappings-grow"
     rule, _, summary = _winner({**facts, "faults.top_function": "build_record"})
     assert rule == "growth-named-by-faults" and summary.endswith("the new pages are touched by build_record")
+
+
+def test_next_steps_never_ask_to_run_what_already_ran():
+    rules = load_playbooks(shipped_playbooks())
+    climbing = {**BASE, "process.rss_shape": "climbing"}
+
+    def steps(extra: dict) -> str:
+        facts = {**climbing, **extra}
+        return " | ".join(conclude(run_rules(rules, facts), facts).advice)
+
+    nothing = steps({})
+    assert "(faults probe)" in nothing and "(memleak probe)" in nothing and "(brkstack, mmapsnoop)" in nothing
+    ran = steps({"faults.top_function": "f", "memleak.top_trend": "climbing", "mmap.top_function": "g"})
+    assert "(faults probe)" not in ran and "(memleak probe)" not in ran and "(brkstack, mmapsnoop)" not in ran
+    assert "(brkstack, mmapsnoop)" not in steps({"brk.top_function": "h"})
