@@ -12,6 +12,7 @@ from memdiag.system.kmsg import OomKill
 from memdiag.system.trends import Trend
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 
+from .evidence import own_pids
 from .observe import Observation
 from .report import TARGET_SERIES, Counters, Culprit, Finding, ProcessRow
 
@@ -380,7 +381,27 @@ def _caveats(obs: Observation) -> list[str]:
         )
     if obs.interrupted:
         caveats.append("the window was cut short by an interrupt; trends cover less time than asked")
-    return caveats
+    return caveats + _own_memory_caveat(obs)
+
+
+def _own_memory_caveat(obs: Observation) -> list[str]:
+    """memdiag inside the cgroup whose counters the report quotes (a sidecar in the pod, one cgroup
+    for a whole host): its own memory is charged there, the process table leaves it out."""
+    cg = obs.last_cgroup
+    own = own_pids(obs) & set(cg.procs) if cg is not None else set()
+    if not own:
+        return []
+
+    def rss(table: dict) -> int:
+        return sum(table[p].rss or 0 for p in own if p in table)
+
+    last, first = rss(obs.processes_last), rss(obs.processes_first)
+    grew = last - first
+    return [
+        f"memdiag itself runs in cgroup {cg.path}, so the cgroup's counters include its own memory (its RSS "
+        f"{fmt_bytes(last)} at the end, {'+' if grew >= 0 else '-'}{fmt_bytes(abs(grew))} over the window); "
+        "the process table leaves it out"
+    ]
 
 
 def _vsz_caveat(obs: Observation) -> list[str]:

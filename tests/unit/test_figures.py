@@ -80,6 +80,7 @@ def _report(obs, probes=()) -> dict:
         window=Window(started=obs.started, ended=obs.ended, requested_s=30, samples=len(obs.snapshots)),
         verdict=verdict,
         findings=findings,
+        caveats=tri.caveats,
         probes=list(probes),
         overhead=Overhead(budget_percent=2.0),
         counters=counters,
@@ -112,12 +113,13 @@ def _oom_loop() -> dict:
     return _report(_observation(target, snaps, {}, last, kills))
 
 
-def _pressure() -> dict:
+def _pressure(inside: tuple[int, ...] = ()) -> dict:
     """Pressure on a cgroup target; memdiag, its compiler child and a process outside the cgroup
-    fault and are bigger than anything inside it."""
+    fault and are bigger than anything inside it (memdiag's pids in `inside` run in the cgroup)."""
     target = Target(kind="cgroup", cgroup=CG)
+    members = [800, 801, *inside]
     snaps = [
-        _snap(t, usage=60 * MiB, failcnt=50 * t, procs=[800, 801], psi_us=int(t * 300_000), vm={"pswpin": 200 * t})
+        _snap(t, usage=60 * MiB, failcnt=50 * t, procs=members, psi_us=int(t * 300_000), vm={"pswpin": 200 * t})
         for t in range(31)
     ]
     first = {
@@ -188,6 +190,18 @@ def test_oom_loop_old_figures_are_caught():
     problems = check_figures(bad)
     assert any("'25 kills' matches no value" in p for p in problems), problems
     assert any("'0 s': a duration rounded to nothing" in p for p in problems), problems
+
+
+def test_memdiag_inside_the_cgroup_it_quotes_says_so_with_its_own_rss():
+    assert not any("memdiag itself runs" in c for c in _pressure()["caveats"])
+    rep = _pressure(inside=(MEMDIAG, 4001))
+    said = [c for c in rep["caveats"] if "memdiag itself runs" in c]
+    # memdiag 60 -> 70 MiB and its compiler child 80 -> 150 MiB, charged to /app beside the target
+    assert said == [
+        "memdiag itself runs in cgroup /app, so the cgroup's counters include its own memory (its RSS "
+        "220 MiB at the end, +80.0 MiB over the window); the process table leaves it out"
+    ], rep["caveats"]
+    assert {r["pid"] for r in rep["counters"]["processes"]} == {800, 801}
 
 
 def test_pressure_lists_hold_the_cgroups_processes_only():
