@@ -199,7 +199,18 @@ def folded(r) -> list[str]:
     return out
 
 
-STACKS = Stacks(kind="allocations", shown=3, of=lambda r: [stack(s) for s in r.stacks], folded=folded, culprit=culprit)
+def _shown_first(r) -> list[Stack]:
+    """The stacks by growth, with the largest holder among the shown (a cache's verdict names it)."""
+    ordered = list(r.stacks)
+    if ordered:
+        at = max(range(len(ordered)), key=lambda i: ordered[i].inuse_bytes[-1] if ordered[i].inuse_bytes else 0)
+        if at >= SHOWN:
+            ordered.insert(SHOWN - 1, ordered.pop(at))
+    return [stack(s) for s in ordered]
+
+
+SHOWN = 3
+STACKS = Stacks(kind="allocations", shown=SHOWN, of=_shown_first, folded=folded, culprit=culprit)
 
 
 # --- the report's sections -----------------------------------------------------------------------

@@ -65,3 +65,24 @@ def test_a_stacks_share_is_of_what_grew_never_over_all_of_it():
     )
     facts = facts_of(r, None, lambda frames, forwards: None)
     assert facts["go.top_share"] == 100.0
+
+
+def test_a_flat_heap_with_flat_rss_is_no_cache_and_the_largest_holder_is_among_the_stacks_shown():
+    """An idle prometheus (a trial): the heap profile flat from the first GC read and RSS flat was
+    called a cache, its holder a start-up allocation that the report's stacks did not show."""
+    from memdiag.probes.goview import STACKS
+
+    facts = facts_of(_result([100 * MiB] * len(T)), None, lambda frames, forwards: None)
+    facts.update({"target.name": "PID 1 (prometheus)", "process.rss_shape": "flat", "process.rss_growth": 0})
+    fired = {r.id for r, o in run_rules(SHIPPED, facts) if o.state == "fired"}
+    assert facts["go.heap_trend"] == "flat" and not fired & {"go-heap-cache", "go-heap-cache-headroom"}
+    facts["process.rss_shape"] = "levelled"  # RSS that grew and levelled beside a flat heap: bounded
+    assert "go-heap-cache" in {r.id for r, o in run_rules(SHIPPED, facts) if o.state == "fired"}
+    small = [
+        GoStack(frames=[f"main.f{i} (m.go:{i}) [p]"], functions=[f"main.f{i}"], inuse_bytes=[i << 10] * len(T),
+                inuse_objects=1, alloc_bytes=i << 10, freed_bytes=0)
+        for i in range(1, 6)
+    ]  # fmt: skip
+    r = _result([100 * MiB] * len(T)).model_copy(update={"stacks": [*small, CACHE]})  # the holder sorts last
+    shown = [s.functions[0] for s in STACKS.of(r)[: STACKS.shown]]
+    assert shown == ["main.f1", "main.f2", "main.(*cache).fetch"]
