@@ -226,6 +226,13 @@ def sections(r) -> list[Section]:
         )
     if r.rss_anon:
         lines.append(_pacer_line(r))
+    else:  # the RSS beside the GC's own counts is then judged without them: say so
+        why = (
+            "the binary is stripped, and runtime.gcController is located by its symbol table"
+            if r.stripped
+            else f"runtime.gcController was not located or not readable in this {r.version} binary"
+        )
+        lines.append(f"the GC's own counts (live heap, goal, what the runtime holds) were not read: {why}")
     rows = [
         [
             _allocated_at(s.functions),

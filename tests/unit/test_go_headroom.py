@@ -86,3 +86,13 @@ def test_a_flat_heap_with_flat_rss_is_no_cache_and_the_largest_holder_is_among_t
     r = _result([100 * MiB] * len(T)).model_copy(update={"stacks": [*small, CACHE]})  # the holder sorts last
     shown = [s.functions[0] for s in STACKS.of(r)[: STACKS.shown]]
     assert shown == ["main.f1", "main.f2", "main.(*cache).fetch"]
+
+
+def test_a_stripped_binary_says_the_gcs_own_counts_were_not_read():
+    from memdiag.probes.goview import sections
+
+    bare = _result([]).model_copy(update={"stripped": True, "pacer_times": [], "heap_goal": [], "heap_marked": []})
+    lines = sections(bare)[0].lines
+    assert any("the GC's own counts" in x and "were not read: the binary is stripped" in x for x in lines), lines
+    lines = sections(_result([100 * MiB] * len(T)))[0].lines
+    assert any(x.startswith("the GC's own counts (exact): live 95.0 MiB") for x in lines), lines
