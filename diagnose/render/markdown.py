@@ -552,6 +552,13 @@ def _trail(report: Report) -> list[str]:
     if not report.trail:
         return []
     shown = [t for t in report.trail if t.kind != "rule" or t.state in ("fired", "skipped", "error")]
+    quiet = [t.name for t in report.trail if t.kind == "rule" and t.state == "not-fired"]
+    # "why not a leak?" is answered by the rules that read the facts and did not fire: named here,
+    # each with the facts it read in report.json's trail
+    unfired = []
+    if quiet:
+        facts = "the facts each read are in report.json's trail"
+        unfired = [f"- Rules that read their facts and did not fire ({len(quiet)}; {facts}): {', '.join(quiet)}", ""]
     return (
         ["## What memdiag ran and why", ""]
         + _table(
@@ -559,6 +566,7 @@ def _trail(report: Report) -> list[str]:
             [[f"{t.at_s:.0f} s", t.kind, t.name, t.state, t.reason] for t in shown],
         )
         + [""]
+        + unfired
     )
 
 
