@@ -439,3 +439,20 @@ def test_next_steps_never_ask_to_run_what_already_ran():
     ran = steps({"faults.top_function": "f", "memleak.top_trend": "climbing", "mmap.top_function": "g"})
     assert "(faults probe)" not in ran and "(memleak probe)" not in ran and "(brkstack, mmapsnoop)" not in ran
     assert "(brkstack, mmapsnoop)" not in steps({"brk.top_function": "h"})
+
+
+def test_a_node_growth_held_by_javascript_objects_advises_a_heap_snapshots_retainers():
+    rules = load_playbooks(shipped_playbooks())
+    facts = {
+        **BASE, "target.runtime": "node", "process.rss_shape": "climbing", "memory.shape_while_traced": "climbing",
+        "memleak.top_trend": "climbing", "memleak.top_function": "rememberFailure", "memleak.top_rate": 1000.0,
+        "memleak.top_entry": "malloc", "reach.scanned": True, "reach.anchored_ratio": 100.0,
+        "reach.anchored_bytes": 10 << 20, "reach.anchor": "JavaScript objects in V8's heap",
+        "reach.anchor_kind": "runtime", "alloc.allocator": "glibc",
+    }  # fmt: skip
+    c = conclude(run_rules(rules, facts), facts)
+    assert c.winner.id == "growth-held" and "reachable from JavaScript objects in V8's heap" in c.summary, c.summary
+    steps = " | ".join(c.advice)
+    assert "heap snapshot's retainers" in steps and "rememberFailure allocates" in steps and "never SIGUSR1" in steps
+    python = {**facts, "target.runtime": "cpython", "reach.anchor": "`__main__.failed` (a list)"}
+    assert "heap snapshot" not in " | ".join(conclude(run_rules(rules, python), python).advice)
