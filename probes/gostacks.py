@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 from .elf import elf_info
+from .frame import Frame
 from .procmaps import AddressSpace, Mapping
 
 if TYPE_CHECKING:
@@ -43,8 +44,6 @@ def _table_of(_dev: int, _ino: int, _mtime: int, path: str) -> GoTable | None:
 def go_frames(space: AddressSpace | None, mapping: Mapping, address: int, leaf: bool):
     """The frames at address (innermost first) when it is a Go function's code, else None. A
     return address is looked up one byte back, in the call (leaf: the address is the instruction)."""
-    from .stacks import Frame  # stacks imports this module: the frame type is its
-
     path = space.file_path(mapping) if space else None
     table = _table(path) if path else None
     if table is None:

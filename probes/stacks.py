@@ -10,35 +10,13 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from memdiag.system.perfmap import PerfMap, perf_map_grew
-from pydantic import BaseModel, ConfigDict
 
 from . import forwarders
 from .elf import elf_info
+from .frame import Frame
 from .gostacks import go_frames
 from .procmaps import AddressSpace
 from .unwind import StackSlice, frame_pointer_walk, unwind
-
-
-class Frame(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    address: int
-    function: str | None = None
-    offset: int | None = None
-    module: str | None = None
-    source: str | None = None  # a Go frame's file:line (its function table says it; inlined calls too)
-
-    @property
-    def known(self) -> bool:
-        return self.function is not None
-
-    def __str__(self) -> str:
-        mod = f" [{os.path.basename(self.module)}]" if self.module else ""
-        if self.function is None:
-            return f"[unknown]{mod}"
-        if self.source is not None:
-            return f"{self.function} ({self.source}){mod}"
-        return f"{self.function}+0x{self.offset:x}{mod}"
 
 
 @functools.lru_cache(maxsize=65536)
