@@ -126,6 +126,8 @@ class Classes:
         caller = self._python_caller(split, index) if module not in PYTHON_MODULES else None
         if caller and label:
             label = f"{label}, called from Python {caller}"
+        elif interp and label:  # no program frame to name: say whose function it is, and what is missing
+            label = f"{label} (the interpreter's own; the script calling it unread)"
         return Named(kinds, index, function, guessed and index is not None, interp, label, caller)
 
     def _python_caller(self, split: list[tuple[str | None, str | None]], index: int | None) -> str | None:

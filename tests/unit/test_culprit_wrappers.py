@@ -78,6 +78,8 @@ def test_interpreter_frames_are_named_and_marked():
     )
     assert n.function == "PyByteArray_Resize" and n.interpreter
     assert n.kinds == ["allocator", "wrapper", "interpreter", "caller"]
+    # what the verdict quotes says it is the interpreter's, not the program's (an unsupported CPython)
+    assert n.label == "PyByteArray_Resize (the interpreter's own; the script calling it unread)"
 
 
 PY = "[python3.11]"
@@ -145,7 +147,8 @@ def test_unknown_frames_are_passed_over_and_split():
     assert split_frame("f(int)+0x1a [a b]") == ("f(int)", "a b")
     assert app_function([f"malloc+0x0 {LIBC}", "[unknown]", "handler+0x3 [app]"]) == "handler"
     assert (
-        app_function([f"malloc+0x0 {LIBC}", "[unknown] [python3.11]", "list_resize+0x3 [python3.11]"]) == "list_resize"
+        app_function([f"malloc+0x0 {LIBC}", "[unknown] [python3.11]", "list_resize+0x3 [python3.11]"])
+        == "list_resize (the interpreter's own; the script calling it unread)"
     )
     # an unnamed frame of the program itself is the culprit, said so, never its caller
     n = _name([f"malloc+0x0 {LIBC}", "[unknown] [app]", "handler+0x3 [app]"])
