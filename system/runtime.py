@@ -75,11 +75,7 @@ def read_runtime(pid: int, proc_root: Path = Path("/proc")) -> Runtime | None:
         return None
     root = proc_root / str(pid) / "root"
     exe_path: str | None = None
-    for line in text.splitlines():
-        fields = line.split(None, 5)
-        if len(fields) < 6 or "x" not in fields[1]:
-            continue
-        path = fields[5].strip()
+    for path in _executable_paths(text):
         exe_path = exe_path or path
         found = _mapped_runtime(path, root)
         if found is not None:
@@ -92,35 +88,41 @@ def read_runtime(pid: int, proc_root: Path = Path("/proc")) -> Runtime | None:
     return Runtime(name="go", version=build.version.removeprefix("go"), module=module, detail=detail)
 
 
-def read_mapped_runtime_name(pid: int, proc_root: Path = Path("/proc")) -> RuntimeName | None:
+def parse_mapped_runtime_name(maps: str) -> RuntimeName | None:
     """Which interpreter or virtual machine the process runs (cpython, jvm, node) by its mapped code
-    alone: no version read, no file opened (Go is told by its build info: read_runtime)."""
-    text = read_text(proc_root / str(pid) / "maps")
-    for line in (text or "").splitlines():
+    alone, from /proc/PID/maps: no version read, no file opened (Go is told by its build info:
+    read_runtime)."""
+    return next((name for path in _executable_paths(maps) if (name := _runtime_name(path))), None)
+
+
+def _executable_paths(maps: str):
+    """The path of each executable file mapping, in address order."""
+    for line in maps.splitlines():
         fields = line.split(None, 5)
-        if len(fields) < 6 or "x" not in fields[1]:
-            continue
-        base = fields[5].strip().rsplit("/", 1)[-1]
-        if _CPYTHON.match(base):
-            return "cpython"
-        if base == _JVM:
-            return "jvm"
-        if _NODE.match(base):
-            return "node"
-    return None
+        if len(fields) == 6 and "x" in fields[1]:
+            yield fields[5].strip()
+
+
+def _runtime_name(path: str) -> RuntimeName | None:
+    base = path.rsplit("/", 1)[-1]
+    if _CPYTHON.match(base):
+        return "cpython"
+    if base == _JVM:
+        return "jvm"
+    return "node" if _NODE.match(base) else None
 
 
 def _mapped_runtime(path: str, root: Path) -> Runtime | None:
     """The interpreter or virtual machine whose code this executable mapping holds, if any."""
-    base = path.rsplit("/", 1)[-1]
-    m = _CPYTHON.match(base)
-    if m:
+    name = _runtime_name(path)
+    if name == "cpython":
         exact = cpython_version(_inside(root, path))
-        return Runtime(name="cpython", version=exact or m["version"], module=path)
-    if base == _JVM:
+        minor = _CPYTHON.match(path.rsplit("/", 1)[-1])["version"]  # type: ignore[index]
+        return Runtime(name="cpython", version=exact or minor, module=path)
+    if name == "jvm":
         version, detail = jvm_version(path, root)
         return Runtime(name="jvm", version=version, module=path, detail=detail)
-    if _NODE.match(base):
+    if name == "node":
         node, v8 = node_versions(_inside(root, path))
         return Runtime(name="node", version=node, module=path, detail=f"V8 {v8}" if v8 else None)
     return None

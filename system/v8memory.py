@@ -21,6 +21,7 @@ import re
 from pathlib import Path
 
 from ._parse import Fact, read_text
+from .runtime import parse_mapped_runtime_name
 
 V8_ADDRESS_LIMIT = 0x3FFFFFFFF000 + 0x1000  # V8's random mmap hints stay below this on x86-64
 _HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \d+\s*(.*)$")
@@ -94,6 +95,8 @@ def parse_v8_heap_ranges(maps: str) -> tuple[tuple[int, int], ...]:
 
 
 def read_v8_heap_ranges(pid: int, proc_root: Path = Path("/proc")) -> tuple[tuple[int, int], ...] | None:
-    """Where V8's heap is in a Node process now, or None (gone, or maps unreadable)."""
+    """Where V8's heap is in a Node process now (one read of its maps), or None (gone, or no Node)."""
     text = read_text(proc_root / str(pid) / "maps")
-    return parse_v8_heap_ranges(text) if text is not None else None
+    if text is None or parse_mapped_runtime_name(text) != "node":
+        return None
+    return parse_v8_heap_ranges(text)

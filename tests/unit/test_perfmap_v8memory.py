@@ -101,3 +101,14 @@ def test_v8_heap_ranges_are_its_pages_not_the_binarys_bss_nor_malloc():
     # the node binary's .bss continues its last data page (anonymous, low, yet no V8 page); [heap],
     # a reservation without access, a malloc arena up high and the stack are none of V8's heap
     assert parse_v8_heap_ranges(MAPS) == ((0x8BE622C0000, 0x8BE62300000), (0x213672B00000, 0x213672B42000))
+
+
+def test_v8_heap_ranges_are_read_for_node_alone(tmp_path: Path):
+    from memdiag.system.v8memory import read_v8_heap_ranges
+
+    (tmp_path / "42").mkdir()
+    (tmp_path / "42" / "maps").write_text(MAPS)
+    assert read_v8_heap_ranges(42, tmp_path) == ((0x8BE622C0000, 0x8BE62300000), (0x213672B00000, 0x213672B42000))
+    (tmp_path / "42" / "maps").write_text(MAPS.replace("/usr/bin/node", "/usr/bin/orderd"))
+    assert read_v8_heap_ranges(42, tmp_path) is None  # no Node: nothing is V8's heap
+    assert read_v8_heap_ranges(43, tmp_path) is None  # gone

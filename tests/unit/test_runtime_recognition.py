@@ -126,13 +126,14 @@ def test_jdk_release_values_lose_their_quotes():
     }
 
 
-def test_the_runtimes_name_alone_is_read_from_the_mappings(tmp_path):
-    from memdiag.system.runtime import read_mapped_runtime_name
+def test_the_runtimes_name_alone_is_read_from_the_mappings():
+    from memdiag.system.runtime import parse_mapped_runtime_name
 
-    assert read_mapped_runtime_name(42, _proc(tmp_path, "/usr/bin/node")) == "node"
-    assert read_mapped_runtime_name(42, _proc(tmp_path / "b", "/usr/lib/libpython3.11.so.1.0")) == "cpython"
-    assert read_mapped_runtime_name(42, _proc(tmp_path / "c", "/usr/lib/x86_64-linux-gnu/libc.so.6")) is None
-    assert read_mapped_runtime_name(43, _proc(tmp_path / "d", "/usr/bin/node")) is None  # gone
+    assert parse_mapped_runtime_name(_maps("/usr/bin/node")) == "node"
+    assert parse_mapped_runtime_name(_maps("/usr/lib/libpython3.11.so.1.0")) == "cpython"
+    assert parse_mapped_runtime_name(_maps("/usr/lib/jvm/x/lib/server/libjvm.so")) == "jvm"
+    assert parse_mapped_runtime_name(_maps("/usr/lib/x86_64-linux-gnu/libc.so.6")) is None
+    assert parse_mapped_runtime_name("") is None  # nothing mapped
 
 
 def test_cpythons_exact_version_is_its_own_py_version(tmp_path):

@@ -9,7 +9,6 @@ import os
 from collections.abc import Callable
 
 from memdiag.system import arch
-from memdiag.system.runtime import read_mapped_runtime_name
 
 from ...elf import elf_info
 from ...procmaps import AddressSpace
@@ -71,22 +70,24 @@ def v8_namer(pid: int) -> Callable[[int, int, int], str | None] | None:
     """For a Node target: a word in V8's heap names its block's holder "JavaScript objects in V8's
     heap" (an ArrayBuffer or a Buffer points at its contents, malloc'd outside the heap), where the
     scan alone would say "memory memdiag did not see allocated". None for any other target."""
-    if read_mapped_runtime_name(pid) != "node":
-        return None
-    from memdiag.system.v8memory import read_v8_heap_ranges  # Node's reader, for Node alone
+    from memdiag.system.v8memory import read_v8_heap_ranges  # Node's reader, here: only a scan asks
 
-    # V8 maps and unmaps its pages as it collects: read where they are before the scan stops the
-    # target, and once more after it resumes for a page mapped in between
-    ranges = sorted(read_v8_heap_ranges(pid) or ())
-    reread = [False]
+    # V8 maps and unmaps its pages as it collects: where they are before the scan stops the target,
+    # and once more after it resumes for a page mapped in between
+    found = read_v8_heap_ranges(pid)
+    if found is None:
+        return None
+    ranges = sorted(found)
+    reread = False
 
     def inside(word: int) -> bool:
         at = bisect.bisect_right(ranges, (word, 1 << 64)) - 1
         return at >= 0 and ranges[at][0] <= word < ranges[at][1]
 
     def name(word: int, start: int, size: int) -> str | None:
-        if not inside(word) and not reread[0]:
-            reread[0] = True
+        nonlocal reread
+        if not inside(word) and not reread:
+            reread = True
             ranges[:] = sorted(set(ranges) | set(read_v8_heap_ranges(pid) or ()))
         return "JavaScript objects in V8's heap" if inside(word) else None
 
