@@ -249,6 +249,10 @@ class BenchAlloc(Workload):
         ops = sum(n for _, n in lines)
         return sum(ns * n for ns, n in lines) / ops if ops else None
 
+    def per_second(self, t0: float, t1: float, cpu: bool = False) -> list[float]:
+        """Its cost per operation, one figure a second, between t0 and t1."""
+        return [ns for ns, n in self._lines(t0, t1, cpu) if n]
+
     def lost_ns(self, t0: float, t1: float, base_ns_per_op: float, cpu: bool = False) -> float:
         """Time its operations took beyond the untraced cost per operation, between t0 and t1."""
         return sum((ns - base_ns_per_op) * n for ns, n in self._lines(t0, t1, cpu))

@@ -56,12 +56,14 @@ def test_the_target_loses_no_more_than_the_budget(root_required, memdiag, tmp_pa
         # varies by 3% here with nothing traced (6.53-7.26 ns per operation over 40 s), and the
         # 2 s taken before alone made the loss swing by more than the budget.
         time.sleep(7.5)
-        before = b.ns_per_op(time.monotonic() - 7.0, time.monotonic() - 1.0, cpu=True)
+        first = (time.monotonic() - 7.0, time.monotonic() - 1.0)
+        before = b.ns_per_op(*first, cpu=True)
         start = time.monotonic()
         r = memdiag("--pid", str(b.pid), "--output", str(tmp_path), timeout=240)
         end = time.monotonic()
         time.sleep(8.5)
         after = b.ns_per_op(end + 1.5, end + 7.5, cpu=True)
+        untraced = b.per_second(*first, cpu=True) + b.per_second(end + 1.5, end + 7.5, cpu=True)
         assert r.returncode == 0, r.stderr
         base = (before + after) / 2
         lost_ns = b.lost_ns(start, end, base, cpu=True)  # over the whole run, start-up and report included
@@ -76,8 +78,12 @@ def test_the_target_loses_no_more_than_the_budget(root_required, memdiag, tmp_pa
         assert "traced for those" in budget["reason"] and "kept for the reachability scan" in budget["reason"]
     reported = rep["overhead"]["measured_percent"]
     drift = 100 * abs(after - before) / base  # how far its own untraced clock moved across the run
+    # and how far its untraced seconds spread, one from another: flat out, CI once saw the run 8.35%
+    # above the two windows (6.6% apart) with memleak refused and 0.29% reported; the hypervisor's
+    # share of this 2-vCPU guest moves the target's clock in steps of seconds
+    spread = 100 * (max(untraced) - min(untraced)) / base
     print(f"lost {lost:.2f}% by the target's CPU clock, reported {reported:.2f}%, base {base:.2f} ns/op "
-          f"({before:.2f} before, {after:.2f} after: {drift:.1f}% apart)")  # fmt: skip
+          f"({before:.2f} before, {after:.2f} after: {drift:.1f}% apart; its seconds {spread:.1f}% apart)")  # fmt: skip
     # What the target's own clock can tell apart. Throttled, untraced seconds agree within 0.05%; flat
     # out they do not: BENCHMARKS.md section 1 finds the untraced ("bare") flat-out loss in -2.6%..+2.6%
     # over a 30 s run on one host and in -42%..-4% on another (2026-12-01), where this case measured
@@ -87,7 +93,7 @@ def test_the_target_loses_no_more_than_the_budget(root_required, memdiag, tmp_pa
     # would cost it over 95% (section 1).
     # Throttled, its clock is read to the 0.05% its untraced seconds agree within (CI once measured
     # 2.019% against the 2% budget: 6 ms over the window, below what the clock tells apart).
-    noise = max(2.6, drift) if rate == 0 else 0.05
+    noise = max(2.6, drift, spread) if rate == 0 else 0.05
     assert lost <= rep["overhead"]["budget_percent"] + noise, (lost, rep["probes"])
     if decision == "full":  # the figure stated is the target's own, within a factor of 1.5
         assert lost / 1.5 <= reported <= lost * 1.5, (lost, reported)
