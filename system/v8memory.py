@@ -35,34 +35,48 @@ class V8Memory(Fact):
     v8_mappings: int  # how many mappings the heap is in
 
 
-def parse_smaps(text: str) -> V8Memory:
-    mapped = resident = native = jit = count = 0
-    start = 0
-    perms = path = ""
-    sizes: list[tuple[int, int, str, str, int]] = []
+def _mappings(text: str):
+    """(start, end, perms, path, v8) of each mapping in /proc/PID/maps or smaps' headers, with the
+    size's line that follows in smaps (Rss, bytes) read by the caller; v8: anonymous, below V8's
+    hint limit and not a file's .bss continued past its last page (as the non-PIE node binary's is:
+    176 KiB of node 20's statics, which V8's heap never is)."""
+    file_end = -1  # where the last file mapping ends: an anonymous mapping from there is its .bss
     for line in text.splitlines():
         m = _HEADER.match(line)
-        if m:
-            start, end, perms, path = int(m[1], 16), int(m[2], 16), m[3], m[4].strip()
-            sizes.append((start, end - start, perms, path, 0))
+        if not m:
             continue
-        if line.startswith("Rss:") and sizes:
+        start, end, perms, named = int(m[1], 16), int(m[2], 16), m[3], m[4].strip()
+        path = "" if named.startswith("[anon:") else named  # a named anonymous mapping is still anonymous
+        if path and not path.startswith("["):
+            file_end = end
+            yield start, end, perms, path, False
+            continue
+        bss, file_end = start == file_end, -1
+        yield start, end, perms, path, not path and start < V8_ADDRESS_LIMIT and not bss
+
+
+def parse_smaps(text: str) -> V8Memory:
+    mapped = resident = native = jit = count = 0
+    sizes: list[tuple[int, str, str, bool, int]] = []
+    headers = _mappings(text)
+    for line in text.splitlines():
+        if _HEADER.match(line):
+            start, end, perms, path, v8 = next(headers)
+            sizes.append((end - start, perms, path, v8, 0))
+        elif line.startswith("Rss:") and sizes:
             s = sizes[-1]
             sizes[-1] = (s[0], s[1], s[2], s[3], int(line.split()[1]) * 1024)
-    for start, size, perms, named, rss in sizes:
-        path = "" if named.startswith("[anon:") else named  # a named anonymous mapping is still anonymous
+    for size, perms, path, v8, rss in sizes:
         if path and path != "[heap]":
             continue  # files, [stack], [vdso]...: not the heap's or malloc's
-        if path == "[heap]":
-            native += rss
-        elif start < V8_ADDRESS_LIMIT:
+        if v8:
             count += 1
             resident += rss
             mapped += size if "w" in perms else 0
+        elif path == "[heap]" or ("w" in perms and "x" not in perms):
+            native += rss  # the break's heap, malloc's other memory, the binary's .bss
         elif "x" in perms:
             jit += rss
-        elif "w" in perms:
-            native += rss
     return V8Memory(v8_mapped=mapped, v8_resident=resident, native_resident=native, jit_resident=jit, v8_mappings=count)
 
 
@@ -73,25 +87,9 @@ def read_v8_memory(pid: int, proc_root: Path = Path("/proc")) -> V8Memory | None
 
 
 def parse_v8_heap_ranges(maps: str) -> tuple[tuple[int, int], ...]:
-    """[start, end) of every mapping V8's heap is in (anonymous, writable, below V8's hint limit; not
-    a file's .bss continued past its last page, as the non-PIE node binary's is), from
+    """[start, end) of every writable mapping V8's heap is in (as parse_smaps counts it), from
     /proc/PID/maps."""
-    out = []
-    file_end = -1  # where the last file mapping ends: an anonymous mapping from there is its .bss
-    for line in maps.splitlines():
-        fields = line.split(None, 5)
-        if len(fields) < 5:
-            continue
-        lo, _, hi = fields[0].partition("-")
-        start, end = int(lo, 16), int(hi, 16)
-        path = fields[5].strip() if len(fields) > 5 else ""
-        if path and not path.startswith("["):
-            file_end = end
-            continue
-        bss, file_end = start == file_end, -1
-        if "w" in fields[1] and start < V8_ADDRESS_LIMIT and not bss and (not path or path.startswith("[anon:")):
-            out.append((start, end))
-    return tuple(out)
+    return tuple((start, end) for start, end, perms, _, v8 in _mappings(maps) if v8 and "w" in perms)
 
 
 def read_v8_heap_ranges(pid: int, proc_root: Path = Path("/proc")) -> tuple[tuple[int, int], ...] | None:
