@@ -16,30 +16,29 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-import capstone
-from capstone import x86_const as x86
 from memdiag.system import arch
 
+from .codefacts import remembered
 from .elf import ElfInfo, elf_info, passing_elf_info
 from .procmaps import AddressSpace
 
 KNOWN_ALLOCATORS = ("jemalloc", "tcmalloc", "mimalloc", "hoard", "snmalloc", "scudo")
 
 # entry point -> (argument registers the BPF program reads, needs a return probe)
-ENTRY_POINTS: dict[str, tuple[tuple[int, ...], bool]] = {
-    "malloc": ((x86.X86_REG_RDI,), True),
-    "calloc": ((x86.X86_REG_RDI, x86.X86_REG_RSI), True),
-    "realloc": ((x86.X86_REG_RDI, x86.X86_REG_RSI), True),
-    "reallocarray": ((x86.X86_REG_RDI, x86.X86_REG_RSI, x86.X86_REG_RDX), True),
-    "posix_memalign": ((x86.X86_REG_RDI, x86.X86_REG_RSI, x86.X86_REG_RDX), True),
-    "aligned_alloc": ((x86.X86_REG_RDI, x86.X86_REG_RSI), True),
-    "memalign": ((x86.X86_REG_RDI, x86.X86_REG_RSI), True),
-    "valloc": ((x86.X86_REG_RDI,), True),
-    "pvalloc": ((x86.X86_REG_RDI,), True),
-    "free": ((x86.X86_REG_RDI,), False),
-    "mmap": ((x86.X86_REG_RDI, x86.X86_REG_RSI), True),
-    "munmap": ((x86.X86_REG_RDI,), False),
-    "mremap": ((x86.X86_REG_RDI, x86.X86_REG_RSI, x86.X86_REG_RDX), True),
+ENTRY_POINTS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "malloc": (("rdi",), True),
+    "calloc": (("rdi", "rsi"), True),
+    "realloc": (("rdi", "rsi"), True),
+    "reallocarray": (("rdi", "rsi", "rdx"), True),
+    "posix_memalign": (("rdi", "rsi", "rdx"), True),
+    "aligned_alloc": (("rdi", "rsi"), True),
+    "memalign": (("rdi", "rsi"), True),
+    "valloc": (("rdi",), True),
+    "pvalloc": (("rdi",), True),
+    "free": (("rdi",), False),
+    "mmap": (("rdi", "rsi"), True),
+    "munmap": (("rdi",), False),
+    "mremap": (("rdi", "rsi", "rdx"), True),
 }
 # Entry points of an allocator library's own (jemalloc, tcmalloc ...), probed only where such a
 # library defines them: Debian's libjemalloc exports C++'s operator new and delete, so a C++
@@ -70,13 +69,13 @@ _DELETE = (
     "_ZdlPvSt11align_val_tRKSt9nothrow_t",
     "_ZdaPvSt11align_val_tRKSt9nothrow_t",
 )
-LIBRARY_ENTRY_POINTS: dict[str, tuple[tuple[int, ...], bool]] = {
-    **{name: ((x86.X86_REG_RDI,), True) for name in _NEW},
-    **{name: ((x86.X86_REG_RDI,), False) for name in _DELETE},
-    "mallocx": ((x86.X86_REG_RDI,), True),
-    "rallocx": ((x86.X86_REG_RDI, x86.X86_REG_RSI), True),
-    "dallocx": ((x86.X86_REG_RDI,), False),
-    "sdallocx": ((x86.X86_REG_RDI,), False),
+LIBRARY_ENTRY_POINTS: dict[str, tuple[tuple[str, ...], bool]] = {
+    **{name: (("rdi",), True) for name in _NEW},
+    **{name: (("rdi",), False) for name in _DELETE},
+    "mallocx": (("rdi",), True),
+    "rallocx": (("rdi", "rsi"), True),
+    "dallocx": (("rdi",), False),
+    "sdallocx": (("rdi",), False),
 }
 ENTRY_POINTS.update(LIBRARY_ENTRY_POINTS)
 # The BPF function for each entry point (bpf/memleak.c).
@@ -105,9 +104,9 @@ BPF_FUNCTION = {
 ALLOCATING = ("malloc", "_Znwm", "_Znam", "mallocx")
 # Registers are 64-bit views; a write to any alias (edi, di) clobbers the argument.
 _ALIASES = {
-    x86.X86_REG_RDI: {x86.X86_REG_RDI, x86.X86_REG_EDI, x86.X86_REG_DI, x86.X86_REG_DIL},
-    x86.X86_REG_RSI: {x86.X86_REG_RSI, x86.X86_REG_ESI, x86.X86_REG_SI, x86.X86_REG_SIL},
-    x86.X86_REG_RDX: {x86.X86_REG_RDX, x86.X86_REG_EDX, x86.X86_REG_DX, x86.X86_REG_DL, x86.X86_REG_DH},
+    "rdi": ("rdi", "edi", "di", "dil"),
+    "rsi": ("rsi", "esi", "si", "sil"),
+    "rdx": ("rdx", "edx", "dx", "dl", "dh"),
 }
 _SCAN_BYTES = 64
 
@@ -129,6 +128,8 @@ class Placement:
 
 def is_emulated(ins) -> bool:
     """Instructions arch/x86/kernel/uprobes.c emulates instead of single-stepping them."""
+    from capstone import x86_const as x86
+
     if ins.id == x86.X86_INS_PUSH and ins.operands and ins.operands[0].type == x86.X86_OP_REG:
         return ins.operands[0].reg not in (
             x86.X86_REG_CS,
@@ -141,15 +142,30 @@ def is_emulated(ins) -> bool:
     return ins.id == x86.X86_INS_NOP and ins.size == 1
 
 
-def _writes(ins, regs: tuple[int, ...]) -> bool:
+def _writes(ins, regs: tuple[str, ...]) -> bool:
     _, written = ins.regs_access()
-    return any(w in _ALIASES.get(r, {r}) for r in regs for w in written)
+    return any(ins.reg_name(w) in _ALIASES[r] for r in regs for w in written)
+
+
+def placed(elf: ElfInfo, path: str, function: str, exported_only: bool = True) -> Placement | None:
+    """place(), remembered per file (probes/codefacts.py): decoded only in a file not read before."""
+
+    def read() -> list | None:
+        p = place(elf, path, function, exported_only)
+        return None if p is None else [p.symbol_address, p.offset, p.instruction, p.emulated, p.return_probe]
+
+    fact = remembered(elf, f"place {function} {int(exported_only)}", read)
+    return None if fact is None else Placement(function, path, *fact)
 
 
 def place(elf: ElfInfo, path: str, function: str, exported_only: bool = True) -> Placement | None:
+    """Where function's probe goes in elf, read from its first instructions."""
     sym = elf.symbol_named(function, exported_only=exported_only)
     if sym is None:
         return None
+    import capstone
+    from capstone import x86_const as x86
+
     args, ret = ENTRY_POINTS[function]
     code = elf.read_at(sym.address, _SCAN_BYTES) or b""
     md = arch.disassembler()
@@ -205,6 +221,8 @@ def _lands_at(elf: ElfInfo, address: int) -> int | None:
     """Where a function that only jumps elsewhere lands (libjemalloc's new[] is `jmp new`, its
     delete `jmp free@plt`; a CET build puts endbr64 first): the address, resolving a PLT stub to
     the function its slot is bound to in this same file. None when it does not just jump."""
+    from capstone import x86_const as x86
+
     md = arch.disassembler()
     jump = None
     for ins in md.disasm(elf.read_at(address, 32) or b"", address):
@@ -229,7 +247,9 @@ def _lands_at(elf: ElfInfo, address: int) -> int | None:
 def _covered(elf: ElfInfo, p: Placement, placements: list[Placement]) -> Placement | None:
     """The placed probe a call to p's function runs into anyway (it jumps to that function at or
     before the probe, and the same BPF program would record it): probing p too would trap twice."""
-    landing = _lands_at(elf, p.symbol_address) if p.offset == 0 else None
+    if p.offset != 0:
+        return None
+    landing = remembered(elf, f"lands {p.symbol_address:#x}", lambda: _lands_at(elf, p.symbol_address))
     if landing is None:
         return None
     return next(
@@ -285,7 +305,7 @@ def allocator_module(pid: int) -> str | None:
         path = space.file_path(mapping) if mapping else None
         elf = passing_elf_info(path) if path else None
         try:
-            if elf is not None and place(elf, module, "malloc", exported_only=module != exe) is not None:
+            if elf is not None and placed(elf, module, "malloc", exported_only=module != exe) is not None:
                 return module
         finally:
             if elf is not None:
@@ -314,7 +334,7 @@ def find_allocator(pid: int, space: AddressSpace | None = None) -> Allocator | N
             if elf is None:
                 continue
             # The executable's own functions count even unexported (a static binary's malloc).
-            p = place(elf, module, function, exported_only=module != exe)
+            p = placed(elf, module, function, exported_only=module != exe)
             into = _covered(elf, p, placements) if p is not None else None
             if into is not None:
                 forwarded.append(f"{function} -> {into.function}")  # its probe would trap a second time

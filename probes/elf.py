@@ -334,6 +334,12 @@ def _open(path: str, mtime_ns: int, inode: tuple[int, int]) -> ElfInfo | None:
     return passing_elf_info(path)
 
 
+def forget() -> None:
+    """Drop every parsed file elf_info keeps, and their decoded unwind tables."""
+    _open.cache_clear()
+    _decoded.cache_clear()
+
+
 def passing_elf_info(path: str) -> ElfInfo | None:
     """The parsed file at path, not kept in elf_info's cache: for a file looked at once and let go
     (its reader holds ~90 KiB of pyelftools' structures, its symbols more)."""

@@ -9,6 +9,7 @@ import sys
 import time
 from pathlib import Path
 
+from memdiag.probes.stacks import release
 from memdiag.rules.loader import RuleFileError
 from memdiag.system.signals import INTERRUPTION, phase
 
@@ -186,6 +187,7 @@ def run_diagnosis(args: argparse.Namespace, target: Target, rules, folder: Repor
     progress.done()
     if finish is not None:
         report = finish(report)
+    release()  # the report holds every name it needs: the files read for them are let go first
     with phase("writing the report"):
         _write(folder, report)
     if INTERRUPTION.caught and report.interrupted is None:  # it came while the whole report was written

@@ -18,7 +18,6 @@ import platform
 import time
 from pathlib import Path
 
-import capstone
 from memdiag.system import arch
 from pydantic import BaseModel
 
@@ -88,6 +87,8 @@ def _offset_of_kind(p: Placement, emulated: bool) -> int | None:
     CET build's +0 single-stepped; a prologue may have no push)."""
     elf = elf_info(p.module)
     code = elf.read_at(p.symbol_address, 64) if elf is not None else None
+    import capstone  # only when the host's costs are measured (once per kernel and CPU)
+
     md = arch.disassembler()
     for ins in md.disasm(code or b"", p.symbol_address):
         if is_emulated(ins) == emulated:
