@@ -21,6 +21,9 @@ FACTS = (
     FactDef("go.version", "string", "the Go toolchain the program was built with: go1.19.8"),
     FactDef("go.stripped", "bool", "the binary has no symbol table (its runtime located from its own code)"),
     FactDef("go.gc_cycles", "number", "GCs completed while goheap read (the heap profile moves at each)"),
+    FactDef("go.gcs_seen", "number",
+            "GCs seen completing while goheap read, profile on or not: its cycle count, or else how often "
+            "the GC pacer's live count or goal changed between reads (at least this many)"),
     FactDef("go.heap_inuse", "bytes", "in-use bytes of the heap profile at the last GC read (estimated from samples)"),
     FactDef("go.heap_growth", "bytes", "how much that grew over the GCs read"),
     FactDef("go.heap_trend", "string", "the shape of the heap profile's in-use bytes: climbing, levelled, flat ..."),
@@ -78,9 +81,15 @@ def facts_of(r, _plan, name: Namer) -> dict:
     f: dict = {"go.profile": r.profile, "go.version": r.version, "go.stripped": r.stripped}
     f.update(_goroutine_facts(r))
     f.update(_pacer_facts(r))
+    # each GC ends with a new live count and goal (equal to the byte twice running: not seen here)
+    paced = list(zip(r.heap_marked, r.heap_goal, strict=False))
+    changes = sum(1 for a, b in zip(paced, paced[1:], strict=False) if a != b)
     if r.profile != "on":
+        if paced:
+            f["go.gcs_seen"] = changes
         return f
     f["go.gc_cycles"] = r.cycles[-1] - r.cycles[0] if r.cycles else 0
+    f["go.gcs_seen"] = max(f["go.gc_cycles"], changes)
     freed = sum(s.freed_bytes for s in r.stacks)
     if r.heap_inuse:
         f.update(
@@ -187,7 +196,10 @@ def culprit(r, verdict_kind: str) -> Stack | None:
         return None
     if verdict_kind == "cache":
         return stack(max(r.stacks, key=lambda s: s.inuse_bytes[-1]))
-    return stack(r.stacks[0])
+    top = r.stacks[0]
+    # a stack that did not grow explains no growth (a trial's prometheus: a start-up allocation,
+    # "change 0 B" over no completed GC, was named the culprit of its RSS growth)
+    return stack(top) if top.inuse_bytes and top.inuse_bytes[-1] > top.inuse_bytes[0] else None
 
 
 def folded(r) -> list[str]:

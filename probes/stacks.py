@@ -77,7 +77,7 @@ class Symbolizer:
         if hit is None:
             return None
         function, source = hit.function()
-        if source and source.startswith("node:"):  # Node's own JavaScript (node:buffer, node:internal/timers)
+        if source and source.startswith("node:") and not function.startswith("(anonymous"):  # Node's own JavaScript
             function = f"{source.rsplit(':', 1)[0]}.{function}"
         where = f"JS function at {source}" if source else "JIT code"
         return Frame(address=address, function=function, module=pm.path, source=where)

@@ -38,11 +38,13 @@ class JitSymbol:
 
     def function(self) -> tuple[str, str | None]:
         """(function, source) as a person reads it: V8's `JS:*handleOrder /srv/app.js:17:21` is
-        (handleOrder, app.js:17); other names are kept as they were written, without a source."""
+        (handleOrder, app.js:17), an anonymous one `(anonymous at app.js:9)` (each its own: a verdict
+        that names "(anonymous)" names no code); other names are kept as written, without a source."""
         m = _V8_JS.match(self.name)
         if m is None:
             return self.name, None
-        return m["fn"] or "(anonymous)", _source(m["src"]) if m["src"] else None
+        source = _source(m["src"]) if m["src"] else None
+        return m["fn"] or (f"(anonymous at {source})" if source else "(anonymous)"), source
 
 
 def _source(src: str) -> str:

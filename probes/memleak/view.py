@@ -88,6 +88,14 @@ def missed(r: MemleakResult) -> list[str]:
 def caveats(r: MemleakResult) -> list[str]:
     scan = r.reach_scan
     python = python_caveats(r.python)
+    if scan is not None and scan.status in ("failed", "skipped"):
+        # no holder and no leak can be named without it: the trail's line alone left users asking why
+        paused = f" (the target was paused {scan.paused_ms:.0f} ms for it)" if scan.paused_ms else ""
+        return python + [
+            f"The reachability scan {scan.status}: {scan.reason}{paused}. Without it no holder of the blocks "
+            "is named and a leak is told from held memory by the trend alone; --max-pause and --budget allow "
+            "a longer scan"
+        ]
     if scan is None or scan.status != "ran":
         return python
     return python + [

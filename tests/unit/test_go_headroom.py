@@ -96,3 +96,42 @@ def test_a_stripped_binary_says_the_gcs_own_counts_were_not_read():
     assert any("the GC's own counts" in x and "were not read: the binary is stripped" in x for x in lines), lines
     lines = sections(_result([100 * MiB] * len(T)))[0].lines
     assert any(x.startswith("the GC's own counts (exact): live 95.0 MiB") for x in lines), lines
+
+
+def _plateau(heap_marked: list[int]):
+    r = _result([2600 * MiB] * len(T)).model_copy(
+        update={"profile": "compiled-out", "stacks": [], "heap_inuse": [], "cycles": [], "times": [],
+                "heap_marked": heap_marked, "heap_goal": [2 * m for m in heap_marked]}
+    )  # fmt: skip
+    facts = facts_of(r, None, lambda frames, forwards: None)
+    plateau = "RSS of PID 1 (orders) grew 196 MiB then levelled off at 2.6 GiB for the last 7.0 s of 30 s"
+    facts.update({"target.name": "PID 1 (orders)", "target.runtime": "go", "memory.shape": "levelled",
+                  "process.rss_shape": "levelled", "summary.plateau": plateau, "oom.kills_in_window": 0})  # fmt: skip
+    return facts, conclude(run_rules(SHIPPED, facts), facts)
+
+
+def test_a_go_plateau_within_one_gc_cycle_is_no_cache():
+    """A trial: a Go map that only grew (2.6 GiB, its heap profile compiled out, no GC while read)
+    levelled for 7 s between collections and was called a bounded cache."""
+    facts, c = _plateau([1400 * MiB] * len(T))
+    assert facts["go.gcs_seen"] == 0
+    assert c.winner.id == "go-plateau-between-gcs" and c.winner.then.verdict.kind == "inconclusive", c.summary
+    assert "0 GCs completed while read" in c.summary and "the last GC marked 1.4 GiB live" in c.summary
+
+
+def test_a_go_plateau_across_gcs_is_still_a_plateau():
+    facts, c = _plateau([1400 * MiB] * 4 + [1401 * MiB] * 4 + [1400 * MiB] * 5)  # two GCs between reads
+    assert facts["go.gcs_seen"] == 2
+    assert c.winner.id == "plateau" and c.winner.then.verdict.kind == "cache", c.summary
+
+
+def test_a_go_stack_that_did_not_grow_is_no_growths_culprit():
+    """A trial's prometheus: its largest profile stack, a start-up allocation with no change over no
+    completed GC, was named the culprit of the RSS growth."""
+    from memdiag.probes.goview import STACKS
+
+    flat = _result([100 * MiB] * len(T))
+    assert STACKS.culprit(flat, "growth") is None
+    assert STACKS.culprit(flat, "cache").functions == ["main.(*cache).fetch"]  # a cache's is its largest holder
+    grew = flat.model_copy(update={"stacks": [CACHE.model_copy(update={"inuse_bytes": [94 * MiB] * 12 + [99 * MiB]})]})
+    assert STACKS.culprit(grew, "growth").bytes == 99 * MiB

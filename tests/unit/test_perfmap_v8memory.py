@@ -13,7 +13,8 @@ def test_v8_names_read_as_function_and_script_line():
     cases = {
         "JS:*handleOrder /srv/orders/app.js:17:21": ("handleOrder", "app.js:17"),
         "JS:^rememberFailure /srv/orders/app.js:11:25": ("rememberFailure", "app.js:11"),
-        "JS:~ node:internal/timers:120:65": ("(anonymous)", "node:internal/timers:120"),
+        "JS:~ node:internal/timers:120:65": ("(anonymous at node:internal/timers:120)", "node:internal/timers:120"),
+        "JS:^ /srv/leaky.js:10:25": ("(anonymous at leaky.js:10)", "leaky.js:10"),
         "LazyCompile:*fetch /srv/a.js:3": ("fetch", "a.js:3"),
         "Builtin:ArrayPrototypePush": ("Builtin:ArrayPrototypePush", None),
         "Lcom/shop/Orders;::add": ("Lcom/shop/Orders;::add", None),  # a JVM agent's: kept as written

@@ -169,6 +169,13 @@ def test_playbook_cache_and_mappings():
         "memleak.top_outstanding": 1,
     }
     assert _verdicts(facts)[0] == "growth"
+    assert _winner({**facts, "reach.scanned": False})[0] == "mappings-never-unmapped"
+    # under Python code the interpreter maps (pymalloc's arenas): said so, never "handle_order maps"
+    python = {**facts, "reach.scanned": False, "target.runtime": "cpython", "target.python_frames": "read",
+              "memleak.top_function": "handle_order (app.py:12)"}  # fmt: skip
+    rule, _, summary = _winner(python)
+    assert rule == "python-memory-never-unmapped", summary
+    assert "the Python objects handle_order (app.py:12) makes are kept" in summary and "maps anonymous" not in summary
 
 
 def _winner(facts: dict):
@@ -230,6 +237,12 @@ def test_playbook_held_growth_and_held_cache_are_not_leaks():
     traced_flat = {**held, "process.rss_shape": "levelled", "memory.shape_while_traced": "flat"}
     rule, _, _ = _winner({**traced_flat, "memleak.top_trend": "climbing"})
     assert rule == "cache-held"
+    # a trace the budget cut short of a trend (twistd, 2.2 s): what the stack did while traced, held
+    rule, confidence, summary = _winner({**held, "process.rss_shape": "climbing"})
+    assert rule == "growth-held-short-trace" and confidence < 0.85, summary
+    assert summary.startswith("PID 1 (x): f added blocks the program still holds (4.0 MiB reachable from `registry`")
+    rule, _, _ = _winner({**held, "process.rss_shape": "climbing", "memleak.top_free_ratio": 90.0})
+    assert rule != "growth-held-short-trace"  # freeing most of it while traced: turnover, no growth shown
 
 
 def test_playbook_a_go_heap_arena_mapped_by_the_runtime_is_no_cache_nor_held_growth():
@@ -439,6 +452,14 @@ def test_next_steps_never_ask_to_run_what_already_ran():
     ran = steps({"faults.top_function": "f", "memleak.top_trend": "climbing", "mmap.top_function": "g"})
     assert "(faults probe)" not in ran and "(memleak probe)" not in ran and "(brkstack, mmapsnoop)" not in ran
     assert "(brkstack, mmapsnoop)" not in steps({"brk.top_function": "h"})
+    # once the code and what keeps its memory are named, no stack of pages or mappings is asked for
+    for named in ({"memleak.top_trend": "climbing", "reach.scanned": True}, {"jfr.held_site": "A.f() line: 9"},
+                  {"go.top_function": "main.f"}):  # fmt: skip
+        said = steps(named)
+        assert "(faults probe)" not in said and "(brkstack, mmapsnoop)" not in said, named
+    unscanned = steps({"memleak.top_trend": "climbing", "reach.scanned": False})  # the holder unknown: still asked
+    assert "(faults probe)" in unscanned and "(brkstack, mmapsnoop)" in unscanned
+    assert "(memleak probe)" not in steps({"target.runtime": "go"})  # Go's heap: no malloc probe sees it
 
 
 def test_a_node_growth_held_by_javascript_objects_advises_a_heap_snapshots_retainers():
