@@ -135,3 +135,16 @@ def test_a_go_stack_that_did_not_grow_is_no_growths_culprit():
     assert STACKS.culprit(flat, "cache").functions == ["main.(*cache).fetch"]  # a cache's is its largest holder
     grew = flat.model_copy(update={"stacks": [CACHE.model_copy(update={"inuse_bytes": [94 * MiB] * 12 + [99 * MiB]})]})
     assert STACKS.culprit(grew, "growth").bytes == 99 * MiB
+
+
+def test_rss_that_rises_and_falls_beside_a_flat_live_set_is_the_heap_refilling():
+    """CI: gocache's RSS fell from 199 to 127 MiB and grew again (the scavenger returning free
+    pages, the heap refilling them), its live set flat over 5 GCs: it came out inconclusive."""
+    facts = facts_of(_result([int((150 + (t % 6) * 8) * MiB) for t in T]), None, lambda frames, forwards: None)
+    facts.update({"target.name": "PID 1 (gocache)", "process.rss_shape": "sawtooth"})
+    c = conclude(run_rules(SHIPPED, facts), facts)
+    assert c.winner.id == "go-heap-cache-sawtooth" and c.winner.then.verdict.kind == "cache", c.summary
+    assert "RSS rose and fell while the live heap the GC marks stayed at 95.0 MiB" in c.summary
+    facts["go.heap_marked_trend"] = "climbing"  # the live set climbing: no cache
+    fired = {r.id for r, o in run_rules(SHIPPED, facts) if o.state == "fired"}
+    assert "go-heap-cache-sawtooth" not in fired
