@@ -49,7 +49,7 @@ def _read() -> dict[str, dict[str, Any]]:
         return {}
     if not isinstance(data, dict) or data.get("version") != _version() or not isinstance(data.get("files"), dict):
         return {}
-    return data["files"]
+    return {k: v for k, v in data["files"].items() if isinstance(v, dict)}  # a mangled entry is read again
 
 
 def file_key(elf) -> str | None:

@@ -57,3 +57,14 @@ def test_facts_read_by_other_decoders_are_read_again(tmp_path):
     again = _read(store)
     assert again["capstone"] and any(p[0] == "malloc" for p in again["places"])
     assert json.loads(store.read_text())["version"] != "00000000"
+
+
+def test_a_mangled_store_is_read_again_never_a_traceback(tmp_path):
+    store = tmp_path / "code-facts.json"
+    _read(store)
+    data = json.loads(store.read_text())
+    data["files"] = {k: ["not", "a", "dict"] for k in data["files"]}
+    store.write_text(json.dumps(data))
+    assert _read(store)["capstone"]  # every fact read again
+    store.write_text("{not json")
+    assert _read(store)["places"]
