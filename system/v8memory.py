@@ -36,43 +36,41 @@ class V8Memory(Fact):
 
 
 def _mappings(text: str):
-    """(start, end, perms, path, v8) of each mapping in /proc/PID/maps or smaps' headers, with the
-    size's line that follows in smaps (Rss, bytes) read by the caller; v8: anonymous, below V8's
-    hint limit and not a file's .bss continued past its last page (as the non-PIE node binary's is:
-    176 KiB of node 20's statics, which V8's heap never is)."""
+    """(start, end, perms, path, v8, rss) of each mapping in /proc/PID/maps or smaps: rss from the
+    Rss line smaps gives it (bytes; 0 from maps); v8: anonymous, below V8's hint limit and not a
+    file's .bss continued past its last page (as the non-PIE node binary's is: 176 KiB of node 20's
+    statics, which V8's heap never is)."""
     file_end = -1  # where the last file mapping ends: an anonymous mapping from there is its .bss
+    mapping: list | None = None
     for line in text.splitlines():
         m = _HEADER.match(line)
-        if not m:
+        if m is None:
+            if mapping is not None and line.startswith("Rss:"):
+                mapping[5] = int(line.split()[1]) * 1024
             continue
+        if mapping is not None:
+            yield tuple(mapping)
         start, end, perms, named = int(m[1], 16), int(m[2], 16), m[3], m[4].strip()
         path = "" if named.startswith("[anon:") else named  # a named anonymous mapping is still anonymous
         if path and not path.startswith("["):
-            file_end = end
-            yield start, end, perms, path, False
-            continue
-        bss, file_end = start == file_end, -1
-        yield start, end, perms, path, not path and start < V8_ADDRESS_LIMIT and not bss
+            file_end, v8 = end, False
+        else:
+            bss, file_end = start == file_end, -1
+            v8 = not path and start < V8_ADDRESS_LIMIT and not bss
+        mapping = [start, end, perms, path, v8, 0]
+    if mapping is not None:
+        yield tuple(mapping)
 
 
 def parse_smaps(text: str) -> V8Memory:
     mapped = resident = native = jit = count = 0
-    sizes: list[tuple[int, str, str, bool, int]] = []
-    headers = _mappings(text)
-    for line in text.splitlines():
-        if _HEADER.match(line):
-            start, end, perms, path, v8 = next(headers)
-            sizes.append((end - start, perms, path, v8, 0))
-        elif line.startswith("Rss:") and sizes:
-            s = sizes[-1]
-            sizes[-1] = (s[0], s[1], s[2], s[3], int(line.split()[1]) * 1024)
-    for size, perms, path, v8, rss in sizes:
+    for start, end, perms, path, v8, rss in _mappings(text):
         if path and path != "[heap]":
             continue  # files, [stack], [vdso]...: not the heap's or malloc's
         if v8:
             count += 1
             resident += rss
-            mapped += size if "w" in perms else 0
+            mapped += end - start if "w" in perms else 0
         elif path == "[heap]" or ("w" in perms and "x" not in perms):
             native += rss  # the break's heap, malloc's other memory, the binary's .bss
         elif "x" in perms:
@@ -89,7 +87,7 @@ def read_v8_memory(pid: int, proc_root: Path = Path("/proc")) -> V8Memory | None
 def parse_v8_heap_ranges(maps: str) -> tuple[tuple[int, int], ...]:
     """[start, end) of every writable mapping V8's heap is in (as parse_smaps counts it), from
     /proc/PID/maps."""
-    return tuple((start, end) for start, end, perms, _, v8 in _mappings(maps) if v8 and "w" in perms)
+    return tuple((start, end) for start, end, perms, _, v8, _ in _mappings(maps) if v8 and "w" in perms)
 
 
 def read_v8_heap_ranges(pid: int, proc_root: Path = Path("/proc")) -> tuple[tuple[int, int], ...] | None:
