@@ -18,6 +18,7 @@ unwritable store costs the disassembler, never a result."""
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import zlib
@@ -34,6 +35,7 @@ _learnt: dict[str, dict[str, Any]] = {}  # what this run learnt, to be written
 _registered = False
 
 
+@functools.cache
 def _version() -> str:
     here = Path(__file__).parent
     crc = 0

@@ -76,6 +76,7 @@ class ElfInfo:
         self._objects: list[Symbol] | None = None
         self._object_starts: list[int] = []
         self._allocated: list[tuple[int, int, str]] | None = None  # (start, end, name) of SHF_ALLOC sections
+        self._build_id: str | None | bool = False  # False: not read yet
 
     def close(self) -> None:
         """The file let go (a reader from passing_elf_info, once done with it)."""
@@ -105,6 +106,12 @@ class ElfInfo:
 
     # --- symbols ------------------------------------------------------------------------------
     def build_id(self) -> str | None:
+        """The GNU build id, read once (the code facts name the file by it at every fact asked)."""
+        if self._build_id is False:
+            self._build_id = self._read_build_id()
+        return self._build_id  # type: ignore[return-value]
+
+    def _read_build_id(self) -> str | None:
         sec = self.elf.get_section_by_name(".note.gnu.build-id")
         if sec is None:
             return None
