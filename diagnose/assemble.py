@@ -4,13 +4,14 @@ overhead section, findings, next steps, caveats. Every probe is read through its
 
 from __future__ import annotations
 
+import re
 from importlib.metadata import PackageNotFoundError, version
 
 from memdiag.probes.face import Face, Plan, ProbeStatus, percent_of_window
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.target import Target
 
-from .culprit import Classes
+from .culprit import PYTHON_MODULES, Classes, split_frame
 from .factset import probe_figures
 from .jvmheap import jvm_sections
 from .report import Finding, Overhead, Report, StackReport, TargetInfo, Window
@@ -172,11 +173,28 @@ def _overhead(budget: float, result: EngineResult, probes: list[ProbeStatus], wi
     )
 
 
+# the CPython interpreter's own binary or library (python3.11, libpython3.11.so.1.0), whose unnamed
+# frames a stack's Python frames stand for; any other library's are the program's to name
+_INTERPRETER = re.compile(r"(lib)?python\d")
+
+
 def _stack_caveats(stacks: list[StackReport]) -> list[str]:
-    unknown = [f for s in stacks for f in s.frames if f.startswith("[unknown]")]
-    # "[unknown] [[anon]]": code in anonymous executable memory, which only a JIT writes (V8, HotSpot):
-    # no build flag or debug package names it, the runtime's perf map does
-    jit = sum(f.startswith("[unknown] [[anon") for f in unknown)
+    jit = native = 0
+    interpreted: dict[str, int] = {}  # [unknown] frames of stacks whose Python frames were read, by module
+    for s in stacks:
+        split = [split_frame(f) for f in s.frames]
+        python = any(fn is not None and mod in PYTHON_MODULES for fn, mod in split)
+        for frame, (_fn, mod) in zip(s.frames, split, strict=True):
+            if not frame.startswith("[unknown]"):
+                continue
+            # "[unknown] [[anon]]": code in anonymous executable memory, which only a JIT writes (V8,
+            # HotSpot): no build flag or debug package names it, the runtime's perf map does
+            if frame.startswith("[unknown] [[anon"):
+                jit += 1
+            elif python and mod is not None and (mod in PYTHON_MODULES or _INTERPRETER.match(mod)):
+                interpreted[mod] = interpreted.get(mod, 0) + 1
+            else:
+                native += 1
     out = []
     if jit:
         out.append(
@@ -184,9 +202,27 @@ def _stack_caveats(stacks: list[StackReport]) -> list[str]:
             "at run time, which no symbol table names; the runtime's perf map does (node --perf-basic-prof; "
             "a JVM's memdiag asks for itself)"
         )
-    if len(unknown) > jit:
+    if interpreted:
+        # Debian's python3.11 has no .symtab (nm: "no symbols"; 2,207 dynamic ones): its static
+        # functions (the arena allocator, list_resize) are unnamed. In a stack whose Python frames were
+        # read, those say what the program ran: no rebuild of the interpreter is needed to name it
+        where = ", ".join(f"{n} in {mod}" for mod, n in sorted(interpreted.items()))
+        unread = sum(n for mod, n in interpreted.items() if mod in PYTHON_MODULES)
+        said = []
+        if unread < sum(interpreted.values()):
+            said.append(
+                "the interpreter's own functions without a symbol, which the Python frames above them stand "
+                "for (the interpreter's debug-symbols package names them)"
+            )
+        if unread:
+            said.append("Python frames whose code object could not be read (gone by the time it was read)")
         out.append(
-            f"{len(unknown) - jit} stack frame(s) are [unknown]: frames without symbols or frame pointers; build "
+            f"{sum(interpreted.values())} frame(s) of stacks whose Python frames were read are [unknown] "
+            f"({where}): " + "; ".join(said)
+        )
+    if native:
+        out.append(
+            f"{native} stack frame(s) are [unknown]: frames without symbols or frame pointers; build "
             "with -fno-omit-frame-pointer and install debug info (-dbg/-dbgsym packages) to name them"
         )
     return out

@@ -43,3 +43,37 @@ def test_frames_not_read_say_why_and_give_the_python_tools():
     assert any("PYTHONTRACEMALLOC=25 /usr/bin/python3 orders.py" in a for a in advice)
     finding = next(r for r, _ in run_rules(RULES, facts) if r.id == "python-interpreter").then.finding
     assert "({target.python_frames})" in finding  # the reason is quoted
+
+
+def test_unnamed_interpreter_frames_under_python_frames_ask_for_no_rebuild():
+    """Debian's python3.11 has no symbol table: its static functions are [unknown] in every stack.
+    Where the Python frames above them were read, a rebuild with frame pointers names nothing the
+    verdict needs; a C library's own unnamed frames still get that advice."""
+    from memdiag.diagnose.assemble import _stack_caveats
+    from memdiag.diagnose.report import StackReport
+
+    python = ["handle_order (/srv/orders.py:42) [python]", "<module> (/srv/orders.py:50) [python]"]
+    interp = StackReport(
+        probe="memleak",
+        frames=["malloc+0x0 [libc.so.6]", "[unknown] [python3.11]", "[unknown] [python3.11]", *python],
+        bytes=1,
+        detail="",
+    )
+    (said,) = _stack_caveats([interp])
+    assert said.startswith("2 frame(s) of stacks whose Python frames were read are [unknown] (2 in python3.11)")
+    assert "-fno-omit-frame-pointer" not in said and "debug-symbols package" in said
+    ctypes = StackReport(
+        probe="memleak",
+        frames=["malloc+0x0 [libc.so.6]", "[unknown] [libleaky.so]", "[unknown] [python]", *python],
+        bytes=1,
+        detail="",
+    )
+    interp_said, native_said = _stack_caveats([ctypes])
+    assert "(1 in python)" in interp_said and "code object could not be read" in interp_said
+    assert "debug-symbols" not in interp_said  # no interpreter function was unnamed here
+    assert native_said.startswith("1 stack frame(s) are [unknown]") and "-fno-omit-frame-pointer" in native_said
+    native_only = StackReport(
+        probe="memleak", frames=["malloc+0x0 [libc.so.6]", "[unknown] [python3.11]"], bytes=1, detail=""
+    )
+    (said,) = _stack_caveats([native_only])  # no Python frame read: nothing stands for it
+    assert "-fno-omit-frame-pointer" in said
