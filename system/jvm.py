@@ -62,6 +62,9 @@ class Collector(Fact):
     invocations: int
     time_s: float  # accumulated pause time
     full: bool  # a full collection (the whole heap, every application thread stopped)
+    # the pauses of a concurrent cycle (G1's remark and cleanup: "G1 concurrent cycle pauses"), which
+    # move no object: what the heap holds after one is what the collection before it left
+    concurrent: bool = False
 
 
 class JvmCounters(Fact):
@@ -90,6 +93,7 @@ class JvmCounters(Fact):
     class_space_used: int | None = None
     gc_count: int = 0
     full_gc_count: int = 0
+    evacuations: int = 0  # collections that moved objects: every collector's but a concurrent cycle's pauses
     gc_time_s: float = 0.0
     last_cause: str | None = None  # why the last collection ran: G1 Evacuation Pause, Allocation Failure ...
     safepoints: int | None = None
@@ -142,6 +146,7 @@ def jvm_counters(perf: PerfData) -> JvmCounters:
         class_space_used=n("sun.gc.compressedclassspace.used"),
         gc_count=sum(c.invocations for c in collectors),
         full_gc_count=sum(c.invocations for c in collectors if c.full),
+        evacuations=sum(c.invocations for c in collectors if not c.concurrent),
         gc_time_s=sum(c.time_s for c in collectors),
         last_cause=t("sun.gc.lastCause"),
         safepoints=n("sun.rt.safepoints"),
@@ -196,6 +201,7 @@ def _collectors(perf: PerfData, freq: int) -> list[Collector]:
                 invocations=perf.number(f"sun.gc.collector.{c}.invocations") or 0,
                 time_s=ticks / freq if freq > 0 else 0.0,
                 full=" full " in f" {name.lower()} ",
+                concurrent=" concurrent " in f" {name.lower()} ",
             )
         )
     return out

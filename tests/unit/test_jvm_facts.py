@@ -29,9 +29,13 @@ from test_jfr_recording import T0, recording_json
 MiB, GiB = 1 << 20, 1 << 30
 
 
-def sample(t: int, after_gc: int, gcs: int, heap_rss: int, rss: int, gc_time: float = 0.0) -> JvmSample:
+def sample(
+    t: int, after_gc: int, gcs: int, heap_rss: int, rss: int, gc_time: float = 0.0, remarks: int = 0
+) -> JvmSample:
+    """remarks: pauses of G1's concurrent cycle among the collections counted, which move nothing."""
     c = JvmCounters(clock_s=float(t), policy="GarbageFirst", heap_used=after_gc + 8 * MiB, heap_committed=400 * MiB,
-                    heap_max=GiB, after_gc_used=after_gc, gc_count=gcs, gc_time_s=gc_time, metaspace_committed=8 * MiB,
+                    heap_max=GiB, after_gc_used=after_gc, gc_count=gcs + remarks, evacuations=gcs,
+                    gc_time_s=gc_time, metaspace_committed=8 * MiB,
                     vm="OpenJDK 64-Bit Server VM", version="17.0.15")  # fmt: skip
     m = JvmMemory(rss=rss, heap=heap_rss, code=2 * MiB, stacks=MiB, metaspace=8 * MiB, files=30 * MiB,
                   other=rss - heap_rss - 41 * MiB)  # fmt: skip
@@ -55,6 +59,20 @@ def leaking() -> Observation:
         [sample(t, 20 * MiB + (t // 3) * 6 * MiB, t // 3, 50 * MiB + t * 2 * MiB, 90 * MiB + t * 2 * MiB)
          for t in range(31)]
     )  # fmt: skip
+
+
+def test_a_remark_pause_after_the_last_collection_is_no_level():
+    """The e2e failure: a collection every 3 s, then at 27 s a pause of G1's concurrent cycle (a
+    remark) that moves nothing: what the heap holds repeats the last collection's to the byte. It
+    is no point of the live set, which climbs."""
+    obs = observation(
+        [sample(t, 20 * MiB + (min(t, 26) // 3) * 6 * MiB, min(t, 26) // 3, 50 * MiB + t * 2 * MiB,
+                90 * MiB + t * 2 * MiB, remarks=int(t >= 27))
+         for t in range(31)]
+    )  # fmt: skip
+    assert [t for t, _ in live_points([(s.t, s.jvm.counters) for s in obs.snapshots])] == [3, 6, 9, 12, 15, 18, 21, 24]
+    f = jvm_facts(obs)
+    assert f["jvm.live_set_shape"] == "climbing" and f["jvm.gc_count"] == 9
 
 
 def test_the_live_set_is_one_point_per_collection_and_the_heap_holds_the_growth():
