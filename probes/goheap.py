@@ -142,11 +142,20 @@ def _read(
 
     snaps: list[GoSnapshot] = []
     end = clock() + seconds
+    kept = None  # the GC cycle of the last read whose buckets were kept
     while True:
         try:
-            snaps.append(proc.snapshot())
+            snap = proc.snapshot()
         except GoUnreadable as e:
             return snaps, str(e)
+        # The profile is published at GCs: a read in the cycle of the last one kept repeats its
+        # buckets, which only _points' first read of each cycle uses. Dropped here, memdiag's memory
+        # grows with the GCs the window saw, not with its reads (one a second; thousands of buckets each)
+        if snap.rate > 0 and snap.cycle == kept:
+            snap.buckets = []
+        elif snap.rate > 0:
+            kept = snap.cycle
+        snaps.append(snap)
         if len(snaps) == 1 and snaps[0].rate == 0:  # no heap profile: goroutines only, for less of the window
             end = min(end, clock() + max(PROFILE_OFF_READS * interval, seconds / 3))
         left = end - clock()

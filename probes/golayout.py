@@ -149,8 +149,9 @@ def find_variables(table: GoTable, layout: Layout) -> tuple[dict[str, int], str]
     if all(name in table.symtab for name in layout.recipes):
         return {name: table.symtab[name] for name in layout.recipes}, "its symbol table"
     found = {}
+    entries = table.entries_of({recipe.function for recipe in layout.recipes.values()})
     for name, recipe in layout.recipes.items():
-        addr = load_target(table, recipe)
+        addr = load_target(table, recipe, entries.get(recipe.function))
         if addr is not None:
             found[name] = addr
     return found, "the runtime's code"
@@ -160,10 +161,11 @@ _CS = capstone.Cs(capstone.CS_ARCH_X86, capstone.CS_MODE_64)
 _CS.detail = True
 
 
-def load_target(table: GoTable, recipe: Recipe) -> int | None:
+def load_target(table: GoTable, recipe: Recipe, entry: int | None = None) -> int | None:
     """The address the recipe's load reads: RIP-relative `mov reg, [rip+d]` loads of a module
-    variable of the recipe's size, in the function's order."""
-    entry = table.by_name.get(recipe.function)
+    variable of the recipe's size, in the function's order (entry: the function's, when known)."""
+    if entry is None:
+        entry = table.entries_of([recipe.function]).get(recipe.function)
     if entry is None:
         return None
     code = table.read(entry, table.function_end(entry) - entry)

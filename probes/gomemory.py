@@ -111,7 +111,7 @@ class Memory:
         return struct.unpack("<Q", raw)[0] if raw else None
 
 
-@dataclass
+@dataclass(slots=True)
 class Bucket:
     stack: tuple[int, ...]  # return PCs, leaf first (inlined calls already have their own, as callers() records)
     size: int  # the allocation size of this bucket
@@ -196,10 +196,11 @@ class GoProcess:
             raise GoUnreadable(f"the runtime's {', '.join(missing)} could not be located in this {self.version} binary")
         # the linker sets runtime.disableMemoryProfiling (and MemProfileRate's default to 0) when the
         # program never references runtime.MemProfile, and then drops the function itself
-        self.profiling_linked = "runtime.MemProfile" in self.table.by_name
+        self.profiling_linked = "runtime.MemProfile" in self.table.entries_of(["runtime.MemProfile"])
         self.pacer_at = self.table.symtab.get("runtime.gcController") if self.layout.pacer else None
         self.memory = Memory(pid)
         self.parked: dict[tuple[int, int, int], int] = {}  # (g, goid, waitsince) -> where it is parked
+        self.stacks: dict[tuple[int, ...], tuple[int, ...]] = {}  # the buckets' stacks, each once
 
     def close(self) -> None:
         self.memory.close()
@@ -259,6 +260,7 @@ class GoProcess:
             if body is None:
                 return out, False
             stack = struct.unpack_from(f"<{nstk}Q", body)
+            stack = self.stacks.setdefault(stack, stack)  # one tuple per stack over the run's reads
             allocs, frees, alloc_bytes, free_bytes = struct.unpack_from("<4Q", body, nstk * 8)
             out.append(Bucket(stack, size, allocs, frees, alloc_bytes, free_bytes))
             at = allnext

@@ -13,11 +13,13 @@ ranges, is found as the runtime's own record that points at the header."""
 
 from __future__ import annotations
 
+import array
 import bisect
 import functools
 import mmap
 import os
 import struct
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from elftools.common.exceptions import ELFError
@@ -92,7 +94,10 @@ class GoTable:
         self.header = section["sh_addr"] if section is not None else self._find_header()
         self._parse_header()
         self.moduledata = self._find_moduledata()
-        self._entries = [self._u32(self._ftab + 8 * i) + self.text_start for i in range(self.nfunc + 1)]
+        # one machine word each, not a Python int (a large program has ~100k functions)
+        self._entries = array.array(
+            "Q", (self._u32(self._ftab + 8 * i) + self.text_start for i in range(self.nfunc + 1))
+        )
 
     # --- the file ---------------------------------------------------------------------------
     def read(self, vaddr: int, size: int) -> bytes | None:
@@ -179,13 +184,38 @@ class GoTable:
     def function_name(self, i: int) -> str:
         return self.name_at(self._func(i)[1][1])
 
-    @functools.cached_property
-    def by_name(self) -> dict[str, int]:
-        """Function name -> entry address (the first of a name: a few runtime names repeat)."""
+    def entries_of(self, names: Iterable[str]) -> dict[str, int]:
+        """The entry address of each function named that the table has (the first function of a
+        name: a few runtime names repeat). One pass over the functions' name offsets, matched
+        against where the names lie in the name table: no name of the others is read or kept (a
+        dict of every name, read through the cached _func records, kept one record per function of
+        a large program: prometheus's tens of thousands)."""
+        start, end = self._file_offset(self._names), self._file_offset(self._cutab)
+        wanted: dict[int, str] = {}  # offsets in the name table -> the name there
+        for name in names:
+            needle = name.encode() + b"\0"
+            at = self._map.find(needle, start, end)
+            while at >= 0:
+                if at == start or self._map[at - 1] == 0:  # a whole name, not another's tail
+                    wanted[at - start] = name
+                at = self._map.find(needle, at + 1, end)
         out: dict[str, int] = {}
+        if not wanted:
+            return out
+        ftab = self._file_offset(self._ftab)
         for i in range(self.nfunc):
-            out.setdefault(self.function_name(i), self._entries[i])
+            func = self._ftab + struct.unpack_from("<I", self._map, ftab + 8 * i + 4)[0]
+            nameoff = struct.unpack_from("<i", self._map, self._file_offset(func) + 4)[0]  # _func.nameOff
+            name = wanted.get(nameoff)
+            if name is not None and name not in out:
+                out[name] = self._entries[i]
         return out
+
+    def _file_offset(self, vaddr: int) -> int:
+        for base, offset, filesz in self._loads:
+            if base <= vaddr < base + filesz:
+                return offset + vaddr - base
+        raise PclntabError(f"{self.path}: pclntab address {vaddr:#x} outside the file")
 
     def function_end(self, entry: int) -> int:
         i = self.function_index(entry)

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
-from memdiag.probes.goheap import run
+from memdiag.probes.goheap import _points, _read, run
 from memdiag.probes.golayout import layout_for, load_target
 from memdiag.probes.gomemory import GoProcess, scaled
 from memdiag.probes.gopclntab import GoTable
@@ -88,6 +88,13 @@ def test_the_runtimes_variables_found_in_its_code_are_the_symbol_tables(root_req
     for name, recipe in L.recipes.items():
         assert load_target(table, recipe) == table.symtab[name], name
     assert table.moduledata.address == table.symtab["runtime.firstmoduledata"]
+    # functions found by name without a table of every name: the ELF symbol table's addresses
+    with open(table.path, "rb") as f:
+        funcs = {s.name: s["st_value"] for s in ELFFile(f).get_section_by_name(".symtab").iter_symbols()}
+    wanted = ["main.main", "runtime.mallocgc", "runtime.MemProfile", "runtime.gcStart", "no.such.function"]
+    found = table.entries_of(wanted)
+    assert found == {n: funcs[n] for n in wanted if n in funcs}, found
+    assert ("runtime.MemProfile" in found) == ("noprofile" not in flags)  # the linker drops it when unreferenced
 
 
 def _runtime_frames(binary: Path) -> tuple[subprocess.Popen, list[tuple[int, str, int]]]:
@@ -262,3 +269,21 @@ def test_reads_stop_at_what_the_budget_leaves(workload):
     assert r.backed_off and r.status == "partial" and len(r.read_times) == 1
     assert "stopped early: the next read would take its reads' time past what the budget leaves" in r.reason
     assert r.duration_s < 5
+
+
+def test_reads_between_gcs_keep_no_buckets_of_their_own(workload):
+    """The profile is published at GCs: a read in the same cycle as the last one kept repeats it, and
+    memdiag keeps none of its buckets (prometheus: +134 MiB of memdiag's RSS over a window of reads)."""
+    w = workload("goerrmap", "400", "3", "16384")
+    proc = GoProcess(w.pid)
+    try:
+        snaps, why = _read(proc, Target.for_pid(w.pid), 4, 0.2, time.monotonic, None)
+    finally:
+        proc.close()
+    assert why == "" and len(snaps) >= 10, why
+    kept = [s for s in snaps if s.buckets]
+    assert [s.cycle for s in kept] == sorted({s.cycle for s in snaps})  # the first read of each cycle
+    assert len(kept) < len(snaps)  # GCs come slower than five reads a second
+    assert _points(snaps) == kept
+    stacks = {id(b.stack) for s in kept for b in s.buckets}
+    assert len(stacks) == len({b.stack for s in kept for b in s.buckets})  # each stack one tuple over the reads
