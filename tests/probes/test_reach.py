@@ -130,9 +130,12 @@ def test_a_one_gib_target_is_priced_skipped_over_budget_and_measured_when_allowe
     r = memleak.run(Target.for_pid(w.pid), 3, scan_reach=True, reach_allowed_ms=50)
     scan = r.reach_scan
     assert scan.status == "skipped" and scan.paused_ms is None
-    assert scan.planned_bytes >= 1 << 30 and scan.priced_ms > 50
-    assert "> 50 ms allowed" in scan.reason and "MiB of writable memory" in scan.reason
-    assert "(sampled on the target)" in scan.reason
+    assert scan.planned_bytes >= 1 << 30, scan.reason  # the whole heap, walked or (cut short) estimated
+    if "walking the page map" in scan.reason:  # the walk alone passed 50 ms (a fresh machine's CI did)
+        assert "of anonymous memory resident to scan (its RssAnon, an estimate)" in scan.reason
+    else:
+        assert scan.priced_ms > 50 and "> 50 ms allowed" in scan.reason and "MiB of writable memory" in scan.reason
+        assert "(sampled on the target)" in scan.reason
     assert all(s.reach is None for s in r.stacks)
     r = _scan(w, seconds=3, allowed_ms=10_000)
     scan = r.reach_scan

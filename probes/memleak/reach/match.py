@@ -150,8 +150,14 @@ def _match_chunk(found: Found, match: Matcher, r: Region, ri: int, at: int, word
     # memleak attached)
     inside = (src >= 0) if r.tier == TIER_UNTRACKED else np.zeros(len(src), dtype=bool)
     found.credit(dst[~inside], r.tier, src_addr[~inside], ri)
-    if inside.any():
-        pairs = np.unique(np.stack((src[inside], dst[inside]), axis=1).astype(np.int32), axis=0)
+    # block-to-block references, each pair once: a block pointing into itself anchors nothing
+    # (graph.py), and CPython's objects point at one another inside one pymalloc arena for most of
+    # its words. One sort of (src << 32 | dst) keys, not numpy's unique(axis=0) (a row-wise sort:
+    # 97.5 ms against 2.2 ms for 65,536 pairs here, which held a Python heap's scan to ~46 MiB/s)
+    other = inside & (src != dst)
+    if other.any():
+        keys = np.unique((src[other].astype(np.int64) << 32) | dst[other].astype(np.int64))
+        pairs = np.stack(((keys >> 32).astype(np.int32), (keys & 0xFFFFFFFF).astype(np.int32)), axis=1)
         found.edges.append(pairs)
         found.edge_count += len(pairs)
         if found.edge_count > MAX_EDGES:

@@ -30,14 +30,19 @@ STOP_MS_PER_THREAD = 0.3  # seizing, interrupting, waiting for and detaching one
 PRIOR_BYTES_PER_S = 1 << 30
 
 
-def reserve_ms(pid: int) -> float | None:
-    """An estimate, before memleak attaches, of the pause a scan of pid at the trace's end would
-    cost: its resident anonymous memory at PRIOR_BYTES_PER_S, and the fixed part. None: unknown."""
+def _resident_anon(pid: int) -> int | None:
+    """pid's resident anonymous bytes (RssAnon), or None."""
     try:
         status = Path(f"/proc/{pid}/status").read_text()
     except OSError:
         return None
-    anon = next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("RssAnon:")), None)
+    return next((int(line.split()[1]) * 1024 for line in status.splitlines() if line.startswith("RssAnon:")), None)
+
+
+def reserve_ms(pid: int) -> float | None:
+    """An estimate, before memleak attaches, of the pause a scan of pid at the trace's end would
+    cost: its resident anonymous memory at PRIOR_BYTES_PER_S, and the fixed part. None: unknown."""
+    anon = _resident_anon(pid)
     if anon is None:
         return None
     return FIXED_MS + STOP_MS_PER_THREAD * len(thread_ids(pid)) + anon / PRIOR_BYTES_PER_S * 1000
@@ -79,6 +84,12 @@ def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None) -> P
     runs, swapped, too_long = _walk(pid, space, limit_ms)
     planned = sum(hi - lo for lo, hi in runs)
     if too_long is not None:
+        # the walk stopped part way: what it saw is not what a scan would read. The resident
+        # anonymous memory stands for that (an estimate; a cold run here walked 256 MiB of a 1 GiB heap)
+        resident = _resident_anon(pid)
+        if resident is not None and resident > planned:
+            planned = resident
+            too_long += f"; ~{fmt_mib(resident)} of anonymous memory resident to scan (its RssAnon, an estimate)"
         return Price(planned, swapped, None, fixed, len(blocks.starts), tls_bytes, refused=too_long)
     fixed += (time.monotonic() - t0) * 1000
     refused = _swap_refusal(pid, swapped)
