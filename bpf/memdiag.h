@@ -122,13 +122,15 @@ struct py_proc {
 	u16 frame_instr;    /* _PyInterpreterFrame.prev_instr (3.13: instr_ptr) */
 	u16 frame_entry;    /* _PyInterpreterFrame.is_entry (3.11); PY_NO_FIELD after */
 	u16 frame_owner;    /* _PyInterpreterFrame.owner */
+	u16 frame_globals;  /* _PyInterpreterFrame.f_globals */
 	u8 owner_cstack;    /* FRAME_OWNED_BY_CSTACK (3.12+: a shim between C calls); PY_NO_OWNER before */
-	u8 pad[3];
+	u8 pad[1];
 };
 
 struct py_frame {
-	u64 code;  /* the PyCodeObject * (user space checks its type before reading it) */
-	u64 instr; /* the frame's instruction pointer, | PY_LAST_IN_CALL */
+	u64 code;    /* the PyCodeObject * (user space checks its type before reading it) */
+	u64 instr;   /* the frame's instruction pointer, | PY_LAST_IN_CALL */
+	u64 globals; /* the frame's globals dict: a module's, or one exec() ran code in (twistd's .tac) */
 };
 
 struct py_stack {

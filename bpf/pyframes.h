@@ -7,9 +7,10 @@
  * From the thread state of the current thread (found by its native_thread_id in the
  * interpreter's list, not as the GIL's holder: a thread calling C through ctypes has released
  * the GIL and still has its frames), the innermost _PyInterpreterFrame, then each `previous`:
- * each frame's code object pointer and instruction pointer, nothing else. User space checks that
- * the code pointer is a code object (its type is PyCode_Type) before it reads a name, so a torn
- * or reused frame gives no frame, never a wrong one. */
+ * each frame's code object pointer, instruction pointer and globals dict, nothing else. User
+ * space checks that the code pointer is a code object (its type is PyCode_Type) before it reads
+ * a name, and that the globals are a dict before it reads them, so a torn or reused frame gives
+ * no frame, never a wrong one. */
 #ifndef PYFRAMES_H
 #define PYFRAMES_H
 
@@ -122,6 +123,7 @@ static __always_inline u64 py_walk(const struct py_proc *p, u64 ts, struct py_sc
 			instr |= PY_LAST_IN_CALL;
 		st->frames[depth & (PY_MAX_FRAMES - 1)].code = code;
 		st->frames[depth & (PY_MAX_FRAMES - 1)].instr = instr;
+		st->frames[depth & (PY_MAX_FRAMES - 1)].globals = py_buf_u64(s->frame, p->frame_globals);
 		st->depth = depth + 1;
 		h = (h ^ code) * PY_FNV_PRIME;
 		h = (h ^ instr) * PY_FNV_PRIME;

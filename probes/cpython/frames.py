@@ -254,15 +254,34 @@ class PythonStacks:
             return ("python", frames[0] if by_entry else "", *frames[first:])
         return tuple(frames)
 
-    def namer(self, pid: int) -> Callable[[int, int, int], str | None] | None:
+    def namer(self, pid: int, bpf=None) -> Callable[[int, int, int], str | None] | None:
         """What names a held block in Python's terms for the reachability scan: (address of the
-        word that points at it, its start, its size) -> "`__main__.failed` (a list)" or None."""
+        word that points at it, its start, its size) -> "`__main__.failed` (a list)" or None. With
+        the probe's program (bpf), the globals of the frames its walk recorded are indexed too."""
         target = self.targets.get(pid)
         if target is None:
             return None
         if target.holders is None:
-            target.holders = Holders(target.proc, target.memory)
+            seen = self.frame_globals(bpf, pid, target) if bpf is not None else {}
+            target.holders = Holders(target.proc, target.memory, frame_globals=seen)
         return target.holders.name
+
+    def frame_globals(self, bpf, pid: int, target: _Target) -> dict[int, str | None]:
+        """The globals dicts of pid's recorded frames -> the file of a frame that ran with them."""
+        out: dict[int, str | None] = {}
+        try:
+            records = bpf["pystacks"].items()
+        except KeyError:
+            return out
+        for key, record in records:
+            if getattr(key, "tgid", pid) != pid:
+                continue
+            for i in range(min(record.depth, len(record.frames))):
+                frame = record.frames[i]
+                if frame.globals and frame.globals not in out:
+                    code = target.codes.code(frame.code)
+                    out[frame.globals] = code.filename if code is not None else None
+        return out
 
     def reading(self) -> PythonReading:
         cost = self.cost()

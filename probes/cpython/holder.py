@@ -6,11 +6,15 @@ The object around a word is found from pymalloc's pool header (objects of 512 by
 in 16 KiB pools of one size class) and checked: its type pointer must point at a type (a type's
 own type is `type`, or a metaclass whose type is). The globals come from sys.modules: every
 module's dict, the items of each global list, tuple, set or dict and those of the containers
-among them (a dict of dicts: a cache's entries), indexed once per scan within a bound of bytes
-read (Memory.max_bytes). A word that is in none of them is not named."""
+among them (a dict of dicts: a cache's entries), and the containers a module's own classes hold
+as class attributes (`orders.Orders.failed`). Then the globals of the frames the BPF walk
+recorded that no module holds: a file exec() ran in a dict of its own, as `twistd -y` runs a .tac
+("`failed` (a list, a global of leakyweb.tac run by exec())"). Indexed once per scan within a
+bound of time and bytes read (INDEX_SECONDS, INDEX_BYTES). A word in none of them is not named."""
 
 from __future__ import annotations
 
+import os
 import struct
 import time
 from dataclasses import dataclass
@@ -28,8 +32,10 @@ from .layout import (
     SMALL_MAX,
     TPFLAGS_DICT_SUBCLASS,
     TPFLAGS_HAVE_GC,
+    TPFLAGS_HEAPTYPE,
     TPFLAGS_LIST_SUBCLASS,
     TPFLAGS_TUPLE_SUBCLASS,
+    TPFLAGS_TYPE_SUBCLASS,
 )
 from .memory import Memory
 from .target import PythonProcess
@@ -47,13 +53,23 @@ _ARTICLE = {"list": "a list", "tuple": "a tuple", "dict": "a dict", "set": "a se
 class _Global:
     name: str  # module.attribute
     kind: str  # its type's name
+    where: str = ""  # a namespace exec() ran code in, not a module: what it ran ("leakyweb.py")
 
 
 class Holders:
     """Module globals of one CPython process, and the objects and item arrays they hold."""
 
-    def __init__(self, proc: PythonProcess, memory: Memory, seconds: float = INDEX_SECONDS):
+    def __init__(
+        self,
+        proc: PythonProcess,
+        memory: Memory,
+        seconds: float = INDEX_SECONDS,
+        frame_globals: dict[int, str | None] | None = None,
+    ):
         self.proc, self.mem, self.lay = proc, memory, proc.layout
+        # the globals of the frames the walk recorded -> the file of a frame that ran with them: the
+        # ones no module owns are namespaces exec() ran code in (twistd -y runs a .tac so)
+        self.frame_globals = frame_globals or {}
         self.codes = Codes(proc, memory)
         self.seconds = seconds  # the index stops there (partial: a holder may be missed, never invented)
         self.partial = False
@@ -155,17 +171,34 @@ class Holders:
         self._start_bytes = self.mem.bytes
         interp = mem.u64(self.proc.interpreters_head)
         modules = mem.u64(interp + lay.interp_modules) if interp else None
+        # (name, address, defining module, exec'd namespace) of every global that may be a class
+        classes: list[tuple[str, int, str | None, str]] = []
+        module_dicts: set[int] = set()
         for key, module in self.dict_items(modules or 0):
             modname = self.codes.string(key)
             if modname is None or mem.u64(module + lay.ob_type) != self.proc.types.get("PyModule_Type"):
                 continue
-            for k, value in self.dict_items(mem.u64(module + lay.module_dict) or 0):
-                if self._late():
-                    break
-                attr = self.codes.string(k)
-                if attr is None or (attr.startswith("__") and attr.endswith("__")):
-                    continue  # __builtins__, __loader__, ...: the interpreter's, not the program's
-                self._add(f"{modname}.{attr}", value)
+            d = mem.u64(module + lay.module_dict) or 0
+            module_dicts.add(d)
+            classes += self._add_namespace(d, modname, "")
+        for d, ran in self.frame_globals.items():
+            if d in module_dicts or self._late():
+                continue
+            t = self.type_of(d)
+            if t is None or not t[1] & TPFLAGS_DICT_SUBCLASS:
+                continue  # not a dict (a torn frame): nothing is read of it
+            name = self._global_str(d, "__name__")
+            where = name or os.path.basename(self._global_str(d, "__file__") or ran or "") or "code exec() ran"
+            classes += self._add_namespace(d, None, where, name)
+        # a class's own containers (`class Orders: failed = []`), under the module that defines it
+        # (one imported elsewhere by name is the same class, named once)
+        seen: set[int] = set()
+        for name, cls, modname, where in classes:
+            if self._late():
+                break
+            if cls not in seen:
+                seen.add(cls)
+                self._add_class(name, cls, modname, where)
         # then the containers inside global containers, once every global's own items are in
         for items, g in list(self._held):
             if len(items) <= MAX_DESCEND and not self._late():
@@ -176,14 +209,58 @@ class Holders:
         order = np.argsort(addr, kind="stable")
         self._addr, self._who = addr[order], owner[order]
 
-    def _add(self, name: str, value: int) -> None:
+    def _add_namespace(
+        self, d: int, modname: str | None, where: str, name: str | None = None
+    ) -> list[tuple[str, int, str | None, str]]:
+        """A module's or an exec'd namespace's globals, indexed; the ones that may be classes."""
+        classes = []
+        for k, value in self.dict_items(d):
+            if self._late():
+                break
+            attr = self.codes.string(k)
+            if attr is None or (attr.startswith("__") and attr.endswith("__")):
+                continue  # __builtins__, __loader__, ...: the interpreter's, not the program's
+            full = f"{modname}.{attr}" if modname else attr
+            self._add(full, value, where)
+            classes.append((full, value, modname or name, where))
+        return classes
+
+    def _global_str(self, d: int, key: str) -> str | None:
+        """The str a namespace holds under key (`__name__`, `__file__`), or None."""
+        for k, v in self.dict_items(d):
+            if self.codes.string(k) == key:
+                return self.codes.string(v)
+        return None
+
+    def _add(self, name: str, value: int, where: str = "") -> None:
         t = self.type_of(value)
         if t is None:
             return
         g = len(self._globals)
-        self._globals.append(_Global(name, t[0]))
+        self._globals.append(_Global(name, t[0], where))
         self._by_address.setdefault(value, g)
         self._held.append((self.items(value, t, g), g))
+
+    def _add_class(self, name: str, cls: int, modname: str | None, where: str = "") -> None:
+        """The containers among a class's own attributes, as `module.Class.attribute`."""
+        lay, mem = self.lay, self.mem
+        t = self.type_of(cls)
+        if t is None or not t[1] & TPFLAGS_TYPE_SUBCLASS:
+            return  # not a class
+        flags = mem.u64(cls + lay.tp_flags) or 0
+        if not flags & TPFLAGS_HEAPTYPE:
+            return  # a static type of the interpreter's or an extension's: not the program's
+        attrs = {self.codes.string(k): v for k, v in self.dict_items(mem.u64(cls + lay.type_dict) or 0)}
+        if "__module__" in attrs and modname is not None and self.codes.string(attrs["__module__"]) != modname:
+            return  # imported into this module: its own module names it
+        for attr, value in attrs.items():
+            if attr is None or (attr.startswith("__") and attr.endswith("__")) or self._late():
+                continue
+            inner = self.type_of(value)
+            if inner is not None and (
+                inner[1] & _CONTAINERS or mem.u64(value + lay.ob_type) == self.proc.types.get("PySet_Type")
+            ):
+                self._add(f"{name}.{attr}", value, where)
 
     def _descend(self, items, g: int) -> None:
         """The items of the containers among a global container's items (a dict of dicts: a
@@ -267,4 +344,4 @@ class Holders:
 
 def _said(g: _Global) -> str:
     article = _ARTICLE.get(g.kind) or ("an " if g.kind[:1].lower() in "aeiou" else "a ") + g.kind
-    return f"`{g.name}` ({article})"
+    return f"`{g.name}` ({article}, a global of {g.where} run by exec())" if g.where else f"`{g.name}` ({article})"

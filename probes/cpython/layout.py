@@ -7,7 +7,7 @@ holder of a block is named from (type, list, dict, module, str, bytes).
 (target.py checks every process against its table before anything is walked). 3.13 publishes
 _Py_DebugOffsets at the start of _PyRuntime (Include/internal/pycore_runtime.h, the struct py-spy
 and the OpenTelemetry profiler read); the fields it does not carry (dict internals, module
-objects, string headers) are unchanged from 3.12 in 3.13.0's DWARF. Any other version is
+objects, string headers, a frame's f_globals) are unchanged from 3.12 in 3.13.0's DWARF. Any other version is
 unsupported: its layout is unknown, so nothing of it is read (never a guess)."""
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ PY_FRAME_READ = 72
 TPFLAGS_HAVE_GC = 1 << 14
 TPFLAGS_LIST_SUBCLASS, TPFLAGS_TUPLE_SUBCLASS = 1 << 25, 1 << 26
 TPFLAGS_DICT_SUBCLASS, TPFLAGS_TYPE_SUBCLASS = 1 << 29, 1 << 31
+TPFLAGS_HEAPTYPE = 1 << 9  # a class made at run time (a `class` statement), not one of C's static types
 DICT_KEYS_GENERAL = 0  # dk_kind: entries of (hash, key, value); other kinds hold (key, value)
 # pymalloc (Objects/obmalloc.c) on 64-bit builds with its radix tree (3.10+): 1 MiB arenas of
 # 16 KiB pools, each opened by a 48-byte pool_header, blocks in 16-byte size classes up to 512.
@@ -60,6 +61,7 @@ class Layout:
     frame_is_entry: int | None  # 3.11 only
     frame_owner: int
     owner_cstack: int | None  # FRAME_OWNED_BY_CSTACK (3.12+)
+    frame_globals: int  # f_globals
     # PyCodeObject
     code_filename: int
     code_name: int
@@ -109,12 +111,14 @@ class Layout:
             "frame_instr": self.frame_instr,
             "frame_entry": none if self.frame_is_entry is None else self.frame_is_entry,
             "frame_owner": self.frame_owner,
+            "frame_globals": self.frame_globals,
             "owner_cstack": PY_NO_OWNER if self.owner_cstack is None else self.owner_cstack,
         }
 
     def frame_fields_fit(self) -> bool:
         """Every frame field walked lies in the PY_FRAME_READ bytes the BPF walk reads."""
         fields = [(self.frame_code, 8), (self.frame_previous, 8), (self.frame_instr, 8), (self.frame_owner, 1)]
+        fields.append((self.frame_globals, 8))
         if self.frame_is_entry is not None:
             fields.append((self.frame_is_entry, 1))
         return all(off + size <= PY_FRAME_READ for off, size in fields)
@@ -137,6 +141,7 @@ _PY311 = Layout(
     frame_is_entry=68,
     frame_owner=69,
     owner_cstack=None,
+    frame_globals=8,
     code_filename=112,
     code_name=120,
     code_qualname=128,
@@ -163,6 +168,7 @@ _PY312 = Layout(
     frame_is_entry=None,
     frame_owner=70,
     owner_cstack=3,
+    frame_globals=24,
     code_filename=112,
     code_name=120,
     code_qualname=128,

@@ -331,14 +331,14 @@ class _Session:
             allowed = left_ms if allowed is None else min(allowed, left_ms)
         with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
             found, per_group = scan(
-                target.pid, read, allowed, interrupted, self._namer(target.pid), self.info["allocator"]
+                target.pid, read, allowed, interrupted, self._namer(target.pid, bpf), self.info["allocator"]
             )
         self.scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         self.scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}
 
-    def _namer(self, pid: int):
+    def _namer(self, pid: int, bpf):
         """What names a held block in the runtime's terms: CPython's objects, V8's heap; or None."""
-        return self.python.namer(pid) or v8_namer(pid)
+        return self.python.namer(pid, bpf) or v8_namer(pid)
 
     def _oldest(self, bpf) -> tuple[dict[tuple, int], int]:
         """The oldest outstanding allocation's timestamp per stack key, and how many are outstanding."""

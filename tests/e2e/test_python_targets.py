@@ -1,6 +1,7 @@
 """CPython targets named in Python's terms, end to end on Debian's /usr/bin/python3.11: the BPF walk
 records the Python frames at each allocation, mmap and page fault, so the verdict names the Python
-function and line, the holder of held growth is the global that holds it, a C library's leak
+function and line, the holder of held growth is the global that holds it (a module's, or one of
+a file exec() ran, as twistd runs a .tac), a C library's leak
 through ctypes is named with its Python caller, and small objects (pymalloc's arenas, never
 malloc'd) are attributed to the line that makes them. The lines are found in the workloads'
 sources, never written here. And a real daemon of the distribution: graphite-carbon's
@@ -55,6 +56,18 @@ def test_an_error_branch_keeping_payloads_names_the_python_line_and_the_global(m
     assert "interpreter" in kinds.values()  # the interpreter's frames stay, passed over
     assert any("bound what `__main__.failed` (a list) holds" in s for s in rep["next_steps"])
     _no_python_tool_advice(rep)
+
+
+def test_a_global_of_a_file_exec_ran_is_named_as_twistd_runs_a_tac(memdiag, workload, tmp_path):
+    """`twistd -y` exec()s its .tac in a plain dict: no module holds the list the growth is in, the
+    globals of the frames the walk recorded do."""
+    w = workload("pytac", "200")
+    rep = _diagnose(memdiag, tmp_path, w.pid)
+    v = rep["verdict"]
+    line = _line("orders.tac", "payload = bytearray(16384)")
+    assert v["kind"] == "growth", v["summary"]
+    assert v["culprit"]["function"] == f"handle_order (orders.tac:{line})"
+    assert "reachable from `failed` (a list, a global of orders.tac run by exec())" in v["summary"], v["summary"]
 
 
 def test_a_leak_in_c_called_through_ctypes_names_the_c_function_and_its_python_caller(memdiag, workload, tmp_path):

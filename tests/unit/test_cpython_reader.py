@@ -152,3 +152,59 @@ def test_the_deepest_python_stack_is_read_to_price_the_walk():
     finally:
         proc.kill()
         proc.wait()
+
+
+HOLDERS = """
+import ctypes, os, sys
+class Retry:
+    queue = []  # the class's own list
+TAC = '''
+kept = []
+def handle_order(i):
+    kept.append(bytearray(16384))
+'''
+def load():  # as twistd -y runs a .tac: exec()'d in a dict, never a module, held by what it made
+    ns = {"__file__": "/srv/orders.tac"}
+    exec(compile(TAC, "/srv/orders.tac", "exec"), ns)
+    return ns["handle_order"]
+handle = load()
+def buffer(ba):
+    return ctypes.addressof((ctypes.c_char * len(ba)).from_buffer(ba))
+for i in range(40):
+    Retry.queue.append(bytearray(16384))
+    handle(i)
+def show():  # the two bytearrays held only by their lists: no global of their own
+    ns = handle.__globals__
+    q, k = Retry.queue[7], ns["kept"][7]
+    print(os.getpid(), id(q), buffer(q), id(k), buffer(k), id(ns), id(globals()), flush=True)
+show()
+sys.stdin.read()
+"""
+
+
+def test_a_class_attribute_and_a_global_of_code_exec_ran_are_named_as_holders():
+    """A class's own list is `module.Class.attribute`; a namespace exec() ran code in (twistd's .tac)
+    is named where the walk recorded a frame running with it, by what it ran, never otherwise."""
+    proc = subprocess.Popen([PYTHON, "-c", HOLDERS], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        pid, q, q_buf, k, k_buf, ns, main = (int(x) for x in proc.stdout.readline().split())
+        with Memory(pid) as mem:
+            found, why = locate(pid, AddressSpace.of(pid), mem)
+            assert found is not None, why
+            lay = found.layout
+            # the main thread's frame (<module>, in sys.stdin.read()) runs with __main__'s globals:
+            # the offset the BPF walk reads f_globals at
+            interp = mem.u64(found.interpreters_head)
+            tstate = mem.u64(interp + lay.interp_threads_head)
+            frame = mem.u64(tstate + lay.tstate_frame)
+            frame = mem.u64(frame + lay.cframe_current_frame) if lay.cframe_current_frame is not None else frame
+            assert mem.u64(frame + lay.frame_globals) == main
+            modules_only = Holders(found, mem)
+            assert modules_only.name(q + 32, q_buf) == "`__main__.Retry.queue` (a list)"
+            assert modules_only.name(k + 32, k_buf) is None  # no module holds the namespace
+            with_frames = Holders(found, mem, frame_globals={ns: "/srv/orders.tac", main: "<string>"})
+            assert with_frames.name(k + 32, k_buf) == "`kept` (a list, a global of orders.tac run by exec())"
+            assert with_frames.name(q + 32, q_buf) == "`__main__.Retry.queue` (a list)"  # a module's: as before
+    finally:
+        proc.kill()
+        proc.wait()
