@@ -19,8 +19,8 @@ if [ $rc -eq 5 ]; then
 fi
 # The second-kernel lane (scripts/vm.sh: Debian's stock kernel, cgroup v2 only, under qemu) after the
 # main suite, on by default (MEMDIAG_LANE=off leaves it out); only a whole-suite run takes it. Its time
-# here: about 23-27 min cold (packages, root, bcc compiling in the guest), 16-19 min with its root and
-# state cached (18 min 28 s at stop 32: the guest's tests 927 s). Where the main suite left too little of CI's limit (MEMDIAG_CI_LIMIT_MIN, 90) for it, it
+# here: 25.3 min cold (packages, root, bcc compiling in the guest; a new machine's run at stop 34 took
+# 81.6 min in all), 16-19 min with its root and state cached (18 min 28 s at stop 32). Where the main suite left too little of CI's limit (MEMDIAG_CI_LIMIT_MIN, 90) for it, it
 # does not start and says so: a run over the limit fails whatever it found.
 lane="${MEMDIAG_LANE:-on}"
 case "$lane" in on | off) ;; *) echo "test: MEMDIAG_LANE must be on or off, not '$lane'" >&2; exit 2 ;; esac
