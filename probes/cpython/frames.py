@@ -266,6 +266,12 @@ class PythonStacks:
             target.holders = Holders(target.proc, target.memory, frame_globals=seen)
         return target.holders.name
 
+    def own_modules(self, pid: int) -> frozenset[str]:
+        """The interpreter's module in pid (whose static data are its own records: pymalloc's arenas
+        array and usedpools, free lists), or none where pid's Python is not read."""
+        target = self.targets.get(pid)
+        return frozenset((target.proc.module,)) if target is not None else frozenset()
+
     def frame_globals(self, bpf, pid: int, target: _Target) -> dict[int, str | None]:
         """The globals dicts of pid's recorded frames -> the file of a frame that ran with them."""
         out: dict[int, str | None] = {}

@@ -331,7 +331,13 @@ class _Session:
             allowed = left_ms if allowed is None else min(allowed, left_ms)
         with phase("reach scan (memleak attached, the target's threads stopped by ptrace)"):
             found, per_group = scan(
-                target.pid, read, allowed, interrupted, self._namer(target.pid, bpf), self.info["allocator"]
+                target.pid,
+                read,
+                allowed,
+                interrupted,
+                self._namer(target.pid, bpf),
+                self.info["allocator"],
+                self.python.own_modules(target.pid),
             )
         self.scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         self.scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}

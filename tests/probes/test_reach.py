@@ -236,3 +236,17 @@ def test_call_paths_through_one_wrapper_stay_apart_without_frame_pointers(worklo
     assert take.reach.anchored_count <= 2 and 4.0 <= take.allocs / take.reach.leaked_count <= 6.0
     held = [s for s in r.stacks if "append(long)" in s.functions and "take(long)" not in s.functions]
     assert sum(s.reach.anchored_count for s in held) >= 100 and sum(s.reach.leaked_count for s in held) == 0
+
+
+def test_python_arenas_are_held_by_the_global_not_by_pymalloc_records(workload):
+    # 80,000 small objects a second: pymalloc's array of arena records grows by realloc while
+    # memleak traces (so it is a tracked block, and the arrays it left behind keep their records),
+    # and the eval loop's C frames point at the newest arena. Both once named the holder of every
+    # arena ("`arenas` in libpython's .bss", "the stack of thread N, in clock_nanosleep()").
+    w = workload("pysmall", "80000")
+    r = _scan(w)
+    arenas = [s for s in r.stacks if s.frames and s.frames[0].startswith("mmap") and s.reach]
+    held = sum(s.reach.anchored_bytes for s in arenas)
+    assert held >= 8 * MiB, [(s.frames[:3], s.reach) for s in r.stacks]
+    named = sum(s.reach.anchor_bytes for s in arenas if s.reach.anchor == "`__main__.seen` (a list)")
+    assert named * 10 >= held * 9, [(s.reach.anchor, s.reach.anchor_bytes) for s in arenas]

@@ -1,6 +1,7 @@
 """jemalloc's base blocks (its records of every extent) are recognised by their own header and kept
 out of the roots; words that only look like one are not. On a synthetic image of the target's memory
-(a file read at the addresses the regions give, as /proc/PID/mem is)."""
+(a file read at the addresses the regions give, as /proc/PID/mem is). CPython's arena records
+(pymalloc's arena_object) are matched in the words being scanned, on a CPython target only."""
 
 import os
 import struct
@@ -63,3 +64,53 @@ def test_only_under_jemalloc_and_only_in_untracked_anonymous_memory(tmp_path):
     assert _find(fd, [_anon()], allocator="glibc").ranges == ()
     assert _find(fd, [_anon(tier=TIER_STATIC)]).ranges == ()
     assert _find(fd, [_anon()]).ranges == ((a, a + 2 * MiB),)
+
+
+def _matcher(pymalloc: bool):
+    import numpy as np
+    from memdiag.probes.memleak.reach.match import Matcher
+    from memdiag.probes.memleak.reach.model import Blocks
+
+    starts = np.array([BASE + 0x2000, BASE + 0x102000], dtype=np.uint64)  # two 1 MiB arenas, page- not pool-aligned
+    sizes = np.array([MiB, MiB], dtype=np.uint64)
+    return Matcher(Blocks(starts, sizes, np.zeros(2, dtype=np.int64)), pymalloc)
+
+
+def test_pymalloc_arena_records_are_no_references_and_what_only_resembles_one_is():
+    import numpy as np
+
+    a, b = BASE + 0x2000, BASE + 0x102000
+    words = np.array(
+        [
+            # obmalloc.c's arena_object for a: address, pool_address (first 16 KiB boundary up, a
+            # full arena carved to its end), nfreepools 2 | ntotalpools 63 << 32, freepools, next, prev
+            a,
+            a + 0xFE000,
+            63 << 32 | 2,
+            a + 0x8000,
+            BASE + 0x300000,
+            0,
+            # a list's item array: objects inside b, never its first byte
+            b + 0x4030,
+            b + 0x4070,
+            # b's first byte followed by what no record holds: a pool address off a page, then too many pools
+            b,
+            b + 0x10,
+            63 << 32,
+            0,
+            b,
+            b + 0x4000,
+            300 << 32,
+            0,
+            b,
+            b + 0x4000,
+            2 << 32 | 5,
+            0,  # more free pools than pools
+        ],
+        dtype=np.uint64,
+    )
+    pos, dst = _matcher(True).hits(words)
+    assert pos.tolist() == [6, 7, 8, 9, 12, 13, 16, 17] and dst.tolist() == [1] * 8
+    # on any other target the same words are all references: a C program's own region records look so
+    pos, _ = _matcher(False).hits(words)
+    assert pos.tolist() == [0, 1, 3, 6, 7, 8, 9, 12, 13, 16, 17]

@@ -57,6 +57,7 @@ def scan(
     interrupted: Callable[[], bool] = lambda: False,
     namer: Callable[[int, int, int], str | None] | None = None,
     allocator: str | None = None,
+    runtime_modules: frozenset[str] = frozenset(),
 ) -> tuple[ReachScan, dict[int, StackReach]]:
     """Price, stop, read the blocks, scan, resume, classify. read_blocks(final) returns the
     outstanding blocks: once while the target runs (final False, to price the scan), once with it
@@ -64,7 +65,9 @@ def scan(
     no limit); the scan gives up, resumes the target and concludes nothing when it gets there, or
     when interrupted() says so (SIGINT, SIGTERM). namer(word address, block start, size): the holder
     of a block in the runtime's own terms (a CPython global: probes/cpython/holder.py), or None.
-    allocator: memleak's name for the target's allocator, whose own metadata is no root (allocmeta)."""
+    allocator: memleak's name for the target's allocator, whose own metadata is no root (allocmeta).
+    runtime_modules: the modules of the target's CPython, whose data are roots last and whose
+    allocator's arena records are no references (allocmeta.pymalloc_records)."""
     import numpy  # noqa: F401  (imported before the table read is timed: the import is not part of a pause)
 
     t = time.monotonic()
@@ -96,7 +99,7 @@ def scan(
     # died meanwhile (a zombie goes back to its parent), so nothing is left traced, whatever fails.
     worker = threading.Thread(
         target=_stop_and_scan,
-        args=(pid, read_blocks, allowed_ms, interrupted, est, box, allocator),
+        args=(pid, read_blocks, allowed_ms, interrupted, est, box, allocator, runtime_modules),
         name="memdiag-reach",
     )
     worker.start()
@@ -113,7 +116,9 @@ def scan(
     return _classify(box, info, namer)
 
 
-def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: dict, allocator=None) -> None:
+def _stop_and_scan(
+    pid, read_blocks, allowed_ms, interrupted, est: Price, box: dict, allocator=None, runtime_modules=frozenset()
+) -> None:
     t0 = time.monotonic()
 
     def stop_check(done: int) -> None:
@@ -134,12 +139,12 @@ def _stop_and_scan(pid, read_blocks, allowed_ms, interrupted, est: Price, box: d
                 return
             blocks = blocks.sort()
             space = AddressSpace(pid, parse_maps(Path(f"/proc/{pid}/maps").read_text()), root=f"/proc/{pid}/root")
-            regions = readable_regions(space, threads, est.tls_bytes, blocks)
+            regions = readable_regions(space, threads, est.tls_bytes, blocks, runtime_modules)
             meta = _allocator_metadata(pid, regions, allocator)
             regions = allocmeta.carve(regions, meta)
             box["meta"] = meta
             t_scan = time.monotonic()
-            found = scan_memory(pid, blocks, regions, threads, stop_check)
+            found = scan_memory(pid, blocks, regions, threads, stop_check, pymalloc=bool(runtime_modules))
             scan_s = time.monotonic() - t_scan
         box.update(threads=threads, blocks=blocks, space=space, regions=regions, found=found, scan_s=scan_s)
     except Exception as e:  # handed to the caller's thread; the stop ends with this thread either way

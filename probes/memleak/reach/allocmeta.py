@@ -19,7 +19,19 @@ edata}, mapped HUGEPAGE-aligned; its edata describes the block's unused tail, e_
 block + size), read at every 2 MiB boundary of the untracked anonymous memory: five words whose
 sizes and addresses must agree with each other and with the mapping. Memory that happens to match
 would have to hold a 2 MiB-multiple, then two addresses inside itself whose sum with a third word
-is exactly its own end; nothing else is assumed about the layout."""
+is exactly its own end; nothing else is assumed about the layout.
+
+CPython's pymalloc keeps one record per arena (obmalloc.c's struct arena_object, unchanged from 2.5
+to 3.13: {address, pool_address, uint nfreepools, uint ntotalpools, freepools, nextarena, prevarena})
+in one array it grows with realloc: the record's first word is the arena's first byte, and the array
+left behind by each realloc keeps its records until its memory is reused. Scanned as memory, they
+anchored every arena a Python program filled, to the array or to whichever stack slot still held
+it ("`arenas` in libpython3.11.so.1.0's .bss", "the stack of thread N, in clock_nanosleep()" for a
+list of tuples that only a global held). A word is such a record's when it is exactly a block's
+start and the next words are a pool address inside that block on a page boundary (pymalloc carves
+pools from the first aligned one up) and two counts, free pools at most all pools, all pools at
+most a page per pool of the block. Matched in the chunk being scanned (match.py), only for a
+target whose CPython memdiag reads: a C program's own region records could look the same."""
 
 from __future__ import annotations
 
@@ -31,6 +43,8 @@ from .model import TIER_TLS, TIER_UNTRACKED
 from .regions import Region
 
 HUGEPAGE = 2 << 20  # x86-64's huge page: base blocks are mapped at this alignment (base.c base_map)
+ARENA_RECORD_INTO = (0, 1, 3)  # an arena record's words that point into its arena: address, pool_address, freepools
+ARENA_RECORD_PAGE = 4096  # pymalloc's pools are 4 KiB (to 3.9) or 16 KiB (3.10+): page-aligned either way
 HEADER = struct.Struct("<QQQQQ")  # size, next, edata.e_bits, edata.e_addr, edata.e_bsize
 MAX_BASE = 1 << 40  # a block size past this is not one
 BIN = struct.Struct("<QQHHH")  # cache_bin_t: stack_head, tstats.nrequests, low_water, full, empty (low bits)
@@ -138,6 +152,31 @@ def _base_block(read: Callable[[int, int], bytes], at: int, mapping_end: int) ->
     if not at + HEADER.size <= addr <= at + size or addr + bsize != at + size:
         return 0
     return size
+
+
+def pymalloc_records(words, pos, dst, starts, ends):
+    """Of the hits at words[pos] (pointing into blocks dst), those that are the address word of one
+    of pymalloc's arena records (a bool per hit): exactly the block's start, followed by a
+    page-aligned pool address inside it and the counts nfreepools <= ntotalpools <= its pages."""
+    import numpy as np
+
+    ok = (pos + 2 < len(words)) & (words[pos] == starts[dst])
+    if not ok.any():
+        return ok
+    at = np.minimum(pos + 1, len(words) - 2)
+    lo, hi = starts[dst], ends[dst]
+    pool, counts = words[at], words[at + 1]
+    free, total = counts & np.uint64(0xFFFFFFFF), counts >> np.uint64(32)
+    page = np.uint64(ARENA_RECORD_PAGE)
+    return (
+        ok
+        & (pool >= lo)
+        & (pool <= hi)
+        & (pool % page == 0)
+        & (total > 0)
+        & (free <= total)
+        & (total <= (hi - lo) // page)
+    )
 
 
 def carve(regions: list[Region], meta: Metadata) -> list[Region]:

@@ -15,7 +15,7 @@ from ...procmaps import AddressSpace
 from ...stacks import Symbolizer, demangle
 from ...unwind import StackSlice, unwind
 from .match import Found
-from .model import ANCHOR_KIND, TIER_REGISTER, TIER_STACK, TIER_STATIC, TIER_TLS, TIER_UNTRACKED
+from .model import ANCHOR_KIND, TIER_REGISTER, TIER_RUNTIME, TIER_STACK, TIER_STATIC, TIER_TLS
 from .regions import Region, tls_segment
 from .stop import Thread
 
@@ -47,7 +47,7 @@ def label(
         main = " (main thread)" if r.tid == space.pid else ""
         fn = _frame_name(space, threads[r.tid], addr, symbolizer)
         return kind, f"the stack of thread {r.tid}{main}" + (f", in {fn}()" if fn else "")
-    if tier == TIER_STATIC and r.module is not None:
+    if tier in (TIER_STATIC, TIER_RUNTIME) and r.module is not None:
         return kind, _static_name(space, r, addr)
     if tier == TIER_TLS and r.tid is not None:
         main = " (main thread)" if r.tid == space.pid else ""
@@ -58,9 +58,13 @@ def label(
 
 
 def runtime_label(block: int, found: Found, blocks, namer) -> tuple[str, str] | None:
-    """The holder of a seed block in the runtime's terms, where a word outside the tracked blocks
-    (untracked heap, a module's data) holds it and the runtime names that word's object."""
-    if namer is None or int(found.root_tier[block]) not in (TIER_UNTRACKED, TIER_STATIC):
+    """The holder of a seed block in the runtime's terms, where the runtime names the object of the
+    word that holds it (untracked heap, a module's data) or what the block itself holds (a pymalloc
+    arena: the global holding most of its objects). A stack word is tried too: the newest arena is
+    pointed at from the eval loop's C frames (the int it just made), and credited to the stack it
+    claimed every arena its objects link to ("the stack of thread N, in clock_nanosleep()" for a
+    list of tuples); a register names nothing the runtime knows."""
+    if namer is None or int(found.root_tier[block]) == TIER_REGISTER:
         return None
     name = namer(int(found.root_addr[block]), int(blocks.starts[block]), int(blocks.sizes[block]))
     return ("runtime", name) if name else None

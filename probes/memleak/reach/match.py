@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from . import allocmeta
 from .model import CHUNK, PAGE, TIER_NONE, TIER_REGISTER, TIER_STACK, TIER_UNTRACKED, Blocks, ScanAborted
 from .regions import Region, present_runs
 from .stop import Thread
@@ -45,7 +46,7 @@ class Matcher:
     """Finds, in a buffer of words, those that point into a block: a subtraction and one compare
     over the whole buffer (numpy), then a binary search for the few that fall in the blocks' span."""
 
-    def __init__(self, blocks: Blocks):
+    def __init__(self, blocks: Blocks, pymalloc: bool = False):
         import numpy as np
 
         self.np = np
@@ -54,6 +55,7 @@ class Matcher:
         self.lo = np.uint64(int(blocks.starts[0]))
         self.span = np.uint64(int(self.ends.max()) - int(blocks.starts[0]))
         self.tmp = np.empty(CHUNK // 8, dtype=np.uint64)
+        self.pymalloc = pymalloc  # a CPython target: its allocator's arena records are no references
 
     def hits(self, words) -> tuple:
         """(positions of the words that point into a block, which block each)."""
@@ -66,7 +68,13 @@ class Matcher:
         vals = words[pos]
         idx = np.searchsorted(self.starts, vals, side="right") - 1
         ok = (idx >= 0) & (vals < self.ends[np.maximum(idx, 0)])
-        return pos[ok], idx[ok]
+        pos, idx = pos[ok], idx[ok]
+        if self.pymalloc and pos.size:
+            rec = pos[allocmeta.pymalloc_records(words, pos, idx, self.starts, self.ends)]
+            if rec.size:  # the record's address, pool_address and freepools words all point into the arena
+                keep = ~np.isin(pos, np.concatenate([rec + k for k in allocmeta.ARENA_RECORD_INTO]))
+                pos, idx = pos[keep], idx[keep]
+        return pos, idx
 
     def owner(self, addresses) -> object:
         """The block that holds each address, or -1."""
@@ -97,7 +105,9 @@ def _read(mem: int, buf, at: int, size: int, found: Found) -> int:
     return size
 
 
-def scan_memory(pid: int, blocks: Blocks, regions: list[Region], threads: list[Thread], stop_check) -> Found:
+def scan_memory(
+    pid: int, blocks: Blocks, regions: list[Region], threads: list[Thread], stop_check, pymalloc: bool = False
+) -> Found:
     import numpy as np
 
     n = len(blocks.starts)
@@ -107,7 +117,7 @@ def scan_memory(pid: int, blocks: Blocks, regions: list[Region], threads: list[T
         root_region=np.full(n, -1, dtype=np.int32),
         root_tid=np.zeros(n, dtype=np.int64),
     )
-    match = Matcher(blocks)
+    match = Matcher(blocks, pymalloc)
     for t in threads:
         words = np.frombuffer(t.regs[: len(t.regs) // 8 * 8], dtype=np.uint64)
         _pos, dst = match.hits(words)

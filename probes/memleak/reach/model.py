@@ -18,20 +18,26 @@ PAGE = os.sysconf("SC_PAGE_SIZE")
 # in the CPU's cache below that).
 CHUNK = 512 << 10
 # Roots, in the order an anchor is credited: a named variable before a stack before memory memdiag
-# could not attribute (an anchor is what a reader can go and look at).
-TIER_STATIC, TIER_TLS, TIER_STACK, TIER_REGISTER, TIER_UNTRACKED, TIER_NONE = 0, 1, 2, 3, 4, 9
+# could not attribute (an anchor is what a reader can go and look at). Last, a runtime's own static
+# data: an interpreter's allocator records and caches point at every arena it keeps (CPython's
+# `arenas` array and usedpools), so credited before the objects that hold the program's data they
+# named the interpreter's bookkeeping as the holder ("`arenas` in libpython3.11.so.1.0's .bss" for a
+# list of tuples, whenever the array grew while memleak traced).
+TIER_STATIC, TIER_TLS, TIER_STACK, TIER_REGISTER, TIER_UNTRACKED, TIER_RUNTIME, TIER_NONE = 0, 1, 2, 3, 4, 5, 9
 ANCHOR_KIND = {
     TIER_STATIC: "static",
     TIER_TLS: "tls",
     TIER_STACK: "stack",
     TIER_REGISTER: "register",
     TIER_UNTRACKED: "untracked",
+    TIER_RUNTIME: "static",
 }
 ROOTS = (
     "registers and stacks (from the stack pointer up) of every thread, modules' .data/.bss, and all other "
     "readable writable memory outside the tracked blocks (heap allocated before memleak attached or held "
     "free by the allocator counts as live: a leak can be missed, never invented) but the allocator's own "
-    "records of its extents where memdiag recognises them (jemalloc's base blocks)"
+    "records of its extents where memdiag recognises them (jemalloc's base blocks, CPython's arena records); "
+    "an interpreter's own static data only where no other root holds a block"
 )
 CONSISTENCY = (
     "every thread stopped with ptrace (seize + interrupt) while memleak's table was read and memory scanned, "

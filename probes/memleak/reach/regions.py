@@ -12,7 +12,7 @@ from memdiag.system import arch
 
 from ...elf import elf_info
 from ...procmaps import AddressSpace, Mapping
-from .model import PAGE, TIER_STACK, TIER_STATIC, TIER_TLS, TIER_UNTRACKED
+from .model import PAGE, TIER_RUNTIME, TIER_STACK, TIER_STATIC, TIER_TLS, TIER_UNTRACKED
 from .stop import Thread
 
 PAGEMAP_WINDOW = 1 << 16  # pages of /proc/PID/pagemap read at a time (512 KiB: 256 MiB of address space)
@@ -29,9 +29,16 @@ class Region:
     module: str | None = None  # a module's writable data (file path as the process sees it)
 
 
-def readable_regions(space: AddressSpace, threads: list[Thread], tls_bytes: int = 0, blocks=None) -> list[Region]:
-    """Readable, writable mappings, each with the root tier its words count as."""
+def readable_regions(
+    space: AddressSpace, threads: list[Thread], tls_bytes: int = 0, blocks=None, runtime_modules=frozenset()
+) -> list[Region]:
+    """Readable, writable mappings, each with the root tier its words count as; the data of
+    runtime_modules (an interpreter's own) counts after every other root."""
     stacks = _stack_mappings(space, threads, blocks)
+
+    def static(path: str) -> int:
+        return TIER_RUNTIME if path in runtime_modules else TIER_STATIC
+
     out: list[Region] = []
     previous: Mapping | None = None
     for m in space.mappings:
@@ -44,13 +51,13 @@ def readable_regions(space: AddressSpace, threads: list[Thread], tls_bytes: int 
             t = stacks[m.start]
             out.append(Region(max(m.start, t.sp - arch.RED_ZONE), m.end, TIER_STACK, m, tid=t.tid))
         elif m.is_file and "s" not in m.perms:
-            out.append(Region(m.start, m.end, TIER_STATIC, m, module=m.path))
+            out.append(Region(m.start, m.end, static(m.path), m, module=m.path))
         elif not m.path and prev is not None and prev.is_file and "w" in prev.perms and prev.end == m.start:
             # .bss past the file's pages: only as far as the segment's p_memsz reaches; an anonymous
             # mapping the kernel happened to place right after it is not the module's
             bss_end = min(m.end, _segment_end(space, prev) or m.start)
             if bss_end > m.start:
-                out.append(Region(m.start, bss_end, TIER_STATIC, m, module=prev.path))
+                out.append(Region(m.start, bss_end, static(prev.path), m, module=prev.path))
             if bss_end < m.end:
                 out.append(Region(bss_end, m.end, TIER_UNTRACKED, m))
         else:
@@ -155,7 +162,7 @@ def _split_tls(regions: list[Region], threads: list[Thread], tls_bytes: int) -> 
         r = regions[i]
         floor = t.sp if r.mapping.start <= t.sp < r.mapping.end else r.mapping.start
         lo, hi = max(r.start, t.tp - tls_bytes, floor), min(r.end, t.tp + arch.TCB_BYTES)
-        if lo >= hi or r.tier == TIER_STATIC:  # a module's own data keeps its symbols
+        if lo >= hi or r.module is not None:  # a module's own data keeps its symbols
             continue
         parts = [Region(r.start, lo, r.tier, r.mapping, r.tid, r.module)] if r.start < lo else []
         parts.append(Region(lo, hi, TIER_TLS, r.mapping, tid=t.tid))
