@@ -24,6 +24,7 @@ from memdiag.probes.face import Budget, Context, Plan, ProbeResult, TrailItem
 from memdiag.probes.registry import REGISTRY
 from memdiag.rules.engine import Outcome, run_rules
 from memdiag.rules.model import FrameClass, Rule
+from memdiag.system import clock
 from memdiag.system.process import cpu_seconds
 from memdiag.system.runtime import read_runtime
 from memdiag.system.signals import INTERRUPTION, interrupted, phase
@@ -235,6 +236,7 @@ class Engine:
     def run(self) -> EngineResult:
         """Counters for the whole window; rules and probes in rounds after the first look; the
         verdict on everything gathered."""
+        clock.anchor()  # the host's clock read once for the window: its stamps then follow the monotonic clock
         sampler = Sampler(self.target, self.duration, self.interval, on_sample=self.on_sample).start()
         # Programs not compiled for this kernel yet are compiled while the counters are read, in
         # a child process: the probes then load bytecode and keep their whole share of the window.

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from memdiag.system import clock
 from memdiag.system.cgroup import CgroupMemory
 from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.process import ProcessMemory
@@ -87,7 +88,7 @@ class Sampler:
         self.thinned, self.thinned_before_s = 0, None
         self.processes_first: dict[int, ProcessMemory] = {}  # every process, at the first sample
         self.slab_first: list[SlabCache] | None = None
-        self.started = time.time()
+        self.started = clock.wall()
         self.exited_at: float | None = None
         self.interrupted = False
         self._stop = threading.Event()
@@ -122,14 +123,14 @@ class Sampler:
             self.join(0.05 if end is None else max(0.0, min(0.05, end - time.monotonic())))
 
     def run(self) -> Observation:
-        started_mono, self.started = time.monotonic(), time.time()
+        started_mono, self.started = time.monotonic(), clock.wall()
         self.slab_first = read_slabinfo(self.proc_root)
         try:
             while True:
                 try:
                     snap = take_snapshot(self.target, self.proc_root, jvm=self.jvm)
                 except TargetExited:
-                    self.exited_at = time.time()
+                    self.exited_at = clock.wall()
                     break
                 self._keep(snap)
                 elapsed = time.monotonic() - started_mono
@@ -168,7 +169,7 @@ class Sampler:
             target=self.target,
             requested_s=self.duration,
             started=self.started,
-            ended=time.time(),
+            ended=clock.wall(),
             snapshots=list(self.snapshots),
             thinned=self.thinned,
             thinned_before_s=self.thinned_before_s,

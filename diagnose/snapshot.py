@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+from memdiag.system import clock
 from memdiag.system.cgroup import BadCgroup, CgroupMemory, read_cgroup_memory
 from memdiag.system.jvm import JvmSample, read_jvm_sample
 from memdiag.system.meminfo import MemInfo, read_meminfo
@@ -62,7 +63,7 @@ def take_snapshot(target: Target, proc_root: Path = Path("/proc"), jvm: bool = F
     cgroup = read_target_cgroup(target)
     return Snapshot(
         t=time.monotonic(),
-        wall=time.time(),
+        wall=clock.wall(),
         meminfo=read_meminfo(proc_root),
         vmstat=read_vmstat(proc_root),
         psi=read_memory_pressure(proc_root),

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from memdiag.system import clock
 from memdiag.system.signals import INTERRUPTION, interrupted, main_thread, signals_caught
 from memdiag.system.target import Target
 
@@ -195,7 +196,7 @@ def run_for(
         if elapsed >= duration or stop.interrupted:
             return elapsed
         if not target.alive():
-            stop.target_exited_at = time.time()
+            stop.target_exited_at = clock.wall()
             return elapsed
         if on_tick is not None and on_tick(elapsed):
             stop.backed_off = True  # the caller asked to stop early (over its overhead budget)
@@ -208,7 +209,7 @@ def run_for(
 
 
 def unavailable(name: str, target: Target, reason: str) -> dict:
-    return dict(name=name, status="unavailable", reason=reason, target=target.describe(), started=time.time())
+    return dict(name=name, status="unavailable", reason=reason, target=target.describe(), started=clock.wall())
 
 
 def _control(bpf, value: int) -> None:
@@ -271,7 +272,7 @@ class Run:
 
 def run_probe(run: Run, target: Target, duration: float) -> ProbeResult:
     """The life of one probe run: check, load, aim at the target, wait, collect, detach."""
-    started = time.time()
+    started = clock.wall()
     mode = target_mode(target.kind, run.filtered)
     loaded = _load(run, target, mode, started)
     if isinstance(loaded, ProbeResult):

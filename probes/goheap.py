@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from memdiag.system.clock import wall
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_duration
 from pydantic import BaseModel, ConfigDict
@@ -109,7 +110,7 @@ def run(
     # here, not at the top: the registry imports this face for every target, native ones included
     from .gomemory import GoProcess, GoUnreadable
 
-    started = time.time()
+    started = wall()
     base = GoHeapResult(status="unavailable", target=target.describe(), started=started, method="")
     if target.kind != "pid" or target.pid is None:
         return base.model_copy(update={"reason": "reads one Go process: give --pid"})
@@ -129,7 +130,7 @@ def run(
         "(nothing stopped or written)"
     )
     cost = Cost(events=proc.memory.reads)
-    update = {"status": status, "reason": reason, "duration_s": time.time() - started, "cost": cost}
+    update = {"status": status, "reason": reason, "duration_s": wall() - started, "cost": cost}
     update["backed_off"] = why == BACKED_OFF
     update["target"] = base.target
     return result.model_copy(update=update)

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memdiag.system import clock
 from memdiag.system.process import read_rss_anon
 from memdiag.system.runtime import read_go_build
 
@@ -149,7 +150,7 @@ class PacerCounts:
 
 @dataclass
 class GoSnapshot:
-    at: float  # time.time()
+    at: float  # clock.wall()
     rate: int  # MemProfileRate now
     cycle: int  # GC cycles the heap profile has seen (mProfCycle's count, from the process start)
     buckets: list[Bucket]
@@ -217,7 +218,7 @@ class GoProcess:
         buckets, complete = self._buckets()
         gs = self._goroutines() if goroutines else None
         return GoSnapshot(
-            at=time.time(), rate=rate, cycle=cycle, buckets=buckets, goroutines=gs, complete=complete,
+            at=clock.wall(), rate=rate, cycle=cycle, buckets=buckets, goroutines=gs, complete=complete,
             pacer=self._pacer(), rss_anon=read_rss_anon(self.pid, self.proc_root),
         )  # fmt: skip
 

@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from memdiag.system.clock import wall
 from memdiag.system.perfmap import perf_map_path
 from memdiag.system.runtime import read_runtime
 from memdiag.system.target import Target
@@ -61,7 +62,7 @@ def perf_map_state(pid: int, proc_root: Path = Path("/proc")) -> PerfMapState | 
 
 
 def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic):
-    started = time.time()
+    started = wall()
     base = NodeHeapResult(status="unavailable", target=target.describe(), started=started)
     if target.kind != "pid" or target.pid is None:
         return base.model_copy(update={"reason": "reads one Node.js process: give --pid"})
@@ -107,7 +108,7 @@ def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Cal
             "perf_map": pm.path if pm else None,
             "perf_map_bytes": pm.size if pm else 0,
             "read_seconds": round(spent, 6),
-            "duration_s": time.time() - started,
+            "duration_s": wall() - started,
         }
     )
 

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from functools import cache
 
+from memdiag.system import clock
 from memdiag.system.cgroup import (
     BadCgroup,
     locate_memory_cgroup,
@@ -177,7 +178,7 @@ class OomWatch:
         self.in_namespace = kernel.pid_namespace() is not None
         self.has_numbers = "victim_ns" in self.bpf.tables
         self.translated = self.has_numbers if self.in_namespace else True
-        self._boot_offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+        self._boot_offset = clock.boot_offset()
         self.bpf["events"].open_perf_buffer(self._on_event, lost_cb=self._on_lost)
 
     def _on_lost(self, count: int) -> None:
@@ -348,7 +349,7 @@ def run(
     ready: threading.Event | None = None,
     options: dict[str, int | str] | None = None,
 ) -> OomKillResult:
-    started = time.time()
+    started = clock.wall()
     try:
         watch = OomWatch(options)
     except ProbeUnavailable as e:
@@ -379,7 +380,7 @@ def run(
         method="tracepoint oom:mark_victim + kernel log + cgroup files",
         target=target.describe(),
         started=started,
-        duration_s=time.time() - started,
+        duration_s=clock.wall() - started,
         interrupted=stop.interrupted,
         lost={"events_lost": watch.lost, "stack_errors": stack_errors},
         cost=cost,

@@ -12,9 +12,9 @@ from __future__ import annotations
 import errno
 import os
 import re
-import time
 from pathlib import Path
 
+from . import clock
 from ._parse import Fact
 
 _INVOKED = re.compile(r"^(?P<comm>.+?) invoked oom-killer:")
@@ -104,7 +104,7 @@ def read_oom_kills(path: Path = Path("/dev/kmsg")) -> list[OomKill] | None:
         return None
     records: list[tuple[float | None, str]] = []
     # The log's stamps are local_clock(), which tracks CLOCK_MONOTONIC; map them to wall time.
-    offset = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+    offset = clock.boot_offset()
     try:
         while True:
             try:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 from memdiag.probes.stacks import release
 from memdiag.rules.loader import RuleFileError
+from memdiag.system import clock
 from memdiag.system.signals import INTERRUPTION, phase
 
 from ..errors import MemdiagError, PermissionNeeded, SignalInterrupted, UsageError
@@ -191,7 +192,7 @@ def run_diagnosis(args: argparse.Namespace, target: Target, rules, folder: Repor
     with phase("writing the report"):
         _write(folder, report)
     if INTERRUPTION.caught and report.interrupted is None:  # it came while the whole report was written
-        at = time.time() - (time.monotonic() - (INTERRUPTION.at or time.monotonic())) - report.window.started
+        at = clock.wall_of(INTERRUPTION.at or time.monotonic()) - report.window.started
         cut = Interrupted(signal=INTERRUPTION.signal_name, phase=INTERRUPTION.phase or "unknown", at_s=round(at, 2))
         report = report.model_copy(update={"interrupted": cut})
         _write(folder, report)

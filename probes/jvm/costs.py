@@ -1,11 +1,12 @@
 """What a flight recording costs a JVM, as measured on the JVMs memdiag recorded on this host: the
 target's CPU time to start JFR (its first start in a JVM loads and JIT-compiles JFR's own Java
-code: 0.7-1.5 s here on OpenJDK 17.0.15; a later start 0.02-0.04 s), its CPU time per second
-while recording, and to stop (write the recording, search the old objects' paths to GC roots).
-Kept per JVM build in /var/lib/memdiag/jvm-costs.json (the last five measurements of each, their
-median priced: one run against a target whose own load rose meanwhile reads high), so the next
-recording of a JVM of that build is priced from this host's own figures. Until a build has been
-measured, the figures measured on this project's test host are the estimate, said to be so."""
+code: 0.7-1.5 s here on OpenJDK 17.0.15, up to 2.9 s inside a busy test run; a later start
+0.02-0.04 s), its CPU time per second while recording, and to stop (write the recording, search the
+old objects' paths to GC roots). Kept per JVM build in /var/lib/memdiag/jvm-costs.json (the last
+five measurements of each, their median priced: one run against a target whose own load rose
+meanwhile reads high), so the next recording of a JVM of that build is priced from this host's own
+figures. Until a build has been measured, the figures measured on this project's test host are the
+estimate, said to be so."""
 
 from __future__ import annotations
 

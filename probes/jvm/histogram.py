@@ -21,6 +21,7 @@ import re
 import time
 from typing import TYPE_CHECKING
 
+from memdiag.system import clock
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_duration
 from pydantic import ConfigDict
@@ -192,7 +193,7 @@ def _look(jvm: Jvm, meter: Meter, timeout_s: float, out: dict) -> Histogram:
     # young collections between the looks (counted, they made one look cost 3.2 s per GiB)
     meter.close_step()
     before = read_counters(jvm.pid)
-    out["looked_at"].append(time.time())
+    out["looked_at"].append(clock.wall())
     reply = jcmd(jvm, COMMAND, timeout_s=timeout_s)
     out["look_cpu_s"].append(meter.close_step(LOOK_THREADS))
     out["pauses_s"].append(safepoint_delta(before, read_counters(jvm.pid)))
@@ -227,7 +228,7 @@ def _observe(target: Target, ctx: Context, p: HistogramPlan, stop: Stop, out: di
 def run(target: Target, ctx: Context) -> HistogramResult:
     """Two looks, ctx.seconds apart at most (its plan made first when run alone)."""
     p = ctx.plan if isinstance(ctx.plan, HistogramPlan) else plan(target, ctx)
-    base = dict(name="histogram", target=target.describe(), started=time.time(), method=f"jcmd {COMMAND}, twice")
+    base = dict(name="histogram", target=target.describe(), started=clock.wall(), method=f"jcmd {COMMAND}, twice")
     if not p.go or p.jvm is None:
         return HistogramResult(status="unavailable", reason=p.reason, **base)
     out: dict = {"build": p.build, "heap_used": p.used, "looked_at": [], "pauses_s": [], "look_cpu_s": []}

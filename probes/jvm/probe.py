@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 
+from memdiag.system import clock
 from memdiag.system.jvm import JvmCounters
 from memdiag.system.target import Target
 
@@ -43,7 +44,7 @@ LOOK_AT = 0.4
 def run(target: Target, ctx: Context) -> JfrResult:
     """Record for ctx.seconds (its plan made first when run alone), read, clean up."""
     p = ctx.plan if isinstance(ctx.plan, JfrPlan) else plan(target, ctx)
-    base = dict(name="jfr", target=target.describe(), started=time.time(), method="JFR through the attach socket")
+    base = dict(name="jfr", target=target.describe(), started=clock.wall(), method="JFR through the attach socket")
     if not p.go or p.jvm is None:
         return JfrResult(status="unavailable", reason=p.reason, **base)
     rec = Recording(p.jvm, planned_s=ctx.seconds, throttle_per_s=THROTTLE_PER_S, cutoff_ms=p.cutoff_ms)
@@ -77,10 +78,10 @@ class _Session:
 
     def start(self, seconds: float) -> float:
         """Start the recording; how long to record (its stop and reading fit in the time given)."""
-        self.out["started_at"] = time.time()
+        self.out["started_at"] = clock.wall()
         self.rec.start()
         self.answered = time.monotonic()
-        left = seconds - (time.time() - self.out["started_at"])
+        left = seconds - (clock.wall() - self.out["started_at"])
         span = max(0.0, left - (READ_RESERVE_S if left > 2 * READ_RESERVE_S else 0.0))
         self.look_at = self.answered + LOOK_AT * span
         return span
@@ -101,7 +102,7 @@ class _Session:
         """The first look: a dump of what the recording holds so far (its paths to GC roots too)."""
         self.recorded_cpu += self.meter.close_step()
         before = read_counters(self.pid)
-        self.out["looked_at"] = time.time()
+        self.out["looked_at"] = clock.wall()
         self.out["looked"] = self.rec.dump() is not None
         self.out["look_cpu_s"] = self.meter.close_step(STOPPING)
         self.out["look_pause_s"] = safepoint_delta(before, read_counters(self.pid))
@@ -114,7 +115,7 @@ class _Session:
             self.recorded_cpu += meter.close_step()
         out["record_cpu_s"] = self.recorded_cpu
         out["record_rate_s"] = max(0.0, time.monotonic() - self.answered - SETTLE_S)
-        out["stopped_at"] = time.time()
+        out["stopped_at"] = clock.wall()
         out["recorded_s"] = out["stopped_at"] - out["started_at"]
         before = read_counters(self.pid)
         path = self.rec.stop()
@@ -122,7 +123,7 @@ class _Session:
         out["stop_pause_s"] = safepoint_delta(before, read_counters(self.pid))
         out["threads_ns"], out["process_ns"] = meter.threads_s * 1e9, meter.process_s() * 1e9
         out["measured_ns"] = meter.so_far() * 1e9
-        out["duration_s"] = time.time() - out["started_at"]
+        out["duration_s"] = clock.wall() - out["started_at"]
         if path is None:
             raise RuntimeError("the JVM wrote no recording at JFR.stop")
 

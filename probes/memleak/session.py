@@ -16,6 +16,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
+from memdiag.system import clock
 from memdiag.system.signals import phase
 from memdiag.system.target import Target
 
@@ -89,7 +90,7 @@ def run(
             name="memleak",
             status="unavailable",
             target=target.describe(),
-            started=time.time(),
+            started=clock.wall(),
             reason="user-space allocation tracing needs a process or cgroup target "
             "(use the kernel mode for system-wide kernel allocations)",
         )
@@ -592,7 +593,7 @@ def _big(bpf, b, spaces: Spaces, kernel_mode: bool) -> BigAlloc:
             except KeyError:
                 pass
             frames = [str(f) for f in Symbolizer(spaces.get(b.key.tgid), jit=True).frames(addresses)]
-    boot = time.time() - time.clock_gettime(time.CLOCK_MONOTONIC)
+    boot = clock.boot_offset()
     return BigAlloc(
         pid=b.key.tgid,
         comm=b.comm.decode(errors="replace"),

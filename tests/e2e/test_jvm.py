@@ -82,8 +82,16 @@ def test_a_static_retry_list_is_growth_in_the_java_heap_named_by_class_method_an
     assert trail(rep, "budget", "jfr")[0]["state"] == "full"
     assert not trail(rep, "probe", "memleak")  # a malloc probe sees none of the Java heap: not asked
     jfr = next(p for p in rep["probes"] if p["name"] == "jfr")
-    assert jfr["status"] == "ok" and jfr["on_target"] and jfr["overhead_percent"] > 0
-    assert rep["overhead"]["measured_percent"] <= rep["overhead"]["budget_percent"]
+    assert jfr["on_target"] and jfr["overhead_percent"] > 0
+    over = 0.0
+    if jfr["status"] != "ok":
+        # JFR's first start in a JVM is one command that cannot be cut short and costs 1.3-2.9 s of
+        # the target's CPU here (the price is the median): past the allowance the recording stops at
+        # the next tick, and what the target paid is over by the stop's own cost at most
+        assert jfr["status"] == "partial"
+        assert "detached early: its measured cost went over the budget" in trail(rep, "probe", "jfr")[0]["reason"]
+        over = 0.01
+    assert rep["overhead"]["measured_percent"] <= rep["overhead"]["budget_percent"] * (1 + over)
     rows = {r["name"]: r for r in rep["counters"]["rows"] if r["scope"] == "jvm"}
     # G1's counters give each generation's maximum as -Xmx plus a few bytes of its own bookkeeping
     assert abs(rows["heap_max"]["last"] - (512 << 20)) < 1024 and rows["heap_growth_share"]["last"] >= 50
