@@ -14,8 +14,9 @@ whatever the phase."""
 from __future__ import annotations
 
 import math
+from collections import deque
 
-from memdiag.probes.face import ProbeResult
+from memdiag.probes.face import ProbeResult, TrailItem
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.signals import interrupted, phase
 
@@ -27,6 +28,11 @@ LONG_WINDOW_S = 600.0  # a window this long or longer is watched in cycles (unle
 CYCLES = 24  # how many, by default: a day in hours
 MIN_CYCLE_S = 60.0  # the shortest default cycle: a first look, a price and a probe's run fit in it
 STACKS_KEPT = 3  # allocation stacks kept per cycle, heaviest first
+# cycles whose trail (budget decisions, probe runs, scans) stays in full past the first: the rest is
+# counted. A cycle's trail is ~1 KiB of report.json and 3-4 lines of report.md: a day in --cycle 60
+# would be 1,440 cycles and ~5,000 lines, every one rewritten each cycle (measured: 57 cycles of 10 s,
+# 85 KiB of trail and 200 lines of report.md)
+TRAIL_CYCLES_KEPT = 3
 
 
 def watch(engine, sampler) -> None:
@@ -35,14 +41,17 @@ def watch(engine, sampler) -> None:
     record of what it saw and the window so far told to engine.on_cycle; the next cycle starts
     where this one ends. At the end, each probe's result is the one its face kept for the window."""
     index, start = 0, 0.0
+    trail = TrailFold(engine.trail)
     while sampler.alive() and not interrupted() and start < engine.duration:
         engine.cycle_end = min(start + engine.cycle_s, engine.duration)
         engine.decided, engine.results, engine.spent_ns = set(), {}, 0.0
+        mark = len(engine.trail)
         engine._rounds(sampler)
         with phase(f"counters (cycle {index + 1})"):
             sampler.wait(max(0.0, engine.cycle_end - engine.elapsed()), interrupted)
         obs = sampler.so_far()
         engine.records.append(record(index, start, engine.elapsed(), obs, engine.results, engine.classes))
+        engine.trail = trail.add(index, engine.trail[mark:])
         for name, r in engine.results.items():
             engine.kept[name] = kept(engine.kept.get(name), r)
         index, start = index + 1, engine.cycle_end
@@ -52,6 +61,52 @@ def watch(engine, sampler) -> None:
             engine.on_cycle(engine._finish(obs, False, interim=done))
     engine.cycle_end = None
     engine.results = dict(engine.kept)
+
+
+class TrailFold:
+    """A long window's trail, bounded whatever the number of cycles: what came before the first
+    cycle, the first cycle's steps and the last TRAIL_CYCLES_KEPT cycles' in full; each step of the
+    cycles between is counted, one line per step and outcome (its reasons differ only in figures;
+    what each of those cycles ran and saw is in the report's table of the window cycle by cycle)."""
+
+    def __init__(self, before: list[TrailItem]):
+        self.before = list(before)
+        self.first: list[TrailItem] | None = None
+        self.recent: deque[tuple[int, list[TrailItem]]] = deque()
+        # (kind, name, state) -> [times, first cycle, last cycle, at_s of the last], in order of first fold
+        self.folded: dict[tuple[str, str, str], list] = {}
+
+    def add(self, index: int, items: list[TrailItem]) -> list[TrailItem]:
+        """Cycle `index`'s steps (0-based) added; the trail as it now stands."""
+        if self.first is None:
+            self.first = list(items)
+        else:
+            self.recent.append((index, list(items)))
+            if len(self.recent) > TRAIL_CYCLES_KEPT:
+                self._fold(*self.recent.popleft())
+        return self.items()
+
+    def _fold(self, index: int, items: list[TrailItem]) -> None:
+        for t in items:
+            f = self.folded.setdefault((t.kind, t.name, t.state), [0, index, index, t.at_s])
+            f[0], f[2], f[3] = f[0] + 1, index, t.at_s
+
+    def items(self) -> list[TrailItem]:
+        folded = [
+            TrailItem(
+                kind=kind,  # type: ignore[arg-type]
+                name=name,
+                state=state,
+                reason=f"{times} time{'s' if times != 1 else ''} more in "
+                + (f"cycle {a + 1}" if a == b else f"cycles {a + 1}-{b + 1}")
+                + ", counted here; "
+                f"the first cycle and the last {TRAIL_CYCLES_KEPT} are in full, what each cycle ran and saw "
+                "is in the table of the window cycle by cycle",
+                at_s=at,
+            )
+            for (kind, name, state), (times, a, b, at) in self.folded.items()
+        ]
+        return self.before + (self.first or []) + folded + [t for _, items in self.recent for t in items]
 
 
 def cycle_length(duration: float, asked: float | None = None) -> float | None:

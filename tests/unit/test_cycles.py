@@ -3,10 +3,11 @@ readings (thinned, said), the cycles' length, and what the cycles say together."
 
 import os
 
-from memdiag.diagnose.cycles import cycle_facts, cycle_length
+from memdiag.diagnose.cycles import TrailFold, cycle_facts, cycle_length
 from memdiag.diagnose.observe import Sampler
 from memdiag.diagnose.report import CycleRecord, CycleStack
 from memdiag.diagnose.target import pid_target
+from memdiag.probes.face import TrailItem
 
 
 def test_the_sampler_keeps_at_most_its_bound_the_first_sample_kept_and_says_what_it_dropped(monkeypatch):
@@ -50,3 +51,42 @@ def test_what_the_cycles_say_together():
         "window.leak_function_cycles": 2,
     }
     assert cycle_facts([]) == {}
+
+
+def _steps(i: int) -> list[TrailItem]:
+    at = i * 15.0 + 1
+    return [
+        TrailItem(kind="budget", name="memleak", state="full", reason=f"{i} KiB/s priced", at_s=at),
+        TrailItem(kind="probe", name="memleak", state="ok" if i != 4 else "partial", reason="asked", at_s=at + 5),
+    ]
+
+
+def test_a_long_windows_trail_keeps_the_first_and_last_cycles_in_full_and_counts_the_rest():
+    before = [TrailItem(kind="rule", name="first-look", state="fired", reason="r", at_s=0.5)]
+    fold = TrailFold(before)
+    for i in range(10):
+        trail = fold.add(i, _steps(i))
+    assert trail[:3] == before + _steps(0)  # before the cycles, then the first cycle as it was
+    assert trail[-3 * 2 :] == _steps(7) + _steps(8) + _steps(9)  # the last three as they were
+    counted = trail[3:-6]
+    # cycles 2-7 (1-based) counted, one line per step and outcome, in the order first seen
+    assert [(t.kind, t.name, t.state) for t in counted] == [
+        ("budget", "memleak", "full"),
+        ("probe", "memleak", "ok"),
+        ("probe", "memleak", "partial"),
+    ]
+    assert counted[0].reason.startswith("6 times more in cycles 2-7") and counted[0].at_s == 6 * 15.0 + 1  # cycle 7's
+    assert counted[1].reason.startswith("5 times more in cycles 2-7")
+    assert counted[2].reason.startswith("1 time more in cycle 5,")
+    assert "the window cycle by cycle" in counted[0].reason
+    # bounded: ten more cycles add nothing but counts
+    for i in range(10, 20):
+        trail2 = fold.add(i, _steps(i))
+    assert len(trail2) == len(trail)
+
+
+def test_a_short_run_of_cycles_keeps_its_whole_trail():
+    fold = TrailFold([])
+    for i in range(4):
+        trail = fold.add(i, _steps(i))
+    assert trail == [t for i in range(4) for t in _steps(i)]
