@@ -57,7 +57,8 @@ def add_window_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         metavar="S",
         help="watch the window in cycles of S, the probes run again in each and the report rewritten after "
-        "each (default: a 24th of a window of 10 min or more, at least 1 min; none for a shorter one)",
+        "the first and then at most once a minute (default: a 24th of a window of 10 min or more, at least "
+        "1 min; none for a shorter one)",
     )
     parser.add_argument(
         "--interval",

@@ -2,8 +2,10 @@
 readings (thinned, said), the cycles' length, and what the cycles say together."""
 
 import os
+from types import SimpleNamespace
 
-from memdiag.diagnose.cycles import TrailFold, cycle_facts, cycle_length
+from memdiag.diagnose.culprit import default_classes
+from memdiag.diagnose.cycles import INTERIM_EVERY_S, TrailFold, cycle_facts, cycle_length, watch
 from memdiag.diagnose.observe import Sampler
 from memdiag.diagnose.report import CycleRecord, CycleStack
 from memdiag.diagnose.target import pid_target
@@ -90,3 +92,44 @@ def test_a_short_run_of_cycles_keeps_its_whole_trail():
     for i in range(4):
         trail = fold.add(i, _steps(i))
     assert trail == [t for i in range(4) for t in _steps(i)]
+
+
+class _Window:
+    """watch()'s engine and sampler for a window of `cycles` cycles of 10 s on a clock of its own:
+    no probe asked, the counters' wait the only thing that moves time."""
+
+    def __init__(self, cycles: int):
+        self.now, self.duration, self.cycle_s = 0.0, cycles * 10.0, 10.0
+        self.cycle_end = None
+        self.trail, self.records, self.results, self.kept, self.told = [], [], {}, {}, []
+        self.classes = default_classes()
+        self.on_cycle = self.told.append
+
+    # the engine's side
+    def elapsed(self) -> float:
+        return self.now
+
+    def _rounds(self, sampler) -> None:
+        pass
+
+    def _finish(self, obs, rules_cut: bool, interim: str | None = None) -> str:
+        return interim or ""
+
+    # the sampler's side
+    def alive(self) -> bool:
+        return True
+
+    def wait(self, seconds: float, interrupted) -> None:
+        self.now += seconds
+
+    def so_far(self):
+        return SimpleNamespace(snapshots=[], last_cgroup=None)
+
+
+def test_the_report_is_rewritten_after_the_first_cycle_then_at_most_once_a_minute():
+    w = _Window(cycles=14)
+    watch(w, w)
+    assert len(w.records) == 14
+    # after cycle 1 (10 s), then the first cycle ending 60 s or more after the last rewrite (70 s, 130 s)
+    assert w.told == ["cycle 1 of 14", "cycle 7 of 14", "cycle 13 of 14"]
+    assert INTERIM_EVERY_S == 60.0
