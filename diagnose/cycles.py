@@ -74,14 +74,15 @@ def watch(engine, sampler) -> None:
 class TrailFold:
     """A long window's trail, bounded whatever the number of cycles: what came before the first
     cycle, the first cycle's steps and the last TRAIL_CYCLES_KEPT cycles' in full; each step of the
-    cycles between is counted, one line per step and outcome (its reasons differ only in figures;
-    what each of those cycles ran and saw is in the report's table of the window cycle by cycle)."""
+    cycles between is counted, one line per step and outcome at its first time, their own reasons
+    not kept (what each of those cycles ran and saw is in the report's table of the window cycle by
+    cycle)."""
 
     def __init__(self, before: list[TrailItem]):
         self.before = list(before)
         self.first: list[TrailItem] | None = None
         self.recent: deque[tuple[int, list[TrailItem]]] = deque()
-        # (kind, name, state) -> [times, first cycle, last cycle, at_s of the last], in order of first fold
+        # (kind, name, state) -> [times, first cycle, last cycle, at_s of the first], shown in time order
         self.folded: dict[tuple[str, str, str], list] = {}
 
     def add(self, index: int, items: list[TrailItem]) -> list[TrailItem]:
@@ -97,7 +98,7 @@ class TrailFold:
     def _fold(self, index: int, items: list[TrailItem]) -> None:
         for t in items:
             f = self.folded.setdefault((t.kind, t.name, t.state), [0, index, index, t.at_s])
-            f[0], f[2], f[3] = f[0] + 1, index, t.at_s
+            f[0], f[2] = f[0] + 1, index
 
     def items(self) -> list[TrailItem]:
         folded = [
@@ -105,14 +106,12 @@ class TrailFold:
                 kind=kind,  # type: ignore[arg-type]
                 name=name,
                 state=state,
-                reason=f"{times} time{'s' if times != 1 else ''} more in "
+                reason=f"{times} more time{'s' if times != 1 else ''} in "
                 + (f"cycle {a + 1}" if a == b else f"cycles {a + 1}-{b + 1}")
-                + ", counted here; "
-                f"the first cycle and the last {TRAIL_CYCLES_KEPT} are in full, what each cycle ran and saw "
-                "is in the table of the window cycle by cycle",
+                + f" (counted: the trail keeps the first cycle and the last {TRAIL_CYCLES_KEPT} in full)",
                 at_s=at,
             )
-            for (kind, name, state), (times, a, b, at) in self.folded.items()
+            for (kind, name, state), (times, a, b, at) in sorted(self.folded.items(), key=lambda kv: kv[1][3])
         ]
         return self.before + (self.first or []) + folded + [t for _, items in self.recent for t in items]
 
