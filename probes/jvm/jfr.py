@@ -101,6 +101,7 @@ class Recording:
     start_reply_s: float | None = None
     stop_reply_s: float | None = None
     notes: list[str] = field(default_factory=list)  # what went wrong on the way out
+    tmp: Path | None = None  # the JVM's /tmp as memdiag reaches it (outside())
 
     @property
     def name(self) -> str:
@@ -111,8 +112,15 @@ class Recording:
         return f"/tmp/{self.name}.{suffix}"
 
     def outside(self, suffix: str) -> Path:
-        """The same file as memdiag reaches it."""
-        return self.jvm.proc / "root" / "tmp" / f"{self.name}.{suffix}"
+        """The same file as memdiag reaches it: through memdiag's own /tmp where the JVM shares
+        memdiag's root and mounts, so the recording is still read and removed once the JVM has exited
+        (a heap near -Xmx dies of OutOfMemoryError mid-window, and /proc/PID/root goes with it: stop
+        35's CI then left both files in /tmp and lost the first look); else through /proc/PID/root
+        (a container, a service with a private /tmp), fixed at the first use."""
+        if self.tmp is None:
+            self.tmp = Path("/tmp") if _same_root(self.jvm.proc) and _same_mounts(self.jvm.proc) else None
+            self.tmp = self.tmp or self.jvm.proc / "root" / "tmp"
+        return self.tmp / f"{self.name}.{suffix}"
 
     def start(self) -> str:
         """Write the settings, start the recording, remove the settings; the JVM's reply."""
@@ -211,6 +219,15 @@ def _same_root(proc: Path) -> bool:
     """The target sees the same root directory as memdiag (not a container's)."""
     try:
         a, b = os.stat(proc / "root"), os.stat("/")
+    except OSError:
+        return False
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _same_mounts(proc: Path) -> bool:
+    """The target is in memdiag's mount namespace (its /tmp is memdiag's, none of its own)."""
+    try:
+        a, b = os.stat(proc / "ns" / "mnt"), os.stat("/proc/self/ns/mnt")
     except OSError:
         return False
     return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)

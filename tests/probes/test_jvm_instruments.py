@@ -5,6 +5,7 @@ the holder and leaves nothing behind, and the JIT's perf map naming Java frames 
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -13,7 +14,7 @@ from jvmkit import JAVA_HOME, have_jdk
 from kit import wait_until
 from memdiag.probes.jit import jit_perf_map
 from memdiag.probes.jvm.attach import AttachRefused, describe_target, jcmd, refusal, start_listener
-from memdiag.probes.jvm.jfr import Recording, jfr_tool, print_json
+from memdiag.probes.jvm.jfr import MID, Recording, jfr_tool, print_json
 from memdiag.probes.jvm.recording import held, parse_recording
 from memdiag.system.hsperfdata import perfdata_absence, read_perfdata
 from memdiag.system.jvm import jvm_counters, read_jvm_memory
@@ -198,3 +199,24 @@ def test_a_jvm_killed_mid_recording_is_left_with_nothing_running(java):
     assert rec.outside("jfr").exists()  # what it wrote then
     rec.close()
     assert leftovers(w.pid, rec) == []
+
+
+def test_a_jvm_that_exits_after_its_recording_stopped_is_still_read_and_leaves_nothing(java):
+    """A heap near -Xmx dies of OutOfMemoryError mid-window: the recording it wrote is still read
+    and removed once it has gone (stop 35's CI: both files left in /tmp, the first look lost)."""
+    w = java("OrderService", "100", jvm=["-Xmx64m"])
+    ready_counters(w.pid)
+    rec = Recording(describe_target(w.pid), planned_s=10, cutoff_ms=100)
+    tool, how = jfr_tool(rec.jvm, counters(w.pid).java_home)
+    assert tool is not None and not tool.inside, how
+    rec.start()
+    time.sleep(2)
+    assert rec.dump() is not None
+    assert rec.stop() is not None
+    w.stop()
+    assert not Path(f"/proc/{w.pid}").exists()  # gone, and its /proc/PID/root with it
+    # both read after the JVM exited
+    first, final = (json.loads(print_json(tool, rec, s))["recording"]["events"] for s in (MID, "jfr"))
+    assert first and final
+    rec.close()
+    assert not [p.name for p in Path("/tmp").iterdir() if p.name.startswith(rec.name)]
