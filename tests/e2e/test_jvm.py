@@ -111,9 +111,13 @@ def test_a_bounded_lru_cache_is_a_cache_that_turns_over(memdiag, java, tmp_path)
     if holders:  # the sampled entries still in the cache at the stop (the JVM's sampler kept some)
         # its entries at the stop; at the first look too, unless (under load, as in CI once) the first
         # look found none of its objects sampled yet or was not taken: then the words say which
-        assert "held by LruCache.cache (4,000 entries at " in v["summary"], v["summary"]
+        # JFR gives each sample one path to a GC root: the static field, or (this stop's fresh-clone
+        # run, under load) the main thread's frame in lookup(), which holds the cache while it runs
+        by = holders[0][2]
+        assert by in ("LruCache.cache", "LruCache$Cache.table, from a stack variable of thread main"), holders[0]
+        assert f"held by {by} (4,000 entries at " in v["summary"], v["summary"]
         assert "allocated at LruCache.load(int) line: " in v["summary"] and "let go again" in v["summary"]
-        assert holders[0][2] == "LruCache.cache" and holders[0][3] in ("4000, 4000", "?, 4000"), holders[0]
+        assert holders[0][3] in ("4000, 4000", "?, 4000"), holders[0]
         if holders[0][3] == "?, 4000":
             assert "4,000 entries at the stop; " in v["summary"], v["summary"]
     else:  # none kept: the JVM's counters say the heap grew for garbage it turns over
