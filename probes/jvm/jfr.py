@@ -115,11 +115,12 @@ class Recording:
         """The same file as memdiag reaches it: through memdiag's own /tmp where the JVM shares
         memdiag's root and mounts, so the recording is still read and removed once the JVM has exited
         (a heap near -Xmx dies of OutOfMemoryError mid-window, and /proc/PID/root goes with it: stop
-        35's CI then left both files in /tmp and lost the first look); else through /proc/PID/root
-        (a container, a service with a private /tmp), fixed at the first use."""
+        37's fresh-clone run then left both files in /tmp and lost the first look); else through
+        /proc/PID/root (a container, a service with a private /tmp), fixed at the first use."""
         if self.tmp is None:
-            self.tmp = Path("/tmp") if _same_root(self.jvm.proc) and _same_mounts(self.jvm.proc) else None
-            self.tmp = self.tmp or self.jvm.proc / "root" / "tmp"
+            proc = self.jvm.proc
+            shared = _same_root(proc) and _same(proc / "ns" / "mnt", Path("/proc/self/ns/mnt"))
+            self.tmp = Path("/tmp") if shared else proc / "root" / "tmp"
         return self.tmp / f"{self.name}.{suffix}"
 
     def start(self) -> str:
@@ -217,20 +218,15 @@ def _write_as(path: Path, text: str, uid: int, gid: int) -> None:
 
 def _same_root(proc: Path) -> bool:
     """The target sees the same root directory as memdiag (not a container's)."""
-    try:
-        a, b = os.stat(proc / "root"), os.stat("/")
-    except OSError:
-        return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+    return _same(proc / "root", Path("/"))
 
 
-def _same_mounts(proc: Path) -> bool:
-    """The target is in memdiag's mount namespace (its /tmp is memdiag's, none of its own)."""
+def _same(a: Path, b: Path) -> bool:
+    """One file (a root directory, a namespace) seen by two paths; False where either is unreadable."""
     try:
-        a, b = os.stat(proc / "ns" / "mnt"), os.stat("/proc/self/ns/mnt")
+        return os.path.samefile(a, b)
     except OSError:
         return False
-    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
 
 
 @dataclass(frozen=True)
