@@ -19,6 +19,12 @@ from .errors import MemdiagError, SignalInterrupted
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):
+        # No abbreviations: `memdiag probe jfr --budget 10` was read as --budget-ms 10 (10 ms of a
+        # 15 s recording, 0.067%) without a word; an option is taken only as written.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):  # one line, exit 2, as argparse does, but without the usage dump
         raise _BadUsage(f"{self.prog}: {message} (see --help)")
 

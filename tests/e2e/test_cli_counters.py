@@ -155,6 +155,9 @@ def test_pid_that_exits_normally_during_the_window(workload, tmp_path):
         (["--pid", str(os.getpid()), "--output", "/proc/memdiag-cannot-write"], 2, "holds kernel objects, not files"),
         (["--pid", "abc"], 2, "argument --pid: 'abc' is not a whole number at least 1"),
         (["--bogus"], 2, "unrecognized arguments"),
+        # an option only as written: --budget was once taken for jfr's --budget-ms (10 ms, 0.067%)
+        (["probe", "jfr", "--pid", str(os.getpid()), "--budget", "10"], 2, "unrecognized arguments: --budget 10"),
+        (["--dur=5"], 2, "unrecognized arguments: --dur=5"),
         # every number has an upper bound, checked before anything runs (the BPF side takes u32/u64)
         (["--duration", "1e300"], 2, "--duration: '1e300' is not a finite number more than 0 and at most 86400"),
         (["--interval", "86401"], 2, "at least 0.01 and at most 86400 seconds"),
