@@ -10,10 +10,12 @@ missing or wrong (this project's 6.18 test kernel compiles against 6.1 headers).
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes as ct
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,7 +86,7 @@ _private: list[Path] = []
 
 def cache_dir() -> Path:
     """The cache, if only its owner (us) can write it: what is loaded from it runs in the kernel.
-    Otherwise a private folder for this process."""
+    Otherwise a private folder for this process, removed when it exits."""
     try:
         CACHE.mkdir(parents=True, exist_ok=True, mode=0o755)
         if _owned_and_closed(CACHE):
@@ -92,7 +94,9 @@ def cache_dir() -> Path:
     except OSError:
         pass
     if not _private:
-        _private.append(Path(tempfile.mkdtemp(prefix="memdiag-bpf-")))
+        private = Path(tempfile.mkdtemp(prefix="memdiag-bpf-"))
+        atexit.register(shutil.rmtree, private, ignore_errors=True)
+        _private.append(private)
     return _private[0]
 
 

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from kit import MEMDIAG
@@ -81,3 +82,16 @@ def test_a_cache_others_can_write_is_not_trusted(tmp_path, monkeypatch):
     assert private != open_dir and private.stat().st_mode & 0o077 == 0
     open_dir.chmod(0o755)
     assert compiler.cache_dir() == open_dir
+
+
+def test_the_private_folder_used_instead_is_removed_when_memdiag_exits(tmp_path):
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    code = "from memdiag.probes import compiler\nd = compiler.cache_dir()\nprint(d, d.is_dir())\n"
+    env = {**os.environ, "MEMDIAG_BPF_CACHE": str(open_dir)}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 0, r.stderr
+    private, existed = r.stdout.split()
+    assert existed == "True" and "memdiag-bpf-" in private and private != str(open_dir)
+    assert not Path(private).exists()
