@@ -41,8 +41,13 @@ from .verdict import EngineResult, interruption, partial_verdict, rule_steps, ve
 
 FIRST_LOOK_SHARE = 0.3
 FIRST_LOOK_MIN_S = 5.0
+# Where the rules asked for nothing, they look again this often (a share of the window or cycle, at
+# least FIRST_LOOK_MIN_S) while a probe could still run: with one look at 30% a growth that began
+# later was never traced (memdiag on a memdiag whose RSS began stepping up 1 MiB a minute after the
+# first look of a 180 s window: "growth", no probe run, "no rule asked for it")
+LOOK_AGAIN_SHARE = 0.1
 MIN_PROBE_S = 3.0
-MAX_ROUNDS = 4
+MAX_ROUNDS = 4  # rounds that ran probes
 
 Request = tuple[str, float | None, str]  # (probe, seconds or None: a share of what is left, the rule asking)
 
@@ -262,15 +267,29 @@ class Engine:
         return self._finish(obs, rules_cut)
 
     def _rounds(self, sampler: Sampler) -> None:
-        """Rules on the counters so far, the probes they ask for, again, until nothing new is asked."""
-        for _ in range(MAX_ROUNDS):
+        """Rules on the counters so far and the probes they ask for, again; where they ask for
+        nothing new, they look again every look_every() while a probe could still run (in a long
+        window's cycle, at the next cycle)."""
+        rounds = 0
+        while rounds < MAX_ROUNDS:
             if not sampler.alive() or self.left() <= MIN_PROBE_S or interrupted():
                 return
             facts, _c, _t = self.facts_of(sampler.so_far())
             requests = [r for r in self.evaluate(facts) if r[0] not in self.results and r[0] not in self.decided]
-            if not requests:
+            if requests:
+                self.run_requests(requests)
+                rounds += 1
+                continue
+            if self.cycle_s is not None:  # a long window's rules look again at the next cycle's start
                 return
-            self.run_requests(requests)
+            wait = min(self.look_every(), self.left() - MIN_PROBE_S - 1.0)
+            if wait <= 0:
+                return
+            with phase("counters (looking again)"):
+                sampler.wait(wait, interrupted)
+
+    def look_every(self) -> float:
+        return max(FIRST_LOOK_MIN_S, LOOK_AGAIN_SHARE * self.duration)
 
     def _finish(self, obs: Observation, rules_cut: bool, interim: str | None = None) -> EngineResult:
         """The rules on the whole window and every probe's facts, each in the trail; the verdict.

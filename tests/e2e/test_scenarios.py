@@ -52,6 +52,18 @@ def test_leak(memdiag, workload, tmp_path):
     assert svg.startswith("<svg") and "leak_order_history" in svg
 
 
+def test_a_leak_that_starts_after_the_first_look_is_still_traced(memdiag, workload, tmp_path):
+    """Only churn for the first 12 s, past the first look (9 s of 30): the rules asked for nothing
+    there, and before they looked again the leak was never traced (verdict growth, no probe run)."""
+    w = workload("leak", "2048", "1024", "12")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "leak" and "leak_order_history" in v["summary"], v["summary"]
+    # allocation tracing priced (and run) at a later look, once the growth showed
+    assert _trail(rep, "budget", "memleak")[0]["at_s"] > 12
+    assert _trail(rep, "probe", "memleak")[0]["state"] == "ok"
+
+
 @pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])
 def test_error_branch_leak_is_a_leak(memdiag, workload, tmp_path, allocator):
     """1 in 7 orders is dropped on an error path; the stack frees the other six. Under jemalloc its

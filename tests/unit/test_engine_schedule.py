@@ -5,7 +5,7 @@ rules are the shipped playbook's, so what runs in memleak's place is what the pl
 from types import SimpleNamespace
 
 import pytest
-from memdiag.diagnose.engine import MIN_PROBE_S, Engine
+from memdiag.diagnose.engine import FIRST_LOOK_MIN_S, MIN_PROBE_S, Engine
 from memdiag.diagnose.workflow import load_rules
 from memdiag.probes.face import Budget, Context, ProbeResult
 from memdiag.probes.memleak.plan import MIN_BURST_S, MIN_TRACE_S, MemleakPlan, Schedule, _Pricing, decision
@@ -113,6 +113,72 @@ def test_too_little_time_left_is_not_run_and_memleak_not_priced():
         ("memleak", "not-run", "asked by rss-climbing, but only 2 s of the window were left"),
         ("faults", "not-run", "asked by growth, but only 2 s of the window were left"),
     ]
+
+
+class FakeSampler:
+    """The counters' thread as the rounds see it: waiting moves the fake clock on."""
+
+    def __init__(self, fake: FakeProbes):
+        self.fake, self.waits = fake, []
+
+    def alive(self) -> bool:
+        return True
+
+    def so_far(self):
+        return None
+
+    def wait(self, seconds, _interrupted) -> None:
+        self.waits.append(round(seconds, 3))
+        self.fake.now += seconds
+
+
+def rules_asking_from(e: Engine, at_s: float | None) -> list[float]:
+    """The rules replaced by ones that ask for faults once at_s seconds of the window have passed
+    (None: never); the times they looked, returned as they are filled."""
+    looked: list[float] = []
+
+    def evaluate(_facts):
+        looked.append(round(e.elapsed(), 3))
+        return [("faults", None, "growth")] if at_s is not None and e.elapsed() >= at_s else []
+
+    e.facts_of = lambda _obs: ({}, None, None)  # type: ignore[method-assign]
+    e.evaluate = evaluate  # type: ignore[method-assign]
+    return looked
+
+
+def test_rules_that_asked_nothing_at_the_first_look_look_again_and_a_later_growth_is_traced():
+    fake = FakeProbes()
+    e = engine(fake, duration=30.0)
+    looked = rules_asking_from(e, at_s=15.0)  # the growth shows from 15 s on
+    fake.now += 9  # the first look, at 30% of the window
+    e._rounds(FakeSampler(fake))
+    assert looked[:3] == [9.0, 9 + FIRST_LOOK_MIN_S, 9 + 2 * FIRST_LOOK_MIN_S]
+    # faults asked at the look after 15 s, for what is left of the window but the margin
+    assert fake.runs == [("faults", round(30 - 19 - 1.0, 3))]
+    assert trail(e, "probe") == [("faults", "ok", "asked by growth; ok")]
+
+
+def test_rules_that_never_ask_stop_looking_when_no_probe_could_run_anymore():
+    fake = FakeProbes()
+    e = engine(fake, duration=30.0)
+    looked = rules_asking_from(e, at_s=None)
+    fake.now += 9
+    sampler = FakeSampler(fake)
+    e._rounds(sampler)
+    assert fake.runs == []
+    # the last look leaves the shortest probe run and the margin: never later
+    assert looked[-1] == 30 - MIN_PROBE_S - 1.0 and sampler.waits[-1] > 0
+    assert len(looked) == 1 + len(sampler.waits)
+
+
+def test_a_probe_without_time_to_run_is_said_once_however_often_the_rules_look():
+    fake = FakeProbes()
+    e = engine(fake, duration=30.0)
+    rules_asking_from(e, at_s=0.0)
+    fake.now += 30 - 3.5  # a probe needs MIN_PROBE_S after the 1 s margin: not there
+    e._rounds(FakeSampler(fake))
+    assert fake.runs == []
+    assert trail(e, "probe") == [("faults", "not-run", "asked by growth, but only 2 s of the window were left")]
 
 
 def _price(ns_per_s: float) -> SimpleNamespace:
