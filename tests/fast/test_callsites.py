@@ -1,0 +1,49 @@
+"""Where a function calls the allocator (probes/memleak/callsites.py), read from real builds of the
+kit's programs with the system compiler (through the PLT, the GOT with -fno-plt, CET's .plt.sec,
+C++'s operator new) and from Debian's own CPython. No root: nothing is attached."""
+
+from __future__ import annotations
+
+import pytest
+from kit import build
+from memdiag.probes.elf import ElfInfo
+from memdiag.probes.memleak.callsites import call_sites
+from memdiag.system import arch
+
+PYTHON = "/usr/bin/python3.11"
+
+
+def _sites(binary, function: str):
+    elf = ElfInfo(str(binary))
+    sym = elf.symbol_named(function)
+    assert sym is not None, function
+    return elf, call_sites(elf, sym)
+
+
+@pytest.mark.parametrize("flags", [[], ["-fno-plt"], ["-fcf-protection=full"]], ids=["plt", "no-plt", "cet"])
+def test_the_leaking_functions_call_to_malloc_and_where_it_returns(flags):
+    elf, sites = _sites(build("hot", flags), "leak_session_cache")
+    assert [s.callee for s in sites] == ["malloc"]
+    s = sites[0]
+    md = arch.disassembler()
+    call = next(md.disasm(elf.read_at(s.call_address, 16), s.call_address))
+    assert call.mnemonic == "call" and s.return_address == s.call_address + call.size
+    assert s.caller == "leak_session_cache"
+
+
+def test_a_function_that_allocates_nothing_has_no_site():
+    _elf, sites = _sites(build("leak"), "main")  # it calls leak_order_history and handle_request, not malloc
+    assert sites == []
+
+
+def test_operator_new_in_cxx_code():
+    elf = ElfInfo(str(build("cppleak")))
+    callees = {s.name: [c.callee for c in call_sites(elf, s)] for s in elf.symbols()}
+    assert callees["_ZN9OrderBook6recordEl"] == ["_Znwm"]
+    assert callees["_ZN9OrderBook5quoteEl"] == ["_Znam"]
+
+
+def test_a_distribution_binary():
+    """Debian's CPython: PyUnicode_New's own call to malloc (pymalloc's large-object path, inlined)."""
+    _elf, sites = _sites(PYTHON, "PyUnicode_New")
+    assert "malloc" in [s.callee for s in sites]
