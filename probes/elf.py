@@ -164,8 +164,16 @@ class ElfInfo:
     def plt_slots(self) -> dict[int, str]:
         """GOT slot address -> the function it is bound to (.rela.plt's jump slots): what a PLT
         stub's `jmp *slot(%rip)` goes to."""
+        return self._slots(".rela.plt")
+
+    def got_slots(self) -> dict[int, str]:
+        """The PLT's jump slots and the GOT's other symbol slots (.rela.dyn): what a -fno-plt build's
+        `call *slot(%rip)` goes to."""
+        return {**self._slots(".rela.dyn"), **self.plt_slots()}
+
+    def _slots(self, section: str) -> dict[int, str]:
         slots: dict[int, str] = {}
-        rela = self.elf.get_section_by_name(".rela.plt")
+        rela = self.elf.get_section_by_name(section)
         dynsym = self.elf.get_section_by_name(".dynsym")
         if rela is None or not isinstance(dynsym, SymbolTableSection):
             return slots

@@ -16,7 +16,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from capstone import x86_const as x86
-from elftools.elf.sections import SymbolTableSection
 from memdiag.system import arch
 
 from ..elf import ElfInfo, Symbol
@@ -44,7 +43,7 @@ def call_sites(elf: ElfInfo, sym: Symbol, callees: tuple[str, ...] = RETURNING) 
     if code is None:
         return []
     md = arch.disassembler()
-    slots = _slots(elf)
+    slots = elf.got_slots()
     found = []
     for ins in md.disasm(code, sym.address):
         if ins.id != x86.X86_INS_CALL or not ins.operands:
@@ -74,18 +73,3 @@ def _named_target(elf: ElfInfo, md, target: int, slots: dict[int, str]) -> str |
     if at is None or at[1] != 0:
         return None
     return at[0].name.split("@")[0]
-
-
-def _slots(elf: ElfInfo) -> dict[int, str]:
-    """GOT slot -> the function bound there: the PLT's jump slots and -fno-plt's GLOB_DAT slots."""
-    slots = dict(elf.plt_slots())
-    rela = elf.elf.get_section_by_name(".rela.dyn")
-    dynsym = elf.elf.get_section_by_name(".dynsym")
-    if rela is None or not isinstance(dynsym, SymbolTableSection):
-        return slots
-    for r in rela.iter_relocations():
-        if r["r_info_sym"]:
-            name = dynsym.get_symbol(r["r_info_sym"]).name.split("@")[0]
-            if name:
-                slots.setdefault(r["r_offset"], name)
-    return slots
