@@ -1,0 +1,147 @@
+"""Narrowed allocation tracing: the blocks one function's own calls to the allocator return, and
+which of them are still allocated at the end, with no probe on malloc or free.
+
+Where memleak is priced out (a hot allocator: every malloc and free traps), a page-fault profile
+still names the function whose pages grow. Its own calls to the allocator are few: a uprobe after
+each (callsites.py) records the block and the caller's stack (bpf/sites.c), and at the end the
+allocator's chunk headers say which blocks are still allocated and how large (glibcheap.py). Those
+blocks are what a reachability scan then tells leaked from held.
+
+Only glibc's headers are read: under another allocator the trace refuses (its blocks' liveness
+would be a guess)."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..base import detach_all, disarm, load
+from ..elf import elf_info
+from ..growth import RawStack, Spaces, StackGrowth, merge_stacks
+from ..procmaps import AddressSpace
+from .callsites import CallSite, call_sites
+from .glibcheap import Memory, State, read_heap, state
+
+PROGRAM = "sites"
+FUNCTION = b"site_return"
+STAT_NAMES = ("hits", "null", "stack_errors", "blocks_dropped", "samples_dropped")  # bpf/sites.c enum site_stat
+
+
+class SitesRefused(Exception):
+    """The narrowed trace cannot run on this target: why, in one line."""
+
+
+@dataclass(frozen=True)
+class Block:
+    address: int
+    size: int | None  # the chunk's usable bytes (None: not read)
+    state: State
+    ts_ns: int
+    key: tuple  # (tgid, stack_id, ip, at_sp): its stack's key
+
+
+@dataclass
+class SiteTrace:
+    function: str
+    module: str
+    sites: list[CallSite]
+    seconds: float  # attached
+    stats: dict[str, int]
+    blocks: list[Block] = field(default_factory=list)
+    stacks: list[StackGrowth] = field(default_factory=list)  # the still-allocated blocks, by stack
+
+    def live(self) -> list[Block]:
+        return [b for b in self.blocks if b.state == State.ALLOCATED]
+
+
+def module_of(pid: int, function: str) -> tuple[AddressSpace, str] | None:
+    """The mapped file (executable or library) of pid that defines function."""
+    space = AddressSpace.of(pid)
+    if space is None:
+        return None
+    for module in space.modules():
+        elf = elf_info(space.file_path(space.first_mapping_of(module)))
+        if elf is not None and elf.symbol_named(function) is not None:
+            return space, module
+    return None
+
+
+def trace(pid: int, function: str, seconds: float) -> SiteTrace:
+    """Trace function's calls to the allocator in pid for seconds; the blocks they returned, read."""
+    found = module_of(pid, function)
+    if found is None:
+        raise SitesRefused(f"no module PID {pid} maps defines {function}")
+    space, module = found
+    if not any(Path(m).name.startswith(("libc.so", "libc-")) for m in space.modules()):
+        raise SitesRefused(f"PID {pid} does not use glibc: its blocks' state cannot be read")
+    elf = elf_info(space.file_path(space.first_mapping_of(module)))
+    sym = elf.symbol_named(function) if elf is not None else None
+    sites = call_sites(elf, sym) if elf is not None and sym is not None else []
+    if not sites:
+        raise SitesRefused(f"{function} calls no allocator itself (it may allocate through a wrapper)")
+    path = space.inode_path(space.first_mapping_of(module))
+    if path is None:
+        raise SitesRefused(f"{module} is not the file PID {pid} maps")
+    bpf = load(PROGRAM, {})
+    spaces = Spaces()
+    spaces.refresh([pid])
+    try:
+        with bpf.uprobe_batch() as refused:
+            for s in sites:
+                bpf.attach_uprobe(name=path.encode(), fn_name=FUNCTION, addr=s.return_address, pid=pid, tag=s)
+        if refused:
+            raise SitesRefused(f"the kernel refused a probe at {function}: {refused[0][1]}")
+        started = time.monotonic()
+        time.sleep(seconds)
+        attached = time.monotonic() - started
+    finally:
+        disarm(bpf)
+        detach_all(bpf)
+    stats = dict(zip(STAT_NAMES, (bpf["stats"][i].value for i in range(len(STAT_NAMES))), strict=True))
+    out = SiteTrace(function, module, sites, attached, stats)
+    out.blocks = _read_blocks(bpf, pid)
+    out.stacks = _stacks(bpf, out.live(), spaces)
+    return out
+
+
+def _read_blocks(bpf, pid: int) -> list[Block]:
+    raw = [(k.value, v.ts_ns, (v.key.tgid, v.key.stack_id, v.key.ip, v.key.at_sp)) for k, v in bpf["blocks"].items()]
+    out = []
+    with Memory(pid) as mem:
+        heap = read_heap(mem, Path(f"/proc/{pid}/maps").read_text())
+        for address, ts, key in raw:
+            st = state(mem, heap, address)
+            out.append(Block(address, _usable(mem, address) if st == State.ALLOCATED else None, st, ts, key))
+    return out
+
+
+def _usable(mem: Memory, address: int) -> int | None:
+    """A chunk's usable bytes: its size less the header word it keeps (two for an mmapped chunk)."""
+    raw = mem.word(address - 8)
+    if raw is None:
+        return None
+    size = raw & ~7
+    return size - (16 if raw & 2 else 8)
+
+
+def _stacks(bpf, live: list[Block], spaces: Spaces) -> list[StackGrowth]:
+    """The live blocks by stack, each stack named as faults names its own (.eh_frame from the copy)."""
+    by_key: dict[tuple, list[Block]] = {}
+    for b in live:
+        by_key.setdefault(b.key, []).append(b)
+    stack_table, samples = bpf["stacks"], bpf["samples"]
+    keys = {(k.tgid, k.stack_id, k.ip, k.at_sp): k for k in samples}
+    raw = []
+    for key, blocks in by_key.items():
+        tgid, stack_id, ip, _at_sp = key
+        fp = list(stack_table.walk(stack_id)) if stack_id >= 0 else [ip]
+        regs = data = None
+        k = keys.get(key)
+        if k is not None:
+            s = samples[k]
+            regs, data = (s.regs.ip, s.regs.sp, s.regs.bp), bytes(bytearray(s.data)[: s.len])
+        total = sum(b.size or 0 for b in blocks)
+        raw.append(RawStack(pid=tgid, fp_stack=fp, regs=regs, stack=data, count=len(blocks), bytes=total, key=key))
+    stacks, _failed = merge_stacks(raw, spaces)
+    return stacks

@@ -1,0 +1,36 @@
+"""Narrowed allocation tracing (probes/memleak/sites.py) on the real kernel: uprobes only after one
+function's own calls to the allocator, the blocks they return read back from glibc's chunk headers
+at the end, with no probe on malloc or free."""
+
+import pytest
+from memdiag.probes.memleak import sites
+from memdiag.probes.memleak.glibcheap import State
+
+
+def test_a_leaking_functions_blocks_are_all_still_allocated_with_its_stack(workload):
+    w = workload("leak", "400")  # 100 records of 4 KiB a second from leak_order_history
+    t = sites.trace(w.pid, "leak_order_history", 2.0)
+    assert [s.callee for s in t.sites] == ["malloc"]
+    live = t.live()
+    # every record it allocated in the 2 s is still allocated, and each is at least its 4 KiB
+    assert len(live) == len(t.blocks) >= 100, t.stats
+    assert all(b.size is not None and b.size >= 4096 - 16 for b in live)
+    # only its own calls trapped: no malloc, no free (handle_request churns 4 times as many)
+    assert t.stats["hits"] == len(t.blocks) + t.stats["null"] <= 400
+    top = t.stacks[0]
+    assert top.functions[0] == "leak_order_history" and "main" in top.functions, top.frames
+    assert top.count == len(live) and top.bytes == sum(b.size for b in live)
+
+
+def test_a_function_that_frees_what_it_allocates_leaves_nothing_allocated(workload):
+    w = workload("leak", "400")
+    t = sites.trace(w.pid, "handle_request", 2.0)
+    assert t.stats["hits"] >= 40  # it ran, 40 times a second or more
+    assert t.blocks and t.live() == [], [(hex(b.address), b.state) for b in t.blocks]
+    assert {b.state for b in t.blocks} == {State.FREE}
+
+
+def test_a_function_that_allocates_through_no_call_of_its_own_is_refused_in_one_line(workload):
+    w = workload("leak", "400")
+    with pytest.raises(sites.SitesRefused, match="main calls no allocator itself"):
+        sites.trace(w.pid, "main", 1.0)
