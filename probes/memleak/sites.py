@@ -18,10 +18,12 @@ from pathlib import Path
 
 from ..base import detach_all, disarm, load
 from ..elf import elf_info
+from ..face import StackReach
 from ..growth import RawStack, Spaces, StackGrowth, merge_stacks
 from ..procmaps import AddressSpace
 from .callsites import CallSite, call_sites
 from .glibcheap import Memory, State, read_heap, state
+from .reach import Blocks, ReachScan
 
 PROGRAM = "sites"
 FUNCTION = b"site_return"
@@ -107,13 +109,7 @@ def trace(pid: int, function: str, seconds: float) -> SiteTrace:
 
 def _read_blocks(bpf, pid: int) -> list[Block]:
     raw = [(k.value, v.ts_ns, (v.key.tgid, v.key.stack_id, v.key.ip, v.key.at_sp)) for k, v in bpf["blocks"].items()]
-    out = []
-    with Memory(pid) as mem:
-        heap = read_heap(mem, Path(f"/proc/{pid}/maps").read_text())
-        for address, ts, key in raw:
-            st = state(mem, heap, address)
-            out.append(Block(address, _usable(mem, address) if st == State.ALLOCATED else None, st, ts, key))
-    return out
+    return _reread(pid, [Block(address, None, State.UNKNOWN, ts, key) for address, ts, key in raw])
 
 
 def _usable(mem: Memory, address: int) -> int | None:
@@ -145,3 +141,36 @@ def _stacks(bpf, live: list[Block], spaces: Spaces) -> list[StackGrowth]:
         raw.append(RawStack(pid=tgid, fp_stack=fp, regs=regs, stack=data, count=len(blocks), bytes=total, key=key))
     stacks, _failed = merge_stacks(raw, spaces)
     return stacks
+
+
+def reach_of(pid: int, t: SiteTrace, allowed_ms: float | None = None) -> tuple[ReachScan, dict[tuple, StackReach]]:
+    """The reachability scan (reach.scan) of the trace's blocks still allocated, their state read
+    again once the target is stopped (the same instant as the scan): per stack key, leaked (nothing
+    points at them) or held and by what. Everything else in the process is a root."""
+    import numpy as np
+
+    from . import reach
+
+    keys = list(dict.fromkeys(b.key for b in t.blocks))
+    group = {k: i for i, k in enumerate(keys)}
+
+    def read_blocks(final: bool) -> Blocks:
+        live = [b for b in _reread(pid, t.blocks) if b.state == State.ALLOCATED] if final else t.live()
+        return Blocks(
+            np.array([b.address for b in live], dtype=np.uint64),
+            np.array([b.size or 1 for b in live], dtype=np.uint64),
+            np.array([group[b.key] for b in live], dtype=np.int64),
+        ).glibc_bounded()
+
+    result, per_group = reach.scan(pid, read_blocks, allowed_ms, allocator="glibc")
+    return result, {keys[g]: r for g, r in per_group.items()}
+
+
+def _reread(pid: int, blocks: list[Block]) -> list[Block]:
+    with Memory(pid) as mem:
+        heap = read_heap(mem, Path(f"/proc/{pid}/maps").read_text())
+        out = []
+        for b in blocks:
+            st = state(mem, heap, b.address)
+            out.append(Block(b.address, _usable(mem, b.address) if st == State.ALLOCATED else None, st, b.ts_ns, b.key))
+        return out

@@ -34,3 +34,22 @@ def test_a_function_that_allocates_through_no_call_of_its_own_is_refused_in_one_
     w = workload("leak", "400")
     with pytest.raises(sites.SitesRefused, match="main calls no allocator itself"):
         sites.trace(w.pid, "main", 1.0)
+
+
+def test_the_scan_calls_a_leaking_functions_blocks_leaked(workload):
+    w = workload("leak", "400")
+    t = sites.trace(w.pid, "leak_order_history", 2.0)
+    scan, by_key = sites.reach_of(w.pid, t)
+    assert scan.status == "ran" and scan.paused_ms > 0, scan
+    leaked = sum(r.leaked_count for r in by_key.values())
+    assert leaked == len(t.live()) >= 100 and sum(r.anchored_count for r in by_key.values()) == 0
+
+
+def test_the_scan_names_what_holds_a_registrys_blocks(workload):
+    w = workload("registry", "2000")
+    t = sites.trace(w.pid, "register_entry", 2.0)
+    scan, by_key = sites.reach_of(w.pid, t)
+    assert scan.status == "ran", scan
+    held = [r for r in by_key.values() if r.anchored_count]
+    assert held and sum(r.leaked_count for r in by_key.values()) == 0
+    assert "registry" in held[0].anchor, held[0]
