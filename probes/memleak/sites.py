@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..allocator import find_allocator
 from ..base import detach_all, disarm, load
 from ..elf import elf_info
 from ..face import StackReach
@@ -75,8 +76,10 @@ def trace(pid: int, function: str, seconds: float) -> SiteTrace:
     if found is None:
         raise SitesRefused(f"no module PID {pid} maps defines {function}")
     space, module = found
-    if not any(Path(m).name.startswith(("libc.so", "libc-")) for m in space.modules()):
-        raise SitesRefused(f"PID {pid} does not use glibc: its blocks' state cannot be read")
+    alloc = find_allocator(pid, space)
+    if alloc is None or alloc.name != "glibc":  # libc is mapped under jemalloc too: not its heap
+        which = alloc.name if alloc is not None else "no allocator memdiag knows"
+        raise SitesRefused(f"PID {pid} allocates with {which}, not glibc: its blocks' state cannot be read")
     elf = elf_info(space.file_path(space.first_mapping_of(module)))
     sym = elf.symbol_named(function) if elf is not None else None
     sites = call_sites(elf, sym) if elf is not None and sym is not None else []

@@ -5,6 +5,9 @@ at the end, with no probe on malloc or free."""
 import pytest
 from memdiag.probes.memleak import sites
 from memdiag.probes.memleak.glibcheap import State
+from memdiag.system import arch
+
+JEMALLOC = arch.library("libjemalloc.so.2")
 
 
 def test_a_leaking_functions_blocks_are_all_still_allocated_with_its_stack(workload):
@@ -53,3 +56,12 @@ def test_the_scan_names_what_holds_a_registrys_blocks(workload):
     held = [r for r in by_key.values() if r.anchored_count]
     assert held and sum(r.leaked_count for r in by_key.values()) == 0
     assert "registry" in held[0].anchor, held[0]
+
+
+def test_under_another_allocator_the_trace_is_refused_in_one_line(workload):
+    """glibc is mapped under jemalloc too: its chunk headers are not where the blocks' state is."""
+    if JEMALLOC is None:
+        pytest.skip("needs libjemalloc2 (scripts/setup.sh --test installs it)")
+    w = workload("leak", "400", env={"LD_PRELOAD": JEMALLOC})
+    with pytest.raises(sites.SitesRefused, match="allocates with jemalloc, not glibc"):
+        sites.trace(w.pid, "leak_order_history", 1.0)
