@@ -87,6 +87,14 @@ static __always_inline void read_user_regs(struct user_regs *r, struct pt_regs *
 	bpf_probe_read_kernel(&r->bp, sizeof(r->bp), &regs->bp);
 }
 
+/* The same from a uprobe's own context (the user registers at the probed instruction). */
+static __always_inline void uprobe_regs(struct user_regs *r, struct pt_regs *ctx)
+{
+	r->ip = PT_REGS_IP(ctx);
+	r->sp = PT_REGS_SP(ctx);
+	r->bp = PT_REGS_FP(ctx);
+}
+
 /* --- CPython frames (walked by bpf/pyframes.h, read back by probes/cpython) -------------------
  * One py_proc per traced CPython process, filled by user space from the interpreter's layout
  * (probes/cpython/layout.py: a table per version, or the _Py_DebugOffsets that CPython 3.13+

@@ -273,9 +273,7 @@ static __always_inline int enter(struct pt_regs *ctx, u64 size, u64 ptr_arg, u32
 	struct stack_sample *s = scratch.lookup(&zero);
 	if (!s)
 		return 0;
-	s->regs.ip = PT_REGS_IP(ctx);
-	s->regs.sp = PT_REGS_SP(ctx);
-	s->regs.bp = PT_REGS_FP(ctx);
+	uprobe_regs(&s->regs, ctx);
 	struct inflight in = { .size = size, .ptr_arg = ptr_arg, .kind = kind, .depth = 1 };
 	in.key.tgid = tgid;
 	in.key.ip = s->regs.ip;

@@ -53,9 +53,7 @@ int site_return(struct pt_regs *ctx)
 	struct stack_sample *s = scratch.lookup(&zero);
 	if (!s)
 		return 0;
-	s->regs.ip = PT_REGS_IP(ctx);
-	s->regs.sp = PT_REGS_SP(ctx);
-	s->regs.bp = PT_REGS_FP(ctx);
+	uprobe_regs(&s->regs, ctx);
 	struct site_block b = { .ts_ns = bpf_ktime_get_ns() };
 	b.key.tgid = current_pid_tgid() >> 32;
 	b.key.ip = s->regs.ip;
