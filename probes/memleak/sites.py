@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..allocator import find_allocator
-from ..base import detach_all, disarm, load
+from ..base import detach_all, load
 from ..elf import elf_info
 from ..face import StackReach
 from ..growth import RawStack, Spaces, StackGrowth, merge_stacks
@@ -100,14 +100,17 @@ def trace(pid: int, function: str, seconds: float) -> SiteTrace:
         started = time.monotonic()
         time.sleep(seconds)
         attached = time.monotonic() - started
+        detach_all(bpf)  # nothing more is recorded: the books are read as they stand
+        stats = dict(zip(STAT_NAMES, (bpf["stats"][i].value for i in range(len(STAT_NAMES))), strict=True))
+        out = SiteTrace(function, module, sites, attached, stats)
+        try:
+            out.blocks = _read_blocks(bpf, pid)
+        except OSError as e:  # the target exited (or its memory went) during the trace
+            raise SitesRefused(f"PID {pid} could not be read after the trace: {e.strerror or e}") from None
+        out.stacks = _stacks(bpf, out.live(), spaces)
+        return out
     finally:
-        disarm(bpf)
-        detach_all(bpf)
-    stats = dict(zip(STAT_NAMES, (bpf["stats"][i].value for i in range(len(STAT_NAMES))), strict=True))
-    out = SiteTrace(function, module, sites, attached, stats)
-    out.blocks = _read_blocks(bpf, pid)
-    out.stacks = _stacks(bpf, out.live(), spaces)
-    return out
+        bpf.cleanup()  # the maps' and programs' descriptors: memdiag serve lives on
 
 
 def _read_blocks(bpf, pid: int) -> list[Block]:

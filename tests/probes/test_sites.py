@@ -65,3 +65,12 @@ def test_under_another_allocator_the_trace_is_refused_in_one_line(workload):
     w = workload("leak", "400", env={"LD_PRELOAD": JEMALLOC})
     with pytest.raises(sites.SitesRefused, match="allocates with jemalloc, not glibc"):
         sites.trace(w.pid, "leak_order_history", 1.0)
+
+
+def test_a_target_that_exits_during_the_trace_is_said_in_one_line(workload):
+    import threading
+
+    w = workload("leak", "400")
+    threading.Timer(0.5, w.stop).start()
+    with pytest.raises(sites.SitesRefused, match=f"PID {w.pid} could not be read after the trace"):
+        sites.trace(w.pid, "leak_order_history", 1.5)
