@@ -120,8 +120,16 @@ def test_a_bounded_lru_cache_is_a_cache_that_turns_over(memdiag, java, tmp_path)
         assert holders[0][3] in ("4000, 4000", "?, 4000"), holders[0]
         if holders[0][3] == "?, 4000":
             assert "4,000 entries at the stop; " in v["summary"], v["summary"]
-    else:  # none kept: the JVM's counters say the heap grew for garbage it turns over
-        assert v["rule"] == "java-heap-expands", v["summary"]
+    else:  # none kept: the heap grew for garbage it turns over, by the counters or by the samples
+        # (this stop's fresh-clone run: the live set climbed 64 to 208 MiB and all 184 samples the
+        # recording found in the heap were reached from no root)
+        assert v["rule"] in ("java-heap-expands", "java-heap-sampled-garbage"), v["summary"]
+        if v["rule"] == "java-heap-sampled-garbage":
+            assert (
+                "objects the flight recorder sampled and found still in the heap are reached from no root"
+                in (v["summary"])
+            )
+            assert "byte[] allocated at LruCache.load(int) line: " in v["summary"], v["summary"]
     assert left_in_jvm(w.pid) == []
 
 

@@ -124,6 +124,28 @@ def test_playbook_java_verdicts_from_the_counters_and_the_recording():
     assert verdict(malloc_cache) == "java-heap-growth-unnamed"
 
 
+def test_a_recording_whose_samples_in_the_heap_are_all_garbage_says_turnover_not_growth():
+    """The fresh-clone failure of the LRU cache: its live set after collections climbed, and all 184
+    samples the recording found still in the heap were reached from no root."""
+    counters = {**BASE, **jvm_facts(leaking())}
+    recorded = {**counters, "jfr.recorded": 18.4, "jfr.alloc_class": "byte[]", "jfr.alloc_rate": 6e6,
+                "jfr.alloc_site": "LruCache.load(int) line: 27"}  # fmt: skip
+    c = conclude(run_rules(load_rules(), {**recorded, "jfr.unrooted": 184}), {**recorded, "jfr.unrooted": 184})
+    assert c.winner.id == "java-heap-sampled-garbage" and c.winner.then.verdict.kind == "cache"
+    assert "all 184 objects the flight recorder sampled and found still in the heap are reached from no root" in (
+        c.summary
+    )
+    assert "byte[] allocated at LruCache.load(int) line: 27" in c.summary
+    # too few samples to say, a sample that is held, or pressure: not this rule
+    assert verdict({**recorded, "jfr.unrooted": 5}) == "java-heap-growth-unnamed"
+    assert verdict({**recorded, "jfr.unrooted": 184, "jfr.held_anchor": "LruCache.cache"}) != (
+        "java-heap-sampled-garbage"
+    )
+    near = {**recorded, "jfr.unrooted": 184, "jvm.live_set_percent": 93.0, "jvm.gc_share": 35.0,
+            "jvm.gc_share_recent": 40.0}  # fmt: skip
+    assert verdict(near) == "java-heap-pressure"
+
+
 def test_rss_climbing_asks_malloc_probes_only_where_the_heap_does_not_hold_the_growth():
     rules = {r.id: r for r in load_rules()}
     fired = {r.id for r, o in run_rules(list(rules.values()), {**BASE, **jvm_facts(leaking())}) if o.state == "fired"}
