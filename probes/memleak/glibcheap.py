@@ -165,6 +165,15 @@ def state(mem: Memory, heap: Heap, pointer: int) -> State:
     return State.ALLOCATED
 
 
+def usable_size(mem: Memory, pointer: int) -> int | None:
+    """An allocated block's usable bytes: its chunk's size less the header word the chunk keeps in
+    use (both words for an mmapped chunk). None: the header is not readable."""
+    raw = mem.word(pointer - 8)
+    if raw is None:
+        return None
+    return (raw & ~SIZE_BITS) - (HEADER if raw & IS_MMAPPED else HEADER // 2)
+
+
 def _is_tcache_struct(mem: Memory, address: int) -> bool:
     raw = mem.word(address - 8)
     return raw is not None and (raw & ~SIZE_BITS) in TCACHE_STRUCT_SIZES and address % 16 == 0

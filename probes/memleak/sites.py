@@ -18,12 +18,12 @@ from pathlib import Path
 
 from ..allocator import find_allocator
 from ..base import detach_all, load
-from ..elf import elf_info
+from ..elf import ElfInfo, Symbol, elf_info
 from ..face import StackReach
 from ..growth import RawStack, Spaces, StackGrowth, merge_stacks
 from ..procmaps import AddressSpace
 from .callsites import CallSite, call_sites
-from .glibcheap import Memory, State, read_heap, state
+from .glibcheap import Memory, State, read_heap, state, usable_size
 from .reach import Blocks, ReachScan
 
 PROGRAM = "sites"
@@ -58,15 +58,16 @@ class SiteTrace:
         return [b for b in self.blocks if b.state == State.ALLOCATED]
 
 
-def module_of(pid: int, function: str) -> tuple[AddressSpace, str] | None:
-    """The mapped file (executable or library) of pid that defines function."""
+def module_of(pid: int, function: str) -> tuple[AddressSpace, str, ElfInfo, Symbol] | None:
+    """The mapped file (executable or library) of pid that defines function, read, with its symbol."""
     space = AddressSpace.of(pid)
     if space is None:
         return None
     for module in space.modules():
         elf = elf_info(space.file_path(space.first_mapping_of(module)))
-        if elf is not None and elf.symbol_named(function) is not None:
-            return space, module
+        sym = elf.symbol_named(function) if elf is not None else None
+        if elf is not None and sym is not None:
+            return space, module, elf, sym
     return None
 
 
@@ -75,14 +76,12 @@ def trace(pid: int, function: str, seconds: float) -> SiteTrace:
     found = module_of(pid, function)
     if found is None:
         raise SitesRefused(f"no module PID {pid} maps defines {function}")
-    space, module = found
+    space, module, elf, sym = found
     alloc = find_allocator(pid, space)
     if alloc is None or alloc.name != "glibc":  # libc is mapped under jemalloc too: not its heap
         which = alloc.name if alloc is not None else "no allocator memdiag knows"
         raise SitesRefused(f"PID {pid} allocates with {which}, not glibc: its blocks' state cannot be read")
-    elf = elf_info(space.file_path(space.first_mapping_of(module)))
-    sym = elf.symbol_named(function) if elf is not None else None
-    sites = call_sites(elf, sym) if elf is not None and sym is not None else []
+    sites = call_sites(elf, sym)
     if not sites:
         raise SitesRefused(f"{function} calls no allocator itself (it may allocate through a wrapper)")
     path = space.inode_path(space.first_mapping_of(module))
@@ -116,15 +115,6 @@ def trace(pid: int, function: str, seconds: float) -> SiteTrace:
 def _read_blocks(bpf, pid: int) -> list[Block]:
     raw = [(k.value, v.ts_ns, (v.key.tgid, v.key.stack_id, v.key.ip, v.key.at_sp)) for k, v in bpf["blocks"].items()]
     return _reread(pid, [Block(address, None, State.UNKNOWN, ts, key) for address, ts, key in raw])
-
-
-def _usable(mem: Memory, address: int) -> int | None:
-    """A chunk's usable bytes: its size less the header word it keeps (two for an mmapped chunk)."""
-    raw = mem.word(address - 8)
-    if raw is None:
-        return None
-    size = raw & ~7
-    return size - (16 if raw & 2 else 8)
 
 
 def _stacks(bpf, live: list[Block], spaces: Spaces) -> list[StackGrowth]:
@@ -178,5 +168,7 @@ def _reread(pid: int, blocks: list[Block]) -> list[Block]:
         out = []
         for b in blocks:
             st = state(mem, heap, b.address)
-            out.append(Block(b.address, _usable(mem, b.address) if st == State.ALLOCATED else None, st, b.ts_ns, b.key))
+            out.append(
+                Block(b.address, usable_size(mem, b.address) if st == State.ALLOCATED else None, st, b.ts_ns, b.key)
+            )
         return out
