@@ -5,8 +5,9 @@
  * hot allocator pays only for the calls of the function a page-fault profile named. The block's
  * size, and whether it is still allocated, are read later from the allocator's own chunk headers
  * (probes/memleak/glibcheap.py): free is not traced.
- * Per block: its stack key and time. Per stack key: the first event's registers and a copy of the
- * user stack, so user space unwinds frameless code with .eh_frame (as faults.c).
+ * Per block: its stack key and time. Per stack key: its calls (so "1 in N calls leaks" is per stack),
+ * the first event's registers and a copy of the user stack, so user space unwinds frameless code
+ * with .eh_frame (as faults.c).
  * Defines from the loader: MAX_BLOCKS, MAX_SAMPLES. */
 #include "memdiag.h"
 
@@ -33,11 +34,12 @@ struct site_block {
 };
 
 /* what user space reads of stats, by index: probes/memleak/sites.py STAT_NAMES, in this order */
-enum site_stat { SS_HITS, SS_NULL, SS_STACK_ERRORS, SS_BLOCKS_DROPPED, SS_SAMPLES_DROPPED, SS_COUNT };
+enum site_stat { SS_HITS, SS_NULL, SS_STACK_ERRORS, SS_BLOCKS_DROPPED, SS_SAMPLES_DROPPED, SS_CALLS_DROPPED, SS_COUNT };
 
 BPF_F_TABLE("hash", u64, struct site_block, blocks, MAX_BLOCKS, BPF_F_NO_PREALLOC);
 BPF_STACK_TRACE(stacks, MAX_STACKS);
 BPF_F_TABLE("hash", struct site_key, struct stack_sample, samples, MAX_SAMPLES, BPF_F_NO_PREALLOC);
+BPF_F_TABLE("hash", struct site_key, u64, calls, MAX_SAMPLES, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(scratch, struct stack_sample, 1);
 BPF_ARRAY(stats, u64, SS_COUNT);
 
@@ -61,6 +63,11 @@ int site_return(struct pt_regs *ctx)
 	b.key.stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
 	if (b.key.stack_id < 0)
 		stats.increment(SS_STACK_ERRORS);
+	u64 one = 1, *n = calls.lookup(&b.key);
+	if (n)
+		__sync_fetch_and_add(n, 1);
+	else if (calls.insert(&b.key, &one) != 0)
+		stats.increment(SS_CALLS_DROPPED);
 	if (!samples.lookup(&b.key)) {
 		copy_user_stack(s);
 		if (samples.insert(&b.key, s) != 0)

@@ -50,7 +50,7 @@ def watch(engine, sampler) -> None:
     trail = TrailFold(engine.trail)
     while sampler.alive() and not interrupted() and start < engine.duration:
         engine.cycle_end = min(start + engine.cycle_s, engine.duration)
-        engine.decided, engine.results, engine.spent_ns = set(), {}, 0.0
+        engine.decided, engine.results, engine.spent_ns, engine.options = set(), {}, 0.0, {}
         mark = len(engine.trail)
         engine._rounds(sampler)
         with phase(f"counters (cycle {index + 1})"):

@@ -101,6 +101,7 @@ class Engine:
         self.cycle_end: float | None = None  # the current cycle's end, seconds into the window
         self.records: list = []  # diagnose.cycles.CycleRecord, one per cycle watched
         self.kept: dict[str, ProbeResult] = {}  # per probe, the run that speaks for the window so far
+        self.options: dict[str, dict] = {}  # per probe, its options as its rule gave them from facts
 
     # --- time and the budget ---------------------------------------------------------------
     def elapsed(self) -> float:
@@ -127,6 +128,7 @@ class Engine:
             plan=self.plans.get(name) if name else None,
             max_pause_ms=self.max_pause_ms,
             cpu_rate=rate,
+            options=self.options.get(name, {}) if name else {},
         )
 
     # --- facts and rules ---------------------------------------------------------------------
@@ -135,10 +137,22 @@ class Engine:
         return window_facts(obs, t, self.budget, self.runtime, given, self.results, self.plans, self.classes)
 
     def evaluate(self, facts: dict) -> list[Request]:
-        """Run the rules on the facts; the probes the fired rules ask for, as (name, seconds, rule)."""
+        """Run the rules on the facts; the probes the fired rules ask for, as (name, seconds, rule),
+        with the options their rules give from facts kept for their runs (the first asker's)."""
         self.facts = facts
         self.outcomes = run_rules(self.rules, facts)
-        return [(p.name, p.seconds, r.id) for r, o in self.outcomes if o.state == "fired" for p in r.then.probes]
+        requests = []
+        for r, o in self.outcomes:
+            for p in r.then.probes if o.state == "fired" else []:
+                missing = [fact for fact in p.given.values() if facts.get(fact) is None]
+                if missing:
+                    if p.name not in self.decided and p.name not in self.results:
+                        self.decided.add(p.name)
+                        self._not_run(p.name, f"asked by {r.id}, but {', '.join(missing)} is unknown")
+                    continue
+                self.options.setdefault(p.name, {k: facts[fact] for k, fact in p.given.items()})
+                requests.append((p.name, p.seconds, r.id))
+        return requests
 
     # --- probes ------------------------------------------------------------------------------
     def _run_probe(self, name: str, ctx: Context) -> ProbeResult:

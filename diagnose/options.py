@@ -88,6 +88,14 @@ def size(maximum: int) -> Callable[[str], int]:
     return parse
 
 
+def _function(text: str) -> str:
+    """An argparse type: a function's name as its symbol table spells it (C, or a mangled C++ name)."""
+    name = text.strip()
+    if not name or any(c.isspace() for c in name) or len(name) > 4096:
+        raise argparse.ArgumentTypeError(f"{_quoted(text)} is not a function's name (its symbol, e.g. leak_records)")
+    return name
+
+
 # Bounds. A diagnosis or a probe watches for at most a day (serve's diagnoses for at most an hour);
 # a pid is at most the kernel's PID_MAX_LIMIT (4M); memleak's sampling draws a 32-bit random number
 # (bpf_get_prandom_u32() % N); no allocation is bigger than the largest user address space of a
@@ -107,6 +115,7 @@ PID = number(1, PID_MAX_LIMIT, integer=True)
 ROWS = number(1, MAX_ROWS, integer=True)  # lines or stacks to show
 SAMPLE_EVERY = number(1, MAX_SAMPLE_EVERY, integer=True)
 SIZE = size(MAX_BYTES)
+FUNCTION = _function
 
 
 def add_playbook_option(parser: argparse.ArgumentParser) -> None:

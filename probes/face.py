@@ -65,7 +65,8 @@ plan       plan(target, ctx) -> Plan | None, before it runs: its price against c
            ledger and a row of the table each; its `facts` are shown to the rules; one that does
            not `go` is not run, and what the rules then ask for runs in its place.
 planning   what plan() does, in words, for the phase a signal may interrupt.
-options    Option(...): `memdiag probe NAME`'s arguments of its own; their values in ctx.options.
+options    Option(...): `memdiag probe NAME`'s arguments of its own; their values in ctx.options. In a
+           diagnosis, a rule gives them from facts (`given: {function: faults.top_function}`).
 refuse     refuse(options) -> str | None: a usage error among its options' values (exit 2).
 keep       keep(older, newer) -> the result that speaks for a long window watched in cycles, where
            the probe runs once per cycle (diagnose/cycles.py); None: the newest. memleak keeps the
@@ -307,7 +308,8 @@ class Context:
     plan: Plan | None = None  # run: its own plan, when it made one
     max_pause_ms: float | None = None  # the longest stop of the target allowed (None: no limit)
     cpu_rate: float | None = None  # the target's CPU seconds per second before any probe (None: unknown)
-    options: Mapping[str, Any] = field(default_factory=dict)  # its own `memdiag probe` options' values
+    # its own options' values: `memdiag probe`'s, or in a diagnosis what the asking rule gave from facts
+    options: Mapping[str, Any] = field(default_factory=dict)
     alone: bool = False  # run by `memdiag probe NAME`, not by a diagnosis
 
 
@@ -316,7 +318,7 @@ class Option:
     """One argument of `memdiag probe NAME` of the probe's own: --flag VALUE into ctx.options[dest]."""
 
     flag: str
-    kind: Literal["count", "size", "milliseconds", "flag"]
+    kind: Literal["count", "size", "milliseconds", "flag", "function"]
     help: str
     default: Any = None
     group: str = ""  # the heading it is listed under (default: the probe's name)

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from memdiag.system.units import fmt_number
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from .cpython.frames import PyFrame, mixed
 from .face import Namer, Stack, Stacks
@@ -26,6 +26,9 @@ class StackGrowth(BaseModel):
     pid: int
     method: str  # how the stack was recovered: eh_frame, frame pointers, ...
     unknown_frames: int = 0
+    # the callers' keys of the raw stacks merged into it (RawStack.key), for the caller's own tables;
+    # not part of the stack as the report shows it
+    keys: list[tuple] = Field(default=[], exclude=True)
 
 
 class Spaces:
@@ -96,7 +99,9 @@ def merge_stacks(raw: Iterable[RawStack], spaces: Spaces, group=None) -> tuple[l
             m = merged[key]
             if r.bytes > m.bytes:  # the heaviest's frames stand for the group
                 m = m.model_copy(update={"frames": names, "functions": functions, "method": s.method})
-            merged[key] = m.model_copy(update={"count": m.count + r.count, "bytes": m.bytes + r.bytes})
+            merged[key] = m.model_copy(
+                update={"count": m.count + r.count, "bytes": m.bytes + r.bytes, "keys": [*m.keys, r.key]}
+            )
             continue
         merged[key] = StackGrowth(
             frames=names,
@@ -106,6 +111,7 @@ def merge_stacks(raw: Iterable[RawStack], spaces: Spaces, group=None) -> tuple[l
             pid=r.pid,
             method=s.method,
             unknown_frames=sum(1 for f in frames if not f.known),
+            keys=[r.key],
         )
     failed = sum(s.failed for s in symbolizers.values())
     return sorted(merged.values(), key=lambda s: s.bytes, reverse=True), failed

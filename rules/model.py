@@ -146,6 +146,19 @@ def template_facts(text: str) -> list[str]:
 class ProbeRequest(_Strict):
     name: Literal[REGISTRY.names]  # type: ignore[valid-type]  # the probe registry's names, in its order
     duration: str | None = None  # e.g. 15s; default: what is left of the window
+    # its own options (probes/face.py Option), each given by a fact: {function: faults.top_function};
+    # a fact unknown when the rule fires leaves the probe not run, and the trail says which
+    given: dict[str, str] = {}
+
+    @model_validator(mode="after")
+    def _given(self) -> ProbeRequest:
+        options = {o.dest for o in REGISTRY.face(self.name).options}
+        for option, fact in self.given.items():
+            if option not in options:
+                known = ", ".join(sorted(options)) or "none"
+                raise ValueError(f"probe {self.name} has no option `{option}` (its options: {known})")
+            known_fact(fact)
+        return self
 
     @field_validator("duration")
     @classmethod

@@ -14,7 +14,7 @@ from memdiag.system.signals import INTERRUPTION, phase
 from memdiag.system.target import Target
 
 from ..errors import PermissionNeeded, SignalInterrupted, UsageError
-from ..options import DURATION, MILLISECONDS, PID, ROWS, SAMPLE_EVERY, SIZE
+from ..options import DURATION, FUNCTION, MILLISECONDS, PID, ROWS, SAMPLE_EVERY, SIZE
 from ..outfiles import write_file
 from ..render.probe_text import render_probe
 from ..render.text import json_text
@@ -22,7 +22,12 @@ from ..target import cgroup_target, pid_target
 from ..workflow import DEFAULT_BUDGET_PERCENT
 
 # How each kind of a probe's own option is read and shown (probes/face.py Option).
-_KINDS = {"count": (SAMPLE_EVERY, "N"), "size": (SIZE, "SIZE"), "milliseconds": (MILLISECONDS, "MS")}
+_KINDS = {
+    "count": (SAMPLE_EVERY, "N"),
+    "size": (SIZE, "SIZE"),
+    "milliseconds": (MILLISECONDS, "MS"),
+    "function": (FUNCTION, "NAME"),
+}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -114,7 +114,7 @@ def reach_facts(ml: MemleakResult, name: Namer) -> dict:
             "reach.leak_function": name(leak.frames, leak.forwards),
             "reach.leak_trend": _series_shape(ml.series_times, leak.series) if leak.series else None,
             "reach.leak_rate": (r.leaked_bytes / ml.duration_s) if ml.duration_s else None,
-            "reach.leak_share": _share(one_in, leak.allocs),
+            "reach.leak_share": share_words(one_in, leak.allocs),
         }
     )
     return f
@@ -125,7 +125,7 @@ def _series_shape(times: list[float], series: list[int]) -> str:
     return growth_trend(list(zip(times, series, strict=False))).shape
 
 
-def _share(one_in: float | None, allocs: int) -> str | None:
+def share_words(one_in: float | None, allocs: int) -> str | None:
     """'1 in 7 allocations', or 'every allocation': how often the stack's allocations leak."""
     if one_in is None or not allocs:
         return None

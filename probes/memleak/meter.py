@@ -179,7 +179,11 @@ class Meter:
         rates: dict[str, float] | None = None,
         paused_s: float = 0.0,
     ) -> TracingCost:
-        probes_ns = LiveCost(placements, costs, rates).ns(bpf)
+        return self.cost(LiveCost(placements, costs, rates).ns(bpf), paused_s)
+
+    def cost(self, probes_ns: float | None, paused_s: float = 0.0) -> TracingCost:
+        """What the probes cost the target so far: their own count (probes_ns: hits x trap + run
+        time; None: the kernel keeps no counts), checked against the target's CPU clock."""
         attached = time.monotonic() - self.t0
         cpu_ns = None
         if self.pid is not None and self.baseline is not None and self.cpu0 is not None:

@@ -13,11 +13,15 @@ would be a guess)."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..allocator import find_allocator
-from ..base import detach_all, load
+from memdiag.system import arch
+from memdiag.system.signals import interrupted
+
+from ..allocator import find_allocator, is_emulated
+from ..base import bpf_stats, detach_all, load, program_stats
 from ..elf import ElfInfo, Symbol, elf_info
 from ..face import StackReach
 from ..growth import RawStack, Spaces, StackGrowth, merge_stacks
@@ -28,7 +32,13 @@ from .reach import Blocks, ReachScan
 
 PROGRAM = "sites"
 FUNCTION = b"site_return"
-STAT_NAMES = ("hits", "null", "stack_errors", "blocks_dropped", "samples_dropped")  # bpf/sites.c enum site_stat
+# bpf/sites.c enum site_stat, in its order
+STAT_NAMES = ("hits", "null", "stack_errors", "blocks_dropped", "samples_dropped", "calls_dropped")
+CONSISTENCY = (
+    "every thread stopped with ptrace (seize + interrupt) while the traced blocks' chunk headers were read "
+    "again and memory scanned, then resumed"
+)
+TICK_S = 0.5  # how often a trace with a watch asks it whether to stop (its cost so far)
 
 
 class SitesRefused(Exception):
@@ -53,9 +63,32 @@ class SiteTrace:
     stats: dict[str, int]
     blocks: list[Block] = field(default_factory=list)
     stacks: list[StackGrowth] = field(default_factory=list)  # the still-allocated blocks, by stack
+    calls: dict[tuple, int] = field(default_factory=dict)  # per stack key: its calls that returned a block
+    emulated: list[bool] = field(default_factory=list)  # per site: the kernel emulates its instruction
+    run: tuple[int, int] | None = None  # the program's (runs, run time in ns); None: not kept
+    stopped: bool = False  # the watch stopped it before its time
 
     def live(self) -> list[Block]:
         return [b for b in self.blocks if b.state == State.ALLOCATED]
+
+
+Watch = Callable[[object, float], bool]
+
+
+def hits(bpf) -> int:
+    """Calls traced so far (bpf/sites.c SS_HITS), read while attached."""
+    return bpf["stats"][STAT_NAMES.index("hits")].value
+
+
+def emulated(elf: ElfInfo, sites: list[CallSite]) -> list[bool]:
+    """Per site: whether the kernel emulates the instruction its probe sits on (a push, a nop) or
+    single-steps it out of line (most: the mov or test that reads the block)."""
+    md = arch.disassembler()
+    out = []
+    for s in sites:
+        ins = next(md.disasm(elf.read_at(s.return_address, 16) or b"", s.return_address), None)
+        out.append(ins is not None and is_emulated(ins))
+    return out
 
 
 def module_of(pid: int, function: str) -> tuple[AddressSpace, str, ElfInfo, Symbol] | None:
@@ -71,8 +104,9 @@ def module_of(pid: int, function: str) -> tuple[AddressSpace, str, ElfInfo, Symb
     return None
 
 
-def trace(pid: int, function: str, seconds: float) -> SiteTrace:
-    """Trace function's calls to the allocator in pid for seconds; the blocks they returned, read."""
+def trace(pid: int, function: str, seconds: float, watch: Watch | None = None) -> SiteTrace:
+    """Trace function's calls to the allocator in pid for seconds; the blocks they returned, read.
+    watch(bpf, seconds attached), asked every TICK_S: True stops the trace there (its cost)."""
     found = module_of(pid, function)
     if found is None:
         raise SitesRefused(f"no module PID {pid} maps defines {function}")
@@ -91,25 +125,45 @@ def trace(pid: int, function: str, seconds: float) -> SiteTrace:
     spaces = Spaces()
     spaces.refresh([pid])
     try:
-        with bpf.uprobe_batch() as refused:
-            for s in sites:
-                bpf.attach_uprobe(name=path.encode(), fn_name=FUNCTION, addr=s.return_address, pid=pid, tag=s)
-        if refused:
-            raise SitesRefused(f"the kernel refused a probe at {function}: {refused[0][1]}")
-        started = time.monotonic()
-        time.sleep(seconds)
-        attached = time.monotonic() - started
-        detach_all(bpf)  # nothing more is recorded: the books are read as they stand
-        stats = dict(zip(STAT_NAMES, (bpf["stats"][i].value for i in range(len(STAT_NAMES))), strict=True))
-        out = SiteTrace(function, module, sites, attached, stats)
-        try:
-            out.blocks = _read_blocks(bpf, pid)
-        except OSError as e:  # the target exited (or its memory went) during the trace
-            raise SitesRefused(f"PID {pid} could not be read after the trace: {e.strerror or e}") from None
-        out.stacks = _stacks(bpf, out.live(), spaces)
-        return out
+        with bpf_stats():  # the program's run time, counted while it is attached
+            return _traced(bpf, pid, function, seconds, watch, (module, path, elf, sites), spaces)
     finally:
         bpf.cleanup()  # the maps' and programs' descriptors: memdiag serve lives on
+
+
+def _traced(
+    bpf, pid: int, function: str, seconds: float, watch: Watch | None, found: tuple, spaces: Spaces
+) -> SiteTrace:
+    """Attach at every site, wait (asking the watch), detach, then read the books."""
+    module, path, elf, sites = found
+    with bpf.uprobe_batch() as refused:
+        for s in sites:
+            bpf.attach_uprobe(name=path.encode(), fn_name=FUNCTION, addr=s.return_address, pid=pid, tag=s)
+    if refused:
+        raise SitesRefused(f"the kernel refused a probe at {function}: {refused[0][1]}")
+    started = time.monotonic()
+    stopped = False
+    while (left := seconds - (time.monotonic() - started)) > 0:
+        time.sleep(min(TICK_S, left))
+        if interrupted():  # a signal: the trace so far is read and scanned as it stands
+            break
+        if watch is not None and watch(bpf, time.monotonic() - started):
+            stopped = True
+            break
+    attached = time.monotonic() - started
+    detach_all(bpf)  # nothing more is recorded: the books are read as they stand
+    stats = dict(zip(STAT_NAMES, (bpf["stats"][i].value for i in range(len(STAT_NAMES))), strict=True))
+    out = SiteTrace(function, module, sites, attached, stats, stopped=stopped)
+    out.emulated = emulated(elf, sites)
+    run = program_stats(bpf)
+    out.run = run.get(FUNCTION.decode()) if run is not None else None
+    out.calls = {(k.tgid, k.stack_id, k.ip, k.at_sp): v.value for k, v in bpf["calls"].items()}
+    try:
+        out.blocks = _read_blocks(bpf, pid)
+    except OSError as e:  # the target exited (or its memory went) during the trace
+        raise SitesRefused(f"PID {pid} could not be read after the trace: {e.strerror or e}") from None
+    out.stacks = _stacks(bpf, out.live(), spaces)
+    return out
 
 
 def _read_blocks(bpf, pid: int) -> list[Block]:
@@ -159,6 +213,7 @@ def reach_of(pid: int, t: SiteTrace, allowed_ms: float | None = None) -> tuple[R
         ).glibc_bounded()
 
     result, per_group = reach.scan(pid, read_blocks, allowed_ms, allocator="glibc")
+    result = result.model_copy(update={"consistency": CONSISTENCY})
     return result, {keys[g]: r for g, r in per_group.items()}
 
 

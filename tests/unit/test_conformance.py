@@ -35,6 +35,7 @@ from memdiag.probes.jvm.plan import JfrPlan
 from memdiag.probes.jvm.probe import JfrResult
 from memdiag.probes.jvm.recording import Allocating, Held, JavaFrame
 from memdiag.probes.memleak import LeakStack, MemleakResult
+from memdiag.probes.memleak.narrowed import SitesResult, SiteStack
 from memdiag.probes.memleak.plan import decision
 from memdiag.probes.memleak.reach import ReachScan
 from memdiag.probes.mmapsnoop import MapStack, MmapResult
@@ -156,6 +157,12 @@ GOHEAP = GoHeapResult(
     heap_retained=[60 * MiB] * 5, runtime_mapped=[70 * MiB] * 5, rss_anon=[68 * MiB] * 5,
     read_bytes=9 * MiB, read_seconds=0.006, module="orderd", duration_s=12.0,
 )  # fmt: skip
+SITES = SitesResult(
+    status="ok", function="grow_orders", module="/usr/bin/orderd", sites=1, single_stepped=1, calls=7000,
+    live_count=1536, live_bytes=24 * MiB, freed_count=5464, duration_s=8.0, rss_growth=30 * MiB, trap_ns=2400.0,
+    stacks=[SiteStack(**_growth(1536, 24 * MiB), calls=7000, reach=LEAKED)], folded=["main;grow_orders 25165824"],
+    reach_scan=SCANNED, tracing_cost=TracingCost(attached_s=8.0, probes_ns=16.8e6, cpu_ns=15.0e6, measured_ns=16.8e6),
+)  # fmt: skip
 UNSUPPORTED_GO = "unsupported Go version go1.22.3 (memdiag reads the runtime of go1.19)"
 NODEHEAP = NodeHeapResult(
     status="ok", version="20.20.2", times=[0, 2, 4, 6], v8_mapped=[6 * MiB] * 4, v8_resident=[4 * MiB] * 4,
@@ -182,6 +189,7 @@ EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
         ReclaimLatency(kind="direct", events=5, total_ms=12.5, pages_reclaimed=900, histogram_us={"8-15": 5})]), None)],
     "goheap": [(GOHEAP, None), (GoHeapResult(status="unavailable", reason=UNSUPPORTED_GO), None)],
     "nodeheap": [(NODEHEAP, None)],
+    "sites": [(SITES, None), (SitesResult(status="unavailable", reason="no function to trace"), None)],
     "jfr": [
         (JFR, JfrPlan(go=True, state="full", reason="priced", facts={"jfr.plan": "full"})),
         (JfrResult(name="jfr", status="unavailable", reason=REFUSED),

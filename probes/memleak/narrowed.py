@@ -1,0 +1,381 @@
+"""sites: narrowed allocation tracing as a probe of the diagnosis, its face.
+
+Where tracing every malloc and free is over the budget (a hot allocator), a page-fault profile
+still names the function whose pages grow; the playbook then asks this probe for that function
+(`given: {function: faults.top_function}`). It traps only that function's own calls to the
+allocator (sites.py), reads from glibc's chunk headers which of their blocks are still allocated
+at the end, and scans the stopped target for what still points at them (reach/): leaked, or held
+and by what, with how many of the function's calls left a block behind.
+
+Its cost is measured while attached: each hit priced at its site's trap on this host (costs.py;
+the instruction after a call is mostly single-stepped) plus the program's run time, checked against
+the target's CPU clock (meter.Meter); it stops where the budget would be spent with the scan's
+pause kept. Facts: sites.* (the leak rules' reach.* words, for this trace)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from memdiag.system import clock
+from memdiag.system.process import read_rss_anon
+from memdiag.system.target import Target
+from memdiag.system.units import fmt_bytes, fmt_ns, fmt_number
+
+from ..face import (
+    Context,
+    Face,
+    FactDef,
+    Namer,
+    Option,
+    ProbeResult,
+    ProbeStatus,
+    RowContext,
+    Stack,
+    StackReach,
+    Stacks,
+    TracingCost,
+    TrailItem,
+)
+from ..growth import StackGrowth, folded_lines
+from .costs import host_costs
+from .facts import share_words
+from .meter import Meter
+from .reach import ReachScan
+from .reach.pause import reserve_ms
+from .view import SCAN_METHOD
+
+if TYPE_CHECKING:  # sites.py reads machine code (capstone): imported when the probe runs, not at start
+    from .sites import SiteTrace
+
+METHOD = (
+    "uprobes after the function's own calls to the allocator (none on malloc or free); blocks' state "
+    "and size from glibc's chunk headers at the end"
+)
+NO_FUNCTION = "no function to trace: the playbook gives it (faults.top_function), or --function NAME"
+
+
+class SiteStack(StackGrowth):
+    """The still-allocated blocks of one stack at the end of the trace (count, bytes), the calls of
+    that stack that returned a block while traced, and what the scan found pointing at them."""
+
+    calls: int = 0
+    reach: StackReach | None = None
+
+
+class SitesResult(ProbeResult):
+    name: str = "sites"
+    function: str = ""
+    module: str = ""
+    sites: int = 0  # call sites probed
+    single_stepped: int = 0  # of them, on an instruction the kernel single-steps
+    calls: int = 0  # calls traced that returned a block
+    live_count: int = 0  # their blocks still allocated at the end
+    live_bytes: int = 0
+    freed_count: int = 0  # their blocks free at the end (or handed out again to an untraced call)
+    stacks: list[SiteStack] = []
+    folded: list[str] = []
+    reach_scan: ReachScan | None = None
+    rss_growth: int | None = None  # the target's RssAnon at the end less at the attach
+    tracing_cost: TracingCost | None = None
+    trap_ns: float | None = None  # what one hit was priced at (the dearest site's trap + the program)
+
+
+def _trap_ns(t: SiteTrace | None, emulated_ns: float, stepped_ns: float, program_ns: float) -> float:
+    """One hit's price: the dearest of the function's sites (a hit is not told by site) + the program."""
+    kinds = t.emulated if t is not None and t.emulated else [False]
+    return max(emulated_ns if e else stepped_ns for e in kinds) + program_ns
+
+
+def _run(target: Target, ctx: Context) -> SitesResult:
+    """Trace ctx.options["function"] for ctx.seconds (less the scan), stopping where its measured
+    cost and the scan's kept pause reach what the budget leaves; then the scan."""
+    from .sites import SitesRefused, hits, reach_of, trace
+
+    started = clock.wall()
+    base = SitesResult(status="unavailable", target=target.describe(), started=started, method=METHOD)
+    function = ctx.options.get("function")
+    if target.kind != "pid" or target.pid is None:
+        return base.model_copy(update={"reason": "traces one process's calls: give --pid"})
+    if not function:
+        return base.model_copy(update={"reason": NO_FUNCTION})
+    pid = target.pid
+    costs = host_costs()
+    if costs is None:
+        return base.model_copy(update={"reason": "this host's trap costs could not be measured: no price"})
+    program_ns = costs.program_ns.get("malloc_enter", 0.0)  # a program of the same shape (stack id + copy)
+    keep_ms = reserve_ms(pid) or 0.0
+    if ctx.max_pause_ms is not None:
+        keep_ms = min(keep_ms, ctx.max_pause_ms)
+    allowance = ctx.budget.allowance_ns if ctx.budget is not None else None
+    meter = Meter(pid, ctx.cpu_rate)
+    rss0 = read_rss_anon(pid)
+    price = {"ns": costs.stepped_ns + program_ns}
+
+    def watch(bpf, _attached: float) -> bool:
+        if allowance is None:
+            return False
+        spent = meter.cost(hits(bpf) * price["ns"]).measured_ns or 0.0
+        return spent + keep_ms * 1e6 >= allowance
+
+    try:
+        t = trace(pid, function, ctx.seconds, watch=watch)
+    except SitesRefused as e:
+        return base.model_copy(update={"reason": str(e), "duration_s": clock.wall() - started})
+    price["ns"] = _trap_ns(t, costs.emulated_ns, costs.stepped_ns, program_ns)
+    run_ns = t.run[1] if t.run is not None else None  # None: the kernel kept no run time
+    traps_ns = t.stats["hits"] * (price["ns"] - program_ns) + (
+        run_ns if run_ns is not None else t.stats["hits"] * program_ns
+    )
+    cost = meter.cost(traps_ns)
+    scan, per_key = None, {}
+    if t.live():
+        # the pause allowed: what the budget leaves after the trace, within the longest stop allowed
+        left_ms = (allowance - (cost.measured_ns or 0.0)) / 1e6 if allowance is not None else None
+        limits = [x for x in (left_ms, ctx.max_pause_ms) if x is not None]
+        scan, per_key = reach_of(pid, t, max(0.0, min(limits)) if limits else None)
+        cost = meter.cost(traps_ns, (scan.paused_ms or 0.0) / 1000)  # the pause is the scan row's cost
+    rss1 = read_rss_anon(pid)
+    stacks = [_stack(s, t, per_key) for s in t.stacks]
+    live = t.live()
+    lost = {k: v for k, v in t.stats.items() if k.endswith("_dropped") or k == "stack_errors"}
+    partial = t.stats["blocks_dropped"] > 0
+    at = f"{len(t.sites)} site" + ("s" if len(t.sites) != 1 else "")
+    reason = (
+        f"{fmt_number(t.stats['hits'] - t.stats['null'])} calls of {function} traced at {at}"
+        + ("; stopped early: its measured cost reached what the budget leaves" if t.stopped else "")
+        + ("; the block table filled (see lost)" if partial else "")
+    )
+    return base.model_copy(
+        update={
+            "status": "partial" if partial else "ok",
+            "reason": reason,
+            "duration_s": t.seconds,
+            "backed_off": t.stopped,
+            "function": function,
+            "module": t.module,
+            "sites": len(t.sites),
+            "single_stepped": sum(1 for e in t.emulated if not e),
+            "calls": t.stats["hits"] - t.stats["null"],
+            "live_count": len(live),
+            "live_bytes": sum(b.size or 0 for b in live),
+            "freed_count": len(t.blocks) - len(live),
+            "stacks": stacks,
+            "folded": folded_lines(stacks, weight="bytes"),
+            "reach_scan": scan,
+            "rss_growth": rss1 - rss0 if rss0 is not None and rss1 is not None else None,
+            "tracing_cost": cost,
+            "trap_ns": price["ns"],
+            "lost": lost,
+            "cost": base.cost.model_copy(update={"events": t.stats["hits"], "bpf_run_ns": run_ns}),
+        }
+    )
+
+
+def _stack(s: StackGrowth, t: SiteTrace, per_key: Mapping[tuple, StackReach]) -> SiteStack:
+    """One merged stack with its keys' calls and their scan results summed."""
+    reaches = [per_key[k] for k in s.keys if k in per_key]
+    reach = _sum_reach(reaches) if reaches else None
+    return SiteStack(**s.model_dump(), keys=s.keys, calls=sum(t.calls.get(k, 0) for k in s.keys), reach=reach)
+
+
+def _sum_reach(rs: list[StackReach]) -> StackReach:
+    top = max(rs, key=lambda r: r.anchor_bytes)
+    return StackReach(
+        leaked_count=sum(r.leaked_count for r in rs),
+        leaked_bytes=sum(r.leaked_bytes for r in rs),
+        unreferenced_count=sum(r.unreferenced_count for r in rs),
+        anchored_count=sum(r.anchored_count for r in rs),
+        anchored_bytes=sum(r.anchored_bytes for r in rs),
+        anchor=top.anchor,
+        anchor_kind=top.anchor_kind,
+        anchor_bytes=top.anchor_bytes,
+    )
+
+
+# --- facts -------------------------------------------------------------------------------------
+
+FACTS = (
+    FactDef("sites.function", "string", "the function whose own calls to the allocator were traced", figure=False),
+    FactDef("sites.calls", "number", "its calls that returned a block while traced"),
+    FactDef("sites.live_bytes", "bytes", "bytes of their blocks still allocated at the end (glibc's headers)"),
+    FactDef("sites.leaked_count", "number", "blocks of the leak stack nothing points at (its scan)"),
+    FactDef("sites.leaked_bytes", "bytes", "bytes of the leak stack nothing points at"),
+    FactDef("sites.leaked_ratio", "percent", "share of the leak stack's still-allocated bytes nothing points at"),
+    FactDef("sites.leak_function", "string", "the application function of the leak stack", figure=False),
+    FactDef("sites.leak_share", "string", "how often its calls leak: '1 in 7 allocations', 'every allocation'",
+            figure=False),
+    FactDef("sites.leak_rate", "bytes_per_s", "bytes the leak stack leaked per second traced"),
+    FactDef("sites.anchored_ratio", "percent", "share of the heaviest stack's still-allocated bytes pointed at"),
+    FactDef("sites.anchored_bytes", "bytes", "bytes of the heaviest stack the program still points at"),
+    FactDef("sites.anchor", "string", "the root that holds most of the heaviest stack's anchored bytes",
+            figure=False),
+    FactDef("sites.anchor_kind", "string", "what kind of root that is (static, stack, register, tls, untracked)",
+            figure=False),
+    FactDef("sites.rss_growth", "bytes", "the target's resident anonymous memory growth while traced"),
+    FactDef("sites.growth_explained", "string",
+            "what share of that growth the traced blocks still allocated account for, in words", figure=False),
+)  # fmt: skip
+
+
+def leak_stack(r: SitesResult) -> SiteStack | None:
+    """The stack with the most bytes nothing points at."""
+    leaked = [s for s in r.stacks if s.reach is not None and s.reach.leaked_count]
+    return max(leaked, key=lambda s: s.reach.leaked_bytes) if leaked else None  # type: ignore[union-attr]
+
+
+def _explained(r: SitesResult) -> str | None:
+    """The traced blocks still allocated against the RSS growth while traced (the verdict says
+    where the rest is: pages the allocator had already, other code)."""
+    if r.rss_growth is None:
+        return None
+    if r.rss_growth <= 0:
+        return f"RSS did not grow while traced ({fmt_bytes(r.rss_growth)})"
+    share = 100 * r.live_bytes / r.rss_growth
+    rest = "" if share >= 80 else ": the rest is other code's, or pages the allocator touched for them"
+    return f"{share:.0f}% of the {fmt_bytes(r.rss_growth)} RSS grew while traced{rest}"
+
+
+def facts_of(r: SitesResult | None, _plan, name: Namer) -> dict:
+    if r is None or r.status not in ("ok", "partial"):
+        return {}
+    f: dict[str, Any] = {
+        "sites.function": r.function,
+        "sites.calls": r.calls,
+        "sites.live_bytes": r.live_bytes,
+        "sites.rss_growth": r.rss_growth,
+        "sites.growth_explained": _explained(r),
+    }
+    if r.reach_scan is None or r.reach_scan.status != "ran":
+        return f
+    top = r.stacks[0] if r.stacks else None
+    if top is not None and top.reach is not None:
+        held = top.reach.anchored_bytes + top.reach.leaked_bytes
+        f["sites.anchored_bytes"] = top.reach.anchored_bytes
+        f["sites.anchored_ratio"] = 100 * top.reach.anchored_bytes / held if held else None
+        f["sites.anchor"] = top.reach.anchor
+        f["sites.anchor_kind"] = top.reach.anchor_kind
+    leak = leak_stack(r)
+    if leak is None or leak.reach is None:
+        return {**f, "sites.leaked_count": 0, "sites.leaked_bytes": 0, "sites.leaked_ratio": 0.0}
+    lr = leak.reach
+    return {
+        **f,
+        "sites.leaked_count": lr.leaked_count,
+        "sites.leaked_bytes": lr.leaked_bytes,
+        "sites.leaked_ratio": 100 * lr.leaked_bytes / (lr.leaked_bytes + lr.anchored_bytes),
+        "sites.leak_function": name(leak.frames, []),
+        "sites.leak_share": share_words(leak.calls / lr.leaked_count if lr.leaked_count else None, leak.calls),
+        "sites.leak_rate": lr.leaked_bytes / r.duration_s if r.duration_s else None,
+    }
+
+
+# --- how it shows ---------------------------------------------------------------------------------
+
+
+def _stack_of(s: SiteStack) -> Stack:
+    return Stack(
+        frames=s.frames,
+        functions=s.functions,
+        bytes=s.bytes,
+        count=s.count,
+        pid=s.pid,
+        detail=f"{fmt_number(s.count)} blocks still allocated of {fmt_number(s.calls)} calls traced",
+        reach=s.reach,
+    )
+
+
+def _culprit(r: SitesResult, verdict_kind: str) -> Stack | None:
+    leak = leak_stack(r) if verdict_kind == "leak" else None
+    if leak is not None:
+        return _stack_of(leak)
+    return _stack_of(r.stacks[0]) if verdict_kind in ("leak", "cache", "growth") and r.stacks else None
+
+
+STACKS = Stacks(
+    kind="allocations",
+    shown=3,
+    of=lambda r: [_stack_of(s) for s in r.stacks],
+    folded=lambda r: r.folded,
+    culprit=_culprit,
+)
+
+
+def rows(r: SitesResult | None, _plan, ctx: RowContext) -> list[ProbeStatus]:
+    """Its row, then the scan's (the pause is its cost), as memleak's."""
+    scan = r.reach_scan if r is not None else None
+    if scan is None:
+        return [ctx.row]
+    paused = scan.paused_ms
+    return [
+        ctx.row,
+        ProbeStatus(
+            name="reach",
+            status="ok" if scan.status == "ran" else ("not-run" if scan.status == "skipped" else "error"),
+            reason=scan.describe(),
+            method=SCAN_METHOD,
+            duration_s=(paused or 0) / 1000,
+            events=scan.blocks,
+            overhead_percent=100 * paused / 1000 / ctx.window_s if paused is not None else None,
+            on_target=True,
+        ),
+    ]
+
+
+def trail(r: SitesResult) -> list[TrailItem]:
+    scan = r.reach_scan
+    return [] if scan is None else [TrailItem(kind="scan", name="reach", state=scan.status, reason=scan.describe())]
+
+
+def caveats(r: SitesResult) -> list[str]:
+    if r.status not in ("ok", "partial"):
+        return []
+    out = [
+        f"Only {r.function}'s own calls to the allocator were traced ({r.sites} sites, each hit priced at "
+        f"{fmt_ns(r.trap_ns or 0)}): blocks it gets through a wrapper, and other code's, are not in its stacks"
+    ]
+    if r.reach_scan is not None and r.reach_scan.status != "ran":
+        out.append(f"The reachability scan of its blocks {r.reach_scan.status}: {r.reach_scan.reason}")
+    return out
+
+
+def describe(r: SitesResult, top: int) -> list[str]:
+    """`memdiag probe sites`: what was traced, what is left, and what points at it."""
+    if r.status not in ("ok", "partial"):
+        return []
+    lines = [
+        f"{r.function} in {r.module}: {fmt_number(r.calls)} calls traced, {fmt_number(r.live_count)} blocks "
+        f"({fmt_bytes(r.live_bytes)}) still allocated, {fmt_number(r.freed_count)} freed",
+    ]
+    for s in r.stacks[:top]:
+        reach = ""
+        if s.reach is not None:
+            reach = f"; {fmt_number(s.reach.leaked_count)} leaked, {fmt_number(s.reach.anchored_count)} held"
+            reach += f" (from {s.reach.anchor})" if s.reach.anchor else ""
+        lines.append(f"  {fmt_bytes(s.bytes)} in {fmt_number(s.count)} blocks of {fmt_number(s.calls)} calls{reach}")
+        lines += [f"    {f}" for f in s.frames[:8]]
+    if r.reach_scan is not None:
+        lines.append(f"scan: {r.reach_scan.describe()}")
+    return lines
+
+
+def _refuse(options: Mapping[str, Any]) -> str | None:
+    return None if options.get("function") else "probe sites needs --function NAME (the function to trace)"
+
+
+FACE = Face(
+    name="sites",
+    run=_run,
+    result=SitesResult,
+    describe=describe,
+    facts=FACTS,
+    facts_of=facts_of,
+    rows=rows,
+    stacks=STACKS,
+    caveats=caveats,
+    trail=trail,
+    measured=lambda r: r.tracing_cost,
+    on_target=True,
+    options=(Option("--function", "function", "the function whose own calls to the allocator are traced"),),
+    refuse=_refuse,
+)
