@@ -25,7 +25,9 @@ struct site_key {
 	u32 tgid;
 	s32 stack_id;
 	u64 ip; /* the site: the instruction after the call */
-	u64 at_sp;
+	/* No word from the stack: unlike at an allocator's entry (memleak's key, where [sp] is the return
+	 * address), [sp] after the call is the caller's own local, a different key for every call of a
+	 * loop (the kit's bench_alloc: 1,377 calls, 1,377 keys, the 256 stack copies gone at once). */
 };
 
 struct site_block {
@@ -59,7 +61,6 @@ int site_return(struct pt_regs *ctx)
 	struct site_block b = { .ts_ns = bpf_ktime_get_ns() };
 	b.key.tgid = current_pid_tgid() >> 32;
 	b.key.ip = s->regs.ip;
-	bpf_probe_read_user(&b.key.at_sp, sizeof(b.key.at_sp), (void *)s->regs.sp);
 	b.key.stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
 	if (b.key.stack_id < 0)
 		stats.increment(SS_STACK_ERRORS);

@@ -51,7 +51,7 @@ class Block:
     size: int | None  # the chunk's usable bytes (None: not read)
     state: State
     ts_ns: int
-    key: tuple  # (tgid, stack_id, ip, at_sp): its stack's key
+    key: tuple  # (tgid, stack_id, ip): its stack's key
 
 
 @dataclass
@@ -157,7 +157,7 @@ def _traced(
     out.emulated = emulated(elf, sites)
     run = program_stats(bpf)
     out.run = run.get(FUNCTION.decode()) if run is not None else None
-    out.calls = {(k.tgid, k.stack_id, k.ip, k.at_sp): v.value for k, v in bpf["calls"].items()}
+    out.calls = {(k.tgid, k.stack_id, k.ip): v.value for k, v in bpf["calls"].items()}
     try:
         out.blocks = _read_blocks(bpf, pid)
     except OSError as e:  # the target exited (or its memory went) during the trace
@@ -167,7 +167,7 @@ def _traced(
 
 
 def _read_blocks(bpf, pid: int) -> list[Block]:
-    raw = [(k.value, v.ts_ns, (v.key.tgid, v.key.stack_id, v.key.ip, v.key.at_sp)) for k, v in bpf["blocks"].items()]
+    raw = [(k.value, v.ts_ns, (v.key.tgid, v.key.stack_id, v.key.ip)) for k, v in bpf["blocks"].items()]
     return _reread(pid, [Block(address, None, State.UNKNOWN, ts, key) for address, ts, key in raw])
 
 
@@ -177,10 +177,10 @@ def _stacks(bpf, live: list[Block], spaces: Spaces) -> list[StackGrowth]:
     for b in live:
         by_key.setdefault(b.key, []).append(b)
     stack_table, samples = bpf["stacks"], bpf["samples"]
-    keys = {(k.tgid, k.stack_id, k.ip, k.at_sp): k for k in samples}
+    keys = {(k.tgid, k.stack_id, k.ip): k for k in samples}
     raw = []
     for key, blocks in by_key.items():
-        tgid, stack_id, ip, _at_sp = key
+        tgid, stack_id, ip = key
         fp = list(stack_table.walk(stack_id)) if stack_id >= 0 else [ip]
         regs = data = None
         k = keys.get(key)

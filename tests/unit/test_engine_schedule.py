@@ -19,6 +19,7 @@ class FakeProbes:
     def __init__(self):
         self.now = 1000.0
         self.runs: list[tuple[str, float]] = []
+        self.options: dict[str, dict] = {}  # what each probe was given (ctx.options)
 
     def clock(self) -> float:
         return self.now
@@ -26,6 +27,7 @@ class FakeProbes:
     def run(self, name: str, ctx: Context) -> ProbeResult:
         """The probe's own (empty) result, as its face says it returns."""
         self.runs.append((name, round(ctx.seconds, 3)))
+        self.options[name] = dict(ctx.options)
         self.now += ctx.seconds
         return REGISTRY.face(name).result(name=name, status="ok", duration_s=ctx.seconds)
 
@@ -72,6 +74,42 @@ def test_memleak_over_budget_runs_what_the_playbook_asks_in_its_place():
     reasons = [r for _, _, r in trail(e, "probe")]
     assert reasons == ["asked by budget (instead of memleak, asked by rss-climbing); ok"] * 3
     assert "memleak" not in e.results and e.plans["memleak"].state == over.state
+
+
+NATIVE = {"target.kind": "pid", "target.runtime": "none"}
+
+
+def test_a_hot_glibc_allocator_gets_page_faults_first_then_its_function_traced_with_the_rest():
+    """memleak over the budget on a native glibc program: faults for 6 s (not all the time left, as
+    elsewhere), then, once they name a function, sites on that function for what is left."""
+    fake = FakeProbes()
+    e = engine(fake, decision("fallback", "priced at 490% > budget 2%", allocator="glibc"))
+    e.facts = dict(NATIVE)
+    fake.now += 10
+    e.run_requests([("memleak", 12.0, "rss-climbing")])
+    assert fake.runs == [("faults", 6.0)]
+    assert trail(e, "budget")[0][2].endswith("in its place the playbook runs faults")
+    facts = {**NATIVE, **e.plans["memleak"].facts, "faults.top_function": "grow_orders"}
+    asked = [r for r in e.evaluate(facts) if r[0] not in e.results and r[0] not in e.decided]
+    assert asked == [("sites", None, "trace-the-faulting-function")]
+    e.run_requests(asked)
+    assert fake.runs[-1] == ("sites", 13.0) and fake.options["sites"] == {"function": "grow_orders"}
+
+
+def test_a_probe_whose_given_fact_is_unknown_is_not_run_and_the_trail_says_which(tmp_path):
+    from memdiag.rules.loader import load_file
+
+    path = tmp_path / "given.yaml"
+    path.write_text(
+        "rules:\n  - id: trace-it\n    when: {present: process.rss}\n    then:\n"
+        "      probes: [{name: sites, given: {function: faults.top_function}}]\n"
+    )
+    fake = FakeProbes()
+    e = Engine(load_file(path), Target(kind="system"), 30.0, 2.0, clock=fake.clock, runner=fake.run)
+    assert e.evaluate({"process.rss": 1 << 30}) == []
+    assert trail(e, "probe") == [("sites", "not-run", "asked by trace-it, but faults.top_function is unknown")]
+    e.evaluate({"process.rss": 1 << 30})  # said once
+    assert len(trail(e, "probe")) == 1 and fake.runs == []
 
 
 def test_memleak_within_budget_runs_for_what_the_rule_asked():

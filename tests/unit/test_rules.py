@@ -65,6 +65,23 @@ def test_a_removed_fact_says_which_rule_decides_now(tmp_path):
     ], errs
 
 
+def test_a_probe_is_given_its_options_only_from_known_facts(tmp_path):
+    """`given` maps a probe's own option to a fact: an option the probe does not have, or a fact the
+    catalog does not know, is one line with the file and the rule's line."""
+    rule = "rules:\n  - id: g\n    when: process.rss > 1GiB\n    then:\n      probes: [{name: %s, given: {%s: %s}}]\n"
+    ok = load_file(_file(tmp_path, rule % ("sites", "function", "faults.top_function")))
+    assert ok[0].then.probes[0].given == {"function": "faults.top_function"}
+    errs = _errors(tmp_path, rule % ("faults", "function", "faults.top_function"))
+    assert (
+        len(errs) == 1
+        and "rule g then.probes.0: probe faults has no option `function` (its options: none)" in (errs[0])
+    )
+    errs = _errors(tmp_path, rule % ("sites", "fn", "faults.top_function"))
+    assert len(errs) == 1 and "probe sites has no option `fn` (its options: function)" in errs[0], errs
+    errs = _errors(tmp_path, rule % ("sites", "function", "faults.top_fn"))
+    assert len(errs) == 1 and "unknown fact `faults.top_fn`; did you mean `faults.top_function`?" in errs[0], errs
+
+
 def test_unit_mismatch_unknown_key_missing_then(tmp_path):
     errs = _errors(tmp_path, "rules:\n  - id: b\n    when: process.rss > 5%\n    thne: {finding: x}\n")
     text = "\n".join(errs)
