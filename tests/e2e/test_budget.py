@@ -98,6 +98,11 @@ def test_the_target_loses_no_more_than_the_budget(root_required, memdiag, tmp_pa
     if decision == "full":  # the figure stated is the target's own, within a factor of 1.5
         assert lost / 1.5 <= reported <= lost * 1.5, (lost, reported)
         assert "leak_bench_records" in rep["verdict"]["summary"], rep["verdict"]
+    if rate == 0:  # every call is over the budget: only the faulting function's own calls are traced (sites)
+        assert rep["verdict"]["kind"] == "leak" and "leak_bench_records" in rep["verdict"]["summary"], (
+            rep["verdict"]["summary"],
+            [t for t in rep["trail"] if t["kind"] in ("probe", "scan")],
+        )
     if rate in (100_000, 10_000):  # a fraction of the window traced, its scan ending it: the leak is a leak
         # (10k/s under jemalloc: the scan's pause is priced again while traced, as the target grows,
         # and jemalloc's own records are no roots; it came out growth, the scan priced out, before)
