@@ -213,6 +213,8 @@ FACTS = (
     FactDef("sites.anchor_kind", "string", "what kind of root that is (static, stack, register, tls, untracked)",
             figure=False),
     FactDef("sites.rss_growth", "bytes", "the target's resident anonymous memory growth while traced"),
+    FactDef("sites.growth_share", "percent",
+            "the traced blocks still allocated at the end as a share of that growth (over 100%: they reuse pages)"),
     FactDef("sites.growth_explained", "string",
             "what share of that growth the traced blocks still allocated account for, in words", figure=False),
 )  # fmt: skip
@@ -225,15 +227,17 @@ def leak_stack(r: SitesResult) -> SiteStack | None:
 
 
 def _explained(r: SitesResult) -> str | None:
-    """The traced blocks still allocated against the RSS growth while traced (the verdict says
-    where the rest is: pages the allocator had already, other code)."""
+    """The traced blocks still allocated against the RSS growth while traced, and where the rest is."""
     if r.rss_growth is None:
         return None
     if r.rss_growth <= 0:
-        return f"RSS did not grow while traced ({fmt_bytes(r.rss_growth)})"
+        return f"RSS did not grow while traced ({fmt_bytes(r.rss_growth)}): its blocks reused pages it had"
     share = 100 * r.live_bytes / r.rss_growth
     rest = "" if share >= 80 else ": the rest is other code's, or pages the allocator touched for them"
-    return f"{share:.0f}% of the {fmt_bytes(r.rss_growth)} RSS grew while traced{rest}"
+    return (
+        f"its blocks still allocated ({fmt_bytes(r.live_bytes)}) are {share:.0f}% of what RSS grew while traced "
+        f"({fmt_bytes(r.rss_growth)}){rest}"
+    )
 
 
 def facts_of(r: SitesResult | None, _plan, name: Namer) -> dict:
@@ -244,6 +248,7 @@ def facts_of(r: SitesResult | None, _plan, name: Namer) -> dict:
         "sites.calls": r.calls,
         "sites.live_bytes": r.live_bytes,
         "sites.rss_growth": r.rss_growth,
+        "sites.growth_share": 100 * r.live_bytes / r.rss_growth if r.rss_growth and r.rss_growth > 0 else None,
         "sites.growth_explained": _explained(r),
     }
     if r.reach_scan is None or r.reach_scan.status != "ran":
