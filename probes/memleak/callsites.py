@@ -19,6 +19,7 @@ from capstone import x86_const as x86
 from memdiag.system import arch
 
 from ..elf import ElfInfo, Symbol
+from ..forwarders import forwards
 
 # The entry points that hand back a block in rax (posix_memalign returns it through memory)
 RETURNING = ("malloc", "calloc", "realloc", "_Znwm", "_Znam", "_ZnwmRKSt9nothrow_t", "_ZnamRKSt9nothrow_t",
@@ -37,6 +38,28 @@ class CallSite:
 
 def call_sites(elf: ElfInfo, sym: Symbol, callees: tuple[str, ...] = RETURNING) -> list[CallSite]:
     """The calls from sym's code to callees, in address order."""
+    return [CallSite(sym.name, name, at, ret) for at, ret, name in _calls(elf, sym) if name in callees]
+
+
+def wrapper_sites(elf: ElfInfo, sym: Symbol) -> list[CallSite]:
+    """The calls from sym's code to a wrapper of the allocator one level down: a function of the
+    same file that calls the allocator itself and only forwards what it returned (forwarders.py:
+    xmalloc, a project's ticket_alloc; not a function that fills the block, such as the kit's
+    handle_request, which main calls). What the wrapper returns is the block."""
+    found, wraps = [], {}
+    for at, ret, name in _calls(elf, sym):
+        if name is None or name in RETURNING:
+            continue
+        if name not in wraps:
+            callee = elf.symbol_named(name)
+            wraps[name] = callee is not None and bool(call_sites(elf, callee)) and forwards(elf, callee)
+        if wraps[name]:
+            found.append(CallSite(sym.name, name, at, ret))
+    return found
+
+
+def _calls(elf: ElfInfo, sym: Symbol) -> list[tuple[int, int, str | None]]:
+    """(call address, return address, the called function's name or None) of each call in sym."""
     if not 0 < sym.size <= MAX_FUNCTION_BYTES:
         return []
     code = elf.read_at(sym.address, sym.size)
@@ -44,7 +67,7 @@ def call_sites(elf: ElfInfo, sym: Symbol, callees: tuple[str, ...] = RETURNING) 
         return []
     md = arch.disassembler()
     slots = elf.got_slots()
-    found = []
+    out = []
     for ins in md.disasm(code, sym.address):
         if ins.id != x86.X86_INS_CALL or not ins.operands:
             continue
@@ -54,9 +77,8 @@ def call_sites(elf: ElfInfo, sym: Symbol, callees: tuple[str, ...] = RETURNING) 
             name = _named_target(elf, md, op.imm, slots)
         elif op.type == x86.X86_OP_MEM and op.mem.base == x86.X86_REG_RIP and op.mem.index == 0:
             name = slots.get(ins.address + ins.size + op.mem.disp)
-        if name in callees:
-            found.append(CallSite(sym.name, name, ins.address, ins.address + ins.size))
-    return found
+        out.append((ins.address, ins.address + ins.size, name))
+    return out
 
 
 def _named_target(elf: ElfInfo, md, target: int, slots: dict[int, str]) -> str | None:

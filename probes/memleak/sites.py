@@ -12,6 +12,7 @@ would be a guess)."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -26,7 +27,7 @@ from ..elf import ElfInfo, Symbol, elf_info
 from ..face import StackReach
 from ..growth import RawStack, Spaces, StackGrowth, merge_stacks
 from ..procmaps import AddressSpace
-from .callsites import CallSite, call_sites
+from .callsites import CallSite, call_sites, wrapper_sites
 from .glibcheap import Memory, State, read_heap, state, usable_size
 from .reach import Blocks, ReachScan
 
@@ -115,9 +116,9 @@ def trace(pid: int, function: str, seconds: float, watch: Watch | None = None) -
     if alloc is None or alloc.name != "glibc":  # libc is mapped under jemalloc too: not its heap
         which = alloc.name if alloc is not None else "no allocator memdiag knows"
         raise SitesRefused(f"PID {pid} allocates with {which}, not glibc: its blocks' state cannot be read")
-    sites = call_sites(elf, sym)
+    sites = call_sites(elf, sym) or wrapper_sites(elf, sym)
     if not sites:
-        raise SitesRefused(f"{function} calls no allocator itself (it may allocate through a wrapper)")
+        raise SitesRefused(f"{function} calls no allocator, nor a wrapper of one in {os.path.basename(module)}")
     path = space.inode_path(space.first_mapping_of(module))
     if path is None:
         raise SitesRefused(f"{module} is not the file PID {pid} maps")

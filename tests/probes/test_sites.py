@@ -35,8 +35,22 @@ def test_a_function_that_frees_what_it_allocates_leaves_nothing_allocated(worklo
 
 def test_a_function_that_allocates_through_no_call_of_its_own_is_refused_in_one_line(workload):
     w = workload("leak", "400")
-    with pytest.raises(sites.SitesRefused, match="main calls no allocator itself"):
+    with pytest.raises(sites.SitesRefused, match="main calls no allocator, nor a wrapper of one in leak"):
         sites.trace(w.pid, "main", 1.0)
+
+
+def test_a_function_that_allocates_through_a_wrapper_is_traced_at_its_calls_to_it(workload):
+    """wrapleak's process_order gets each order from xmalloc and drops 1 in 7 on an error branch:
+    its calls to xmalloc are traced, and what is left unreachable is a seventh of them."""
+    w = workload("wrapleak", "2000", "7")
+    t = sites.trace(w.pid, "process_order", 3.0)
+    assert [s.callee for s in t.sites] == ["xmalloc"]
+    assert t.stats["hits"] >= 2000
+    scan, by_key = sites.reach_of(w.pid, t)
+    assert scan.status == "ran", scan.reason
+    leaked = sum(r.leaked_count for r in by_key.values())
+    assert 5.0 <= t.stats["hits"] / leaked <= 9.0, (t.stats["hits"], leaked)  # 1 in 7, give or take the ends
+    assert sum(r.anchored_count for r in by_key.values()) <= 2  # the rest are freed, not held
 
 
 def test_the_scan_calls_a_leaking_functions_blocks_leaked(workload):
