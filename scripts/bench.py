@@ -452,6 +452,7 @@ def main() -> int:
         "slowdown": (lambda: slowdown_section()[0], "1"),
         "own": (lambda: cost_section(own_results()), "2"),
         "costs": (per_event_section, "3"),
+        "accuracy": (accuracy_section, "4"),
         "loop": (loop_section, "6"),
         "long": (long_section, "7"),
         "jvm": (lambda: jvm_section(RUNS), "8"),

@@ -368,6 +368,17 @@ def _refuse(options: Mapping[str, Any]) -> str | None:
     return None if options.get("function") else "probe sites needs --function NAME (the function to trace)"
 
 
+def _keep(older: SitesResult, newer: SitesResult) -> SitesResult:
+    """Of two cycles' runs, the one whose scan found the most unreachable bytes (a leak seen in one
+    cycle of a long window stays its evidence, as memleak's); where neither found any, the newer."""
+
+    def leaked(r: SitesResult) -> int:
+        s = leak_stack(r) if r.status in ("ok", "partial") else None
+        return s.reach.leaked_bytes if s is not None and s.reach is not None else 0
+
+    return older if leaked(older) > leaked(newer) else newer
+
+
 FACE = Face(
     name="sites",
     run=_run,
@@ -383,4 +394,5 @@ FACE = Face(
     on_target=True,
     options=(Option("--function", "function", "the function whose own calls to the allocator are traced"),),
     refuse=_refuse,
+    keep=_keep,
 )

@@ -46,3 +46,13 @@ def test_no_scan_no_leak_facts_and_a_refusal_no_facts():
     assert "sites.leaked_count" not in f and f["sites.growth_share"] is None
     assert f["sites.growth_explained"].startswith("RSS did not grow while traced")
     assert facts_of(SitesResult(status="unavailable", reason="no function to trace"), None, name) == {}
+
+
+def test_a_long_windows_cycles_keep_the_run_that_found_the_leak():
+    from memdiag.probes.memleak.narrowed import FACE
+
+    leaked = _stack("process_order", 300, 3 * MiB, 2100, StackReach(leaked_count=300, leaked_bytes=3 * MiB))
+    found = SitesResult(status="ok", function="process_order", stacks=[leaked], reach_scan=SCAN)
+    quiet = SitesResult(status="ok", function="process_order", stacks=[], reach_scan=SCAN)
+    assert FACE.keep(found, quiet) is found and FACE.keep(quiet, found) is found
+    assert FACE.keep(quiet, quiet.model_copy()) is not quiet  # neither found any: the newer
