@@ -213,7 +213,7 @@ def reach_of(pid: int, t: SiteTrace, allowed_ms: float | None = None) -> tuple[R
             np.array([group[b.key] for b in live], dtype=np.int64),
         ).glibc_bounded()
 
-    result, per_group = reach.scan(pid, read_blocks, allowed_ms, allocator="glibc")
+    result, per_group = reach.scan(pid, read_blocks, allowed_ms, interrupted=interrupted, allocator="glibc")
     result = result.model_copy(update={"consistency": CONSISTENCY})
     return result, {keys[g]: r for g, r in per_group.items()}
 
