@@ -102,12 +102,7 @@ OPTIONS = (
 def _keep(older: MemleakResult, newer: MemleakResult) -> MemleakResult:
     """Of two cycles' runs, the one whose scan found the most leaked bytes (a leak seen in one
     cycle of a long window stays the window's evidence); where neither found any, the newer."""
-
-    def leaked(r: MemleakResult) -> int:
-        s = r.leak_stack() if r.status in ("ok", "partial") else None
-        return s.reach.leaked_bytes if s is not None and s.reach is not None else 0
-
-    return older if leaked(older) > leaked(newer) else newer
+    return view.keep_most_leaked(older, newer, MemleakResult.leak_stack)
 
 
 FACE = Face(

@@ -43,7 +43,7 @@ from .facts import share_words
 from .meter import Meter
 from .reach import ReachScan
 from .reach.pause import reserve_ms
-from .view import SCAN_METHOD
+from .view import keep_most_leaked, with_scan_row
 
 if TYPE_CHECKING:  # sites.py reads machine code (capstone): imported when the probe runs, not at start
     from .sites import SiteTrace
@@ -308,23 +308,7 @@ STACKS = Stacks(
 
 def rows(r: SitesResult | None, _plan, ctx: RowContext) -> list[ProbeStatus]:
     """Its row, then the scan's (the pause is its cost), as memleak's."""
-    scan = r.reach_scan if r is not None else None
-    if scan is None:
-        return [ctx.row]
-    paused = scan.paused_ms
-    return [
-        ctx.row,
-        ProbeStatus(
-            name="reach",
-            status="ok" if scan.status == "ran" else ("not-run" if scan.status == "skipped" else "error"),
-            reason=scan.describe(),
-            method=SCAN_METHOD,
-            duration_s=(paused or 0) / 1000,
-            events=scan.blocks,
-            overhead_percent=100 * paused / 1000 / ctx.window_s if paused is not None else None,
-            on_target=True,
-        ),
-    ]
+    return with_scan_row(r.reach_scan if r is not None else None, ctx, {})
 
 
 def trail(r: SitesResult) -> list[TrailItem]:
@@ -368,17 +352,6 @@ def _refuse(options: Mapping[str, Any]) -> str | None:
     return None if options.get("function") else "probe sites needs --function NAME (the function to trace)"
 
 
-def _keep(older: SitesResult, newer: SitesResult) -> SitesResult:
-    """Of two cycles' runs, the one whose scan found the most unreachable bytes (a leak seen in one
-    cycle of a long window stays its evidence, as memleak's); where neither found any, the newer."""
-
-    def leaked(r: SitesResult) -> int:
-        s = leak_stack(r) if r.status in ("ok", "partial") else None
-        return s.reach.leaked_bytes if s is not None and s.reach is not None else 0
-
-    return older if leaked(older) > leaked(newer) else newer
-
-
 FACE = Face(
     name="sites",
     run=_run,
@@ -394,5 +367,5 @@ FACE = Face(
     on_target=True,
     options=(Option("--function", "function", "the function whose own calls to the allocator are traced"),),
     refuse=_refuse,
-    keep=_keep,
+    keep=lambda older, newer: keep_most_leaked(older, newer, leak_stack),  # as memleak's
 )

@@ -8,6 +8,7 @@ from memdiag.system.units import fmt_number
 
 from ..cpython.frames import caveats as python_caveats
 from ..face import ProbeStatus, RowContext, Stack, Stacks, TracingCost, TrailItem
+from .reach import ReachScan
 from .result import LeakStack, MemleakResult
 
 SCAN_METHOD = "all threads stopped (ptrace), writable memory read and matched against memleak's blocks"
@@ -50,25 +51,40 @@ STACKS = Stacks(
 
 def rows(r: MemleakResult | None, _plan, ctx: RowContext) -> list[ProbeStatus]:
     """memleak's row, then the reachability scan's: its cost is the pause it caused."""
-    scan = r.reach_scan if r is not None else None
+    return with_scan_row(r.reach_scan if r is not None else None, ctx, ctx.figures.get("reach", {}))
+
+
+def with_scan_row(scan: ReachScan | None, ctx: RowContext, figures: dict[str, float]) -> list[ProbeStatus]:
+    """A tracing probe's row, then its reachability scan's (memleak's, the narrowed trace's)."""
     if scan is None:
         return [ctx.row]
-    ran = scan.status == "ran"
     paused = scan.paused_ms
     return [
         ctx.row,
         ProbeStatus(
             name="reach",
-            status="ok" if ran else ("not-run" if scan.status == "skipped" else "error"),
+            status="ok" if scan.status == "ran" else ("not-run" if scan.status == "skipped" else "error"),
             reason=scan.describe(),
             method=SCAN_METHOD,
             duration_s=(paused or 0) / 1000,
             events=scan.blocks,
             overhead_percent=100 * paused / 1000 / ctx.window_s if paused is not None else None,
-            figures=ctx.figures.get("reach", {}),
+            figures=figures,
             on_target=True,
         ),
     ]
+
+
+def keep_most_leaked(older, newer, leak_stack):
+    """Of two cycles' runs, the one whose scan found the most leaked bytes (in its leak_stack(run)):
+    a leak seen in one cycle of a long window stays the window's evidence; where neither found
+    any, the newer."""
+
+    def leaked(r) -> int:
+        s = leak_stack(r) if r.status in ("ok", "partial") else None
+        return s.reach.leaked_bytes if s is not None and s.reach is not None else 0
+
+    return older if leaked(older) > leaked(newer) else newer
 
 
 def trail(r: MemleakResult) -> list[TrailItem]:
