@@ -52,6 +52,7 @@ METHOD = (
     "uprobes after the function's own calls to the allocator (none on malloc or free); blocks' state "
     "and size from glibc's chunk headers at the end"
 )
+SCAN_METHOD = "all threads stopped (ptrace), writable memory read and matched against the traced blocks still allocated"
 NO_FUNCTION = "no function to trace: the playbook gives it (faults.top_function), or --function NAME"
 
 
@@ -308,7 +309,7 @@ STACKS = Stacks(
 
 def rows(r: SitesResult | None, _plan, ctx: RowContext) -> list[ProbeStatus]:
     """Its row, then the scan's (the pause is its cost), as memleak's."""
-    return with_scan_row(r.reach_scan if r is not None else None, ctx, {})
+    return with_scan_row(r.reach_scan if r is not None else None, ctx, {}, SCAN_METHOD)
 
 
 def trail(r: SitesResult) -> list[TrailItem]:

@@ -54,7 +54,9 @@ def rows(r: MemleakResult | None, _plan, ctx: RowContext) -> list[ProbeStatus]:
     return with_scan_row(r.reach_scan if r is not None else None, ctx, ctx.figures.get("reach", {}))
 
 
-def with_scan_row(scan: ReachScan | None, ctx: RowContext, figures: dict[str, float]) -> list[ProbeStatus]:
+def with_scan_row(
+    scan: ReachScan | None, ctx: RowContext, figures: dict[str, float], method: str = SCAN_METHOD
+) -> list[ProbeStatus]:
     """A tracing probe's row, then its reachability scan's (memleak's, the narrowed trace's)."""
     if scan is None:
         return [ctx.row]
@@ -65,7 +67,7 @@ def with_scan_row(scan: ReachScan | None, ctx: RowContext, figures: dict[str, fl
             name="reach",
             status="ok" if scan.status == "ran" else ("not-run" if scan.status == "skipped" else "error"),
             reason=scan.describe(),
-            method=SCAN_METHOD,
+            method=method,
             duration_s=(paused or 0) / 1000,
             events=scan.blocks,
             overhead_percent=100 * paused / 1000 / ctx.window_s if paused is not None else None,
