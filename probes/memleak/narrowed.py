@@ -130,7 +130,8 @@ def _run(target: Target, ctx: Context) -> SitesResult:
     )
     cost = meter.cost(traps_ns)
     scan, per_key = None, {}
-    if t.live():
+    live = t.live()
+    if live:
         # the pause allowed: what the budget leaves after the trace, within the longest stop allowed
         left_ms = (allowance - (cost.measured_ns or 0.0)) / 1e6 if allowance is not None else None
         limits = [x for x in (left_ms, ctx.max_pause_ms) if x is not None]
@@ -138,7 +139,6 @@ def _run(target: Target, ctx: Context) -> SitesResult:
         cost = meter.cost(traps_ns, (scan.paused_ms or 0.0) / 1000)  # the pause is the scan row's cost
     rss1 = read_rss_anon(pid)
     stacks = [_stack(s, t, per_key) for s in t.stacks]
-    live = t.live()
     lost = {k: v for k, v in t.stats.items() if k.endswith("_dropped") or k == "stack_errors"}
     partial = t.stats["blocks_dropped"] > 0
     at = f"{len(t.sites)} site" + ("s" if len(t.sites) != 1 else "")
@@ -227,13 +227,18 @@ def leak_stack(r: SitesResult) -> SiteStack | None:
     return max(leaked, key=lambda s: s.reach.leaked_bytes) if leaked else None  # type: ignore[union-attr]
 
 
+def _growth_share(r: SitesResult) -> float | None:
+    """The traced blocks still allocated as a share of the RSS growth while traced (None: no growth)."""
+    return 100 * r.live_bytes / r.rss_growth if r.rss_growth is not None and r.rss_growth > 0 else None
+
+
 def _explained(r: SitesResult) -> str | None:
-    """The traced blocks still allocated against the RSS growth while traced, and where the rest is."""
+    """That share in words (the same value as the figure), and where the rest is."""
     if r.rss_growth is None:
         return None
-    if r.rss_growth <= 0:
+    share = _growth_share(r)
+    if share is None:
         return f"RSS did not grow while traced ({fmt_bytes(r.rss_growth)}): its blocks reused pages it had"
-    share = 100 * r.live_bytes / r.rss_growth
     rest = "" if share >= 80 else ": the rest is other code's, or pages the allocator touched for them"
     return (
         f"its blocks still allocated ({fmt_bytes(r.live_bytes)}) are {share:.0f}% of what RSS grew while traced "
@@ -249,7 +254,7 @@ def facts_of(r: SitesResult | None, _plan, name: Namer) -> dict:
         "sites.calls": r.calls,
         "sites.live_bytes": r.live_bytes,
         "sites.rss_growth": r.rss_growth,
-        "sites.growth_share": 100 * r.live_bytes / r.rss_growth if r.rss_growth and r.rss_growth > 0 else None,
+        "sites.growth_share": _growth_share(r),
         "sites.growth_explained": _explained(r),
     }
     if r.reach_scan is None or r.reach_scan.status != "ran":
