@@ -52,6 +52,10 @@ METHOD = (
     "uprobes after the function's own calls to the allocator (none on malloc or free); blocks' state "
     "and size from glibc's chunk headers at the end"
 )
+METHOD_FREES = (
+    "uprobes after the function's own calls to the allocator and on {allocator}'s free entry points (none on "
+    "malloc); a block is still allocated when no free of it was seen, its size the one its call asked for"
+)
 SCAN_METHOD = "all threads stopped (ptrace), writable memory read and matched against the traced blocks still allocated"
 NO_FUNCTION = "no function to trace: the playbook gives it (faults.top_function), or --function NAME"
 
@@ -68,11 +72,16 @@ class SitesResult(ProbeResult):
     name: str = "sites"
     function: str = ""
     module: str = ""
+    allocator: str = ""
+    liveness: str = ""  # "headers": glibc's chunk headers read; "frees": the allocator's frees traced
     sites: int = 0  # call sites probed
     single_stepped: int = 0  # of them, on an instruction the kernel single-steps
     calls: int = 0  # calls traced that returned a block
     live_count: int = 0  # their blocks still allocated at the end
     live_bytes: int = 0
+    sized: bool = True  # every block still allocated has a known size (a wrapper's call keeps none)
+    frees: int = 0  # frees of the process traced (liveness "frees")
+    frees_traced: list[str] = []  # the free entry points probed, where each probe sits
     freed_count: int = 0  # their blocks free at the end (or handed out again to an untraced call)
     stacks: list[SiteStack] = []
     folded: list[str] = []
@@ -88,10 +97,18 @@ def _trap_ns(t: SiteTrace | None, emulated_ns: float, stepped_ns: float, program
     return max(emulated_ns if e else stepped_ns for e in kinds) + program_ns
 
 
+def _programs_ns(n: dict[str, int], program_ns: dict[str, float]) -> float:
+    """The programs' run time before the kernel's count is read: each hit at what memleak's program
+    of the same shape takes here (a site: a stack id and copy, as malloc_enter; a call or a free: a
+    map update or delete, as free_enter)."""
+    site, other = program_ns.get("malloc_enter", 0.0), program_ns.get("free_enter", 0.0)
+    return n.get("hits", 0) * site + sum(n.get(k, 0) for k in ("call_hits", "frees_emulated", "frees_stepped")) * other
+
+
 def _run(target: Target, ctx: Context) -> SitesResult:
     """Trace ctx.options["function"] for ctx.seconds (less the scan), stopping where its measured
     cost and the scan's kept pause reach what the budget leaves; then the scan."""
-    from .sites import SitesRefused, hits, reach_of, trace
+    from .sites import SitesRefused, reach_of, traced, traps_ns
 
     started = clock.wall()
     base = SitesResult(status="unavailable", target=target.describe(), started=started, method=METHOD)
@@ -104,46 +121,47 @@ def _run(target: Target, ctx: Context) -> SitesResult:
     costs = host_costs()
     if costs is None:
         return base.model_copy(update={"reason": "this host's trap costs could not be measured: no price"})
-    program_ns = costs.program_ns.get("malloc_enter", 0.0)  # a program of the same shape (stack id + copy)
     keep_ms = reserve_ms(pid) or 0.0
     if ctx.max_pause_ms is not None:
         keep_ms = min(keep_ms, ctx.max_pause_ms)
     allowance = ctx.budget.allowance_ns if ctx.budget is not None else None
     meter = Meter(pid, ctx.cpu_rate)
     rss0 = read_rss_anon(pid)
-    price = {"ns": costs.stepped_ns + program_ns}
 
-    def watch(bpf, _attached: float) -> bool:
+    def priced(n: dict[str, int], kinds: dict[str, bool], run_ns: int | None = None) -> float:
+        programs = run_ns if run_ns is not None else _programs_ns(n, costs.program_ns)
+        return traps_ns(n, kinds, costs.emulated_ns, costs.stepped_ns) + programs
+
+    def watch(n: dict[str, int], kinds: dict[str, bool]) -> bool:
         if allowance is None:
             return False
-        spent = meter.cost(hits(bpf) * price["ns"]).measured_ns or 0.0
+        spent = meter.cost(priced(n, kinds)).measured_ns or 0.0
         return spent + keep_ms * 1e6 >= allowance
 
+    scan, per_key = None, {}
     try:
-        t = trace(pid, function, ctx.seconds, watch=watch)
+        with traced(pid, function, ctx.seconds, watch=watch) as t:
+            if t.live():
+                # the pause allowed: what the budget leaves after the trace, within the longest stop allowed
+                spent = meter.cost(priced(t.stats, t.kinds)).measured_ns or 0.0
+                left_ms = (allowance - spent) / 1e6 if allowance is not None else None
+                limits = [x for x in (left_ms, ctx.max_pause_ms) if x is not None]
+                scan, per_key = reach_of(pid, t, max(0.0, min(limits)) if limits else None)
     except SitesRefused as e:
         return base.model_copy(update={"reason": str(e), "duration_s": clock.wall() - started})
-    price["ns"] = _trap_ns(t, costs.emulated_ns, costs.stepped_ns, program_ns)
     run_ns = t.run[1] if t.run is not None else None  # None: the kernel kept no run time
-    traps_ns = t.stats["hits"] * (price["ns"] - program_ns) + (
-        run_ns if run_ns is not None else t.stats["hits"] * program_ns
-    )
-    cost = meter.cost(traps_ns)
-    scan, per_key = None, {}
+    traps = priced(t.stats, t.kinds, run_ns)
+    cost = meter.cost(traps, (scan.paused_ms or 0.0) / 1000 if scan is not None else 0.0)  # the pause: the scan's
     live = t.live()
-    if live:
-        # the pause allowed: what the budget leaves after the trace, within the longest stop allowed
-        left_ms = (allowance - (cost.measured_ns or 0.0)) / 1e6 if allowance is not None else None
-        limits = [x for x in (left_ms, ctx.max_pause_ms) if x is not None]
-        scan, per_key = reach_of(pid, t, max(0.0, min(limits)) if limits else None)
-        cost = meter.cost(traps_ns, (scan.paused_ms or 0.0) / 1000)  # the pause is the scan row's cost
     rss1 = read_rss_anon(pid)
     stacks = [_stack(s, t, per_key) for s in t.stacks]
     lost = {k: v for k, v in t.stats.items() if k.endswith("_dropped") or k == "stack_errors"}
     partial = t.stats["blocks_dropped"] > 0
     at = f"{len(t.sites)} site" + ("s" if len(t.sites) != 1 else "")
+    frees = t.stats["frees_emulated"] + t.stats["frees_stepped"]
     reason = (
         f"{fmt_number(t.stats['hits'] - t.stats['null'])} calls of {function} traced at {at}"
+        + (f", and {fmt_number(frees)} frees of the process" if t.liveness == "frees" else "")
         + ("; stopped early: its measured cost reached what the budget leaves" if t.stopped else "")
         + ("; the block table filled (see lost)" if partial else "")
     )
@@ -151,24 +169,30 @@ def _run(target: Target, ctx: Context) -> SitesResult:
         update={
             "status": "partial" if partial else "ok",
             "reason": reason,
+            "method": METHOD if t.liveness == "headers" else METHOD_FREES.format(allocator=t.allocator),
             "duration_s": t.seconds,
             "backed_off": t.stopped,
             "function": function,
             "module": t.module,
+            "allocator": t.allocator,
+            "liveness": t.liveness,
             "sites": len(t.sites),
             "single_stepped": sum(1 for e in t.emulated if not e),
             "calls": t.stats["hits"] - t.stats["null"],
+            "frees": frees,
+            "frees_traced": t.frees,
             "live_count": len(live),
             "live_bytes": sum(b.size or 0 for b in live),
+            "sized": all(b.size is not None for b in live),
             "freed_count": len(t.blocks) - len(live),
             "stacks": stacks,
             "folded": folded_lines(stacks, weight="bytes"),
             "reach_scan": scan,
             "rss_growth": rss1 - rss0 if rss0 is not None and rss1 is not None else None,
             "tracing_cost": cost,
-            "trap_ns": price["ns"],
+            "trap_ns": _trap_ns(t, costs.emulated_ns, costs.stepped_ns, costs.program_ns.get("malloc_enter", 0.0)),
             "lost": lost,
-            "cost": base.cost.model_copy(update={"events": t.stats["hits"], "bpf_run_ns": run_ns}),
+            "cost": base.cost.model_copy(update={"events": t.stats["hits"] + frees, "bpf_run_ns": run_ns}),
         }
     )
 
@@ -199,7 +223,8 @@ def _sum_reach(rs: list[StackReach]) -> StackReach:
 FACTS = (
     FactDef("sites.function", "string", "the function whose own calls to the allocator were traced", figure=False),
     FactDef("sites.calls", "number", "its calls that returned a block while traced"),
-    FactDef("sites.live_bytes", "bytes", "bytes of their blocks still allocated at the end (glibc's headers)"),
+    FactDef("sites.live_bytes", "bytes",
+            "bytes of their blocks still allocated at the end (glibc: usable, from its headers; else as asked)"),
     FactDef("sites.leaked_count", "number", "blocks of the leak stack nothing points at (its scan)"),
     FactDef("sites.leaked_bytes", "bytes", "bytes of the leak stack nothing points at"),
     FactDef("sites.leaked_ratio", "percent", "share of the leak stack's still-allocated bytes nothing points at"),
@@ -329,6 +354,14 @@ def caveats(r: SitesResult) -> list[str]:
         f"Only {r.function}'s own calls to the allocator were traced ({r.sites} sites, each hit priced at "
         f"{fmt_ns(r.trap_ns or 0)}): blocks it gets through a wrapper, and other code's, are not in its stacks"
     ]
+    if r.liveness == "frees":
+        out.append(
+            f"Under {r.allocator} a block's state is not read from the allocator: every free of the process was "
+            f"traced too ({fmt_number(r.frees)}, at {', '.join(r.frees_traced)}), and a block no free was seen "
+            "for is still allocated; one handed to realloc counts as freed"
+        )
+    if not r.sized:
+        out.append("Blocks from a wrapper's calls have no known size under this allocator: their bytes count as 0")
     if r.reach_scan is not None and r.reach_scan.status != "ran":
         out.append(f"The reachability scan of its blocks {r.reach_scan.status}: {r.reach_scan.reason}")
     return out
@@ -342,6 +375,9 @@ def describe(r: SitesResult, top: int) -> list[str]:
         f"{r.function} in {r.module}: {fmt_number(r.calls)} calls traced, {fmt_number(r.live_count)} blocks "
         f"({fmt_bytes(r.live_bytes)}) still allocated, {fmt_number(r.freed_count)} freed",
     ]
+    if r.liveness == "frees":
+        traced = ", ".join(r.frees_traced)
+        lines.append(f"  {fmt_number(r.frees)} frees of the process traced ({r.allocator}): {traced}")
     for s in r.stacks[:top]:
         reach = ""
         if s.reach is not None:

@@ -15,6 +15,7 @@ from memdiag.probes.elf import ElfInfo
 
 ENDBR64, TEST_RDI, JE_16, PUSH_RBX, PUSH_RBP, NOP = "f3 0f 1e fa", "48 85 ff", "74 10", "53", "55", "90"
 MOV_RDI_RAX, MOV_RAX_RDI, SUB_RSP_8, XOR_EAX, PUSH_R12 = "48 89 c7", "48 89 f8", "48 83 ec 08", "31 c0", "41 54"
+MOV_RCX_RDI, SHR_RAX_26, JNE_32, JMP_RAX = "48 89 f9", "48 c1 e8 1a", "0f 85 8a 00 00 00", "ff e0"
 
 # function -> its code (hex bytes); every one ends in ret (c3) after padding
 PROLOGUES = {
@@ -26,6 +27,9 @@ PROLOGUES = {
     "malloc": f"{PUSH_RBP} {PUSH_RBX}",  # a return probe: +0, which is emulated
     "calloc": f"{TEST_RDI} {PUSH_RBX}",  # a return probe on an instruction stepped out of line
     "mremap": f"{PUSH_RBX}",  # hidden: not the dynamic linker's to bind
+    # jemalloc 5.3's free: the argument copied and shifted (its rtree key) up to its first branch
+    "_ZdaPv": f"{MOV_RAX_RDI} {MOV_RCX_RDI} {SHR_RAX_26} {JNE_32} {PUSH_RBX}",
+    "_ZdaPvm": f"{JMP_RAX} {PUSH_RBX}",  # an indirect jump: stepped, and the search ends there
 }
 
 
@@ -69,6 +73,12 @@ def test_an_argument_read_is_passed_an_argument_written_is_not(lib):
 
 def test_the_stack_moved_by_a_sub_keeps_the_probe_at_zero(lib):
     assert _at(lib, "_ZdlPv") == (0, "sub rsp, 8", False, False)
+
+
+def test_a_relative_branch_is_emulated_and_every_call_reaches_it(lib):
+    assert _at(lib, "_ZdaPv") == (10, "jne 0x{:x}".format(lib.symbol_named("_ZdaPv").address + 16 + 0x8A), True,
+                                  False)  # fmt: skip
+    assert _at(lib, "_ZdaPvm") == (0, "jmp rax", False, False)
 
 
 def test_an_emulated_first_instruction_is_taken_at_once(lib):
