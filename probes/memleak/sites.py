@@ -108,7 +108,7 @@ class SiteTrace:
         return self.blocks
 
 
-Watch = Callable[[dict, dict], bool]  # (counts so far, kinds) -> stop now
+Watch = Callable[[dict, dict, float], bool]  # (counts so far, kinds, seconds attached) -> stop now
 
 
 def counts(bpf) -> dict[str, int]:
@@ -159,7 +159,7 @@ def traced(pid: int, function: str, seconds: float, watch: Watch | None = None) 
     """Trace function's calls to the allocator in pid for seconds, then yield the books. Under
     glibc every probe is detached by then; otherwise the free probes stay attached until the block
     ends (a scan inside it reads exact books: SiteTrace.reread), and the counts, run time and
-    stacks are completed as it ends. watch(counts, kinds), asked every TICK_S: True stops the
+    stacks are completed as it ends. watch(counts, kinds, seconds attached), asked every TICK_S: True stops the
     trace there (its cost)."""
     found = module_of(pid, function)
     if found is None:
@@ -249,7 +249,7 @@ def _wait(bpf, t: SiteTrace, seconds: float, watch: Watch | None) -> None:
         time.sleep(min(TICK_S, left))
         if interrupted():  # a signal: the trace so far is read and scanned as it stands
             break
-        if watch is not None and watch(counts(bpf), t.kinds):
+        if watch is not None and watch(counts(bpf), t.kinds, time.monotonic() - started):
             t.stopped = True
             break
     t.seconds = time.monotonic() - started

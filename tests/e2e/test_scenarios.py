@@ -71,7 +71,7 @@ def test_error_branch_leak_is_a_leak(memdiag, workload, tmp_path, allocator):
     held a quarter of the leak's blocks, and the verdict was growth."""
     if allocator == "glibc":
         w = workload("errleak", "2000", "7")  # ~4,000 allocator calls/s: well inside the 2% budget here
-    else:  # malloc+0 and free+0 single-stepped: a tenth of the rate is inside the budget
+    else:  # malloc+0 single-stepped (free at its first branch, emulated): a tenth of the rate fits the budget
         w = workload("errleak", "400", "7", env={"LD_PRELOAD": arch.library("libjemalloc.so.2")})
     rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
     v = rep["verdict"]

@@ -1,6 +1,6 @@
 """Narrowed allocation tracing (probes/memleak/sites.py) on the real kernel: uprobes only after one
 function's own calls to the allocator, the blocks they return read back from glibc's chunk headers
-at the end, with no probe on malloc or free."""
+at the end, with no probe on malloc or free; under jemalloc, with its frees traced."""
 
 import pytest
 from memdiag.probes.memleak import sites
@@ -72,13 +72,49 @@ def test_the_scan_names_what_holds_a_registrys_blocks(workload):
     assert "registry" in held[0].anchor, held[0]
 
 
-def test_under_another_allocator_the_trace_is_refused_in_one_line(workload):
-    """glibc is mapped under jemalloc too: its chunk headers are not where the blocks' state is."""
+def _jemalloc() -> dict:
     if JEMALLOC is None:
-        pytest.skip("needs libjemalloc2 (scripts/setup.sh --test installs it)")
-    w = workload("leak", "400", env={"LD_PRELOAD": JEMALLOC})
-    with pytest.raises(sites.SitesRefused, match="allocates with jemalloc, not glibc"):
-        sites.trace(w.pid, "leak_order_history", 1.0)
+        pytest.fail("needs libjemalloc2 (scripts/setup.sh --test installs it)")
+    return {"LD_PRELOAD": JEMALLOC}
+
+
+def test_under_jemalloc_its_frees_keep_the_books_and_the_scan_reads_them_exact(workload):
+    """jemalloc keeps no header memdiag reads: its free entry points are traced (free on its first
+    branch, emulated), the size comes from the call's own probe, and the free probes stay attached
+    until the scan has read the books with the target stopped."""
+    w = workload("leak", "400", env=_jemalloc())
+    with sites.traced(w.pid, "leak_order_history", 2.0) as t:
+        assert t.liveness == "frees" and t.allocator == "jemalloc"
+        assert any(f.startswith("free+") and "emulated" in f and not f.startswith("free+0") for f in t.frees)
+        live = t.live()
+        assert len(live) == len(t.blocks) >= 100 and {b.size for b in live} == {4096}  # as asked
+        scan, by_key = sites.reach_of(w.pid, t)
+    assert scan.status == "ran", scan.reason
+    assert "free probes still attached" in scan.consistency
+    leaked = sum(r.leaked_count for r in by_key.values())
+    assert leaked >= 100 and sum(r.anchored_count for r in by_key.values()) == 0
+    # handle_request churns four frees a record: the frees were counted, and none was a traced block's
+    assert t.stats["frees_emulated"] + t.stats["frees_stepped"] >= 4 * t.stats["hits"] and t.stats["freed"] == 0
+    assert t.stats["call_hits"] >= t.stats["hits"] - 1  # each call's size kept (a call in flight at the end)
+    assert t.stacks[0].functions[0] == "leak_order_history" and t.stacks[0].bytes == 4096 * len(t.live())
+
+
+def test_under_jemalloc_a_function_that_frees_what_it_allocates_leaves_nothing(workload):
+    w = workload("leak", "400", env=_jemalloc())
+    t = sites.trace(w.pid, "handle_request", 2.0)
+    assert t.stats["hits"] >= 40 and t.stats["freed"] >= t.stats["hits"] - 1, t.stats
+    assert t.blocks == [] or {b.state for b in t.blocks} == {State.FREE}
+
+
+def test_under_jemalloc_a_wrappers_one_in_seven_is_read_from_its_frees(workload):
+    w = workload("wrapleak", "2000", "7", env=_jemalloc())
+    with sites.traced(w.pid, "process_order", 3.0) as t:
+        scan, by_key = sites.reach_of(w.pid, t)
+    assert scan.status == "ran", scan.reason
+    leaked = sum(r.leaked_count for r in by_key.values())
+    assert leaked and 5.0 <= t.stats["hits"] / leaked <= 9.0, (t.stats, leaked)
+    assert sum(r.anchored_count for r in by_key.values()) <= 2
+    assert all(b.size is None for b in t.live())  # a wrapper's call keeps no size
 
 
 def test_a_target_that_exits_during_the_trace_is_said_in_one_line(workload):
