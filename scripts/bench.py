@@ -176,8 +176,10 @@ def slowdown_section() -> tuple[list[str], dict]:
         "(measured on the target: its probes' hits x trap cost + BPF run time, raised to its CPU time over "
         "its rate before where larger, up to twice); memleak column: memdiag's decision on allocation "
         "tracing. bcc memleak: from its attach to its end. Bare: untraced, the noise floor. Under "
-        "jemalloc, malloc+0 and free+0 are single-stepped (~15 µs a call here), so allocation tracing "
-        "is refused at far lower rates.",
+        "jemalloc, malloc+0 is single-stepped (its size is read at once and a return probe keeps it "
+        "there; free's probe sits on its first branch, which the kernel emulates), so allocation tracing "
+        "is refused at far lower rates; where refused (fallback), page faults name the function that "
+        "grows and its own calls are traced, with every free of the process under jemalloc (sites).",
         "",
         "| rate | allocator | tool | memleak | time lost, wall clock (median, min–max) | time lost, CPU clock | "
         "memdiag's reported overhead | leaking function named | memdiag's verdict |",
@@ -294,7 +296,7 @@ SCENARIOS = [
     ("leak", ("leak", "2048"), "leak", "leak_order_history", None),
     ("bounded cache", ("cache", "64", "6"), "cache", "cache_insert", None),
     ("error-branch leak (1 in 7 orders dropped)", ("errleak", "4000", "7"), "leak", "process_order", None),
-    # jemalloc: malloc+0 and free+0 are single-stepped (~15 µs a call): within 2% only at a tenth the rate
+    # jemalloc: malloc+0 is single-stepped (~9 µs a call): within 2% only at a tenth the rate
     ("same at 400 orders/s, under jemalloc", ("errleak", "400", "7"), "leak", "process_order", "jemalloc"),
     ("registry that only appends (held)", ("registry", "2000"), "growth", "register_entry", None),
     ("leaked linked lists", ("leaklist", "50"), "leak", "new_node", None),
