@@ -125,9 +125,16 @@ def run(target: Target, duration: float, top: int = 50) -> FaultsResult:
 
 
 def facts_of(r: FaultsResult | None, _plan, name) -> dict:
-    if r is None or r.status not in ("ok", "partial") or not r.stacks:
+    if r is None or r.status not in ("ok", "partial"):
         return {}
-    return {"faults.top_bytes": r.stacks[0].bytes, "faults.top_function": heaviest_function(r.stacks, name)}
+    counted = {"faults.counted": sum(s.count for s in r.stacks)}  # it ran: a rule can read that it named nothing
+    if not r.stacks:
+        return counted
+    return {
+        **counted,
+        "faults.top_bytes": r.stacks[0].bytes,
+        "faults.top_function": heaviest_function(r.stacks, name),
+    }
 
 
 FACE = Face(
@@ -137,6 +144,7 @@ FACE = Face(
     describe=describe,
     caveats=lambda r: python_caveats(r.python),
     facts=(
+        FactDef("faults.counted", "number", "page faults in the stacks kept (present once the probe ran)"),
         FactDef("faults.top_bytes", "bytes", "pages faulted in by the heaviest stack"),
         FactDef("faults.top_function", "string", "the application function of the heaviest fault stack"),
     ),

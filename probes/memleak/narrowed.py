@@ -3,14 +3,16 @@
 Where tracing every malloc and free is over the budget (a hot allocator), a page-fault profile
 still names the function whose pages grow; the playbook then asks this probe for that function
 (`given: {function: faults.top_function}`). It traps only that function's own calls to the
-allocator (sites.py), reads from glibc's chunk headers which of their blocks are still allocated
-at the end, and scans the stopped target for what still points at them (reach/): leaked, or held
-and by what, with how many of the function's calls left a block behind.
+allocator (sites.py), reads which of their blocks are still allocated at the end (glibc: from its
+chunk headers; jemalloc: no free of them seen, its frees traced), and scans the stopped target
+for what still points at them (reach/): leaked, or held and by what, with how many of the
+function's calls left a block behind.
 
-Its cost is measured while attached: each hit priced at its site's trap on this host (costs.py;
-the instruction after a call is mostly single-stepped) plus the program's run time, checked against
-the target's CPU clock (meter.Meter); it stops where the budget would be spent with the scan's
-pause kept. Facts: sites.* (the leak rules' reach.* words, for this trace)."""
+Its cost is measured while attached: each hit priced at its instruction's trap on this host
+(costs.py; the instruction after a call is mostly single-stepped, a call and jemalloc's free where
+its probe sits are emulated) plus the programs' run time, checked against the target's CPU clock
+(meter.Meter); it stops where the budget would be spent, a tick and the detach ahead, with the
+scan's pause kept. Facts: sites.* (the leak rules' reach.* words, for this trace)."""
 
 from __future__ import annotations
 
@@ -79,7 +81,7 @@ class SitesResult(ProbeResult):
     calls: int = 0  # calls traced that returned a block
     live_count: int = 0  # their blocks still allocated at the end
     live_bytes: int = 0
-    sized: bool = True  # every block still allocated has a known size (a wrapper's call keeps none)
+    sized: bool = True  # every block still allocated has a known size (strdup's call keeps none)
     frees: int = 0  # frees of the process traced (liveness "frees")
     frees_traced: list[str] = []  # the free entry points probed, where each probe sits
     freed_count: int = 0  # their blocks free at the end (or handed out again to an untraced call)
@@ -108,7 +110,7 @@ def _programs_ns(n: dict[str, int], program_ns: dict[str, float]) -> float:
 def _run(target: Target, ctx: Context) -> SitesResult:
     """Trace ctx.options["function"] for ctx.seconds (less the scan), stopping where its measured
     cost and the scan's kept pause reach what the budget leaves; then the scan."""
-    from .sites import TICK_S, SitesRefused, reach_of, traced, traps_ns
+    from .sites import SitesRefused, reach_of, tick_s, traced, traps_ns
 
     started = clock.wall()
     base = SitesResult(status="unavailable", target=target.describe(), started=started, method=METHOD)
@@ -140,7 +142,7 @@ def _run(target: Target, ctx: Context) -> SitesResult:
         # jemalloc its frees are traced until then): stop now if that, at the rate so far, would eat
         # the pause kept for the scan (bench_alloc at 100k/s under jemalloc: 0.1 s of cost a second;
         # checked only against what was spent, the scan was left no pause)
-        ahead = spent * (detach_seconds() + TICK_S) / attached if attached > 0 else 0.0
+        ahead = spent * (detach_seconds() + tick_s(attached)) / attached if attached > 0 else 0.0
         return spent + ahead + keep_ms * 1e6 >= allowance
 
     scan, per_key = None, {}
@@ -366,7 +368,10 @@ def caveats(r: SitesResult) -> list[str]:
             "for is still allocated; one handed to realloc counts as freed"
         )
     if not r.sized:
-        out.append("Blocks from a wrapper's calls have no known size under this allocator: their bytes count as 0")
+        out.append(
+            "Some blocks still allocated have no known size (a call whose size is no argument, as strdup's): "
+            "their bytes count as 0"
+        )
     if r.reach_scan is not None and r.reach_scan.status != "ran":
         out.append(f"The reachability scan of its blocks {r.reach_scan.status}: {r.reach_scan.reason}")
     return out

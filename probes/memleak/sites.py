@@ -59,6 +59,14 @@ CONSISTENCY = {
     "still attached, were read and memory scanned, then resumed",
 }
 TICK_S = 0.5  # how often a trace with a watch asks it whether to stop (its cost so far)
+# ... and in its first second, before the rate of its cost is known: flat out under jemalloc every
+# free traps, and half a second of that cost the target what the scan's pause was kept for
+FIRST_TICK_S, FIRST_TICKS_UNTIL = 0.1, 1.0
+
+
+def tick_s(attached: float) -> float:
+    """How long until the watch is asked again, `attached` seconds into the trace."""
+    return FIRST_TICK_S if attached < FIRST_TICKS_UNTIL else TICK_S
 
 
 class SitesRefused(Exception):
@@ -91,6 +99,7 @@ class SiteTrace:
     liveness: str = "headers"  # how a block is known still allocated: "headers" (glibc's) or "frees" (traced)
     kinds: dict[str, bool] = field(default_factory=dict)  # per count that is a trap: emulated, or single-stepped
     frees: list[str] = field(default_factory=list)  # the free entry points traced (liveness "frees")
+    sizing: list[CallSite] = field(default_factory=list)  # the calls whose size argument is kept (liveness "frees")
     _books: Callable[[], dict[int, int]] | None = None  # while attached: address -> ts of the blocks not freed
     reread_stopped: bool = False  # a scan read the blocks' state with the target stopped
 
@@ -159,7 +168,7 @@ def traced(pid: int, function: str, seconds: float, watch: Watch | None = None) 
     """Trace function's calls to the allocator in pid for seconds, then yield the books. Under
     glibc every probe is detached by then; otherwise the free probes stay attached until the block
     ends (a scan inside it reads exact books: SiteTrace.reread), and the counts, run time and
-    stacks are completed as it ends. watch(counts, kinds, seconds attached), asked every TICK_S: True stops the
+    stacks are completed as it ends. watch(counts, kinds, seconds attached), asked every tick_s(): True stops the
     trace there (its cost)."""
     found = module_of(pid, function)
     if found is None:
@@ -183,8 +192,8 @@ def traced(pid: int, function: str, seconds: float, watch: Watch | None = None) 
     t.emulated = emulated(elf, sites)
     t.kinds = {"hits": all(t.emulated)}
     if frees:
-        sized = [s for s in sites if s.callee in SIZE_PROGRAM]
-        t.kinds["call_hits"] = all(emulated(elf, sized, at_call=True))
+        t.sizing = sizing_sites(elf, sites)
+        t.kinds["call_hits"] = all(emulated(elf, t.sizing, at_call=True))
         t.kinds |= {"frees_emulated": True, "frees_stepped": False}
         t.frees = [p.describe() for p in frees]
     bpf = load(PROGRAM, {})
@@ -219,6 +228,23 @@ def traced(pid: int, function: str, seconds: float, watch: Watch | None = None) 
         bpf.cleanup()  # the maps' and programs' descriptors: memdiag serve lives on
 
 
+def sizing_sites(elf: ElfInfo, sites: list[CallSite]) -> list[CallSite]:
+    """The call instructions whose arguments give each site's block size: the site's own call to
+    the allocator, or, for a call to a wrapper (xmalloc), the wrapper's own calls to it. The
+    wrapper's probe traps for its every caller, and the size it keeps is taken by the next traced
+    return on that thread: where the wrapper hands a traced caller a block without calling the
+    allocator on that path, the block gets the size of the thread's last untraced call to it."""
+    out: list[CallSite] = []
+    for s in sites:
+        if s.callee in SIZE_PROGRAM:
+            out.append(s)
+            continue
+        callee = elf.symbol_named(s.callee)
+        inner = call_sites(elf, callee) if callee is not None else []
+        out += [c for c in inner if c.callee in SIZE_PROGRAM and c not in out]
+    return out
+
+
 def _attach(bpf, pid: int, space: AddressSpace, path: str, t: SiteTrace, frees: list[Placement]) -> None:
     """The free probes first (a block freed after its site is armed is then always seen), then the
     call probes and the sites; each group one batch (uprobe_multi links where the kernel has them)."""
@@ -232,7 +258,7 @@ def _attach(bpf, pid: int, space: AddressSpace, path: str, t: SiteTrace, frees: 
             fn = b"site_free_emulated" if p.emulated else b"site_free_stepped"
             group.append((where, fn, p.symbol_address + p.offset, p))
         groups.append(group)
-        group = [(path, SIZE_PROGRAM[s.callee], s.call_address, s) for s in t.sites if s.callee in SIZE_PROGRAM]
+        group = [(path, SIZE_PROGRAM[s.callee], s.call_address, s) for s in t.sizing]
         groups.append(group)
     groups.append([(path, FUNCTION, s.return_address, s) for s in t.sites])
     for group in groups:
@@ -246,7 +272,7 @@ def _attach(bpf, pid: int, space: AddressSpace, path: str, t: SiteTrace, frees: 
 def _wait(bpf, t: SiteTrace, seconds: float, watch: Watch | None) -> None:
     started = time.monotonic()
     while (left := seconds - (time.monotonic() - started)) > 0:
-        time.sleep(min(TICK_S, left))
+        time.sleep(min(tick_s(time.monotonic() - started), left))
         if interrupted():  # a signal: the trace so far is read and scanned as it stands
             break
         if watch is not None and watch(counts(bpf), t.kinds, time.monotonic() - started):

@@ -79,11 +79,13 @@ def test_memleak_over_budget_runs_what_the_playbook_asks_in_its_place():
 NATIVE = {"target.kind": "pid", "target.runtime": "none"}
 
 
-def test_a_hot_glibc_allocator_gets_page_faults_first_then_its_function_traced_with_the_rest():
-    """memleak over the budget on a native glibc program: faults for 6 s (not all the time left, as
-    elsewhere), then, once they name a function, sites on that function for what is left."""
+@pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])
+def test_a_hot_allocator_gets_page_faults_first_then_its_function_traced_with_the_rest(allocator):
+    """memleak over the budget on a native glibc or jemalloc program: faults for 6 s (not all the
+    time left, as elsewhere), then, once they name a function, sites on that function for what is
+    left."""
     fake = FakeProbes()
-    e = engine(fake, decision("fallback", "priced at 490% > budget 2%", allocator="glibc"))
+    e = engine(fake, decision("fallback", "priced at 490% > budget 2%", allocator=allocator))
     e.facts = dict(NATIVE)
     fake.now += 10
     e.run_requests([("memleak", 12.0, "rss-climbing")])
@@ -94,6 +96,30 @@ def test_a_hot_glibc_allocator_gets_page_faults_first_then_its_function_traced_w
     assert asked == [("sites", None, "trace-the-faulting-function")]
     e.run_requests(asked)
     assert fake.runs[-1] == ("sites", 13.0) and fake.options["sites"] == {"function": "grow_orders"}
+
+
+def test_where_page_faults_name_no_function_brk_and_mmap_get_the_rest():
+    fake = FakeProbes()
+    e = engine(fake, decision("fallback", "priced at 490% > budget 2%", allocator="jemalloc"))
+    e.facts = dict(NATIVE)
+    fake.now += 10
+    e.run_requests([("memleak", 12.0, "rss-climbing")])
+    facts = {**NATIVE, **e.plans["memleak"].facts}
+    pending = [r for r in e.evaluate(facts) if r[0] not in e.results and r[0] not in e.decided]
+    assert pending == []  # before faults has said anything, nothing else is asked
+    asked = [r for r in e.evaluate({**facts, "faults.counted": 40}) if r[0] not in e.results]
+    assert asked == [("brkstack", None, "faults-name-no-function"), ("mmapsnoop", None, "faults-name-no-function")]
+    e.run_requests(asked)
+    assert fake.runs[1:] == [("brkstack", 6.5), ("mmapsnoop", 6.5)]
+
+
+def test_an_allocator_memdiag_cannot_narrow_shares_the_time_among_faults_brk_and_mmap():
+    fake = FakeProbes()
+    e = engine(fake, decision("fallback", "priced at 490% > budget 2%", allocator="tcmalloc"))
+    e.facts = dict(NATIVE)
+    fake.now += 10
+    e.run_requests([("memleak", 12.0, "rss-climbing")])
+    assert [n for n, _ in fake.runs] == ["faults", "brkstack", "mmapsnoop"]
 
 
 def test_a_probe_whose_given_fact_is_unknown_is_not_run_and_the_trail_says_which(tmp_path):
