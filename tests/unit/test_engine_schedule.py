@@ -79,16 +79,22 @@ def test_memleak_over_budget_runs_what_the_playbook_asks_in_its_place():
 NATIVE = {"target.kind": "pid", "target.runtime": "none"}
 
 
-@pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])
-def test_a_hot_allocator_gets_page_faults_first_then_its_function_traced_with_the_rest(allocator):
-    """memleak over the budget on a native glibc or jemalloc program: faults for 6 s (not all the
-    time left, as elsewhere), then, once they name a function, sites on that function for what is
-    left."""
+def hot_native(allocator: str) -> tuple[FakeProbes, Engine]:
+    """A native program under allocator whose memleak is priced far over the budget, 10 s in."""
     fake = FakeProbes()
     e = engine(fake, decision("fallback", "priced at 490% > budget 2%", allocator=allocator))
     e.facts = dict(NATIVE)
     fake.now += 10
     e.run_requests([("memleak", 12.0, "rss-climbing")])
+    return fake, e
+
+
+@pytest.mark.parametrize("allocator", ["glibc", "jemalloc"])
+def test_a_hot_allocator_gets_page_faults_first_then_its_function_traced_with_the_rest(allocator):
+    """memleak over the budget on a native glibc or jemalloc program: faults for 6 s (not all the
+    time left, as elsewhere), then, once they name a function, sites on that function for what is
+    left."""
+    fake, e = hot_native(allocator)
     assert fake.runs == [("faults", 6.0)]
     assert trail(e, "budget")[0][2].endswith("in its place the playbook runs faults")
     facts = {**NATIVE, **e.plans["memleak"].facts, "faults.top_function": "grow_orders"}
@@ -99,11 +105,7 @@ def test_a_hot_allocator_gets_page_faults_first_then_its_function_traced_with_th
 
 
 def test_where_page_faults_name_no_function_brk_and_mmap_get_the_rest():
-    fake = FakeProbes()
-    e = engine(fake, decision("fallback", "priced at 490% > budget 2%", allocator="jemalloc"))
-    e.facts = dict(NATIVE)
-    fake.now += 10
-    e.run_requests([("memleak", 12.0, "rss-climbing")])
+    fake, e = hot_native("jemalloc")
     facts = {**NATIVE, **e.plans["memleak"].facts}
     pending = [r for r in e.evaluate(facts) if r[0] not in e.results and r[0] not in e.decided]
     assert pending == []  # before faults has said anything, nothing else is asked
@@ -114,11 +116,7 @@ def test_where_page_faults_name_no_function_brk_and_mmap_get_the_rest():
 
 
 def test_an_allocator_memdiag_cannot_narrow_shares_the_time_among_faults_brk_and_mmap():
-    fake = FakeProbes()
-    e = engine(fake, decision("fallback", "priced at 490% > budget 2%", allocator="tcmalloc"))
-    e.facts = dict(NATIVE)
-    fake.now += 10
-    e.run_requests([("memleak", 12.0, "rss-climbing")])
+    fake, e = hot_native("tcmalloc")
     assert [n for n, _ in fake.runs] == ["faults", "brkstack", "mmapsnoop"]
 
 
