@@ -93,12 +93,6 @@ class SitesResult(ProbeResult):
     trap_ns: float | None = None  # what one hit was priced at (the dearest site's trap + the program)
 
 
-def _trap_ns(t: SiteTrace | None, emulated_ns: float, stepped_ns: float, program_ns: float) -> float:
-    """One hit's price: the dearest of the function's sites (a hit is not told by site) + the program."""
-    kinds = t.emulated if t is not None and t.emulated else [False]
-    return max(emulated_ns if e else stepped_ns for e in kinds) + program_ns
-
-
 def _programs_ns(n: dict[str, int], program_ns: dict[str, float]) -> float:
     """The programs' run time before the kernel's count is read: each hit at what memleak's program
     of the same shape takes here (a site: a stack id and copy, as malloc_enter; a call or a free: a
@@ -197,7 +191,9 @@ def _run(target: Target, ctx: Context) -> SitesResult:
             "reach_scan": scan,
             "rss_growth": rss1 - rss0 if rss0 is not None and rss1 is not None else None,
             "tracing_cost": cost,
-            "trap_ns": _trap_ns(t, costs.emulated_ns, costs.stepped_ns, costs.program_ns.get("malloc_enter", 0.0)),
+            # one site hit's price: its trap as counted (the dearest of the sites: hits are not told by site)
+            "trap_ns": (costs.emulated_ns if t.kinds["hits"] else costs.stepped_ns)
+            + costs.program_ns.get("malloc_enter", 0.0),
             "lost": lost,
             "cost": base.cost.model_copy(update={"events": t.stats["hits"] + frees, "bpf_run_ns": run_ns}),
         }

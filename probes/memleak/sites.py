@@ -42,7 +42,8 @@ FUNCTION = b"site_return"
 STAT_NAMES = ("hits", "null", "stack_errors", "blocks_dropped", "samples_dropped", "calls_dropped",
               "call_hits", "frees_emulated", "frees_stepped", "freed")  # fmt: skip
 # the call probe's program by the callee's arguments (bpf/sites.c site_call_*); a callee not here
-# (strdup, a wrapper) gets no call probe and its blocks' size is not known
+# (strdup) gets no call probe and its blocks' size is not known; a wrapper's own calls are probed
+# instead of the call to it (sizing_sites)
 SIZE_PROGRAM = {
     **dict.fromkeys(("malloc", "_Znwm", "_Znam", "_ZnwmRKSt9nothrow_t", "_ZnamRKSt9nothrow_t", "valloc", "pvalloc",
                      "mallocx"), b"site_call_rdi"),
@@ -168,8 +169,8 @@ def traced(pid: int, function: str, seconds: float, watch: Watch | None = None) 
     """Trace function's calls to the allocator in pid for seconds, then yield the books. Under
     glibc every probe is detached by then; otherwise the free probes stay attached until the block
     ends (a scan inside it reads exact books: SiteTrace.reread), and the counts, run time and
-    stacks are completed as it ends. watch(counts, kinds, seconds attached), asked every tick_s(): True stops the
-    trace there (its cost)."""
+    stacks are completed as it ends. watch(counts, kinds, seconds attached), asked every
+    tick_s(): True stops the trace there (its cost)."""
     found = module_of(pid, function)
     if found is None:
         raise SitesRefused(f"no module PID {pid} maps defines {function}")
@@ -216,7 +217,6 @@ def traced(pid: int, function: str, seconds: float, watch: Watch | None = None) 
             if frees:
                 if not t.reread_stopped:
                     t.blocks = _still(t.blocks, _books(bpf))  # no scan read them: as they are at the detach
-                t._books = None
                 detach_all(bpf)
             t.stats = counts(bpf)
             run = program_stats(bpf)  # every program of bpf/sites.c, summed
