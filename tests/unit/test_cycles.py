@@ -10,6 +10,7 @@ from memdiag.diagnose.observe import Sampler
 from memdiag.diagnose.report import CycleRecord, CycleStack
 from memdiag.diagnose.target import pid_target
 from memdiag.probes.face import TrailItem
+from memdiag.system._parse import kv_lines
 
 
 def test_the_sampler_keeps_at_most_its_bound_the_first_sample_kept_and_says_what_it_dropped(monkeypatch):
@@ -24,6 +25,15 @@ def test_the_sampler_keeps_at_most_its_bound_the_first_sample_kept_and_says_what
     assert obs.snapshots[0].t <= obs.snapshots[1].t and obs.thinned_before_s is not None
     gaps = [b.t - a.t for a, b in zip(obs.snapshots, obs.snapshots[1:], strict=False)]
     assert gaps[0] > gaps[-1]  # the older, the coarser; the recent part at the sampling interval
+
+
+def test_samples_share_the_names_of_their_counters():
+    # a long window keeps hundreds of samples: each sample's counters are keyed by the same strings,
+    # not a new copy of each name per reading (a cgroup's memory.stat: 42 names, 2.6 KiB a sample)
+    a = kv_lines("total_rss 4096\ntotal_cache 8192\n")
+    b = kv_lines("".join(["total_rss 1\n", "total_cache 2\n"]))
+    assert a.keys() == b.keys()
+    assert all(x is y for x, y in zip(a, b, strict=True))
 
 
 def test_a_window_is_cut_in_cycles_only_when_long():
