@@ -125,7 +125,30 @@ def _say(message: str, prefix: str = "memdiag: ") -> None:
     print("\n".join([prefix + plain(lines[0]), *map(plain, lines[1:])]), file=sys.stderr)
 
 
+# glibc's mallopt parameter for the most arenas malloc makes (malloc.h: M_ARENA_MAX)
+M_ARENA_MAX = -8
+
+
+def one_malloc_arena() -> bool:
+    """glibc's malloc in one arena for every thread memdiag starts (mallopt M_ARENA_MAX 1, set before
+    the first thread): whether it was set. A long window's threads (the sampler's, the scan's, a
+    probe's detach) each got an arena of their own, and the main one kept freed memory in holes it
+    could not give back. Measured here (memdiag's RSS without and with it, two pairs of long windows
+    side by side on dayshift, 60 s cycles): 78.9 and 71.9 MiB at 8 minutes; 84.8 and 78.0 MiB at 34,
+    the main arena 23.9 MiB of which 10.1 free, and 15.9 of which 2.0. Threads wait on one lock
+    instead; memdiag's few threads seldom allocate at once. Another C library (musl) has no such
+    setting: nothing is changed there."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):
+        return False
+    return mallopt(M_ARENA_MAX, 1) == 1
+
+
 def entry() -> None:  # console script entry point
+    one_malloc_arena()
     signal.signal(signal.SIGTERM, _on_sigterm)  # SIGINT's KeyboardInterrupt, for SIGTERM
     try:
         code = main(sys.argv[1:])

@@ -2,6 +2,8 @@
 readings (thinned, said), the cycles' length, and what the cycles say together."""
 
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 from memdiag.diagnose.culprit import default_classes
@@ -34,6 +36,39 @@ def test_samples_share_the_names_of_their_counters():
     b = kv_lines("".join(["total_rss 1\n", "total_cache 2\n"]))
     assert a.keys() == b.keys()
     assert all(x is y for x, y in zip(a, b, strict=True))
+
+
+ARENAS = r"""
+import ctypes, sys, tempfile, threading
+from memdiag.diagnose.cli import one_malloc_arena
+if sys.argv[1] == "one":
+    assert one_malloc_arena()
+together = threading.Barrier(4)
+def work():
+    together.wait()  # all four alive at once: none can take an arena another thread has let go
+    keep = [bytearray(4096) for _ in range(64)]  # past pymalloc's 512 bytes: glibc's malloc
+    together.wait()
+threads = [threading.Thread(target=work) for _ in range(4)]
+for t in threads: t.start()
+for t in threads: t.join()
+libc = ctypes.CDLL(None)
+libc.fopen.restype, libc.fopen.argtypes = ctypes.c_void_p, [ctypes.c_char_p, ctypes.c_char_p]
+libc.malloc_info.argtypes, libc.fclose.argtypes = [ctypes.c_int, ctypes.c_void_p], [ctypes.c_void_p]
+with tempfile.NamedTemporaryFile("r") as out:
+    f = libc.fopen(out.name.encode(), b"w"); libc.malloc_info(0, f); libc.fclose(f)
+    print(out.read().count("<heap nr="))
+"""
+
+
+def test_memdiags_threads_share_one_malloc_arena():
+    # glibc's own count of its arenas (malloc_info), after four threads allocated at once: one
+    # arena with memdiag's setting, more without it (so the count can tell the two apart)
+    def arenas(mode: str) -> int:
+        out = subprocess.run([sys.executable, "-c", ARENAS, mode], capture_output=True, text=True, check=True)
+        return int(out.stdout)
+
+    assert arenas("default") > 1
+    assert arenas("one") == 1
 
 
 def test_a_window_is_cut_in_cycles_only_when_long():
