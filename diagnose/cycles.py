@@ -34,9 +34,10 @@ STACKS_KEPT = 3  # allocation stacks kept per cycle, heaviest first
 # 85 KiB of trail and 200 lines of report.md)
 TRAIL_CYCLES_KEPT = 3
 # the report rewritten after the first cycle, then at most once this often: a rewrite renders the whole
-# report (hundreds of KiB of JSON, Markdown and HTML) and CPython's small-object pools keep much of what
-# a render frees fragmented. Measured (10 s cycles, 4 samples/s, past the samples' bound): memdiag's anon
-# RSS grew 1.5 MiB/min with a rewrite every cycle, 0.7 MiB/min with none (300-580 s into the window)
+# report (hundreds of KiB of JSON, Markdown and HTML) and much of what a render frees stayed in memdiag's
+# heap, fragmented. Measured (10 s cycles, 4 samples/s, past the samples' bound): memdiag's anon RSS grew
+# 1.5 MiB/min with a rewrite every cycle, 0.7 MiB/min with none (300-580 s into the window). That was
+# before memdiag's threads shared one malloc arena (cli.one_malloc_arena), which was most of the creep
 INTERIM_EVERY_S = 60.0
 
 

@@ -66,7 +66,7 @@ class Sampler:
     """The counters of one window, sampled until it ends, the target exits, the user interrupts
     (Ctrl-C) or stop() is called; run() in the caller's thread, or start() in one of its own.
 
-    A window of hours would keep a sample a second (~14 KiB each, a cgroup's member list the
+    A window of hours would keep a sample a second (~11 KiB each, its cgroup's counters the
     most): past MAX_SAMPLES the older half is thinned to every other sample, so the recent part
     keeps the sampling interval and the older the coarser, the first sample always kept; how many
     were dropped, and before when, is in the Observation and the report."""
