@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
-from memdiag.system._parse import read_text
+from memdiag.system._parse import Model, read_text
 from memdiag.system.cgroup import cgroup_pids, limit_bytes, memory_hierarchy, own_limit
 from memdiag.system.container import (
     CONTAINER_REF,
@@ -33,7 +33,7 @@ from memdiag.system.container import (
     parse_container_path,
 )
 from memdiag.system.process import innermost_pid
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import ConfigDict, ValidationError
 
 from .errors import AmbiguousTarget, UnknownTarget, UsageError
 
@@ -47,7 +47,7 @@ CLIS = ("podman", "docker", "crictl")
 _HEX = re.compile(r"^[0-9a-f]+$")
 
 
-class _Listed(BaseModel):
+class _Listed(Model):
     """One container as a runtime's CLI lists it."""
 
     model_config = ConfigDict(frozen=True)
@@ -62,7 +62,7 @@ class _Listed(BaseModel):
     namespace: str | None = None
 
 
-class _Pod(BaseModel):
+class _Pod(Model):
     model_config = ConfigDict(frozen=True)
 
     uid: str

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from memdiag.system import clock
+from memdiag.system._parse import Model
 from memdiag.system.cgroup import CgroupMemory
 from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.process import ProcessMemory
@@ -19,12 +20,12 @@ from memdiag.system.runtime import read_runtime
 from memdiag.system.slab import SlabCache, read_slabinfo
 from memdiag.system.swaps import SwapDevice, read_swaps
 from memdiag.system.target import Target
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from .snapshot import Snapshot, TargetExited, read_target_cgroup, take_snapshot
 
 
-class Observation(BaseModel):
+class Observation(Model):
     model_config = ConfigDict(frozen=True)
 
     target: Target

@@ -7,15 +7,16 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from memdiag.probes.face import ProbeStatus, Section, StackReach, TrailItem
+from memdiag.system._parse import Model
 from memdiag.system.container import ContainerInfo, PodInfo
 from memdiag.system.kmsg import OomKill
 from memdiag.system.trends import Trend
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
 VerdictKind = Literal["leak", "cache", "growth", "pressure", "oom", "healthy", "inconclusive"]
 
 
-class _Model(BaseModel):
+class _Model(Model):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 

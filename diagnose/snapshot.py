@@ -6,18 +6,19 @@ import time
 from pathlib import Path
 
 from memdiag.system import clock
+from memdiag.system._parse import Model
 from memdiag.system.cgroup import BadCgroup, CgroupMemory, read_cgroup_memory
 from memdiag.system.jvm import JvmSample, read_jvm_sample
 from memdiag.system.meminfo import MemInfo, read_meminfo
 from memdiag.system.process import ProcessGone, ProcessMemory, read_process
 from memdiag.system.psi import Psi, read_memory_pressure
 from memdiag.system.vmstat import VmStat, read_vmstat
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from .target import Target
 
 
-class Snapshot(BaseModel):
+class Snapshot(Model):
     model_config = ConfigDict(frozen=True)
 
     t: float  # CLOCK_MONOTONIC seconds

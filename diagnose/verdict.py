@@ -9,10 +9,11 @@ from memdiag.probes.face import Plan, ProbeResult, Stack, TrailItem
 from memdiag.probes.registry import REGISTRY
 from memdiag.rules.engine import Conclusion, Outcome, conclude, winner_of
 from memdiag.rules.model import Rule
+from memdiag.system._parse import Model
 from memdiag.system.signals import INTERRUPTION
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_duration
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from .culprit import Classes
 from .observe import Observation
@@ -22,7 +23,7 @@ from .triage import Triage
 PARTIAL_CONFIDENCE = 0.5  # at most this sure of a verdict a signal cut short
 
 
-class EngineResult(BaseModel):
+class EngineResult(Model):
     """What one diagnosis gathered and concluded: everything the Report is assembled from."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)

@@ -3,8 +3,8 @@ for how long, how many pages — per process (direct and memcg reclaim tracepoin
 
 from __future__ import annotations
 
+from memdiag.system._parse import Model
 from memdiag.system.target import Target
-from pydantic import BaseModel
 
 from . import kernel
 from .base import Run, run_probe
@@ -12,7 +12,7 @@ from .face import Face, FactDef, ProbeResult, plain
 from .vmscan import TRACEPOINTS
 
 
-class ProcessReclaim(BaseModel):
+class ProcessReclaim(Model):
     pid: int
     comm: str
     count: int

@@ -79,29 +79,30 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from memdiag.system._parse import Model
 from memdiag.system.target import Target
 from memdiag.system.units import Kind
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 ProbeState = Literal["ok", "partial", "unavailable", "error"]
 RowState = Literal["ok", "partial", "unavailable", "error", "not-run"]
 
 
-class _Frozen(BaseModel):
+class _Frozen(Model):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
 # --- what every probe's result has ------------------------------------------------------------
 
 
-class Cost(BaseModel):
+class Cost(Model):
     events: int = 0
     bpf_run_ns: int | None = None  # None: kernel.bpf_stats_enabled not available (or no BPF)
     bpf_run_count: int | None = None
     map_bytes: int | None = None  # kernel memory held by the probe's maps (fdinfo memlock)
 
 
-class ProbeResult(BaseModel):
+class ProbeResult(Model):
     """Fields every probe reports; each probe's result adds its own data."""
 
     name: str
@@ -119,7 +120,7 @@ class ProbeResult(BaseModel):
     cost: Cost = Cost()
 
 
-class TracingCost(BaseModel):
+class TracingCost(Model):
     """What a probe cost the target, measured on the target, from the attach to now (or the detach)."""
 
     attached_s: float
@@ -280,7 +281,7 @@ class Spent(_Frozen):
     method: str
 
 
-class Plan(BaseModel):
+class Plan(Model):
     """What a probe's plan() decided before it runs. A probe's own plan subclasses it with what its
     run needs (memleak: the host's trap costs, the call rates, how many bursts of how long)."""
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import os
 
+from memdiag.system._parse import Model
 from memdiag.system.target import Target
-from pydantic import BaseModel
 
 from . import kernel
 from .base import Run, run_probe
@@ -34,7 +34,7 @@ PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
 METHOD = "raw tracepoint exceptions:page_fault_user, kernel stacks + .eh_frame unwinding"
 
 
-class ProcessFaults(BaseModel):
+class ProcessFaults(Model):
     pid: int
     comm: str
     faults: int

@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import os
 
-from pydantic import BaseModel, ConfigDict
+from memdiag.system._parse import Model
+from pydantic import ConfigDict
 
 
-class Frame(BaseModel):
+class Frame(Model):
     model_config = ConfigDict(frozen=True)
 
     address: int

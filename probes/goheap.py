@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from memdiag.system._parse import Model
 from memdiag.system.clock import wall
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_duration
-from pydantic import BaseModel, ConfigDict
 
 from . import goview
 from .face import Cost, Face, ProbeResult
@@ -35,12 +35,8 @@ PROFILE_OFF_READS = 5  # one read a second: the profile moves at GCs, goroutines
 TOP_GROUPS = 8
 
 
-class GoStack(BaseModel):
+class GoStack(Model):
     """One allocation stack of the heap profile, its in-use bytes at each point of the result."""
-
-    # defer_build: built when a Go program is read, not when the registry imports this face for
-    # every target (with the JVM's and Node's models: 0.55 MiB of a native target's diagnosis)
-    model_config = ConfigDict(defer_build=True)
 
     frames: list[str]  # leaf first: "main.rememberFailure (main.go:21, inlined) [orderd]"
     functions: list[str]  # the frames' Go function names
@@ -51,9 +47,7 @@ class GoStack(BaseModel):
     recovered: bool = False  # its leaf frame was read from the call site (the profile had dropped it)
 
 
-class GoroutineGroup(BaseModel):
-    model_config = ConfigDict(defer_build=True)
-
+class GoroutineGroup(Model):
     function: str  # what they run (their start function)
     created_by: str  # the go statement's frame: "main.serve (main.go:27)"
     wait: str  # what they wait on: "chan receive", or "running or runnable"
@@ -62,8 +56,6 @@ class GoroutineGroup(BaseModel):
 
 
 class GoHeapResult(ProbeResult):
-    model_config = ConfigDict(defer_build=True)
-
     name: str = "goheap"
     version: str | None = None  # the toolchain's: go1.19.8
     found_by: str | None = None  # how the runtime's variables were located: symbol table, the runtime's code

@@ -7,8 +7,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+from memdiag.system._parse import Model
 from memdiag.system.units import fmt_number
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from .cpython.frames import PyFrame, mixed
 from .face import Namer, Stack, Stacks
@@ -16,7 +17,7 @@ from .procmaps import AddressSpace
 from .stacks import Frame, Symbolizer, folded, recover
 
 
-class StackGrowth(BaseModel):
+class StackGrowth(Model):
     """One user stack with what it accounts for (pages faulted in, bytes reserved ...)."""
 
     frames: list[str]  # leaf first: "function+0x1a [module]", "[unknown] [module]"
@@ -50,7 +51,7 @@ class Spaces:
         return self.by_pid.get(pid)
 
 
-class RawStack(BaseModel):
+class RawStack(Model):
     pid: int
     fp_stack: list[int]
     regs: tuple[int, int, int] | None = None

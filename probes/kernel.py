@@ -15,12 +15,13 @@ import subprocess
 from pathlib import Path
 
 from memdiag.system import arch
-from pydantic import BaseModel, ConfigDict
+from memdiag.system._parse import Model
+from pydantic import ConfigDict
 
 PRIVATE_HEADERS = Path("/var/lib/memdiag/kernel-headers")
 
 
-class Availability(BaseModel):
+class Availability(Model):
     model_config = ConfigDict(frozen=True)
 
     available: bool

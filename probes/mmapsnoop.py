@@ -4,9 +4,9 @@ or shared, writable), and munmap() per process: the reservations that precede re
 from __future__ import annotations
 
 from memdiag.system import arch
+from memdiag.system._parse import Model
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes
-from pydantic import BaseModel
 
 from . import kernel
 from .base import Run, run_probe
@@ -33,7 +33,7 @@ class MapStack(StackGrowth):
     kind: str  # "anon private rw", "file shared ro", ...
 
 
-class Unmaps(BaseModel):
+class Unmaps(Model):
     pid: int
     calls: int
     bytes: int

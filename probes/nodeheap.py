@@ -12,12 +12,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from memdiag.system._parse import Model
 from memdiag.system.clock import wall
 from memdiag.system.perfmap import perf_map_path
 from memdiag.system.runtime import read_runtime
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_duration
-from pydantic import BaseModel, ConfigDict
 
 from . import nodeview
 from .face import Cost, Face, ProbeResult, plain
@@ -27,8 +27,6 @@ INTERVAL_S = 2.0  # smaps walks every page table of the process: a read every tw
 
 
 class NodeHeapResult(ProbeResult):
-    model_config = ConfigDict(defer_build=True)  # built when Node is read (goheap.py's GoStack says why)
-
     name: str = "nodeheap"
     version: str | None = None  # Node's
     times: list[float] = []  # seconds from the first read
@@ -41,9 +39,7 @@ class NodeHeapResult(ProbeResult):
     read_seconds: float = 0.0  # memdiag's time reading smaps, over the run
 
 
-class PerfMapState(BaseModel):
-    model_config = ConfigDict(defer_build=True)
-
+class PerfMapState(Model):
     path: str  # as the target names it (/tmp/perf-PID.map in its own namespace)
     size: int
 

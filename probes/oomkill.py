@@ -19,6 +19,7 @@ from collections.abc import Callable
 from functools import cache
 
 from memdiag.system import clock
+from memdiag.system._parse import Model
 from memdiag.system.cgroup import (
     BadCgroup,
     locate_memory_cgroup,
@@ -30,7 +31,6 @@ from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.meminfo import read_meminfo
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes
-from pydantic import BaseModel
 
 from . import btf, kernel
 from .base import (
@@ -51,7 +51,7 @@ from .text import stack_lines
 FORMAT = "events/oom/mark_victim/format"
 
 
-class OomEvent(BaseModel):
+class OomEvent(Model):
     when: float
     victim_pid: int | None  # as memdiag's /proc names it; None: not in memdiag's pid namespace
     victim_host_pid: int | None = None  # as the kernel and its log name it (the initial namespace)

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import threading
 
+from memdiag.system._parse import Model
 from memdiag.system.cgroup import locate_memory_cgroup
 from memdiag.system.swaps import SwapDevice, read_swaps
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes
-from pydantic import BaseModel
 
 from . import bpfsys, kernel
 from .base import Run, run_probe
@@ -27,14 +27,14 @@ REGION_SHIFT = 21
 SWAP_READ_FUNCTIONS = (b"swap_read_folio", b"swap_readpage")
 
 
-class Region(BaseModel):
+class Region(Model):
     start: int
     end: int
     faults: int
     mapping: str  # "anon", "[heap]", a file path
 
 
-class ProcessSwapins(BaseModel):
+class ProcessSwapins(Model):
     pid: int
     comm: str
     cgroup: str | None = None
@@ -43,7 +43,7 @@ class ProcessSwapins(BaseModel):
     regions: list[Region] = []
 
 
-class SwapCall(BaseModel):
+class SwapCall(Model):
     pid: int
     comm: str
     call: str

@@ -4,8 +4,8 @@ is a property of the machine or the cgroup, not of one process)."""
 
 from __future__ import annotations
 
+from memdiag.system._parse import Model
 from memdiag.system.target import Target
-from pydantic import BaseModel
 
 from . import kernel
 from .base import Run, run_probe
@@ -25,7 +25,7 @@ TRACEPOINTS = (
 )
 
 
-class ReclaimLatency(BaseModel):
+class ReclaimLatency(Model):
     kind: str
     events: int
     total_ms: float  # thread time, summed over the threads that reclaimed (THREAD_TIME)

@@ -9,8 +9,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Literal
 
+from memdiag.system._parse import Model
 from memdiag.system.units import format_quantity
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
 from .catalog import FACTS
 from .model import BECAUSE, TEMPLATE, AllOf, AnyOf, Comparison, Condition, NotOf, Present, Rule, VerdictAction
@@ -18,7 +19,7 @@ from .model import BECAUSE, TEMPLATE, AllOf, AnyOf, Comparison, Condition, NotOf
 State = Literal["fired", "not-fired", "skipped", "error"]
 
 
-class Outcome(BaseModel):
+class Outcome(Model):
     model_config = ConfigDict(frozen=True)
 
     rule: str

@@ -23,8 +23,9 @@ import re
 from typing import Annotated, Literal
 
 from memdiag.probes.registry import REGISTRY
+from memdiag.system._parse import Model
 from memdiag.system.units import KIND_NAMES, Kind, parse_quantity
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator, model_validator
 
 from .catalog import facts
 
@@ -33,7 +34,7 @@ TEMPLATE = re.compile(r"\{([a-z_][a-z0-9_.]*)\}")
 BECAUSE = "because"  # the one placeholder that is not a fact: a verdict's fired `because` findings
 
 
-class _Strict(BaseModel):
+class _Strict(Model):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 

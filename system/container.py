@@ -23,8 +23,9 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
+from ._parse import Model
 from .cgroup import cgroup_folders
 
 Runtime = Literal["podman", "docker", "containerd", "cri-o", "unknown"]
@@ -55,7 +56,7 @@ _POD_DIR = re.compile(rf"^pod({_UID})$")
 _QOS = ("burstable", "besteffort")
 
 
-class ContainerCgroup(BaseModel):
+class ContainerCgroup(Model):
     """A container as its cgroup path shows it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -137,7 +138,7 @@ def list_containers(mount: Path) -> list[ContainerCgroup]:
     return sorted(found, key=lambda c: c.path)
 
 
-class PodCgroup(BaseModel):
+class PodCgroup(Model):
     """A Kubernetes pod as its cgroup path shows it."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -162,7 +163,7 @@ def list_pods(mount: Path) -> list[PodCgroup]:
     return sorted(pods, key=lambda p: p.path)
 
 
-class ContainerInfo(BaseModel):
+class ContainerInfo(Model):
     """A running container: its cgroup, and what its runtime says of it when asked."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -186,7 +187,7 @@ class ContainerInfo(BaseModel):
         return f"container {self.name} ({self.short_id})" if self.name else f"container {self.short_id}"
 
 
-class PodInfo(BaseModel):
+class PodInfo(Model):
     """A Kubernetes pod: its cgroup (every container of the pod below it) and its containers."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")

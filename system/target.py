@@ -7,13 +7,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
 
+from ._parse import Model
 from .cgroup import CgroupLocation, cgroup_pids
 from .container import ContainerInfo, PodInfo
 
 
-class Target(BaseModel):
+class Target(Model):
     model_config = ConfigDict(frozen=True)
 
     kind: Literal["pid", "cgroup", "system"]

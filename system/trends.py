@@ -14,7 +14,9 @@ from __future__ import annotations
 import math
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import ConfigDict
+
+from ._parse import Model
 
 # Below this, a change in resident memory is allocator and page-cache jitter, not growth.
 MIN_GROWTH_BYTES = 256 * 1024
@@ -24,7 +26,7 @@ LEVEL_OFF_RATIO = 0.25
 Shape = Literal["climbing", "levelled", "sawtooth", "flat", "shrinking", "unknown"]
 
 
-class Trend(BaseModel):
+class Trend(Model):
     model_config = ConfigDict(frozen=True)
 
     shape: Shape

@@ -9,7 +9,8 @@ import hashlib
 import re
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from memdiag.system._parse import Model
+from pydantic import ConfigDict, Field, model_validator
 
 MAX_LABELS = 64  # pairs in one labels or annotations map
 MAX_KEY = 128  # characters in a label name
@@ -26,7 +27,7 @@ _Short = Annotated[str, Field(max_length=256)]
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)$")
 
 
-class _Lenient(BaseModel):
+class _Lenient(Model):
     model_config = ConfigDict(extra="ignore", strict=True)
 
 
@@ -79,7 +80,7 @@ class GrafanaPayload(_Lenient):
     alerts: list[Alert] = Field(min_length=1, max_length=1000)
 
 
-class DiagnoseRequest(BaseModel):
+class DiagnoseRequest(Model):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     pid: int | None = Field(None, ge=1, le=4_194_304)

@@ -21,7 +21,8 @@ from collections.abc import Callable
 from typing import Annotated
 from urllib.parse import urlencode, urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from memdiag.system._parse import Model
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError
 from pydantic_core import from_json
 
 from ..errors import UsageError
@@ -39,14 +40,14 @@ TIMEOUT_S = 10.0
 _Short = Annotated[str, Field(max_length=256)]
 
 
-class _Status(BaseModel):
+class _Status(Model):
     model_config = ConfigDict(extra="ignore", strict=True)
     state: _Short
     silencedBy: list[_Short] = []  # noqa: N815 (the API's own names)
     inhibitedBy: list[_Short] = []  # noqa: N815
 
 
-class PulledAlert(BaseModel):
+class PulledAlert(Model):
     """One alert of GET /api/v2/alerts (gettableAlert), bounded as webhook alerts are."""
 
     model_config = ConfigDict(extra="ignore", strict=True)

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from memdiag.system._parse import Model
 
 from .cases import RELATED, service_key
 from .datadir import DataDir
@@ -80,7 +80,7 @@ class Limits:
     max_record_bytes: int = 64 << 10  # per stored alert record
 
 
-class Incident(BaseModel):
+class Incident(Model):
     id: str
     created: float
     updated: float

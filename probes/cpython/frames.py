@@ -12,8 +12,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from memdiag.system._parse import Model
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number
-from pydantic import BaseModel
 
 from ..procmaps import AddressSpace
 from .code import Codes
@@ -83,7 +83,7 @@ def mixed(frames: list[str], functions: list[str | None], python: list[PyFrame])
     return out_frames, out_functions
 
 
-class PythonReading(BaseModel):
+class PythonReading(Model):
     """What a probe's walk of Python frames read in its run, for its result and the report."""
 
     read: dict[int, str] = {}  # pid -> the interpreter and where its layout came from

@@ -24,7 +24,6 @@ from typing import TYPE_CHECKING
 from memdiag.system import clock
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_duration
-from pydantic import ConfigDict
 
 from ..base import Stop, run_for, stop_on_signals
 from ..face import Context, Face, FactDef, Plan, ProbeResult, Section, TracingCost, TrailItem, _Frozen
@@ -47,8 +46,6 @@ _TOTAL = re.compile(r"^Total\s+(\d+)\s+(\d+)")
 
 class Histogram(_Frozen):
     """One look: each class's live instances and bytes, and the totals the JVM printed."""
-
-    model_config = ConfigDict(defer_build=True)  # built when a JVM is looked at (recording.py's _Frozen says why)
 
     classes: dict[str, tuple[int, int]] = {}  # class -> (instances, bytes)
     instances: int = 0
@@ -83,8 +80,6 @@ def parse_histogram(text: str) -> Histogram | None:
 class ClassGrowth(_Frozen):
     """One class at both looks."""
 
-    model_config = ConfigDict(defer_build=True)
-
     cls: str
     instances_first: int
     instances_last: int
@@ -112,8 +107,6 @@ def grown(first: Histogram, last: Histogram, keep: int = KEEP) -> list[ClassGrow
 
 
 class HistogramPlan(Plan):
-    model_config = ConfigDict(defer_build=True)
-
     jvm: Jvm | None = None
     build: str | None = None
     used: int = 0  # the bytes priced by: what survived the last collections (else the heap in use)
@@ -121,8 +114,6 @@ class HistogramPlan(Plan):
 
 
 class HistogramResult(ProbeResult):
-    model_config = ConfigDict(defer_build=True)
-
     build: str | None = None
     looked_at: list[float] = []  # epoch seconds of each look
     live_first: int | None = None  # live bytes at each look (the histogram's total)

@@ -18,7 +18,8 @@ import re
 from collections import defaultdict
 from datetime import datetime, timezone
 
-from pydantic import BaseModel, ConfigDict
+from memdiag.system._parse import Model
+from pydantic import ConfigDict
 
 # Frames of the JDK's own code: an allocation site is named by the first frame past them (the
 # caller of ArrayList.grow, HashMap.resize, Arrays.copyOf), as a native culprit is past malloc.
@@ -29,10 +30,8 @@ _DURATION = re.compile(r"^PT(?:(?P<h>[\d.]+)H)?(?:(?P<m>[\d.]+)M)?(?:(?P<s>[\d.]
 _STATIC = 0x0008  # ACC_STATIC
 
 
-class _Frozen(BaseModel):
-    # defer_build: the models are built when a JVM is recorded, not when the registry imports the
-    # JVM's faces for every target (19 runtime models: 0.55 MiB of a native target's diagnosis)
-    model_config = ConfigDict(frozen=True, defer_build=True)
+class _Frozen(Model):
+    model_config = ConfigDict(frozen=True)
 
 
 class JavaFrame(_Frozen):

@@ -4,15 +4,11 @@ attach socket, recorder or price: those load when a JVM is recorded."""
 
 from __future__ import annotations
 
-from pydantic import ConfigDict
-
 from ..face import ProbeResult
 from .recording import Allocating, Held
 
 
 class JfrResult(ProbeResult):
-    model_config = ConfigDict(defer_build=True)  # built when a JVM is recorded (recording.py says why)
-
     build: str | None = None  # the JVM's version
     recorded_s: float = 0.0
     started_at: float | None = None  # epoch seconds: the recording's start and stop

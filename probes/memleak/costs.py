@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from memdiag.system import arch
-from pydantic import BaseModel
+from memdiag.system._parse import Model
 
 from ..allocator import BPF_FUNCTION, Placement, allocator_module, find_allocator, is_emulated
 from ..base import ProbeUnavailable, bpf_stats, load, program_stats, set_targets
@@ -33,7 +33,7 @@ SCHEMA = 3  # a cache written by an older layout is measured again
 WALK_EXTRA_FRAMES = 30  # Python frames added to this process's own stack to measure the walk per frame
 
 
-class Costs(BaseModel):
+class Costs(Model):
     """Nanoseconds added per call."""
 
     schema_version: int = SCHEMA

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from pydantic import BaseModel
+from memdiag.system._parse import Model
 
 from ..allocator import ALLOCATING, Allocator, find_allocator
 from ..base import ProbeUnavailable, load
@@ -38,7 +38,7 @@ COUNTED = (
 )
 
 
-class RateEstimate(BaseModel):
+class RateEstimate(Model):
     function: str
     module: str
     calls: int
@@ -48,7 +48,7 @@ class RateEstimate(BaseModel):
     stopped_early: bool
 
 
-class Rates(BaseModel):
+class Rates(Model):
     """The count of every counted entry point, over one shared stretch of time."""
 
     allocator: str

@@ -3,8 +3,8 @@ scan found of them, big allocations, what tracing cost; and the result in words 
 
 from __future__ import annotations
 
+from memdiag.system._parse import Model
 from memdiag.system.units import fmt_bytes, fmt_duration
-from pydantic import BaseModel
 
 from ..cpython.frames import PythonReading, reading_lines
 from ..face import ProbeResult, StackReach, TracingCost
@@ -12,7 +12,7 @@ from ..text import stack_lines
 from .reach import ReachScan
 
 
-class LeakStack(BaseModel):
+class LeakStack(Model):
     frames: list[str]
     functions: list[str | None]
     forwards: list[bool] = []  # per frame: its code only forwards an allocation (probes/forwarders.py)
@@ -30,7 +30,7 @@ class LeakStack(BaseModel):
     reach: StackReach | None = None  # what still points at its blocks (the scan ran)
 
 
-class BigAlloc(BaseModel):
+class BigAlloc(Model):
     pid: int
     comm: str
     size: int

@@ -7,15 +7,15 @@ started shows a climb while it turns over, which is why the playbook asks RSS to
 
 from __future__ import annotations
 
+from memdiag.system._parse import Model
 from memdiag.system.trends import growth_trend
-from pydantic import BaseModel
 
 # A shape needs this many samples of the series (memleak reads it every ~2 s): fewer is "unknown",
 # neither a leak's nor a cache's shape (a trend of two points is a line through them).
 MIN_POINTS = 4
 
 
-class StackTrend(BaseModel):
+class StackTrend(Model):
     shape: str  # climbing, levelled, flat, shrinking, sawtooth, or unknown (too few samples)
     rate_per_s: float | None = None  # the recent rate while climbing, else over the series
     free_ratio: float | None = None  # freed / allocated bytes; None when nothing was allocated

@@ -53,3 +53,45 @@ def test_the_runtime_models_are_built_at_their_first_use():
     for model in (GoHeapResult, HistogramResult, JfrResult, NodeHeapResult):
         r = model(name="x", status="ok", duration_s="1.5")
         assert r.duration_s == 1.5 and model.__pydantic_complete__
+
+
+MODELS = (
+    IMPORTS.rsplit("print(", 1)[0]
+    + """
+from pydantic import BaseModel
+from memdiag.system._parse import Model
+exec(sys.argv[1])  # the can-fail test's stray model
+def walk(c):
+    for s in c.__subclasses__():
+        yield s
+        yield from walk(s)
+ours = {c for c in walk(BaseModel) if c.__module__.startswith("memdiag.")}
+print(json.dumps({
+    "count": len(ours),
+    "not_deferred": sorted(c.__qualname__ for c in ours if not issubclass(c, Model)),
+    "built": sorted(c.__qualname__ for c in ours if c.__pydantic_complete__),
+}))
+"""
+)
+STRAY = "class Stray(BaseModel):\n    __module__ = 'memdiag.stray'\n    x: int = 0\n"
+
+
+def _models(extra: str = "") -> dict:
+    run = subprocess.run([sys.executable, "-c", MODELS, extra], capture_output=True, text=True, check=True)
+    return json.loads(run.stdout)
+
+
+def test_every_model_is_built_at_its_first_use_not_at_import():
+    """Every pydantic model memdiag defines derives from system._parse.Model (defer_build), so a
+    diagnosis builds the ones its path uses; a diagnosis's imports build only those a default value
+    or a forward reference builds at once."""
+    out = _models()
+    assert out["count"] > 100  # the walk saw memdiag's models
+    assert out["not_deferred"] == []
+    # Cost and Culprit: default values of other models; AllOf/AnyOf/NotOf: model_rebuild (rules/model.py)
+    assert set(out["built"]) <= {"Cost", "Culprit", "AllOf", "AnyOf", "NotOf"}
+
+
+def test_the_check_for_models_outside_the_base_can_fail():
+    out = _models(STRAY)
+    assert out["not_deferred"] == ["Stray"] and "Stray" in out["built"]

@@ -7,8 +7,8 @@ import os
 from dataclasses import dataclass
 from typing import Literal
 
+from memdiag.system._parse import Model
 from memdiag.system.units import fmt_duration, fmt_mib, fmt_speed
-from pydantic import BaseModel
 
 from ...face import StackReach
 
@@ -62,7 +62,7 @@ def merged(a: StackReach | None, b: StackReach | None) -> StackReach | None:
     )
 
 
-class ReachScan(BaseModel):
+class ReachScan(Model):
     """How the scan went: whether it ran, what it cost the target, how it was made consistent."""
 
     status: Literal["ran", "skipped", "failed"]
