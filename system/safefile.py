@@ -1,0 +1,156 @@
+"""Reading files a target controls: inside the target's own root, never through a link that leaves
+it, never a FIFO or a device, never more than a stated number of bytes.
+
+memdiag runs as root and reads files the target writes or chooses (its JIT's perf map, its JDK's
+`release`, its hsperfdata, its flight recording). A path under /proc/PID/root is resolved by the
+kernel against *memdiag's* root as soon as it meets an absolute symlink, so a container's
+`/tmp/perf-1.map -> /etc/shadow` would hand memdiag the host's file. Here every such path is opened
+with openat2(RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) from a descriptor of the target's root: its
+symlinks resolve inside that root, `..` stops at it, and /proc's magic links are refused. The open
+is non-blocking (a FIFO planted where a file is expected would block open(2) forever), the result
+must be a regular file (fstat), and where `owner` is given the file must belong to that uid (a
+host process's /tmp is shared: another user may plant a file under the name the target would
+use). Where the kernel has no openat2 (before 5.6), the path is walked one component at a time
+with O_NOFOLLOW: no symlink at all is followed, which is stricter and refuses more."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import os
+import stat
+from pathlib import Path
+
+_SYS_OPENAT2 = 437  # the same number on every architecture (asm-generic)
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_IN_ROOT = 0x10
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+_libc = None
+_have_openat2: bool | None = None
+
+
+class Unsafe(OSError):
+    """A target file refused: not a regular file, not the expected owner, or past the bound."""
+
+
+def _syscall():
+    global _libc
+    if _libc is None:
+        _libc = ctypes.CDLL(None, use_errno=True)
+        _libc.syscall.restype = ctypes.c_long
+    return _libc.syscall
+
+
+def _openat2(dirfd: int, path: str, flags: int) -> int:
+    how = _OpenHow(flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    fd = _syscall()(
+        ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(os.fsencode(path)),
+        ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)),
+    )
+    if fd < 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), path)
+    return fd
+
+
+def _walk(dirfd: int, path: str, flags: int) -> int:
+    """openat2's fallback: each component opened with O_NOFOLLOW from the one before; '..' refused."""
+    parts = [p for p in path.split("/") if p not in ("", ".")]
+    if not parts or ".." in parts:
+        raise OSError(errno.EPERM, "path leaves the root", path)
+    fd = os.dup(dirfd)
+    try:
+        for part in parts[:-1]:
+            nxt = os.open(part, os.O_PATH | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd)
+            os.close(fd)
+            fd = nxt
+        return os.open(parts[-1], flags | os.O_NOFOLLOW, dir_fd=fd)
+    finally:
+        os.close(fd)
+
+
+def open_root(root: str | Path) -> int:
+    """A descriptor of a root directory (a target's /proc/PID/root, or '/'), to open paths inside it."""
+    return os.open(str(root), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def open_in(root_fd: int, path: str, *, follow_leaf: bool = True, owner: int | None = None) -> int:
+    """A read-only, non-blocking descriptor of a regular file at `path` inside the root `root_fd`.
+    follow_leaf=False refuses a symlink as the last component (a file the target names by its own
+    convention, never legitimately a link). Unsafe where it is no regular file or not `owner`'s."""
+    global _have_openat2
+    flags = _OPEN_FLAGS | (0 if follow_leaf else os.O_NOFOLLOW)
+    rel = path.lstrip("/") or "."
+    fd = -1
+    if _have_openat2 is not False:
+        try:
+            fd = _openat2(root_fd, rel, flags)
+            _have_openat2 = True
+        except OSError as e:
+            if e.errno not in (errno.ENOSYS, errno.EPERM) or _have_openat2:
+                raise
+            _have_openat2 = False  # no openat2 here (or a seccomp filter refuses it): walk instead
+    if fd < 0:
+        fd = _walk(root_fd, rel, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unsafe(errno.EINVAL, "not a regular file", path)
+        if owner is not None and st.st_uid != owner:
+            raise Unsafe(errno.EPERM, f"owned by uid {st.st_uid}, not the target's {owner}", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_fd(fd: int, max_bytes: int, *, tail: bool = False) -> tuple[bytes, bool]:
+    """At most max_bytes of an open file (its last max_bytes where tail): (data, truncated)."""
+    size = os.fstat(fd).st_size
+    truncated = size > max_bytes
+    if tail and truncated:
+        os.lseek(fd, size - max_bytes, os.SEEK_SET)
+    chunks, left = [], max_bytes
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    if left == 0 and os.read(fd, 1):
+        truncated = True  # it grew past the bound while being read (or lied about its size)
+    return b"".join(chunks), truncated
+
+
+def read_in_root(
+    root: str | Path, path: str, max_bytes: int, *, follow_leaf: bool = True, owner: int | None = None
+) -> bytes | None:
+    """The first max_bytes of a regular file inside a root, resolved as the target would resolve it
+    and never outside it; None where it is missing, unreadable, not a regular file or not owner's."""
+    try:
+        rfd = open_root(root)
+    except OSError:
+        return None
+    try:
+        fd = open_in(rfd, path, follow_leaf=follow_leaf, owner=owner)
+    except OSError:
+        return None
+    finally:
+        os.close(rfd)
+    try:
+        return read_fd(fd, max_bytes)[0]
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def proc_root(pid: int, proc: Path = Path("/proc")) -> Path:
+    """A process's root directory as memdiag reaches it."""
+    return proc / str(pid) / "root"
