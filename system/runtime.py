@@ -15,8 +15,9 @@ The language-level view needs the runtime's own instruments; this says which one
   the same); without section headers, the blob is searched at the start of the first writable
   segment, as Go's debug/buildinfo does.
 
-Files are read through /proc/PID/root and /proc/PID/exe, so a containerized target's own files
-are the ones read."""
+Files are read through /proc/PID/map_files and /proc/PID/exe (the very inodes mapped and run), and
+a JDK's `release` inside the target's root, so a containerized target's own files are the ones
+read, and never a file the target points elsewhere."""
 
 from __future__ import annotations
 
@@ -33,6 +34,9 @@ from ._parse import Fact, kv_lines, read_text
 from .elfread import open_elf, segment_bytes, segment_headers
 
 _CPYTHON = re.compile(r"^(?:lib)?python(?P<version>3\.\d+)[a-z]*(?:\.so[.\d]*|-[\w.-]+)?$")
+# The most of a node binary searched for its version strings: Node 20's .rodata is ~20 MB; a file
+# the target maps may claim any size (or have no .rodata), and the slice is copied into memdiag.
+MAX_NODE_STRINGS = 64 << 20
 _NODE = re.compile(r"^(?:node|nodejs|libnode\.so[.\d]*)$")
 _JVM = "libjvm.so"
 # Node's process.release.sourceUrl and V8's version string (V8_VERSION_STRING, "-node.N" on Node's own)
@@ -75,9 +79,9 @@ def read_runtime(pid: int, proc_root: Path = Path("/proc")) -> Runtime | None:
         return None
     root = proc_root / str(pid) / "root"
     exe_path: str | None = None
-    for path in _executable_paths(text):
+    for span, path in _executable_mappings(text):
         exe_path = exe_path or path
-        found = _mapped_runtime(path, root)
+        found = _mapped_runtime(path, root, proc_root / str(pid) / "map_files" / span)
         if found is not None:
             return found
     build = read_go_build(proc_root / str(pid) / "exe")
@@ -92,15 +96,18 @@ def parse_mapped_runtime_name(maps: str) -> RuntimeName | None:
     """Which interpreter or virtual machine the process runs (cpython, jvm, node) by its mapped code
     alone, from /proc/PID/maps: no version read, no file opened (Go is told by its build info:
     read_runtime)."""
-    return next((name for path in _executable_paths(maps) if (name := _runtime_name(path))), None)
+    return next((name for _, path in _executable_mappings(maps) if (name := _runtime_name(path))), None)
 
 
-def _executable_paths(maps: str):
-    """The path of each executable file mapping, in address order."""
+def _executable_mappings(maps: str):
+    """(address range as map_files names it, path) of each executable file mapping, in address order."""
     for line in maps.splitlines():
         fields = line.split(None, 5)
         if len(fields) == 6 and "x" in fields[1]:
-            yield fields[5].strip()
+            start, _, end = fields[0].partition("-")  # maps pads to 8 digits; map_files does not
+            # a file replaced since it was mapped (a package upgraded under a running service) is
+            # "(deleted)" in maps and still the runtime it was
+            yield f"{int(start, 16):x}-{int(end or '0', 16):x}", fields[5].strip().removesuffix(" (deleted)")
 
 
 def _runtime_name(path: str) -> RuntimeName | None:
@@ -112,18 +119,21 @@ def _runtime_name(path: str) -> RuntimeName | None:
     return "node" if _NODE.match(base) else None
 
 
-def _mapped_runtime(path: str, root: Path) -> Runtime | None:
-    """The interpreter or virtual machine whose code this executable mapping holds, if any."""
+def _mapped_runtime(path: str, root: Path, mapped: Path) -> Runtime | None:
+    """The interpreter or virtual machine whose code this executable mapping holds, if any. The
+    binary's own bytes are read through map_files (`mapped`): the kernel follows it to the very
+    inode mapped, where the path through the target's root could meanwhile be a link the target
+    planted (to a host file) or a FIFO (open would block); without it the name alone says."""
     name = _runtime_name(path)
     if name == "cpython":
-        exact = cpython_version(_inside(root, path))
+        exact = cpython_version(mapped)
         minor = _CPYTHON.match(path.rsplit("/", 1)[-1])["version"]  # type: ignore[index]
         return Runtime(name="cpython", version=exact or minor, module=path)
     if name == "jvm":
         version, detail = jvm_version(path, root)
         return Runtime(name="jvm", version=version, module=path, detail=detail)
     if name == "node":
-        node, v8 = node_versions(_inside(root, path))
+        node, v8 = node_versions(mapped)
         return Runtime(name="node", version=node, module=path, detail=f"V8 {v8}" if v8 else None)
     return None
 
@@ -190,8 +200,9 @@ def node_versions(binary: Path) -> tuple[str | None, str | None]:
             except ELFError:
                 return None, None
             start, size = (rodata["sh_offset"], rodata["sh_size"]) if rodata is not None else (0, 0)
+            size = min(size or MAX_NODE_STRINGS, MAX_NODE_STRINGS)
             with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as data:
-                view = data[start : start + size] if size else data[:]
+                view = data[start : start + size]
     except (OSError, ValueError):
         return None, None
     node = _NODE_RELEASE.search(view)

@@ -32,7 +32,6 @@ import re
 import struct
 from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 
 from ..mapping import Mapping, parse_maps
 
@@ -60,6 +59,7 @@ GLOBAL_KEY_SINCE = 34  # the tcache key a random value for the process (before: 
 KEY_SINCE = 29  # tcache entries have a key word at all
 MAX_ARENAS = 1024  # 8 per core by default: a list longer than this is not one
 MAX_FASTBIN_WALK = 100_000  # chunks per fastbin list followed at most
+MAX_LIBC_BYTES = 16 << 20  # glibc's libc.so.6 is ~2 MiB; its banner is never read past this
 
 
 class State(str, Enum):
@@ -246,11 +246,12 @@ def _is_libc(m: Mapping) -> bool:
 
 def glibc_minor(pid: int, mappings: tuple[Mapping, ...]) -> int | None:
     """The minor version of the glibc mapped (36 for 2.36), read from its banner; None: none found."""
-    path = next((m.path for m in mappings if _is_libc(m) and m.is_file), None)
-    if path is None:
+    libc = next((m for m in mappings if _is_libc(m) and m.is_file), None)
+    if libc is None:
         return None
-    try:
-        data = (Path(f"/proc/{pid}/root") / path.lstrip("/")).read_bytes()
+    try:  # the very file mapped (map_files), never a path the target could have relinked since
+        with open(f"/proc/{pid}/map_files/{libc.start:x}-{libc.end:x}", "rb") as f:
+            data = f.read(MAX_LIBC_BYTES)
     except OSError:
         return None
     found = re.search(rb"release version 2\.(\d+)", data)

@@ -5,9 +5,11 @@ property, `go version`)."""
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,34 @@ def test_cpython(root_required):
     said = subprocess.run(["/usr/bin/python3", "-c", "import platform; print(platform.python_version())"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     assert (r.name, r.version) == ("cpython", said)
+
+
+@pytest.mark.parametrize("planted", ["fifo", "link"])
+def test_a_mapped_binary_replaced_after_the_start_is_read_as_mapped(root_required, tmp_path, planted):
+    """The interpreter's file swapped, after it started, for a FIFO (open would block memdiag for
+    good) or a link to another file (a host file's bytes read as the target's): the version is read
+    from the inode the process maps (map_files), at once, never from what its path names now."""
+    exe = tmp_path / "python3.11"
+    exe.write_bytes(Path("/usr/bin/python3.11").read_bytes())
+    exe.chmod(0o755)
+    proc = _started([str(exe), "-c", "import time; print('ready', flush=True); time.sleep(60)"])
+    decoy = tmp_path / "decoy"
+    try:
+        if planted == "fifo":
+            os.mkfifo(decoy)
+        else:
+            decoy.symlink_to("/usr/bin/true")
+        os.replace(decoy, exe)
+        found: list = []
+        reader = threading.Thread(target=lambda: found.append(read_runtime(proc.pid)), daemon=True)
+        reader.start()
+        reader.join(timeout=10)
+    finally:
+        _stop(proc)
+    assert found, "read_runtime did not return within 10 s (blocked on the planted file)"
+    said = subprocess.run(["/usr/bin/python3.11", "-c", "import platform; print(platform.python_version())"],
+                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    assert (found[0].name, found[0].version) == ("cpython", said)
 
 
 @pytest.mark.parametrize("flags", [[], ["-ldflags=-s -w"]], ids=["plain", "stripped"])
