@@ -22,10 +22,14 @@ class Fact(Model):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-def read_text(path: Path) -> str | None:
-    """The file's text, or None when it does not exist or cannot be read."""
+def read_text(path: Path, limit: int | None = None) -> str | None:
+    """The file's text (its first `limit` characters where given), or None when it does not exist
+    or cannot be read."""
     try:
-        return path.read_text()
+        if limit is None:
+            return path.read_text()
+        with open(path, errors="replace") as f:
+            return f.read(limit)
     except (FileNotFoundError, NotADirectoryError, PermissionError, ProcessLookupError):
         return None
 

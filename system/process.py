@@ -8,6 +8,10 @@ from pathlib import Path
 
 from ._parse import Fact, int_or_none, kib_to_bytes, kv_lines, read_text
 
+# A command line is the target's to make as long as its stack limit allows (hundreds of MiB under
+# `ulimit -s unlimited`); reports quote a few words of it, and what is read is kept per sample.
+MAX_CMDLINE = 64 << 10
+
 
 class ProcessGone(Exception):
     """The process does not exist (or exited between two reads)."""
@@ -108,7 +112,7 @@ def read_process(pid: int, root: Path = Path("/proc")) -> ProcessMemory:
         status,
         read_text(base / "stat"),
         read_text(base / "smaps_rollup"),
-        read_text(base / "cmdline"),
+        read_text(base / "cmdline", MAX_CMDLINE),
     )
 
 

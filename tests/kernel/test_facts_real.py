@@ -74,3 +74,21 @@ def test_real_oom_kill_is_read_from_the_kernel_log(workload, memcg):
     assert kill.oom_memcg == cg.path
     assert abs(kill.when - time.time()) < 60
     assert read_cgroup_memory(resolve_cgroup(cg.path)).oom_kill == 1
+
+
+def test_a_command_line_is_read_to_a_bound():
+    """A target's argv is its own to make long (16 args of 100 KiB here; hundreds of MiB under an
+    unlimited stack): memdiag keeps its first 64 KiB, the words it quotes among them."""
+    import subprocess
+
+    from memdiag.system.process import MAX_CMDLINE
+
+    long_words = ["x" * (100 << 10)] * 16
+    proc = subprocess.Popen(["/bin/sh", "-c", "sleep 30", "marker-first", *long_words])
+    try:
+        got = read_process(proc.pid)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert got.cmdline[:4] == ["/bin/sh", "-c", "sleep 30", "marker-first"]
+    assert sum(len(w) + 1 for w in got.cmdline) <= MAX_CMDLINE + 1
