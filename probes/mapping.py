@@ -33,13 +33,16 @@ def parse_maps(text: str) -> list[Mapping]:
         parts = line.split(None, 5)
         if len(parts) < 5:
             continue
-        lo, hi = parts[0].split("-")
         path = parts[5].strip() if len(parts) == 6 else ""
         deleted = path.endswith(" (deleted)")
         if deleted:
             path = path[: -len(" (deleted)")]
-        inode = int(parts[4]) if parts[4].isdigit() else 0
-        major, _, minor = parts[3].partition(":")
-        dev = os.makedev(int(major, 16), int(minor, 16)) if inode else 0
-        out.append(Mapping(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), path, inode, dev, deleted))
+        try:  # a line not in the kernel's form is no mapping
+            lo, hi = parts[0].split("-")
+            inode = int(parts[4]) if parts[4].isdigit() else 0
+            major, _, minor = parts[3].partition(":")
+            dev = os.makedev(int(major, 16), int(minor, 16)) if inode else 0
+            out.append(Mapping(int(lo, 16), int(hi, 16), parts[1], int(parts[2], 16), path, inode, dev, deleted))
+        except (ValueError, OverflowError):
+            continue
     return sorted(out, key=lambda m: m.start)

@@ -66,10 +66,10 @@ def kib_to_bytes(value: str | None) -> int | None:
     """'123 kB' (the unit /proc uses for KiB) or '123' into bytes."""
     if value is None:
         return None
-    number = value.split()[0]
+    words = value.split()
     try:
-        return int(number) * 1024
-    except ValueError:
+        return int(words[0]) * 1024
+    except (ValueError, IndexError):
         return None
 
 

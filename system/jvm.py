@@ -14,10 +14,11 @@ thread is); mapped files (libjvm's code, the modules image) are counted apart.""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
-from ._parse import Fact, read_text
+from ._parse import Fact, kib_to_bytes, read_text
 from .hsperfdata import PerfData, perfdata_absence, read_perfdata
 
 _HOTSPOT_LIB = "libjvm.so"
@@ -246,10 +247,11 @@ def parse_smaps(text: str) -> list[Region]:
     rss = swap = 0
 
     def flush() -> None:
-        if head is not None:
+        if head is not None and len(head) > 1:
             lo, _, hi = head[0].partition("-")
             path = head[5].strip() if len(head) > 5 else ""
-            out.append(Region(start=int(lo, 16), end=int(hi, 16), perms=head[1], path=path, rss=rss, swap=swap))
+            with contextlib.suppress(ValueError):  # a line not in the kernel's form is no mapping
+                out.append(Region(start=int(lo, 16), end=int(hi, 16), perms=head[1], path=path, rss=rss, swap=swap))
 
     for line in text.splitlines():
         first = line.split(None, 1)[0] if line.strip() else ""
@@ -257,9 +259,9 @@ def parse_smaps(text: str) -> list[Region]:
             flush()
             head, rss, swap = line.split(None, 5), 0, 0
         elif first == "Rss:":
-            rss = int(line.split()[1]) * 1024
+            rss = kib_to_bytes(line[len(first) :]) or 0
         elif first == "Swap:":
-            swap = int(line.split()[1]) * 1024
+            swap = kib_to_bytes(line[len(first) :]) or 0
     flush()
     return out
 

@@ -104,10 +104,14 @@ def _executable_mappings(maps: str):
     for line in maps.splitlines():
         fields = line.split(None, 5)
         if len(fields) == 6 and "x" in fields[1]:
-            start, _, end = fields[0].partition("-")  # maps pads to 8 digits; map_files does not
+            start, _, end = fields[0].partition("-")
+            try:  # maps pads to 8 digits; map_files does not
+                span = f"{int(start, 16):x}-{int(end, 16):x}"
+            except ValueError:
+                continue
             # a file replaced since it was mapped (a package upgraded under a running service) is
             # "(deleted)" in maps and still the runtime it was
-            yield f"{int(start, 16):x}-{int(end or '0', 16):x}", fields[5].strip().removesuffix(" (deleted)")
+            yield span, fields[5].strip().removesuffix(" (deleted)")
 
 
 def _runtime_name(path: str) -> RuntimeName | None:

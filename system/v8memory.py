@@ -20,7 +20,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from ._parse import Fact, read_text
+from ._parse import Fact, kib_to_bytes, read_text
 from .runtime import parse_mapped_runtime_name
 
 V8_ADDRESS_LIMIT = 0x3FFFFFFFF000 + 0x1000  # V8's random mmap hints stay below this on x86-64
@@ -46,7 +46,7 @@ def _mappings(text: str):
         m = _HEADER.match(line)
         if m is None:
             if mapping is not None and line.startswith("Rss:"):
-                mapping[5] = int(line.split()[1]) * 1024
+                mapping[5] = kib_to_bytes(line[len("Rss:") :]) or 0
             continue
         if mapping is not None:
             yield tuple(mapping)
