@@ -27,9 +27,10 @@ only know a pid (the probes' attach, the memory readers). open_mem(pid) opens /p
 then checks: the descriptor is bound to the process it was opened on, so a check that passes after
 the open proves every read through it is of the target (or of its own old image, after an exec).
 
-The pidfds are released at the end of the diagnosis (release, release_all); at most MAX_HELD are
-held at once (a long-running serve: the oldest is closed first, its identity kept without its pidfd,
-checked by start ticks). Targets of no held identity (a cgroup's processes) are not checked here."""
+Each resolution holds (hold), each diagnosis ends by releasing (diagnose/workflow.py): the pidfd is
+closed with the last. At most MAX_HELD are held at once (serve resolves targets it may never
+diagnose: the oldest pidfd is closed first, its identity then checked by start ticks). The
+processes of a cgroup target are not held: their cgroup's membership is what the probes follow."""
 
 from __future__ import annotations
 
@@ -91,6 +92,7 @@ class _Held:
     exe: tuple[int, int] | None
     image: tuple[int, int] | None  # (start_code, start_stack)
     change: Change | None = None
+    users: int = 0  # diagnoses holding it (hold() with user=True); checks alone hold nothing
 
 
 _lock = threading.Lock()
@@ -153,25 +155,37 @@ def _pidfd(pid: int) -> int | None:
         return None
 
 
-def _exited(pidfd: int) -> bool:
-    """The pidfd's process has exited (readable: a zombie or reaped)."""
+def _exited(pidfd: int) -> bool | None:
+    """The pidfd's process has exited (readable: a zombie or reaped); None: the descriptor is not
+    open any more (released meanwhile: the caller goes by the start time instead)."""
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
-    return bool(poller.poll(0))
+    events = poller.poll(0)
+    if events and events[0][1] & select.POLLNVAL:
+        return None
+    return bool(events)
 
 
-def hold(pid: int, start_ticks: int | None = None, exe: tuple[int, int] | None = None) -> tuple[int, int] | None:
+def hold(
+    pid: int, start_ticks: int | None = None, exe: tuple[int, int] | None = None, user: bool = True
+) -> tuple[int, int] | None:
     """Hold the identity of the process with this pid and start time (None: whichever holds the pid
     now); exe: its executable's identity as seen at resolution, when it was. Returns the executable's
-    identity held. Raises TargetChanged when that process is already gone or another image."""
+    identity held. Raises TargetChanged when that process is already gone or another image. user:
+    counted as one more diagnosis using it (each release() ends one; the pidfd closes with the last)."""
     key = (pid, start_ticks)
     with _lock:
         held = _held.get(key)
     if held is None:
-        held = _new(pid, start_ticks, exe)
+        new = _new(pid, start_ticks, exe)
         with _lock:
-            held = _held.setdefault(key, held)
+            held = _held.setdefault(key, new)
             _bound()
+        if held is not new and new.pidfd is not None:  # another thread held it first
+            os.close(new.pidfd)
+    if user:
+        with _lock:
+            held.users += 1
     change = _check(held)
     if change is not None:
         raise TargetChanged(change)
@@ -216,6 +230,8 @@ def _check(held: _Held) -> Change | None:
     if held.change is not None:
         return held.change
     pid, pidfd = held.pid, held.pidfd
+    if pidfd is not None and _exited(pidfd) is None:
+        pidfd = None
     fields = None if pidfd is not None and _exited(pidfd) else _stat_fields(pid)
     if fields is None or fields[0] in ("Z", "X"):
         now = _stat_fields(pid)  # who holds the pid now: a newcomer says it was reused
@@ -257,7 +273,7 @@ def _of(target, hold_now: bool = True) -> _Held | None:
     if held is not None or not hold_now:
         return held
     with contextlib.suppress(TargetChanged):  # the change is held too: changed() answers with it
-        hold(target.pid, target.start_ticks, getattr(target, "exe_id", None))
+        hold(target.pid, target.start_ticks, getattr(target, "exe_id", None), user=False)
     with _lock:
         return _held.get(key)
 
@@ -323,19 +339,27 @@ def sleep(target, seconds: float) -> bool:
         return held is not None and held.change is not None
     poller = select.poll()
     poller.register(pidfd, select.POLLIN)
-    try:
-        return bool(poller.poll(max(0, int(seconds * 1000))))
-    except (OSError, ValueError):  # closed meanwhile by another thread's check or release
-        return True
+    events = poller.poll(max(0, int(seconds * 1000)))
+    if events and events[0][1] & select.POLLNVAL:  # released meanwhile: a plain sleep, the caller checks
+        time.sleep(seconds)
+        return False
+    return bool(events)
 
 
 def release(target) -> None:
-    """Close what memdiag held of a pid target (the end of its diagnosis)."""
+    """One diagnosis of a pid target ended: with the last, what memdiag held of it is closed."""
     if getattr(target, "kind", None) != "pid" or target.pid is None:
         return
+    key = (target.pid, target.start_ticks)
     with _lock:
-        held = _held.pop((target.pid, target.start_ticks), None)
-    if held is not None and held.pidfd is not None:
+        held = _held.get(key)
+        if held is None:
+            return
+        held.users -= 1
+        if held.users > 0:
+            return
+        del _held[key]
+    if held.pidfd is not None:
         os.close(held.pidfd)
 
 

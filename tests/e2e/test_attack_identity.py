@@ -38,6 +38,15 @@ CHECKS = 2000  # checks timed for the cost of one (a few ms in all)
 CHECK_BOUND_US = 200  # far above the ~6 us measured: the bound only catches a check gone expensive
 
 
+def _sleeper() -> subprocess.Popen:
+    """sleep 60, once its exec is complete (Popen returns when the exec closes its descriptors,
+    before the kernel has named the process and laid out its new image)."""
+    proc = subprocess.Popen([SLEEP, "60"])
+    code = lambda: Path(f"/proc/{proc.pid}/stat").read_text().rsplit(")", 1)[1].split()[23]  # noqa: E731
+    wait_until(lambda: Path(f"/proc/{proc.pid}/comm").read_text().strip() == "sleep" and code() != "0", "sleep")
+    return proc
+
+
 def _tracer(pid: int) -> int:
     text = Path(f"/proc/{pid}/status").read_text()
     return int(next(line.split()[1] for line in text.splitlines() if line.startswith("TracerPid:")))
@@ -114,7 +123,7 @@ def _reuse(body: str) -> dict:
 
 
 def test_a_held_process_is_the_same_until_it_exits_and_then_says_so(root_required):
-    proc = subprocess.Popen([SLEEP, "60"])
+    proc = _sleeper()
     try:
         target = pid_target(proc.pid)
         assert target.exe_id == (os.stat(SLEEP).st_dev, os.stat(SLEEP).st_ino)
@@ -185,6 +194,50 @@ out["newcomer_held"] = pid_target(newcomer.pid).start_ticks != target.start_tick
     assert out["mem"].startswith(f"the target (PID {out['pid']}) exited at")
     assert "its pid now belongs to another process" in out["mem"]
     assert out["newcomer_held"] is True  # the newcomer resolved anew is a target of its own
+
+
+def test_each_resolution_holds_the_pidfd_until_its_own_diagnosis_ends(root_required):
+    """Two diagnoses of one process (serve: two incidents) share its pidfd; the first to end does
+    not close it under the other, the last does."""
+    proc = _sleeper()
+    try:
+        first, second = pid_target(proc.pid), pid_target(proc.pid)
+        assert identity.held_count() == 1
+        identity.release(first)
+        assert identity.held_count() == 1 and second.alive()
+        assert not identity.sleep(second, 0.01)  # its pidfd still polled: alive, the whole wait
+        identity.release(second)
+        assert identity.held_count() == 0
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_serve_does_not_take_a_stored_pid_for_the_process_it_named_once_another_holds_it(root_required):
+    """A re-queued incident (serve restarted) names its target by pid: found again only if that pid
+    is still the process stored (its start time), not whatever holds the number now."""
+    from memdiag.diagnose.serve.store import Incident
+    from memdiag.diagnose.serve.worker import _target_again, target_json
+
+    proc = _sleeper()
+    try:
+        stored = target_json(pid_target(proc.pid))
+        assert stored["start_ticks"] is not None
+        incident = Incident(id="i1", created=0.0, updated=0.0, source="api", state="queued", target=stored)
+        found = _target_again(incident)
+        assert found.pid == proc.pid and found.start_ticks == stored["start_ticks"]
+        identity.release(found)
+        later = Incident(
+            id="i2", created=0.0, updated=0.0, source="api", state="queued",
+            target={**stored, "start_ticks": stored["start_ticks"] - 1},  # the one stored started earlier
+        )  # fmt: skip
+        with pytest.raises(LookupError, match=f"PID {proc.pid} is another process now"):
+            _target_again(later)
+    finally:
+        proc.kill()
+        proc.wait()
+        identity.release_all()
+    assert identity.held_count() == 0
 
 
 # --- what memdiag does with a target that is gone ----------------------------------------------
