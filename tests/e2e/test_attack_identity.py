@@ -75,6 +75,8 @@ from memdiag.diagnose.target import pid_target
 from memdiag.system import identity
 
 victim = subprocess.Popen([{sleep!r}, "60"])
+while open(f"/proc/{{victim.pid}}/comm").read().strip() != "sleep":  # its exec complete
+    time.sleep(0.001)
 target = pid_target(victim.pid)
 victim.kill()
 victim.wait()
@@ -263,6 +265,26 @@ out["result"] = r.model_dump(mode="json")
     assert r["target_exited_at"] is not None and r["cost"]["events"] == 0
 
 
+def test_pricing_a_reused_pid_counts_nothing_of_the_newcomer(root_required):
+    """memleak's price (a count of allocator calls with uprobes by pid) for the old target: the
+    plan says the target exited and attaches nothing; the count itself, asked by pid number (the
+    attach's own check, probes/bpfobj.py), refuses every uprobe the newcomer would have got."""
+    out = _reuse(
+        """
+from memdiag.probes.face import Context
+from memdiag.probes.memleak.plan import plan
+from memdiag.probes.memleak.ratecount import estimate_call_rates
+p = plan(target, Context(seconds=5))
+out["plan"] = [p.go, p.state, p.reason]
+out["count"] = estimate_call_rates(target.pid, functions=("malloc",)) is None
+"""
+    )
+    go, state, reason = out["plan"]
+    assert (go, state) == (False, "unknown") and reason.startswith(f"the target (PID {out['pid']}) exited at")
+    assert reason.endswith("not priced, nothing attached"), reason
+    assert out["count"] is True  # no rate: the newcomer's malloc was never counted
+
+
 def test_a_diagnosis_of_a_reused_pid_says_the_target_exited_and_names_nothing_of_the_newcomer(root_required):
     out = _reuse(
         """
@@ -277,6 +299,7 @@ out["held"] = identity.held_count()
     md = out["md"]
     assert out["traced"] == [] and "leak_order_history" not in md, md
     assert "- Target exited at" in md and "its pid then belonged to another process, which memdiag left alone" in md
+    assert f"PID {out['pid']} (sleep)" in md and "(leak)" not in md  # the newcomer's name is not the target's
     assert out["verdict"]["kind"] == "inconclusive" and "leak" not in out["verdict"]["summary"], out["verdict"]
     assert out["held"] == 0  # the pidfd went with the diagnosis
 
