@@ -193,11 +193,12 @@ def target_json(t: Target) -> dict:
         "kind": t.kind,
         "pid": t.pid,
         "comm": t.comm,
-        "start_ticks": t.start_ticks,  # the process, not its number: a pid found again must be the same one
         "cgroup": t.cgroup.path if t.cgroup else None,
         "description": t.describe(),
         "container": t.container.model_dump() if t.container else None,
         "pod": t.pod.model_dump(exclude={"containers"}) if t.pod else None,
+        # a process, not its number: a pid found again must be the same one (its start time)
+        **({"start_ticks": t.start_ticks} if t.kind == "pid" else {}),
     }
 
 
