@@ -222,7 +222,9 @@ def _bound() -> None:
         os.close(h.pidfd)  # type: ignore[arg-type]
         h.pidfd = None
     while len(_held) > 4 * MAX_HELD:  # the identities themselves: a few hundred bytes each
-        _held.popitem(last=False)
+        _key, oldest = _held.popitem(last=False)
+        if oldest.pidfd is not None:
+            os.close(oldest.pidfd)
 
 
 def _check(held: _Held) -> Change | None:
@@ -230,9 +232,12 @@ def _check(held: _Held) -> Change | None:
     if held.change is not None:
         return held.change
     pid, pidfd = held.pid, held.pidfd
-    if pidfd is not None and _exited(pidfd) is None:
+    gone = _exited(pidfd) if pidfd is not None else None
+    if gone is None:  # no pidfd (or closed meanwhile): /proc/PID/stat's start time decides alone
         pidfd = None
-    fields = None if pidfd is not None and _exited(pidfd) else _stat_fields(pid)
+    fields = None if gone else _stat_fields(pid)
+    # a zombie leader (its other threads may live on after pthread_exit) counts as gone, as it
+    # always has here: its /proc/PID/mem and maps are empty, nothing of it can be read
     if fields is None or fields[0] in ("Z", "X"):
         now = _stat_fields(pid)  # who holds the pid now: a newcomer says it was reused
         kind: ChangeKind = "reused" if now is not None and now[1] != held.start_ticks else "exited"

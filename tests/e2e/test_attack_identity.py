@@ -215,6 +215,28 @@ def test_each_resolution_holds_the_pidfd_until_its_own_diagnosis_ends(root_requi
         proc.wait()
 
 
+def test_past_the_bound_the_oldest_pidfd_is_closed_and_its_identity_still_checked(root_required, monkeypatch):
+    """serve may resolve targets it never diagnoses: at most MAX_HELD pidfds stay open (here 2 of
+    3), the oldest closed first and then checked by its start time alone."""
+    monkeypatch.setattr(identity, "MAX_HELD", 2)
+    procs = [_sleeper() for _ in range(3)]
+    try:
+        targets = [pid_target(p.pid) for p in procs]
+        assert identity.held_count() == 2
+        assert all(t.alive() for t in targets)  # the oldest too, by its start time
+        procs[0].kill()
+        procs[0].wait()
+        change = identity.changed(targets[0])
+        assert change is not None and change.kind == "exited", change
+        assert not identity.sleep(targets[1], 0.01) and targets[1].alive()
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        identity.release_all()
+    assert identity.held_count() == 0
+
+
 def test_serve_does_not_take_a_stored_pid_for_the_process_it_named_once_another_holds_it(root_required):
     """A re-queued incident (serve restarted) names its target by pid: found again only if that pid
     is still the process stored (its start time), not whatever holds the number now."""
