@@ -24,7 +24,7 @@ from memdiag.probes.face import Budget, Context, Plan, ProbeResult, TrailItem
 from memdiag.probes.registry import REGISTRY
 from memdiag.rules.engine import Outcome, run_rules
 from memdiag.rules.model import FrameClass, Rule
-from memdiag.system import clock
+from memdiag.system import clock, identity
 from memdiag.system.process import cpu_seconds
 from memdiag.system.runtime import read_runtime
 from memdiag.system.signals import INTERRUPTION, interrupted, phase
@@ -163,7 +163,7 @@ class Engine:
         """Run each requested probe once, in order, sharing the time left."""
         queue = self._queue(requests)
         for i, (name, seconds, rule) in enumerate(queue):
-            if self._skipped_by_signal(name, rule):
+            if self._skipped_by_signal(name, rule) or self._skipped_as_gone(name, rule):
                 continue
             left = self.left() - 1.0
             # An even share, but never under the shortest run while the time allows one: the queue is
@@ -195,7 +195,7 @@ class Engine:
         self.decided.add(name)
         planned = min(seconds or float("inf"), self.left() - 1.0)  # as run_requests gives it, at most
         if REGISTRY.face(name).plan is not None and planned >= MIN_PROBE_S:  # else not run: not priced
-            if self._skipped_by_signal(name, rule):
+            if self._skipped_by_signal(name, rule) or self._skipped_as_gone(name, rule):
                 return
             if not self._planned_in(name, planned):
                 for alt, alt_s in self._instead(self.plans[name]):
@@ -249,6 +249,16 @@ class Engine:
         if not interrupted():
             return False
         self._not_run(name, f"asked by {rule}, but {INTERRUPTION.signal_name} interrupted the diagnosis first")
+        return True
+
+    def _skipped_as_gone(self, name: str, rule: str) -> bool:
+        """A process target that exited or exec'd is neither priced nor probed: whatever holds its
+        pid now is not it (system/identity.py). In the trail as not run, with what happened. The
+        target as resolved (diagnose/target.py holds it): one made up (a test's) is not asked."""
+        change = identity.changed(self.target, hold_now=False)
+        if change is None:
+            return False
+        self._not_run(name, f"asked by {rule}, but {change.describe()}")
         return True
 
     # --- the window -----------------------------------------------------------------------------

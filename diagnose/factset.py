@@ -51,6 +51,8 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     f: dict = {
         "target.kind": obs.target.kind,
         "target.exited": obs.exited_at is not None,
+        "target.execd": obs.execd_at is not None,
+        "target.exec": obs.exec_exe,
         "budget.percent": budget_percent,
         "window.seconds": window_seconds(obs),
         "window.samples": len(obs.snapshots),

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from memdiag.system import clock
+from memdiag.system import clock, identity
 from memdiag.system._parse import Model
 from memdiag.system.cgroup import CgroupMemory
 from memdiag.system.kmsg import OomKill, read_oom_kills
@@ -34,6 +34,11 @@ class Observation(Model):
     ended: float
     snapshots: list[Snapshot]
     exited_at: float | None = None
+    # the target exec'd another program then (exe: which): the process lives on, the program
+    # diagnosed does not; the window ends there as at an exit (system/identity.py)
+    execd_at: float | None = None
+    exec_exe: str | None = None
+    pid_reused: bool = False  # it exited and another process already holds its pid
     interrupted: bool = False
     oom_kills: list[OomKill] | None = None  # everything still in the kernel log at the end
     slab_first: list[SlabCache] | None = None
@@ -91,6 +96,7 @@ class Sampler:
         self.slab_first: list[SlabCache] | None = None
         self.started = clock.wall()
         self.exited_at: float | None = None
+        self.change: identity.Change | None = None
         self.interrupted = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -130,8 +136,10 @@ class Sampler:
             while True:
                 try:
                     snap = take_snapshot(self.target, self.proc_root, jvm=self.jvm)
-                except TargetExited:
-                    self.exited_at = clock.wall()
+                except TargetExited as gone:
+                    self.change = gone.change
+                    if gone.change is None or gone.change.exited:
+                        self.exited_at = gone.change.at if gone.change is not None else clock.wall()
                     break
                 self._keep(snap)
                 elapsed = time.monotonic() - started_mono
@@ -175,6 +183,9 @@ class Sampler:
             thinned=self.thinned,
             thinned_before_s=self.thinned_before_s,
             exited_at=self.exited_at,
+            execd_at=self.change.at if self.change is not None and self.change.kind == "execd" else None,
+            exec_exe=self.change.exe if self.change is not None and self.change.kind == "execd" else None,
+            pid_reused=self.change is not None and self.change.kind == "reused",
             interrupted=self.interrupted,
             oom_kills=read_oom_kills(),
             slab_first=self.slab_first,

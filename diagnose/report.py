@@ -117,6 +117,9 @@ class Window(_Model):
     requested_s: float
     samples: int
     target_exited_at: float | None = None
+    target_pid_reused: bool = False  # it exited and another process already held its pid when seen
+    target_execd_at: float | None = None  # it exec'd another program then: the window ended there
+    target_exec: str | None = None  # the program it exec'd
     thinned: int = 0  # samples dropped to keep a long window's memory bounded, all before thinned_before_s
     thinned_before_s: float | None = None
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from memdiag.system import clock
+from memdiag.system import clock, identity
 from memdiag.system._parse import Model
 from memdiag.system.cgroup import BadCgroup, CgroupMemory, read_cgroup_memory
 from memdiag.system.jvm import JvmSample, read_jvm_sample
@@ -32,9 +32,13 @@ class Snapshot(Model):
 
 
 class TargetExited(Exception):
-    def __init__(self, pid: int):
-        super().__init__(f"process {pid} exited")
+    """The target process is gone: exited (change.kind exited or reused) or exec'd another program
+    (change.kind execd: the process lives on as something memdiag was not asked about)."""
+
+    def __init__(self, pid: int, change: identity.Change | None = None):
+        super().__init__(change.describe() if change is not None else f"process {pid} exited")
         self.pid = pid
+        self.change = change
 
 
 def read_target_cgroup(target: Target) -> CgroupMemory | None:
@@ -60,7 +64,10 @@ def take_snapshot(target: Target, proc_root: Path = Path("/proc"), jvm: bool = F
             raise TargetExited(target.pid) from None
         reused = target.start_ticks is not None and process.start_ticks != target.start_ticks
         if reused or process.state == "Z" or process.rss is None:
-            raise TargetExited(target.pid)
+            raise TargetExited(target.pid, target.changed())
+        change = target.changed()  # after the read: it was of the target only if the target is still the same
+        if change is not None:
+            raise TargetExited(target.pid, change)
     cgroup = read_target_cgroup(target)
     return Snapshot(
         t=time.monotonic(),

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from memdiag.system import identity
 from memdiag.system.cgroup import BadCgroup, CgroupLocation, cgroup_pids, locate_memory_cgroup, resolve_cgroup
 from memdiag.system.process import ProcessGone, read_process
 from memdiag.system.processes import read_all_processes
@@ -26,12 +27,19 @@ def pid_target(pid: int, proc_root: Path = Path("/proc")) -> Target:
         raise UsageError(f"--pid {pid}: process is a zombie (it has exited; its memory is gone)")
     if proc.rss is None:
         raise UsageError(f"--pid {pid}: {proc.comm} is a kernel thread; it has no user memory to diagnose")
+    exe = None
+    if proc_root == Path("/proc"):  # the process itself is held, not its number (system/identity.py)
+        try:
+            exe = identity.hold(pid, proc.start_ticks)
+        except identity.TargetChanged as e:
+            raise UsageError(f"--pid {pid}: {e.strerror}") from None
     return Target(
         kind="pid",
         pid=pid,
         comm=proc.comm,
         cmdline=proc.cmdline,
         start_ticks=proc.start_ticks,
+        exe_id=exe,
         cgroup=locate_memory_cgroup(pid, proc_root),
     )
 

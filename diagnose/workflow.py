@@ -7,6 +7,7 @@ from pathlib import Path
 
 from memdiag.rules.loader import load_playbook, playbook_paths
 from memdiag.rules.model import Playbook, Rule
+from memdiag.system import identity
 
 from .assemble import assemble
 from .culprit import shipped_wrappers
@@ -75,4 +76,7 @@ def diagnose(
         cycle_s=cycle_length(duration, cycle_s),
         on_cycle=(lambda r: on_interim(assemble(r, budget_percent))) if on_interim is not None else None,
     )
-    return assemble(engine.run(), budget_percent)
+    try:
+        return assemble(engine.run(), budget_percent)
+    finally:
+        identity.release(target)  # the pidfd held since the target was resolved (system/identity.py)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from memdiag.system import clock
+from memdiag.system import clock, identity
 from memdiag.system.signals import INTERRUPTION, interrupted, main_thread, signals_caught
 from memdiag.system.target import Target
 
@@ -159,16 +159,27 @@ def bpf_stats():
 
 
 class Stop:
-    """Why a run ended, and when the target exited if it did."""
+    """Why a run ended, and when the target exited or exec'd if it did (system/identity.py)."""
 
     def __init__(self, watch_signals: bool = False) -> None:
         self.watch_signals = watch_signals
         self.backed_off = False
         self.target_exited_at: float | None = None
+        self.target_execd_at: float | None = None
+        self.target_exec: str | None = None  # the executable it exec'd
+        self.change: identity.Change | None = None
 
     @property
     def interrupted(self) -> bool:
         return self.watch_signals and interrupted()
+
+    def saw(self, change: identity.Change | None) -> None:
+        """The target is not the process resolved any more (None: a cgroup target's folder is gone)."""
+        self.change = change
+        if change is not None and change.kind == "execd":
+            self.target_execd_at, self.target_exec = change.at, change.exe
+        else:
+            self.target_exited_at = change.at if change is not None else clock.wall()
 
 
 @contextmanager
@@ -182,6 +193,9 @@ def stop_on_signals():
         yield Stop(watch_signals=True)
 
 
+SIGNAL_SLICE_S = 0.05  # a signal ends a wait within this (INTERRUPTION.wait's own tick)
+
+
 def run_for(
     duration: float,
     target: Target,
@@ -189,23 +203,28 @@ def run_for(
     tick: float = 0.5,
     on_tick: Callable[[float], None] | None = None,
 ) -> float:
-    """Wait out the window; end early on a signal or when the target is gone. Returns seconds run."""
+    """Wait out the window; end early on a signal or when the target is gone: exited (at once:
+    the wait is on its pidfd), exec'd or its pid another process's (within a tick). Returns
+    seconds run."""
     start = time.monotonic()
     while True:
         elapsed = time.monotonic() - start
         if elapsed >= duration or stop.interrupted:
             return elapsed
         if not target.alive():
-            stop.target_exited_at = clock.wall()
+            stop.saw(target.changed())
             return elapsed
         if on_tick is not None and on_tick(elapsed):
             stop.backed_off = True  # the caller asked to stop early (over its overhead budget)
             return elapsed
         pause = min(tick, max(0.0, duration - elapsed))
-        if stop.watch_signals:
-            INTERRUPTION.wait(pause)  # a signal ends the wait at once, not at the next tick
+        if stop.watch_signals:  # a signal ends the wait at once, not at the next tick
+            end = time.monotonic() + pause
+            while not INTERRUPTION.caught and (left := end - time.monotonic()) > 0:
+                if identity.sleep(target, min(SIGNAL_SLICE_S, left)):
+                    break
         else:
-            time.sleep(pause)
+            identity.sleep(target, pause)
 
 
 def unavailable(name: str, target: Target, reason: str) -> dict:
@@ -271,16 +290,30 @@ class Run:
 
 
 def run_probe(run: Run, target: Target, duration: float) -> ProbeResult:
-    """The life of one probe run: check, load, aim at the target, wait, collect, detach."""
+    """The life of one probe run: check, load, aim at the target, wait, collect, detach. A process
+    target is checked to be the process resolved before anything is aimed at it and again once
+    everything is attached (a run aimed at another process is detached and says so); a run it
+    outlives keeps what was gathered before it exited, and one it exec'd during keeps nothing (the
+    old image's memory went with it: its blocks were freed, not leaked)."""
     started = clock.wall()
+    change = target.changed()
+    if change is not None:
+        return _not_the_target(run, target, started, change, "before the probe was aimed at it: nothing was traced")
     mode = target_mode(target.kind, run.filtered)
     loaded = _load(run, target, mode, started)
     if isinstance(loaded, ProbeResult):
         return loaded
     bpf = loaded
+    if run.spaces is not None and target.kind == "pid":
+        run.spaces.same = lambda pid: pid != target.pid or target.alive()
     try:
         pids = target.pids()
-        _aim(run, bpf, mode, pids)
+        try:
+            _aim(run, bpf, mode, pids)
+            identity.check(target)  # the attach raced with an exit or exec: what it caught is not the target's
+        except identity.TargetChanged as e:
+            detach_all(bpf)
+            return _not_the_target(run, target, started, e.change, "while the probe was attached: it was detached")
         with bpf_stats(), stop_on_signals() as stop:
 
             def tick(elapsed: float) -> bool:
@@ -293,15 +326,25 @@ def run_probe(run: Run, target: Target, duration: float) -> ProbeResult:
                 return bool(run.on_tick(bpf, elapsed)) if run.on_tick is not None else False
 
             elapsed = run_for(duration, target, stop, tick=run.tick_s, on_tick=tick)
-            if run.before_detach is not None and not stop.interrupted:
+            if stop.change is not None:
+                disarm(bpf)  # nothing more is recorded: a newcomer with its pid is no target
+                if run.spaces is not None:
+                    run.spaces.orphan(stop.change.pid)
+            if run.before_detach is not None and not stop.interrupted and stop.change is None:
                 run.before_detach(bpf, elapsed, lambda: stop.interrupted)
             detached = time.monotonic()
             detach_all(bpf)  # the counts stop moving before they are read: tables agree
             detach_s = time.monotonic() - detached
-            fields = run.collect(bpf, elapsed)
+            execd = stop.change is not None and stop.change.kind == "execd"
+            fields = {} if execd else run.collect(bpf, elapsed)
             cost = measure_cost(bpf, events=fields.pop("events", 0))
     finally:
         bpf.cleanup()
+    if execd:
+        fields = dict(status="partial", reason=f"{stop.change.describe()}: {EXECD_DROPPED}")  # type: ignore[union-attr]
+    elif stop.change is not None:
+        said = f"{stop.change.describe()}: what was traced before is kept"
+        fields["reason"] = f"{fields['reason']}; {said}" if fields.get("reason") else said
     return run.result(
         name=run.name,
         status=fields.pop("status", "ok"),
@@ -311,12 +354,38 @@ def run_probe(run: Run, target: Target, duration: float) -> ProbeResult:
         started=started,
         duration_s=elapsed,
         target_exited_at=stop.target_exited_at,
+        target_execd_at=stop.target_execd_at,
+        target_exec=stop.target_exec,
         interrupted=stop.interrupted,
         backed_off=stop.backed_off,
         detach_s=detach_s,
         lost=fields.pop("lost", {}),
         cost=cost,
         **fields,
+    )
+
+
+EXECD_DROPPED = (
+    "what was traced of the image before is dropped (its memory went with the exec: freed, not leaked) "
+    "and nothing of the new program is traced"
+)
+
+
+def _not_the_target(run: Run, target: Target, started: float, change: identity.Change, when: str) -> ProbeResult:
+    """The result of a run whose target was gone (exited, exec'd, pid reused) before or while
+    it was aimed: nothing it might have gathered is kept."""
+    at = (
+        dict(target_execd_at=change.at, target_exec=change.exe)
+        if change.kind == "execd"
+        else dict(target_exited_at=change.at)
+    )
+    return run.result(
+        name=run.name,
+        status="unavailable",
+        reason=f"{change.describe()}, {when}",
+        target=target.describe(),
+        started=started,
+        **at,
     )
 
 

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+from memdiag.system import identity
+
 from . import bpfsys as sys_
 from .elf import elf_info
 from .kernel import tracefs_root
@@ -273,6 +275,7 @@ class Program:
         enough for tracepoints and probes, which fire on whatever CPU the event happens)."""
         fd = sys_.perf_event_open(type_, config, pid=pid, cpu=(0 if pid == -1 else -1) if cpu is None else cpu, **kw)
         try:
+            _same_process(pid)
             sys_.set_bpf(fd, fn.fd)
         except OSError:
             os.close(fd)
@@ -336,7 +339,11 @@ class Program:
             groups.setdefault((u.fn_name, u.path, u.ret, u.pid), []).append(u)
         failures: list[tuple[object, OSError]] = []
         for (fn_name, path, ret, pid), probes in groups.items():
-            if _MULTI[0] is not False and self._link(fn_name, path, ret, pid, probes):
+            try:
+                if _MULTI[0] is not False and self._link(fn_name, path, ret, pid, probes):
+                    continue
+            except identity.TargetChanged as e:  # not the target's process: none of them is attached
+                failures.extend((u.tag, e) for u in probes)
                 continue
             refused = len(failures)
             for u in probes:  # one by one: a refused probe fails alone
@@ -357,6 +364,11 @@ class Program:
             fd = sys_.uprobe_multi_link(fn.fd, path, offsets, ret, pid)
         except OSError:
             return False
+        try:
+            _same_process(pid)
+        except OSError:
+            os.close(fd)
+            raise
         _MULTI[0] = True
         self._attachments.append(fd)
         self.links += 1
@@ -413,6 +425,14 @@ class Program:
         for t in self.tables.values():
             os.close(t.map_fd)
         self.tables.clear()
+
+
+def _same_process(pid: int) -> None:
+    """Checked once an event or link for pid is open (it is bound to the process that held pid
+    then): TargetChanged when that was not the target memdiag resolved (it exited and another
+    process took its pid, or it exec'd) and the caller closes it unused (system/identity.py)."""
+    if pid > 0:
+        identity.verify_pid(pid)
 
 
 def _close_all(fds: list[int], together: bool) -> None:

@@ -113,6 +113,8 @@ class ProbeResult(Model):
     started: float = 0.0
     duration_s: float = 0.0
     target_exited_at: float | None = None
+    target_execd_at: float | None = None  # the target exec'd another program then (system/identity.py)
+    target_exec: str | None = None  # the program it exec'd
     interrupted: bool = False
     backed_off: bool = False  # stopped early because it cost more than allowed
     detach_s: float | None = None  # how long detaching its programs took (each probe waits out a grace period)

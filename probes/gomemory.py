@@ -23,7 +23,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memdiag.system import clock
+from memdiag.system import clock, identity
 from memdiag.system.process import read_rss_anon
 from memdiag.system.runtime import read_go_build
 
@@ -53,7 +53,7 @@ class Memory:
 
     def __init__(self, pid: int):
         try:
-            self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+            self.fd = identity.open_mem(pid)
         except OSError as e:
             raise GoUnreadable(f"cannot open /proc/{pid}/mem: {e.strerror}") from None
         self.chunks: dict[int, bytes] = {}

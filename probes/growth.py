@@ -4,7 +4,7 @@ bytes, stack id, saved sample) into symbolized, merged stacks, and their face's 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 from memdiag.system._parse import Model
@@ -34,21 +34,36 @@ class StackGrowth(Model):
 
 class Spaces:
     """Address spaces of the traced processes, refreshed while they live so that libraries
-    loaded late are known, and kept after they exit so their stacks can still be symbolized."""
+    loaded late are known, and kept after they exit so their stacks can still be symbolized.
+    same(pid): whether pid is still the process traced, asked after each read (a read of a
+    process that exited or exec'd meanwhile may be another's: dropped); run_probe sets it for a
+    process target (system/identity.py)."""
 
     def __init__(self) -> None:
         self.by_pid: dict[int, AddressSpace] = {}
+        self.same: Callable[[int], bool] | None = None
+        self.orphaned: set[int] = set()
 
     def refresh(self, pids: Iterable[int]) -> None:
         for pid in pids:
+            if pid in self.orphaned:
+                continue
             space = AddressSpace.of(pid)
-            if space is not None:
+            if space is not None and (self.same is None or self.same(pid)):
                 self.by_pid[pid] = space
 
     def get(self, pid: int) -> AddressSpace | None:
         if pid not in self.by_pid:
             self.refresh([pid])
         return self.by_pid.get(pid)
+
+    def orphan(self, pid: int) -> None:
+        """pid is not the process traced any more: its mappings as last read stay (its stacks are
+        named by them), its /proc entries are never read again (procmaps.AddressSpace.orphan)."""
+        self.orphaned.add(pid)
+        space = self.by_pid.get(pid)
+        if space is not None:
+            space.orphan()
 
 
 class RawStack(Model):

@@ -103,6 +103,15 @@ class AddressSpace:
                 return path
         return mapped if exact else None
 
+    def orphan(self) -> None:
+        """The process these mappings were read from is not the target any more (it exited, its
+        pid may be another's, or it exec'd): its /proc entries lead to whatever holds that pid
+        now, so they are never opened again. Files already held stay; others are taken only from
+        the host by the mapped inode that maps said (system/identity.py)."""
+        proc = f"/proc/{self.pid}/"
+        self.proc, self.root = None, "/"
+        self._files = {k: v for k, v in self._files.items() if v is None or not v.startswith(proc)}
+
     def hold(self) -> AddressSpace:
         """Open the executable mappings' files now, while the process lives: a process about to
         exit (an OOM victim) takes its map_files and root with it. Each held file is then read

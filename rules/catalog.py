@@ -15,6 +15,8 @@ _DEFS = [
     # the target
     ("target.kind", "string", "pid, cgroup or system"),
     ("target.exited", "bool", "the target process exited during the window"),
+    ("target.execd", "bool", "the target process exec'd another program during the window (the window ended there)"),
+    ("target.exec", "string", "the program the target exec'd (its executable's path)"),
     ("target.name", "string", "the target as a person reads it: PID 123 (orderd), cgroup /x, the system"),
     ("target.pid", "string", "the target's process id, as commands take it (no thousands separator)"),
     ("target.command", "string", "the target's command line, quoted for a shell"),

@@ -9,6 +9,7 @@ from typing import Literal
 
 from pydantic import ConfigDict
 
+from . import identity
 from ._parse import Model
 from .cgroup import CgroupLocation, cgroup_pids
 from .container import ContainerInfo, PodInfo
@@ -22,6 +23,9 @@ class Target(Model):
     comm: str | None = None
     cmdline: list[str] = []
     start_ticks: int | None = None
+    # (st_dev, st_ino) of its executable at resolution: with start_ticks, the process it is
+    # (system/identity.py), whatever later holds its pid number or runs in it after an exec
+    exe_id: tuple[int, int] | None = None
     cgroup: CgroupLocation | None = None  # a pid's memory cgroup, or the cgroup target itself
     container: ContainerInfo | None = None  # the container the target is (or runs in), when one
     pod: PodInfo | None = None  # the Kubernetes pod the target is, when a pod was named
@@ -57,17 +61,15 @@ class Target(Model):
         return set()
 
     def alive(self) -> bool:
+        """A process target: alive AND still the process memdiag resolved (not exited, not
+        another image after an exec, not a newcomer with its pid: identity.changed says which)."""
         if self.kind == "pid":
-            return self.pid is not None and _pid_alive(self.pid)
+            return self.pid is not None and identity.changed(self) is None
         if self.kind == "cgroup":
             return self.cgroup is not None and Path(self.cgroup.fs_path).is_dir()
         return True
 
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            state = f.read().rsplit(")", 1)[1].split()[0]
-        return state not in ("Z", "X")
-    except (OSError, IndexError):
-        return False
+    def changed(self) -> identity.Change | None:
+        """How a process target stopped being the process resolved (exited, exec'd, pid reused);
+        None while it is the same, and for other targets."""
+        return identity.changed(self) if self.kind == "pid" else None

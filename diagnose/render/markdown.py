@@ -318,7 +318,13 @@ def _heading(report: Report) -> list[str]:
         f"{fmt_duration(w.requested_s)} asked, {w.samples} samples{thinned})"
     ]
     if w.target_exited_at is not None:
-        lines += [f"- Target exited at {_utc(w.target_exited_at)}"]
+        reused = "; its pid then belonged to another process, which memdiag left alone" if w.target_pid_reused else ""
+        lines += [f"- Target exited at {_utc(w.target_exited_at)}{reused}"]
+    if w.target_execd_at is not None:
+        lines += [
+            f"- Target exec'd {code(w.target_exec or 'another program')} at {_utc(w.target_execd_at)}: the program "
+            "diagnosed ended there, and nothing of the new one was observed"
+        ]
     return lines
 
 

@@ -9,7 +9,7 @@ from memdiag.probes.face import ProbeResult
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.units import fmt_bytes, fmt_duration
 
-from .text import flattened
+from .text import flattened, plain
 
 
 def _header(r: ProbeResult) -> list[str]:
@@ -23,6 +23,9 @@ def _header(r: ProbeResult) -> list[str]:
         lines.append("  stopped early: it cost more than its overhead budget allows")
     if r.target_exited_at:
         lines.append(f"  target exited at {time.strftime('%H:%M:%S', time.localtime(r.target_exited_at))}")
+    if r.target_execd_at:
+        at = time.strftime("%H:%M:%S", time.localtime(r.target_execd_at))
+        lines.append(f"  target exec'd {plain(r.target_exec or 'another program')} at {at}")
     reader = not REGISTRY.spec(r.name).bpf  # it reads the target's memory or maps: no BPF, no trap
     cost = [f"{r.cost.events:,} {'reads' if reader else 'events'}"]
     if r.cost.bpf_run_ns is not None:

@@ -11,6 +11,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from memdiag.system import identity
+
 from ..errors import UsageError
 from ..render import render_all
 from ..report import Report
@@ -195,6 +197,8 @@ def target_json(t: Target) -> dict:
         "description": t.describe(),
         "container": t.container.model_dump() if t.container else None,
         "pod": t.pod.model_dump(exclude={"containers"}) if t.pod else None,
+        # a process, not its number: a pid found again must be the same one (its start time)
+        **({"start_ticks": t.start_ticks} if t.kind == "pid" else {}),
     }
 
 
@@ -217,6 +221,9 @@ def _target_again(incident: Incident | None) -> Target:
             target = pid_target(int(t["pid"]))
             if t.get("comm") and target.comm != t["comm"]:
                 raise LookupError(f"PID {t['pid']} is now {target.comm}, not {t['comm']}: the target has exited")
+            if t.get("start_ticks") is not None and target.start_ticks != t["start_ticks"]:
+                identity.release(target)
+                raise LookupError(f"PID {t['pid']} is another process now (it started later): the target has exited")
             return with_container(target)
         if t.get("cgroup"):
             return with_container(cgroup_target(t["cgroup"]))

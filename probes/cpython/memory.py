@@ -9,6 +9,8 @@ import os
 import struct
 import time
 
+from memdiag.system import identity
+
 ADDRESS_LIMIT = 1 << 57  # above every user address x86-64 has (5-level page tables: 2^56): no pointer
 
 
@@ -24,7 +26,7 @@ class Memory:
         self.max_bytes = max_bytes  # a bound on what one run may read (a runaway walk stops there)
         self.capped = 0  # reads refused at that bound
         try:
-            self._fd: int | None = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+            self._fd: int | None = identity.open_mem(pid)
         except OSError:
             self._fd = None
 

@@ -207,7 +207,8 @@ def _observe(target: Target, ctx: Context, p: HistogramPlan, stop: Stop, out: di
     left = ctx.seconds - (time.monotonic() - begun) - (p.look.pause_s + 1.0)
     run_for(max(0.0, left), target, stop)
     out.update(interrupted=stop.interrupted, target_exited_at=stop.target_exited_at)
-    if stop.target_exited_at is None:
+    out.update(target_execd_at=stop.target_execd_at, target_exec=stop.target_exec)
+    if stop.change is None and stop.target_exited_at is None:  # no second look at what holds its pid now
         last = _look(p.jvm, meter, timeout, out)
         out.update(live_first=first.bytes, live_last=last.bytes, classes=grown(first, last))
     meter.close_step()

@@ -33,6 +33,8 @@ import struct
 from dataclasses import dataclass
 from enum import Enum
 
+from memdiag.system import identity
+
 from ..mapping import Mapping, parse_maps
 
 PREV_INUSE, IS_MMAPPED, NON_MAIN_ARENA = 1, 2, 4
@@ -73,7 +75,7 @@ class Memory:
 
     def __init__(self, pid: int):
         self.pid = pid
-        self.fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY | os.O_CLOEXEC)
+        self.fd = identity.open_mem(pid)
 
     def read(self, address: int, size: int) -> bytes | None:
         try:

@@ -101,6 +101,13 @@ def _programs_ns(n: dict[str, int], program_ns: dict[str, float]) -> float:
     return n.get("hits", 0) * site + sum(n.get(k, 0) for k in ("call_hits", "frees_emulated", "frees_stepped")) * other
 
 
+def _when(change) -> dict:
+    """The result's fields that say when the target exited or exec'd (system/identity.py)."""
+    if change.kind == "execd":
+        return {"target_execd_at": change.at, "target_exec": change.exe}
+    return {"target_exited_at": change.at}
+
+
 def _run(target: Target, ctx: Context) -> SitesResult:
     """Trace ctx.options["function"] for ctx.seconds (less the scan), stopping where its measured
     cost and the scan's kept pause reach what the budget leaves; then the scan."""
@@ -113,6 +120,8 @@ def _run(target: Target, ctx: Context) -> SitesResult:
         return base.model_copy(update={"reason": "traces one process's calls: give --pid"})
     if not function:
         return base.model_copy(update={"reason": NO_FUNCTION})
+    if (change := target.changed()) is not None:
+        return base.model_copy(update={"reason": f"{change.describe()}: nothing was traced", **_when(change)})
     pid = target.pid
     costs = host_costs()
     if costs is None:
@@ -129,6 +138,8 @@ def _run(target: Target, ctx: Context) -> SitesResult:
         return traps_ns(n, kinds, costs.emulated_ns, costs.stepped_ns) + programs
 
     def watch(n: dict[str, int], kinds: dict[str, bool], attached: float) -> bool:
+        if not target.alive():  # exited or exec'd: the trace ends here, and is dropped below
+            return True
         if allowance is None:
             return False
         spent = meter.cost(priced(n, kinds)).measured_ns or 0.0
@@ -150,6 +161,9 @@ def _run(target: Target, ctx: Context) -> SitesResult:
                 scan, per_key = reach_of(pid, t, max(0.0, min(limits)) if limits else None)
     except SitesRefused as e:
         return base.model_copy(update={"reason": str(e), "duration_s": clock.wall() - started})
+    if (change := target.changed()) is not None:  # what was traced and scanned may not be the target's
+        why = f"{change.describe()} while {function} was traced: what was traced is dropped"
+        return base.model_copy(update={"reason": why, "duration_s": clock.wall() - started, **_when(change)})
     run_ns = t.run[1] if t.run is not None else None  # None: the kernel kept no run time
     traps = priced(t.stats, t.kinds, run_ns)
     cost = meter.cost(traps, (scan.paused_ms or 0.0) / 1000 if scan is not None else 0.0)  # the pause: the scan's

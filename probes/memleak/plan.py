@@ -98,6 +98,8 @@ def plan(target: Target, ctx: Context) -> MemleakPlan:
     """Price memleak for ctx.seconds (what it would run) against ctx.budget."""
     if target.kind != "pid" or target.pid is None:
         return decision("fallback", NOT_PER_PROCESS)
+    if (change := target.changed()) is not None:
+        return decision("unknown", f"{change.describe()}: not priced, nothing attached")
     budget = ctx.budget or Budget(percent=100.0, window_s=ctx.seconds)
     costs = host_costs()
     alloc = find_allocator(target.pid)
@@ -106,6 +108,8 @@ def plan(target: Target, ctx: Context) -> MemleakPlan:
     if costs is not None and alloc is not None:
         traps = {p.function: trap_ns(p, costs) for p in alloc.placements}
         rates = estimate_call_rates(target.pid, trap_ns=traps, alloc=alloc, functions=ALLOCATING)
+    if (change := target.changed()) is not None:  # what was read and counted may be another process's
+        return decision("unknown", f"{change.describe()}: not priced, nothing attached")
     if costs is None or alloc is None or rates is None:
         return decision("unknown", NOT_PRICED, allocator=allocator)
     scan = reserve_ms(target.pid)

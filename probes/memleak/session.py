@@ -339,6 +339,7 @@ class _Session:
                 self._namer(target.pid, bpf),
                 self.info["allocator"],
                 self.python.own_modules(target.pid),
+                target=target,
             )
         self.scanned["scan"] = found.model_copy(update={"at_s": round(elapsed, 3)})
         self.scanned["per_key"] = {keys[g]: r for g, r in per_group.items()}

@@ -23,7 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memdiag.system import arch
+from memdiag.system import arch, identity
 from memdiag.system.signals import interrupted
 
 from ..allocator import BPF_FUNCTION, Placement, find_allocator, is_emulated
@@ -199,6 +199,7 @@ def traced(pid: int, function: str, seconds: float, watch: Watch | None = None) 
         t.frees = [p.describe() for p in frees]
     bpf = load(PROGRAM, {})
     spaces = Spaces()
+    spaces.same = lambda p: identity.check_pid(p) is None  # a read of pid once it is not the target is dropped
     spaces.refresh([pid])
     try:
         with bpf_stats():  # the programs' run time, counted while they are attached
@@ -222,6 +223,8 @@ def traced(pid: int, function: str, seconds: float, watch: Watch | None = None) 
             run = program_stats(bpf)  # every program of bpf/sites.c, summed
             if run is not None:
                 t.run = (sum(r for r, _ in run.values()), sum(ns for _, ns in run.values()))
+            if identity.check_pid(pid) is not None:  # exited or exec'd: its /proc is no more the target's
+                spaces.orphan(pid)
             t.stacks = _stacks(bpf, t.live(), spaces)
     finally:
         t._books = None

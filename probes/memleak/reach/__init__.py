@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from memdiag.system import identity
+from memdiag.system.target import Target
 from memdiag.system.units import fmt_duration, fmt_mib, fmt_speed
 
 # numpy's bundled OpenBLAS starts a thread per core at import; the scan does no linear algebra.
@@ -58,6 +60,7 @@ def scan(
     namer: Callable[[int, int, int], str | None] | None = None,
     allocator: str | None = None,
     runtime_modules: frozenset[str] = frozenset(),
+    target: Target | None = None,
 ) -> tuple[ReachScan, dict[int, StackReach]]:
     """Price, stop, read the blocks, scan, resume, classify. read_blocks(final) returns the
     outstanding blocks: once while the target runs (final False, to price the scan), once with it
@@ -67,12 +70,24 @@ def scan(
     of a block in the runtime's own terms (a CPython global: probes/cpython/holder.py), or None.
     allocator: memleak's name for the target's allocator, whose own metadata is no root (allocmeta).
     runtime_modules: the modules of the target's CPython, whose data are roots last and whose
-    allocator's arena records are no references (allocmeta.pymalloc_records)."""
+    allocator's arena records are no references (allocmeta.pymalloc_records). target: the process
+    pid is (system/identity.py): before it is priced, before its threads are seized and once they
+    are, it must still be that process, or nothing is stopped, read or concluded."""
     import numpy  # noqa: F401  (imported before the table read is timed: the import is not part of a pause)
 
-    t = time.monotonic()
-    ahead = read_blocks(False)
-    est = price(pid, ahead, (time.monotonic() - t) * 1000, allowed_ms)
+    def same() -> None:
+        change = target.changed() if target is not None else identity.check_pid(pid)
+        if change is not None:
+            raise ScanAborted(f"{change.describe()}: the scan stopped and concluded nothing")
+
+    try:
+        same()
+        t = time.monotonic()
+        ahead = read_blocks(False)
+        est = price(pid, ahead, (time.monotonic() - t) * 1000, allowed_ms)
+        same()  # what the price read (maps, page map, a sample of memory) was the target's
+    except ScanAborted as e:
+        return ReachScan(status="failed", reason=str(e)), {}
     if est is None:
         return ReachScan(status="failed", reason="the target is gone"), {}
     info = dict(planned_bytes=est.planned_bytes, priced_ms=est.ms, allowed_ms=allowed_ms)
@@ -91,6 +106,7 @@ def scan(
         return ReachScan(status="skipped", reason=why, **info), {}
     try:
         check_stoppable(pid)
+        same()
     except ScanAborted as e:
         return ReachScan(status="failed", reason=str(e), **info), {}
     box: dict = {}
@@ -99,7 +115,7 @@ def scan(
     # died meanwhile (a zombie goes back to its parent), so nothing is left traced, whatever fails.
     worker = threading.Thread(
         target=_stop_and_scan,
-        args=(pid, read_blocks, allowed_ms, interrupted, est, box, allocator, runtime_modules),
+        args=(pid, read_blocks, allowed_ms, interrupted, est, box, allocator, runtime_modules, same),
         name="memdiag-reach",
     )
     worker.start()
@@ -110,14 +126,24 @@ def scan(
         return ReachScan(status="failed", reason=reason, paused_ms=box.get("paused_ms"), **info), {}
     if "empty" in box:
         return ReachScan(status="ran", reason="no outstanding block", paused_ms=box["paused_ms"], **info), {}
-    if not alive(pid):
-        why = "the target exited during the scan: nothing is concluded from it"
+    change = target.changed() if target is not None else identity.check_pid(pid)
+    if change is not None or not alive(pid):
+        what = change.describe() if change is not None else "the target exited"
+        why = f"{what} during the scan: nothing is concluded from it"
         return ReachScan(status="failed", reason=why, paused_ms=box["paused_ms"], **info), {}
     return _classify(box, info, namer)
 
 
 def _stop_and_scan(
-    pid, read_blocks, allowed_ms, interrupted, est: Price, box: dict, allocator=None, runtime_modules=frozenset()
+    pid,
+    read_blocks,
+    allowed_ms,
+    interrupted,
+    est: Price,
+    box: dict,
+    allocator=None,
+    runtime_modules=frozenset(),
+    same: Callable[[], None] | None = None,
 ) -> None:
     t0 = time.monotonic()
 
@@ -132,7 +158,7 @@ def _stop_and_scan(
             )
 
     try:
-        with stopped(pid) as threads:
+        with stopped(pid, same) as threads:
             blocks = read_blocks(True)
             if not len(blocks.starts):
                 box["empty"] = True
@@ -154,7 +180,7 @@ def _stop_and_scan(
 
 
 def _allocator_metadata(pid: int, regions, allocator: str | None) -> allocmeta.Metadata:
-    fd = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    fd = identity.open_mem(pid, os.O_RDONLY)
     try:
         return allocmeta.find(lambda at, size: os.pread(fd, size, at), regions, allocator)
     finally:

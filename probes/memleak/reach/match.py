@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
+from memdiag.system import identity
+
 from . import allocmeta
 from .model import CHUNK, PAGE, TIER_NONE, TIER_REGISTER, TIER_STACK, TIER_UNTRACKED, Blocks, ScanAborted
 from .regions import Region, present_runs
@@ -123,7 +125,7 @@ def scan_memory(
         _pos, dst = match.hits(words)
         found.credit(dst, TIER_REGISTER, None, -1, t.tid)
     buf = np.empty(CHUNK // 8, dtype=np.uint64)
-    mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+    mem = identity.open_mem(pid, os.O_RDONLY)
     try:
         pagemap: int | None = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY)
     except OSError:

@@ -10,6 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from memdiag.system import identity
 from memdiag.system.units import fmt_duration, fmt_mib
 
 from ...procmaps import AddressSpace
@@ -139,7 +140,7 @@ def _sampled_speed(pid: int, blocks: Blocks, runs: list[tuple[int, int]], stride
     match, buf = Matcher(blocks.sort()), np.empty(CHUNK // 8, dtype=np.uint64)
     sampled, seconds, offset = 0, 0.0, 0
     try:
-        mem = os.open(f"/proc/{pid}/mem", os.O_RDONLY)
+        mem = identity.open_mem(pid, os.O_RDONLY)
     except OSError:
         return False
     try:

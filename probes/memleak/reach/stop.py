@@ -9,6 +9,7 @@ import ctypes as ct
 import errno
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from memdiag.system import arch
@@ -124,10 +125,25 @@ def _wait_stopped(tid: int, deadline: float) -> int | None:
         time.sleep(0.0001)
 
 
+def _own_threads(pid: int, seized: dict[int, int]) -> None:
+    """Every thread seized is one of pid's: an id listed may have gone, with its thread, to a thread
+    of another process before the seize (ids are pids). Asked with them all stopped."""
+    try:
+        tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")}
+    except OSError:
+        tids = set()
+    strangers = sorted(t for t, sig in seized.items() if sig >= 0 and t not in tids)
+    if strangers:
+        raise ScanAborted(f"thread {strangers[0]} was seized but is not a thread of PID {pid} (its id was reused)")
+
+
 @contextlib.contextmanager
-def stopped(pid: int):
+def stopped(pid: int, same: Callable[[], None] | None = None):
     """Every thread of pid stopped with ptrace for the duration; yields their Threads. New
-    threads created while stopping are stopped too (the set is re-read until it is stable)."""
+    threads created while stopping are stopped too (the set is re-read until it is stable).
+    same() raises ScanAborted unless pid is still the target process (system/identity.py): asked
+    before the first seize and once every thread is seized, before anything is read; a change
+    lets every seized thread go at once."""
     layout = arch.USER_REGS.get(arch.MACHINE)
     if layout is None:
         raise ScanAborted(f"memdiag does not know the register layout of {arch.MACHINE}")
@@ -135,6 +151,8 @@ def stopped(pid: int):
     seized: dict[int, int] = {}  # tid -> signal to hand back
     threads: list[Thread] = []
     try:
+        if same is not None:
+            same()
         deadline = time.monotonic() + STOP_TIMEOUT_S
         while True:
             new = thread_ids(pid) - set(seized)
@@ -153,6 +171,9 @@ def stopped(pid: int):
                 seized[tid] = -1 if sig is None else sig
         if not any(s >= 0 for s in seized.values()):
             raise ScanAborted("the target exited")
+        if same is not None:  # stopped threads do not exec; the threads seized are the target's, or none are read
+            same()
+            _own_threads(pid, seized)
         for tid, sig in seized.items():
             if sig < 0:
                 continue
