@@ -38,6 +38,14 @@ CHECKS = 2000  # checks timed for the cost of one (a few ms in all)
 CHECK_BOUND_US = 200  # far above the ~6 us measured: the bound only catches a check gone expensive
 
 
+@pytest.fixture(autouse=True)
+def _no_held_identities():
+    """Each test counts the pidfds it holds from none: a test elsewhere in the same run that
+    resolved a target without diagnosing it (pid_target alone) leaves its resolution held."""
+    identity.release_all()
+    yield
+
+
 def _sleeper() -> subprocess.Popen:
     """sleep 60, once its exec is complete (Popen returns when the exec closes its descriptors,
     before the kernel has named the process and laid out its new image)."""
