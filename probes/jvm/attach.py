@@ -355,6 +355,10 @@ def jcmd(jvm: Jvm, command: str, timeout_s: float = 10.0, max_bytes: int = MAX_R
             buf += data
             if len(buf) > max_bytes:
                 raise AttachRefused(f"the JVM's answer to {what} passed {max_bytes >> 20} MiB: not read further")
+    except TimeoutError:
+        raise AttachRefused(
+            f"the JVM's attach listener did not finish answering {what} within {timeout_s:g} s"
+        ) from None
     except OSError as e:
         raise AttachRefused(f"the JVM's attach listener did not answer {what}: {e}") from None
     finally:

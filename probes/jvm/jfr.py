@@ -364,9 +364,8 @@ def clean_stale(jvm: Jvm) -> list[str]:
         return done
     try:
         for entry in os.listdir(tmp):
-            base = entry
-            for suffix in _SUFFIXES:
-                base = base.removesuffix("." + suffix) if base.endswith("." + suffix) else base
+            ends = [x for x in sorted(_SUFFIXES, key=len, reverse=True) if entry.endswith("." + x)]
+            base = entry.removesuffix("." + ends[0]) if ends else entry
             if base == entry or owner_alive(base) is not False:
                 continue
             with contextlib.suppress(OSError):
