@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from memdiag.probes.jvm import jfr as jfrmod
 from memdiag.probes.jvm.attach import MAX_REPLY_BYTES, AttachRefused, Jvm, describe_target, jcmd, jvm_tmp
 from memdiag.probes.jvm.jfr import NO_TRUSTED_JFR, Recording, clean_stale, run_confined, trusted_jfr
-from memdiag.system.hsperfdata import parse_perfdata
+from memdiag.system.hsperfdata import parse_perfdata, read_perfdata
 from memdiag.system.jvm import jvm_counters
 from memdiag.system.runtime import jvm_version
 
@@ -54,20 +54,32 @@ def measured():
         tracemalloc.stop()
 
 
+def _fake_jdk_tree(home: Path) -> None:
+    """The real JDK's files as another's JDK: the launcher, libjli.so and libjvm.so copied (the
+    launcher and HotSpot find their home from their own files' real paths, so a JVM started from
+    bin/java has this tree as its /proc/PID/exe and its java.home), the rest linked (24 MB)."""
+    (home / "bin").mkdir()
+    (home / "lib" / "server").mkdir(parents=True)
+    shutil.copy2(JDK17 / "bin" / "java", home / "bin" / "java")
+    for own in ("libjli.so", "server/libjvm.so"):
+        shutil.copy2(JDK17 / "lib" / own, home / "lib" / own)
+    for folder in ("lib", "lib/server"):
+        for entry in (JDK17 / folder).iterdir():
+            if not (home / folder / entry.name).exists():
+                (home / folder / entry.name).symlink_to(entry)
+    for part in ("conf", "release"):
+        (home / part).symlink_to(JDK17 / part)
+
+
 @pytest.fixture
 def fake_jdk():
-    """A JDK tree owned by nobody (as any user may unpack one): bin/java a copy of the real
-    launcher (so a JVM started from it has this tree as its home: /proc/PID/exe and java.home),
-    lib and conf links to the real JDK's, and bin/jfr a script that leaves a marker file. In /tmp
-    (nobody must reach it), removed at the end."""
+    """A JDK tree owned by nobody (as any user may unpack one), whose bin/jfr is a script that
+    leaves a marker file. In /tmp (nobody must reach it), removed at the end."""
     home = Path(tempfile.mkdtemp(prefix="memdiag-fakejdk-"))
     marker = Path(tempfile.gettempdir()) / f"{MARKER}-{home.name}-jfr-ran"
     try:
         home.chmod(0o755)
-        (home / "bin").mkdir()
-        shutil.copy2(JDK17 / "bin" / "java", home / "bin" / "java")
-        for part in ("lib", "conf", "release"):
-            (home / part).symlink_to(JDK17 / part)
+        _fake_jdk_tree(home)
         script = home / "bin" / "jfr"
         script.write_text(f"#!/bin/sh\nid > {marker}\necho '{{}}'\n")
         script.chmod(0o755)
@@ -135,12 +147,15 @@ def test_a_jvm_started_from_nobodys_jdk_is_read_with_the_hosts_jfr_never_its_own
     the attacker's. memdiag's recording is read, by the host's jfr; the script never runs."""
     home, marker = fake_jdk
     from jvmkit import JAVA, JavaWorkload
+    from kit import wait_until
 
     w = JavaWorkload("OrderService", "1000", jvm=["-Xmx256m"], user=NOBODY)
     w.argv = [str(home / "bin" / "java") if a == str(JAVA) else a for a in w.argv]
     w.start()
     try:
         assert os.readlink(f"/proc/{w.pid}/exe") == str(home / "bin" / "java")
+        wait_until(lambda: (read_perfdata(w.pid) is not None), "the JVM's counters")
+        assert jvm_counters(read_perfdata(w.pid)).java_home == str(home)  # what memdiag read its jfr from
         args = ("probe", "jfr", "--pid", str(w.pid), "--duration", "4", "--budget-ms", "4000", "--json")
         done = memdiag(*args, timeout=120)
     finally:
