@@ -105,8 +105,8 @@ def plan(target: Target, ctx: Context) -> JfrPlan:
         return _refused(found)
     jvm, counters = found
     tool, how = trusted_jfr(feature_of(counters.spec_version) if counters else None)
-    if tool is None:
-        return _refused(how)
+    if tool is None:  # the JVM may be attached to: the class histograms still name the class (the playbook)
+        return JfrPlan(go=False, state="refused", reason=how, facts={"jfr.plan": "no-tool", "jfr.not_run": how})
     build = counters.version if counters else None
     cold = not jfr_started_before(target.pid)
     cost = price(build, cold)
