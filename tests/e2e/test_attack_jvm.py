@@ -412,3 +412,41 @@ def test_a_dead_memdiags_recording_and_files_are_removed_and_a_live_ones_kept(ja
     with jvm_tmp(jvm) as tmp:
         assert not [n for n in os.listdir(tmp) if n.startswith("memdiag-")]
     assert jfrmod.SELF_STOP_MARGIN_S <= 10
+
+
+def _fake_proc(tmp_path: Path, pid: int = 4321) -> tuple[Path, Path]:
+    """A /proc of the test's: PID's status (root's, NSpid its own) and its root with a /tmp."""
+    proc = tmp_path / "proc"
+    (proc / str(pid)).mkdir(parents=True)
+    (proc / str(pid) / "status").write_text(f"Name:\tjava\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\nNSpid:\t{pid}\n")
+    tmp = proc / str(pid) / "root" / "tmp"
+    tmp.mkdir(parents=True)
+    return proc, tmp
+
+
+def test_hsperfdata_is_found_inside_the_targets_root_and_never_through_a_link(tmp_path):
+    pid = 4321
+    proc, tmp = _fake_proc(tmp_path, pid)
+    good = perfdata({"sun.os.hrt.frequency": 1000, "java.property.java.vm.specification.version": "17"})
+    (tmp / "hsperfdata_root").mkdir()
+    (tmp / "hsperfdata_root" / str(pid)).write_bytes(good)
+    found = read_perfdata(pid, proc)
+    assert found is not None and found.text("java.property.java.vm.specification.version") == "17"
+    # the file a link (to a host file of the right shape): not followed
+    host = tmp_path / "host-perfdata"
+    host.write_bytes(perfdata({"java.property.java.home": MARKER}))
+    (tmp / "hsperfdata_root" / str(pid)).unlink()
+    (tmp / "hsperfdata_root" / str(pid)).symlink_to(host)
+    assert read_perfdata(pid, proc) is None
+    # its folder a link out of the root (absolute: resolved inside the root, where it is not)
+    shutil.rmtree(tmp / "hsperfdata_root")
+    (tmp_path / "hostdir").mkdir()
+    (tmp_path / "hostdir" / str(pid)).write_bytes(perfdata({"java.property.java.home": MARKER}))
+    (tmp / "hsperfdata_root").symlink_to(tmp_path / "hostdir")
+    assert read_perfdata(pid, proc) is None
+    # a FIFO in its place: never blocks
+    (tmp / "hsperfdata_root").unlink()
+    (tmp / "hsperfdata_root").mkdir()
+    os.mkfifo(tmp / "hsperfdata_root" / str(pid))
+    t0 = time.monotonic()
+    assert read_perfdata(pid, proc) is None and time.monotonic() - t0 < MAX_SECONDS
