@@ -185,8 +185,8 @@ def read_perfdata(pid: int, proc_root: Path = Path("/proc")) -> PerfData | None:
 def perfdata_absence(pid: int, proc_root: Path = Path("/proc")) -> str:
     """Why a JVM has no counters file: the flag that turned it off, where it was given."""
     base = proc_root / str(pid)
-    cmdline = (read_text(base / "cmdline") or "").split("\0")
-    environ = (_read_bytes(base / "environ") or b"").decode("utf-8", "replace").split("\0")
+    cmdline = (read_proc_args(base / "cmdline") or b"").decode("utf-8", "replace").split("\0")
+    environ = (read_proc_args(base / "environ") or b"").decode("utf-8", "replace").split("\0")
     options = [e.split("=", 1)[1] for e in environ if e.split("=", 1)[0] in _OPTION_VARIABLES and "=" in e]
     words = cmdline + " ".join(options).split()
     if "-XX:-UsePerfData" in words:
@@ -205,8 +205,15 @@ def _effective_uid(status: str) -> int | None:
     return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
 
 
-def _read_bytes(path: Path) -> bytes | None:
+# A process's command line and environment as /proc shows them: the kernel caps what execve takes
+# at 6 MiB (3/4 of the default 8 MiB stack limit), so 8 MiB reads all of a real one.
+MAX_PROC_ARGS = 8 << 20
+
+
+def read_proc_args(path: Path) -> bytes | None:
+    """/proc/PID/cmdline or environ, at most MAX_PROC_ARGS bytes (the target may rewrite its own)."""
     try:
-        return path.read_bytes()
+        with open(path, "rb") as f:
+            return f.read(MAX_PROC_ARGS)
     except OSError:
         return None

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memdiag.system.arch import syscall_number
-from memdiag.system.hsperfdata import read_perfdata
+from memdiag.system.hsperfdata import read_perfdata, read_proc_args
 from memdiag.system.jvm import jvm_counters, read_jvm_library
 from memdiag.system.process import innermost_pid
 from memdiag.system.safefile import open_dir_in, open_root
@@ -124,13 +124,11 @@ def jvm_options(pid: int, proc_root: Path = Path("/proc")) -> list[str]:
     the launcher and the JVM read (JAVA_TOOL_OPTIONS, JDK_JAVA_OPTIONS, _JAVA_OPTIONS)."""
     base = proc_root / str(pid)
     words: list[str] = []
-    with contextlib.suppress(OSError):
-        words += [w for w in (base / "cmdline").read_bytes().decode("utf-8", "replace").split("\0") if w]
-    with contextlib.suppress(OSError):
-        for entry in (base / "environ").read_bytes().decode("utf-8", "replace").split("\0"):
-            key, _, value = entry.partition("=")
-            if key in _OPTION_VARIABLES:
-                words += value.split()
+    words += [w for w in (read_proc_args(base / "cmdline") or b"").decode("utf-8", "replace").split("\0") if w]
+    for entry in (read_proc_args(base / "environ") or b"").decode("utf-8", "replace").split("\0"):
+        key, _, value = entry.partition("=")
+        if key in _OPTION_VARIABLES:
+            words += value.split()
     return words
 
 
