@@ -69,9 +69,11 @@ TOOL_TIMEOUT_S = 60  # the trusted jfr's whole run (it reads a recording here in
 # buffers (memorysize, 10 MB by default), so its dump is about that; 64 MiB leaves room for a JVM
 # run with larger buffers and refuses a file the target grew or replaced.
 MAX_RECORDING_BYTES = 64 << 20
-# `jfr print --json` of memdiag's events: ~3 KB an event with 12 frames, so 32 MiB is ~10,000
-# events (100 allocation samples a second for 100 s, plus JFR's 256 old-object samples at most).
-# Past it the output is refused: memdiag parses it whole, and its memory is bounded by this.
+# `jfr print --json` of memdiag's events: ~6 KB an event with 12 frames (measured here: 2.3 MB for
+# 392 events of a 10 s recording of OrderService, 29 allocation samples a second), so 32 MiB is
+# ~5,500 events: the default 30 s window even at the throttle's 100 samples a second, plus JFR's
+# 256 old-object samples at most. Past it the output is refused with that reason (a long window on
+# a fast allocator): memdiag parses it whole, and its memory is bounded by this.
 MAX_JSON_BYTES = 32 << 20
 MAX_TOOL_ERROR_BYTES = 64 << 10  # the tool's stderr: its last line is what memdiag says
 COPY_CHUNK = 1 << 20
