@@ -75,6 +75,7 @@ class JvmCounters(Fact):
     vm: str | None = None  # java.vm.name: OpenJDK 64-Bit Server VM
     version: str | None = None  # java.vm.version
     java_home: str | None = None  # java.home, as the JVM sees its file system
+    spec_version: str | None = None  # java.vm.specification.version: the feature version ("17")
     vm_args: str | None = None  # the options it started with (java.rt.vmArgs)
     command: str | None = None  # main class or jar and its arguments (sun.rt.javaCommand)
     attach_supported: bool | None = None  # sun.rt.jvmCapabilities' first flag (off: -XX:+DisableAttachMechanism)
@@ -105,6 +106,11 @@ class JvmCounters(Fact):
 # Collectors whose generations each span the whole heap (their maxCapacity is the heap's maximum):
 # the heap's maximum is their largest, not their sum.
 _OVERLAPPING = ("GarbageFirst",)
+# The counters' own numbers of generations and of spaces in one, clamped: HotSpot's collectors have
+# at most 3 generations (Serial, Parallel: young, old, and the old permanent one) and 3 spaces in
+# one (eden, two survivors); a file claiming 2^63-1 would spin the loops for ever.
+MAX_GENERATIONS = 8
+MAX_SPACES = 8
 
 
 def jvm_counters(perf: PerfData) -> JvmCounters:
@@ -131,6 +137,7 @@ def jvm_counters(perf: PerfData) -> JvmCounters:
         vm=t("java.property.java.vm.name"),
         version=t("java.property.java.vm.version"),
         java_home=t("java.property.java.home"),
+        spec_version=t("java.property.java.vm.specification.version"),
         vm_args=t("java.rt.vmArgs"),
         command=t("sun.rt.javaCommand"),
         attach_supported=(caps[0] == "1") if caps else None,
@@ -159,7 +166,7 @@ def jvm_counters(perf: PerfData) -> JvmCounters:
 def _generations(perf: PerfData) -> list[tuple[int, int]]:
     """(committed, max) of each generation."""
     out = []
-    for g in range(perf.number("sun.gc.policy.generations") or 4):
+    for g in range(min(MAX_GENERATIONS, max(0, perf.number("sun.gc.policy.generations") or 4))):
         cap, mx = perf.number(f"sun.gc.generation.{g}.capacity"), perf.number(f"sun.gc.generation.{g}.maxCapacity")
         if cap is not None and mx is not None:
             out.append((cap, mx))
@@ -168,11 +175,11 @@ def _generations(perf: PerfData) -> list[tuple[int, int]]:
 
 def _spaces(perf: PerfData) -> list[Space]:
     out = []
-    for g in range(8):
+    for g in range(MAX_GENERATIONS):
         gen = perf.text(f"sun.gc.generation.{g}.name")
         if gen is None:
             break
-        for s in range(perf.number(f"sun.gc.generation.{g}.spaces") or 0):
+        for s in range(min(MAX_SPACES, max(0, perf.number(f"sun.gc.generation.{g}.spaces") or 0))):
             base = f"sun.gc.generation.{g}.space.{s}."
             used = perf.number(base + "used")
             if used is None:

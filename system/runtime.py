@@ -7,7 +7,10 @@ The language-level view needs the runtime's own instruments; this says which one
 - CPython: an executable mapping of `libpython3.X.so` or of a `python3.X` binary (Debian's python3
   links the interpreter in); the version is in the name.
 - JVM: `libjvm.so` mapped; the version from the JDK's `release` file (JAVA_VERSION), else the
-  JDK folder's name.
+  JDK folder's name. The release file is the target's to plant: it is opened inside the target's
+  root (safefile: no link out of it, no FIFO or device, MAX_RELEASE bytes), used only where the
+  JVM's own user could read it (a link to a root-only file of the host's is not), and only a
+  version-shaped JAVA_VERSION is believed.
 - Node/V8: the `node` binary or `libnode.so` mapped; the versions from the strings Node compiles
   in (process.release's source URL, V8's version).
 - Go: the executable carries the build info the Go linker writes (`.go.buildinfo`: the toolchain's
@@ -22,7 +25,9 @@ read, and never a file the target points elsewhere."""
 from __future__ import annotations
 
 import mmap
+import os
 import re
+import stat
 import struct
 from pathlib import Path
 from typing import Literal
@@ -32,6 +37,7 @@ from elftools.elf.elffile import ELFFile
 
 from ._parse import Fact, kv_lines, read_text
 from .elfread import open_elf, segment_bytes, segment_headers
+from .safefile import open_in, open_root, read_fd
 
 _CPYTHON = re.compile(r"^(?:lib)?python(?P<version>3\.\d+)[a-z]*(?:\.so[.\d]*|-[\w.-]+)?$")
 # The most of a node binary searched for its version strings: Node 20's .rodata is ~20 MB; a file
@@ -39,6 +45,11 @@ _CPYTHON = re.compile(r"^(?:lib)?python(?P<version>3\.\d+)[a-z]*(?:\.so[.\d]*|-[
 MAX_NODE_STRINGS = 64 << 20
 _NODE = re.compile(r"^(?:node|nodejs|libnode\.so[.\d]*)$")
 _JVM = "libjvm.so"
+MAX_RELEASE = 64 << 10  # a JDK's release file is 1-2 KiB
+# What a JDK's release file says that memdiag repeats: a version ("17.0.15", "1.8.0_392", "25"),
+# an implementor's and a runtime version's words, each short
+_JAVA_VERSION = re.compile(r"^[0-9][0-9A-Za-z._+-]{0,39}$")
+_RELEASE_WORDS = re.compile(r"^[\w .,+()-]{1,80}$")
 # Node's process.release.sourceUrl and V8's version string (V8_VERSION_STRING, "-node.N" on Node's own)
 _NODE_RELEASE = re.compile(rb"nodejs\.org/download/release/v(\d+\.\d+\.\d+)/")
 _V8_VERSION = re.compile(rb"\x00(\d+\.\d+\.\d+\.\d+-node\.\d+)\x00")
@@ -78,10 +89,11 @@ def read_runtime(pid: int, proc_root: Path = Path("/proc")) -> Runtime | None:
     if text is None:
         return None
     root = proc_root / str(pid) / "root"
+    ids = _ids(read_text(proc_root / str(pid) / "status") or "")
     exe_path: str | None = None
     for span, path in _executable_mappings(text):
         exe_path = exe_path or path
-        found = _mapped_runtime(path, root, proc_root / str(pid) / "map_files" / span)
+        found = _mapped_runtime(path, root, proc_root / str(pid) / "map_files" / span, ids)
         if found is not None:
             return found
     build = read_go_build(proc_root / str(pid) / "exe")
@@ -123,7 +135,17 @@ def _runtime_name(path: str) -> RuntimeName | None:
     return "node" if _NODE.match(base) else None
 
 
-def _mapped_runtime(path: str, root: Path, mapped: Path) -> Runtime | None:
+def _ids(status: str) -> tuple[int, int] | None:
+    """(effective uid, effective gid) of a process's status text."""
+    found = {}
+    for line in status.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Uid", "Gid") and len(rest.split()) > 1 and rest.split()[1].isdigit():
+            found[key] = int(rest.split()[1])
+    return (found["Uid"], found["Gid"]) if len(found) == 2 else None
+
+
+def _mapped_runtime(path: str, root: Path, mapped: Path, ids: tuple[int, int] | None = None) -> Runtime | None:
     """The interpreter or virtual machine whose code this executable mapping holds, if any. The
     binary's own bytes are read through map_files (`mapped`): the kernel follows it to the very
     inode mapped, where the path through the target's root could meanwhile be a link the target
@@ -134,17 +156,12 @@ def _mapped_runtime(path: str, root: Path, mapped: Path) -> Runtime | None:
         minor = _CPYTHON.match(path.rsplit("/", 1)[-1])["version"]  # type: ignore[index]
         return Runtime(name="cpython", version=exact or minor, module=path)
     if name == "jvm":
-        version, detail = jvm_version(path, root)
+        version, detail = jvm_version(path, root, ids)
         return Runtime(name="jvm", version=version, module=path, detail=detail)
     if name == "node":
         node, v8 = node_versions(mapped)
         return Runtime(name="node", version=node, module=path, detail=f"V8 {v8}" if v8 else None)
     return None
-
-
-def _inside(root: Path, path: str) -> Path:
-    """A path of the target's mount namespace, read from here (/proc/PID/root/...)."""
-    return root / path.removesuffix(" (deleted)").lstrip("/")
 
 
 # --- JVM ---------------------------------------------------------------------------------------
@@ -153,18 +170,56 @@ def parse_jdk_release(text: str) -> dict[str, str]:
     return {k: v.strip().strip('"') for k, v in kv_lines(text, sep="=").items()}
 
 
-def jvm_version(libjvm: str, root: Path) -> tuple[str | None, str | None]:
+def read_jdk_release(root: Path, path: str, ids: tuple[int, int] | None = None) -> str | None:
+    """A JDK's release file at `path` in the target's root: inside that root, a regular file, at most
+    MAX_RELEASE bytes, and readable by the target's own user (ids: its uid and gid; root reads all),
+    so that a link to a file only root may read is not read for it. None where it is not."""
+    try:
+        rfd = open_root(root)
+    except OSError:
+        return None
+    try:
+        fd = open_in(rfd, path)
+    except OSError:
+        return None
+    finally:
+        os.close(rfd)
+    try:
+        if ids is not None and not _readable_by(os.fstat(fd), *ids):
+            return None
+        data, truncated = read_fd(fd, MAX_RELEASE)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return None if truncated else data.decode("utf-8", "replace")
+
+
+def _readable_by(st: os.stat_result, uid: int, gid: int) -> bool:
+    """Whether the file's mode lets this user read it (root reads all)."""
+    if uid == 0:
+        return True
+    if st.st_uid == uid:
+        return bool(st.st_mode & stat.S_IRUSR)
+    if st.st_gid == gid:
+        return bool(st.st_mode & stat.S_IRGRP)
+    return bool(st.st_mode & stat.S_IROTH)
+
+
+def jvm_version(libjvm: str, root: Path, ids: tuple[int, int] | None = None) -> tuple[str | None, str | None]:
     """(version, detail) of the JDK whose libjvm.so this is: its `release` file (lib/server/libjvm.so
     sits two folders below the JDK's home, JDK 8's jre/lib/amd64/server four), else its folder's name."""
     parents = Path(libjvm.removesuffix(" (deleted)")).parents
     for up in range(1, min(5, len(parents))):
-        text = read_text(_inside(root, str(parents[up] / "release")))
+        text = read_jdk_release(root, str(parents[up] / "release"), ids)
         if text is None:
             continue
         values = parse_jdk_release(text)
-        if values.get("JAVA_VERSION"):
-            build = " ".join(x for x in (values.get("IMPLEMENTOR"), values.get("JAVA_RUNTIME_VERSION")) if x)
-            return values["JAVA_VERSION"], build or None
+        version = values.get("JAVA_VERSION", "")
+        if _JAVA_VERSION.match(version):
+            words = (values.get("IMPLEMENTOR"), values.get("JAVA_RUNTIME_VERSION"))
+            build = " ".join(x for x in words if x and _RELEASE_WORDS.match(x))
+            return version, build or None
     for part in reversed(parents[0].parts):
         m = _JDK_DIR.search(part)
         if m:

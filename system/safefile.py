@@ -50,8 +50,11 @@ def _syscall():
 def _openat2(dirfd: int, path: str, flags: int) -> int:
     how = _OpenHow(flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
     fd = _syscall()(
-        ctypes.c_long(_SYS_OPENAT2), ctypes.c_int(dirfd), ctypes.c_char_p(os.fsencode(path)),
-        ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)),
+        ctypes.c_long(_SYS_OPENAT2),
+        ctypes.c_int(dirfd),
+        ctypes.c_char_p(os.fsencode(path)),
+        ctypes.byref(how),
+        ctypes.c_size_t(ctypes.sizeof(how)),
     )
     if fd < 0:
         err = ctypes.get_errno()
@@ -80,12 +83,9 @@ def open_root(root: str | Path) -> int:
     return os.open(str(root), os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
 
 
-def open_in(root_fd: int, path: str, *, follow_leaf: bool = True, owner: int | None = None) -> int:
-    """A read-only, non-blocking descriptor of a regular file at `path` inside the root `root_fd`.
-    follow_leaf=False refuses a symlink as the last component (a file the target names by its own
-    convention, never legitimately a link). Unsafe where it is no regular file or not `owner`'s."""
+def _resolve(root_fd: int, path: str, flags: int) -> int:
+    """`path` opened with `flags`, resolved inside the root `root_fd` (openat2, else the walk)."""
     global _have_openat2
-    flags = _OPEN_FLAGS | (0 if follow_leaf else os.O_NOFOLLOW)
     rel = path.lstrip("/") or "."
     fd = -1
     if _have_openat2 is not False:
@@ -98,6 +98,20 @@ def open_in(root_fd: int, path: str, *, follow_leaf: bool = True, owner: int | N
             _have_openat2 = False  # no openat2 here (or a seccomp filter refuses it): walk instead
     if fd < 0:
         fd = _walk(root_fd, rel, flags)
+    return fd
+
+
+def open_dir_in(root_fd: int, path: str) -> int:
+    """A descriptor of a directory inside the root `root_fd` (the target's /tmp), to list it and to
+    create, open and remove files in it by name (dir_fd=): what is done there stays inside it."""
+    return _resolve(root_fd, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def open_in(root_fd: int, path: str, *, follow_leaf: bool = True, owner: int | None = None) -> int:
+    """A read-only, non-blocking descriptor of a regular file at `path` inside the root `root_fd`.
+    follow_leaf=False refuses a symlink as the last component (a file the target names by its own
+    convention, never legitimately a link). Unsafe where it is no regular file or not `owner`'s."""
+    fd = _resolve(root_fd, path, _OPEN_FLAGS | (0 if follow_leaf else os.O_NOFOLLOW))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):

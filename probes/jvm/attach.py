@@ -8,8 +8,16 @@ leaves it the same way: the listener is the JVM's). A client connects, the JVM c
 uid and gid (SO_PEERCRED) against its own effective ones (or root), and reads a request of
 NUL-terminated strings: protocol version "1", the operation ("jcmd"), three arguments (the
 command line, then two empty ones); it answers a status line ("0" is done) and the command's
-output, then closes. <pid> is the JVM's pid in its own pid namespace; the paths are the JVM's own,
-reached through /proc/PID/root and /proc/PID/cwd.
+output, then closes. <pid> is the JVM's pid in its own pid namespace; the paths are the JVM's own.
+
+Every file of it is reached through a descriptor of the JVM's /tmp opened inside the JVM's own root
+(memdiag.system.safefile: its symlinks resolve inside that root, never to the host's files), and
+named from there (dir_fd) without following a link: the trigger is created there (O_EXCL), the
+socket opened there (O_PATH, a socket owned by the JVM's user, or refused). Only /tmp: HotSpot looks
+for the trigger in its working directory first, then in /tmp, so /tmp alone serves and memdiag never
+creates a file in a directory the target chose by its chdir. A reply is bounded in bytes
+(MAX_REPLY_BYTES) and in time (one deadline for the whole exchange, not one per read): a listener
+that never stops answering costs memdiag that much and no more.
 
 Safety, checked before any signal (`check`): SIGQUIT terminates a process that does not catch it,
 so it is sent only to a process that maps HotSpot's libjvm.so, catches SIGQUIT (SigCgt; -Xrs
@@ -34,13 +42,19 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memdiag.system.arch import syscall_number
-from memdiag.system.hsperfdata import read_perfdata
+from memdiag.system.hsperfdata import read_perfdata, read_proc_args
 from memdiag.system.jvm import jvm_counters, read_jvm_library
 from memdiag.system.process import innermost_pid
+from memdiag.system.safefile import open_dir_in, open_root
 
 PROTOCOL = b"1"
 WAIT_FOR_LISTENER_S = 5.0  # jattach waits ~6 s in growing steps; a loaded JVM answers in tens of ms
 ARG_MAX = 1024  # the listener refuses an argument longer than this (AttachOperation::arg_length_max)
+# The longest reply read: GC.class_histogram is the longest memdiag asks for, ~100 bytes a class,
+# so 16 MiB holds a histogram of 150,000 classes (a large application server has ~30,000). Past it
+# the reply is refused, not cut: a histogram cut short would name the wrong classes.
+MAX_REPLY_BYTES = 16 << 20
+RECV_BYTES = 65536
 _OPTION_VARIABLES = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
 
 
@@ -67,12 +81,31 @@ class Jvm:
     proc: Path  # /proc/PID
 
     @property
-    def socket_path(self) -> Path:
-        return self.proc / "root" / "tmp" / f".java_pid{self.nspid}"
+    def socket_name(self) -> str:
+        return f".java_pid{self.nspid}"
 
-    def trigger_paths(self) -> list[Path]:
-        name = f".attach_pid{self.nspid}"
-        return [self.proc / "cwd" / name, self.proc / "root" / "tmp" / name]
+    @property
+    def trigger_name(self) -> str:
+        return f".attach_pid{self.nspid}"
+
+
+def open_tmp(jvm: Jvm) -> int:
+    """A descriptor of the JVM's /tmp, opened inside the JVM's root (OSError where it has none)."""
+    root = open_root(jvm.proc / "root")
+    try:
+        return open_dir_in(root, "/tmp")
+    finally:
+        os.close(root)
+
+
+@contextlib.contextmanager
+def jvm_tmp(jvm: Jvm):
+    """open_tmp for a `with` block, closed after it."""
+    fd = open_tmp(jvm)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
 
 
 def _status_field(status: str, key: str) -> list[str]:
@@ -91,13 +124,11 @@ def jvm_options(pid: int, proc_root: Path = Path("/proc")) -> list[str]:
     the launcher and the JVM read (JAVA_TOOL_OPTIONS, JDK_JAVA_OPTIONS, _JAVA_OPTIONS)."""
     base = proc_root / str(pid)
     words: list[str] = []
-    with contextlib.suppress(OSError):
-        words += [w for w in (base / "cmdline").read_bytes().decode("utf-8", "replace").split("\0") if w]
-    with contextlib.suppress(OSError):
-        for entry in (base / "environ").read_bytes().decode("utf-8", "replace").split("\0"):
-            key, _, value = entry.partition("=")
-            if key in _OPTION_VARIABLES:
-                words += value.split()
+    words += [w for w in (read_proc_args(base / "cmdline") or b"").decode("utf-8", "replace").split("\0") if w]
+    for entry in (read_proc_args(base / "environ") or b"").decode("utf-8", "replace").split("\0"):
+        key, _, value = entry.partition("=")
+        if key in _OPTION_VARIABLES:
+            words += value.split()
     return words
 
 
@@ -153,9 +184,10 @@ def catches_sigquit(jvm: Jvm) -> bool:
 
 
 def listener_running(jvm: Jvm) -> bool:
-    """The JVM's socket is there, a socket, and owned by the JVM's user."""
+    """The JVM's socket is there, a socket (not a link to one), and owned by the JVM's user."""
     try:
-        st = os.lstat(jvm.socket_path)
+        with jvm_tmp(jvm) as tmp:
+            st = os.stat(jvm.socket_name, dir_fd=tmp, follow_symlinks=False)
     except OSError:
         return False
     return stat.S_ISSOCK(st.st_mode) and st.st_uid == jvm.uid
@@ -171,47 +203,53 @@ def start_listener(jvm: Jvm, wait_s: float = WAIT_FOR_LISTENER_S) -> bool:
             "the JVM does not catch SIGQUIT (started with -Xrs or -XX:+ReduceSignalUsage, or still starting) "
             "and has no attach socket: a signal would end it, so none was sent"
         )
-    trigger = _create_trigger(jvm)
     try:
-        if _start_ticks(jvm.proc) != jvm.start_ticks:
-            raise AttachRefused(f"PID {jvm.pid} is no longer the JVM it was (it exited, or its pid was reused)")
-        os.kill(jvm.pid, signal.SIGQUIT)
-        deadline, step = time.monotonic() + wait_s, 0.02
-        while time.monotonic() < deadline:
-            time.sleep(step)
-            if listener_running(jvm):
-                return False
-            step = min(step + 0.02, 0.2)
+        tmp = open_tmp(jvm)
+    except OSError as e:
+        raise AttachRefused(f"cannot reach the JVM's /tmp inside its root: {e.strerror}") from None
+    try:
+        _create_trigger(jvm, tmp)
+        try:
+            if _start_ticks(jvm.proc) != jvm.start_ticks:
+                raise AttachRefused(f"PID {jvm.pid} is no longer the JVM it was (it exited, or its pid was reused)")
+            os.kill(jvm.pid, signal.SIGQUIT)
+            deadline, step = time.monotonic() + wait_s, 0.02
+            while time.monotonic() < deadline:
+                time.sleep(step)
+                if listener_running(jvm):
+                    return False
+                step = min(step + 0.02, 0.2)
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(jvm.trigger_name, dir_fd=tmp)
     finally:
-        with contextlib.suppress(OSError):
-            os.unlink(trigger)
+        os.close(tmp)
     raise AttachRefused(f"the JVM started no attach listener within {wait_s:.0f} s of SIGQUIT")
 
 
-def _create_trigger(jvm: Jvm) -> Path:
-    """The trigger file, owned by the JVM's user (the JVM ignores one of another user's but root's;
-    in a user namespace, the host's root is nobody). Its working directory first, then its /tmp."""
-    for path in jvm.trigger_paths():
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-        except FileExistsError:
-            with contextlib.suppress(OSError):
-                if os.lstat(path).st_uid in (jvm.uid, 0):
-                    return path  # a trigger already there (another tool's): it serves, and is removed after
-            continue
-        except OSError:
-            continue
-        try:
-            os.fchown(fd, jvm.uid, jvm.gid)
-        except OSError:
-            os.close(fd)
-            os.unlink(path)
-            continue
+def _create_trigger(jvm: Jvm, tmp: int) -> None:
+    """The trigger file in the JVM's /tmp (tmp: its descriptor), owned by the JVM's user (the JVM
+    ignores one of another user's but root's; in a user namespace, the host's root is nobody)."""
+    name = jvm.trigger_name
+    try:
+        fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600, dir_fd=tmp)
+    except FileExistsError:
+        with contextlib.suppress(OSError):
+            if os.stat(name, dir_fd=tmp, follow_symlinks=False).st_uid in (jvm.uid, 0):
+                return  # a trigger already there (another tool's): it serves, and is removed after
+        raise AttachRefused(f"a file of another user's is in the way of the attach trigger /tmp/{name}") from None
+    except OSError as e:
+        raise AttachRefused(f"could not create the attach trigger file in the JVM's /tmp: {e.strerror}") from None
+    try:
+        os.fchown(fd, jvm.uid, jvm.gid)
+    except OSError as e:
         os.close(fd)
-        if os.lstat(path).st_uid == jvm.uid:  # some file systems map owners: the JVM would not trust it
-            return path
-        os.unlink(path)
-    raise AttachRefused("could not create the attach trigger file in the JVM's working directory or its /tmp")
+        os.unlink(name, dir_fd=tmp)
+        raise AttachRefused(f"could not give the attach trigger file to the JVM's user: {e.strerror}") from None
+    os.close(fd)
+    if os.stat(name, dir_fd=tmp, follow_symlinks=False).st_uid != jvm.uid:
+        os.unlink(name, dir_fd=tmp)  # some file systems map owners: the JVM would not trust it
+        raise AttachRefused("the JVM's /tmp maps file owners: the attach trigger would not be the JVM user's")
 
 
 _LIBC = ctypes.CDLL(None, use_errno=True)
@@ -231,9 +269,14 @@ def _as_user(uid: int, gid: int) -> None:
 def connect(jvm: Jvm, timeout_s: float) -> socket.socket:
     """A connection to the JVM's listener made as the JVM's user (SO_PEERCRED is taken at connect)."""
     try:
-        path_fd = os.open(jvm.socket_path, os.O_PATH | os.O_NOFOLLOW)
+        with jvm_tmp(jvm) as tmp:
+            path_fd = os.open(jvm.socket_name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=tmp)
     except OSError as e:
         raise AttachRefused(f"cannot open the JVM's attach socket: {e.strerror}") from None
+    st = os.fstat(path_fd)
+    if not stat.S_ISSOCK(st.st_mode) or st.st_uid != jvm.uid:
+        os.close(path_fd)
+        raise AttachRefused(f"/tmp/{jvm.socket_name} is no socket of the JVM's user (uid {st.st_uid}): not used")
     box: dict = {}
 
     def run() -> None:
@@ -286,22 +329,37 @@ class Reply:
         return self.status == 0
 
 
-def jcmd(jvm: Jvm, command: str, timeout_s: float = 10.0) -> Reply:
-    """Run one diagnostic command in the JVM (its listener started first if need be)."""
+def jcmd(jvm: Jvm, command: str, timeout_s: float = 10.0, max_bytes: int = MAX_REPLY_BYTES) -> Reply:
+    """Run one diagnostic command in the JVM (its listener started first if need be). The whole
+    exchange ends within timeout_s of the connect and reads at most max_bytes (AttachRefused past
+    either: a listener that never stops answering is not the JVM's)."""
     start_listener(jvm)
     started = time.monotonic()
+    deadline = started + timeout_s
+    what = command.split()[0] if command.split() else "?"
     sock = connect(jvm, timeout_s)
-    chunks: list[bytes] = []
+    buf = bytearray()
     try:
+        sock.settimeout(max(0.001, deadline - time.monotonic()))
         sock.sendall(request(command))
         while True:
-            data = sock.recv(65536)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise AttachRefused(f"the JVM's attach listener did not finish answering {what} within {timeout_s:g} s")
+            sock.settimeout(left)
+            data = sock.recv(min(RECV_BYTES, max_bytes + 1 - len(buf)))
             if not data:
                 break
-            chunks.append(data)
+            buf += data
+            if len(buf) > max_bytes:
+                raise AttachRefused(f"the JVM's answer to {what} passed {max_bytes >> 20} MiB: not read further")
+    except TimeoutError:
+        raise AttachRefused(
+            f"the JVM's attach listener did not finish answering {what} within {timeout_s:g} s"
+        ) from None
     except OSError as e:
-        raise AttachRefused(f"the JVM's attach listener did not answer {command.split()[0]}: {e}") from None
+        raise AttachRefused(f"the JVM's attach listener did not answer {what}: {e}") from None
     finally:
         sock.close()
-    status, output = parse_reply(b"".join(chunks))
+    status, output = parse_reply(bytes(buf))
     return Reply(status=status, output=output, seconds=time.monotonic() - started)

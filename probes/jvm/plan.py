@@ -2,7 +2,8 @@
 
 Refused (never signalled, the counters still read) when the target is no HotSpot JVM, accepts no
 attach (-XX:+DisableAttachMechanism), has no listener and does not catch SIGQUIT (-Xrs: a signal
-would end it), or its JDK has no jfr tool to read the recording with. Otherwise priced: the
+would end it), or this host has no jfr tool memdiag trusts to read the recording with (it never
+runs the target's own). Otherwise priced: the
 target's CPU time to start JFR (cold: its first start in this JVM, which JIT-compiles JFR's own
 code; warm: JFR's threads are there from an earlier recording), to record for the time asked and
 to stop (probes/jvm/costs.py: this host's measurements of the JVM's build, else the priors), as a
@@ -22,7 +23,7 @@ from memdiag.system.target import Target
 from ..face import Budget, Context, Plan
 from .attach import AttachRefused, Jvm, catches_sigquit, describe_target, listener_running
 from .costs import Price, price
-from .jfr import Tool, jfr_tool
+from .jfr import Tool, feature_of, trusted_jfr
 
 MIN_CUTOFF_MS = 10  # below this the search of paths to GC roots is not worth a safepoint
 DEFAULT_CUTOFF_MS = 1000  # run alone (memdiag probe jfr): the pause memdiag allows by default
@@ -34,7 +35,7 @@ class JfrPlan(Plan):
     """The decision, and what the run needs of it."""
 
     jvm: Jvm | None = None
-    tool: Tool | None = None  # the target JDK's jfr tool, to read the recording
+    tool: Tool | None = None  # the host's jfr tool memdiag trusts, to read the recording
     build: str | None = None  # the JVM's version (java.vm.version): what its costs are kept by
     cold: bool = True
     price: Price | None = None
@@ -103,9 +104,9 @@ def plan(target: Target, ctx: Context) -> JfrPlan:
     if isinstance(found, str):
         return _refused(found)
     jvm, counters = found
-    tool, how = jfr_tool(jvm, counters.java_home if counters else None)
-    if tool is None:
-        return _refused(how)
+    tool, how = trusted_jfr(feature_of(counters.spec_version) if counters else None)
+    if tool is None:  # the JVM may be attached to: the class histograms still name the class (the playbook)
+        return JfrPlan(go=False, state="refused", reason=how, facts={"jfr.plan": "no-tool", "jfr.not_run": how})
     build = counters.version if counters else None
     cold = not jfr_started_before(target.pid)
     cost = price(build, cold)

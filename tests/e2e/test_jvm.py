@@ -289,6 +289,6 @@ def test_a_jvm_in_a_podman_container_is_diagnosed_by_container_name(memdiag, jvm
     assert v["kind"] == "growth" and v["rule"] == "java-heap-retained", v["summary"]
     assert "held by OrderService.retryQueue" in v["summary"] and c.name in rep["target"]["description"]
     how = section(rep, "Java heap: what holds it")["lines"][0]
-    assert "in the target's namespaces" in how  # the container's own jfr tool, run inside it
+    assert "this host's JDK" in how and "/usr/lib/jvm/" in how  # the host's jfr, never the container's
     assert Path(f"/proc/{c.pid}/root/tmp/.java_pid1").exists()  # its listener, under its own pid 1
     assert left_in_jvm(c.pid) == [] and not list(Path(f"/proc/{c.pid}/root/tmp").glob(".attach_pid*"))

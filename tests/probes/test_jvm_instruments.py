@@ -6,6 +6,8 @@ the holder and leaves nothing behind, and the JIT's perf map naming Java frames 
 from __future__ import annotations
 
 import json
+import os
+import stat
 import time
 from pathlib import Path
 
@@ -13,8 +15,8 @@ import pytest
 from jvmkit import JAVA_HOME, have_jdk
 from kit import wait_until
 from memdiag.probes.jit import jit_perf_map
-from memdiag.probes.jvm.attach import AttachRefused, describe_target, jcmd, refusal, start_listener
-from memdiag.probes.jvm.jfr import MID, Recording, jfr_tool, print_json
+from memdiag.probes.jvm.attach import AttachRefused, describe_target, jcmd, jvm_tmp, refusal, start_listener
+from memdiag.probes.jvm.jfr import MID, Recording, print_json, trusted_jfr
 from memdiag.probes.jvm.recording import held, parse_recording
 from memdiag.system.hsperfdata import perfdata_absence, read_perfdata
 from memdiag.system.jvm import jvm_counters, read_jvm_memory
@@ -116,8 +118,10 @@ def test_a_process_that_is_no_jvm_is_refused_and_not_signalled(workload):
 
 
 def read(rec: Recording, path: Path) -> str:
-    tool, how = jfr_tool(rec.jvm, counters(rec.jvm.pid).java_home)
-    assert tool is not None and path == rec.outside("jfr"), how
+    """The recording read by the host's trusted jfr, on memdiag's own copy of it."""
+    tool, how = trusted_jfr(17)
+    assert tool is not None and tool.path.startswith("/usr/lib/jvm/"), how
+    assert path == rec.copies["jfr"] and path.parent == rec.private, path
     return print_json(tool, rec)
 
 
@@ -196,7 +200,8 @@ def test_a_jvm_killed_mid_recording_is_left_with_nothing_running(java):
     rec.start()
     rec.started = False  # as if memdiag had died here: nothing of it stops the recording
     wait_until(lambda: not recording_running(rec), "the JVM's own stop", timeout=20)
-    assert rec.outside("jfr").exists()  # what it wrote then
+    with jvm_tmp(rec.jvm) as tmp:  # what it wrote then: 0600, as memdiag made it
+        assert stat.S_IMODE(os.stat(rec.file("jfr"), dir_fd=tmp).st_mode) == 0o600
     rec.close()
     assert leftovers(w.pid, rec) == []
 
@@ -207,8 +212,8 @@ def test_a_jvm_that_exits_after_its_recording_stopped_is_still_read_and_leaves_n
     w = java("OrderService", "100", jvm=["-Xmx64m"])
     ready_counters(w.pid)
     rec = Recording(describe_target(w.pid), planned_s=10, cutoff_ms=100)
-    tool, how = jfr_tool(rec.jvm, counters(w.pid).java_home)
-    assert tool is not None and not tool.inside, how
+    tool, how = trusted_jfr(17)
+    assert tool is not None, how
     rec.start()
     time.sleep(2)
     assert rec.dump() is not None
@@ -218,5 +223,7 @@ def test_a_jvm_that_exits_after_its_recording_stopped_is_still_read_and_leaves_n
     # both read after the JVM exited
     first, final = (json.loads(print_json(tool, rec, s))["recording"]["events"] for s in (MID, "jfr"))
     assert first and final
+    private = rec.private
     rec.close()
     assert not [p.name for p in Path("/tmp").iterdir() if p.name.startswith(rec.name)]
+    assert private is not None and not private.exists()

@@ -210,7 +210,7 @@ def test_the_plan_prices_the_start_the_recording_and_the_stop_against_the_budget
 
     def planned(percent: float, seconds: float = 20):
         ctx = Context(seconds=seconds, budget=Budget(percent, 30), max_pause_ms=1000)
-        return jplan._priced(ctx, jvm, Tool(["jfr"], "jfr", inside=False), "17", True, cold)
+        return jplan._priced(ctx, jvm, Tool("/usr/lib/jvm/x/bin/jfr", 17, "jfr"), "17", True, cold)
 
     over = planned(2)  # 600 ms of a 30 s window: a cold start does not fit
     assert not over.go and over.state == "over-budget" and "--budget" in over.facts["jfr.not_run"]

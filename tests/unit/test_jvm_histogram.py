@@ -107,3 +107,18 @@ def test_the_playbook_asks_for_histograms_when_the_recording_is_over_the_budget_
     # a recording that named the holder outranks the histograms
     named = {**grows, "jfr.held_anchor": "OrderService.retryQueue", "jfr.held_kept": 100.0}
     assert verdict(named) == "java-heap-retained"
+
+
+def test_without_a_trusted_jfr_on_the_host_the_histograms_name_the_class_and_say_why():
+    from memdiag.probes.jvm.jfr import NO_TRUSTED_JFR
+
+    counters = {**BASE, **jvm_facts(leaking()), "jfr.plan": "no-tool", "jfr.not_run": NO_TRUSTED_JFR}
+    outcomes = run_rules(load_rules(), counters)
+    asked = [r.id for r, o in outcomes if o.state == "fired" and any(p.name == "histogram" for p in r.then.probes)]
+    assert asked == ["java-heap-by-class"]
+    grows = {**counters, **FACE.facts_of(result(64846512, 64846512 + 52 * MiB), None, None)}
+    assert verdict(grows) == "java-heap-class-grows"
+    # an attach refused outright (-XX:+DisableAttachMechanism) asks for no histogram: it would attach too
+    refused = {**counters, "jfr.plan": "refused"}
+    fired = [r.id for r, o in run_rules(load_rules(), refused) if o.state == "fired"]
+    assert "java-heap-by-class" not in fired
