@@ -110,6 +110,20 @@ def open_in(root_fd: int, path: str, *, follow_leaf: bool = True, owner: int | N
     return fd
 
 
+def open_dir_in(root_fd: int, path: str) -> int:
+    """An O_PATH descriptor of a directory inside the root `root_fd`, resolved as open_in resolves
+    (to remove a file memdiag made there by name: unlinkat from it never leaves the root)."""
+    flags = os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC
+    rel = path.lstrip("/") or "."
+    if _have_openat2 is not False:
+        try:
+            return _openat2(root_fd, rel, flags)
+        except OSError as e:
+            if e.errno not in (errno.ENOSYS, errno.EPERM) or _have_openat2:
+                raise
+    return _walk(root_fd, rel, flags)
+
+
 def read_fd(fd: int, max_bytes: int, *, tail: bool = False) -> tuple[bytes, bool]:
     """At most max_bytes of an open file (its last max_bytes where tail): (data, truncated)."""
     size = os.fstat(fd).st_size
