@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import os
 import struct
 from array import array
@@ -19,6 +20,45 @@ from memdiag.system.elfread import open_elf, section_headers, segment_headers
 from .mapping import Mapping
 
 DEBUG_ROOT = "/usr/lib/debug"
+
+# Bounds on what one module's tables cost memdiag (a mapped file is the target's choice: a library
+# may claim any number of symbols). A kept function symbol costs ~270 bytes (its Symbol, its name,
+# the by-address and by-name entries: 2,000,000 cost 518 MiB of RSS, measured); 250,000 is more
+# than any module seen here has functions (node 78,000; libjvm's debug file ~90,000), ~65 MiB at
+# most. Rows past MAX_SYMBOL_ROWS of a table are not read (24 bytes each, read _ROWS_AT_ONCE at a
+# time), nor names past MAX_STRTAB_BYTES (held while a table is read); relocations past
+# MAX_RELOCATIONS (pyelftools parses one at ~20 us). Measured: tests/unit/test_attack_symbols.py.
+MAX_SYMBOLS = 250_000
+MAX_SYMBOL_ROWS = 1_000_000
+MAX_STRTAB_BYTES = 32 << 20
+_ROWS_AT_ONCE = 65_536  # rows read and unpacked at a time (1.5 MiB)
+MAX_RELOCATIONS = 200_000
+MAX_NOTE = 200  # characters of a note: an exception's text may quote the file's bytes
+MAX_NOTES = 64  # modules named in NOTES: a target mapping 10,000 corrupt files gets 64 lines, not 10,000
+
+# path -> why this module has no symbols (or not all): each parse failure of one module, in one line,
+# for the trail (diagnose/engine.py) and `memdiag probe` (taken with take_notes())
+NOTES: dict[str, str] = {}
+
+
+def note_module(path: str, why: str) -> None:
+    """A module's parse failure, once, in one line (the first of its failures)."""
+    if path not in NOTES and len(NOTES) < MAX_NOTES:
+        NOTES[path] = " ".join(why.split())[:MAX_NOTE]
+
+
+_note = note_module
+
+
+def _failure(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def take_notes() -> list[str]:
+    """`PATH: no symbols (why)` lines noted since the last call, the notes cleared."""
+    lines = [f"{path}: {why}" for path, why in NOTES.items()]
+    NOTES.clear()
+    return lines
 
 
 @dataclass(frozen=True, slots=True)  # slots: 40 bytes less each, of 8,400 in a C program's diagnosis (0.3 MiB)
@@ -38,16 +78,35 @@ def symbol_rows(elf: ELFFile, sec: SymbolTableSection):
     little-endian table is unpacked in bulk (pyelftools parses a symbol at a time: node's 78,000
     took 32 s on a loaded host, this ~0.3 s); other layouts go through pyelftools."""
     if elf.elfclass != 64 or not elf.little_endian or sec["sh_entsize"] != _SYM64.size:
-        for sym in sec.iter_symbols():
+        for sym in itertools.islice(sec.iter_symbols(), MAX_SYMBOL_ROWS):
             shndx = 0 if sym["st_shndx"] == "SHN_UNDEF" else -1
             info = sym.entry["st_info"]
             yield sym.name, sym["st_value"], sym["st_size"], _type_code(info["type"]), _bind_code(info["bind"]), shndx
         return
-    names = elf.get_section(sec["sh_link"]).data()
-    for name_at, info, _other, shndx, value, size in _SYM64.iter_unpack(sec.data()):
-        end = names.find(b"\0", name_at)
-        name = names[name_at:end].decode(errors="replace") if name_at else ""
-        yield name, value, size, info & 0xF, info >> 4, shndx
+    names = _section_bytes(elf, elf._get_section_header(sec["sh_link"]), MAX_STRTAB_BYTES)
+    hdr = sec.header
+    for first in range(0, min(hdr["sh_size"] // _SYM64.size, MAX_SYMBOL_ROWS), _ROWS_AT_ONCE):
+        rows = _section_bytes(elf, hdr, _ROWS_AT_ONCE * _SYM64.size, skip=first * _SYM64.size)
+        whole = rows[: len(rows) - len(rows) % _SYM64.size]
+        for name_at, info, _other, shndx, value, size in _SYM64.iter_unpack(whole):
+            end = names.find(b"\0", name_at)
+            name = names[name_at:end].decode(errors="replace") if name_at else ""
+            yield name, value, size, info & 0xF, info >> 4, shndx
+        if len(rows) < _ROWS_AT_ONCE * _SYM64.size:
+            return  # the file ends before the table its header claims
+
+
+def _section_bytes(elf: ELFFile, hdr, limit: int, skip: int = 0) -> bytes:
+    """A section's bytes as its header places them (from `skip` into it), at most `limit` and never
+    past the file's end (a header may claim any size: pyelftools would read, and allocate, it)."""
+    if hdr["sh_type"] == "SHT_NOBITS" or skip >= hdr["sh_size"]:
+        return b""
+    elf.stream.seek(0, os.SEEK_END)
+    left = elf.stream.tell() - hdr["sh_offset"] - skip
+    if left <= 0:
+        return b""
+    elf.stream.seek(hdr["sh_offset"] + skip)
+    return elf.stream.read(min(hdr["sh_size"] - skip, left, limit))
 
 
 def _type_code(kind: str) -> int:
@@ -58,12 +117,40 @@ def _bind_code(bind: str) -> int:
     return {"STB_GLOBAL": _STB_GLOBAL, "STB_WEAK": _STB_WEAK}.get(bind, 0)
 
 
+def _or(default):
+    """The boundary of one module's parse: a corrupt or lying file raises anything (ValueError,
+    struct.error, ELFError, IndexError, OverflowError, MemoryError from a size it claims...), and
+    any of it means that module answers `default()` (no symbols, no name), noted once in NOTES;
+    never the end of a diagnosis."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def guarded(self, *args, **kwargs):
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001  (any failure of a hostile file's parse, see above)
+                _note(self.path, f"no symbols ({fn.__name__.strip('_')}: {_failure(e)})")
+                return default()
+
+        return guarded
+
+    return wrap
+
+
+def _none():
+    return None
+
+
 class ElfInfo:
     def __init__(self, path: str):
         self.path = path
         self._file = open(path, "rb")  # noqa: SIM115  (kept open: pyelftools reads lazily)
-        self.elf = open_elf(self._file)
-        self.loads = [s for s in segment_headers(self.elf) if s["p_type"] == "PT_LOAD"]
+        try:
+            self.elf = open_elf(self._file)
+            self.loads = [s for s in segment_headers(self.elf) if s["p_type"] == "PT_LOAD"]
+        except BaseException:
+            self._file.close()
+            raise
         self._symbols: list[Symbol] | None = None
         self._addresses: list[int] = []
         self._by_name: dict[str, Symbol] = {}
@@ -97,6 +184,7 @@ class ElfInfo:
                 return seg["p_offset"] + (vaddr - seg["p_vaddr"])
         return None
 
+    @_or(_none)
     def read_at(self, vaddr: int, size: int) -> bytes | None:
         off = self.file_offset(vaddr)
         if off is None:
@@ -105,6 +193,7 @@ class ElfInfo:
         return self._file.read(size)
 
     # --- symbols ------------------------------------------------------------------------------
+    @_or(_none)
     def build_id(self) -> str | None:
         """The GNU build id, read once (the code facts name the file by it at every fact asked)."""
         if self._build_id is False:
@@ -128,10 +217,12 @@ class ElfInfo:
         path = os.path.join(DEBUG_ROOT, ".build-id", bid[:2], bid[2:] + ".debug")
         return elf_info(path) if os.path.exists(path) else None
 
+    @_or(_none)
     def _load_symbols(self) -> None:
         by_address: dict[int, Symbol] = {}
         by_name: dict[str, Symbol] = {}
         exported: set[str] = set()
+        kept_all = True
         sources = [self]
         if not isinstance(self.elf.get_section_by_name(".symtab"), SymbolTableSection):
             debug = self.debug_file()  # stripped: static functions (_int_malloc) live there
@@ -148,14 +239,20 @@ class ElfInfo:
                     # this, names type 10 STT_LOOS, so they never were taken), not the code it picks
                     if kind != _STT_FUNC or not value or not name or shndx == 0:
                         continue
+                    known = by_address.get(value)
+                    if known is None and len(by_address) >= MAX_SYMBOLS:
+                        kept_all = False
+                        continue
                     entry = Symbol(value, size, name.split("@")[0])
                     # Of aliases at one address, show the public name (calloc, not __libc_calloc).
-                    known = by_address.get(entry.address)
                     if known is None or _underscores(entry.name) < _underscores(known.name):
                         by_address[entry.address] = entry
-                    by_name.setdefault(entry.name, entry)
+                    if len(by_name) < MAX_SYMBOLS:
+                        by_name.setdefault(entry.name, entry)
                     if section == ".dynsym" and bind in (_STB_GLOBAL, _STB_WEAK):
                         exported.add(entry.name)
+        if not kept_all:
+            _note(self.path, f"symbols of its first {MAX_SYMBOLS:,} functions only (a bound on what a module may cost)")
         self._symbols = sorted(by_address.values(), key=lambda s: s.address)
         self._addresses = [s.address for s in self._symbols]
         self._by_name = by_name
@@ -171,21 +268,23 @@ class ElfInfo:
         `call *slot(%rip)` goes to."""
         return {**self._slots(".rela.dyn"), **self.plt_slots()}
 
+    @_or(dict)
     def _slots(self, section: str) -> dict[int, str]:
         slots: dict[int, str] = {}
         rela = self.elf.get_section_by_name(section)
         dynsym = self.elf.get_section_by_name(".dynsym")
         if rela is None or not isinstance(dynsym, SymbolTableSection):
             return slots
-        for r in rela.iter_relocations():
+        for r in itertools.islice(rela.iter_relocations(), MAX_RELOCATIONS):
             if r["r_info_sym"]:
                 slots[r["r_offset"]] = dynsym.get_symbol(r["r_info_sym"]).name.split("@")[0]
         return slots
 
     def symbols(self) -> list[Symbol]:
         if self._symbols is None:
+            self._symbols = []  # also the answer where the tables cannot be read
             self._load_symbols()
-        return self._symbols  # type: ignore[return-value]
+        return self._symbols
 
     def symbol_named(self, name: str, exported_only: bool = False) -> Symbol | None:
         """A defined function by name (versioned names such as malloc@@GLIBC_2.2.5 included);
@@ -211,9 +310,11 @@ class ElfInfo:
         debug = self.debug_file()  # stripped: static variables live in the debug file
         return [self, debug] if debug is not None else [self]
 
+    @_or(_none)
     def object_at(self, vaddr: int) -> tuple[Symbol, int] | None:
         """The data symbol (a global or static variable) that holds vaddr, and the offset in it."""
         if self._objects is None:
+            self._objects = []  # also the answer where the tables cannot be read
             found: dict[int, Symbol] = {}
             for source in self._symbol_sources():
                 for section in (".dynsym", ".symtab"):
@@ -223,7 +324,8 @@ class ElfInfo:
                     for name, value, size, kind, _bind, shndx in symbol_rows(source.elf, sec):
                         if kind != _STT_OBJECT or not value or not name or shndx == 0:
                             continue
-                        found.setdefault(value, Symbol(value, size, name))
+                        if len(found) < MAX_SYMBOLS:
+                            found.setdefault(value, Symbol(value, size, name))
             self._objects = sorted(found.values(), key=lambda s: s.address)
             self._object_starts = [s.address for s in self._objects]
         i = bisect.bisect_right(self._object_starts, vaddr) - 1
@@ -232,22 +334,25 @@ class ElfInfo:
         sym = self._objects[i]
         return (sym, vaddr - sym.address) if vaddr < sym.address + max(sym.size, 1) else None
 
+    @_or(list)
     def loads_and_tls(self) -> list:
         """The PT_LOAD segments and the PT_TLS one, if any."""
         return [s for s in segment_headers(self.elf) if s["p_type"] in ("PT_LOAD", "PT_TLS")]
 
+    @_or(_none)
     def tls_object_at(self, offset: int) -> Symbol | None:
         """The thread-local variable (STT_TLS) at an offset into the module's TLS block."""
         for source in self._symbol_sources():
             sec = source.elf.get_section_by_name(".symtab")
             if not isinstance(sec, SymbolTableSection):
                 continue
-            for sym in sec.iter_symbols():
+            for sym in itertools.islice(sec.iter_symbols(), MAX_SYMBOL_ROWS):
                 inside = sym["st_value"] <= offset < sym["st_value"] + max(sym["st_size"], 1)
                 if sym["st_info"]["type"] == "STT_TLS" and sym.name and inside:
                     return Symbol(sym["st_value"], sym["st_size"], sym.name)
         return None
 
+    @_or(_none)
     def section_of(self, vaddr: int) -> str | None:
         """The name of the allocated section that holds vaddr (.data, .bss, .got, ...)."""
         # read once: pyelftools parses every section header again on each pass (a scan naming the
@@ -310,6 +415,7 @@ class ElfInfo:
         pairs = struct.iter_unpack("<ii", data[12 : 12 + 8 * count])
         return [(base + lo, base + fde) for lo, fde in pairs]
 
+    @_or(_none)
     def cfi_row(self, vaddr: int) -> dict | None:
         """The decoded CFA row that applies at vaddr, or None when no FDE covers it."""
         self._fde_index()
@@ -360,7 +466,10 @@ def passing_elf_info(path: str) -> ElfInfo | None:
     (its reader holds ~90 KiB of pyelftools' structures, its symbols more)."""
     try:
         return ElfInfo(path)
-    except (OSError, ELFError):
+    except OSError:
+        return None
+    except Exception as e:  # noqa: BLE001  (a corrupt or hostile file: that module has no symbols, see _or)
+        _note(path, f"no symbols (its headers: {_failure(e)})")
         return None
 
 

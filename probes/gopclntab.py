@@ -22,7 +22,6 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 from memdiag.system.elfread import open_elf, segment_headers
 
@@ -36,6 +35,11 @@ FUNCDATA_INLTREE = 3
 # enoptrbss, end, gcdata, gcbss, types, etypes, rodata, gofunc
 _MD_WORDS = 1 + 6 * 3 + 20
 _MD_FIELDS = ("text", "etext", "noptrdata", "enoptrdata", "data", "edata", "bss", "ebss", "noptrbss", "enoptrbss")
+
+
+# the function count is the file's claim, and each costs 8 bytes of memdiag's and a read: large Go
+# programs have ~100,000 functions (kubelet 80,000), 10x that is a lie (or nothing worth reading)
+MAX_FUNCS = 1_000_000
 
 
 class PclntabError(Exception):
@@ -89,8 +93,8 @@ class GoTable:
                 section = elf.get_section_by_name(".gopclntab")
                 self.pie = elf.header["e_type"] == "ET_DYN"
                 self.symtab = _data_symbols(elf)
-        except (OSError, ValueError, ELFError) as e:
-            raise PclntabError(f"{path}: {e}") from None
+        except Exception as e:  # noqa: BLE001  (a corrupt or hostile file raises anything: no Go table)
+            raise PclntabError(f"{path}: {type(e).__name__}: {e}") from None
         self.header = section["sh_addr"] if section is not None else self._find_header()
         self._parse_header()
         self.moduledata = self._find_moduledata()
@@ -139,6 +143,8 @@ class GoTable:
         if magic != MAGIC_118 or ptr_size != 8 or min_lc != 1:
             raise PclntabError(f"{self.path}: pclntab magic {magic:#x} (only Go 1.18-1.19 on amd64 is read)")
         nfunc, _nfiles, text, name, cu, files, pc, func = struct.unpack_from("<8Q", raw, 8)
+        if nfunc > MAX_FUNCS:
+            raise PclntabError(f"{self.path}: pclntab claims {nfunc} functions (more than {MAX_FUNCS:,})")
         self.nfunc, self.text_start = nfunc, text
         self._names, self._cutab, self._files = self.header + name, self.header + cu, self.header + files
         self._pctab, self._ftab = self.header + pc, self.header + func

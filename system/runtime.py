@@ -26,7 +26,6 @@ import struct
 from pathlib import Path
 from typing import Literal
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from ._parse import Fact, kv_lines, read_text
@@ -174,7 +173,7 @@ def cpython_version(binary: Path) -> str | None:
             table = elf.get_section_by_name(".gnu.hash") or elf.get_section_by_name(".hash")
             sym = table.get_symbol("Py_Version") if table is not None and hasattr(table, "get_symbol") else None
             raw = _read_vaddr(elf, sym["st_value"], 4) if sym is not None else None
-    except (OSError, ELFError, ValueError, struct.error):
+    except Exception:  # noqa: BLE001  (the target's executable: a corrupt or hostile file raises anything)
         return None
     return describe_python_version(int.from_bytes(raw, "little")) if raw and len(raw) == 4 else None
 
@@ -187,7 +186,7 @@ def node_versions(binary: Path) -> tuple[str | None, str | None]:
         with open(binary, "rb") as f:
             try:
                 rodata = open_elf(f).get_section_by_name(".rodata")
-            except ELFError:
+            except Exception:  # noqa: BLE001  (a corrupt or hostile file raises anything)
                 return None, None
             start, size = (rodata["sh_offset"], rodata["sh_size"]) if rodata is not None else (0, 0)
             with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as data:
@@ -204,21 +203,19 @@ def read_go_build(exe: Path) -> GoBuild | None:
     """The build info of a Go executable, or None (not Go, unreadable, or no build info)."""
     try:
         with open(exe, "rb") as f:
-            try:
-                elf = open_elf(f)
-                blob = _buildinfo_blob(elf)
-            except (ELFError, struct.error, ValueError):
-                return None
+            elf = open_elf(f)
+            blob = _buildinfo_blob(elf)
             return parse_go_buildinfo(blob, lambda addr, n: _read_vaddr(elf, addr, n)) if blob else None
-    except OSError:
+    except Exception:  # noqa: BLE001  (OSError, or a corrupt or hostile file's anything: not read)
         return None
 
 
 def _buildinfo_blob(elf: ELFFile) -> bytes | None:
     """The first 64 KiB where the build info lives: its own section, else the first writable segment."""
     section = elf.get_section_by_name(".go.buildinfo")
-    if section is not None:
-        return section.data()[: 64 << 10]
+    if section is not None:  # its first 64 KiB, not the size its header claims
+        elf.stream.seek(section["sh_offset"])
+        return elf.stream.read(min(section["sh_size"], 64 << 10))
     for seg in segment_headers(elf):
         if seg["p_type"] == "PT_LOAD" and seg["p_flags"] & 0x3 == 0x2:  # PF_W without PF_X
             return segment_bytes(elf, seg, 64 << 10)
