@@ -27,7 +27,7 @@ DEBUG_ROOT = "/usr/lib/debug"
 # than any module seen here has functions (node 78,000; libjvm's debug file ~90,000), ~65 MiB at
 # most. Rows past MAX_SYMBOL_ROWS of a table are not read (24 bytes each, read _ROWS_AT_ONCE at a
 # time), nor names past MAX_STRTAB_BYTES (held while a table is read); relocations past
-# MAX_RELOCATIONS (pyelftools parses one at ~20 us). Measured: tests/unit/test_attack_symbols.py.
+# MAX_RELOCATIONS (pyelftools parses one at ~20 us). Measured: tests/unit/test_hostile_symbol_inputs.py.
 MAX_SYMBOLS = 250_000
 MAX_SYMBOL_ROWS = 1_000_000
 MAX_STRTAB_BYTES = 32 << 20

@@ -27,9 +27,9 @@ from .process import innermost_pid
 # entries are the ones that name live code, so a larger file is read from its end. 16 MiB is
 # ~200,000 V8 entries (80 bytes a line), more than a JVM's whole code cache (Compiler.perfmap of a
 # large service: ~10 MiB). What a map costs memdiag: the bytes read, kept (a name is decoded when
-# looked up), and 32 bytes an entry in arrays: at most 16 MiB + 250,000 x 32 B = 24 MiB held; the
-# parse's peak for a maximal map ~+45 MiB of RSS, numpy's import included (measured on a 1 GiB map:
-# tests/unit/test_attack_perfmap.py; the reader before this kept 64 MiB as objects, +540 MiB).
+# looked up), and 32 bytes an entry in arrays: at most 16 MiB + 250,000 x 32 B = 24 MiB held. A
+# maximal map (1 GiB) raised memdiag's peak RSS by 27 MiB, 39 with numpy's import, in 0.2-0.3 s
+# (tests/unit/test_hostile_symbol_inputs.py); the reader before this kept 64 MiB as objects: +540 MiB.
 MAX_BYTES = 16 << 20
 MAX_LINES = 250_000  # the newest lines read: a map of short lines ("0 1 x") is 2.8M lines in 16 MiB
 MAX_NAME = 1024  # bytes of a name kept: a Java signature is rarely over 300; the rest is the target's text
