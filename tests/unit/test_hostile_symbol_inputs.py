@@ -237,3 +237,25 @@ def test_maps_lines_the_kernel_never_writes_are_skipped():
     many = parse_maps(anonymous)
     assert len(many) == MAX_DATA_MAPPINGS and many.dropped == 5
     assert len(parse_maps(anonymous, bounded=False)) == MAX_DATA_MAPPINGS + 5  # the reachability scan's
+
+
+def test_the_trail_says_which_module_had_no_symbols_after_the_probe_that_found_it(notes):
+    """What a probe's symbolization noted goes in the diagnosis's trail, after that probe's line."""
+    from memdiag.diagnose.engine import Engine
+    from memdiag.diagnose.workflow import load_rules
+    from memdiag.probes.registry import REGISTRY
+    from memdiag.system.target import Target
+
+    def run(name, ctx):
+        elfmod.note_module("/srv/lib/libx.so", "no symbols (its headers: ValueError: cannot fit 'int')")
+        return REGISTRY.face(name).result(name=name, status="ok", duration_s=ctx.seconds)
+
+    now = [1000.0]
+    e = Engine(load_rules(), Target(kind="system"), 30.0, 2.0, clock=lambda: now[0], runner=run)
+    e.run_requests([("faults", 5.0, "rss-climbing")])
+    steps = [(t.name, t.state, t.reason) for t in e.trail if t.kind == "probe"]
+    assert steps == [
+        ("faults", "ok", "asked by rss-climbing; ok"),
+        ("faults", "no-symbols", "/srv/lib/libx.so: no symbols (its headers: ValueError: cannot fit 'int')"),
+    ]
+    assert not notes  # taken: the next probe's trail does not repeat it
