@@ -31,6 +31,10 @@ DEBUG_ROOT = "/usr/lib/debug"
 MAX_SYMBOLS = 250_000
 MAX_SYMBOL_ROWS = 1_000_000
 MAX_STRTAB_BYTES = 32 << 20
+# a name's length is the file's to choose: C++'s longest mangled names run to a few KiB; past that a
+# name is cut (and every symbol could name the same 32 MiB string: 250,000 copies of it, before)
+MAX_SYMBOL_NAME = 8192
+MAX_NAME_CHARS = 32 << 20  # the names kept of one module, all told (node's 78,000: 5 MiB)
 _ROWS_AT_ONCE = 65_536  # rows read and unpacked at a time (1.5 MiB)
 MAX_RELOCATIONS = 200_000
 MAX_NOTE = 200  # characters of a note: an exception's text may quote the file's bytes
@@ -77,7 +81,9 @@ def symbol_rows(elf: ELFFile, sec: SymbolTableSection):
     """(name, value, size, type, bind, shndx) of each symbol of a symbol table. A 64-bit
     little-endian table is unpacked in bulk (pyelftools parses a symbol at a time: node's 78,000
     took 32 s on a loaded host, this ~0.3 s); other layouts go through pyelftools."""
-    if elf.elfclass != 64 or not elf.little_endian or sec["sh_entsize"] != _SYM64.size:
+    if elf.elfclass == 64 and elf.little_endian and sec["sh_entsize"] != _SYM64.size:
+        raise ELFError(f"{sec.name}: {sec['sh_entsize']}-byte symbols (an x86-64 file's are {_SYM64.size})")
+    if elf.elfclass != 64 or not elf.little_endian:  # 32-bit or big-endian: not what memdiag traces
         for sym in itertools.islice(sec.iter_symbols(), MAX_SYMBOL_ROWS):
             shndx = 0 if sym["st_shndx"] == "SHN_UNDEF" else -1
             info = sym.entry["st_info"]
@@ -89,8 +95,13 @@ def symbol_rows(elf: ELFFile, sec: SymbolTableSection):
         rows = _section_bytes(elf, hdr, _ROWS_AT_ONCE * _SYM64.size, skip=first * _SYM64.size)
         whole = rows[: len(rows) - len(rows) % _SYM64.size]
         for name_at, info, _other, shndx, value, size in _SYM64.iter_unpack(whole):
-            end = names.find(b"\0", name_at)
-            name = names[name_at:end].decode(errors="replace") if name_at else ""
+            end = names.find(b"\0", name_at, name_at + MAX_SYMBOL_NAME + 1)
+            if not name_at or name_at >= len(names):
+                name = ""
+            elif end < 0:  # longer than any name kept (or no end at all): cut
+                name = names[name_at : name_at + MAX_SYMBOL_NAME].decode(errors="replace") + "…"
+            else:
+                name = names[name_at:end].decode(errors="replace")
             yield name, value, size, info & 0xF, info >> 4, shndx
         if len(rows) < _ROWS_AT_ONCE * _SYM64.size:
             return  # the file ends before the table its header claims
@@ -223,6 +234,7 @@ class ElfInfo:
         by_name: dict[str, Symbol] = {}
         exported: set[str] = set()
         kept_all = True
+        name_bytes = 0  # characters of the names kept (a name's text is the file's, its length too)
         sources = [self]
         if not isinstance(self.elf.get_section_by_name(".symtab"), SymbolTableSection):
             debug = self.debug_file()  # stripped: static functions (_int_malloc) live there
@@ -246,13 +258,21 @@ class ElfInfo:
                     entry = Symbol(value, size, name.split("@")[0])
                     # Of aliases at one address, show the public name (calloc, not __libc_calloc).
                     if known is None or _underscores(entry.name) < _underscores(known.name):
+                        name_bytes += len(entry.name)
+                        if name_bytes > MAX_NAME_CHARS:
+                            kept_all = False
+                            break
                         by_address[entry.address] = entry
                     if len(by_name) < MAX_SYMBOLS:
                         by_name.setdefault(entry.name, entry)
                     if section == ".dynsym" and bind in (_STB_GLOBAL, _STB_WEAK):
                         exported.add(entry.name)
         if not kept_all:
-            _note(self.path, f"symbols of its first {MAX_SYMBOLS:,} functions only (a bound on what a module may cost)")
+            _note(
+                self.path,
+                f"symbols of its first {MAX_SYMBOLS:,} functions or {MAX_NAME_CHARS >> 20} MiB of names only"
+                " (a bound on what a module may cost)",
+            )
         self._symbols = sorted(by_address.values(), key=lambda s: s.address)
         self._addresses = [s.address for s in self._symbols]
         self._by_name = by_name

@@ -14,15 +14,21 @@ TEXT_AT = 0x1000  # .text's address and file offset
 FUNC_BYTES = 16  # each generated function's size
 
 
-def shared_object(symbols: int, name_width: int = 12) -> bytes:
+def shared_object(symbols: int, name_width: int = 12, shared_name: int = 0) -> bytes:
     """An ELF64 x86-64 ET_DYN whose .symtab holds `symbols` global functions f000000000001, ... each
-    FUNC_BYTES long in .text, one after the other."""
+    FUNC_BYTES long in .text, one after the other; shared_name > 0: every one named by the same
+    string of that many characters (no NUL after it)."""
     text_size = max(symbols, 1) * FUNC_BYTES
     names = bytearray(b"\0")
     syms = bytearray(_SYM.size)  # the null symbol
+    if shared_name:
+        names += b"g" * shared_name
     for i in range(symbols):
         at = len(names)
-        names += b"f%0*d\0" % (name_width, i + 1)
+        if shared_name:
+            at = 1
+        else:
+            names += b"f%0*d\0" % (name_width, i + 1)
         syms += _SYM.pack(at, 0x12, 0, 1, TEXT_AT + i * FUNC_BYTES, FUNC_BYTES)  # GLOBAL FUNC in section 1
     shstr = b"\0.text\0.symtab\0.strtab\0.shstrtab\0"
     symtab_at = TEXT_AT + text_size

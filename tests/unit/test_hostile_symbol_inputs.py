@@ -23,6 +23,7 @@ from memdiag.system.perfmap import MAX_LINES, MAX_NAME, read_perf_map
 
 MiB = 1 << 20
 MARKER = "MARKER-1234-HOSTSECRET"
+BOUND = f"symbols of its first {MAX_SYMBOLS:,} functions or 32 MiB of names only (a bound on what a module may cost)"
 TESTS = Path(__file__).resolve().parents[1]
 
 
@@ -197,9 +198,26 @@ def test_a_symbol_table_past_the_bound_keeps_its_first_functions_in_bounded_memo
     )
     got = _measured(code)
     assert got["kept"] == MAX_SYMBOLS and got["first"] == "f000000000001"
-    bound = f"symbols of its first {MAX_SYMBOLS:,} functions only (a bound on what a module may cost)"
-    assert got["notes"] == [f"{path}: {bound}"]
+    assert got["notes"] == [f"{path}: {BOUND}"]
     assert got["peak_mib"] < 100 and got["seconds"] < 10, got  # measured here: +63 MiB, 0.4 s
+
+
+def test_every_symbol_naming_one_huge_string_costs_its_bound_of_names(tmp_path):
+    """50,000 symbols all named by one 4 MiB string with no end: before, each symbol decoded the
+    string again to the end of the table (50,000 copies: 200 GiB). Now a name is cut at
+    MAX_SYMBOL_NAME and the names kept stop at MAX_NAME_CHARS."""
+    path = tmp_path / "one-name.so"
+    path.write_bytes(shared_object(50_000, shared_name=4 * MiB))
+    code = (
+        f"info = memdiag.probes.elf.passing_elf_info({str(path)!r})\n"
+        "syms = info.symbols()\n"
+        "out.update(kept=len(syms), longest=max(len(s.name) for s in syms), notes=memdiag.probes.elf.take_notes())"
+    )
+    got = _measured(code)
+    assert got["longest"] == elfmod.MAX_SYMBOL_NAME + 1  # cut, and marked so
+    assert got["kept"] == elfmod.MAX_NAME_CHARS // (elfmod.MAX_SYMBOL_NAME + 1)
+    assert got["notes"] == [f"{path}: {BOUND}"]
+    assert got["peak_mib"] < 100 and got["seconds"] < 10, got
 
 
 # --- /proc/PID/maps --------------------------------------------------------------------------------
