@@ -8,6 +8,7 @@ import functools
 import itertools
 import os
 import struct
+import weakref
 from array import array
 from dataclasses import dataclass
 
@@ -22,24 +23,33 @@ from .mapping import Mapping
 DEBUG_ROOT = "/usr/lib/debug"
 
 # Bounds on what one module's tables cost memdiag (a mapped file is the target's choice: a library
-# may claim any number of symbols). A kept function symbol costs ~270 bytes (its Symbol, its name,
-# the by-address and by-name entries: 2,000,000 cost 518 MiB of RSS, measured); 250,000 is more
-# than any module seen here has functions (node 78,000; libjvm's debug file ~90,000), ~65 MiB at
-# most. Rows past MAX_SYMBOL_ROWS of a table are not read (24 bytes each, read _ROWS_AT_ONCE at a
-# time), nor names past MAX_STRTAB_BYTES (held while a table is read); relocations past
-# MAX_RELOCATIONS (pyelftools parses one at ~20 us). Measured: tests/unit/test_hostile_symbol_inputs.py.
+# may claim any number of symbols). Symbols are kept compact (SymbolTable: ~45 bytes and the name's
+# a symbol; as objects they cost ~270: 2,000,000 symbols raised the peak RSS by 518 MiB before).
+# 250,000 functions is more than any module seen here has (node 78,000; libjvm's debug file
+# ~90,000): such a table holds ~20 MiB, its reading peaks at ~+70 MiB (the names read, the by-address
+# map while it is built). Rows past MAX_SYMBOL_ROWS of a table are not read (24 bytes each, read
+# _ROWS_AT_ONCE at a time), nor names past MAX_STRTAB_BYTES (held while a table is read);
+# relocations past MAX_RELOCATIONS (pyelftools parses one at ~20 us). Measured:
+# tests/unit/test_hostile_symbol_inputs.py.
 MAX_SYMBOLS = 250_000
 MAX_SYMBOL_ROWS = 1_000_000
 MAX_STRTAB_BYTES = 32 << 20
 # a name's length is the file's to choose: C++'s longest mangled names run to a few KiB; past that a
 # name is cut (and every symbol could name the same 32 MiB string: 250,000 copies of it, before)
 MAX_SYMBOL_NAME = 8192
+# every module's tables together (elf_info keeps 256 files): 64 MiB is ~1,000,000 symbols of 40-char
+# names, ten times a JVM's or node's process; past it a module keeps what fitted, and says so
+MAX_HELD_BYTES = 64 << 20
 MAX_NAME_CHARS = 32 << 20  # the names kept of one module, all told (node's 78,000: 5 MiB)
 _ROWS_AT_ONCE = 65_536  # rows read and unpacked at a time (1.5 MiB)
 MAX_RELOCATIONS = 200_000
 MAX_NOTE = 200  # characters of a note: an exception's text may quote the file's bytes
 MAX_NOTES = 64  # modules named in NOTES: a target mapping 10,000 corrupt files gets 64 lines, not 10,000
 
+BOUND_NOTE = (
+    f"not every symbol kept: past memdiag's bounds ({MAX_SYMBOLS:,} functions or {MAX_NAME_CHARS >> 20} MiB"
+    f" of names a module, {MAX_HELD_BYTES >> 20} MiB of symbol tables in all)"
+)
 # path -> why this module has no symbols (or not all): each parse failure of one module, in one line,
 # for the trail (diagnose/engine.py) and `memdiag probe` (taken with take_notes())
 NOTES: dict[str, str] = {}
@@ -74,6 +84,7 @@ class Symbol:
 
 _STT_OBJECT, _STT_FUNC, _STT_GNU_IFUNC = 1, 2, 10
 _STB_GLOBAL, _STB_WEAK = 1, 2
+_EXPORTED = 1  # a SymbolTable row's flag: .dynsym's global or weak (what other modules may bind to)
 _SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
 
 
@@ -128,6 +139,103 @@ def _bind_code(bind: str) -> int:
     return {"STB_GLOBAL": _STB_GLOBAL, "STB_WEAK": _STB_WEAK}.get(bind, 0)
 
 
+_HELD = [0]  # bytes of every finished SymbolTable alive (all modules, all processes)
+_ROW_BYTES = 8 + 8 + 8 + 1  # a row's address, size, name offset and flag
+_INDEX_BYTES = 8 + 4  # an address and its row
+
+
+def _give_back(size: int) -> None:
+    _HELD[0] -= size
+
+
+class SymbolTable:
+    """One module's symbols of a kind, compact: a row per symbol read (address, size, where its name
+    is in one bytes blob, a flag), and the rows that name each address, by address. ~45 bytes a
+    symbol plus its name's, where a Symbol object, its str and two dict entries cost ~270 (2,000,000
+    symbols: 518 MiB of peak RSS before). A Symbol is made when one is looked up."""
+
+    def __init__(self):
+        self._row_address, self._row_size = array("Q"), array("Q")
+        self._row_name = array("Q")  # offset of the name in _blob (each name ends with a NUL)
+        self._flags = bytearray()
+        self._blob = bytearray(b"\0")
+        self._at: dict[int, int] | None = {}  # while rows are added: address -> the row that names it
+        self.addresses = array("Q")  # by address, the row of each
+        self._rows = array("L")
+        self.complete = True  # False: rows past a bound were not kept
+
+    def __len__(self) -> int:
+        return len(self.addresses)
+
+    def add(self, address: int, size: int, name: str, flag: int = 0, better=None) -> bool:
+        """A symbol read; better(new, known): whether a new name wins an address named already (None:
+        the first stays). False once a bound is reached: the table keeps no more."""
+        known = self._at.get(address)
+        full = known is None and len(self._at) >= MAX_SYMBOLS
+        grown = self._bytes() + _ROW_BYTES + _INDEX_BYTES + len(name) + 1  # with this row
+        if full or len(self._blob) + len(name) > MAX_NAME_CHARS or _HELD[0] + grown > MAX_HELD_BYTES:
+            self.complete = False
+            return False
+        row = len(self._row_address)
+        self._row_address.append(address)
+        self._row_size.append(size)
+        self._row_name.append(len(self._blob))
+        self._flags.append(flag)
+        self._blob += name.encode(errors="replace") + b"\0"
+        if known is None or (better is not None and better(name, self._name(known))):
+            self._at[address] = row
+        return True
+
+    def finish(self) -> SymbolTable:
+        """No more rows: the by-address index made, the building's map let go."""
+        for address in sorted(self._at):
+            self.addresses.append(address)
+            self._rows.append(self._at[address])
+        self._at = None  # (the blob stays a bytearray: a bytes copy of 32 MiB of names would double them)
+        size = self._bytes()
+        _HELD[0] += size
+        weakref.finalize(self, _give_back, size)  # given back when the module's reader goes (forget())
+        return self
+
+    def _bytes(self) -> int:
+        indexed = len(self._at) if self._at is not None else len(self.addresses)  # to be, while rows are added
+        return len(self._blob) + _ROW_BYTES * len(self._row_address) + _INDEX_BYTES * indexed
+
+    def _name(self, row: int) -> str:
+        at = self._row_name[row]
+        return self._blob[at : self._blob.index(b"\0", at)].decode(errors="replace")
+
+    def _symbol(self, row: int) -> Symbol:
+        return Symbol(self._row_address[row], self._row_size[row], self._name(row))
+
+    def symbol(self, i: int) -> Symbol:
+        """The symbol of the i-th address."""
+        return self._symbol(self._rows[i])
+
+    def covering(self, vaddr: int, min_size: int = 0) -> tuple[Symbol, int] | None:
+        """The symbol at or below vaddr that holds it (a size 0 holds everything up to the next with
+        min_size 0, only its own address with 1), and vaddr's offset in it."""
+        i = bisect.bisect_right(self.addresses, vaddr) - 1
+        if i < 0:
+            return None
+        row = self._rows[i]
+        address, size = self._row_address[row], max(self._row_size[row], min_size)
+        if size and vaddr >= address + size:
+            return None
+        return self._symbol(row), vaddr - address
+
+    def named(self, name: str, flag: int | None = None) -> Symbol | None:
+        """The first row of that name (with `flag` set, where given)."""
+        needle = b"\0" + name.encode(errors="replace") + b"\0"
+        at = self._blob.find(needle)
+        while at >= 0:
+            row = bisect.bisect_left(self._row_name, at + 1)
+            if flag is None or self._flags[row] & flag:
+                return self._symbol(row)
+            at = self._blob.find(needle, at + 1)
+        return None
+
+
 def _or(default):
     """The boundary of one module's parse: a corrupt or lying file raises anything (ValueError,
     struct.error, ELFError, IndexError, OverflowError, MemoryError from a size it claims...), and
@@ -162,17 +270,13 @@ class ElfInfo:
         except BaseException:
             self._file.close()
             raise
-        self._symbols: list[Symbol] | None = None
-        self._addresses: list[int] = []
-        self._by_name: dict[str, Symbol] = {}
-        self._exported: set[str] = set()
+        self._functions: SymbolTable | None = None
         # each FDE's first address, sorted, and where it is in .eh_frame: arrays, not a list of
         # tuples (libc's 3,700 FDEs: 0.57 MiB of Python objects as tuples, measured; 58 KiB so)
         self._fde_starts: array | None = None
         self._fde_offsets = array("q")
         self._cfi: CallFrameInfo | None = None
-        self._objects: list[Symbol] | None = None
-        self._object_starts: list[int] = []
+        self._objects: SymbolTable | None = None
         self._allocated: list[tuple[int, int, str]] | None = None  # (start, end, name) of SHF_ALLOC sections
         self._build_id: str | None | bool = False  # False: not read yet
 
@@ -230,53 +334,32 @@ class ElfInfo:
 
     @_or(_none)
     def _load_symbols(self) -> None:
-        by_address: dict[int, Symbol] = {}
-        by_name: dict[str, Symbol] = {}
-        exported: set[str] = set()
-        kept_all = True
-        name_bytes = 0  # characters of the names kept (a name's text is the file's, its length too)
+        table = self._functions = SymbolTable()
         sources = [self]
         if not isinstance(self.elf.get_section_by_name(".symtab"), SymbolTableSection):
             debug = self.debug_file()  # stripped: static functions (_int_malloc) live there
             if debug is not None:
                 sources.append(debug)
         # Exported names (.dynsym) first: an address shows as "malloc", not "__libc_malloc".
-        for section in (".dynsym", ".symtab"):
-            for source in sources:
-                sec = source.elf.get_section_by_name(section)
-                if not isinstance(sec, SymbolTableSection):
-                    continue
-                for name, value, size, kind, bind, shndx in symbol_rows(source.elf, sec):
-                    # functions only: an IFUNC symbol's value is its resolver (pyelftools, read before
-                    # this, names type 10 STT_LOOS, so they never were taken), not the code it picks
-                    if kind != _STT_FUNC or not value or not name or shndx == 0:
+        try:
+            for section in (".dynsym", ".symtab"):
+                for source in sources:
+                    sec = source.elf.get_section_by_name(section)
+                    if not isinstance(sec, SymbolTableSection):
                         continue
-                    known = by_address.get(value)
-                    if known is None and len(by_address) >= MAX_SYMBOLS:
-                        kept_all = False
-                        continue
-                    entry = Symbol(value, size, name.split("@")[0])
-                    # Of aliases at one address, show the public name (calloc, not __libc_calloc).
-                    if known is None or _underscores(entry.name) < _underscores(known.name):
-                        name_bytes += len(entry.name)
-                        if name_bytes > MAX_NAME_CHARS:
-                            kept_all = False
+                    for name, value, size, kind, bind, shndx in symbol_rows(source.elf, sec):
+                        # functions only: an IFUNC symbol's value is its resolver (pyelftools, read before
+                        # this, names type 10 STT_LOOS, so they never were taken), not the code it picks
+                        if kind != _STT_FUNC or not value or not name or shndx == 0:
+                            continue
+                        exported = _EXPORTED if section == ".dynsym" and bind in (_STB_GLOBAL, _STB_WEAK) else 0
+                        # Of aliases at one address, show the public name (calloc, not __libc_calloc).
+                        if not table.add(value, size, name.split("@")[0], exported, _fewer_underscores):
                             break
-                        by_address[entry.address] = entry
-                    if len(by_name) < MAX_SYMBOLS:
-                        by_name.setdefault(entry.name, entry)
-                    if section == ".dynsym" and bind in (_STB_GLOBAL, _STB_WEAK):
-                        exported.add(entry.name)
-        if not kept_all:
-            _note(
-                self.path,
-                f"symbols of its first {MAX_SYMBOLS:,} functions or {MAX_NAME_CHARS >> 20} MiB of names only"
-                " (a bound on what a module may cost)",
-            )
-        self._symbols = sorted(by_address.values(), key=lambda s: s.address)
-        self._addresses = [s.address for s in self._symbols]
-        self._by_name = by_name
-        self._exported = exported
+        finally:
+            table.finish()
+        if not table.complete:
+            _note(self.path, BOUND_NOTE)
 
     def plt_slots(self) -> dict[int, str]:
         """GOT slot address -> the function it is bound to (.rela.plt's jump slots): what a PLT
@@ -300,29 +383,28 @@ class ElfInfo:
                 slots[r["r_offset"]] = dynsym.get_symbol(r["r_info_sym"]).name.split("@")[0]
         return slots
 
-    def symbols(self) -> list[Symbol]:
-        if self._symbols is None:
-            self._symbols = []  # also the answer where the tables cannot be read
+    def _table(self) -> SymbolTable:
+        if self._functions is None:
             self._load_symbols()
-        return self._symbols
+            if self._functions is None:  # the tables could not be read at all
+                self._functions = SymbolTable().finish()
+        return self._functions
+
+    def symbols(self) -> list[Symbol]:
+        """Every function symbol, by address (made here, one object each: for a look at all of them)."""
+        table = self._table()
+        return [table.symbol(i) for i in range(len(table))]
 
     def symbol_named(self, name: str, exported_only: bool = False) -> Symbol | None:
         """A defined function by name (versioned names such as malloc@@GLIBC_2.2.5 included);
         exported_only: only what the dynamic linker can bind other modules to."""
-        self.symbols()
-        if exported_only and name not in self._exported:
+        table = self._table()
+        if exported_only and table.named(name, _EXPORTED) is None:
             return None
-        return self._by_name.get(name)
+        return table.named(name)
 
     def lookup(self, vaddr: int) -> tuple[Symbol, int] | None:
-        syms = self.symbols()
-        i = bisect.bisect_right(self._addresses, vaddr) - 1 if syms else -1
-        if i < 0:
-            return None
-        s = syms[i]
-        if s.size and vaddr >= s.address + s.size:
-            return None
-        return s, vaddr - s.address
+        return self._table().covering(vaddr)
 
     def _symbol_sources(self) -> list[ElfInfo]:
         if isinstance(self.elf.get_section_by_name(".symtab"), SymbolTableSection):
@@ -334,25 +416,21 @@ class ElfInfo:
     def object_at(self, vaddr: int) -> tuple[Symbol, int] | None:
         """The data symbol (a global or static variable) that holds vaddr, and the offset in it."""
         if self._objects is None:
-            self._objects = []  # also the answer where the tables cannot be read
-            found: dict[int, Symbol] = {}
-            for source in self._symbol_sources():
-                for section in (".dynsym", ".symtab"):
-                    sec = source.elf.get_section_by_name(section)
-                    if not isinstance(sec, SymbolTableSection):
-                        continue
-                    for name, value, size, kind, _bind, shndx in symbol_rows(source.elf, sec):
-                        if kind != _STT_OBJECT or not value or not name or shndx == 0:
+            table = self._objects = SymbolTable()
+            try:
+                for source in self._symbol_sources():
+                    for section in (".dynsym", ".symtab"):
+                        sec = source.elf.get_section_by_name(section)
+                        if not isinstance(sec, SymbolTableSection):
                             continue
-                        if len(found) < MAX_SYMBOLS:
-                            found.setdefault(value, Symbol(value, size, name))
-            self._objects = sorted(found.values(), key=lambda s: s.address)
-            self._object_starts = [s.address for s in self._objects]
-        i = bisect.bisect_right(self._object_starts, vaddr) - 1
-        if i < 0:
-            return None
-        sym = self._objects[i]
-        return (sym, vaddr - sym.address) if vaddr < sym.address + max(sym.size, 1) else None
+                        for name, value, size, kind, _bind, shndx in symbol_rows(source.elf, sec):
+                            if kind != _STT_OBJECT or not value or not name or shndx == 0:
+                                continue
+                            if not table.add(value, size, name):
+                                break
+            finally:
+                table.finish()
+        return self._objects.covering(vaddr, min_size=1)
 
     @_or(list)
     def loads_and_tls(self) -> list:
@@ -463,6 +541,10 @@ class ElfInfo:
 
 def _underscores(name: str) -> int:
     return len(name) - len(name.lstrip("_"))
+
+
+def _fewer_underscores(new: str, known: str) -> bool:
+    return _underscores(new) < _underscores(known)
 
 
 @functools.lru_cache(maxsize=4096)
