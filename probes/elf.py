@@ -8,12 +8,14 @@ import functools
 import itertools
 import os
 import struct
+import sys
 import weakref
 from array import array
 from dataclasses import dataclass
 
 from elftools.common.exceptions import ELFError
 from elftools.dwarf.callframe import FDE, CallFrameInfo
+from elftools.dwarf.structs import DWARFStructs
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 from memdiag.system.elfread import open_elf, section_headers, segment_headers
@@ -43,6 +45,12 @@ MAX_HELD_BYTES = 64 << 20
 MAX_NAME_CHARS = 32 << 20  # the names kept of one module, all told (node's 78,000: 5 MiB)
 _ROWS_AT_ONCE = 65_536  # rows read and unpacked at a time (1.5 MiB)
 MAX_RELOCATIONS = 200_000
+# call-frame information: .eh_frame_hdr's index is read as arrays, up to MAX_FDES entries (libc has
+# 3,700, the largest programs ~500,000); without an index every FDE is parsed by pyelftools, ~460
+# bytes of objects per byte of .eh_frame (libc's: ~120 MiB), so only a small one is
+MAX_FDES = 1_000_000
+MAX_EH_FRAME_UNINDEXED = 256 << 10
+MAX_FDE_BYTES = 1 << 20  # one function's call-frame rules (real ones: tens of bytes to a few KiB)
 MAX_NOTE = 200  # characters of a note: an exception's text may quote the file's bytes
 MAX_NOTES = 64  # modules named in NOTES: a target mapping 10,000 corrupt files gets 64 lines, not 10,000
 
@@ -83,6 +91,7 @@ class Symbol:
 
 
 _STT_OBJECT, _STT_FUNC, _STT_GNU_IFUNC = 1, 2, 10
+STT_OBJECT = _STT_OBJECT
 _STB_GLOBAL, _STB_WEAK = 1, 2
 _EXPORTED = 1  # a SymbolTable row's flag: .dynsym's global or weak (what other modules may bind to)
 _SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
@@ -474,16 +483,24 @@ class ElfInfo:
         self._fde_starts, self._fde_offsets = array("q"), array("q")
         starts, offsets = array("q"), array("q")
         try:
-            dwarf = self.elf.get_dwarf_info(relocate_dwarf_sections=False) if self.elf.has_dwarf_info() else None
-            if dwarf is None or not dwarf.has_EH_CFI():
+            # .eh_frame alone, read from the file where asked: pyelftools' get_dwarf_info reads every
+            # .debug_* section whole into memory first (a library's debug info, or a sparse 10 GiB
+            # one a target made, only to unwind through it)
+            eh = self.elf.get_section_by_name(".eh_frame")
+            if eh is None or eh["sh_type"] == "SHT_NOBITS":
                 return
-            section = dwarf.eh_frame_sec
-            self._cfi = CallFrameInfo(section.stream, section.size, section.address, dwarf.structs, for_eh_frame=True)
+            stream = _Window(self._file, eh["sh_offset"], eh["sh_size"])
+            address, size = eh["sh_addr"], stream.size
+            width = self.elf.elfclass // 8
+            structs = DWARFStructs(little_endian=self.elf.little_endian, dwarf_format=32, address_size=width)
+            self._cfi = CallFrameInfo(stream, size, address, structs, for_eh_frame=True)
             table = self._eh_frame_hdr()
             if table is not None:
-                for lo, fde_vaddr in table:
-                    starts.append(lo)
-                    offsets.append(fde_vaddr - section.address)
+                base, lows, fdes = table
+                starts.extend(base + lo for lo in lows)
+                offsets.extend(base + fde - address for fde in fdes)
+            elif size > MAX_EH_FRAME_UNINDEXED:
+                note_module(self.path, f"no unwinding rules (.eh_frame of {size:,} bytes without an index)")
             else:  # no usable index: every FDE, parsed once
                 fdes = []
                 for entry in self._cfi.get_entries():
@@ -497,21 +514,25 @@ class ElfInfo:
             starts, offsets = array("q"), array("q")
         self._fde_starts, self._fde_offsets = starts, offsets
 
-    def _eh_frame_hdr(self) -> list[tuple[int, int]] | None:
-        """(initial location, FDE address) pairs of .eh_frame_hdr, for the encoding every
-        toolchain writes (table datarel|sdata4); None otherwise."""
+    def _eh_frame_hdr(self) -> tuple[int, array, array] | None:
+        """(the section's address, initial locations, FDE addresses) of .eh_frame_hdr's table, the
+        two columns relative to that address, as arrays (a table of a million entries is 8 MiB
+        so, ~100 as pairs of ints), for the encoding every toolchain writes (table datarel|sdata4);
+        None otherwise. At most MAX_FDES entries."""
         hdr = self.elf.get_section_by_name(".eh_frame_hdr")
         if hdr is None:
             return None
-        data = hdr.data()
+        data = _section_bytes(self.elf, hdr.header, 12 + 8 * MAX_FDES)
         if len(data) < 12 or data[0] != 1 or data[1] != 0x1B or data[2] != 0x03 or data[3] != 0x3B:
             return None
         (count,) = struct.unpack_from("<I", data, 8)
         if len(data) < 12 + 8 * count:
             return None
-        base = hdr["sh_addr"]
-        pairs = struct.iter_unpack("<ii", data[12 : 12 + 8 * count])
-        return [(base + lo, base + fde) for lo, fde in pairs]
+        pairs = array("i")
+        pairs.frombytes(data[12 : 12 + 8 * count])
+        if sys.byteorder != "little":
+            pairs.byteswap()
+        return hdr["sh_addr"], pairs[0::2], pairs[1::2]
 
     @_or(_none)
     def cfi_row(self, vaddr: int) -> dict | None:
@@ -524,8 +545,8 @@ class ElfInfo:
             fde = self._cfi._parse_entry_at(self._fde_offsets[i])  # pyelftools caches parsed entries
         except Exception:  # a malformed entry must not abort a probe
             return None
-        if not isinstance(fde, FDE):
-            return None
+        if not isinstance(fde, FDE) or fde.header["length"] > MAX_FDE_BYTES:
+            return None  # a rule table that long is no function's (its decoding would be the file's size)
         lo = fde.header["initial_location"]
         if not lo <= vaddr < lo + fde.header["address_range"]:
             return None
@@ -537,6 +558,34 @@ class ElfInfo:
             else:
                 break
         return row
+
+
+class _Window:
+    """A section of an open file as a stream of its own (offset 0 is the section's start, reads stop
+    at its end, or the file's): what pyelftools' CallFrameInfo reads, without the section in memory."""
+
+    def __init__(self, file, start: int, size: int):
+        file.seek(0, os.SEEK_END)
+        self._file, self._start = file, start
+        self.size = max(0, min(size, file.tell() - start))
+        self._at = 0
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._at, os.SEEK_END: self.size}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self._at if n is None or n < 0 else min(n, max(0, self.size - self._at))
+        if n <= 0:
+            return b""
+        self._file.seek(self._start + self._at)
+        data = self._file.read(n)
+        self._at += len(data)
+        return data
 
 
 def _underscores(name: str) -> int:

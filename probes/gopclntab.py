@@ -23,7 +23,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
 from memdiag.system.elfread import open_elf, segment_headers
+
+from .elf import MAX_SYMBOLS, STT_OBJECT, symbol_rows
 
 MAGIC_118 = 0xFFFFFFF0  # Go 1.18 and 1.19 (1.20 moved to 0xfffffff1 with another _func and inline tree)
 _FUNC = struct.Struct("<IiiIIIIIIBBBB")  # runtime._func up to nfuncdata: 40 bytes
@@ -344,9 +347,16 @@ class GoTable:
 def _data_symbols(elf: ELFFile) -> dict[str, int]:
     """Object symbols by name from .symtab, when the binary kept it (not stripped)."""
     sec = elf.get_section_by_name(".symtab")
-    if sec is None:
+    if not isinstance(sec, SymbolTableSection):
         return {}
-    return {s.name: s["st_value"] for s in sec.iter_symbols() if s["st_info"]["type"] == "STT_OBJECT" and s.name}
+    out: dict[str, int] = {}
+    # the bulk reader, bounded (a Go binary's .symtab: ~100,000 rows; pyelftools' 30 us a row each)
+    for name, value, _size, kind, _bind, _shndx in symbol_rows(elf, sec):
+        if kind == STT_OBJECT and name:
+            out[name] = value
+            if len(out) >= MAX_SYMBOLS:
+                break
+    return out
 
 
 def go_table(path: str) -> GoTable:

@@ -14,10 +14,16 @@ TEXT_AT = 0x1000  # .text's address and file offset
 FUNC_BYTES = 16  # each generated function's size
 
 
-def shared_object(symbols: int, name_width: int = 12, shared_name: int = 0) -> bytes:
+def debug_at(end: int) -> int:
+    """Where a generated file's .debug_info starts, for a file of `end` bytes: the next 1 MiB."""
+    return (end + (1 << 20)) & ~((1 << 20) - 1)
+
+
+def shared_object(symbols: int, name_width: int = 12, shared_name: int = 0, debug_info: int = 0) -> bytes:
     """An ELF64 x86-64 ET_DYN whose .symtab holds `symbols` global functions f000000000001, ... each
     FUNC_BYTES long in .text, one after the other; shared_name > 0: every one named by the same
-    string of that many characters (no NUL after it)."""
+    string of that many characters (no NUL after it); debug_info > 0: a .debug_info section of that
+    many bytes after the file's end (at DEBUG_AT(file): truncate the file up to it, sparse)."""
     text_size = max(symbols, 1) * FUNC_BYTES
     names = bytearray(b"\0")
     syms = bytearray(_SYM.size)  # the null symbol
@@ -30,7 +36,7 @@ def shared_object(symbols: int, name_width: int = 12, shared_name: int = 0) -> b
         else:
             names += b"f%0*d\0" % (name_width, i + 1)
         syms += _SYM.pack(at, 0x12, 0, 1, TEXT_AT + i * FUNC_BYTES, FUNC_BYTES)  # GLOBAL FUNC in section 1
-    shstr = b"\0.text\0.symtab\0.strtab\0.shstrtab\0"
+    shstr = b"\0.text\0.symtab\0.strtab\0.shstrtab\0.debug_info\0"
     symtab_at = TEXT_AT + text_size
     strtab_at = symtab_at + len(syms)
     shstr_at = strtab_at + len(names)
@@ -42,6 +48,8 @@ def shared_object(symbols: int, name_width: int = 12, shared_name: int = 0) -> b
         _SHDR.pack(15, 3, 0, 0, strtab_at, len(names), 0, 0, 1, 0),  # .strtab
         _SHDR.pack(23, 3, 0, 0, shstr_at, len(shstr), 0, 0, 1, 0),  # .shstrtab
     ]
+    if debug_info:
+        sections.append(_SHDR.pack(33, 1, 0, 0, debug_at(shoff + 6 * 64), debug_info, 0, 0, 1, 0))
     ident = b"\x7fELF\x02\x01\x01" + bytes(9)
     ehdr = _EHDR.pack(ident, 3, 62, 1, 0, 64, shoff, 0, 64, 56, 1, 64, len(sections), 4)
     phdr = _PHDR.pack(1, 5, 0, 0, 0, shoff, shoff, 0x1000)  # PT_LOAD R+X of the whole file

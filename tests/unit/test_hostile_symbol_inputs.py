@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from elfgen import FUNC_BYTES, TEXT_AT, shared_object
+from elfgen import FUNC_BYTES, TEXT_AT, debug_at, shared_object
 from memdiag.probes import elf as elfmod
 from memdiag.probes.elf import MAX_SYMBOLS, elf_info, forget, passing_elf_info
 from memdiag.probes.mapping import MAX_CODE_MAPPINGS, MAX_DATA_MAPPINGS, parse_maps
@@ -219,6 +219,22 @@ def test_every_symbol_naming_one_huge_string_costs_its_bound_of_names(tmp_path):
     assert 0 < got["kept"] <= elfmod.MAX_NAME_CHARS // elfmod.MAX_SYMBOL_NAME
     assert got["notes"] == [f"{path}: {BOUND}"]
     assert got["peak_mib"] < 80 and got["seconds"] < 10, got  # measured here: +38 MiB, 0.05 s
+
+
+def test_unwinding_through_a_library_reads_its_eh_frame_not_its_debug_info(tmp_path):
+    """A library whose .debug_info claims 1 GiB (sparse): before, one unwinding rule looked up in it
+    read every .debug_* section whole (pyelftools' get_dwarf_info): 2 GiB of peak RSS and 3.3 s."""
+    path = tmp_path / "debug.so"
+    data = shared_object(10, debug_info=1 << 30)
+    path.write_bytes(data)
+    os.truncate(path, debug_at(len(data)) + (1 << 30))
+    code = (
+        f"info = memdiag.probes.elf.passing_elf_info({str(path)!r})\n"
+        f"out.update(row=repr(info.cfi_row({TEXT_AT + 4})), name=info.lookup({TEXT_AT + 4})[0].name)"
+    )
+    got = _measured(code)
+    assert got["row"] == "None" and got["name"] == "f000000000001"  # no .eh_frame: no rule, and its names
+    assert got["peak_mib"] < 16 and got["seconds"] < 2, got
 
 
 # --- /proc/PID/maps --------------------------------------------------------------------------------
