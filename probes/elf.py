@@ -50,7 +50,10 @@ MAX_RELOCATIONS = 200_000
 # bytes of objects per byte of .eh_frame (libc's: ~120 MiB), so only a small one is
 MAX_FDES = 1_000_000
 MAX_EH_FRAME_UNINDEXED = 256 << 10
-MAX_FDE_BYTES = 1 << 20  # one function's call-frame rules (real ones: tens of bytes to a few KiB)
+MAX_FDE_BYTES = 1 << 20
+# bytes of code read at once (a function's whole body, to disassemble): the largest functions seen
+# are ~100 KiB; a symbol claiming more is read (and disassembled) this far
+MAX_READ = 1 << 20  # one function's call-frame rules (real ones: tens of bytes to a few KiB)
 MAX_NOTE = 200  # characters of a note: an exception's text may quote the file's bytes
 MAX_NOTES = 64  # modules named in NOTES: a target mapping 10,000 corrupt files gets 64 lines, not 10,000
 
@@ -310,11 +313,12 @@ class ElfInfo:
 
     @_or(_none)
     def read_at(self, vaddr: int, size: int) -> bytes | None:
+        """The file's bytes at vaddr, at most MAX_READ of them (a symbol's size is the file's claim)."""
         off = self.file_offset(vaddr)
         if off is None:
             return None
         self._file.seek(off)
-        return self._file.read(size)
+        return self._file.read(min(size, MAX_READ))
 
     # --- symbols ------------------------------------------------------------------------------
     @_or(_none)
