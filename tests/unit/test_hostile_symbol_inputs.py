@@ -27,8 +27,10 @@ BOUND = elfmod.BOUND_NOTE
 TESTS = Path(__file__).resolve().parents[1]
 
 
-def _fake_proc(tmp: Path, pid: int = 4242, uid: int = 0) -> Path:
-    """A /proc of one process whose root is a folder here: its status and its root's /tmp."""
+def _fake_proc(tmp: Path, pid: int = 4242, uid: int | None = None) -> Path:
+    """A /proc of one process whose root is a folder here: its status (its effective uid: ours
+    unless told) and its root's /tmp."""
+    uid = os.geteuid() if uid is None else uid
     proc = tmp / "proc"
     (proc / str(pid) / "root" / "tmp").mkdir(parents=True)
     ids = "\t".join([str(uid)] * 4)
@@ -79,12 +81,14 @@ def test_a_perf_map_linked_to_a_host_file_is_refused(tmp_path):
 
 def test_a_perf_map_of_another_owner_is_refused(tmp_path):
     """A host process's /tmp is everyone's: a map planted under its name by another user is not its."""
-    proc = _fake_proc(tmp_path, uid=1000)
+    other = os.geteuid() + 1000
+    proc = _fake_proc(tmp_path, uid=other)
     own = proc / "4242" / "root" / "tmp" / "perf-4242.map"
-    own.write_text(f"7f0000001000 40 {MARKER}\n")  # root's, not uid 1000's
+    own.write_text("7f0000001000 40 JS:*f /x.js:2:3\n")  # ours, not the target's (uid `other`)
     assert read_perf_map(4242, proc) is None
-    os.chown(own, 1000, 1000)
-    assert read_perf_map(4242, proc).lookup(0x7F0000001000).name == MARKER
+    status = proc / "4242" / "status"
+    status.write_text(status.read_text().replace(str(other), str(os.geteuid())))
+    assert read_perf_map(4242, proc).lookup(0x7F0000001000).name == "JS:*f /x.js:2:3"
 
 
 def test_a_fifo_as_the_perf_map_returns_at_once(tmp_path):
