@@ -241,6 +241,32 @@ def test_unwinding_through_a_library_reads_its_eh_frame_not_its_debug_info(tmp_p
     assert got["peak_mib"] < 16 and got["seconds"] < 2, got
 
 
+def test_a_hash_section_whose_counts_do_not_fit_is_refused_before_pyelftools_parses_it(tmp_path):
+    """nbucket 2^32 - 16 in a 64 MiB sparse file: pyelftools parsed its arrays up to the file's end
+    (3.3 s, +128 MiB; a 1 GiB file, 16 times that). Built where a hash section is named or linked."""
+
+    data = bytearray(shared_object(10))
+    (shoff,) = struct.unpack_from("<Q", data, 0x28)
+    hashed = shoff + 3 * 64  # .strtab made a SHT_HASH linked to .symtab, .symtab's names in .shstrtab
+    struct.pack_into("<I", data, hashed + 4, 5)
+    struct.pack_into("<I", data, hashed + 0x28, 2)
+    struct.pack_into("<I", data, shoff + 2 * 64 + 0x28, 4)
+    (at,) = struct.unpack_from("<Q", data, hashed + 0x18)
+    struct.pack_into("<Q", data, hashed + 0x20, 1 << 40)
+    struct.pack_into("<II", data, at, 0xFFFFFFF0, 0)
+    path = tmp_path / "hash.so"
+    path.write_bytes(data)
+    os.truncate(path, 64 * MiB)
+    code = (
+        f"f = open({str(path)!r}, 'rb')\n"
+        "try:\n    memdiag.system.elfread.open_elf(f).get_section(3)\n"
+        "except Exception as e:\n    out['refused'] = str(e)\n"
+    )
+    got = _measured("import memdiag.system.elfread\n" + code)
+    assert got["refused"] == "SHT_HASH section claims 17179869128 bytes in 67104344"
+    assert got["peak_mib"] < 8 and got["seconds"] < 1, got
+
+
 # --- /proc/PID/maps --------------------------------------------------------------------------------
 def test_300000_mappings_keep_code_and_files_first_in_bounded_memory(tmp_path):
     """Before: 300,000 mappings cost 159 MiB of peak RSS here (299 MB in the attack). Anonymous data
