@@ -179,6 +179,9 @@ def cpython_version(binary: Path) -> str | None:
 
 
 # --- Node ---------------------------------------------------------------------------------------
+NODE_SCAN_BYTES = 128 << 20  # Node 20's .rodata is ~20 MB, its whole binary ~100 MB (file pages, not copied)
+
+
 def node_versions(binary: Path) -> tuple[str | None, str | None]:
     """(Node's version, V8's version) from the strings compiled into the node binary or libnode:
     read from its .rodata (~20 MB for Node 20, a regular-expression pass of some 30 ms)."""
@@ -190,12 +193,14 @@ def node_versions(binary: Path) -> tuple[str | None, str | None]:
                 return None, None
             start, size = (rodata["sh_offset"], rodata["sh_size"]) if rodata is not None else (0, 0)
             with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as data:
-                view = data[start : start + size] if size else data[:]
+                # searched in place, not copied (a copy of a whole file a target chose: any size),
+                # and no further than NODE_SCAN_BYTES
+                end = min(len(data), (start + size) if size else len(data), start + NODE_SCAN_BYTES)
+                node = _NODE_RELEASE.search(data, start, end)
+                v8 = _V8_VERSION.search(data, start, end)
+                return (node[1].decode() if node else None), (v8[1].decode() if v8 else None)
     except (OSError, ValueError):
         return None, None
-    node = _NODE_RELEASE.search(view)
-    v8 = _V8_VERSION.search(view)
-    return (node[1].decode() if node else None), (v8[1].decode() if v8 else None)
 
 
 # --- Go -------------------------------------------------------------------------------------------
