@@ -15,6 +15,7 @@ Engine.run() returns one EngineResult; diagnose/assemble.py makes the Report of 
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -55,6 +56,13 @@ Request = tuple[str, float | None, str]  # (probe, seconds or None: a share of w
 def _warm_up(target_kind: str) -> None:
     with contextlib.suppress(Exception):  # a probe that cannot load says why when it is run
         prepare.prepare((target_kind,))
+
+
+def _symbol_notes() -> list[str]:
+    """The modules a probe's symbolization found no symbols in (a corrupt or hostile file), one line
+    each (probes/elf.py). Not imported here: where no ELF file was read there is nothing to say."""
+    elf = sys.modules.get("memdiag.probes.elf")
+    return elf.take_notes() if elf is not None else []
 
 
 class Engine:
@@ -240,6 +248,9 @@ class Engine:
         at = self.elapsed()
         self.trail.append(TrailItem(kind="probe", name=name, state=result.status, reason=why, at_s=at))
         self.trail += [t.model_copy(update={"at_s": at}) for t in REGISTRY.face(name).trail(result)]
+        self.trail += [
+            TrailItem(kind="probe", name=name, state="no-symbols", reason=line, at_s=at) for line in _symbol_notes()
+        ]
 
     def _not_run(self, name: str, reason: str) -> None:
         self.trail.append(TrailItem(kind="probe", name=name, state="not-run", at_s=self.elapsed(), reason=reason))

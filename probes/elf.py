@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import bisect
 import functools
+import itertools
 import os
 import struct
+import sys
+import weakref
 from array import array
 from dataclasses import dataclass
 
 from elftools.common.exceptions import ELFError
 from elftools.dwarf.callframe import FDE, CallFrameInfo
+from elftools.dwarf.structs import DWARFStructs
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 from memdiag.system.elfread import open_elf, section_headers, segment_headers
@@ -19,6 +23,67 @@ from memdiag.system.elfread import open_elf, section_headers, segment_headers
 from .mapping import Mapping
 
 DEBUG_ROOT = "/usr/lib/debug"
+
+# Bounds on what one module's tables cost memdiag (a mapped file is the target's choice: a library
+# may claim any number of symbols). Symbols are kept compact (SymbolTable: ~45 bytes and the name's
+# a symbol; as objects they cost ~270: 2,000,000 symbols raised the peak RSS by 518 MiB before).
+# 250,000 functions is more than any module seen here has (node 78,000; libjvm's debug file
+# ~90,000): such a table holds ~20 MiB, its reading peaks at ~+70 MiB (the names read, the by-address
+# map while it is built). Rows past MAX_SYMBOL_ROWS of a table are not read (24 bytes each, read
+# _ROWS_AT_ONCE at a time), nor names past MAX_STRTAB_BYTES (held while a table is read);
+# relocations past MAX_RELOCATIONS (pyelftools parses one at ~20 us). Measured:
+# tests/unit/test_hostile_symbol_inputs.py.
+MAX_SYMBOLS = 250_000
+MAX_SYMBOL_ROWS = 1_000_000
+MAX_STRTAB_BYTES = 32 << 20
+# a name's length is the file's to choose: C++'s longest mangled names run to a few KiB; past that a
+# name is cut (and every symbol could name the same 32 MiB string: 250,000 copies of it, before)
+MAX_SYMBOL_NAME = 8192
+# every module's tables together (elf_info keeps 256 files): 64 MiB is ~1,000,000 symbols of 40-char
+# names, ten times a JVM's or node's process; past it a module keeps what fitted, and says so
+MAX_HELD_BYTES = 64 << 20
+MAX_NAME_CHARS = 32 << 20  # the names kept of one module, all told (node's 78,000: 5 MiB)
+_ROWS_AT_ONCE = 65_536  # rows read and unpacked at a time (1.5 MiB)
+MAX_RELOCATIONS = 200_000
+# call-frame information: .eh_frame_hdr's index is read as arrays, up to MAX_FDES entries (libc has
+# 3,700, the largest programs ~500,000); without an index every FDE is parsed by pyelftools, ~460
+# bytes of objects per byte of .eh_frame (libc's: ~120 MiB), so only a small one is
+MAX_FDES = 1_000_000
+MAX_EH_FRAME_UNINDEXED = 256 << 10
+MAX_FDE_BYTES = 1 << 20
+# bytes of code read at once (a function's whole body, to disassemble): the largest functions seen
+# are ~100 KiB; a symbol claiming more is read (and disassembled) this far
+MAX_READ = 1 << 20  # one function's call-frame rules (real ones: tens of bytes to a few KiB)
+MAX_NOTE = 200  # characters of a note: an exception's text may quote the file's bytes
+MAX_NOTES = 64  # modules named in NOTES: a target mapping 10,000 corrupt files gets 64 lines, not 10,000
+
+BOUND_NOTE = (
+    f"not every symbol kept: past memdiag's bounds ({MAX_SYMBOLS:,} functions or {MAX_NAME_CHARS >> 20} MiB"
+    f" of names a module, {MAX_HELD_BYTES >> 20} MiB of symbol tables in all)"
+)
+# path -> why this module has no symbols (or not all): each parse failure of one module, in one line,
+# for the trail (diagnose/engine.py) and `memdiag probe` (taken with take_notes())
+NOTES: dict[str, str] = {}
+
+
+def note_module(path: str, why: str) -> None:
+    """A module's parse failure, once, in one line (the first of its failures)."""
+    if path not in NOTES and len(NOTES) < MAX_NOTES:
+        NOTES[path] = " ".join(why.split())[:MAX_NOTE]
+
+
+_note = note_module
+
+
+def _failure(e: BaseException) -> str:
+    return f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+
+
+def take_notes() -> list[str]:
+    """`PATH: no symbols (why)` lines noted since the last call, the notes cleared."""
+    lines = [f"{path}: {why}" for path, why in NOTES.items()]
+    NOTES.clear()
+    return lines
 
 
 @dataclass(frozen=True, slots=True)  # slots: 40 bytes less each, of 8,400 in a C program's diagnosis (0.3 MiB)
@@ -29,7 +94,9 @@ class Symbol:
 
 
 _STT_OBJECT, _STT_FUNC, _STT_GNU_IFUNC = 1, 2, 10
+STT_OBJECT = _STT_OBJECT
 _STB_GLOBAL, _STB_WEAK = 1, 2
+_EXPORTED = 1  # a SymbolTable row's flag: .dynsym's global or weak (what other modules may bind to)
 _SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
 
 
@@ -37,17 +104,43 @@ def symbol_rows(elf: ELFFile, sec: SymbolTableSection):
     """(name, value, size, type, bind, shndx) of each symbol of a symbol table. A 64-bit
     little-endian table is unpacked in bulk (pyelftools parses a symbol at a time: node's 78,000
     took 32 s on a loaded host, this ~0.3 s); other layouts go through pyelftools."""
-    if elf.elfclass != 64 or not elf.little_endian or sec["sh_entsize"] != _SYM64.size:
-        for sym in sec.iter_symbols():
+    if elf.elfclass == 64 and elf.little_endian and sec["sh_entsize"] != _SYM64.size:
+        raise ELFError(f"{sec.name}: {sec['sh_entsize']}-byte symbols (an x86-64 file's are {_SYM64.size})")
+    if elf.elfclass != 64 or not elf.little_endian:  # 32-bit or big-endian: not what memdiag traces
+        for sym in itertools.islice(sec.iter_symbols(), MAX_SYMBOL_ROWS):
             shndx = 0 if sym["st_shndx"] == "SHN_UNDEF" else -1
             info = sym.entry["st_info"]
             yield sym.name, sym["st_value"], sym["st_size"], _type_code(info["type"]), _bind_code(info["bind"]), shndx
         return
-    names = elf.get_section(sec["sh_link"]).data()
-    for name_at, info, _other, shndx, value, size in _SYM64.iter_unpack(sec.data()):
-        end = names.find(b"\0", name_at)
-        name = names[name_at:end].decode(errors="replace") if name_at else ""
-        yield name, value, size, info & 0xF, info >> 4, shndx
+    names = _section_bytes(elf, elf._get_section_header(sec["sh_link"]), MAX_STRTAB_BYTES)
+    hdr = sec.header
+    for first in range(0, min(hdr["sh_size"] // _SYM64.size, MAX_SYMBOL_ROWS), _ROWS_AT_ONCE):
+        rows = _section_bytes(elf, hdr, _ROWS_AT_ONCE * _SYM64.size, skip=first * _SYM64.size)
+        whole = rows[: len(rows) - len(rows) % _SYM64.size]
+        for name_at, info, _other, shndx, value, size in _SYM64.iter_unpack(whole):
+            end = names.find(b"\0", name_at, name_at + MAX_SYMBOL_NAME + 1)
+            if not name_at or name_at >= len(names):
+                name = ""
+            elif end < 0:  # longer than any name kept (or no end at all): cut
+                name = names[name_at : name_at + MAX_SYMBOL_NAME].decode(errors="replace") + "…"
+            else:
+                name = names[name_at:end].decode(errors="replace")
+            yield name, value, size, info & 0xF, info >> 4, shndx
+        if len(rows) < _ROWS_AT_ONCE * _SYM64.size:
+            return  # the file ends before the table its header claims
+
+
+def _section_bytes(elf: ELFFile, hdr, limit: int, skip: int = 0) -> bytes:
+    """A section's bytes as its header places them (from `skip` into it), at most `limit` and never
+    past the file's end (a header may claim any size: pyelftools would read, and allocate, it)."""
+    if hdr["sh_type"] == "SHT_NOBITS" or skip >= hdr["sh_size"]:
+        return b""
+    elf.stream.seek(0, os.SEEK_END)
+    left = elf.stream.tell() - hdr["sh_offset"] - skip
+    if left <= 0:
+        return b""
+    elf.stream.seek(hdr["sh_offset"] + skip)
+    return elf.stream.read(min(hdr["sh_size"] - skip, left, limit))
 
 
 def _type_code(kind: str) -> int:
@@ -58,23 +151,144 @@ def _bind_code(bind: str) -> int:
     return {"STB_GLOBAL": _STB_GLOBAL, "STB_WEAK": _STB_WEAK}.get(bind, 0)
 
 
+_HELD = [0]  # bytes of every finished SymbolTable alive (all modules, all processes)
+_ROW_BYTES = 8 + 8 + 8 + 1  # a row's address, size, name offset and flag
+_INDEX_BYTES = 8 + 4  # an address and its row
+
+
+def _give_back(size: int) -> None:
+    _HELD[0] -= size
+
+
+class SymbolTable:
+    """One module's symbols of a kind, compact: a row per symbol read (address, size, where its name
+    is in one bytes blob, a flag), and the rows that name each address, by address. ~45 bytes a
+    symbol plus its name's, where a Symbol object, its str and two dict entries cost ~270 (2,000,000
+    symbols: 518 MiB of peak RSS before). A Symbol is made when one is looked up."""
+
+    def __init__(self):
+        self._row_address, self._row_size = array("Q"), array("Q")
+        self._row_name = array("Q")  # offset of the name in _blob (each name ends with a NUL)
+        self._flags = bytearray()
+        self._blob = bytearray(b"\0")
+        self._at: dict[int, int] | None = {}  # while rows are added: address -> the row that names it
+        self.addresses = array("Q")  # by address, the row of each
+        self._rows = array("L")
+        self.complete = True  # False: rows past a bound were not kept
+
+    def __len__(self) -> int:
+        return len(self.addresses)
+
+    def add(self, address: int, size: int, name: str, flag: int = 0, better=None) -> bool:
+        """A symbol read; better(new, known): whether a new name wins an address named already (None:
+        the first stays). False once a bound is reached: the table keeps no more."""
+        known = self._at.get(address)
+        full = known is None and len(self._at) >= MAX_SYMBOLS
+        grown = self._bytes() + _ROW_BYTES + _INDEX_BYTES + len(name) + 1  # with this row
+        if full or len(self._blob) + len(name) > MAX_NAME_CHARS or _HELD[0] + grown > MAX_HELD_BYTES:
+            self.complete = False
+            return False
+        row = len(self._row_address)
+        self._row_address.append(address)
+        self._row_size.append(size)
+        self._row_name.append(len(self._blob))
+        self._flags.append(flag)
+        self._blob += name.encode(errors="replace") + b"\0"
+        if known is None or (better is not None and better(name, self._name(known))):
+            self._at[address] = row
+        return True
+
+    def finish(self) -> SymbolTable:
+        """No more rows: the by-address index made, the building's map let go."""
+        for address in sorted(self._at):
+            self.addresses.append(address)
+            self._rows.append(self._at[address])
+        self._at = None  # (the blob stays a bytearray: a bytes copy of 32 MiB of names would double them)
+        size = self._bytes()
+        _HELD[0] += size
+        weakref.finalize(self, _give_back, size)  # given back when the module's reader goes (forget())
+        return self
+
+    def _bytes(self) -> int:
+        indexed = len(self._at) if self._at is not None else len(self.addresses)  # to be, while rows are added
+        return len(self._blob) + _ROW_BYTES * len(self._row_address) + _INDEX_BYTES * indexed
+
+    def _name(self, row: int) -> str:
+        at = self._row_name[row]
+        return self._blob[at : self._blob.index(b"\0", at)].decode(errors="replace")
+
+    def _symbol(self, row: int) -> Symbol:
+        return Symbol(self._row_address[row], self._row_size[row], self._name(row))
+
+    def symbol(self, i: int) -> Symbol:
+        """The symbol of the i-th address."""
+        return self._symbol(self._rows[i])
+
+    def covering(self, vaddr: int, min_size: int = 0) -> tuple[Symbol, int] | None:
+        """The symbol at or below vaddr that holds it (a size 0 holds everything up to the next with
+        min_size 0, only its own address with 1), and vaddr's offset in it."""
+        i = bisect.bisect_right(self.addresses, vaddr) - 1
+        if i < 0:
+            return None
+        row = self._rows[i]
+        address, size = self._row_address[row], max(self._row_size[row], min_size)
+        if size and vaddr >= address + size:
+            return None
+        return self._symbol(row), vaddr - address
+
+    def named(self, name: str, flag: int | None = None) -> Symbol | None:
+        """The first row of that name (with `flag` set, where given)."""
+        needle = b"\0" + name.encode(errors="replace") + b"\0"
+        at = self._blob.find(needle)
+        while at >= 0:
+            row = bisect.bisect_left(self._row_name, at + 1)
+            if flag is None or self._flags[row] & flag:
+                return self._symbol(row)
+            at = self._blob.find(needle, at + 1)
+        return None
+
+
+def _or(default):
+    """The boundary of one module's parse: a corrupt or lying file raises anything (ValueError,
+    struct.error, ELFError, IndexError, OverflowError, MemoryError from a size it claims...), and
+    any of it means that module answers `default()` (no symbols, no name), noted once in NOTES;
+    never the end of a diagnosis."""
+
+    def wrap(fn):
+        @functools.wraps(fn)
+        def guarded(self, *args, **kwargs):
+            try:
+                return fn(self, *args, **kwargs)
+            except Exception as e:  # noqa: BLE001  (any failure of a hostile file's parse, see above)
+                _note(self.path, f"no symbols ({fn.__name__.strip('_')}: {_failure(e)})")
+                return default()
+
+        return guarded
+
+    return wrap
+
+
+def _none():
+    return None
+
+
 class ElfInfo:
     def __init__(self, path: str):
         self.path = path
         self._file = open(path, "rb")  # noqa: SIM115  (kept open: pyelftools reads lazily)
-        self.elf = open_elf(self._file)
-        self.loads = [s for s in segment_headers(self.elf) if s["p_type"] == "PT_LOAD"]
-        self._symbols: list[Symbol] | None = None
-        self._addresses: list[int] = []
-        self._by_name: dict[str, Symbol] = {}
-        self._exported: set[str] = set()
+        try:
+            self.elf = open_elf(self._file)
+            self.loads = [s for s in segment_headers(self.elf) if s["p_type"] == "PT_LOAD"]
+        except BaseException:
+            self._file.close()
+            raise
+        self._functions: SymbolTable | None = None
         # each FDE's first address, sorted, and where it is in .eh_frame: arrays, not a list of
         # tuples (libc's 3,700 FDEs: 0.57 MiB of Python objects as tuples, measured; 58 KiB so)
         self._fde_starts: array | None = None
         self._fde_offsets = array("q")
         self._cfi: CallFrameInfo | None = None
-        self._objects: list[Symbol] | None = None
-        self._object_starts: list[int] = []
+        self._objects: SymbolTable | None = None
         self._allocated: list[tuple[int, int, str]] | None = None  # (start, end, name) of SHF_ALLOC sections
         self._build_id: str | None | bool = False  # False: not read yet
 
@@ -97,14 +311,17 @@ class ElfInfo:
                 return seg["p_offset"] + (vaddr - seg["p_vaddr"])
         return None
 
+    @_or(_none)
     def read_at(self, vaddr: int, size: int) -> bytes | None:
+        """The file's bytes at vaddr, at most MAX_READ of them (a symbol's size is the file's claim)."""
         off = self.file_offset(vaddr)
         if off is None:
             return None
         self._file.seek(off)
-        return self._file.read(size)
+        return self._file.read(min(size, MAX_READ))
 
     # --- symbols ------------------------------------------------------------------------------
+    @_or(_none)
     def build_id(self) -> str | None:
         """The GNU build id, read once (the code facts name the file by it at every fact asked)."""
         if self._build_id is False:
@@ -128,38 +345,34 @@ class ElfInfo:
         path = os.path.join(DEBUG_ROOT, ".build-id", bid[:2], bid[2:] + ".debug")
         return elf_info(path) if os.path.exists(path) else None
 
+    @_or(_none)
     def _load_symbols(self) -> None:
-        by_address: dict[int, Symbol] = {}
-        by_name: dict[str, Symbol] = {}
-        exported: set[str] = set()
+        table = self._functions = SymbolTable()
         sources = [self]
         if not isinstance(self.elf.get_section_by_name(".symtab"), SymbolTableSection):
             debug = self.debug_file()  # stripped: static functions (_int_malloc) live there
             if debug is not None:
                 sources.append(debug)
         # Exported names (.dynsym) first: an address shows as "malloc", not "__libc_malloc".
-        for section in (".dynsym", ".symtab"):
-            for source in sources:
-                sec = source.elf.get_section_by_name(section)
-                if not isinstance(sec, SymbolTableSection):
-                    continue
-                for name, value, size, kind, bind, shndx in symbol_rows(source.elf, sec):
-                    # functions only: an IFUNC symbol's value is its resolver (pyelftools, read before
-                    # this, names type 10 STT_LOOS, so they never were taken), not the code it picks
-                    if kind != _STT_FUNC or not value or not name or shndx == 0:
+        try:
+            for section in (".dynsym", ".symtab"):
+                for source in sources:
+                    sec = source.elf.get_section_by_name(section)
+                    if not isinstance(sec, SymbolTableSection):
                         continue
-                    entry = Symbol(value, size, name.split("@")[0])
-                    # Of aliases at one address, show the public name (calloc, not __libc_calloc).
-                    known = by_address.get(entry.address)
-                    if known is None or _underscores(entry.name) < _underscores(known.name):
-                        by_address[entry.address] = entry
-                    by_name.setdefault(entry.name, entry)
-                    if section == ".dynsym" and bind in (_STB_GLOBAL, _STB_WEAK):
-                        exported.add(entry.name)
-        self._symbols = sorted(by_address.values(), key=lambda s: s.address)
-        self._addresses = [s.address for s in self._symbols]
-        self._by_name = by_name
-        self._exported = exported
+                    for name, value, size, kind, bind, shndx in symbol_rows(source.elf, sec):
+                        # functions only: an IFUNC symbol's value is its resolver (pyelftools, read before
+                        # this, names type 10 STT_LOOS, so they never were taken), not the code it picks
+                        if kind != _STT_FUNC or not value or not name or shndx == 0:
+                            continue
+                        exported = _EXPORTED if section == ".dynsym" and bind in (_STB_GLOBAL, _STB_WEAK) else 0
+                        # Of aliases at one address, show the public name (calloc, not __libc_calloc).
+                        if not table.add(value, size, name.split("@")[0], exported, _fewer_underscores):
+                            break
+        finally:
+            table.finish()
+        if not table.complete:
+            _note(self.path, BOUND_NOTE)
 
     def plt_slots(self) -> dict[int, str]:
         """GOT slot address -> the function it is bound to (.rela.plt's jump slots): what a PLT
@@ -171,39 +384,40 @@ class ElfInfo:
         `call *slot(%rip)` goes to."""
         return {**self._slots(".rela.dyn"), **self.plt_slots()}
 
+    @_or(dict)
     def _slots(self, section: str) -> dict[int, str]:
         slots: dict[int, str] = {}
         rela = self.elf.get_section_by_name(section)
         dynsym = self.elf.get_section_by_name(".dynsym")
         if rela is None or not isinstance(dynsym, SymbolTableSection):
             return slots
-        for r in rela.iter_relocations():
+        for r in itertools.islice(rela.iter_relocations(), MAX_RELOCATIONS):
             if r["r_info_sym"]:
                 slots[r["r_offset"]] = dynsym.get_symbol(r["r_info_sym"]).name.split("@")[0]
         return slots
 
-    def symbols(self) -> list[Symbol]:
-        if self._symbols is None:
+    def _table(self) -> SymbolTable:
+        if self._functions is None:
             self._load_symbols()
-        return self._symbols  # type: ignore[return-value]
+            if self._functions is None:  # the tables could not be read at all
+                self._functions = SymbolTable().finish()
+        return self._functions
+
+    def symbols(self) -> list[Symbol]:
+        """Every function symbol, by address (made here, one object each: for a look at all of them)."""
+        table = self._table()
+        return [table.symbol(i) for i in range(len(table))]
 
     def symbol_named(self, name: str, exported_only: bool = False) -> Symbol | None:
         """A defined function by name (versioned names such as malloc@@GLIBC_2.2.5 included);
         exported_only: only what the dynamic linker can bind other modules to."""
-        self.symbols()
-        if exported_only and name not in self._exported:
+        table = self._table()
+        if exported_only and table.named(name, _EXPORTED) is None:
             return None
-        return self._by_name.get(name)
+        return table.named(name)
 
     def lookup(self, vaddr: int) -> tuple[Symbol, int] | None:
-        syms = self.symbols()
-        i = bisect.bisect_right(self._addresses, vaddr) - 1 if syms else -1
-        if i < 0:
-            return None
-        s = syms[i]
-        if s.size and vaddr >= s.address + s.size:
-            return None
-        return s, vaddr - s.address
+        return self._table().covering(vaddr)
 
     def _symbol_sources(self) -> list[ElfInfo]:
         if isinstance(self.elf.get_section_by_name(".symtab"), SymbolTableSection):
@@ -211,43 +425,45 @@ class ElfInfo:
         debug = self.debug_file()  # stripped: static variables live in the debug file
         return [self, debug] if debug is not None else [self]
 
+    @_or(_none)
     def object_at(self, vaddr: int) -> tuple[Symbol, int] | None:
         """The data symbol (a global or static variable) that holds vaddr, and the offset in it."""
         if self._objects is None:
-            found: dict[int, Symbol] = {}
-            for source in self._symbol_sources():
-                for section in (".dynsym", ".symtab"):
-                    sec = source.elf.get_section_by_name(section)
-                    if not isinstance(sec, SymbolTableSection):
-                        continue
-                    for name, value, size, kind, _bind, shndx in symbol_rows(source.elf, sec):
-                        if kind != _STT_OBJECT or not value or not name or shndx == 0:
+            table = self._objects = SymbolTable()
+            try:
+                for source in self._symbol_sources():
+                    for section in (".dynsym", ".symtab"):
+                        sec = source.elf.get_section_by_name(section)
+                        if not isinstance(sec, SymbolTableSection):
                             continue
-                        found.setdefault(value, Symbol(value, size, name))
-            self._objects = sorted(found.values(), key=lambda s: s.address)
-            self._object_starts = [s.address for s in self._objects]
-        i = bisect.bisect_right(self._object_starts, vaddr) - 1
-        if i < 0:
-            return None
-        sym = self._objects[i]
-        return (sym, vaddr - sym.address) if vaddr < sym.address + max(sym.size, 1) else None
+                        for name, value, size, kind, _bind, shndx in symbol_rows(source.elf, sec):
+                            if kind != _STT_OBJECT or not value or not name or shndx == 0:
+                                continue
+                            if not table.add(value, size, name):
+                                break
+            finally:
+                table.finish()
+        return self._objects.covering(vaddr, min_size=1)
 
+    @_or(list)
     def loads_and_tls(self) -> list:
         """The PT_LOAD segments and the PT_TLS one, if any."""
         return [s for s in segment_headers(self.elf) if s["p_type"] in ("PT_LOAD", "PT_TLS")]
 
+    @_or(_none)
     def tls_object_at(self, offset: int) -> Symbol | None:
         """The thread-local variable (STT_TLS) at an offset into the module's TLS block."""
         for source in self._symbol_sources():
             sec = source.elf.get_section_by_name(".symtab")
             if not isinstance(sec, SymbolTableSection):
                 continue
-            for sym in sec.iter_symbols():
+            for sym in itertools.islice(sec.iter_symbols(), MAX_SYMBOL_ROWS):
                 inside = sym["st_value"] <= offset < sym["st_value"] + max(sym["st_size"], 1)
                 if sym["st_info"]["type"] == "STT_TLS" and sym.name and inside:
                     return Symbol(sym["st_value"], sym["st_size"], sym.name)
         return None
 
+    @_or(_none)
     def section_of(self, vaddr: int) -> str | None:
         """The name of the allocated section that holds vaddr (.data, .bss, .got, ...)."""
         # read once: pyelftools parses every section header again on each pass (a scan naming the
@@ -271,16 +487,24 @@ class ElfInfo:
         self._fde_starts, self._fde_offsets = array("q"), array("q")
         starts, offsets = array("q"), array("q")
         try:
-            dwarf = self.elf.get_dwarf_info(relocate_dwarf_sections=False) if self.elf.has_dwarf_info() else None
-            if dwarf is None or not dwarf.has_EH_CFI():
+            # .eh_frame alone, read from the file where asked: pyelftools' get_dwarf_info reads every
+            # .debug_* section whole into memory first (a library's debug info, or a sparse 10 GiB
+            # one a target made, only to unwind through it)
+            eh = self.elf.get_section_by_name(".eh_frame")
+            if eh is None or eh["sh_type"] == "SHT_NOBITS":
                 return
-            section = dwarf.eh_frame_sec
-            self._cfi = CallFrameInfo(section.stream, section.size, section.address, dwarf.structs, for_eh_frame=True)
+            stream = _Window(self._file, eh["sh_offset"], eh["sh_size"])
+            address, size = eh["sh_addr"], stream.size
+            width = self.elf.elfclass // 8
+            structs = DWARFStructs(little_endian=self.elf.little_endian, dwarf_format=32, address_size=width)
+            self._cfi = CallFrameInfo(stream, size, address, structs, for_eh_frame=True)
             table = self._eh_frame_hdr()
             if table is not None:
-                for lo, fde_vaddr in table:
-                    starts.append(lo)
-                    offsets.append(fde_vaddr - section.address)
+                base, lows, fdes = table
+                starts.extend(base + lo for lo in lows)
+                offsets.extend(base + fde - address for fde in fdes)
+            elif size > MAX_EH_FRAME_UNINDEXED:
+                note_module(self.path, f"no unwinding rules (.eh_frame of {size:,} bytes without an index)")
             else:  # no usable index: every FDE, parsed once
                 fdes = []
                 for entry in self._cfi.get_entries():
@@ -294,22 +518,27 @@ class ElfInfo:
             starts, offsets = array("q"), array("q")
         self._fde_starts, self._fde_offsets = starts, offsets
 
-    def _eh_frame_hdr(self) -> list[tuple[int, int]] | None:
-        """(initial location, FDE address) pairs of .eh_frame_hdr, for the encoding every
-        toolchain writes (table datarel|sdata4); None otherwise."""
+    def _eh_frame_hdr(self) -> tuple[int, array, array] | None:
+        """(the section's address, initial locations, FDE addresses) of .eh_frame_hdr's table, the
+        two columns relative to that address, as arrays (a table of a million entries is 8 MiB
+        so, ~100 as pairs of ints), for the encoding every toolchain writes (table datarel|sdata4);
+        None otherwise. At most MAX_FDES entries."""
         hdr = self.elf.get_section_by_name(".eh_frame_hdr")
         if hdr is None:
             return None
-        data = hdr.data()
+        data = _section_bytes(self.elf, hdr.header, 12 + 8 * MAX_FDES)
         if len(data) < 12 or data[0] != 1 or data[1] != 0x1B or data[2] != 0x03 or data[3] != 0x3B:
             return None
         (count,) = struct.unpack_from("<I", data, 8)
         if len(data) < 12 + 8 * count:
             return None
-        base = hdr["sh_addr"]
-        pairs = struct.iter_unpack("<ii", data[12 : 12 + 8 * count])
-        return [(base + lo, base + fde) for lo, fde in pairs]
+        pairs = array("i")
+        pairs.frombytes(data[12 : 12 + 8 * count])
+        if sys.byteorder != "little":
+            pairs.byteswap()
+        return hdr["sh_addr"], pairs[0::2], pairs[1::2]
 
+    @_or(_none)
     def cfi_row(self, vaddr: int) -> dict | None:
         """The decoded CFA row that applies at vaddr, or None when no FDE covers it."""
         self._fde_index()
@@ -320,8 +549,8 @@ class ElfInfo:
             fde = self._cfi._parse_entry_at(self._fde_offsets[i])  # pyelftools caches parsed entries
         except Exception:  # a malformed entry must not abort a probe
             return None
-        if not isinstance(fde, FDE):
-            return None
+        if not isinstance(fde, FDE) or fde.header["length"] > MAX_FDE_BYTES:
+            return None  # a rule table that long is no function's (its decoding would be the file's size)
         lo = fde.header["initial_location"]
         if not lo <= vaddr < lo + fde.header["address_range"]:
             return None
@@ -335,8 +564,40 @@ class ElfInfo:
         return row
 
 
+class _Window:
+    """A section of an open file as a stream of its own (offset 0 is the section's start, reads stop
+    at its end, or the file's): what pyelftools' CallFrameInfo reads, without the section in memory."""
+
+    def __init__(self, file, start: int, size: int):
+        file.seek(0, os.SEEK_END)
+        self._file, self._start = file, start
+        self.size = max(0, min(size, file.tell() - start))
+        self._at = 0
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._at, os.SEEK_END: self.size}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self._at if n is None or n < 0 else min(n, max(0, self.size - self._at))
+        if n <= 0:
+            return b""
+        self._file.seek(self._start + self._at)
+        data = self._file.read(n)
+        self._at += len(data)
+        return data
+
+
 def _underscores(name: str) -> int:
     return len(name) - len(name.lstrip("_"))
+
+
+def _fewer_underscores(new: str, known: str) -> bool:
+    return _underscores(new) < _underscores(known)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -360,7 +621,10 @@ def passing_elf_info(path: str) -> ElfInfo | None:
     (its reader holds ~90 KiB of pyelftools' structures, its symbols more)."""
     try:
         return ElfInfo(path)
-    except (OSError, ELFError):
+    except OSError:
+        return None
+    except Exception as e:  # noqa: BLE001  (a corrupt or hostile file: that module has no symbols, see _or)
+        _note(path, f"no symbols (its headers: {_failure(e)})")
         return None
 
 

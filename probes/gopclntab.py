@@ -22,9 +22,11 @@ import struct
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
+from elftools.elf.sections import SymbolTableSection
 from memdiag.system.elfread import open_elf, segment_headers
+
+from .elf import MAX_SYMBOLS, STT_OBJECT, symbol_rows
 
 MAGIC_118 = 0xFFFFFFF0  # Go 1.18 and 1.19 (1.20 moved to 0xfffffff1 with another _func and inline tree)
 _FUNC = struct.Struct("<IiiIIIIIIBBBB")  # runtime._func up to nfuncdata: 40 bytes
@@ -36,6 +38,11 @@ FUNCDATA_INLTREE = 3
 # enoptrbss, end, gcdata, gcbss, types, etypes, rodata, gofunc
 _MD_WORDS = 1 + 6 * 3 + 20
 _MD_FIELDS = ("text", "etext", "noptrdata", "enoptrdata", "data", "edata", "bss", "ebss", "noptrbss", "enoptrbss")
+
+
+# the function count is the file's claim, and each costs 8 bytes of memdiag's and a read: large Go
+# programs have ~100,000 functions (kubelet 80,000), 10x that is a lie (or nothing worth reading)
+MAX_FUNCS = 1_000_000
 
 
 class PclntabError(Exception):
@@ -89,8 +96,8 @@ class GoTable:
                 section = elf.get_section_by_name(".gopclntab")
                 self.pie = elf.header["e_type"] == "ET_DYN"
                 self.symtab = _data_symbols(elf)
-        except (OSError, ValueError, ELFError) as e:
-            raise PclntabError(f"{path}: {e}") from None
+        except Exception as e:  # noqa: BLE001  (a corrupt or hostile file raises anything: no Go table)
+            raise PclntabError(f"{path}: {type(e).__name__}: {e}") from None
         self.header = section["sh_addr"] if section is not None else self._find_header()
         self._parse_header()
         self.moduledata = self._find_moduledata()
@@ -139,6 +146,8 @@ class GoTable:
         if magic != MAGIC_118 or ptr_size != 8 or min_lc != 1:
             raise PclntabError(f"{self.path}: pclntab magic {magic:#x} (only Go 1.18-1.19 on amd64 is read)")
         nfunc, _nfiles, text, name, cu, files, pc, func = struct.unpack_from("<8Q", raw, 8)
+        if nfunc > MAX_FUNCS:
+            raise PclntabError(f"{self.path}: pclntab claims {nfunc} functions (more than {MAX_FUNCS:,})")
         self.nfunc, self.text_start = nfunc, text
         self._names, self._cutab, self._files = self.header + name, self.header + cu, self.header + files
         self._pctab, self._ftab = self.header + pc, self.header + func
@@ -338,9 +347,16 @@ class GoTable:
 def _data_symbols(elf: ELFFile) -> dict[str, int]:
     """Object symbols by name from .symtab, when the binary kept it (not stripped)."""
     sec = elf.get_section_by_name(".symtab")
-    if sec is None:
+    if not isinstance(sec, SymbolTableSection):
         return {}
-    return {s.name: s["st_value"] for s in sec.iter_symbols() if s["st_info"]["type"] == "STT_OBJECT" and s.name}
+    out: dict[str, int] = {}
+    # the bulk reader, bounded (a Go binary's .symtab: ~100,000 rows; pyelftools' 30 us a row each)
+    for name, value, _size, kind, _bind, _shndx in symbol_rows(elf, sec):
+        if kind == STT_OBJECT and name:
+            out[name] = value
+            if len(out) >= MAX_SYMBOLS:
+                break
+    return out
 
 
 def go_table(path: str) -> GoTable:

@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING
 
 from .elf import elf_info
+from .elf import note_module as note
 from .frame import Frame
 from .procmaps import AddressSpace, Mapping
 
@@ -39,6 +40,9 @@ def _table_of(_dev: int, _ino: int, _mtime: int, path: str) -> GoTable | None:
         return go_table(path)
     except PclntabError:
         return None
+    except Exception as e:  # noqa: BLE001  (a corrupt or hostile file: its frames stay the native symbolizer's)
+        note(path, f"no Go function table ({type(e).__name__}: {e})")
+        return None
 
 
 def go_frames(space: AddressSpace | None, mapping: Mapping, address: int, leaf: bool):
@@ -48,10 +52,15 @@ def go_frames(space: AddressSpace | None, mapping: Mapping, address: int, leaf: 
     table = _table(path) if path else None
     if table is None:
         return None
-    bias = elf_info(path).bias(mapping)
+    elf = elf_info(path)
+    bias = elf.bias(mapping) if elf is not None else None
     if bias is None:
         return None
-    found = table.frames(address - bias - (0 if leaf else 1))
+    try:
+        found = table.frames(address - bias - (0 if leaf else 1))
+    except Exception as e:  # noqa: BLE001  (the table is read lazily: a corrupt entry fails here)
+        note(path, f"no Go frames ({type(e).__name__}: {e})")
+        return None
     if not found:
         return None
     return [

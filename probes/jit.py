@@ -10,13 +10,12 @@ before. Where no map can be had, `NOTES` says why and the frames stay [unknown].
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from pathlib import Path
 
 from memdiag.system.jvm import read_jvm_library
-from memdiag.system.perfmap import JitSymbol, PerfMap, perf_map_path, read_perf_map
+from memdiag.system.perfmap import PerfMap, perf_map_exists, perf_map_file, read_perf_map, remove_perf_map
 
 from .jvm.attach import AttachRefused, describe_target, jcmd
 
@@ -59,8 +58,8 @@ def _start_ticks(proc: Path) -> int | None:
 
 
 def _from_jvm(pid: int, proc_root: Path) -> PerfMap | None:
-    path = perf_map_path(pid, proc_root)
-    existed = path.exists()
+    where = perf_map_file(pid, proc_root)
+    existed = perf_map_exists(where)
     started = time.monotonic()
     try:
         reply = jcmd(describe_target(pid, proc_root), "Compiler.perfmap", timeout_s=10)
@@ -73,11 +72,10 @@ def _from_jvm(pid: int, proc_root: Path) -> PerfMap | None:
     took = time.monotonic() - started
     found = read_perf_map(pid, proc_root)
     if not existed:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+        remove_perf_map(where)
     if found is None:
         NOTES[pid] = "JIT-compiled Java frames stay [unknown]: the JVM wrote no perf map"
         return None
-    symbols = [JitSymbol(s.start, s.size, short_name(s.name), s.order) for s in found.symbols]
+    found.rename = short_name  # each name as it is looked up (not every name of the map made now)
     NOTES[pid] = f"JIT-compiled Java frames named from the JVM's perf map (Compiler.perfmap, {took * 1000:.0f} ms)"
-    return PerfMap(found.path, symbols, found.size, found.truncated)
+    return found

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from memdiag.system._parse import Model
 from memdiag.system.clock import wall
-from memdiag.system.perfmap import perf_map_path
+from memdiag.system.perfmap import perf_map_path, perf_map_size
 from memdiag.system.runtime import read_runtime
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_duration
@@ -49,12 +49,10 @@ def requirements() -> list:
 
 
 def perf_map_state(pid: int, proc_root: Path = Path("/proc")) -> PerfMapState | None:
-    path = perf_map_path(pid, proc_root)
-    try:
-        size = path.stat().st_size
-    except OSError:
+    size = perf_map_size(pid, proc_root)  # opened as the symbolizer opens it: a link or FIFO is no map
+    if size is None:
         return None
-    return PerfMapState(path=f"/tmp/{path.name}", size=size)
+    return PerfMapState(path=f"/tmp/{perf_map_path(pid, proc_root).name}", size=size)
 
 
 def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Callable[[], float] = time.monotonic):

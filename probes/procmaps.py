@@ -17,8 +17,8 @@ import os
 from collections import Counter
 from pathlib import Path
 
-from .elf import elf_info
-from .mapping import Mapping, parse_maps
+from .elf import elf_info, note_module
+from .mapping import Mapping, describe_dropped, parse_maps, read_maps
 
 __all__ = ["AddressSpace", "Mapping", "parse_maps"]
 
@@ -39,11 +39,13 @@ class AddressSpace:
 
     @classmethod
     def of(cls, pid: int, proc_root: Path = Path("/proc")) -> AddressSpace | None:
-        try:
-            text = (proc_root / str(pid) / "maps").read_text()
-        except OSError:
+        maps = read_maps(pid, proc_root)
+        if maps is None:
             return None
-        return cls(pid, parse_maps(text), root=str(proc_root / str(pid) / "root"))
+        dropped = describe_dropped(maps)
+        if dropped:
+            note_module(f"/proc/{pid}/maps", dropped)
+        return cls(pid, maps, root=str(proc_root / str(pid) / "root"))
 
     def find(self, address: int) -> Mapping | None:
         i = bisect.bisect_right(self.starts, address) - 1

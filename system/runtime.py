@@ -32,7 +32,6 @@ import struct
 from pathlib import Path
 from typing import Literal
 
-from elftools.common.exceptions import ELFError
 from elftools.elf.elffile import ELFFile
 
 from ._parse import Fact, kv_lines, read_text
@@ -40,9 +39,6 @@ from .elfread import open_elf, segment_bytes, segment_headers
 from .safefile import open_in, open_root, read_fd
 
 _CPYTHON = re.compile(r"^(?:lib)?python(?P<version>3\.\d+)[a-z]*(?:\.so[.\d]*|-[\w.-]+)?$")
-# The most of a node binary searched for its version strings: Node 20's .rodata is ~20 MB; a file
-# the target maps may claim any size (or have no .rodata), and the slice is copied into memdiag.
-MAX_NODE_STRINGS = 64 << 20
 _NODE = re.compile(r"^(?:node|nodejs|libnode\.so[.\d]*)$")
 _JVM = "libjvm.so"
 MAX_RELEASE = 64 << 10  # a JDK's release file is 1-2 KiB
@@ -243,12 +239,15 @@ def cpython_version(binary: Path) -> str | None:
             table = elf.get_section_by_name(".gnu.hash") or elf.get_section_by_name(".hash")
             sym = table.get_symbol("Py_Version") if table is not None and hasattr(table, "get_symbol") else None
             raw = _read_vaddr(elf, sym["st_value"], 4) if sym is not None else None
-    except (OSError, ELFError, ValueError, struct.error):
+    except Exception:  # noqa: BLE001  (the target's executable: a corrupt or hostile file raises anything)
         return None
     return describe_python_version(int.from_bytes(raw, "little")) if raw and len(raw) == 4 else None
 
 
 # --- Node ---------------------------------------------------------------------------------------
+NODE_SCAN_BYTES = 128 << 20  # Node 20's .rodata is ~20 MB, its whole binary ~100 MB (file pages, not copied)
+
+
 def node_versions(binary: Path) -> tuple[str | None, str | None]:
     """(Node's version, V8's version) from the strings compiled into the node binary or libnode:
     read from its .rodata (~20 MB for Node 20, a regular-expression pass of some 30 ms)."""
@@ -256,17 +255,18 @@ def node_versions(binary: Path) -> tuple[str | None, str | None]:
         with open(binary, "rb") as f:
             try:
                 rodata = open_elf(f).get_section_by_name(".rodata")
-            except ELFError:
+            except Exception:  # noqa: BLE001  (a corrupt or hostile file raises anything)
                 return None, None
             start, size = (rodata["sh_offset"], rodata["sh_size"]) if rodata is not None else (0, 0)
-            size = min(size or MAX_NODE_STRINGS, MAX_NODE_STRINGS)
             with mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as data:
-                view = data[start : start + size]
+                # searched in place, not copied (a copy of a whole file a target chose: any size),
+                # and no further than NODE_SCAN_BYTES
+                end = min(len(data), (start + size) if size else len(data), start + NODE_SCAN_BYTES)
+                node = _NODE_RELEASE.search(data, start, end)
+                v8 = _V8_VERSION.search(data, start, end)
+                return (node[1].decode() if node else None), (v8[1].decode() if v8 else None)
     except (OSError, ValueError):
         return None, None
-    node = _NODE_RELEASE.search(view)
-    v8 = _V8_VERSION.search(view)
-    return (node[1].decode() if node else None), (v8[1].decode() if v8 else None)
 
 
 # --- Go -------------------------------------------------------------------------------------------
@@ -274,21 +274,19 @@ def read_go_build(exe: Path) -> GoBuild | None:
     """The build info of a Go executable, or None (not Go, unreadable, or no build info)."""
     try:
         with open(exe, "rb") as f:
-            try:
-                elf = open_elf(f)
-                blob = _buildinfo_blob(elf)
-            except (ELFError, struct.error, ValueError):
-                return None
+            elf = open_elf(f)
+            blob = _buildinfo_blob(elf)
             return parse_go_buildinfo(blob, lambda addr, n: _read_vaddr(elf, addr, n)) if blob else None
-    except OSError:
+    except Exception:  # noqa: BLE001  (OSError, or a corrupt or hostile file's anything: not read)
         return None
 
 
 def _buildinfo_blob(elf: ELFFile) -> bytes | None:
     """The first 64 KiB where the build info lives: its own section, else the first writable segment."""
     section = elf.get_section_by_name(".go.buildinfo")
-    if section is not None:
-        return section.data()[: 64 << 10]
+    if section is not None:  # its first 64 KiB, not the size its header claims
+        elf.stream.seek(section["sh_offset"])
+        return elf.stream.read(min(section["sh_size"], 64 << 10))
     for seg in segment_headers(elf):
         if seg["p_type"] == "PT_LOAD" and seg["p_flags"] & 0x3 == 0x2:  # PF_W without PF_X
             return segment_bytes(elf, seg, 64 << 10)

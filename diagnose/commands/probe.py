@@ -17,7 +17,7 @@ from ..errors import PermissionNeeded, SignalInterrupted, UsageError
 from ..options import DURATION, FUNCTION, MILLISECONDS, PID, ROWS, SAMPLE_EVERY, SIZE
 from ..outfiles import write_file
 from ..render.probe_text import render_probe
-from ..render.text import json_text
+from ..render.text import json_text, plain
 from ..target import cgroup_target, pid_target
 from ..workflow import DEFAULT_BUDGET_PERCENT
 
@@ -103,6 +103,9 @@ def execute(args: argparse.Namespace) -> int:
         sys.stdout.write(json_text(result.model_dump_json(indent=2)) + "\n")
     else:
         sys.stdout.write(render_probe(result, top=args.top))
+    elf = sys.modules.get("memdiag.probes.elf")  # modules with no symbols: a corrupt or hostile file
+    for line in elf.take_notes() if elf is not None else []:
+        print(f"  symbols: {plain(line)}", file=sys.stderr if args.json else sys.stdout)
     if INTERRUPTION.caught:
         raise SignalInterrupted(
             INTERRUPTION.signum or 0, f"interrupted by {INTERRUPTION.signal_name} during {INTERRUPTION.phase}"

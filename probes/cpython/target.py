@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from elftools.elf.sections import SymbolTableSection
 
-from ..elf import ElfInfo, elf_info
+from ..elf import ElfInfo, elf_info, note_module, symbol_rows
 from ..procmaps import AddressSpace
 from .layout import DEBUG_OFFSETS_BYTES, DEBUG_OFFSETS_VERSIONS, TABLES, Layout, describe_version, from_debug_offsets
 from .layout import version_of as _version_of
@@ -64,13 +64,18 @@ def _data_symbols(elf: ElfInfo) -> dict[str, int]:
     """Exported data symbols of the interpreter's module (.dynsym, else .symtab)."""
     wanted = {"_PyRuntime", "Py_Version", *TYPES}
     found: dict[str, int] = {}
-    for section in (".dynsym", ".symtab"):
-        sec = elf.elf.get_section_by_name(section)
-        if not isinstance(sec, SymbolTableSection):
-            continue
-        for sym in sec.iter_symbols():
-            if sym.name in wanted and sym["st_value"] and sym["st_shndx"] != "SHN_UNDEF":
-                found.setdefault(sym.name, sym["st_value"])
+    try:
+        for section in (".dynsym", ".symtab"):
+            sec = elf.elf.get_section_by_name(section)
+            if not isinstance(sec, SymbolTableSection):
+                continue
+            # the bulk reader, bounded (pyelftools' iter_symbols: ~30 us a symbol, any number of them)
+            for name, value, _size, _kind, _bind, shndx in symbol_rows(elf.elf, sec):
+                if name in wanted and value and shndx != 0:
+                    found.setdefault(name, value)
+    except Exception as e:  # noqa: BLE001  (a corrupt or hostile module: no interpreter read from it)
+        note_module(elf.path, f"no symbols ({type(e).__name__}: {e})")
+        return {}
     return found
 
 

@@ -3,6 +3,7 @@ smaps split of a Node process (V8's pages below 64 TiB, malloc'd memory elsewher
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from memdiag.system.perfmap import JitSymbol, parse_perf_map, perf_map_path, read_perf_map
@@ -39,7 +40,8 @@ def test_the_newest_entry_covering_an_address_names_it():
 def test_the_map_is_found_under_the_processs_root_by_its_own_pid(tmp_path):
     proc = tmp_path / "proc"
     (proc / "4242" / "root" / "tmp").mkdir(parents=True)
-    (proc / "4242" / "status").write_text("Name:\tnode\nPid:\t4242\nNSpid:\t4242\t7\n")
+    uid = "\t".join([str(os.geteuid())] * 4)  # the map is the process's own file: written by its effective uid
+    (proc / "4242" / "status").write_text(f"Name:\tnode\nPid:\t4242\nUid:\t{uid}\nNSpid:\t4242\t7\n")
     assert perf_map_path(4242, proc) == proc / "4242" / "root" / "tmp" / "perf-7.map"
     assert read_perf_map(4242, proc) is None  # no map: the process was not asked for one
     (proc / "4242" / "root" / "tmp" / "perf-7.map").write_text("7f0000001000 40 JS:*f /x.js:2:3\n")

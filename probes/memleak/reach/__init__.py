@@ -164,7 +164,9 @@ def _stop_and_scan(
                 box["empty"] = True
                 return
             blocks = blocks.sort()
-            space = AddressSpace(pid, parse_maps(Path(f"/proc/{pid}/maps").read_text()), root=f"/proc/{pid}/root")
+            # every mapping (not parse_maps' bounds): a region left out would make the blocks it holds look leaked
+            maps = parse_maps(Path(f"/proc/{pid}/maps").read_text(), bounded=False)
+            space = AddressSpace(pid, maps, root=f"/proc/{pid}/root")
             regions = readable_regions(space, threads, est.tls_bytes, blocks, runtime_modules)
             meta = _allocator_metadata(pid, regions, allocator)
             regions = allocmeta.carve(regions, meta)
