@@ -43,6 +43,7 @@ import ctypes
 import errno
 import os
 import re
+import resource
 import selectors
 import shutil
 import signal
@@ -540,9 +541,9 @@ _LIBC = None
 
 def _confine() -> None:
     """In the tool's child, after its ids became nobody's (Popen user/group/extra_groups): no
-    privilege regained through exec (no_new_privs), a bounded address space, no core file, niced."""
-    import resource
-
+    privilege regained through exec (no_new_privs), a bounded address space, no core file, niced.
+    It runs between fork and exec in a process that may have other threads (serve, the sampler):
+    C calls only, nothing imported here (the import lock may be held by a thread that is gone)."""
     _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # type: ignore[union-attr]
     resource.setrlimit(resource.RLIMIT_AS, (TOOL_ADDRESS_SPACE, TOOL_ADDRESS_SPACE))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
