@@ -412,6 +412,7 @@ def test_a_dead_memdiags_recording_and_files_are_removed_and_a_live_ones_kept(ja
         dead.close()
     with jvm_tmp(jvm) as tmp:
         assert not [n for n in os.listdir(tmp) if n.startswith((dead.name, live.name))]
+    assert not [r.private for r in (dead, live) if r.private is not None and r.private.exists()]  # the copies
     assert jfrmod.SELF_STOP_MARGIN_S <= 10
 
 
