@@ -94,9 +94,9 @@ def scan(
     except ScanAborted as e:
         return ReachScan(status="failed", reason=str(e), **info), {}
     box: dict = {}
-    # In a thread of its own that ends with the stop: when a tracer thread exits, the kernel
-    # detaches every tracee it still holds (exit_ptrace), also one that never reached its stop or
-    # died meanwhile (a zombie goes back to its parent), so nothing is left traced, whatever fails.
+    # The stop is held by a process of its own (stop.stopped: holder.py), which resumes the target at
+    # --max-pause and a margin even if this thread is stuck, and whose end in any way resumes it too
+    # (the kernel detaches every tracee of an exiting tracer: exit_ptrace).
     worker = threading.Thread(
         target=_stop_and_scan,
         args=(pid, read_blocks, allowed_ms, interrupted, est, box, allocator, runtime_modules),
@@ -132,7 +132,7 @@ def _stop_and_scan(
             )
 
     try:
-        with stopped(pid) as threads:
+        with stopped(pid, allowed_ms) as threads:
             blocks = read_blocks(True)
             if not len(blocks.starts):
                 box["empty"] = True
