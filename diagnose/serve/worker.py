@@ -43,6 +43,10 @@ class DiagnosisFailed(Exception):
     """The diagnosis's process ended without a report (its message is the incident's error as it is)."""
 
 
+class DiagnosisKilled(DiagnosisFailed):
+    """The diagnosis ran past its deadline and was killed."""
+
+
 class QueueFull(Exception):
     pass
 
@@ -145,6 +149,17 @@ class Worker:
             if base is not None:
                 report = follow_up(report, base[1], base[0].report_dir or "", base[2])
             folder, _ = self.store.write_report(iid, render_all(report))
+        except DiagnosisKilled as e:  # what hung once likely hangs again: one retry at most
+            spent = self._attempts_after_kill(incident.attempts if incident else 1)
+            last = spent >= self.store.limits.max_attempts
+            self.store.settle(
+                iid,
+                state="failed",
+                error=f"{e}; not retried" if last else str(e),
+                attempts=spent,
+                duration_s=time.monotonic() - started,
+            )
+            return
         except Exception as e:  # a failed diagnosis is recorded, the worker goes on
             self.store.settle(iid, state="failed", error=_reason(e), duration_s=time.monotonic() - started)
             return
@@ -166,6 +181,14 @@ class Worker:
         if self.on_done:
             self.on_done(elapsed, report)
 
+    def _attempts_after_kill(self, attempts: int) -> int:
+        """The attempts to record for an incident whose diagnosis was killed at its deadline: its
+        first kill leaves one attempt of --max-attempts (a re-delivery or a restart retries it once),
+        a later one none (the store then neither re-queues it after a restart nor on re-delivery
+        within the dedupe window)."""
+        cap = self.store.limits.max_attempts
+        return cap if attempts >= 2 else max(attempts, cap - 1)
+
     def _diagnose(self, target: Target, window: float, given: dict | None) -> Report:
         """The diagnosis, in a process of its own (child.py): memdiag's own Python, started by
         fork and exec (nothing of this multi-threaded server is forked), in a session of its own so
@@ -185,7 +208,7 @@ class Worker:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.communicate(timeout=REAP_S)
-            raise DiagnosisFailed(f"the diagnosis did not end within its deadline ({seconds:g} s); killed") from None
+            raise DiagnosisKilled(f"the diagnosis did not end within its deadline ({seconds:g} s); killed") from None
         finally:
             if proc.poll() is None:  # the worker's own failure (a broken pipe): nothing left running
                 with contextlib.suppress(ProcessLookupError):

@@ -1,7 +1,7 @@
 """serve's worker runs each diagnosis in a process of its own and kills it at its deadline: a
 diagnosis blocked for good in the kernel (open() of a FIFO, through the hangseam runner) ends its
 incident as failed with the reason, nothing of it is left running, and the next incident, queued
-behind it, is diagnosed."""
+behind it, is diagnosed. The alert delivered again is retried once, then no more."""
 
 from __future__ import annotations
 
@@ -53,7 +53,7 @@ def test_a_hung_diagnosis_is_killed_at_its_deadline_and_the_next_one_runs(root_r
         ids = []
         for p in (hostile, next_one):
             target = pid_target(p.pid)
-            incident, _ = store.admit("test", target_json(target), None, None)
+            incident, _ = store.admit("test", target_json(target), None, f"key-{p.pid}")
             worker.submit(incident.id, target)
             ids.append(incident.id)
         # the first diagnosis's process is blocked in the kernel's FIFO open
@@ -76,6 +76,17 @@ def test_a_hung_diagnosis_is_killed_at_its_deadline_and_the_next_one_runs(root_r
         assert done.state == "done", done
         assert done.verdict_kind == "healthy" and f"PID {next_one.pid} (sleep)" in done.summary, done
         assert not [cmd for cmd in _children().values() if "memdiag.diagnose.serve.child" in cmd]
+        assert hung.attempts == 2  # of 3: one retry left
+        # the alert delivered again: retried once, killed again, then not retried
+        again, how = store.admit("test", target_json(pid_target(hostile.pid)), None, f"key-{hostile.pid}")
+        assert (again.id, how) == (ids[0], "requeued")
+        worker.submit(again.id, pid_target(hostile.pid))
+        hung = _settled(store, ids[0], 30)
+        assert hung.state == "failed" and hung.attempts == 3, hung
+        assert hung.error == f"the diagnosis did not end within its deadline ({DEADLINE_S:g} s); killed; not retried"
+        assert hung.previous.startswith("attempt 2 failed: the diagnosis did not end within its deadline")
+        _, how = store.admit("test", target_json(pid_target(hostile.pid)), None, f"key-{hostile.pid}")
+        assert how == "duplicate"
     finally:
         for p in (hostile, next_one):
             p.kill()
