@@ -47,6 +47,8 @@ from .pause import Price, price
 from .regions import readable_regions
 from .stop import alive, check_stoppable, stopped
 
+JOIN_TICK_S = 0.05  # how often the waiting thread looks for a signal (the engine's waits tick alike)
+
 __all__ = ["Blocks", "ReachScan", "StackReach", "merged", "price", "scan"]
 
 
@@ -103,7 +105,11 @@ def scan(
         name="memdiag-reach",
     )
     worker.start()
-    worker.join()
+    while worker.is_alive():
+        # asked each tick, so a signal is seen here at once (the scan thread stops at it too): the
+        # CLI's deadline (system/signals.py) then gives the stop its time rather than ending it
+        interrupted()
+        worker.join(JOIN_TICK_S)
     if "error" in box:
         e = box["error"]
         reason = str(e) if isinstance(e, ScanAborted) else f"reading the target's memory failed: {e}"
