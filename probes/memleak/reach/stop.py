@@ -23,7 +23,6 @@ from .holder import thread_ids, thread_state
 from .model import ScanAborted
 
 D_STATE_WAIT_S = 0.2  # how long a thread may stay in uninterruptible sleep before the scan gives up
-STOP_TIMEOUT_S = holder.STOP_TIMEOUT_S
 # How long past the pause allowed (--max-pause) the holder keeps the target stopped before it resumes
 # it on its own: the scan's own check gives up at the allowance, between two chunks of its read, and
 # then resumes the target at once; the margin covers that last chunk and the release, so the holder's
