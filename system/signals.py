@@ -21,9 +21,10 @@ NOTICE_GRACE_S = 0.6
 # How long a stop that did start (the main thread saw the signal) may take to detach its probes,
 # release a stopped target and write the partial report before the command is ended anyway: the
 # slowest measured here took 0.41 s from the signal to the exit (SIGINT with memleak attached, its
-# partial report written; 0.28 s during a reach scan of 512 MiB), so over ten times that for a
-# loaded node; a stop blocked in its own cleanup (a report's read of a planted file) ends here.
-STOP_GRACE_S = 5.0
+# partial report written; 0.28 s during a reach scan of 512 MiB), so seven times that for a loaded
+# node; a stop blocked in its own cleanup (a join of a thread stuck in a read, a report's read of a
+# planted file) ends here.
+STOP_GRACE_S = 3.0
 _HANDLED = (signal.SIGINT, signal.SIGTERM)
 
 
