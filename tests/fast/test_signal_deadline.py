@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+from memdiag.system.signals import STOP_GRACE_S
 
 SEAM = """
 import sys, time
@@ -31,6 +32,9 @@ def blocked(args):
             n = 1
             while n:  # a counter that never reaches its end (the hsperfdata 2**63-1 case)
                 n = (n * 3 + 1) % (2**63 - 1) or 1
+        elif sys.argv[1] == "stuck-stop":
+            INTERRUPTION.wait(60)
+            open(sys.argv[2]).read()  # the stop itself blocks (a read of a planted file for the report)
         elif sys.argv[1] == "slow-stop":
             INTERRUPTION.wait(60)
             time.sleep(float(sys.argv[2]))  # detaching and writing: slower than the notice grace
@@ -102,3 +106,16 @@ def test_a_stop_under_way_is_given_its_time_and_ends_cleanly(tmp_path):
     assert p.returncode == 143, err
     assert 2 <= took < 4, took
     assert err.strip() == "memdiag: interrupted by SIGTERM during reading a planted file; partial report: x", err
+
+
+def test_a_stop_that_blocks_ends_at_the_stop_grace(tmp_path):
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    p = _start(tmp_path, "stuck-stop", str(fifo))
+    took, err = _signal_and_time(p, signal.SIGTERM)
+    assert p.returncode == 143, err
+    assert STOP_GRACE_S <= took < STOP_GRACE_S + 1, took
+    assert err.strip() == (
+        "memdiag: interrupted by SIGTERM during reading a planted file; its stop did not finish within "
+        f"{STOP_GRACE_S:g} s: ended without a report"
+    ), err
