@@ -6,6 +6,8 @@ from __future__ import annotations
 import html
 import zlib
 
+from .text import one_line
+
 WIDTH, ROW, FONT = 1200, 17, 11
 
 
@@ -34,7 +36,7 @@ def render_flamegraph(folded: list[str], title: str) -> str:
     if not root["n"]:
         return (
             f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="60"><text x="10" y="30" '
-            f'font-family="sans-serif" font-size="14">{html.escape(title)}: no stacks recorded</text></svg>\n'
+            f'font-family="sans-serif" font-size="14">{html.escape(one_line(title))}: no stacks recorded</text></svg>\n'
         )
     rects: list[str] = []
     depth_max = 0
@@ -59,10 +61,11 @@ def render_flamegraph(folded: list[str], title: str) -> str:
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height}" font-family="monospace" '
         f'font-size="{FONT}">',
-        f'<text x="{WIDTH / 2}" y="16" text-anchor="middle" font-size="14">{html.escape(title)}</text>',
+        f'<text x="{WIDTH / 2}" y="16" text-anchor="middle" font-size="14">{html.escape(one_line(title))}</text>',
     ]
-    for name, x, depth, w, n in rects:  # type: ignore[misc]
+    for raw, x, depth, w, n in rects:  # type: ignore[misc]
         y = height - (depth + 1) * ROW
+        name = one_line(raw)  # a frame's name is the target's: no control or bidi character drawn as is
         label = html.escape(name)
         pct = 100.0 * n / root["n"]
         chars = int(w / (FONT * 0.62))

@@ -15,10 +15,12 @@ from pydantic import ValidationError
 from pydantic_core import from_json
 from starlette.applications import Starlette
 from starlette.requests import ClientDisconnect, Request
-from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.responses import HTMLResponse, Response
+from starlette.responses import JSONResponse as _JSONResponse
 from starlette.routing import Route
 
 from ..errors import UsageError
+from ..render.text import json_text
 from ..report import Report
 from ..target import Target, as_largest_process, pid_target
 from ..verify import find_service
@@ -94,6 +96,14 @@ class Metrics:
         for state in STATES:
             self.incidents.labels(state=state).set(counts.get(state, 0))
         return generate_latest(self.registry)
+
+
+class JSONResponse(_JSONResponse):
+    """Starlette's, with DEL, the C1 controls and the format characters (a bidi override in a
+    target's comm) written as \\u escapes, as report.json writes them: the same values."""
+
+    def render(self, content: Any) -> bytes:
+        return json_text(super().render(content).decode()).encode()
 
 
 def _error(status: int, reason: str) -> JSONResponse:

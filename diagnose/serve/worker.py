@@ -1,10 +1,16 @@
 """One diagnosis at a time (the overhead budget is per host), from a bounded queue. The worker
-never dies: every failure ends its incident as failed with the reason, and the loop goes on."""
+never dies: every failure ends its incident as failed with the reason, and the loop goes on. Each
+diagnosis runs in a process of its own (child.py), killed at its deadline: a target that makes a
+diagnosis hang costs that incident, and the next one is diagnosed."""
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
+import pickle
+import signal
+import subprocess
 import sys
 import threading
 import time
@@ -18,12 +24,29 @@ from ..render import render_all
 from ..report import Report
 from ..target import Target, cgroup_target, pid_target, system_target, with_container
 from ..verify import baseline_facts
-from ..workflow import diagnose
 from .cases import follow_up, report_service, service_key, worth_following
+from .child import DEFAULT_RUNNER, ERROR, REPORT, Request
 from .store import Incident, ReportGone, StorageFailing, Store
 from .targets import BadLabel, NotOnHost, target_from_labels
 
 STUCK_FACTOR, STUCK_SLACK = 3, 120.0  # "running far past its window": 3x the window plus 2 minutes
+# A diagnosis's deadline: twice its window plus two minutes (the BPF compile of a cold cache, the
+# pricing, a scan and the report come on top of the window), below the point where /healthz calls
+# the worker stuck, so a hung diagnosis is killed before the node is reported unhealthy.
+DEADLINE_FACTOR, DEADLINE_SLACK = 2, 120.0
+REAP_S = 10.0  # for a killed diagnosis's process to be reaped (SIGKILL: at once, unless the host is stalled)
+
+
+def default_deadline(window: float) -> float:
+    return DEADLINE_FACTOR * window + DEADLINE_SLACK
+
+
+class DiagnosisFailed(Exception):
+    """The diagnosis's process ended without a report (its message is the incident's error as it is)."""
+
+
+class DiagnosisKilled(DiagnosisFailed):
+    """The diagnosis ran past its deadline and was killed."""
 
 
 class QueueFull(Exception):
@@ -49,8 +72,11 @@ class Worker:
         rules,
         maxsize: int = 16,
         on_done: Callable[[float, object], None] | None = None,
+        deadline: Callable[[float], float] = default_deadline,
+        runner: str = DEFAULT_RUNNER,
     ):
         self.store, self.duration, self.budget, self.rules = store, duration, budget, rules
+        self.deadline, self.runner = deadline, runner  # the seconds a window's diagnosis may take; what it calls
         self.maxsize = maxsize
         self._queue: collections.deque[tuple[str, Target | None, float | None]] = collections.deque()
         self._ready = threading.Condition()
@@ -121,10 +147,21 @@ class Worker:
                 target = _target_again(incident)
             base = self._baseline(incident, target)  # an earlier diagnosis this one follows up
             given = baseline_facts(base[1]) if base else None
-            report = diagnose(target, window, budget_percent=self.budget, rules=self.rules, given=given)
+            report = self._diagnose(target, window, given)
             if base is not None:
                 report = follow_up(report, base[1], base[0].report_dir or "", base[2])
             folder, _ = self.store.write_report(iid, render_all(report))
+        except DiagnosisKilled as e:  # what hung once likely hangs again: one retry at most
+            spent = self._attempts_after_kill(incident.attempts if incident else 1)
+            last = spent >= self.store.limits.max_attempts
+            self.store.settle(
+                iid,
+                state="failed",
+                error=f"{e}; not retried" if last else str(e),
+                attempts=spent,
+                duration_s=time.monotonic() - started,
+            )
+            return
         except Exception as e:  # a failed diagnosis is recorded, the worker goes on
             self.store.settle(iid, state="failed", error=_reason(e), duration_s=time.monotonic() - started)
             return
@@ -145,6 +182,46 @@ class Worker:
         )
         if self.on_done:
             self.on_done(elapsed, report)
+
+    def _attempts_after_kill(self, attempts: int) -> int:
+        """The attempts to record for an incident whose diagnosis was killed at its deadline: its
+        first kill leaves one attempt of --max-attempts (a re-delivery or a restart retries it once),
+        a later one none (the store then neither re-queues it after a restart nor on re-delivery
+        within the dedupe window)."""
+        cap = self.store.limits.max_attempts
+        return cap if attempts >= 2 else max(attempts, cap - 1)
+
+    def _diagnose(self, target: Target, window: float, given: dict | None) -> Report:
+        """The diagnosis, in a process of its own (child.py): memdiag's own Python, started by
+        fork and exec (nothing of this multi-threaded server is forked), in a session of its own so
+        that at the deadline its whole process group is killed; the kernel then releases whatever
+        it held (BPF links, a ptrace stop). DiagnosisFailed with the reason when it gives no report."""
+        seconds = self.deadline(window)
+        request = Request(target, window, self.budget, self.rules, given, self.runner)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "memdiag.diagnose.serve.child"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            start_new_session=True,
+        )
+        try:
+            out, _ = proc.communicate(pickle.dumps(request), timeout=seconds)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=REAP_S)
+            raise DiagnosisKilled(f"the diagnosis did not end within its deadline ({seconds:g} s); killed") from None
+        finally:
+            if proc.poll() is None:  # the worker's own failure (a broken pipe): nothing left running
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        kind, _, body = out.decode(errors="replace").partition("\n")
+        if kind == ERROR:
+            raise DiagnosisFailed(body)
+        if kind != REPORT:
+            raise DiagnosisFailed(f"the diagnosis's process ended by {_status(proc.returncode)} without a report")
+        return Report.model_validate_json(body)
 
     def _baseline(self, incident: Incident | None, target: Target) -> tuple[Incident, Report, str] | None:
         """(earlier incident, its report, how this diagnosis relates to it): the one a verify names,
@@ -202,8 +279,17 @@ def target_json(t: Target) -> dict:
     }
 
 
+def _status(code: int) -> str:
+    if code >= 0:
+        return f"exit status {code}"
+    try:
+        return f"signal {signal.Signals(-code).name}"
+    except ValueError:
+        return f"signal {-code}"
+
+
 def _reason(e: Exception) -> str:
-    if isinstance(e, StorageFailing):
+    if isinstance(e, StorageFailing | DiagnosisFailed):
         return str(e)
     return f"{type(e).__name__}: {e}"
 

@@ -60,6 +60,11 @@ def _tracer(pid: int) -> int:
     return int(next(line.split()[1] for line in text.splitlines() if line.startswith("TracerPid:")))
 
 
+def _parent(pid: int) -> int:
+    text = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in text.splitlines() if line.startswith("PPid:")))
+
+
 def _in_pid_namespace(script: str, timeout: float = 120) -> dict:
     """script run by memdiag's interpreter as pid 1 of a new pid namespace with its own /proc; the
     JSON it prints last."""
@@ -390,13 +395,14 @@ def test_a_change_seen_once_the_threads_are_seized_lets_them_all_go(workload):
     looks = []
 
     def same() -> None:
-        looks.append(_tracer(w.pid))
+        tracer = _tracer(w.pid)  # the stop's holder, a child of memdiag's, once the threads are seized
+        looks.append(tracer and _parent(tracer))
         if len(looks) == 2:  # the look after the seize: as if the target had exec'd meanwhile
             raise ScanAborted("the target exec'd another program: the scan stopped and concluded nothing")
 
-    with pytest.raises(ScanAborted, match="exec'd another program"), stopped(w.pid, same):
+    with pytest.raises(ScanAborted, match="exec'd another program"), stopped(w.pid, same=same):
         raise AssertionError("nothing is read once the target changed")
-    assert looks == [0, os.getpid()]  # first before any seize, then with the threads held by memdiag
+    assert looks == [0, os.getpid()]  # first before any seize, then with the threads held by memdiag's holder
     assert _tracer(w.pid) == 0  # let go
     assert target.alive()
     identity.release(target)

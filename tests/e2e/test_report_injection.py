@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import unicodedata
 from pathlib import Path
 
 from figures import read_report
@@ -17,6 +18,7 @@ HOSTILE_ARGS = [
     "`code` ``two``",
     "<img src=x onerror=alert(1)>",
     "[click](http://example.invalid) <script>alert(1)</script> &lt;",
+    "bidi\u202etxt.exe\u2066\u200b",  # a right-to-left override, an isolate, a zero-width space
 ]
 HOSTILE_COMM = "ok\n# c|<i>`x"  # 13 bytes: the kernel keeps 15
 SCRIPT = (
@@ -93,6 +95,11 @@ def test_hostile_command_line_and_comm_stay_text(memdiag, root_required, tmp_pat
     assert len(tables["probe"]) - 1 == len(rep["probes"])
     assert len(tables["process"]) - 1 == len(rep["counters"]["processes"]) == 1
     assert len(tables["series"]) - 1 == len(rep["counters"]["trends"])
+
+    for name in ("report.md", "report.html", "report.json", "growth.svg"):  # format characters escaped
+        text = (tmp_path / name).read_text()
+        assert not [c for c in text if unicodedata.category(c) == "Cf"], name
+    assert "bidi\\u202etxt.exe\\u2066" in target_line  # (the line is cut at 200 characters after it)
 
     html = (tmp_path / "report.html").read_text()
     assert html.count("<h1>") == 1 and "<img" not in html and "<script" not in html and "<i>" not in html

@@ -216,7 +216,7 @@ def test_plain_text_shows_every_control_character():
 
     hostile = "\x1b[31mRED\n# HEAD\t\x07\x7f\x9b2J\x9d0;t\x85\u2028ok é"
     shown = plain(hostile)
-    assert shown == "\\x1b[31mRED\\n# HEAD\\t\\x07\\x7f\\x9b2J\\x9d0;t\\x85\\x2028ok é"
+    assert shown == "\\x1b[31mRED\\n# HEAD\\t\\x07\\x7f\\x9b2J\\x9d0;t\\x85\\u2028ok é"
     assert not any(ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F for c in shown)
     assert plain(Path("/tmp/a\x1bb")) == "/tmp/a\\x1bb"
     raw = json.dumps({"comm": hostile}, ensure_ascii=False)

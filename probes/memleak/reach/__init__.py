@@ -49,6 +49,8 @@ from .pause import Price, price
 from .regions import readable_regions
 from .stop import alive, check_stoppable, stopped
 
+JOIN_TICK_S = 0.05  # how often the waiting thread looks for a signal (the engine's waits tick alike)
+
 __all__ = ["Blocks", "ReachScan", "StackReach", "merged", "price", "scan"]
 
 
@@ -110,16 +112,20 @@ def scan(
     except ScanAborted as e:
         return ReachScan(status="failed", reason=str(e), **info), {}
     box: dict = {}
-    # In a thread of its own that ends with the stop: when a tracer thread exits, the kernel
-    # detaches every tracee it still holds (exit_ptrace), also one that never reached its stop or
-    # died meanwhile (a zombie goes back to its parent), so nothing is left traced, whatever fails.
+    # The stop is held by a process of its own (stop.stopped: holder.py), which resumes the target at
+    # --max-pause and a margin even if this thread is stuck, and whose end in any way resumes it too
+    # (the kernel detaches every tracee of an exiting tracer: exit_ptrace).
     worker = threading.Thread(
         target=_stop_and_scan,
         args=(pid, read_blocks, allowed_ms, interrupted, est, box, allocator, runtime_modules, same),
         name="memdiag-reach",
     )
     worker.start()
-    worker.join()
+    while worker.is_alive():
+        # asked each tick, so a signal is seen here at once (the scan thread stops at it too): the
+        # CLI's deadline (system/signals.py) then gives the stop its time rather than ending it
+        interrupted()
+        worker.join(JOIN_TICK_S)
     if "error" in box:
         e = box["error"]
         reason = str(e) if isinstance(e, ScanAborted) else f"reading the target's memory failed: {e}"
@@ -158,7 +164,7 @@ def _stop_and_scan(
             )
 
     try:
-        with stopped(pid, same) as threads:
+        with stopped(pid, allowed_ms, same=same) as threads:
             blocks = read_blocks(True)
             if not len(blocks.starts):
                 box["empty"] = True

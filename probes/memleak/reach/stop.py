@@ -1,32 +1,43 @@
 """Stopping every thread of the target with ptrace (seize + interrupt, waited for) for the scan, and
 resuming them: the target's registers and memory are one instant's while it is stopped. Refused
-before anything stops when a debugger or tracer holds a thread or one stays in uninterruptible sleep."""
+before anything stops when a debugger or tracer holds a thread or one stays in uninterruptible sleep.
+The stop itself is held by a process of its own (holder.py), which resumes the target at the stop's
+deadline even when memdiag is stuck, starved or stopped."""
 
 from __future__ import annotations
 
 import contextlib
-import ctypes as ct
-import errno
+import json
 import os
+import signal
+import subprocess
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from memdiag.system import arch
 
+from . import holder
+from .holder import thread_ids, thread_state
 from .model import ScanAborted
 
 D_STATE_WAIT_S = 0.2  # how long a thread may stay in uninterruptible sleep before the scan gives up
-STOP_TIMEOUT_S = 1.0  # a thread that does not stop in this time (uninterruptible sleep) aborts the scan
-
-
-# ptrace(2) requests and the register set (NT_PRSTATUS; its layout by machine: arch.USER_REGS)
-PTRACE_DETACH, PTRACE_GETREGSET, PTRACE_SEIZE, PTRACE_INTERRUPT = 17, 0x4204, 0x4206, 0x4207
-PTRACE_EVENT_STOP, NT_PRSTATUS, WALL = 128, 1, 0x40000000
-
-_libc = ct.CDLL(None, use_errno=True)
-_libc.ptrace.restype = ct.c_long
-_libc.ptrace.argtypes = [ct.c_long, ct.c_long, ct.c_void_p, ct.c_void_p]
+# How long past the pause allowed (--max-pause) the holder keeps the target stopped before it resumes
+# it on its own: the scan's own check gives up at the allowance, between two chunks of its read, and
+# then resumes the target at once; the margin covers that last chunk and the release, so the holder's
+# clock only acts when memdiag cannot (stuck in a read, starved, stopped).
+RELEASE_MARGIN_S = 0.5
+# memdiag's own clock on the holder, past the holder's: a holder that is itself stopped or starved
+# is killed, and the kernel resumes the tracees of an exiting tracer.
+KILL_MARGIN_S = 0.5
+# A stop with no allowance (--max-pause unset in `memdiag probe`) still ends: the longest pause any
+# --max-pause could allow (its option's ceiling, a day).
+NO_LIMIT_HOLD_S = 86_400.0
+HOLDER_START_S = 10.0  # for the holder to exit once asked (its whole start measured here: 10 ms, 10 MiB)
+_HOLDER = Path(holder.__file__)
 
 
 @dataclass
@@ -39,41 +50,6 @@ class Thread:
     tp: int | None = None  # the thread pointer (x86-64 fs_base): its TLS lies just below it
     stack: bytes = b""  # its stack from sp - red zone up, copied while stopped (to name frames)
     stack_base: int = 0
-
-
-def _ptrace(request: int, tid: int, addr: int = 0, data: int = 0) -> None:
-    if _libc.ptrace(request, tid, ct.c_void_p(addr), ct.c_void_p(data)) < 0:
-        err = ct.get_errno()
-        raise OSError(err, os.strerror(err))
-
-
-class _IoVec(ct.Structure):
-    _fields_ = [("base", ct.c_void_p), ("len", ct.c_size_t)]
-
-
-def _regs(tid: int) -> bytes:
-    buf = ct.create_string_buffer(1024)
-    iov = _IoVec(ct.cast(buf, ct.c_void_p), len(buf))
-    _ptrace(PTRACE_GETREGSET, tid, NT_PRSTATUS, ct.addressof(iov))
-    return buf.raw[: iov.len]
-
-
-def thread_ids(pid: int) -> set[int]:
-    """The threads that can be stopped (a zombie thread, e.g. a leader that called
-    pthread_exit, refuses PTRACE_SEIZE and has no memory of its own to point from)."""
-    try:
-        tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")}
-    except OSError:
-        return set()
-    return {t for t in tids if thread_state(pid, t) not in ("Z", "X", None)}
-
-
-def thread_state(pid: int, tid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
 
 
 def _status_field(pid: int, tid: int, name: str) -> str | None:
@@ -104,80 +80,56 @@ def check_stoppable(pid: int) -> None:
         time.sleep(0.005)
 
 
-def _wait_stopped(tid: int, deadline: float) -> int | None:
-    """Wait for a seized thread's stop; the signal to give back at detach (0 for none), or None
-    when the thread is gone."""
-    while True:
-        try:
-            got, status = os.waitpid(tid, os.WNOHANG | WALL)
-        except ChildProcessError:
-            return None
-        if got == tid:
-            if os.WIFEXITED(status) or os.WIFSIGNALED(status):
-                return None
-            if os.WIFSTOPPED(status):
-                sig = os.WSTOPSIG(status)
-                if status >> 16 == PTRACE_EVENT_STOP:
-                    return 0
-                return sig  # a signal-delivery stop (SIGTRAP too): the signal is handed back at detach
-        if time.monotonic() > deadline:
-            raise ScanAborted(f"thread {tid} did not stop within {STOP_TIMEOUT_S:g} s (uninterruptible sleep?)")
-        time.sleep(0.0001)
-
-
-def _own_threads(pid: int, seized: dict[int, int]) -> None:
+def _own_threads(pid: int, seized: list[int]) -> None:
     """Every thread seized is one of pid's: an id listed may have gone, with its thread, to a thread
     of another process before the seize (ids are pids). Asked with them all stopped."""
     try:
         tids = {int(t) for t in os.listdir(f"/proc/{pid}/task")}
     except OSError:
         tids = set()
-    strangers = sorted(t for t, sig in seized.items() if sig >= 0 and t not in tids)
+    strangers = sorted(t for t in seized if t not in tids)
     if strangers:
         raise ScanAborted(f"thread {strangers[0]} was seized but is not a thread of PID {pid} (its id was reused)")
 
 
 @contextlib.contextmanager
-def stopped(pid: int, same: Callable[[], None] | None = None):
-    """Every thread of pid stopped with ptrace for the duration; yields their Threads. New
-    threads created while stopping are stopped too (the set is re-read until it is stable).
-    same() raises ScanAborted unless pid is still the target process (system/identity.py): asked
-    before the first seize and once every thread is seized, before anything is read; a change
-    lets every seized thread go at once."""
+def stopped(pid: int, allowed_ms: float | None = None, same: Callable[[], None] | None = None):
+    """Every thread of pid stopped with ptrace for the duration; yields their Threads. The holder
+    process holds the stop (seizing new threads created while stopping too) and resumes the target
+    allowed_ms + RELEASE_MARGIN_S after the stop began even if this thread never leaves the block;
+    then ScanAborted, as what was read meanwhile is no one instant's. same() raises ScanAborted
+    unless pid is still the target process (system/identity.py): asked before the holder seizes
+    anything and once every thread is seized, before anything is read; a change lets every seized
+    thread go at once (the finally's release)."""
+    if same is not None:
+        same()
     layout = arch.USER_REGS.get(arch.MACHINE)
     if layout is None:
         raise ScanAborted(f"memdiag does not know the register layout of {arch.MACHINE}")
     sp_i, tp_i, ip_i, bp_i, n_words = layout
-    seized: dict[int, int] = {}  # tid -> signal to hand back
-    threads: list[Thread] = []
+    hold_s = (NO_LIMIT_HOLD_S if allowed_ms is None else allowed_ms / 1000) + RELEASE_MARGIN_S
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-S", str(_HOLDER), str(pid), f"{hold_s:.3f}"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,  # a terminal's Ctrl-C is memdiag's to handle: it releases the stop itself
+    )
+    # memdiag's clock on the holder: killed past its own deadline (a stopped or starved holder)
+    killer = threading.Timer(hold_s + KILL_MARGIN_S, _kill, args=(proc,))
+    killer.daemon = True
+    killer.start()
+    released: dict = {}
     try:
-        if same is not None:
-            same()
-        deadline = time.monotonic() + STOP_TIMEOUT_S
-        while True:
-            new = thread_ids(pid) - set(seized)
-            if not new:
-                break
-            for tid in sorted(new):
-                try:
-                    _ptrace(PTRACE_SEIZE, tid)
-                    _ptrace(PTRACE_INTERRUPT, tid)
-                except OSError as e:
-                    if e.errno == errno.ESRCH:
-                        seized[tid] = -1  # exited meanwhile
-                        continue
-                    raise ScanAborted(f"cannot stop thread {tid}: {e.strerror} (traced by a debugger?)") from None
-                sig = _wait_stopped(tid, deadline)
-                seized[tid] = -1 if sig is None else sig
-        if not any(s >= 0 for s in seized.values()):
-            raise ScanAborted("the target exited")
+        said = _line(proc)
+        if "threads" not in said:
+            raise ScanAborted(said.get("refused") or "the stop's holder ended before the target was stopped")
         if same is not None:  # stopped threads do not exec; the threads seized are the target's, or none are read
             same()
-            _own_threads(pid, seized)
-        for tid, sig in seized.items():
-            if sig < 0:
-                continue
-            raw = _regs(tid)
+            _own_threads(pid, [tid for tid, _ in said["threads"]])
+        threads: list[Thread] = []
+        for tid, raw_hex in said["threads"]:
+            raw = bytes.fromhex(raw_hex)
             if len(raw) != n_words * 8:  # a 32-bit (compat) task hands out its own, smaller set
                 raise ScanAborted(f"a 32-bit target: memdiag reads {arch.MACHINE} registers only")
             words = [int.from_bytes(raw[i : i + 8], "little") for i in range(0, len(raw) - 7, 8)]
@@ -185,10 +137,43 @@ def stopped(pid: int, same: Callable[[], None] | None = None):
             threads.append(Thread(tid, raw, words[sp_i], words[ip_i], words[bp_i], tp))
         yield threads
     finally:
-        for tid, sig in seized.items():
-            if sig >= 0:
-                with contextlib.suppress(OSError):
-                    _ptrace(PTRACE_DETACH, tid, 0, sig)
+        released = _release(proc)
+        killer.cancel()
+    if released.get("released") != "asked":
+        raise ScanAborted(
+            f"the target was resumed at the stop's deadline ({hold_s:g} s: --max-pause and a margin) before "
+            "the scan ended; a partial scan concludes nothing"
+        )
+
+
+def _line(proc: subprocess.Popen) -> dict:
+    """The holder's next message ({} when it ended without one)."""
+    line = proc.stdout.readline() if proc.stdout else ""
+    try:
+        said = json.loads(line) if line else {}
+    except ValueError:
+        return {}
+    return said if isinstance(said, dict) else {}
+
+
+def _release(proc: subprocess.Popen) -> dict:
+    """Ask the holder to resume the target; its answer ({} if it was gone or killed)."""
+    with contextlib.suppress(OSError):  # BrokenPipeError: it ended already
+        proc.stdin.write("release\n")
+        proc.stdin.close()
+    said = _line(proc)
+    try:
+        proc.wait(HOLDER_START_S)
+    except subprocess.TimeoutExpired:
+        _kill(proc)
+        proc.wait()
+    proc.stdout.close()
+    return said
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        proc.send_signal(signal.SIGKILL)
 
 
 def alive(pid: int) -> bool:

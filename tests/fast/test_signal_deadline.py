@@ -1,0 +1,121 @@
+"""SIGTERM and SIGINT end memdiag within a second whatever its main thread is doing: blocked in
+open() of a FIFO (as a target's planted `release` file or perf map blocked it), or looping in a
+parser. A real memdiag CLI process (cli.main, its signal handling and exit codes), the seam being
+which call blocks: a function of the diagnosis replaced by one that opens a FIFO nobody writes, a
+real blocking system call (the planted files themselves are refused by their readers now)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from memdiag.system.signals import STOP_GRACE_S
+
+SEAM = """
+import sys, time
+from memdiag.diagnose import cli
+from memdiag.diagnose.commands import run
+from memdiag.system.signals import INTERRUPTION, phase
+from memdiag.diagnose.errors import SignalInterrupted
+
+def blocked(args):
+    with phase("reading a planted file"):
+        print("ready", flush=True)
+        if sys.argv[1] == "fifo":
+            open(sys.argv[2]).read()  # no writer: open() blocks in the kernel
+        elif sys.argv[1] == "spin":
+            n = 1
+            while n:  # a counter that never reaches its end (the hsperfdata 2**63-1 case)
+                n = (n * 3 + 1) % (2**63 - 1) or 1
+        elif sys.argv[1] == "stuck-stop":
+            INTERRUPTION.wait(60)
+            open(sys.argv[2]).read()  # the stop itself blocks (a read of a planted file for the report)
+        elif sys.argv[1] == "slow-stop":
+            INTERRUPTION.wait(60)
+            time.sleep(float(sys.argv[2]))  # detaching and writing: slower than the notice grace
+            said = "interrupted by SIGTERM during reading a planted file; partial report: x"
+            raise SignalInterrupted(INTERRUPTION.signum, said)
+
+run._target = blocked
+sys.exit(cli.main(["--pid", "1", "--duration", "1", "--output", sys.argv[3], "--quiet"]))
+"""
+
+
+def _start(tmp_path: Path, mode: str, arg: str = "") -> subprocess.Popen:
+    p = subprocess.Popen(
+        [sys.executable, "-c", SEAM, mode, arg, str(tmp_path / "out")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    assert p.stdout.readline() == "ready\n", p.communicate(timeout=10)
+    return p
+
+
+def _signal_and_time(p: subprocess.Popen, sig: int) -> tuple[float, str]:
+    time.sleep(0.2)  # inside the call by now
+    sent = time.monotonic()
+    p.send_signal(sig)
+    try:
+        _, err = p.communicate(timeout=10)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    return time.monotonic() - sent, err
+
+
+def _wchan(pid: int) -> str:
+    return Path(f"/proc/{pid}/wchan").read_text()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_a_main_thread_blocked_in_a_fifo_open_ends_within_a_second(tmp_path, sig):
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    p = _start(tmp_path, "fifo", str(fifo))
+    time.sleep(0.2)
+    assert _wchan(p.pid) in ("wait_for_partner", "fifo_open")  # really blocked in the kernel's FIFO open
+    took, err = _signal_and_time(p, sig)
+    assert p.returncode == 128 + sig, err
+    assert took < 1.0, took
+    name = signal.Signals(sig).name
+    assert err.strip() == (
+        f"memdiag: interrupted by {name} during reading a planted file; it did not stop within 0.6 s "
+        "(blocked in a read or a loop): ended without a report"
+    ), err
+    assert "Traceback" not in err
+
+
+def test_a_main_thread_spinning_in_a_parser_ends_within_a_second(tmp_path):
+    p = _start(tmp_path, "spin")
+    took, err = _signal_and_time(p, signal.SIGTERM)
+    assert p.returncode == 143, err
+    assert took < 1.0, took
+    assert err.strip().startswith("memdiag: interrupted by SIGTERM during reading a planted file; it did not stop")
+
+
+def test_a_stop_under_way_is_given_its_time_and_ends_cleanly(tmp_path):
+    p = _start(tmp_path, "slow-stop", "2")  # 2 s: past the notice grace, well within the stop's
+    took, err = _signal_and_time(p, signal.SIGTERM)
+    assert p.returncode == 143, err
+    assert 2 <= took < 4, took
+    assert err.strip() == "memdiag: interrupted by SIGTERM during reading a planted file; partial report: x", err
+
+
+def test_a_stop_that_blocks_ends_at_the_stop_grace(tmp_path):
+    fifo = tmp_path / "release"
+    os.mkfifo(fifo)
+    p = _start(tmp_path, "stuck-stop", str(fifo))
+    took, err = _signal_and_time(p, signal.SIGTERM)
+    assert p.returncode == 143, err
+    assert STOP_GRACE_S <= took < STOP_GRACE_S + 1, took
+    assert err.strip() == (
+        "memdiag: interrupted by SIGTERM during reading a planted file; its stop did not finish within "
+        f"{STOP_GRACE_S:g} s: ended without a report"
+    ), err
