@@ -373,23 +373,26 @@ def _system_growth(obs: Observation, counters: Counters) -> _Growth:
 def _caveats(obs: Observation) -> list[str]:
     caveats = []
     if obs.exited_at is not None:
-        at = obs.exited_at - obs.started
         caveats.append(
-            f"{_who(obs)} exited {fmt_duration(at)} into the {fmt_duration(obs.requested_s)} window "
-            f"({time.strftime('%H:%M:%S', time.localtime(obs.exited_at))}); "
-            "the evidence covers the time it ran"
+            f"{_who(obs)} exited {_into_window(obs, obs.exited_at)}; the evidence covers the time it ran"
             + ("; its pid then belonged to another process, which memdiag did not observe" if obs.pid_reused else "")
         )
     if obs.execd_at is not None:
-        at = obs.execd_at - obs.started
         caveats.append(
-            f"{_who(obs)} exec'd {obs.exec_exe or 'another program'} {fmt_duration(at)} into the "
-            f"{fmt_duration(obs.requested_s)} window ({time.strftime('%H:%M:%S', time.localtime(obs.execd_at))}): "
+            f"{_who(obs)} exec'd {obs.exec_exe or 'another program'} {_into_window(obs, obs.execd_at)}: "
             "the evidence covers the program it ran before; what that program allocated was freed with its image"
         )
     if obs.interrupted:
         caveats.append("the window was cut short by an interrupt; trends cover less time than asked")
     return caveats + _own_memory_caveat(obs)
+
+
+def _into_window(obs: Observation, at: float) -> str:
+    """When in the window something happened: `5 s into the 30 s window (12:00:05)`."""
+    return (
+        f"{fmt_duration(at - obs.started)} into the {fmt_duration(obs.requested_s)} window "
+        f"({time.strftime('%H:%M:%S', time.localtime(at))})"
+    )
 
 
 def _own_memory_caveat(obs: Observation) -> list[str]:
