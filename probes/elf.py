@@ -7,6 +7,7 @@ import bisect
 import functools
 import itertools
 import os
+import stat
 import struct
 import sys
 import weakref
@@ -19,6 +20,7 @@ from elftools.dwarf.structs import DWARFStructs
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 from memdiag.system.elfread import open_elf, section_headers, segment_headers
+from memdiag.system.safefile import open_regular
 
 from .mapping import Mapping
 
@@ -273,9 +275,11 @@ def _none():
 
 
 class ElfInfo:
-    def __init__(self, path: str):
+    def __init__(self, path: str, expect: tuple[int, int] | None = None):
         self.path = path
-        self._file = open(path, "rb")  # noqa: SIM115  (kept open: pyelftools reads lazily)
+        # kept open: pyelftools reads lazily. Never blocking, a regular file only, and the inode
+        # looked at where one was (a path of the target's can be a FIFO or another file by now)
+        self._file = os.fdopen(open_regular(path, expect), "rb")
         try:
             self.elf = open_elf(self._file)
             self.loads = [s for s in segment_headers(self.elf) if s["p_type"] == "PT_LOAD"]
@@ -607,7 +611,7 @@ def _decoded(fde: FDE) -> list[dict]:
 
 @functools.lru_cache(maxsize=256)
 def _open(path: str, mtime_ns: int, inode: tuple[int, int]) -> ElfInfo | None:
-    return passing_elf_info(path)
+    return passing_elf_info(path, inode)
 
 
 def forget() -> None:
@@ -616,11 +620,12 @@ def forget() -> None:
     _decoded.cache_clear()
 
 
-def passing_elf_info(path: str) -> ElfInfo | None:
+def passing_elf_info(path: str, expect: tuple[int, int] | None = None) -> ElfInfo | None:
     """The parsed file at path, not kept in elf_info's cache: for a file looked at once and let go
-    (its reader holds ~90 KiB of pyelftools' structures, its symbols more)."""
+    (its reader holds ~90 KiB of pyelftools' structures, its symbols more). expect: the (device,
+    inode) the file must be."""
     try:
-        return ElfInfo(path)
+        return ElfInfo(path, expect)
     except OSError:
         return None
     except Exception as e:  # noqa: BLE001  (a corrupt or hostile file: that module has no symbols, see _or)
@@ -636,5 +641,7 @@ def elf_info(path: str | None) -> ElfInfo | None:
     try:
         st = os.stat(path)
     except OSError:
+        return None
+    if not stat.S_ISREG(st.st_mode):
         return None
     return _open(path, st.st_mtime_ns, (st.st_dev, st.st_ino))

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
 from memdiag.system.elfread import open_elf, segment_headers
+from memdiag.system.safefile import open_regular
 
 from .elf import MAX_SYMBOLS, STT_OBJECT, symbol_rows
 
@@ -85,7 +86,7 @@ class GoTable:
     def __init__(self, path: str):
         self.path = path
         try:
-            with open(path, "rb") as f:
+            with os.fdopen(open_regular(path), "rb") as f:  # never blocking on a FIFO, a regular file only
                 self._map = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
                 elf = open_elf(f)
                 self._loads = [

@@ -14,6 +14,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import os
+import stat
 from collections import Counter
 from pathlib import Path
 
@@ -95,7 +96,7 @@ class AddressSpace:
         inside = self.root + mapping.path
         for path in () if mapping.deleted else (mapping.path, inside):
             st = _stat(path)
-            if st is None:
+            if st is None or not stat.S_ISREG(st.st_mode):  # a FIFO or device planted since: never opened
                 continue
             if (st.st_dev, st.st_ino) == want:
                 return path  # the mapped inode by a stable name: parsed once for every process

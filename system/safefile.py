@@ -124,6 +124,24 @@ def open_in(root_fd: int, path: str, *, follow_leaf: bool = True, owner: int | N
     return fd
 
 
+def open_regular(path: str | Path, expect: tuple[int, int] | None = None) -> int:
+    """A read-only descriptor of the regular file at path (a host path memdiag resolved, a
+    map_files name), opened without blocking: a FIFO a target swapped in under a path memdiag
+    looked at a moment ago is refused, never waited on. expect: the (device, inode) looked at; the
+    file opened must be that one (a file swapped in between the look and the open is refused)."""
+    fd = os.open(str(path), _OPEN_FLAGS)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise Unsafe(errno.EINVAL, "not a regular file", str(path))
+        if expect is not None and (st.st_dev, st.st_ino) != expect:
+            raise Unsafe(errno.ESTALE, "not the file looked at (replaced meanwhile)", str(path))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def read_fd(fd: int, max_bytes: int, *, tail: bool = False) -> tuple[bytes, bool]:
     """At most max_bytes of an open file (its last max_bytes where tail): (data, truncated)."""
     size = os.fstat(fd).st_size

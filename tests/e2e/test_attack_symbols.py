@@ -151,3 +151,33 @@ def test_a_fifo_as_the_perf_map_is_refused_at_once(rooted):
     assert out.returncode == 0, out.stderr
     found, took = out.stdout.split()
     assert found == "None" and float(took) < 1.0
+
+
+def test_a_mapped_library_swapped_for_a_fifo_is_read_as_mapped_and_never_blocks(root_required, tmp_path):
+    """A library the target maps, then renames away and replaces by a FIFO at its path: memdiag
+    resolves the mapping's file by that path (and by the path through the target's root); before,
+    the open for a build-id comparison blocked for good. Now the FIFO is passed over and the
+    library's names come from the very inode mapped (map_files). Read in a child, so a regression
+    fails here instead of hanging the suite."""
+    main, _ = _corrupt_library(tmp_path)
+    lib = tmp_path / "libatk.so"
+    proc = subprocess.Popen([main, lib], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline() == "ready\n", proc.stderr.read()
+        code = (  # the maps read, then the swap (as a target does between memdiag's read and its look)
+            "import os, time\nfrom memdiag.probes.procmaps import AddressSpace\n"
+            "from memdiag.probes.elf import elf_info\n"
+            f"space = AddressSpace.of({proc.pid})\n"
+            f"m = next(m for m in space.mappings if m.path == {str(lib)!r} and m.executable)\n"
+            f"os.rename({str(lib)!r}, {str(lib) + '.moved'!r}); os.mkfifo({str(lib)!r})\n"
+            "t = time.monotonic(); path = space.file_path(m); info = elf_info(path)\n"
+            "named = info is not None and info.symbol_named('atk_touch') is not None\n"
+            "print(path.startswith('/proc/'), named, time.monotonic() - t)"
+        )
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=20)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert out.returncode == 0, out.stderr
+    via_map_files, named, took = out.stdout.split()
+    assert (via_map_files, named) == ("True", "True") and float(took) < 5.0, out.stdout
