@@ -140,11 +140,24 @@ class Worker:
 
     def _run(self, iid: str, target: Target | None, window: float) -> None:
         self.current = (iid, time.monotonic(), window)
+        held: list[Target] = []
+        try:
+            self._diagnose_incident(iid, target, window, held)
+        finally:
+            # what serve held of a pid target since its alert or its lookup (system/identity.py):
+            # the diagnosis ran in a child, which held its own; this process's hold ends here
+            for t in held:
+                identity.release(t)
+
+    def _diagnose_incident(self, iid: str, target: Target | None, window: float, held: list[Target]) -> None:
         started = time.monotonic()
+        if target is not None:
+            held.append(target)
         try:
             incident = self.store.start(iid)
             if target is None:
                 target = _target_again(incident)
+                held.append(target)
             base = self._baseline(incident, target)  # an earlier diagnosis this one follows up
             given = baseline_facts(base[1]) if base else None
             report = self._diagnose(target, window, given)
@@ -306,6 +319,7 @@ def _target_again(incident: Incident | None) -> Target:
         if t.get("kind") == "pid" and t.get("pid"):
             target = pid_target(int(t["pid"]))
             if t.get("comm") and target.comm != t["comm"]:
+                identity.release(target)
                 raise LookupError(f"PID {t['pid']} is now {target.comm}, not {t['comm']}: the target has exited")
             if t.get("start_ticks") is not None and target.start_ticks != t["start_ticks"]:
                 identity.release(target)

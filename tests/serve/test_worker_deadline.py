@@ -13,6 +13,7 @@ from pathlib import Path
 from memdiag.diagnose.serve.store import Store
 from memdiag.diagnose.serve.worker import Worker, target_json
 from memdiag.diagnose.target import pid_target
+from memdiag.system import identity
 
 DEADLINE_S = 3.0
 
@@ -48,6 +49,7 @@ def test_a_hung_diagnosis_is_killed_at_its_deadline_and_the_next_one_runs(root_r
     monkeypatch.setenv("MEMDIAG_TEST_HANG_PID", str(hostile.pid))
     monkeypatch.setenv("MEMDIAG_TEST_HANG_FIFO", str(fifo))
     store = Store(tmp_path / "data")
+    identity.release_all()  # this test counts the pidfds serve holds, from none
     try:
         worker = Worker(store, 1.0, 1.0, None, deadline=lambda window: DEADLINE_S, runner="hangseam:diagnose_or_hang")
         ids = []
@@ -74,6 +76,11 @@ def test_a_hung_diagnosis_is_killed_at_its_deadline_and_the_next_one_runs(root_r
         assert worker.health() is None
         done = _settled(store, ids[1], 90)  # queued behind the hung one, diagnosed
         assert done.state == "done", done
+        # what serve held of both targets since they were resolved: let go with their incidents
+        end = time.monotonic() + 5
+        while identity.held_count():
+            assert time.monotonic() < end, f"{identity.held_count()} pidfds still held by serve"
+            time.sleep(0.05)
         assert done.verdict_kind == "healthy" and f"PID {next_one.pid} (sleep)" in done.summary, done
         assert not [cmd for cmd in _children().values() if "memdiag.diagnose.serve.child" in cmd]
         assert hung.attempts == 2  # of 3: one retry left
