@@ -41,6 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from memdiag.system import identity
 from memdiag.system.arch import syscall_number
 from memdiag.system.hsperfdata import read_perfdata, read_proc_args
 from memdiag.system.jvm import jvm_counters, read_jvm_library
@@ -210,9 +211,7 @@ def start_listener(jvm: Jvm, wait_s: float = WAIT_FOR_LISTENER_S) -> bool:
     try:
         _create_trigger(jvm, tmp)
         try:
-            if _start_ticks(jvm.proc) != jvm.start_ticks:
-                raise AttachRefused(f"PID {jvm.pid} is no longer the JVM it was (it exited, or its pid was reused)")
-            os.kill(jvm.pid, signal.SIGQUIT)
+            _signal_the_same_jvm(jvm, signal.SIGQUIT)
             deadline, step = time.monotonic() + wait_s, 0.02
             while time.monotonic() < deadline:
                 time.sleep(step)
@@ -225,6 +224,27 @@ def start_listener(jvm: Jvm, wait_s: float = WAIT_FOR_LISTENER_S) -> bool:
     finally:
         os.close(tmp)
     raise AttachRefused(f"the JVM started no attach listener within {wait_s:.0f} s of SIGQUIT")
+
+
+def _signal_the_same_jvm(jvm: Jvm, sig: int) -> None:
+    """sig sent to the JVM memdiag resolved, never to whatever holds its pid now: a pidfd taken
+    first pins the process, then its start time and the diagnosis's identity check (an exec since,
+    system/identity.py) are asked, and the signal goes through the pidfd. SIGQUIT ends a program
+    that does not catch it."""
+    try:
+        pidfd = os.pidfd_open(jvm.pid)
+    except OSError:
+        raise AttachRefused(f"PID {jvm.pid} has exited") from None
+    try:
+        change = identity.check_pid(jvm.pid)
+        if _start_ticks(jvm.proc) != jvm.start_ticks or change is not None:
+            why = change.describe() if change is not None else "it exited, or its pid was reused"
+            raise AttachRefused(f"PID {jvm.pid} is no longer the JVM it was ({why}): no signal sent")
+        signal.pidfd_send_signal(pidfd, sig)
+    except ProcessLookupError:
+        raise AttachRefused(f"PID {jvm.pid} has exited") from None
+    finally:
+        os.close(pidfd)
 
 
 def _create_trigger(jvm: Jvm, tmp: int) -> None:
