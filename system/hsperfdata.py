@@ -30,7 +30,7 @@ from pathlib import Path
 
 from ._parse import Fact, read_text
 from .process import innermost_pid
-from .safefile import open_dir_in, open_in, open_root, read_fd
+from .safefile import names_in, open_dir_in, open_in, open_root, read_fd
 
 MAGIC = b"\xca\xfe\xc0\xc0"
 _PROLOGUE = "bbbbiiqii"  # after the magic: order, major, minor, accessible, used, overflow, mod time, offset, count
@@ -145,7 +145,7 @@ def _open_perfdata(pid: int, proc_root: Path) -> tuple[str, int] | None:
         except OSError:
             return None
         try:
-            folders = sorted(n for n in os.listdir(tmp) if n.startswith("hsperfdata_"))
+            folders = sorted(names_in(tmp, "hsperfdata_"))
         except OSError:
             folders = []
         finally:

@@ -142,6 +142,24 @@ def open_regular(path: str | Path, expect: tuple[int, int] | None = None) -> int
     return fd
 
 
+# Entries of a target's folder looked at, at most: a /tmp is the target's to fill (ten million
+# files is a few GiB of names in one listdir), and what memdiag looks for there is named.
+MAX_DIR_ENTRIES = 100_000
+
+
+def names_in(dir_fd: int, prefix: str, limit: int = MAX_DIR_ENTRIES) -> list[str]:
+    """Names starting with prefix in the directory dir_fd, among its first `limit` entries (the
+    directory's own order), never the whole listing held at once."""
+    found = []
+    with os.scandir(dir_fd) as entries:  # scandir works on a duplicate of dir_fd
+        for n, entry in enumerate(entries):
+            if n >= limit:
+                break
+            if entry.name.startswith(prefix):
+                found.append(entry.name)
+    return found
+
+
 def read_fd(fd: int, max_bytes: int, *, tail: bool = False) -> tuple[bytes, bool]:
     """At most max_bytes of an open file (its last max_bytes where tail): (data, truncated)."""
     size = os.fstat(fd).st_size

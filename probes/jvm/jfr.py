@@ -54,7 +54,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memdiag.system.safefile import Unsafe, open_in, read_in_root
+from memdiag.system.safefile import Unsafe, names_in, open_in, read_in_root
 
 from .attach import AttachRefused, Jvm, jcmd, open_tmp, start_listener
 
@@ -366,7 +366,7 @@ def clean_stale(jvm: Jvm) -> list[str]:
     except OSError:
         return done
     try:
-        for entry in os.listdir(tmp):
+        for entry in names_in(tmp, "memdiag-"):
             ends = [x for x in sorted(_SUFFIXES, key=len, reverse=True) if entry.endswith("." + x)]
             base = entry.removesuffix("." + ends[0]) if ends else entry
             if base == entry or owner_alive(base) is not False:

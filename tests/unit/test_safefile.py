@@ -77,3 +77,18 @@ def test_a_process_root_resolves_the_targets_links_in_its_own_root(tmp_path):
     same files a plain open does: the in-root resolution changes nothing for a host process."""
     (tmp_path / "f").write_text("x")
     assert safefile.read_in_root(safefile.proc_root(os.getpid()), str(tmp_path / "f"), 10) == b"x"
+
+
+def test_a_folder_is_looked_through_to_a_bound(tmp_path):
+    """A target's /tmp is its own to fill: the names memdiag looks for, among the first entries only."""
+    for i in range(50):
+        (tmp_path / f"hsperfdata_u{i}").mkdir()
+        (tmp_path / f"other{i}").touch()
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert sorted(safefile.names_in(fd, "hsperfdata_")) == sorted(f"hsperfdata_u{i}" for i in range(50))
+        some = safefile.names_in(fd, "", limit=30)
+        assert len(some) == 30 and set(some) <= {p.name for p in tmp_path.iterdir()}
+        assert len(safefile.names_in(fd, "hsperfdata_", limit=30)) <= 30
+    finally:
+        os.close(fd)
