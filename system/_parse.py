@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -31,6 +32,22 @@ def read_text(path: Path, limit: int | None = None) -> str | None:
         with open(path, errors="replace") as f:
             return f.read(limit)
     except (FileNotFoundError, NotADirectoryError, PermissionError, ProcessLookupError):
+        return None
+
+
+def lines_of(text: str | Iterable[str]) -> Iterable[str]:
+    """A file's lines from its whole text or from the open file itself (line by line: a process's
+    smaps is ~1 KiB a mapping, hundreds of MiB for a target that makes 300,000 of them)."""
+    return text.splitlines() if isinstance(text, str) else (line.rstrip("\n") for line in text)
+
+
+def parse_file(path: Path, parse):
+    """parse(the open file), read line by line; None when the file cannot be read (gone, no
+    permission, the process exited mid-read)."""
+    try:
+        with open(path, errors="replace") as f:
+            return parse(f)
+    except (OSError, ProcessLookupError):
         return None
 
 

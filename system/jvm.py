@@ -16,9 +16,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
-from ._parse import Fact, kib_to_bytes, read_text
+from ._parse import Fact, kib_to_bytes, lines_of, parse_file, read_text
 from .hsperfdata import PerfData, perfdata_absence, read_perfdata
 
 _HOTSPOT_LIB = "libjvm.so"
@@ -247,7 +248,7 @@ class JvmMemory(Fact):
         return self.rss - self.heap if self.heap is not None else None
 
 
-def parse_smaps(text: str) -> list[Region]:
+def parse_smaps(text: str | Iterable[str]) -> list[Region]:
     """The mappings of /proc/PID/smaps with their Rss and Swap."""
     out: list[Region] = []
     head: list[str] | None = None
@@ -260,7 +261,7 @@ def parse_smaps(text: str) -> list[Region]:
             with contextlib.suppress(ValueError):  # a line not in the kernel's form is no mapping
                 out.append(Region(start=int(lo, 16), end=int(hi, 16), perms=head[1], path=path, rss=rss, swap=swap))
 
-    for line in text.splitlines():
+    for line in lines_of(text):
         first = line.split(None, 1)[0] if line.strip() else ""
         if "-" in first and not first.endswith(":"):
             flush()
@@ -355,10 +356,10 @@ def thread_stack_pointers(pid: int, proc_root: Path = Path("/proc")) -> list[int
 
 def read_jvm_memory(pid: int, counters: JvmCounters | None, proc_root: Path = Path("/proc")) -> JvmMemory | None:
     """The JVM's resident memory split now; None: its smaps cannot be read (gone, no permission)."""
-    text = read_text(proc_root / str(pid) / "smaps")
-    if text is None:
+    regions = parse_file(proc_root / str(pid) / "smaps", parse_smaps)  # line by line: ~1 KiB a mapping
+    if regions is None:
         return None
-    return split_memory(parse_smaps(text), counters, thread_stack_pointers(pid, proc_root))
+    return split_memory(regions, counters, thread_stack_pointers(pid, proc_root))
 
 
 class JvmSample(Fact):

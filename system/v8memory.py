@@ -18,9 +18,10 @@ Files mapped (the binary, libraries) are not counted."""
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
-from ._parse import Fact, kib_to_bytes, read_text
+from ._parse import Fact, kib_to_bytes, lines_of, parse_file, read_text
 from .runtime import parse_mapped_runtime_name
 
 V8_ADDRESS_LIMIT = 0x3FFFFFFFF000 + 0x1000  # V8's random mmap hints stay below this on x86-64
@@ -35,14 +36,14 @@ class V8Memory(Fact):
     v8_mappings: int  # how many mappings the heap is in
 
 
-def _mappings(text: str):
+def _mappings(text: str | Iterable[str]):
     """(start, end, perms, path, v8, rss) of each mapping in /proc/PID/maps or smaps: rss from the
     Rss line smaps gives it (bytes; 0 from maps); v8: anonymous, below V8's hint limit and not a
     file's .bss continued past its last page (as the non-PIE node binary's is: 176 KiB of node 20's
     statics, which V8's heap never is)."""
     file_end = -1  # where the last file mapping ends: an anonymous mapping from there is its .bss
     mapping: list | None = None
-    for line in text.splitlines():
+    for line in lines_of(text):
         m = _HEADER.match(line)
         if m is None:
             if mapping is not None and line.startswith("Rss:"):
@@ -62,7 +63,7 @@ def _mappings(text: str):
         yield tuple(mapping)
 
 
-def parse_smaps(text: str) -> V8Memory:
+def parse_smaps(text: str | Iterable[str]) -> V8Memory:
     mapped = resident = native = jit = count = 0
     for start, end, perms, path, v8, rss in _mappings(text):
         if path and path != "[heap]":
@@ -80,8 +81,7 @@ def parse_smaps(text: str) -> V8Memory:
 
 def read_v8_memory(pid: int, proc_root: Path = Path("/proc")) -> V8Memory | None:
     """The split of a Node process's memory now, or None (gone, or smaps unreadable)."""
-    text = read_text(proc_root / str(pid) / "smaps")
-    return parse_smaps(text) if text is not None else None
+    return parse_file(proc_root / str(pid) / "smaps", parse_smaps)  # line by line: ~1 KiB a mapping
 
 
 def parse_v8_heap_ranges(maps: str) -> tuple[tuple[int, int], ...]:
