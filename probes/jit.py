@@ -9,13 +9,13 @@ before. Where no map can be had, `NOTES` says why and the frames stay [unknown].
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from pathlib import Path
 
 from memdiag.system.jvm import read_jvm_library
 from memdiag.system.perfmap import PerfMap, perf_map_exists, perf_map_file, read_perf_map, remove_perf_map
+from memdiag.system.process import start_ticks
 
 from .jvm.attach import AttachRefused, describe_target, jcmd
 
@@ -41,7 +41,7 @@ def jit_perf_map(pid: int, proc_root: Path = Path("/proc"), ask: bool = False) -
     file its runtime keeps (Node under --perf-basic-prof), or None."""
     if not ask or read_jvm_library(pid, proc_root) is None:
         return read_perf_map(pid, proc_root)
-    key = (pid, _start_ticks(proc_root / str(pid)))
+    key = (pid, start_ticks(pid, proc_root))
     with _LOCK:
         hit = _CACHE.get(key)
         if hit is not None and time.monotonic() - hit[0] < KEEP_S:
@@ -49,12 +49,6 @@ def jit_perf_map(pid: int, proc_root: Path = Path("/proc"), ask: bool = False) -
         found = _from_jvm(pid, proc_root)
         _CACHE[key] = (time.monotonic(), found)
         return found
-
-
-def _start_ticks(proc: Path) -> int | None:
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[19])
-    return None
 
 
 def _from_jvm(pid: int, proc_root: Path) -> PerfMap | None:

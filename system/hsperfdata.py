@@ -29,7 +29,7 @@ import struct
 from pathlib import Path
 
 from ._parse import Fact, read_text
-from .process import innermost_pid
+from .process import effective_uid, innermost_pid
 from .safefile import names_in, open_dir_in, open_in, open_root, read_fd
 
 MAGIC = b"\xca\xfe\xc0\xc0"
@@ -133,7 +133,7 @@ def _open_perfdata(pid: int, proc_root: Path) -> tuple[str, int] | None:
     if status is None:
         return None
     nspid = innermost_pid(status) or pid
-    euid = _effective_uid(status)
+    euid = effective_uid(status)
     try:
         root = open_root(proc_root / str(pid) / "root")
     except OSError:
@@ -197,12 +197,6 @@ def perfdata_absence(pid: int, proc_root: Path = Path("/proc")) -> str:
 
 
 _OPTION_VARIABLES = ("JAVA_TOOL_OPTIONS", "JDK_JAVA_OPTIONS", "_JAVA_OPTIONS")
-
-
-def _effective_uid(status: str) -> int | None:
-    line = next((x for x in status.splitlines() if x.startswith("Uid:")), None)
-    fields = line.split()[1:] if line else []
-    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
 
 
 # A process's command line and environment as /proc shows them: the kernel caps what execve takes

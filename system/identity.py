@@ -291,10 +291,6 @@ def changed(target, hold_now: bool = True) -> Change | None:
     return _check(held) if held is not None else None
 
 
-def same_process(target) -> bool:
-    return changed(target) is None
-
-
 def check(target) -> None:
     """Raise TargetChanged unless the target is the process memdiag resolved."""
     change = changed(target)

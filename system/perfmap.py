@@ -21,7 +21,7 @@ from pathlib import Path
 
 from . import safefile
 from ._parse import read_text
-from .process import innermost_pid
+from .process import effective_uid, innermost_pid
 
 # Bounds on a file the target writes (any user can fill their own /tmp/perf-PID.map). The newest
 # entries are the ones that name live code, so a larger file is read from its end. 16 MiB is
@@ -170,13 +170,6 @@ def perf_map_path(pid: int, proc_root: Path = Path("/proc")) -> Path:
     status = read_text(proc_root / str(pid) / "status") or ""
     own = innermost_pid(status) or pid
     return proc_root / str(pid) / "root" / "tmp" / f"perf-{own}.map"
-
-
-def effective_uid(status: str) -> int | None:
-    """The effective uid of status's Uid line (real, effective, saved, fs); None: no such line."""
-    line = next((x for x in status.splitlines() if x.startswith("Uid:")), None)
-    fields = line.split()[1:] if line else []
-    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
 
 
 def perf_map_file(pid: int, proc_root: Path = Path("/proc")) -> tuple[str, str, int] | None:

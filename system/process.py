@@ -50,6 +50,39 @@ def innermost_pid(status: str) -> int | None:
     return int_or_none(fields[-1]) if fields else None
 
 
+def _effective(status: str) -> dict[str, int]:
+    """The effective ids of status's Uid and Gid lines (real, effective, saved, fs), as the host
+    numbers them: {'Uid': n, 'Gid': n}, a line missing or not a number left out."""
+    found: dict[str, int] = {}
+    for line in status.splitlines():
+        key, _, rest = line.partition(":")
+        if key in ("Uid", "Gid"):
+            fields = rest.split()
+            if len(fields) > 1 and fields[1].isdigit():
+                found[key] = int(fields[1])
+    return found
+
+
+def effective_uid(status: str) -> int | None:
+    return _effective(status).get("Uid")
+
+
+def effective_ids(status: str) -> tuple[int, int] | None:
+    """(effective uid, effective gid); None: either line missing."""
+    found = _effective(status)
+    return (found["Uid"], found["Gid"]) if len(found) == 2 else None
+
+
+def start_ticks(pid: int | str, root: Path = Path("/proc")) -> int | None:
+    """A process's start time in clock ticks after boot (stat's field 22): with its pid, which
+    process it is (a reused pid starts later). None: gone. pid may be 'self'."""
+    try:
+        with open(root / str(pid) / "stat", "rb") as f:
+            return int(f.read(4096).rsplit(b")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _parse_stat(text: str) -> dict[str, int | str | None]:
     # comm is in parentheses and may itself contain spaces and ')': split at the LAST ')'.
     lpar, rpar = text.find("("), text.rfind(")")

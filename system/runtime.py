@@ -36,6 +36,7 @@ from elftools.elf.elffile import ELFFile
 
 from ._parse import Fact, kv_lines, read_text
 from .elfread import open_elf, segment_bytes, segment_headers
+from .process import effective_ids
 from .safefile import open_in, open_root, read_fd
 
 _CPYTHON = re.compile(r"^(?:lib)?python(?P<version>3\.\d+)[a-z]*(?:\.so[.\d]*|-[\w.-]+)?$")
@@ -85,7 +86,7 @@ def read_runtime(pid: int, proc_root: Path = Path("/proc")) -> Runtime | None:
     if text is None:
         return None
     root = proc_root / str(pid) / "root"
-    ids = _ids(read_text(proc_root / str(pid) / "status") or "")
+    ids = effective_ids(read_text(proc_root / str(pid) / "status") or "")
     exe_path: str | None = None
     for span, path in _executable_mappings(text):
         exe_path = exe_path or path
@@ -129,16 +130,6 @@ def _runtime_name(path: str) -> RuntimeName | None:
     if base == _JVM:
         return "jvm"
     return "node" if _NODE.match(base) else None
-
-
-def _ids(status: str) -> tuple[int, int] | None:
-    """(effective uid, effective gid) of a process's status text."""
-    found = {}
-    for line in status.splitlines():
-        key, _, rest = line.partition(":")
-        if key in ("Uid", "Gid") and len(rest.split()) > 1 and rest.split()[1].isdigit():
-            found[key] = int(rest.split()[1])
-    return (found["Uid"], found["Gid"]) if len(found) == 2 else None
 
 
 def _mapped_runtime(path: str, root: Path, mapped: Path, ids: tuple[int, int] | None = None) -> Runtime | None:

@@ -45,7 +45,7 @@ from memdiag.system import identity
 from memdiag.system.arch import syscall_number
 from memdiag.system.hsperfdata import read_perfdata, read_proc_args
 from memdiag.system.jvm import jvm_counters, read_jvm_library
-from memdiag.system.process import innermost_pid
+from memdiag.system.process import effective_ids, innermost_pid, start_ticks
 from memdiag.system.safefile import open_dir_in, open_root
 
 PROTOCOL = b"1"
@@ -114,12 +114,6 @@ def _status_field(status: str, key: str) -> list[str]:
     return line.split()[1:]
 
 
-def _start_ticks(proc: Path) -> int | None:
-    with contextlib.suppress(OSError, IndexError, ValueError):
-        return int((proc / "stat").read_text().rsplit(")", 1)[1].split()[19])
-    return None
-
-
 def jvm_options(pid: int, proc_root: Path = Path("/proc")) -> list[str]:
     """The JVM's options as it was given them: its command line and the environment variables
     the launcher and the JVM read (JAVA_TOOL_OPTIONS, JDK_JAVA_OPTIONS, _JAVA_OPTIONS)."""
@@ -160,15 +154,15 @@ def describe_target(pid: int, proc_root: Path = Path("/proc")) -> Jvm:
         status = (proc / "status").read_text()
     except OSError:
         raise AttachRefused(f"PID {pid} is gone") from None
-    uid, gid = _status_field(status, "Uid"), _status_field(status, "Gid")
-    if len(uid) < 2 or len(gid) < 2:
+    ids = effective_ids(status)
+    if ids is None:
         raise AttachRefused(f"PID {pid}: its status has no Uid/Gid line")
     return Jvm(
         pid=pid,
         nspid=innermost_pid(status) or pid,
-        uid=int(uid[1]),
-        gid=int(gid[1]),
-        start_ticks=_start_ticks(proc),
+        uid=ids[0],
+        gid=ids[1],
+        start_ticks=start_ticks(pid, proc_root),
         proc=proc,
     )
 
@@ -237,7 +231,7 @@ def _signal_the_same_jvm(jvm: Jvm, sig: int) -> None:
         raise AttachRefused(f"PID {jvm.pid} has exited") from None
     try:
         change = identity.check_pid(jvm.pid)
-        if _start_ticks(jvm.proc) != jvm.start_ticks or change is not None:
+        if start_ticks(jvm.pid, jvm.proc.parent) != jvm.start_ticks or change is not None:
             why = change.describe() if change is not None else "it exited, or its pid was reused"
             raise AttachRefused(f"PID {jvm.pid} is no longer the JVM it was ({why}): no signal sent")
         signal.pidfd_send_signal(pidfd, sig)

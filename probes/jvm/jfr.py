@@ -54,6 +54,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memdiag.system.process import start_ticks
 from memdiag.system.safefile import Unsafe, names_in, open_in, read_in_root
 
 from .attach import AttachRefused, Jvm, jcmd, open_tmp, start_listener
@@ -129,18 +130,9 @@ def _token() -> str:
     return os.urandom(6).hex()
 
 
-def _start_ticks(pid: int | str) -> int | None:
-    """A process's start time (clock ticks after boot): with its pid, which process it is."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return int(f.read(4096).rsplit(b")", 1)[1].split()[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def owner_tag() -> str:
     """This memdiag's part of a recording's name: its pid and start time."""
-    return f"{os.getpid()}-{_start_ticks('self') or 0}"
+    return f"{os.getpid()}-{start_ticks('self') or 0}"
 
 
 def owner_alive(name: str) -> bool | None:
@@ -149,7 +141,7 @@ def owner_alive(name: str) -> bool | None:
     m = _NAME.match(name)
     if not m:
         return None
-    return _start_ticks(int(m["pid"])) == int(m["start"])
+    return start_ticks(int(m["pid"])) == int(m["start"])
 
 
 @dataclass
