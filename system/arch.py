@@ -40,8 +40,9 @@ SYSCALLS = {
         "munmap": 11,
         "setresuid": 117,
         "setresgid": 119,
+        "openat2": 437,
     },
-    "aarch64": {"bpf": 280, "perf_event_open": 241, "setresuid": 147, "setresgid": 149},
+    "aarch64": {"bpf": 280, "perf_event_open": 241, "setresuid": 147, "setresgid": 149, "openat2": 437},
 }
 RAW_SYSCALLS = ("brk", "mmap", "munmap")  # passed to BPF as NR_BRK, NR_MMAP, NR_MUNMAP
 

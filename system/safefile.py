@@ -21,7 +21,10 @@ import os
 import stat
 from pathlib import Path
 
-_SYS_OPENAT2 = 437  # the same number on every architecture (asm-generic)
+from .arch import syscall_number
+
+# None on a machine memdiag knows no numbers for: the component walk stands in (stricter)
+_SYS_OPENAT2 = syscall_number("openat2")
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
@@ -48,6 +51,8 @@ def _syscall():
 
 
 def _openat2(dirfd: int, path: str, flags: int) -> int:
+    if _SYS_OPENAT2 is None:
+        raise OSError(errno.ENOSYS, "openat2's number is not known on this machine", path)
     how = _OpenHow(flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
     fd = _syscall()(
         ctypes.c_long(_SYS_OPENAT2),
