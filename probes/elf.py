@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import bisect
+import errno
 import functools
 import itertools
 import os
@@ -274,6 +275,13 @@ def _none():
     return None
 
 
+ELF_MAGIC = b"\x7fELF"
+
+
+class NotElf(OSError):
+    """A mapped file that is no ELF file at all: not a corrupt module, nothing said of it."""
+
+
 class ElfInfo:
     def __init__(self, path: str, expect: tuple[int, int] | None = None):
         self.path = path
@@ -281,6 +289,10 @@ class ElfInfo:
         # looked at where one was (a path of the target's can be a FIFO or another file by now)
         self._file = os.fdopen(open_regular(path, expect), "rb")
         try:
+            if self._file.read(len(ELF_MAGIC)) != ELF_MAGIC:
+                # a mapped data file (a locale archive, gconv's cache): no code, no symbols to miss
+                raise NotElf(errno.ENOEXEC, "not an ELF file", path)
+            self._file.seek(0)
             self.elf = open_elf(self._file)
             self.loads = [s for s in segment_headers(self.elf) if s["p_type"] == "PT_LOAD"]
         except BaseException:

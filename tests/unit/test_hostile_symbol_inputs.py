@@ -160,6 +160,20 @@ def test_a_library_with_random_section_headers_has_no_symbols_and_says_so(tmp_pa
     assert elfmod.take_notes() == [f"{path}: {why}"] and not elfmod.NOTES  # taken once, for one trail
 
 
+def test_a_mapped_data_file_that_is_no_elf_file_is_no_corrupt_module(tmp_path, notes):
+    """A locale archive or gconv's cache, mapped by every glibc program: no symbols and nothing to
+    say of it (the trail named both on every diagnosis, and a test saw two probe lines too many)."""
+    data = tmp_path / "LC_CTYPE"
+    data.write_bytes(b"\x00" * 4096)
+    empty = tmp_path / "empty"
+    empty.write_bytes(b"")
+    assert elf_info(str(data)) is None and elf_info(str(empty)) is None
+    assert not notes
+    bad = tmp_path / "bad.so"  # the magic of an ELF file, then nothing: a corrupt module, said
+    bad.write_bytes(b"\x7fELF" + b"\xff" * 60)
+    assert elf_info(str(bad)) is None and list(notes) == [str(bad)]
+
+
 def test_a_symbol_table_that_claims_more_than_the_file_holds_reads_what_is_there(tmp_path, notes):
     data = bytearray(shared_object(10))
     (shoff,) = struct.unpack_from("<Q", data, 0x28)
