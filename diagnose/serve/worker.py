@@ -218,6 +218,7 @@ class Worker:
             stdout=subprocess.PIPE,
             start_new_session=True,
         )
+        left = False  # a killed process that did not die, left to a reaper thread
         try:
             out, _ = proc.communicate(pickle.dumps(request), timeout=seconds)
         except subprocess.TimeoutExpired:
@@ -225,10 +226,11 @@ class Worker:
                 os.killpg(proc.pid, signal.SIGKILL)
             said = f"the diagnosis did not end within its deadline ({seconds:g} s); killed"
             if not _reaped(proc):
+                left = True
                 said += f", but its process is blocked in the kernel past SIGKILL (PID {proc.pid}; left to the kernel)"
             raise DiagnosisKilled(said) from None
         finally:
-            if proc.poll() is None:  # the worker's own failure (a broken pipe): nothing left running
+            if proc.poll() is None and not left:  # the worker's own failure (a broken pipe): nothing left running
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
                 _reaped(proc)
