@@ -292,8 +292,14 @@ def scope_pids(obs: Observation) -> set[int]:
 def process_rows(obs: Observation, n: int = 3) -> list[ProcessRow]:
     """The target's largest, fastest-growing and most major-faulting processes (n of each)."""
     rows = []
+    target = obs.target
+    # a pid target's number taken by another process (the target exited, issue 42): that process is
+    # not the target and is never named as it
+    held_by = target.start_ticks if target.kind == "pid" else None
     for pid in scope_pids(obs) & set(obs.processes_last):
         after, before = obs.processes_last[pid], obs.processes_first.get(pid)
+        if held_by is not None and after.start_ticks is not None and after.start_ticks != held_by:
+            continue
         if before is not None and before.start_ticks != after.start_ticks:
             before = None  # a reused pid: another process
         faults = None

@@ -173,7 +173,7 @@ class Deadline:
         # the signals land in the other threads: the main one, blocked in a system call, is then
         # interrupted (EINTR) and runs the handler, which it would not if this thread took them
         signal.pthread_sigmask(signal.SIG_BLOCK, _HANDLED)
-        signum = self._next_signal(None)
+        signum = self._next_signal(None, pending=True)
         if signum is None or self._done.is_set():
             return
         first = time.monotonic()
@@ -186,13 +186,30 @@ class Deadline:
         if not self._done.is_set():
             self._end(signum, f"its stop did not finish within {STOP_GRACE_S:g} s")
 
-    def _next_signal(self, until: float | None) -> int | None:
+    def _next_signal(self, until: float | None, pending: bool = False) -> int | None:
         """The next SIGINT/SIGTERM read from the wakeup fd (until a monotonic time, or for ever);
-        None at the end of the pipe or the time."""
+        None at the end of the pipe or the time. pending: also a signal the kernel has held pending
+        for NOTICE_GRACE_S, which no handler ran for (read from /proc/self/status every PENDING_TICK_S):
+        the kernel gives a signal to the main thread, and one asleep in a killable wait (a FUSE or
+        NFS request that is never answered) is not woken for it, so the C handler never writes the fd
+        (measured: a SIGTERM pending 20 s, until the target's FUSE server was killed)."""
+        since: dict[int, float] = {}
         while True:
             left = None if until is None else max(until - time.monotonic(), 0.0)
+            if pending:
+                left = PENDING_TICK_S if left is None else min(left, PENDING_TICK_S)
             ready, _, _ = select.select([self._read], [], [], left)
             if not ready:
+                if pending and not self._done.is_set():
+                    now, held = time.monotonic(), _pending_signals()
+                    since = {s: since.get(s, now) for s in held}
+                    stuck = [s for s, t in since.items() if now - t >= NOTICE_GRACE_S]
+                    if stuck:
+                        self._end(
+                            stuck[0], f"it did not take the signal within {NOTICE_GRACE_S:g} s (blocked in the kernel)"
+                        )
+                if until is None or time.monotonic() < until:
+                    continue
                 return None
             try:
                 data = os.read(self._read, 64)
@@ -230,3 +247,17 @@ class Deadline:
 
 
 _TICK_S = 0.05  # how often the deadline looks whether the main thread saw the signal
+PENDING_TICK_S = 0.2  # how often it looks for a signal the kernel holds pending (a read of /proc/self/status)
+
+
+def _pending_signals() -> list[int]:
+    """SIGINT/SIGTERM pending for the process (ShdPnd) or its main thread (SigPnd)."""
+    held = 0
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(("ShdPnd:", "SigPnd:")):
+                    held |= int(line.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        return []
+    return [s for s in _HANDLED if held >> (s - 1) & 1]

@@ -37,6 +37,20 @@ DEADLINE_FACTOR, DEADLINE_SLACK = 2, 120.0
 REAP_S = 10.0  # for a killed diagnosis's process to be reaped (SIGKILL: at once, unless the host is stalled)
 
 
+def _reaped(proc: subprocess.Popen) -> bool:
+    """Wait REAP_S for a killed diagnosis's process; True once reaped. A process blocked where
+    SIGKILL cannot reach it (a lookup waiting on a lock that a target's FUSE server holds: its own
+    thread waits on the server, in that folder) is left to a thread that reaps it whenever the
+    kernel lets it go: the worker goes on to the next incident (it waited on it forever before)."""
+    try:
+        proc.communicate(timeout=REAP_S)
+        return True
+    except (subprocess.TimeoutExpired, OSError, ValueError):
+        pass
+    threading.Thread(target=proc.wait, name=f"reap-{proc.pid}", daemon=True).start()
+    return False
+
+
 def default_deadline(window: float) -> float:
     return DEADLINE_FACTOR * window + DEADLINE_SLACK
 
@@ -217,18 +231,22 @@ class Worker:
             stdout=subprocess.PIPE,
             start_new_session=True,
         )
+        left = False  # a killed process that did not die, left to a reaper thread
         try:
             out, _ = proc.communicate(pickle.dumps(request), timeout=seconds)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
-            proc.communicate(timeout=REAP_S)
-            raise DiagnosisKilled(f"the diagnosis did not end within its deadline ({seconds:g} s); killed") from None
+            said = f"the diagnosis did not end within its deadline ({seconds:g} s); killed"
+            if not _reaped(proc):
+                left = True
+                said += f", but its process is blocked in the kernel past SIGKILL (PID {proc.pid}; left to the kernel)"
+            raise DiagnosisKilled(said) from None
         finally:
-            if proc.poll() is None:  # the worker's own failure (a broken pipe): nothing left running
+            if proc.poll() is None and not left:  # the worker's own failure (a broken pipe): nothing left running
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+                _reaped(proc)
         kind, _, body = out.decode(errors="replace").partition("\n")
         if kind == ERROR:
             raise DiagnosisFailed(body)

@@ -539,7 +539,9 @@ def _confine() -> None:
     _LIBC.prctl(_PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)  # type: ignore[union-attr]
     resource.setrlimit(resource.RLIMIT_AS, (TOOL_ADDRESS_SPACE, TOOL_ADDRESS_SPACE))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-    os.setpriority(os.PRIO_PROCESS, 0, TOOL_NICE)
+    # only ever niced further: nobody may not lower a niceness, and memdiag may already run past
+    # TOOL_NICE (its own os.nice(10) under `nice`, serve's worker thread under systemd's Nice=10)
+    os.setpriority(os.PRIO_PROCESS, 0, max(TOOL_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
 
 
 def run_confined(

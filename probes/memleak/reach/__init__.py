@@ -28,7 +28,6 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 
 from memdiag.system import identity
 from memdiag.system.target import Target
@@ -45,7 +44,7 @@ from .anchors import label, runtime_label
 from .graph import reachability, stack_figures
 from .match import scan_memory
 from .model import ANCHOR_KIND, Blocks, ReachScan, ScanAborted, merged
-from .pause import Price, price
+from .pause import MAX_SCAN_MAPPINGS, Price, price
 from .regions import readable_regions
 from .stop import alive, check_stoppable, stopped
 
@@ -171,7 +170,7 @@ def _stop_and_scan(
                 return
             blocks = blocks.sort()
             # every mapping (not parse_maps' bounds): a region left out would make the blocks it holds look leaked
-            maps = parse_maps(Path(f"/proc/{pid}/maps").read_text(), bounded=False)
+            maps = _every_mapping(pid)
             space = AddressSpace(pid, maps, root=f"/proc/{pid}/root")
             regions = readable_regions(space, threads, est.tls_bytes, blocks, runtime_modules)
             meta = _allocator_metadata(pid, regions, allocator)
@@ -185,6 +184,23 @@ def _stop_and_scan(
         box["error"] = e
     finally:
         box["paused_ms"] = (time.monotonic() - t0) * 1000
+
+
+def _every_mapping(pid: int):
+    """Every mapping of pid, read a line at a time, for the scan under the stop: ScanAborted past
+    MAX_SCAN_MAPPINGS (the price refused such a process; it may have made more since)."""
+    with open(f"/proc/{pid}/maps", errors="replace") as f:
+
+        def lines():
+            for n, line in enumerate(f):
+                if n >= MAX_SCAN_MAPPINGS:
+                    raise ScanAborted(
+                        f"the target has more than {MAX_SCAN_MAPPINGS:,} mappings: the target was resumed, "
+                        "nothing is concluded"
+                    )
+                yield line
+
+        return parse_maps(lines(), bounded=False)
 
 
 def _allocator_metadata(pid: int, regions, allocator: str | None) -> allocmeta.Metadata:
