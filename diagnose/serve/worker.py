@@ -29,7 +29,10 @@ from .child import DEFAULT_RUNNER, ERROR, REPORT, Request
 from .store import Incident, ReportGone, StorageFailing, Store
 from .targets import BadLabel, NotOnHost, target_from_labels
 
-STUCK_FACTOR, STUCK_SLACK = 3, 120.0  # "running far past its window": 3x the window plus 2 minutes
+# "Stuck": running past the deadline the worker kills at, and the reaping after it, by this much:
+# before, 3x the window plus 2 minutes, which a window of 10 s or less reaches before the kill and
+# reap of a diagnosis blocked in the kernel are done (healthz said stuck while the worker was not)
+STUCK_MARGIN_S = 30.0
 # A diagnosis's deadline: twice its window plus two minutes (the BPF compile of a cold cache, the
 # pricing, a scan and the report come on top of the window), below the point where /healthz calls
 # the worker stuck, so a hung diagnosis is killed before the node is reported unhealthy.
@@ -131,7 +134,7 @@ class Worker:
         if current is not None:
             iid, started, window = current
             late = time.monotonic() - started
-            if late > STUCK_FACTOR * window + STUCK_SLACK:
+            if late > self.deadline(window) + REAP_S + STUCK_MARGIN_S:
                 return f"the diagnosis worker is stuck: incident {iid} running for {late:.0f} s (window {window:g} s)"
         return None
 

@@ -184,3 +184,20 @@ def test_a_diagnosis_that_sigkill_cannot_end_does_not_hold_the_worker(root_requi
                 time.sleep(0.05)
             assert not Path(f"/proc/{child}").exists()  # reaped by the worker's thread
         store.close()
+
+
+def test_the_worker_is_called_stuck_only_past_its_kill_and_reap(tmp_path):
+    """healthz's 'stuck' comes after the deadline the worker kills at and the reaping after it,
+    for short windows too (3x a 5 s window plus 2 minutes came before the kill and reap were done)."""
+    from memdiag.diagnose.serve.worker import REAP_S, STUCK_MARGIN_S
+
+    store = Store(tmp_path / "data")
+    try:
+        worker = Worker(store, 1.0, 1.0, None, deadline=lambda window: 2 * window + 120)
+        last_ok = 2 * 5 + 120 + REAP_S
+        worker.current = ("i1", time.monotonic() - last_ok, 5.0)
+        assert worker.health() is None
+        worker.current = ("i1", time.monotonic() - last_ok - STUCK_MARGIN_S - 1, 5.0)
+        assert worker.health().startswith("the diagnosis worker is stuck: incident i1")
+    finally:
+        store.close()
