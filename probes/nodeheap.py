@@ -85,7 +85,12 @@ def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Cal
         time.sleep(min(interval, left))
     pm = perf_map_state(target.pid)
     status = "ok" if times and target.alive() else ("partial" if times else "error")
-    how = f"a perf map ({pm.path})" if pm else "no perf map (started without --perf-basic-prof)"
+    how = (
+        f"a perf map ({pm.path})"
+        if pm
+        else "no perf map it could read (started without --perf-basic-prof, or what is at its name is "
+        "not the process's own regular file: a link, a FIFO or another user's is refused)"
+    )
     return base.model_copy(
         update={
             "status": status,
