@@ -15,16 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-
-FUSE_SERVER = """
-import ctypes, os, sys, time
-fd = os.open("/dev/fuse", os.O_RDWR)
-libc = ctypes.CDLL(None, use_errno=True)
-if libc.mount(b"hang", sys.argv[1].encode(), b"fuse", 0, f"fd={fd},rootmode=40000,user_id=0,group_id=0".encode()):
-    raise OSError(ctypes.get_errno(), "mount fuse")
-print("mounted", flush=True)
-time.sleep(3600)
-"""
+from fusehang import never_answering
 
 SEAM = """
 import os, sys
@@ -44,40 +35,28 @@ sys.exit(cli.main(["--pid", "1", "--duration", "1", "--output", sys.argv[2], "--
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_main_thread_waiting_on_a_fuse_server_ends_within_a_second(root_required, tmp_path, sig):
-    if not Path("/dev/fuse").exists():
-        pytest.skip("no /dev/fuse")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    server = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", FUSE_SERVER, str(mnt)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
     p = None
-    try:
-        assert server.stdout.readline() == "mounted\n"
-        path = f"/proc/{server.pid}/root{mnt}/x"
-        p = subprocess.Popen([sys.executable, "-c", SEAM, path, str(tmp_path / "out")], stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)  # fmt: skip
-        assert p.stdout.readline() == "ready\n"
-        end = time.monotonic() + 10
-        while Path(f"/proc/{p.pid}/wchan").read_text() not in ("fuse_get_req", "request_wait_answer"):
-            assert time.monotonic() < end, Path(f"/proc/{p.pid}/wchan").read_text()
-            time.sleep(0.02)
-        sent = time.monotonic()
-        p.send_signal(sig)
-        _, err = p.communicate(timeout=10)
-        took = time.monotonic() - sent
-        assert p.returncode == 128 + sig, err
-        assert took < 1.0 + 0.3, took  # the notice grace (0.6 s) and one look at the pending signals (0.2 s)
-        name = signal.Signals(sig).name
-        assert err.strip() == (
-            f"memdiag: interrupted by {name} during reading a planted file; it did not take the signal within "
-            "0.6 s (blocked in the kernel): ended without a report"
-        ), err
-    finally:
-        server.kill()  # the connection aborts: whatever still waits on it returns
-        server.wait()
-        if p is not None and p.poll() is None:
-            p.kill()
-            p.wait()
+    with never_answering(tmp_path / "mnt") as mnt:  # its server killed at the end: waits on it return
+        try:
+            p = subprocess.Popen([sys.executable, "-c", SEAM, f"{mnt}/x", str(tmp_path / "out")],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)  # fmt: skip
+            assert p.stdout.readline() == "ready\n"
+            end = time.monotonic() + 10
+            while Path(f"/proc/{p.pid}/wchan").read_text() not in ("fuse_get_req", "request_wait_answer"):
+                assert time.monotonic() < end, Path(f"/proc/{p.pid}/wchan").read_text()
+                time.sleep(0.02)
+            sent = time.monotonic()
+            p.send_signal(sig)
+            _, err = p.communicate(timeout=10)
+            took = time.monotonic() - sent
+            assert p.returncode == 128 + sig, err
+            assert took < 1.0 + 0.3, took  # the notice grace (0.6 s) and one look at the pending signals (0.2 s)
+            name = signal.Signals(sig).name
+            assert err.strip() == (
+                f"memdiag: interrupted by {name} during reading a planted file; it did not take the signal within "
+                "0.6 s (blocked in the kernel): ended without a report"
+            ), err
+        finally:
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+from fusehang import never_answering
 from memdiag.diagnose.serve import worker as worker_module
 from memdiag.diagnose.serve.store import Store
 from memdiag.diagnose.serve.worker import Worker, target_json
@@ -33,6 +33,21 @@ def _children() -> dict[int, str]:
         except (OSError, IndexError, ValueError):
             continue
     return out
+
+
+def _child_waiting_in(wchan: str) -> int:
+    """The one serve diagnosis process (a child of this test's), once the kernel has it waiting in
+    wchan: where the hostile target's file holds it."""
+    end = time.monotonic() + 30
+    while not (kids := [k for k, cmd in _children().items() if "memdiag.diagnose.serve.child" in cmd]):
+        assert time.monotonic() < end
+        time.sleep(0.05)
+    (child,) = kids
+    end = time.monotonic() + 30
+    while Path(f"/proc/{child}/wchan").read_text() != wchan:
+        assert time.monotonic() < end, Path(f"/proc/{child}/wchan").read_text()
+        time.sleep(0.05)
+    return child
 
 
 def _settled(store: Store, iid: str, timeout: float):
@@ -60,16 +75,7 @@ def test_a_hung_diagnosis_is_killed_at_its_deadline_and_the_next_one_runs(root_r
             incident, _ = store.admit("test", target_json(target), None, f"key-{p.pid}")
             worker.submit(incident.id, target)
             ids.append(incident.id)
-        # the first diagnosis's process is blocked in the kernel's FIFO open
-        end = time.monotonic() + 30
-        while not (kids := [k for k, cmd in _children().items() if "memdiag.diagnose.serve.child" in cmd]):
-            assert time.monotonic() < end
-            time.sleep(0.05)
-        (child,) = kids
-        end = time.monotonic() + 30
-        while Path(f"/proc/{child}/wchan").read_text() != "wait_for_partner":
-            assert time.monotonic() < end, Path(f"/proc/{child}/wchan").read_text()
-            time.sleep(0.05)
+        child = _child_waiting_in("wait_for_partner")  # the first diagnosis, blocked in the kernel's FIFO open
         hung = _settled(store, ids[0], 30)
         assert hung.state == "failed", hung
         assert hung.error == f"the diagnosis did not end within its deadline ({DEADLINE_S:g} s); killed", hung.error
@@ -103,78 +109,42 @@ def test_a_hung_diagnosis_is_killed_at_its_deadline_and_the_next_one_runs(root_r
         store.close()
 
 
-# A FUSE filesystem that never answers (not even INIT), mounted at argv[1] in the mount namespace of
-# its own process, with a thread of its own waiting in a lookup there: that lookup holds the folder's
-# lock, so a lookup by anyone else waits on the lock, uninterruptibly (D, SIGKILL pending). Any user
-# can do this in a user and mount namespace of their own; a target did it to memdiag (its /tmp).
-FUSE_SERVER = """
-import ctypes, os, sys, threading, time
-fd = os.open("/dev/fuse", os.O_RDWR)
-libc = ctypes.CDLL(None, use_errno=True)
-if libc.mount(b"hang", sys.argv[1].encode(), b"fuse", 0, f"fd={fd},rootmode=40000,user_id=0,group_id=0".encode()):
-    raise OSError(ctypes.get_errno(), "mount fuse")
-threading.Thread(target=lambda: os.path.exists(sys.argv[1] + "/held"), daemon=True).start()
-time.sleep(0.3)
-print("mounted", flush=True)
-time.sleep(3600)
-"""
-
-
 def test_a_diagnosis_that_sigkill_cannot_end_does_not_hold_the_worker(root_required, tmp_path, monkeypatch):
     """Before: the worker killed the diagnosis at its deadline, then waited for it for good (its
     process in D in fuse_lock_inode, SIGKILL pending): the next incident stayed queued and /healthz
     said stuck until the target's FUSE server let go."""
-    if not Path("/dev/fuse").exists():
-        import pytest
-
-        pytest.skip("no /dev/fuse")
-    mnt = tmp_path / "mnt"
-    mnt.mkdir()
-    server = subprocess.Popen(
-        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", FUSE_SERVER, str(mnt)],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
     hostile, next_one = (subprocess.Popen(["sleep", "600"]) for _ in range(2))
     fifo = tmp_path / "release"
     os.mkfifo(fifo)
     store = Store(tmp_path / "data")
     child = None
     try:
-        assert server.stdout.readline() == "mounted\n"
-        monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
-        monkeypatch.setenv("MEMDIAG_TEST_HANG_PID", str(hostile.pid))
-        monkeypatch.setattr(worker_module, "REAP_S", 1.0)  # the wait for a killed process that cannot die
-        monkeypatch.setenv("MEMDIAG_TEST_HANG_PATH", f"/proc/{server.pid}/root{mnt}/x")
-        monkeypatch.setenv("MEMDIAG_TEST_HANG_FIFO", str(fifo))
-        worker = Worker(store, 1.0, 1.0, None, deadline=lambda window: DEADLINE_S, runner="hangseam:diagnose_or_hang")
-        ids = []
-        for p in (hostile, next_one):
-            incident, _ = store.admit("test", target_json(pid_target(p.pid)), None, f"key-{p.pid}")
-            worker.submit(incident.id, pid_target(p.pid))
-            ids.append(incident.id)
-        end = time.monotonic() + 30
-        while not (kids := [k for k, cmd in _children().items() if "memdiag.diagnose.serve.child" in cmd]):
-            assert time.monotonic() < end
-            time.sleep(0.05)
-        (child,) = kids
-        end = time.monotonic() + 30
-        while Path(f"/proc/{child}/wchan").read_text() != "fuse_lock_inode":
-            assert time.monotonic() < end, Path(f"/proc/{child}/wchan").read_text()
-            time.sleep(0.05)
-        hung = _settled(store, ids[0], 60)
-        assert hung.state == "failed", hung
-        said = f"the diagnosis did not end within its deadline ({DEADLINE_S:g} s); killed, but its "
-        assert hung.error.startswith(said), hung
-        assert f"blocked in the kernel past SIGKILL (PID {child}" in hung.error
-        assert DEADLINE_S + 1.0 <= hung.duration_s < DEADLINE_S + 1.0 + 2, hung.duration_s  # one wait to reap, not two
-        assert Path(f"/proc/{child}/status").read_text().count("D (disk sleep)") == 1  # still there, unkillable
-        done = _settled(store, ids[1], 90)  # the next incident is diagnosed all the same
-        assert done.state == "done" and f"PID {next_one.pid} (sleep)" in done.summary, done
-        assert worker.health() is None
+        with never_answering(tmp_path / "mnt", hold=True) as mnt:  # killed on the way out: the lookup returns
+            monkeypatch.setenv("PYTHONPATH", str(Path(__file__).parent))
+            monkeypatch.setenv("MEMDIAG_TEST_HANG_PID", str(hostile.pid))
+            monkeypatch.setattr(worker_module, "REAP_S", 1.0)  # the wait for a killed process that cannot die
+            monkeypatch.setenv("MEMDIAG_TEST_HANG_PATH", f"{mnt}/x")
+            monkeypatch.setenv("MEMDIAG_TEST_HANG_FIFO", str(fifo))
+            worker = Worker(
+                store, 1.0, 1.0, None, deadline=lambda window: DEADLINE_S, runner="hangseam:diagnose_or_hang"
+            )
+            ids = []
+            for p in (hostile, next_one):
+                incident, _ = store.admit("test", target_json(pid_target(p.pid)), None, f"key-{p.pid}")
+                worker.submit(incident.id, pid_target(p.pid))
+                ids.append(incident.id)
+            child = _child_waiting_in("fuse_lock_inode")
+            hung = _settled(store, ids[0], 60)
+            assert hung.state == "failed", hung
+            said = f"the diagnosis did not end within its deadline ({DEADLINE_S:g} s); killed, but its "
+            assert hung.error.startswith(said), hung
+            assert f"blocked in the kernel past SIGKILL (PID {child}" in hung.error
+            assert DEADLINE_S + 1.0 <= hung.duration_s < DEADLINE_S + 1.0 + 2, hung.duration_s  # one reap wait, not two
+            assert Path(f"/proc/{child}/status").read_text().count("D (disk sleep)") == 1  # still there, unkillable
+            done = _settled(store, ids[1], 90)  # the next incident is diagnosed all the same
+            assert done.state == "done" and f"PID {next_one.pid} (sleep)" in done.summary, done
+            assert worker.health() is None
     finally:
-        server.kill()  # the FUSE server gone, the connection aborts and the blocked lookup returns
-        server.wait()
         for p in (hostile, next_one):
             p.kill()
             p.wait()
