@@ -407,7 +407,10 @@ TOOL_FLAGS = (
 # fails to start); 2 GiB caps what a hostile recording can make it commit.
 TOOL_ADDRESS_SPACE = 2 << 30
 TOOL_NICE = 10
-TOOL_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8"}  # nothing of memdiag's environment (JAVA_TOOL_OPTIONS)
+# Nothing of memdiag's environment (JAVA_TOOL_OPTIONS). MALLOC_ARENA_MAX: glibc gives each thread
+# that allocates an arena of its own, 64 MiB of address space each, and the JVM's threads grow with
+# the host's cores: on a large host they alone would pass TOOL_ADDRESS_SPACE.
+TOOL_ENV = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "MALLOC_ARENA_MAX": "2"}
 _PR_SET_NO_NEW_PRIVS = 38
 _MAX_RELEASE = 64 << 10  # a JDK's release file: ~1-2 KB
 
