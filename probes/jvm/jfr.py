@@ -322,6 +322,7 @@ def _copy_bounded(src: int, dest: Path, max_bytes: int) -> None:
     max_bytes (Unsafe past it)."""
     out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o444)
     try:
+        os.fchmod(out, 0o444)  # whatever the umask (serve's is 077: the tool, as nobody, was refused)
         copied = 0
         while True:
             chunk = os.read(src, COPY_CHUNK)

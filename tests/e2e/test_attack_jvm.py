@@ -452,3 +452,19 @@ def test_hsperfdata_is_found_inside_the_targets_root_and_never_through_a_link(tm
     os.mkfifo(tmp / "hsperfdata_root" / str(pid))
     t0 = time.monotonic()
     assert read_perfdata(pid, proc) is None and time.monotonic() - t0 < MAX_SECONDS
+
+
+def test_the_copy_is_readable_by_the_unprivileged_tool_whatever_the_umask(tmp_path):
+    """serve runs with umask 077: the copy came out 0400 and the jfr tool, as nobody, could not
+    open it (an alert on a JVM container: 'jfr print: could not open file ... (Permission denied)')."""
+    src = tmp_path / "rec.jfr"
+    src.write_bytes(b"FLR\0" + b"x" * 100)
+    dest = tmp_path / "copy.jfr"
+    fd = os.open(src, os.O_RDONLY)
+    old = os.umask(0o077)
+    try:
+        jfrmod._copy_bounded(fd, dest, 1 << 20)
+    finally:
+        os.umask(old)
+        os.close(fd)
+    assert dest.stat().st_mode & 0o777 == 0o444 and dest.read_bytes() == src.read_bytes()

@@ -1,6 +1,7 @@
 """Fact readers on this machine's real /proc and cgroups, against real workloads."""
 
 import time
+from pathlib import Path
 
 import psutil
 from memdiag.system.cgroup import locate_memory_cgroup, read_cgroup_memory, resolve_cgroup
@@ -86,6 +87,10 @@ def test_a_command_line_is_read_to_a_bound():
     long_words = ["x" * (100 << 10)] * 16
     proc = subprocess.Popen(["/bin/sh", "-c", "sleep 30", "marker-first", *long_words])
     try:
+        end = time.monotonic() + 10  # Popen returns before the child's exec has laid out its argv
+        while not Path(f"/proc/{proc.pid}/cmdline").read_bytes().startswith(b"/bin/sh"):
+            assert time.monotonic() < end, "the shell did not start"
+            time.sleep(0.01)
         got = read_process(proc.pid)
     finally:
         proc.kill()
