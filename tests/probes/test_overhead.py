@@ -11,6 +11,7 @@ from memdiag.probes import memleak
 from memdiag.probes.allocator import find_allocator
 from memdiag.probes.memleak.costs import host_costs
 from memdiag.probes.memleak.meter import price
+from memdiag.probes.memleak.ratecount import estimate_call_rates
 from memdiag.system import arch
 from memdiag.system.process import cpu_seconds
 from memdiag.system.target import Target
@@ -33,9 +34,15 @@ def bench(root_required):
 
 
 def _traced(b: BenchAlloc, seconds: float, **kw):
-    """Untraced baseline for 3 s, then memleak for `seconds`, then 2 s untraced; the result and
+    """The call rates counted by entry point, as a diagnosis's plan counts them before memleak;
+    then an untraced baseline for 3 s, memleak for `seconds` (given those rates, as a diagnosis
+    gives them: a program on several sites, free_enter on free and operator delete, is priced by
+    their counted hits; without them at the dearest site's trap), then 2 s untraced; the result and
     the target's own account of what it lost (ns), by its thread's CPU clock (traps are charged
     to it; what other processes take from it on this 2-core machine is not)."""
+    counted = estimate_call_rates(b.pid)
+    assert counted is not None
+    kw.setdefault("site_rates", counted.per_s())
     t0, c0 = time.monotonic(), cpu_seconds(b.pid)
     time.sleep(3.2)
     base = b.ns_per_op(t0 + 0.5, time.monotonic() - 1.0, cpu=True)
