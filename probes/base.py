@@ -219,10 +219,7 @@ def run_for(
             return elapsed
         pause = min(tick, max(0.0, duration - elapsed))
         if stop.watch_signals:  # a signal ends the wait at once, not at the next tick
-            end = time.monotonic() + pause
-            while not INTERRUPTION.caught and (left := end - time.monotonic()) > 0:
-                if identity.sleep(target, min(SIGNAL_SLICE_S, left)):
-                    break
+            INTERRUPTION.wait(pause, SIGNAL_SLICE_S, sleep=lambda s: identity.sleep(target, s))
         else:
             identity.sleep(target, pause)
 

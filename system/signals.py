@@ -73,15 +73,19 @@ class Interruption:
         elif self.count >= self.EXIT_NOW_AFTER:
             os._exit(128 + signum)
 
-    def wait(self, seconds: float, tick: float = 0.05) -> bool:
+    def wait(self, seconds: float, tick: float = 0.05, sleep=None) -> bool:
         """Sleep up to seconds, ending early on a signal (time.sleep resumes after a handler).
-        True when a signal came."""
+        True when a signal came. sleep(s): how each tick is slept (time.sleep by default); a true
+        answer ends the wait early too (a target's pidfd said it exited: identity.sleep)."""
         end = time.monotonic() + seconds
         while not self.caught:
             left = end - time.monotonic()
             if left <= 0:
                 return False
-            time.sleep(min(tick, left))
+            if sleep is None:
+                time.sleep(min(tick, left))
+            elif sleep(min(tick, left)):
+                return False
         return True
 
 
