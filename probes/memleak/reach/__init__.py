@@ -150,12 +150,12 @@ def _stop_and_scan(
     runtime_modules=frozenset(),
     same: Callable[[], None] | None = None,
 ) -> None:
-    t0 = time.monotonic()
+    t0, times = time.monotonic(), {}
 
     def stop_check(done: int) -> None:
         if interrupted():
             raise ScanAborted("interrupted: the target was resumed and nothing is concluded from a partial scan")
-        spent = (time.monotonic() - t0) * 1000
+        spent = (time.monotonic() - (times.get("stopped_at") or t0)) * 1000  # since the holder's first seize
         if allowed_ms is not None and spent > allowed_ms:
             raise ScanAborted(
                 f"stopped at the {fmt_duration(allowed_ms / 1000)} pause allowed, after {fmt_mib(done)} of "
@@ -163,7 +163,7 @@ def _stop_and_scan(
             )
 
     try:
-        with stopped(pid, allowed_ms, same=same) as threads:
+        with stopped(pid, allowed_ms, same=same, times=times) as threads:
             blocks = read_blocks(True)
             if not len(blocks.starts):
                 box["empty"] = True
@@ -183,7 +183,16 @@ def _stop_and_scan(
     except Exception as e:  # handed to the caller's thread; the stop ends with this thread either way
         box["error"] = e
     finally:
-        box["paused_ms"] = (time.monotonic() - t0) * 1000
+        box["paused_ms"] = _paused_ms(times, t0)
+
+
+def _paused_ms(times: dict, t0: float) -> float:
+    """How long the target was stopped, by the holder's clock (stop.stopped's times); where it said
+    nothing, the whole stop from before the holder started (more than the target paid)."""
+    start, end = times.get("stopped_at"), times.get("resumed_at")
+    if start is not None and end is not None and end >= start:
+        return (end - start) * 1000
+    return (time.monotonic() - t0) * 1000
 
 
 def _every_mapping(pid: int):

@@ -12,9 +12,11 @@ exiting tracer and they run on (exit_ptrace).
 
 Standard library only, run by path (`python -I -S holder.py PID HOLD_S`): nothing of memdiag's is
 imported, so it starts in tens of milliseconds. Its protocol, one JSON line each way: it writes
-{"threads": [[tid, registers in hex], ...]} or {"refused": why} once the target is stopped; memdiag
-writes any line (or closes the pipe) to release it; it answers {"released": "asked" | "deadline",
-"held_s": seconds} and exits."""
+{"threads": [[tid, registers in hex], ...], "stopped_at": t} or {"refused": why} once the target is
+stopped; memdiag writes any line (or closes the pipe) to release it; it answers {"released": "asked"
+| "deadline", "held_s": seconds, "resumed_at": t} and exits. Each t is CLOCK_MONOTONIC (time.monotonic,
+the same clock in every process) when the first seize began and when the last thread was let go: the
+pause the target paid, without this process's own start."""
 
 from __future__ import annotations
 
@@ -142,18 +144,19 @@ def hold(pid: int, hold_s: float) -> None:
         os.setpriority(os.PRIO_PROCESS, 0, 0)
     seized: dict[int, int] = {}
     try:
+        stopped_at = time.monotonic()
         try:
             seize_all(pid, seized)
             threads = [[tid, _regs(tid).hex()] for tid, sig in seized.items() if sig >= 0]
         except (Refused, OSError) as e:
             _say({"refused": str(e) if isinstance(e, Refused) else f"reading registers: {e.strerror}"})
             return
-        _say({"threads": threads})
+        _say({"threads": threads, "stopped_at": stopped_at})
         ready, _, _ = select.select([sys.stdin], [], [], max(deadline - time.monotonic(), 0.0))
         how = "asked" if ready else "deadline"  # a line, or the end of the pipe: memdiag is gone
     finally:
         detach_all(seized)
-    _say({"released": how, "held_s": round(time.monotonic() - start, 3)})
+    _say({"released": how, "held_s": round(time.monotonic() - start, 3), "resumed_at": time.monotonic()})
 
 
 if __name__ == "__main__":

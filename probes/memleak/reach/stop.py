@@ -93,14 +93,16 @@ def _own_threads(pid: int, seized: list[int]) -> None:
 
 
 @contextlib.contextmanager
-def stopped(pid: int, allowed_ms: float | None = None, same: Callable[[], None] | None = None):
+def stopped(pid: int, allowed_ms: float | None = None, same: Callable[[], None] | None = None, times=None):
     """Every thread of pid stopped with ptrace for the duration; yields their Threads. The holder
     process holds the stop (seizing new threads created while stopping too) and resumes the target
     allowed_ms + RELEASE_MARGIN_S after the stop began even if this thread never leaves the block;
     then ScanAborted, as what was read meanwhile is no one instant's. same() raises ScanAborted
     unless pid is still the target process (system/identity.py): asked before the holder seizes
     anything and once every thread is seized, before anything is read; a change lets every seized
-    thread go at once (the finally's release)."""
+    thread go at once (the finally's release). times, a dict if given, gets the holder's
+    "stopped_at" and "resumed_at" (time.monotonic: when its first seize began, when it let the last
+    thread go), the pause the target paid: the holder's own start (10-20 ms here) is not part of it."""
     if same is not None:
         same()
     layout = arch.USER_REGS.get(arch.MACHINE)
@@ -124,6 +126,8 @@ def stopped(pid: int, allowed_ms: float | None = None, same: Callable[[], None] 
         said = _line(proc)
         if "threads" not in said:
             raise ScanAborted(said.get("refused") or "the stop's holder ended before the target was stopped")
+        if times is not None:
+            times["stopped_at"] = _clock(said.get("stopped_at"))
         if same is not None:  # stopped threads do not exec; the threads seized are the target's, or none are read
             same()
             _own_threads(pid, [tid for tid, _ in said["threads"]])
@@ -139,11 +143,18 @@ def stopped(pid: int, allowed_ms: float | None = None, same: Callable[[], None] 
     finally:
         released = _release(proc)
         killer.cancel()
+        if times is not None:
+            times["resumed_at"] = _clock(released.get("resumed_at"))
     if released.get("released") != "asked":
         raise ScanAborted(
             f"the target was resumed at the stop's deadline ({hold_s:g} s: --max-pause and a margin) before "
             "the scan ended; a partial scan concludes nothing"
         )
+
+
+def _clock(value) -> float | None:
+    """A time.monotonic() reading the holder reported, or None."""
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
 
 
 def _line(proc: subprocess.Popen) -> dict:
