@@ -22,6 +22,8 @@ from containers import RUNTIME, run_container, workload_image  # noqa: E402
 from figures import read_report  # noqa: E402
 from kit import MEMDIAG, MemoryCgroup, Workload, swapfile  # noqa: E402
 
+pytest_plugins = ["suitetime"]  # the suite's wall time and where it went, printed at its end
+
 # Fixtures that drive the real machine: root, BPF, cgroups, swap, workloads, the console script,
 # podman, servers run as root. A test using one (directly or through another fixture) is `bpf`.
 BPF_FIXTURES = frozenset(
