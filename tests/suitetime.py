@@ -20,6 +20,8 @@ def pytest_runtest_logreport(report) -> None:
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
+    if not _per_file:  # nothing ran (--collect-only, or every test deselected)
+        return
     wall = time.monotonic() - _started
     counted = sum(_per_file.values())
     tr = terminalreporter

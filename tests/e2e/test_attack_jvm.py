@@ -32,6 +32,9 @@ from memdiag.system.runtime import jvm_version
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "unit"))
 from test_hsperfdata import perfdata  # noqa: E402
 
+# its JVMs' recording and histogram costs are measured and kept (probes/jvm/costs.py): run alone
+pytestmark = pytest.mark.alone
+
 NOBODY = 65534
 JDK17 = Path("/usr/lib/jvm/java-17-openjdk-amd64")
 MARKER = "MARKER-1234"

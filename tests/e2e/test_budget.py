@@ -20,6 +20,8 @@ from memdiag.probes.memleak.plan import plan
 from memdiag.system import arch
 from memdiag.system.target import Target
 
+pytestmark = pytest.mark.alone  # the target's own CPU clock is the measure: the machine to itself
+
 JEMALLOC = arch.library("libjemalloc.so.2")
 
 

@@ -22,7 +22,11 @@ from jvmkit import have_jdk, wait_warmed_up
 from kit import MEMDIAG, wait_until
 from memdiag.probes.jvm.attach import describe_target, jcmd
 
-pytestmark = pytest.mark.skipif(not have_jdk(), reason="needs a JDK (scripts/setup.sh --test installs openjdk-17)")
+pytestmark = [
+    pytest.mark.skipif(not have_jdk(), reason="needs a JDK (scripts/setup.sh --test installs openjdk-17)"),
+    # its JVMs' recording and histogram costs are measured and kept (probes/jvm/costs.py): run alone
+    pytest.mark.alone,
+]
 
 H2_JAR = Path("/usr/share/java/h2.jar")  # Debian's libh2-java (scripts/setup.sh --test)
 WINDOW = ("--duration", "30", "--budget", "10")

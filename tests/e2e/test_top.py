@@ -1,6 +1,9 @@
 """`memdiag top --once`: the live per-process view, one table."""
 
+import pytest
 
+
+@pytest.mark.alone  # the grower first of every process on the host: no emulated machine filling beside it
 def test_top_sorts_the_grower_first(memdiag, workload):
     w = workload("leak", "8192")
     workload("churn", "1000")

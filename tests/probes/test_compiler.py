@@ -36,6 +36,8 @@ def test_prepare_compiles_once_and_covers_a_diagnosis(tmp_path, monkeypatch, wor
         "faults", "memleak", "ratecount", "brkstack", "mmapsnoop", "oomkill", "swapin", "vmscan", "drsnoop"
     }  # fmt: skip
     assert f"0 compiled, {compiled} already cached" in _prepare(tmp_path)
+    # and this host's trap costs, measured at set-up rather than by whichever diagnosis first needs them
+    assert re.search(r"this host's uprobe trap costs: [\d,]+ ns emulated, [\d,]+ ns single-stepped", cold), cold
 
     # The probes, as the engine runs them on a process, find everything they load in the cache.
     monkeypatch.setattr(compiler, "CACHE", tmp_path)

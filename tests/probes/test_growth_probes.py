@@ -3,6 +3,7 @@ code, on the real kernel."""
 
 import time
 
+import pytest
 from memdiag.probes import brkstack, faults, mmapsnoop
 from memdiag.system.target import Target
 
@@ -34,6 +35,7 @@ def test_faults_in_cpp_name_the_method_behind_operator_new(workload):
     assert any("OrderBook::record(long)" in _functions(s) for s in r.stacks[:3])
 
 
+@pytest.mark.alone  # the biggest faulter of the whole host: no emulated machine faulting beside it
 def test_faults_per_process_without_target(workload):
     w = workload("leak", "8192")
     r = faults.run(Target(kind="system"), 2)

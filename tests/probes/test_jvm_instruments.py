@@ -21,7 +21,11 @@ from memdiag.probes.jvm.recording import held, parse_recording
 from memdiag.system.hsperfdata import perfdata_absence, read_perfdata
 from memdiag.system.jvm import jvm_counters, read_jvm_memory
 
-pytestmark = pytest.mark.skipif(not have_jdk(), reason="needs a JDK (scripts/setup.sh --test installs openjdk-17)")
+pytestmark = [
+    pytest.mark.skipif(not have_jdk(), reason="needs a JDK (scripts/setup.sh --test installs openjdk-17)"),
+    # its JVMs' recording and histogram costs are measured and kept (probes/jvm/costs.py): run alone
+    pytest.mark.alone,
+]
 
 
 def counters(pid: int):

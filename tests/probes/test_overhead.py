@@ -16,6 +16,8 @@ from memdiag.system import arch
 from memdiag.system.process import cpu_seconds
 from memdiag.system.target import Target
 
+pytestmark = pytest.mark.alone  # the target's own CPU clock is the measure: the machine to itself
+
 JEMALLOC = arch.library("libjemalloc.so.2")
 
 

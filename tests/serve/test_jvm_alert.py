@@ -8,7 +8,11 @@ import json
 import pytest
 from jvmkit import have_jdk, wait_warmed_up
 
-pytestmark = pytest.mark.skipif(not have_jdk(), reason="needs a JDK (scripts/setup.sh --test installs openjdk-17)")
+pytestmark = [
+    pytest.mark.skipif(not have_jdk(), reason="needs a JDK (scripts/setup.sh --test installs openjdk-17)"),
+    # its JVMs' recording and histogram costs are measured and kept (probes/jvm/costs.py): run alone
+    pytest.mark.alone,
+]
 
 
 def test_an_alert_on_a_jvm_container_diagnoses_the_jvm_inside_it(server, jvm_container):
