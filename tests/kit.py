@@ -91,11 +91,18 @@ def build(name: str, extra_flags: list[str] | None = None) -> Path:
     digest = hashlib.sha256(src.read_bytes() + (SOURCES / "common.h").read_bytes() + " ".join(flags).encode())
     # One folder per build, so the binary keeps its own name (and comm) for the tests to look for.
     out = BUILD / digest.hexdigest()[:12] / name
+    return _made_once(out, lambda tmp: subprocess.run([compiler, *flags, "-o", str(tmp), str(src)], check=True))
+
+
+def _made_once(out: Path, make: Callable[[Path], object]) -> Path:
+    """out, made once by make(tmp) into a file of this process's own and moved in whole: two test
+    processes building the same program at once (a fresh checkout) each make a whole one, and
+    neither runs the other's half-written file."""
     if not out.exists():
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        subprocess.run([compiler, *flags, "-o", str(tmp), str(src)], check=True)
-        tmp.rename(out)
+        tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+        make(tmp)
+        os.replace(tmp, out)
     return out
 
 
@@ -106,12 +113,7 @@ def build_library(name: str) -> Path:
     flags = [*CFLAGS, "-shared", "-fPIC"]
     digest = hashlib.sha256(src.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
     out = BUILD / digest / f"lib{name}.so"
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        subprocess.run(["cc", *flags, "-o", str(tmp), str(src)], check=True)
-        tmp.rename(out)
-    return out
+    return _made_once(out, lambda tmp: subprocess.run(["cc", *flags, "-o", str(tmp), str(src)], check=True))
 
 
 def build_go(name: str, flags: list[str]) -> Path:
@@ -121,12 +123,12 @@ def build_go(name: str, flags: list[str]) -> Path:
     for path in [GO_SOURCES / "go.mod", *sorted(GO_SOURCES.rglob("*.go"))]:  # its package and the shared kit
         digest.update(str(path.relative_to(GO_SOURCES)).encode() + path.read_bytes())
     out = BUILD / digest.hexdigest()[:12] / name
-    if not out.exists():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_suffix(".tmp")
-        subprocess.run(["go", "build", *flags, "-o", str(tmp), f"./{name}"], cwd=GO_SOURCES, env=GO_ENV, check=True)
-        tmp.rename(out)
-    return out
+    return _made_once(
+        out,
+        lambda tmp: subprocess.run(
+            ["go", "build", *flags, "-o", str(tmp), f"./{name}"], cwd=GO_SOURCES, env=GO_ENV, check=True
+        ),
+    )
 
 
 @functools.lru_cache(maxsize=1)

@@ -16,7 +16,8 @@ MiB = 1 << 20
 def test_oomkill_catches_a_cgroup_oom(workload, memcg):
     cg = memcg(48 * MiB, swap=False)
     box, armed = {}, threading.Event()
-    t = threading.Thread(target=lambda: box.setdefault("r", oomkill.run(Target(kind="system"), 10, ready=armed)))
+    # 6 s: the hog is killed within a second of its start, and the probe runs its whole duration
+    t = threading.Thread(target=lambda: box.setdefault("r", oomkill.run(Target(kind="system"), 6, ready=armed)))
     t.start()
     assert armed.wait(60)
     w = workload("hog", "512", "8", "20", cgroup=cg)
@@ -59,7 +60,7 @@ def test_oomkill_built_for_a_tracepoint_with_the_pid_alone_completes_kills_from_
     cg = memcg(48 * MiB, swap=False)
     box, armed = {}, threading.Event()
     t = threading.Thread(
-        target=lambda: box.setdefault("r", oomkill.run(Target(kind="system"), 10, ready=armed, options=options))
+        target=lambda: box.setdefault("r", oomkill.run(Target(kind="system"), 6, ready=armed, options=options))
     )
     t.start()
     assert armed.wait(60)
