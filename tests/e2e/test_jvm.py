@@ -20,6 +20,7 @@ import pytest
 from figures import read_report
 from jvmkit import have_jdk, wait_warmed_up
 from kit import MEMDIAG, wait_until
+from memdiag.probes.jvm import costs
 from memdiag.probes.jvm.attach import describe_target, jcmd
 
 pytestmark = [
@@ -175,8 +176,32 @@ def test_a_jni_native_leak_is_a_leak_named_by_its_c_function(memdiag, java, tmp_
     assert left_in_jvm(w.pid) == []  # the perf map memdiag asked for is removed
 
 
-def test_at_the_default_budget_two_class_histograms_name_the_class_that_grows(memdiag, java, tmp_path):
-    """JFR's first start is over 2% of a 30 s window; two class histograms (full collections) are not."""
+@pytest.fixture
+def jfr_start_unmeasured(tmp_path, monkeypatch):
+    """memdiag's store of this host's JVM costs (probes/jvm/costs.py) without its measurements of a
+    flight recording's start, so the start is priced at the prior (1.31 s of the target's CPU), as on
+    a host that has not yet recorded a JVM of this build; the histograms' figures stay this host's.
+    What this host measured is its own: 0.44-0.67 s for a first start here on 2026-12-06 (and once
+    1.88), 1.77 s earlier (BENCHMARKS.md section 8); with the median at 0.64 s the recording fitted 2% of
+    30 s, and in this stop's first whole run both cases below saw JFR run where histograms were meant."""
+    try:
+        kept = json.loads(costs.STORE.read_text())
+    except (OSError, ValueError):
+        kept = {}
+    for build in kept.values() if isinstance(kept, dict) else ():
+        build.pop("cold_start_s", None)
+    store = tmp_path / "jvm-costs" / "jvm-costs.json"
+    store.parent.mkdir()
+    store.write_text(json.dumps(kept))
+    monkeypatch.setenv("MEMDIAG_JVM_COSTS", str(store))  # the memdiag run inherits it
+    return store
+
+
+def test_at_the_default_budget_two_class_histograms_name_the_class_that_grows(
+    memdiag, java, tmp_path, jfr_start_unmeasured
+):
+    """JFR's first start, priced at the prior, is over 2% of a 30 s window; two class histograms
+    (full collections) are not."""
     w = java("OrderService", "1000", jvm=["-Xmx512m"])
     rep = diagnose(memdiag, tmp_path, w.pid, "--duration", "30", "--budget", "2")
     v = rep["verdict"]
@@ -194,7 +219,9 @@ def test_at_the_default_budget_two_class_histograms_name_the_class_that_grows(me
     assert left_in_jvm(w.pid) == []
 
 
-def test_at_the_default_budget_a_bounded_cache_is_a_bound_between_two_histograms(memdiag, java, tmp_path):
+def test_at_the_default_budget_a_bounded_cache_is_a_bound_between_two_histograms(
+    memdiag, java, tmp_path, jfr_start_unmeasured
+):
     w = java("LruCache", "1000", "4000", jvm=["-Xmx1g"])
     rep = diagnose(memdiag, tmp_path, w.pid, "--duration", "30", "--budget", "2")
     v = rep["verdict"]
