@@ -11,6 +11,7 @@ processes take from it on this 2-core machine is not), stays within the budget a
 overhead figure agrees with it."""
 
 import json
+import re
 import time
 
 import pytest
@@ -110,10 +111,22 @@ def test_the_target_loses_no_more_than_the_budget(root_required, memdiag, tmp_pa
         assert lost / 1.5 <= reported <= lost * 1.5, (lost, reported)
         assert "leak_bench_records" in rep["verdict"]["summary"], rep["verdict"]
     if decision == "fallback":  # every call is over the budget: only the faulting function's own calls are traced
-        assert rep["verdict"]["kind"] == "leak" and "leak_bench_records" in rep["verdict"]["summary"], (
-            rep["verdict"]["summary"],
-            [t for t in rep["trail"] if t["kind"] in ("probe", "scan")],
-        )
+        refused = _pause_refused(rep)
+        if rate == 0 and refused is not None:
+            # Flat out, the target grows 1.1 GiB/min and holds 400-650 MiB by the time its calls are
+            # traced: whether a scan of that fits 2% of 30 s is this host's memory speed (sampled on the
+            # target at 0.76-1.1 GiB/s here on one day). Where it does not, the scan is refused for
+            # its pause, said with both figures, and the function is named by its faults
+            priced_ms, allowed_ms = refused
+            assert priced_ms > allowed_ms, refused
+            assert rep["verdict"]["kind"] == "growth" and "leak_bench_records" in rep["verdict"]["summary"], rep[
+                "verdict"
+            ]["summary"]
+        else:
+            assert rep["verdict"]["kind"] == "leak" and "leak_bench_records" in rep["verdict"]["summary"], (
+                rep["verdict"]["summary"],
+                [t for t in rep["trail"] if t["kind"] in ("probe", "scan")],
+            )
         probes = [t["name"] for t in rep["trail"] if t["kind"] == "probe" and t["state"] == "ok"]
         assert probes[-2:] == ["faults", "sites"], probes
         sites = next(p for p in rep["probes"] if p["name"] == "sites")
@@ -129,3 +142,13 @@ def test_the_target_loses_no_more_than_the_budget(root_required, memdiag, tmp_pa
     if rate != 100_000 or decision == "fallback":  # tracepoint probes report their BPF run time host-wide
         assert reported <= rep["overhead"]["budget_percent"], rep["probes"]
         assert reported >= lost - max(1.0, noise), (lost, reported)  # never understated beyond the noise
+
+
+def _pause_refused(rep: dict) -> tuple[float, float] | None:
+    """The scan's priced and allowed pause, in ms, where it was skipped for its pause; else None."""
+    scan = next((t for t in rep["trail"] if t["kind"] == "scan"), None)
+    m = re.search(r"pause the target ~([\d.,]+) (ms|s) > ([\d.,]+) (ms|s) allowed", (scan or {}).get("reason") or "")
+    if scan is None or scan["state"] != "skipped" or m is None:
+        return None
+    ms = {"ms": 1.0, "s": 1000.0}
+    return float(m[1].replace(",", "")) * ms[m[2]], float(m[3].replace(",", "")) * ms[m[4]]
