@@ -10,29 +10,30 @@ import time
 from collections import defaultdict
 
 _started = time.monotonic()
-_per_file: dict[str, float] = defaultdict(float)
 _per_test: dict[str, float] = defaultdict(float)
 
 
 def pytest_runtest_logreport(report) -> None:
-    _per_file[report.nodeid.split("::", 1)[0]] += report.duration
     _per_test[report.nodeid] += report.duration
 
 
 def pytest_terminal_summary(terminalreporter) -> None:
-    if not _per_file:  # nothing ran (--collect-only, or every test deselected)
+    if not _per_test:  # nothing ran (--collect-only, or every test deselected)
         return
+    per_file: dict[str, float] = defaultdict(float)
+    for nodeid, seconds in _per_test.items():
+        per_file[nodeid.split("::", 1)[0]] += seconds
     wall = time.monotonic() - _started
-    counted = sum(_per_file.values())
+    counted = sum(per_file.values())
     tr = terminalreporter
     tr.section("where the time went")
-    for path, seconds in sorted(_per_file.items(), key=lambda kv: -kv[1])[:25]:
+    for path, seconds in sorted(per_file.items(), key=lambda kv: -kv[1])[:25]:
         tr.write_line(f"{seconds:8.1f} s  {100 * seconds / wall if wall else 0:5.1f}%  {path}")
     tr.write_line(
-        f"suite wall time {wall / 60:.1f} min ({wall:.0f} s): {counted:.0f} s in {len(_per_file)} files' tests, "
+        f"suite wall time {wall / 60:.1f} min ({wall:.0f} s): {counted:.0f} s in {len(per_file)} files' tests, "
         f"{max(0.0, wall - counted):.0f} s outside them (start-up, collection)"
     )
     path = os.environ.get("MEMDIAG_TEST_TIMES")
     if path:
         with open(path, "w") as f:
-            json.dump({"wall_s": wall, "files": _per_file, "tests": _per_test}, f, indent=1, sort_keys=True)
+            json.dump({"wall_s": wall, "files": per_file, "tests": _per_test}, f, indent=1, sort_keys=True)

@@ -93,7 +93,9 @@ def _own_threads(pid: int, seized: list[int]) -> None:
 
 
 @contextlib.contextmanager
-def stopped(pid: int, allowed_ms: float | None = None, same: Callable[[], None] | None = None, times=None):
+def stopped(
+    pid: int, allowed_ms: float | None = None, same: Callable[[], None] | None = None, times: dict | None = None
+):
     """Every thread of pid stopped with ptrace for the duration; yields their Threads. The holder
     process holds the stop (seizing new threads created while stopping too) and resumes the target
     allowed_ms + RELEASE_MARGIN_S after the stop began even if this thread never leaves the block;
