@@ -2,13 +2,15 @@
 # The whole test suite, on the real kernel, with all set-up done first (what .ci/run calls).
 # Extra arguments go to pytest (e.g. scripts/test.sh -k cgroup), and then the lane is left out.
 #
-# A whole-suite run (no arguments) has three parts, in this order (docs/development.md: where the
-# time goes, and the budget, 45 min on CI's 2-core machine):
+# A whole-suite run (no arguments) has these parts (docs/development.md: where the time goes, and the
+# budget, 45 min on CI's 2-core machine):
 #   1. the second-kernel lane (scripts/vm.sh: Debian's stock kernel, cgroup v2 only, under qemu) starts
 #      in the background, niced: one emulated machine, about one core for 11-17 min;
-#   2. meanwhile, every test not marked `alone`;
-#   3. once the lane is done, the tests marked `alone` (they measure the target's time or overhead, or
-#      watch the whole host, and so have the machine to themselves).
+#   2. meanwhile, two pytest runs side by side: the tests marked `hostwide` (they change or read what
+#      the whole host shares: OOM kills, swap, host pressure; one at a time), and every other test
+#      not marked `alone`;
+#   3. once all of that is done, the tests marked `alone` (they measure the target's time or
+#      overhead, or watch the whole host, and so have the machine to themselves).
 # MEMDIAG_LANE=off leaves the lane out (and says so). The lane always runs in a whole-suite run: its
 # failure, or its skip where nothing may skip, fails the run.
 set -euo pipefail
@@ -45,6 +47,7 @@ part() {
 
 rc=0
 lane_s=0
+host_s=0
 alone_s=0
 if [ "$lane" = off ] || [ $# -ne 0 ]; then
     main_started=$(date +%s)
@@ -66,9 +69,26 @@ else
     trap 'pkill -TERM -P "$lane_pid" 2>/dev/null; wait "$lane_pid" 2>/dev/null' EXIT
     echo "test: the second-kernel lane runs beside the main suite (its log: $lane_log)"
     main_started=$(date +%s)
-    part main -m "not alone" || rc=$?
+    host_log="$times_dir/hostwide-$stamp.log"
+    (
+        set +e
+        part hostwide -m "hostwide and not alone" -p no:cacheprovider >"$host_log" 2>&1
+        echo $? >"$host_log.rc"
+        date +%s >"$host_log.end"
+    ) &
+    host_pid=$!
+    trap 'pkill -TERM -P "$host_pid" 2>/dev/null; pkill -TERM -P "$lane_pid" 2>/dev/null; wait 2>/dev/null' EXIT
+    echo "test: the hostwide tests run beside the others, one at a time (their log: $host_log)"
+    part main -m "not hostwide and not alone" || rc=$?
+    echo "test: the main suite's other tests are done; waiting for the hostwide ones"
+    wait "$host_pid" || true
     main_s=$(($(date +%s) - main_started))
-    echo "test: the main suite is done; waiting for the second-kernel lane"
+    cat "$host_log"
+    hrc=$(cat "$host_log.rc" 2>/dev/null || echo 1)
+    host_s=$(($(cat "$host_log.end" 2>/dev/null || date +%s) - main_started))
+    rm -f "$host_log.rc" "$host_log.end"
+    [ "$hrc" -eq 0 ] || [ $rc -ne 0 ] || rc=$hrc
+    echo "test: waiting for the second-kernel lane"
     wait "$lane_pid" || true
     trap - EXIT
     cat "$lane_log"
@@ -87,6 +107,7 @@ else
 fi
 total=$(($(date +%s) - started))
 echo "test: wall time $((total / 60)) min $((total % 60)) s: set-up ${set_up} s, main suite ${main_s} s" \
-    "(the lane beside it: ${lane_s} s), tests run alone ${alone_s} s; the budget: 45 min (docs/development.md);" \
+    "(its hostwide tests ${host_s} s beside the others; the lane beside them: ${lane_s} s), tests run alone" \
+    "${alone_s} s; the budget: 45 min (docs/development.md);" \
     "per file: $times_dir/*-$stamp.json"
 exit $rc

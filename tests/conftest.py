@@ -21,6 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from containers import RUNTIME, run_container, workload_image  # noqa: E402
 from figures import read_report  # noqa: E402
 from kit import MEMDIAG, MemoryCgroup, Workload, swapfile  # noqa: E402
+from suiteparts import HOSTWIDE  # noqa: E402
 
 pytest_plugins = ["suitetime"]  # the suite's wall time and where it went, printed at its end
 
@@ -73,9 +74,12 @@ collect_ignore = [] if os.environ.get("MEMDIAG_LANE_GUEST") == "1" else ["vm"]
 
 def pytest_collection_modifyitems(config, items):
     for item in items:
+        rel = item.path.relative_to(TESTS).as_posix()
+        if rel in HOSTWIDE or f"{rel}::{item.originalname}" in HOSTWIDE:
+            item.add_marker(pytest.mark.hostwide)
         if BPF_FIXTURES.intersection(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.bpf)
-        if item.path.relative_to(TESTS).as_posix() in SLOW_MODULES:
+        if rel in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
             item.add_marker(pytest.mark.bpf)  # a workload run for tens of seconds is the real kernel's
 

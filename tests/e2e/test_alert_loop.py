@@ -29,6 +29,10 @@ from loop import (
 )
 from serve.conftest import alertmanager, free_port, server  # noqa: F401 (fixtures shared with tests/serve)
 
+# process-exporter exports every process of the kit's leak and churn, whichever test runs it: the
+# machine to itself
+pytestmark = pytest.mark.alone
+
 ALERT = "MemoryProcessGrowth"
 
 

@@ -33,6 +33,7 @@ sys.exit(cli.main(["--pid", "1", "--duration", "1", "--output", sys.argv[2], "--
 """
 
 
+@pytest.mark.alone  # a sub-second bound on this host's clock: the machine to itself
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_main_thread_waiting_on_a_fuse_server_ends_within_a_second(root_required, tmp_path, sig):
     p = None

@@ -74,6 +74,7 @@ def _wchan(pid: int) -> str:
     return Path(f"/proc/{pid}/wchan").read_text()
 
 
+@pytest.mark.alone  # a sub-second bound on this host's clock: the machine to itself
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_a_main_thread_blocked_in_a_fifo_open_ends_within_a_second(tmp_path, sig):
     fifo = tmp_path / "release"
@@ -92,6 +93,7 @@ def test_a_main_thread_blocked_in_a_fifo_open_ends_within_a_second(tmp_path, sig
     assert "Traceback" not in err
 
 
+@pytest.mark.alone  # a sub-second bound on this host's clock: the machine to itself
 def test_a_main_thread_spinning_in_a_parser_ends_within_a_second(tmp_path):
     p = _start(tmp_path, "spin")
     took, err = _signal_and_time(p, signal.SIGTERM)

@@ -132,14 +132,18 @@ def test_kernel_symbols_packed_agree_with_kallsyms_line_by_line(root_required):
     (the symbol at or below it, with its offset) and finds a symbol's address by its name."""
     from memdiag.probes.bpfobj import Program, _kallsyms, kernel_symbol
 
+    # BPF programs come and go with whatever else runs on the host (the suite's other tests among
+    # them), so their `[bpf]` lines are left out here, and the table is read afresh: every other
+    # text symbol must be in it
     text = [
         (int(a, 16), n)
-        for a, t, n, *_ in (line.split() for line in Path("/proc/kallsyms").read_text().splitlines())
-        if t in "tTwW"
+        for a, t, n, *rest in (line.split() for line in Path("/proc/kallsyms").read_text().splitlines())
+        if t in "tTwW" and rest != ["[bpf]"]
     ]
     text.sort()
+    _kallsyms.cache_clear()
     syms = _kallsyms()
-    assert len(syms.addresses) == len(text)
+    assert set(syms.addresses) >= {a for a, _ in text}
     for i in range(0, len(text), 997):  # a sample across the whole table
         address, name = text[i]
         if i + 1 < len(text) and text[i + 1][0] == address:

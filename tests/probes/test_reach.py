@@ -125,6 +125,7 @@ def test_pointers_rewritten_in_a_tight_loop_are_never_leaked(workload, attempt):
     assert s.reach.anchor is not None and s.reach.anchor_bytes > 0, s.reach
 
 
+@pytest.mark.alone  # a scan's speed on this host: the machine to itself
 def test_a_one_gib_target_is_priced_skipped_over_budget_and_measured_when_allowed(workload):
     w = workload("bigheap", "1024")
     r = memleak.run(Target.for_pid(w.pid), 3, scan_reach=True, reach_allowed_ms=50)
@@ -151,6 +152,7 @@ def test_scan_needs_a_process(workload):
     assert "process target" in r.reach_scan.reason
 
 
+@pytest.mark.alone  # a sub-second bound on this host's clock: the machine to itself
 def test_the_pause_stops_at_its_limit_and_the_target_runs_on(workload, monkeypatch):
     """A price can be wrong (the target's memory changed since it was sampled): the scan gives up at
     the pause allowed, resumes the target, and concludes nothing from a partial scan."""

@@ -32,6 +32,7 @@ def raw_request(port: int, head: bytes, body: bytes = b"", source: str = "127.0.
     return answer
 
 
+@pytest.mark.alone  # a sub-second bound on this host's clock: the machine to itself
 def test_slow_clients_neither_exhaust_descriptors_nor_slow_healthz(root_required, tmp_path):
     srv = Server(tmp_path / "data", extra=["--no-oom-watch"])
     srv.cmd = ["prlimit", "--nofile=1024:1024", *srv.cmd]  # a systemd unit's default: 1,100 clients would not fit
