@@ -22,6 +22,7 @@ from .costs import host_costs
 from .facts import FACTS, facts_of
 from .options import build_options, requirements
 from .plan import MemleakPlan, plan
+from .ratecount import estimate_call_rates
 from .result import BigAlloc, LeakStack, MemleakResult, describe
 from .session import hotness, run
 
@@ -62,6 +63,7 @@ def _run_alone(target: Target, ctx: Context) -> MemleakResult:
     pause = o.get("max_pause")
     if pause is None and ctx.budget is not None:  # the default budget's share of the run
         pause = ctx.budget.percent / 100 * ctx.seconds * 1000
+    costs = None if kernel else host_costs()  # the target's time it cost, measured
     return run(
         target,
         ctx.seconds,
@@ -71,10 +73,22 @@ def _run_alone(target: Target, ctx: Context) -> MemleakResult:
         max_size=o.get("max_size"),
         snoop_min=o.get("snoop", 0),
         top=o.get("top", 20),
-        costs=None if kernel else host_costs(),  # the target's time it cost, measured
+        costs=costs,
+        # a program on several sites (free_enter on free and operator delete) is priced by its
+        # sites' counted calls, as in a diagnosis: at the dearest site's trap it read 1.7x the truth
+        site_rates=_counted_rates(target) if costs is not None else None,
         scan_reach=bool(o.get("scan_reach")),
         reach_allowed_ms=pause,
     )
+
+
+def _counted_rates(target: Target) -> dict[str, float] | None:
+    """The short rate count a diagnosis's plan makes (ratecount.py: a quarter of a second at most,
+    about a thousand traps), of every counted entry point; None where it cannot count."""
+    if target.kind != "pid" or target.pid is None:
+        return None
+    rates = estimate_call_rates(target.pid)
+    return rates.per_s() if rates is not None else None
 
 
 def _refuse(options: Mapping[str, Any]) -> str | None:

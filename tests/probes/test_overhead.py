@@ -3,6 +3,7 @@ memleak reports is checked against the time the target itself lost (bench_alloc 
 operations), on glibc (emulated probes) and jemalloc (single-stepped ones), and the running check
 detaches when the measured cost reaches what the budget leaves."""
 
+import json
 import time
 
 import pytest
@@ -74,6 +75,26 @@ def test_measured_cost_agrees_with_what_the_target_lost(bench, allocator):
         assert lost / 2 <= figure <= lost * 2, (cost, lost)
     if allocator == "jemalloc":  # no emulated instruction at the start of malloc or free
         assert any(p.startswith("malloc+0") and "single-stepped" in p for p in r.placements), r.placements
+
+
+def test_the_probe_run_alone_states_what_the_target_lost(bench, memdiag):
+    """`memdiag probe memleak` run by itself counts the call rates as a diagnosis's plan does, so
+    the program shared by free and operator delete is priced by their hits, not at the dearest
+    site's trap (under jemalloc that read 1.68x what the target lost)."""
+    b = bench(2_000, env={"LD_PRELOAD": JEMALLOC})
+    t0 = time.monotonic()
+    time.sleep(3.2)
+    base = b.ns_per_op(t0 + 0.5, time.monotonic() - 1.0, cpu=True)
+    start = time.monotonic()
+    r = memdiag("probe", "memleak", "--pid", str(b.pid), "--duration", "5", "--json")
+    end = time.monotonic()
+    time.sleep(2.2)
+    assert r.returncode == 0 and base is not None, r.stderr
+    data = json.loads(r.stdout)
+    assert data["allocator"] == "jemalloc", data["allocator"]
+    lost = b.lost_ns(start, end, base, cpu=True)
+    measured = data["tracing_cost"]["measured_ns"]
+    assert lost / 1.5 <= measured <= lost * 1.5, (data["tracing_cost"], lost)
 
 
 def test_detaches_when_the_measured_cost_reaches_the_allowance(bench):
