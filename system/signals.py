@@ -11,6 +11,7 @@ import select
 import signal
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 
 # How long after the first SIGINT/SIGTERM the main thread has to show it saw it (a wait, a tick, a
@@ -25,6 +26,12 @@ NOTICE_GRACE_S = 0.6
 # node; a stop blocked in its own cleanup (a join of a thread stuck in a read, a report's read of a
 # planted file) ends here.
 STOP_GRACE_S = 3.0
+# Once nothing of memdiag's is attached to or stopped in the target any more (the diagnosis or the
+# probe has returned: probes detached, the scan's stop released), what is left of a stop is its
+# report, rendered from what was already read and written into the folder the user gave: it costs
+# the target nothing, and a slow machine may take more than STOP_GRACE_S for it (under qemu's tcg,
+# in the second-kernel lane, a partial report was lost so). It is given this long from the release.
+WRITE_GRACE_S = 30.0
 _HANDLED = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -45,6 +52,7 @@ class Interruption:
         self.phases: list[str] = []  # the main thread's phases, innermost last
         self.installed = False
         self.noticed = threading.Event()  # the main thread saw the signal: a clean stop is under way
+        self.released_at: float | None = None  # time.monotonic() when the target was let go (target_released)
 
     @property
     def caught(self) -> bool:
@@ -61,7 +69,7 @@ class Interruption:
         return signal.Signals(self.signum).name if self.signum is not None else ""
 
     def reset(self) -> None:
-        self.signum = self.phase = self.at = None
+        self.signum = self.phase = self.at = self.released_at = None
         self.count = 0
         self.noticed.clear()
 
@@ -136,6 +144,13 @@ def phase(name: str):
         INTERRUPTION.phases.pop()
 
 
+def target_released() -> None:
+    """Nothing of memdiag's is attached to or stopped in the target any more: a stop under way
+    (or one that comes later) is given WRITE_GRACE_S from now to write its report."""
+    if main_thread() and INTERRUPTION.installed:
+        INTERRUPTION.released_at = time.monotonic()
+
+
 def interrupted() -> bool:
     """A signal came (only ever in the main thread's command: never in memdiag serve's workers)."""
     return INTERRUPTION.installed and INTERRUPTION.caught
@@ -186,9 +201,17 @@ class Deadline:
             return
         if not noticed:
             self._end(signum, f"it did not stop within {NOTICE_GRACE_S:g} s (blocked in a read or a loop)")
-        self._until(lambda: False, first + STOP_GRACE_S)
+        self._until(lambda: False, lambda: self._stop_ends(first))
         if not self._done.is_set():
-            self._end(signum, f"its stop did not finish within {STOP_GRACE_S:g} s")
+            if self.interruption.released_at is None:
+                self._end(signum, f"its stop did not finish within {STOP_GRACE_S:g} s")
+            self._end(signum, f"its report was not written within {WRITE_GRACE_S:g} s of the target's release")
+
+    def _stop_ends(self, first: float) -> float:
+        """When a stop that began at first (monotonic) is ended: STOP_GRACE_S after the signal, or
+        WRITE_GRACE_S after the target was released, whichever is later."""
+        released = self.interruption.released_at
+        return max(first + STOP_GRACE_S, released + WRITE_GRACE_S if released is not None else first)
 
     def _next_signal(self, until: float | None, pending: bool = False) -> int | None:
         """The next SIGINT/SIGTERM read from the wakeup fd (until a monotonic time, or for ever);
@@ -225,15 +248,17 @@ class Deadline:
                 if signum in _HANDLED:
                     return signum
 
-    def _until(self, check, until: float) -> bool:
-        """Wait for check() (or the end of the command) until a monotonic time, counting the
-        signals that come meanwhile: the third ends the command at once, as Interruption.record
-        does where the main thread runs its handler. Whether check() came true."""
+    def _until(self, check, until: float | Callable[[], float]) -> bool:
+        """Wait for check() (or the end of the command) until a monotonic time (or the time until()
+        says, asked again at each tick), counting the signals that come meanwhile: the third ends
+        the command at once, as Interruption.record does where the main thread runs its handler.
+        Whether check() came true."""
+        limit = until if callable(until) else (lambda: until)
         count = 1
         while not (check() or self._done.is_set()):
-            if time.monotonic() >= until:
+            if time.monotonic() >= limit():
                 return False
-            signum = self._next_signal(min(until, time.monotonic() + _TICK_S))
+            signum = self._next_signal(min(limit(), time.monotonic() + _TICK_S))
             if signum is not None:
                 count += 1
                 if count >= Interruption.EXIT_NOW_AFTER:

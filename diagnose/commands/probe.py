@@ -10,7 +10,7 @@ from pathlib import Path
 from memdiag.probes.base import ATTACHED
 from memdiag.probes.face import Budget, Context, Option
 from memdiag.probes.registry import REGISTRY
-from memdiag.system.signals import INTERRUPTION, phase
+from memdiag.system.signals import INTERRUPTION, phase, target_released
 from memdiag.system.target import Target
 
 from ..errors import PermissionNeeded, SignalInterrupted, UsageError
@@ -93,6 +93,7 @@ def execute(args: argparse.Namespace) -> int:
     )
     with phase(f"probe {args.name}"):
         result = face.run(target, ctx)
+    target_released()  # what is left is the output: a slow machine's stop is given the time to write it
     if args.folded is not None:
         lines = face.stacks.folded(result) if face.stacks is not None else []
         try:

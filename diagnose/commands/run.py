@@ -12,7 +12,7 @@ from pathlib import Path
 from memdiag.probes.stacks import release
 from memdiag.rules.loader import RuleFileError
 from memdiag.system import clock
-from memdiag.system.signals import INTERRUPTION, phase
+from memdiag.system.signals import INTERRUPTION, phase, target_released
 
 from ..errors import MemdiagError, PermissionNeeded, SignalInterrupted, UsageError
 from ..options import DURATION, INTERVAL, MILLISECONDS, PERCENT, PID, add_playbook_option
@@ -186,6 +186,7 @@ def run_diagnosis(args: argparse.Namespace, target: Target, rules, folder: Repor
         cycle_s=args.cycle,
         on_interim=lambda r: _write_interim(folder, r),
     )
+    target_released()  # what is left is the report: a slow machine's stop is given the time to write it
     progress.done()
     if finish is not None:
         report = finish(report)

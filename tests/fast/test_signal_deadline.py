@@ -20,7 +20,8 @@ SEAM = """
 import sys, time
 from memdiag.diagnose import cli
 from memdiag.diagnose.commands import run
-from memdiag.system.signals import INTERRUPTION, phase
+from memdiag.system import signals
+from memdiag.system.signals import INTERRUPTION, phase, target_released
 from memdiag.diagnose.errors import SignalInterrupted
 
 def blocked(args):
@@ -40,6 +41,14 @@ def blocked(args):
             time.sleep(float(sys.argv[2]))  # detaching and writing: slower than the notice grace
             said = "interrupted by SIGTERM during reading a planted file; partial report: x"
             raise SignalInterrupted(INTERRUPTION.signum, said)
+        elif sys.argv[1].startswith("released-"):  # the target let go; then the report is slow, or blocks
+            INTERRUPTION.wait(60)
+            target_released()
+            if sys.argv[1] == "released-slow":
+                time.sleep(signals.STOP_GRACE_S + 2)
+                raise SignalInterrupted(INTERRUPTION.signum, "partial report: x")
+            signals.WRITE_GRACE_S = signals.STOP_GRACE_S + 1  # shortened here: 30 s in memdiag
+            open(sys.argv[2]).read()
 
 run._target = blocked
 sys.exit(cli.main(["--pid", "1", "--duration", "1", "--output", sys.argv[3], "--quiet"]))
@@ -108,6 +117,27 @@ def test_a_stop_under_way_is_given_its_time_and_ends_cleanly(tmp_path):
     assert p.returncode == 143, err
     assert 2 <= took < 4, took
     assert err.strip() == "memdiag: interrupted by SIGTERM during reading a planted file; partial report: x", err
+
+
+def test_once_the_target_is_released_a_slow_report_is_given_its_time(tmp_path):
+    p = _start(tmp_path, "released-slow")
+    took, err = _signal_and_time(p, signal.SIGTERM)
+    assert p.returncode == 143, err
+    assert STOP_GRACE_S + 2 <= took < STOP_GRACE_S + 4, took
+    assert err.strip() == "memdiag: partial report: x", err
+
+
+def test_a_report_that_blocks_after_the_release_ends_at_the_write_grace(tmp_path):
+    fifo = tmp_path / "report"
+    os.mkfifo(fifo)
+    p = _start(tmp_path, "released-stuck", str(fifo))
+    took, err = _signal_and_time(p, signal.SIGTERM)
+    assert p.returncode == 143, err
+    assert STOP_GRACE_S + 1 <= took < STOP_GRACE_S + 2, took
+    assert err.strip() == (
+        "memdiag: interrupted by SIGTERM during reading a planted file; its report was not written within "
+        f"{STOP_GRACE_S + 1:g} s of the target's release: ended without a report"
+    ), err
 
 
 def test_a_stop_that_blocks_ends_at_the_stop_grace(tmp_path):

@@ -225,9 +225,10 @@ def test_a_diagnosis_of_a_swapping_process_finishes_and_honours_sigterm(swap, me
         time.sleep(10)
         proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=30)
+            _, err = proc.communicate(timeout=60)
         except subprocess.TimeoutExpired:
             proc.kill()
-            raise AssertionError("SIGTERM not honoured within 30 s") from None
-    assert proc.returncode == 143
+            raise AssertionError("SIGTERM not honoured within 60 s") from None
+    assert proc.returncode == 143, err
+    assert (out / "report.json").exists(), err  # a stop that is slow under emulation still writes it
     assert json.loads((out / "report.json").read_text())["interrupted"]["signal"] == "SIGTERM"
