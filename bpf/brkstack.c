@@ -25,7 +25,7 @@ BPF_STACK_TRACE(stacks, 4096);
 BPF_HASH(counts, struct grow_key, struct grow_val, 4096);
 BPF_F_TABLE("hash", struct grow_key, struct stack_sample, samples, 512, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(scratch, struct stack_sample, 1);
-BPF_ARRAY(stats, u64, 4); /* 0 calls, 1 stack errors, 2 samples dropped, 3 keys dropped */
+BPF_ARRAY(stats, u64, STACK_ST_COUNT);
 
 RAW_TRACEPOINT_PROBE(sys_enter)
 {
@@ -45,13 +45,13 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 	struct grow_key key = { .tgid = tgid, .ip = s->regs.ip };
 	key.stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
 	if (key.stack_id < 0)
-		stats.increment(1);
+		stats.increment(STACK_ST_STACK_ERRORS);
 	bpf_probe_read_user(&key.at_sp, sizeof(key.at_sp), (void *)s->regs.sp);
 	inflight.update(&tid, &key);
 	if (!samples.lookup(&key)) {
 		copy_user_stack(s);
 		if (samples.insert(&key, s) != 0)
-			stats.increment(2);
+			stats.increment(STACK_ST_SAMPLES_DROPPED);
 	}
 	return 0;
 }
@@ -69,10 +69,10 @@ RAW_TRACEPOINT_PROBE(sys_exit)
 	if (last && ret > *last)
 		grew = ret - *last;
 	last_brk.update(&k.tgid, &ret);
-	stats.increment(0);
+	stats.increment(STACK_ST_EVENTS);
 	struct grow_val zero = {}, *v = counts.lookup_or_try_init(&k, &zero);
 	if (!v) {
-		stats.increment(3);
+		stats.increment(STACK_ST_KEYS_DROPPED);
 		return 0;
 	}
 	__sync_fetch_and_add(&v->calls, 1);

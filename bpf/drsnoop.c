@@ -18,7 +18,7 @@ struct reclaim_stats {
 BPF_HASH(targets, u32, u8, 4096);
 BPF_HASH(start, u32, u64, 10240); /* tid -> ns */
 BPF_HASH(per_process, struct proc_key, struct reclaim_stats, 4096);
-BPF_ARRAY(stats, u64, 2); /* 0 events, 1 table full */
+BPF_ARRAY(stats, u64, TABLE_ST_COUNT);
 
 static __always_inline int wanted(void)
 {
@@ -52,7 +52,7 @@ static __always_inline void end(u64 pages, int memcg)
 	struct reclaim_stats zero = {};
 	struct reclaim_stats *s = per_process.lookup_or_try_init(&key, &zero);
 	if (!s) {
-		stats.increment(1);
+		stats.increment(TABLE_ST_TABLE_FULL);
 		return;
 	}
 	__sync_fetch_and_add(&s->count, 1);
@@ -62,7 +62,7 @@ static __always_inline void end(u64 pages, int memcg)
 		__sync_fetch_and_add(&s->memcg_count, 1);
 	if (delta > s->max_ns)
 		s->max_ns = delta; /* a racy max is good enough for a report */
-	stats.increment(0);
+	stats.increment(TABLE_ST_EVENTS);
 }
 
 TRACEPOINT_PROBE(vmscan, mm_vmscan_direct_reclaim_begin) { begin(); return 0; }

@@ -41,9 +41,7 @@ BPF_HASH(per_process, struct proc_key, u64, MAX_KEYS);
 /* Grows with use: a sample is 8 KiB, so only what is seen is paid for. */
 BPF_F_TABLE("hash", struct fault_key, struct stack_sample, samples, MAX_SAMPLES, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(scratch, struct stack_sample, 1);
-/* 0 events, 1 stack errors, 2 samples dropped (table full), 3 counts dropped (table full),
- * 4 Python stacks dropped (table full) */
-BPF_ARRAY(stats, u64, 5);
+BPF_ARRAY(stats, u64, STACK_ST_COUNT);
 #if PY_FRAMES
 BPF_HASH(py_procs, u32, struct py_proc, 1024);
 BPF_F_TABLE("lru_hash", u32, struct py_thread, py_threads, 8192, 0);
@@ -77,7 +75,7 @@ RAW_TRACEPOINT_PROBE(page_fault_user)
 	if (!targets.lookup(&tgid))
 		return 0;
 #endif
-	stats.increment(0);
+	stats.increment(STACK_ST_EVENTS);
 #if PER_PROCESS
 	struct proc_key pk = { .tgid = tgid };
 	bpf_get_current_comm(&pk.comm, sizeof(pk.comm));
@@ -94,7 +92,7 @@ RAW_TRACEPOINT_PROBE(page_fault_user)
 	struct fault_key key = { .tgid = tgid, .ip = s->regs.ip };
 	key.stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
 	if (key.stack_id < 0)
-		stats.increment(1);
+		stats.increment(STACK_ST_STACK_ERRORS);
 	bpf_probe_read_user(&key.at_sp, sizeof(key.at_sp), (void *)s->regs.sp);
 #if PY_FRAMES
 	struct py_scratch *py = NULL;
@@ -108,15 +106,15 @@ RAW_TRACEPOINT_PROBE(page_fault_user)
 		return 0;
 	}
 	if (counts.insert(&key, &one) != 0) {
-		stats.increment(3);
+		stats.increment(STACK_ST_KEYS_DROPPED);
 		return 0;
 	}
 	copy_user_stack(s);
 	if (samples.insert(&key, s) != 0)
-		stats.increment(2);
+		stats.increment(STACK_ST_SAMPLES_DROPPED);
 #if PY_FRAMES
 	if (py_hash && py && pystacks.insert(&key, &py->st) != 0)
-		stats.increment(4);
+		stats.increment(STACK_ST_PY_DROPPED);
 #endif
 	return 0;
 #endif

@@ -72,6 +72,41 @@ static __always_inline void copy_user_stack(struct stack_sample *s)
 	}
 }
 
+/* Each program's `stats` array, by index. probes/bpfstats.py mirrors these enums once, in this
+ * order (tests/unit/test_bpf_stats.py checks that the two sides agree); nothing reads them by number. */
+/* faults, mmapsnoop, brkstack: the events seen, and what sampling their stacks lost */
+enum stack_stat {
+	STACK_ST_EVENTS,
+	STACK_ST_STACK_ERRORS,
+	STACK_ST_SAMPLES_DROPPED,
+	STACK_ST_KEYS_DROPPED,
+	STACK_ST_PY_DROPPED, /* Python stacks: their table full (faults, mmapsnoop) */
+	STACK_ST_COUNT
+};
+/* swapin, drsnoop: the events seen, and those a full table dropped */
+enum table_stat { TABLE_ST_EVENTS, TABLE_ST_TABLE_FULL, TABLE_ST_COUNT };
+/* oomkill */
+enum oom_stat { OOM_ST_EVENTS, OOM_ST_STACK_ERRORS, OOM_ST_COUNT };
+/* memleak */
+enum memleak_stat {
+	S_ALLOCS, S_FREES, S_STACK_ERRORS, S_ALLOCS_DROPPED, S_UNKNOWN_FREES, S_FAILED, S_SAMPLES_DROPPED,
+	S_STACKS_DROPPED, S_SAMPLED_OUT, S_NESTED, S_PY_DROPPED, S_COUNT
+};
+/* sites (memleak narrowed to one function's call sites) */
+enum site_stat {
+	SS_HITS,
+	SS_NULL,
+	SS_STACK_ERRORS,
+	SS_BLOCKS_DROPPED,
+	SS_SAMPLES_DROPPED,
+	SS_CALLS_DROPPED,
+	SS_CALL_HITS, /* site_call_*: the calls' own probes */
+	SS_FREES_EMULATED, /* site_free_emulated: free entry points whose instruction the kernel emulates */
+	SS_FREES_STEPPED, /* site_free_stepped: the others */
+	SS_FREED, /* frees of a traced block */
+	SS_COUNT
+};
+
 /* x86-64 only (memdiag/system/arch.py refuses other machines before anything is compiled): the
  * pt_regs fields below are x86-64's. A system call's arguments, by position (x86-64 syscall ABI). */
 #define SYSCALL_ARG2 si

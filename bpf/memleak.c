@@ -87,11 +87,6 @@ struct big_alloc {
 	char comm[TASK_COMM_LEN];
 };
 
-enum stat {
-	S_ALLOCS, S_FREES, S_STACK_ERRORS, S_ALLOCS_DROPPED, S_UNKNOWN_FREES, S_FAILED, S_SAMPLES_DROPPED,
-	S_STACKS_DROPPED, S_SAMPLED_OUT, S_NESTED, S_PY_DROPPED, S_COUNT
-};
-
 BPF_HASH(targets, u32, u8, 4096);
 BPF_HASH(inflight_map, u64, struct inflight, 10240);
 BPF_F_TABLE("hash", u64, struct alloc_info, allocs, MAX_ALLOCS, BPF_F_NO_PREALLOC);

@@ -33,7 +33,7 @@ BPF_HASH(counts, struct map_key, struct map_val, 4096);
 BPF_HASH(unmaps, u32, struct unmap_val, 4096);
 BPF_F_TABLE("hash", struct map_key, struct stack_sample, samples, 512, BPF_F_NO_PREALLOC);
 BPF_PERCPU_ARRAY(scratch, struct stack_sample, 1);
-BPF_ARRAY(stats, u64, 5); /* 0 calls, 1 stack errors, 2 samples dropped, 3 keys dropped, 4 Python stacks dropped */
+BPF_ARRAY(stats, u64, STACK_ST_COUNT);
 #if PY_FRAMES
 BPF_HASH(py_procs, u32, struct py_proc, 1024);
 BPF_F_TABLE("lru_hash", u32, struct py_thread, py_threads, 8192, 0);
@@ -93,18 +93,18 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 	key.kind = ((flags & MAP_ANONYMOUS) ? 0 : 1) | ((flags & MAP_SHARED) ? 2 : 0) | ((prot & PROT_WRITE) ? 4 : 0);
 	key.stack_id = stacks.get_stackid(ctx, BPF_F_USER_STACK);
 	if (key.stack_id < 0)
-		stats.increment(1);
+		stats.increment(STACK_ST_STACK_ERRORS);
 	bpf_probe_read_user(&key.at_sp, sizeof(key.at_sp), (void *)s->regs.sp);
 #if PY_FRAMES
 	struct py_scratch *py = NULL;
 	u64 py_hash = py_now(id, &py); /* which Python line grew pymalloc by an arena */
 	key.at_sp ^= py_hash;
 #endif
-	stats.increment(0);
+	stats.increment(STACK_ST_EVENTS);
 	struct map_val zero = {}, *v = counts.lookup(&key);
 	if (!v) {
 		if (counts.insert(&key, &zero) != 0) {
-			stats.increment(3);
+			stats.increment(STACK_ST_KEYS_DROPPED);
 			return 0;
 		}
 		v = counts.lookup(&key);
@@ -112,10 +112,10 @@ RAW_TRACEPOINT_PROBE(sys_enter)
 			return 0;
 		copy_user_stack(s);
 		if (samples.insert(&key, s) != 0)
-			stats.increment(2);
+			stats.increment(STACK_ST_SAMPLES_DROPPED);
 #if PY_FRAMES
 		if (py_hash && py && pystacks.insert(&key, &py->st) != 0)
-			stats.increment(4);
+			stats.increment(STACK_ST_PY_DROPPED);
 #endif
 	}
 	__sync_fetch_and_add(&v->calls, 1);

@@ -32,7 +32,7 @@ struct oom_event {
 
 BPF_PERF_OUTPUT(events);
 BPF_STACK_TRACE(stacks, 1024);
-BPF_ARRAY(stats, u64, 2); /* 0 events, 1 stack errors */
+BPF_ARRAY(stats, u64, OOM_ST_COUNT);
 
 #if defined(TASK_THREAD_PID)
 /* The victim's pid in memdiag's namespace (0: not in it; only computed when memdiag runs in a
@@ -108,8 +108,8 @@ TRACEPOINT_PROBE(oom, mark_victim)
 	e.user_stack_id = stacks.get_stackid(args, BPF_F_USER_STACK);
 	e.kernel_stack_id = stacks.get_stackid(args, 0);
 	if (e.user_stack_id < 0 && e.kernel_stack_id < 0)
-		stats.increment(1);
-	stats.increment(0);
+		stats.increment(OOM_ST_STACK_ERRORS);
+	stats.increment(OOM_ST_EVENTS);
 	events.perf_submit(args, &e, sizeof(e));
 	return 0;
 }

@@ -44,21 +44,6 @@ struct site_block {
 	struct site_key key;
 };
 
-/* what user space reads of stats, by index: probes/memleak/sites.py STAT_NAMES, in this order */
-enum site_stat {
-	SS_HITS,
-	SS_NULL,
-	SS_STACK_ERRORS,
-	SS_BLOCKS_DROPPED,
-	SS_SAMPLES_DROPPED,
-	SS_CALLS_DROPPED,
-	SS_CALL_HITS, /* site_call_*: the calls' own probes */
-	SS_FREES_EMULATED, /* site_free_emulated: free entry points whose instruction the kernel emulates */
-	SS_FREES_STEPPED, /* site_free_stepped: the others */
-	SS_FREED, /* frees of a traced block */
-	SS_COUNT
-};
-
 BPF_F_TABLE("hash", u64, struct site_block, blocks, MAX_BLOCKS, BPF_F_NO_PREALLOC);
 BPF_STACK_TRACE(stacks, MAX_STACKS);
 BPF_F_TABLE("hash", struct site_key, struct stack_sample, samples, MAX_SAMPLES, BPF_F_NO_PREALLOC);

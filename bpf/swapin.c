@@ -42,7 +42,7 @@ BPF_HASH(targets, u32, u8, 4096);
 BPF_HASH(faults, struct fault_key, u64, 10240);
 BPF_HASH(swap_reads, u32, u64, 4096); /* tgid -> kernel swap reads (kprobe method) */
 BPF_PERF_OUTPUT(swap_calls);
-BPF_ARRAY(stats, u64, 2); /* 0 events, 1 table full */
+BPF_ARRAY(stats, u64, TABLE_ST_COUNT);
 
 static __always_inline int wanted(u32 tgid)
 {
@@ -62,11 +62,11 @@ int on_major_fault(struct perf_event_ctx *ctx)
 	bpf_get_current_comm(&key.comm, sizeof(key.comm));
 	u64 zero = 0, *n = faults.lookup_or_try_init(&key, &zero);
 	if (!n) {
-		stats.increment(1);
+		stats.increment(TABLE_ST_TABLE_FULL);
 		return 0;
 	}
 	__sync_fetch_and_add(n, 1);
-	stats.increment(0);
+	stats.increment(TABLE_ST_EVENTS);
 	return 0;
 }
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from memdiag.system import arch
 from memdiag.system.target import Target
 
-from . import kernel
+from . import bpfstats, kernel
 from .base import Run, run_probe
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import (
@@ -76,15 +76,15 @@ def run(target: Target, duration: float, top: int = 50) -> BrkResult:
                 table[ct.c_uint(pid)] = ct.c_ulonglong(brk)
 
     def collect(bpf, _elapsed: float) -> dict:
-        stats = [bpf["stats"][i].value for i in range(4)]
+        stats = bpfstats.read(bpf, bpfstats.STACK)
         raw = [
             RawStack(pid=key.tgid, fp_stack=fp, regs=regs, stack=data, count=v.calls, bytes=v.bytes)
             for key, v, fp, regs, data in read_samples(bpf, bpf["counts"])
         ]
         stacks, failed = merge_stacks(raw, spaces)
         return {
-            "events": stats[0],
-            "calls": stats[0],
+            "events": stats["events"],
+            "calls": stats["events"],
             "heap_growth": sum(s.bytes for s in stacks),
             "stacks": stacks[:top],
             "folded": folded_lines(stacks, weight="bytes"),

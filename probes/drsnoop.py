@@ -6,7 +6,7 @@ from __future__ import annotations
 from memdiag.system._parse import Model
 from memdiag.system.target import Target
 
-from . import kernel
+from . import bpfstats, kernel
 from .base import Run, run_probe
 from .face import Face, FactDef, ProbeResult, plain
 from .vmscan import TRACEPOINTS
@@ -54,7 +54,8 @@ def run(target: Target, duration: float) -> DrsnoopResult:
             for k, v in bpf["per_process"].items()
         ]
         procs.sort(key=lambda p: p.total_ms, reverse=True)
-        return {"processes": procs, "events": bpf["stats"][0].value, "lost": {"table_full": bpf["stats"][1].value}}
+        stats = bpfstats.read(bpf, bpfstats.TABLE)
+        return {"processes": procs, "events": stats["events"], "lost": {"table_full": stats["table_full"]}}
 
     return run_probe(
         Run(

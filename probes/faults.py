@@ -12,7 +12,7 @@ import os
 from memdiag.system._parse import Model
 from memdiag.system.target import Target
 
-from . import kernel
+from . import bpfstats, kernel
 from .base import Run, run_probe
 from .cpython.frames import PythonReading, PythonStacks, reading_lines
 from .cpython.frames import caveats as python_caveats
@@ -69,9 +69,9 @@ def run(target: Target, duration: float, top: int = 50) -> FaultsResult:
     python = PythonStacks()
 
     def collect(bpf, _elapsed: float) -> dict:
-        stats = [bpf["stats"][i].value for i in range(4)]
-        fields: dict = {"events": stats[0]}
-        if stats[3]:
+        stats = bpfstats.read(bpf, bpfstats.STACK)
+        fields: dict = {"events": stats["events"]}
+        if stats["keys_dropped"]:
             fields.update(status="partial", reason="count table full: some faults were not counted")
         if per_process:
             procs = [
@@ -83,7 +83,7 @@ def run(target: Target, duration: float, top: int = 50) -> FaultsResult:
             fields.update(
                 per_process=sorted(procs, key=lambda p: p.faults, reverse=True)[:top],
                 method="raw tracepoint exceptions:page_fault_user, per process",
-                lost={"keys_dropped": stats[3]},
+                lost={"keys_dropped": stats["keys_dropped"]},
             )
             return fields
         raw = [

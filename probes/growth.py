@@ -155,13 +155,13 @@ def read_samples(bpf, counts_table):
         yield key, value, fp, regs, data
 
 
-def stack_losses(stats: list[int], failed_lookups: int) -> dict[str, int]:
-    """What a stack-sampling probe could not record. Its `stats` array (faults.c, brkstack.c,
-    mmapsnoop.c alike): 0 events, 1 stack errors, 2 samples dropped, 3 keys dropped."""
+def stack_losses(stats: dict[str, int], failed_lookups: int) -> dict[str, int]:
+    """What a stack-sampling probe could not record, from its `stats` array by name (faults.c,
+    brkstack.c, mmapsnoop.c alike: bpfstats.STACK)."""
     return {
-        "stack_errors": stats[1],
-        "samples_dropped": stats[2],
-        "keys_dropped": stats[3],
+        "stack_errors": stats["stack_errors"],
+        "samples_dropped": stats["samples_dropped"],
+        "keys_dropped": stats["keys_dropped"],
         "symbol_lookups_failed": failed_lookups,
     }
 

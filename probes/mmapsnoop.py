@@ -8,7 +8,7 @@ from memdiag.system._parse import Model
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes
 
-from . import kernel
+from . import bpfstats, kernel
 from .base import Run, run_probe
 from .cpython.frames import PythonReading, PythonStacks, reading_lines
 from .cpython.frames import caveats as python_caveats
@@ -73,7 +73,7 @@ def run(target: Target, duration: float, top: int = 50) -> MmapResult:
     python = PythonStacks()
 
     def collect(bpf, _elapsed: float) -> dict:
-        stats = [bpf["stats"][i].value for i in range(4)]
+        stats = bpfstats.read(bpf, bpfstats.STACK)
         by_kind: dict[int, list[RawStack]] = {}
         for key, v, fp, regs, data in read_samples(bpf, bpf["counts"]):
             by_kind.setdefault(key.kind, []).append(
@@ -98,7 +98,7 @@ def run(target: Target, duration: float, top: int = 50) -> MmapResult:
         reading = python.reading() if python.targets or python.refused else None
         python.close()
         return {
-            "events": stats[0],
+            "events": stats["events"],
             "stacks": stacks[:top],
             "folded": folded_lines(stacks, weight="bytes"),
             "unmaps": unmaps,

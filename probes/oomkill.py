@@ -32,7 +32,7 @@ from memdiag.system.meminfo import read_meminfo
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes
 
-from . import btf, kernel
+from . import bpfstats, btf, kernel
 from .base import (
     ProbeUnavailable,
     attached,
@@ -286,7 +286,8 @@ class OomWatch:
                 self.spaces[pid] = space.hold()
 
     def stats(self) -> tuple[int, int]:
-        return self.bpf["stats"][0].value, self.bpf["stats"][1].value
+        stats = bpfstats.read(self.bpf, bpfstats.OOM)
+        return stats["events"], stats["stack_errors"]
 
     def close(self) -> None:
         self.bpf.cleanup()

@@ -88,7 +88,7 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("faults", _faults),
     # a Go program's own heap profile and goroutines, read from its memory: before memleak, whose
     # stacks see only a Go program's C allocations (its culprit is the heap profile's when it ran)
-    ProbeSpec("goheap", _no_options, bpf=False),
+    ProbeSpec("goheap", _no_options, module="memdiag.probes.go.heap", bpf=False),
     ProbeSpec("memleak", _defaults),
     ProbeSpec("brkstack", _defaults, host_wide=True),
     ProbeSpec("mmapsnoop", _defaults, host_wide=True),
@@ -98,7 +98,8 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("swapin", _defaults),
     ProbeSpec("vmscan"),
     ProbeSpec("drsnoop"),
-    ProbeSpec("nodeheap", _no_options, bpf=False),  # V8's heap against memory outside it, from smaps
+    # V8's heap against memory outside it, from smaps
+    ProbeSpec("nodeheap", _no_options, module="memdiag.probes.node.heap", bpf=False),
     # a JVM's own flight recorder through its attach socket: no BPF
     ProbeSpec("jfr", module="memdiag.probes.jvm.view", bpf=False),
     ProbeSpec("histogram", module="memdiag.probes.jvm.histogram", bpf=False),

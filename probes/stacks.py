@@ -14,7 +14,7 @@ from memdiag.system.perfmap import PerfMap, perf_map_grew
 from .codefacts import remembered
 from .elf import elf_info
 from .frame import Frame
-from .gostacks import go_frames
+from .go.stacks import go_frames
 from .procmaps import AddressSpace
 from .unwind import StackSlice, frame_pointer_walk, unwind
 
@@ -34,7 +34,7 @@ def demangle(name: str) -> str:
 
 class Symbolizer:
     """Addresses of one process to frames. Failed look-ups are counted, not hidden. jit: a HotSpot
-    JVM may be asked for its perf map (probes/jit.py, through its attach socket), for stacks read
+    JVM may be asked for its perf map (probes/jvm/perfmap.py, through its attach socket), for stacks read
     while the process runs; other JITs' maps are read as they are."""
 
     def __init__(self, space: AddressSpace | None, jit: bool = False):
@@ -70,7 +70,8 @@ class Symbolizer:
             return None
         pm = self.perf_map
         if pm is None or (pm.lookup(address) is None and perf_map_grew(pm)):
-            from .jit import jit_perf_map  # here: it imports the JVM's attach (probes/jvm/), for JIT frames only
+            # here: it imports the JVM's attach (probes/jvm/), for JIT frames only
+            from .jvm.perfmap import jit_perf_map
 
             pm = self.perf_map = jit_perf_map(self.space.pid, Path(self.space.proc or "/proc").parent, self.ask_jvm)
         hit = pm.lookup(address) if pm is not None else None

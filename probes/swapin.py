@@ -16,7 +16,7 @@ from memdiag.system.swaps import SwapDevice, read_swaps
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes
 
-from . import bpfsys, kernel
+from . import bpfstats, bpfsys, kernel
 from .base import Run, run_probe
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import Spaces
@@ -113,8 +113,8 @@ def run(
             "processes": _by_process(bpf, spaces, reads)[:top],
             "swap_devices": read_swaps() or [],
             "swap_calls": calls,
-            "events": bpf["stats"][0].value,
-            "lost": {"table_full": bpf["stats"][1].value},
+            "events": (stats := bpfstats.read(bpf, bpfstats.TABLE))["events"],
+            "lost": {"table_full": stats["table_full"]},
             "method": _method(use_kprobe, kprobe),
         }
 

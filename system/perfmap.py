@@ -1,7 +1,7 @@
 """A JIT's perf map: /tmp/perf-PID.map, the names a runtime writes for the code it generates
 (`START SIZE NAME` lines, hexadecimal), the convention Linux perf reads. Node writes it under
 `--perf-basic-prof` (V8's names: `JS:*handleOrder /srv/app.js:17:21`, `Builtin:ArrayPrototypePush`);
-a HotSpot JVM when told Compiler.perfmap (probes/jit.py; it writes 0x before the numbers and a
+a HotSpot JVM when told Compiler.perfmap (probes/jvm/perfmap.py; it writes 0x before the numbers and a
 return type before the method: `boolean java.util.ArrayList.add(java.lang.Object)`), or with
 perf-map-agent; .NET with DOTNET_PerfMapEnabled=1. It is read through the process's root (a
 container's /tmp) under the pid the process's own namespace gives it, the pid the runtime wrote
@@ -94,7 +94,7 @@ class PerfMap:
 
     def _index(self, path: str, raw: bytes | bytearray, size: int, truncated: bool, begin: int) -> None:
         self.path, self.size, self.truncated = path, size, truncated
-        self.rename = None  # a function applied to each name looked up (probes/jit.py: HotSpot's)
+        self.rename = None  # a function applied to each name looked up (probes/jvm/perfmap.py: HotSpot's)
         self.where: tuple[str, str, int | None] | None = None  # (root, path in it, owner) when read from a process
         self._raw = raw
         starts, sizes, spans = array("Q"), array("Q"), array("Q")  # span: name's offset << 16 | its length
@@ -219,7 +219,7 @@ def perf_map_exists(where: tuple[str, str, int] | None) -> bool:
 
 
 def remove_perf_map(where: tuple[str, str, int] | None) -> None:
-    """Remove the map memdiag had a runtime write (probes/jit.py), by name in its /tmp inside the
+    """Remove the map memdiag had a runtime write (probes/jvm/perfmap.py), by name in its /tmp inside the
     process's root: never a file a link out of that root names."""
     if where is None:
         return

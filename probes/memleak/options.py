@@ -1,5 +1,5 @@
 """memleak's BPF program as it is built: its -D options, the sizes of its tables, its statistics'
-names and what the kernel must offer. The calibration (costs.py) builds the same program."""
+names (probes/bpfstats.py) and what the kernel must offer. The calibration (costs.py) builds the same program."""
 
 from __future__ import annotations
 
@@ -7,19 +7,6 @@ import os
 
 from .. import kernel
 
-STAT_NAMES = (
-    "allocs",
-    "frees",
-    "stack_errors",
-    "allocs_dropped",
-    "unknown_frees",
-    "failed_allocs",
-    "samples_dropped",
-    "stacks_dropped",
-    "sampled_out",
-    "nested",
-    "python_stacks_dropped",
-)
 MAX_ALLOCS = 262144
 MAX_STACKS = 4096  # the stack map is preallocated: about 1 KiB a slot
 KMEM_TRACEPOINTS = ("kmalloc", "kfree", "kmem_cache_alloc", "kmem_cache_free", "mm_page_alloc", "mm_page_free")

@@ -20,6 +20,7 @@ from memdiag.system import clock
 from memdiag.system.signals import phase
 from memdiag.system.target import Target
 
+from .. import bpfstats
 from ..allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
 from ..base import Run, disarm, run_probe
 from ..cpython.frames import PythonStacks, mixed
@@ -28,7 +29,7 @@ from ..growth import RawStack, Spaces, symbolize
 from ..stacks import Frame, Symbolizer, folded, recover
 from .costs import Costs
 from .meter import CHECK_S, Meter, check_s, detach_seconds
-from .options import STAT_NAMES, build_options, requirements
+from .options import build_options, requirements
 from .reach import Blocks, ReachScan, merged, price, scan
 from .reach.anchors import v8_namer
 from .result import BigAlloc, LeakStack, MemleakResult
@@ -373,7 +374,7 @@ class _Session:
         if self.snoop_min:
             bpf.perf_buffer_poll(timeout=0)
         _sample_series(bpf, elapsed, self.series_times, self.series)
-        stats = dict(zip(STAT_NAMES, (bpf["stats"][i].value for i in range(len(STAT_NAMES))), strict=True))
+        stats = bpfstats.read(bpf, bpfstats.MEMLEAK)
         # ages at the instant the books stopped (the scan), else now
         now_ns = self.scanned.get("at_ns") or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         oldest, outstanding = self._oldest(bpf)

@@ -26,6 +26,7 @@ from pathlib import Path
 from memdiag.system import arch, identity
 from memdiag.system.signals import interrupted
 
+from .. import bpfstats
 from ..allocator import BPF_FUNCTION, Placement, find_allocator, is_emulated
 from ..base import bpf_stats, detach_all, load, program_stats
 from ..elf import ElfInfo, Symbol, elf_info
@@ -38,9 +39,6 @@ from .reach import Blocks, ReachScan
 
 PROGRAM = "sites"
 FUNCTION = b"site_return"
-# bpf/sites.c enum site_stat, in its order
-STAT_NAMES = ("hits", "null", "stack_errors", "blocks_dropped", "samples_dropped", "calls_dropped",
-              "call_hits", "frees_emulated", "frees_stepped", "freed")  # fmt: skip
 # the call probe's program by the callee's arguments (bpf/sites.c site_call_*); a callee not here
 # (strdup) gets no call probe and its blocks' size is not known; a wrapper's own calls are probed
 # instead of the call to it (sizing_sites)
@@ -123,7 +121,7 @@ Watch = Callable[[dict, dict, float], bool]  # (counts so far, kinds, seconds at
 
 def counts(bpf) -> dict[str, int]:
     """bpf/sites.c's stats by name, read while attached or after."""
-    return dict(zip(STAT_NAMES, (bpf["stats"][i].value for i in range(len(STAT_NAMES))), strict=True))
+    return bpfstats.read(bpf, bpfstats.SITES)
 
 
 def traps_ns(n: dict[str, int], kinds: dict[str, bool], emulated_ns: float, stepped_ns: float) -> float:

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
-from memdiag.probes.nodeheap import perf_map_state
+from memdiag.probes.node.heap import perf_map_state
 from memdiag.system.perfmap import read_perf_map
 
 MARKER = "MARKER-4242-HOSTSECRET"

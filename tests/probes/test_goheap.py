@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 from elftools.elf.elffile import ELFFile
-from memdiag.probes.goheap import _points, _read, run
-from memdiag.probes.golayout import layout_for, load_target
-from memdiag.probes.gomemory import GoProcess, scaled
-from memdiag.probes.gopclntab import GoTable
-from memdiag.probes.goview import facts_of
+from memdiag.probes.go.heap import _points, _read, run
+from memdiag.probes.go.layout import layout_for, load_target
+from memdiag.probes.go.memory import GoProcess, scaled
+from memdiag.probes.go.pclntab import GoTable
+from memdiag.probes.go.view import facts_of
 from memdiag.system.target import Target
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from memdiag.diagnose.culprit import default_classes
 from memdiag.probes import memleak
-from memdiag.probes.nodeheap import run as nodeheap
+from memdiag.probes.node.heap import run as nodeheap
 from memdiag.system.perfmap import read_perf_map
 from memdiag.system.process import innermost_pid
 from memdiag.system.target import Target

@@ -28,7 +28,7 @@ from memdiag.probes.brkstack import BrkResult
 from memdiag.probes.drsnoop import DrsnoopResult, ProcessReclaim
 from memdiag.probes.face import Plan, ProbeResult, StackReach, TracingCost
 from memdiag.probes.faults import FaultsResult
-from memdiag.probes.goheap import GoHeapResult, GoroutineGroup, GoStack
+from memdiag.probes.go.heap import GoHeapResult, GoroutineGroup, GoStack
 from memdiag.probes.growth import StackGrowth
 from memdiag.probes.jvm.histogram import ClassGrowth, HistogramPlan, HistogramResult
 from memdiag.probes.jvm.plan import JfrPlan
@@ -39,7 +39,7 @@ from memdiag.probes.memleak.narrowed import SitesResult, SiteStack
 from memdiag.probes.memleak.plan import decision
 from memdiag.probes.memleak.reach import ReachScan
 from memdiag.probes.mmapsnoop import MapStack, MmapResult
-from memdiag.probes.nodeheap import NodeHeapResult
+from memdiag.probes.node.heap import NodeHeapResult
 from memdiag.probes.oomkill import OomEvent, OomKillResult
 from memdiag.probes.registry import REGISTRY
 from memdiag.probes.swapin import ProcessSwapins, SwapinResult

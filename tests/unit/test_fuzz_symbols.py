@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memdiag.probes import elf as elfmod
 from memdiag.probes.elf import passing_elf_info
-from memdiag.probes.gopclntab import PclntabError, go_table
+from memdiag.probes.go.pclntab import PclntabError, go_table
 from memdiag.probes.mapping import MAX_CODE_MAPPINGS, MAX_DATA_MAPPINGS, parse_maps
 from memdiag.system.perfmap import MAX_LINES, MAX_NAME, PerfMap, parse_perf_map
 from memdiag.system.runtime import cpython_version, read_go_build

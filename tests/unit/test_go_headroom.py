@@ -3,8 +3,8 @@ result), the judgment the shipped playbook's. RSS that climbs into memory the ru
 (its heap filling toward the GC's goal) beside a flat live set is a bounded heap; anonymous memory
 that climbs past all the runtime holds is not the Go heap's, and the cache verdict does not stand."""
 
-from memdiag.probes.goheap import GoHeapResult, GoStack
-from memdiag.probes.goview import facts_of
+from memdiag.probes.go.heap import GoHeapResult, GoStack
+from memdiag.probes.go.view import facts_of
 from memdiag.rules.engine import conclude, run_rules
 from memdiag.rules.loader import load_playbooks, shipped_playbooks
 
@@ -70,7 +70,7 @@ def test_a_stacks_share_is_of_what_grew_never_over_all_of_it():
 def test_a_flat_heap_with_flat_rss_is_no_cache_and_the_largest_holder_is_among_the_stacks_shown():
     """An idle prometheus (a trial): the heap profile flat from the first GC read and RSS flat was
     called a cache, its holder a start-up allocation that the report's stacks did not show."""
-    from memdiag.probes.goview import STACKS
+    from memdiag.probes.go.view import STACKS
 
     facts = facts_of(_result([100 * MiB] * len(T)), None, lambda frames, forwards: None)
     facts.update({"target.name": "PID 1 (prometheus)", "process.rss_shape": "flat", "process.rss_growth": 0})
@@ -89,7 +89,7 @@ def test_a_flat_heap_with_flat_rss_is_no_cache_and_the_largest_holder_is_among_t
 
 
 def test_a_stripped_binary_says_the_gcs_own_counts_were_not_read():
-    from memdiag.probes.goview import sections
+    from memdiag.probes.go.view import sections
 
     bare = _result([]).model_copy(update={"stripped": True, "pacer_times": [], "heap_goal": [], "heap_marked": []})
     lines = sections(bare)[0].lines
@@ -128,7 +128,7 @@ def test_a_go_plateau_across_gcs_is_still_a_plateau():
 def test_a_go_stack_that_did_not_grow_is_no_growths_culprit():
     """A trial's prometheus: its largest profile stack, a start-up allocation with no change over no
     completed GC, was named the culprit of the RSS growth."""
-    from memdiag.probes.goview import STACKS
+    from memdiag.probes.go.view import STACKS
 
     flat = _result([100 * MiB] * len(T))
     assert STACKS.culprit(flat, "growth") is None

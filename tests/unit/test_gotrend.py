@@ -4,7 +4,7 @@ then held one levelled; exact counts take the same test without the sampling's n
 
 from __future__ import annotations
 
-from memdiag.probes.gotrend import sampled_shape
+from memdiag.probes.go.trend import sampled_shape
 
 MiB = 1 << 20
 RATE = 512 << 10
@@ -38,7 +38,7 @@ def test_goroutine_counts():
 
 
 def test_the_standard_library_is_told_by_its_package_path():
-    from memdiag.probes.gomemory import standard_library
+    from memdiag.probes.go.memory import standard_library
 
     std = ["internal/poll.runtime_pollWait", "net/http.(*conn).serve", "sync.runtime_Semacquire", "os/signal.loop"]
     own = ["main.serve", "main.(*cache).fetch", "github.com/x/y.(*T).m", "golang.org/x/sync/errgroup.(*Group).Go.func1"]

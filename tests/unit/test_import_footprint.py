@@ -18,9 +18,9 @@ NOT_AT_START = [
     "memdiag.probes.jvm.probe",  # the JVM's recorder, its price, its meter
     "memdiag.probes.jvm.plan",
     "memdiag.probes.jvm.meter",
-    "memdiag.probes.jit",  # a JIT frame's perf map (with the JVM's attach)
-    "memdiag.probes.gomemory",  # a Go program's memory reader
-    "memdiag.probes.gopclntab",  # a Go executable's function table
+    "memdiag.probes.jvm.perfmap",  # a JIT frame's perf map (with the JVM's attach)
+    "memdiag.probes.go.memory",  # a Go program's memory reader
+    "memdiag.probes.go.pclntab",  # a Go executable's function table
     "memdiag.system.v8memory",  # Node's heap reader
 ]
 
@@ -45,10 +45,10 @@ def test_a_diagnosis_imports_at_start_none_of_what_only_a_report_or_a_runtime_ne
 def test_the_runtime_models_are_built_at_their_first_use():
     """Their faces are imported for every target; their pydantic models (deferred) are built when
     their probe runs, and then validate as before."""
-    from memdiag.probes.goheap import GoHeapResult
+    from memdiag.probes.go.heap import GoHeapResult
     from memdiag.probes.jvm.histogram import HistogramResult
     from memdiag.probes.jvm.result import JfrResult
-    from memdiag.probes.nodeheap import NodeHeapResult
+    from memdiag.probes.node.heap import NodeHeapResult
 
     for model in (GoHeapResult, HistogramResult, JfrResult, NodeHeapResult):
         r = model(name="x", status="ok", duration_s="1.5")

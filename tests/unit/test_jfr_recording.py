@@ -7,8 +7,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from memdiag.probes.jit import short_name
 from memdiag.probes.jvm.attach import parse_reply, request
+from memdiag.probes.jvm.perfmap import short_name
 from memdiag.probes.jvm.recording import (
     after_gc,
     allocating,

@@ -6,7 +6,7 @@ from __future__ import annotations
 from memdiag.system.trends import growth_trend
 from memdiag.system.units import fmt_bytes
 
-from .face import FactDef, Namer, Section
+from ..face import FactDef, Namer, Section
 
 MIN_POINTS = 3
 

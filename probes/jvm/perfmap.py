@@ -17,7 +17,7 @@ from memdiag.system.jvm import read_jvm_library
 from memdiag.system.perfmap import PerfMap, perf_map_exists, perf_map_file, read_perf_map, remove_perf_map
 from memdiag.system.process import start_ticks
 
-from .jvm.attach import AttachRefused, describe_target, jcmd
+from .attach import AttachRefused, describe_target, jcmd
 
 KEEP_S = 60.0  # one map serves every probe of a diagnosis (JIT code moves little in a minute)
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import capstone
 from capstone import x86
 
-from .gopclntab import GoTable
+from .pclntab import GoTable
 
 
 class UnsupportedGo(Exception):

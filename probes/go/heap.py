@@ -1,5 +1,5 @@
 """The goheap probe: a Go program's own heap profile and goroutines, read over the window from
-outside (probes/gomemory.py): in-use bytes by allocation stack at each GC the window saw, and the
+outside (probes/go/memory.py): in-use bytes by allocation stack at each GC the window saw, and the
 live goroutines by what they run, who started them and what they wait on. No BPF, nothing
 written into the target; the binary's own function table names the frames, inlined calls too.
 
@@ -19,13 +19,13 @@ from memdiag.system.clock import wall
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_duration
 
-from . import goview
-from .face import Cost, Face, ProbeResult
-from .reader import reads_cost
+from ..face import Cost, Face, ProbeResult
+from ..reader import reads_cost
+from . import view as goview
 
 if TYPE_CHECKING:  # the reader of a Go program's memory is imported when one is read (run)
-    from .gomemory import GoProcess, GoSnapshot
-    from .gopclntab import GoFrame, GoTable
+    from .memory import GoProcess, GoSnapshot
+    from .pclntab import GoFrame, GoTable
 
 BACKED_OFF = "stopped early: the next read would take its reads' time past what the budget leaves"
 INTERVAL_S = 1.0
@@ -100,7 +100,7 @@ def run(
     (backed off) once the reads' time, what they may have cost the target at most, would pass
     allowance_ns (what the budget leaves; None: no budget)."""
     # here, not at the top: the registry imports this face for every target, native ones included
-    from .gomemory import GoProcess, GoUnreadable
+    from .memory import GoProcess, GoUnreadable
 
     started = wall()
     base = GoHeapResult(status="unavailable", target=target.describe(), started=started, method="")
@@ -131,7 +131,7 @@ def run(
 def _read(
     proc: GoProcess, target: Target, seconds: float, interval: float, clock, allowance_ns: float | None
 ) -> tuple[list, str]:
-    from .gomemory import GoUnreadable
+    from .memory import GoUnreadable
 
     snaps: list[GoSnapshot] = []
     end = clock() + seconds
@@ -244,7 +244,7 @@ class _Acc:
 
 def _stacks(table: GoTable, points: list[GoSnapshot], module: str) -> tuple[list[int], list[GoStack]]:
     """In-use bytes per stack at each point (buckets of one stack and several sizes summed)."""
-    from .gomemory import scaled
+    from .memory import scaled
 
     keys: dict[tuple[int, ...], _Acc] = {}
     last = len(points) - 1

@@ -27,8 +27,8 @@ from memdiag.system import clock, identity
 from memdiag.system.process import read_rss_anon
 from memdiag.system.runtime import read_go_build
 
-from .golayout import Layout, UnsupportedGo, find_variables, layout_for
-from .gopclntab import GoTable, PclntabError, go_table
+from .layout import Layout, UnsupportedGo, find_variables, layout_for
+from .pclntab import GoTable, PclntabError, go_table
 
 CHUNK = 64 << 10  # the memory reader's unit: bucket records and g structs sit together in the runtime's arenas
 MAX_BUCKETS = 200_000  # a bucket list longer than this is not read to its end (said so)

@@ -7,9 +7,9 @@ from __future__ import annotations
 from memdiag.system.trends import MIN_GROWTH_BYTES
 from memdiag.system.units import fmt_bytes, fmt_number
 
-from .face import FactDef, Namer, Section, Stack, Stacks
-from .gotrend import sampled_shape
-from .text import stack_lines
+from ..face import FactDef, Namer, Section, Stack, Stacks
+from ..text import stack_lines
+from .trend import sampled_shape
 
 TOP_SHOWN = 8
 

@@ -19,9 +19,9 @@ from memdiag.system.runtime import read_runtime
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_duration
 
-from . import nodeview
-from .face import Cost, Face, ProbeResult, plain
-from .reader import reads_cost
+from ..face import Cost, Face, ProbeResult, plain
+from ..reader import reads_cost
+from . import view as nodeview
 
 INTERVAL_S = 2.0  # smaps walks every page table of the process: a read every two seconds
 

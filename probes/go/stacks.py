@@ -9,13 +9,13 @@ import functools
 import os
 from typing import TYPE_CHECKING
 
-from .elf import elf_info
-from .elf import note_module as note
-from .frame import Frame
-from .procmaps import AddressSpace, Mapping
+from ..elf import elf_info
+from ..elf import note_module as note
+from ..frame import Frame
+from ..procmaps import AddressSpace, Mapping
 
 if TYPE_CHECKING:
-    from .gopclntab import GoTable
+    from .pclntab import GoTable
 
 
 def _table(path: str) -> GoTable | None:
@@ -34,7 +34,7 @@ def _table_of(_dev: int, _ino: int, _mtime: int, path: str) -> GoTable | None:
     if elf is None or elf.elf.get_section_by_name(".gopclntab") is None:
         return None
     # imported here: every native frame's file is asked, and only a Go executable reads on
-    from .gopclntab import PclntabError, go_table
+    from .pclntab import PclntabError, go_table
 
     try:
         return go_table(path)
