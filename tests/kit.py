@@ -10,6 +10,7 @@ import contextlib
 import functools
 import hashlib
 import os
+import pty
 import select
 import shutil
 import signal
@@ -375,3 +376,48 @@ def swapfile(size_bytes: int, directory: Path = Path("/var/tmp")) -> Iterator[Pa
             if active:
                 time.sleep(0.5)
         path.unlink(missing_ok=True)
+
+
+class Tty:
+    """memdiag with its stderr on a pseudo-terminal (so it prints progress), the text collected."""
+
+    def __init__(self, *args: str):
+        master, slave = pty.openpty()
+        self.proc = subprocess.Popen(
+            [MEMDIAG, *args], stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, text=True
+        )
+        os.close(slave)
+        self.text = ""
+        self._master = master
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                chunk = os.read(self._master, 4096)
+            except OSError:
+                return
+            if not chunk:
+                return
+            self.text += chunk.decode(errors="replace")
+
+    def wait_for(self, what: str, timeout: float) -> None:
+        end = time.monotonic() + timeout
+        while what not in self.text:
+            assert self.proc.poll() is None, f"memdiag ended before {what!r}: {self.text[-500:]}"
+            assert time.monotonic() < end, f"no {what!r} in {timeout} s: {self.text[-500:]}"
+            time.sleep(0.05)
+
+    def finish(self, timeout: float = 60) -> tuple[int, str]:
+        try:
+            out, _ = self.proc.communicate(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                self.proc.kill()
+            os.close(self._master)
+        return self.proc.returncode, out
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()

@@ -6,17 +6,14 @@ is attached and its absence after memdiag exits says nothing was left behind."""
 
 from __future__ import annotations
 
-import os
-import pty
 import signal
 import subprocess
-import threading
 import time
 from pathlib import Path
 
 import pytest
 from figures import read_report
-from kit import MEMDIAG, wait_for_line
+from kit import MEMDIAG, Tty, wait_for_line
 
 
 def breakpoints(pid: int) -> int:
@@ -40,51 +37,6 @@ def breakpoints(pid: int) -> int:
 def status(pid: int) -> dict[str, str]:
     text = Path(f"/proc/{pid}/status").read_text()
     return {k: v.strip() for k, _, v in (line.partition(":") for line in text.splitlines())}
-
-
-class Tty:
-    """memdiag with its stderr on a pseudo-terminal (so it prints progress), the text collected."""
-
-    def __init__(self, *args: str):
-        master, slave = pty.openpty()
-        self.proc = subprocess.Popen(
-            [MEMDIAG, *args], stdout=subprocess.PIPE, stderr=slave, stdin=subprocess.DEVNULL, text=True
-        )
-        os.close(slave)
-        self.text = ""
-        self._master = master
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        while True:
-            try:
-                chunk = os.read(self._master, 4096)
-            except OSError:
-                return
-            if not chunk:
-                return
-            self.text += chunk.decode(errors="replace")
-
-    def wait_for(self, what: str, timeout: float) -> None:
-        end = time.monotonic() + timeout
-        while what not in self.text:
-            assert self.proc.poll() is None, f"memdiag ended before {what!r}: {self.text[-500:]}"
-            assert time.monotonic() < end, f"no {what!r} in {timeout} s: {self.text[-500:]}"
-            time.sleep(0.05)
-
-    def finish(self, timeout: float = 60) -> tuple[int, str]:
-        try:
-            out, _ = self.proc.communicate(timeout=timeout)
-        finally:
-            if self.proc.poll() is None:
-                self.proc.kill()
-            os.close(self._master)
-        return self.proc.returncode, out
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 def _until(check, timeout: float, what: str) -> None:

@@ -39,6 +39,10 @@ def test_tracepoint_counts_faults_of_the_workload(root_required, bcc_ready, work
         b.cleanup()
 
 
+# The kernel keeps one uprobe per file offset for the whole host, and refuses a second whose
+# reference counter differs (EINVAL, "ref_ctr_offset mismatch" in its log): Debian's bcc 0.26 asks
+# for 0x6 where memdiag's probes on the same malloc, in a test running beside this one, asked for 0.
+@pytest.mark.alone
 def test_uprobe_on_malloc_in_the_workload(root_required, bcc_ready, workload):
     w = workload("churn", "50000")
     b = bcc_ready(text="BPF_ARRAY(calls, u64, 1); int on_malloc(void *ctx) { calls.increment(0); return 0; }")
