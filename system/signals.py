@@ -30,7 +30,8 @@ STOP_GRACE_S = 3.0
 # probe has returned: probes detached, the scan's stop released), what is left of a stop is its
 # report, rendered from what was already read and written into the folder the user gave: it costs
 # the target nothing, and a slow machine may take more than STOP_GRACE_S for it (under qemu's tcg,
-# in the second-kernel lane, a partial report was lost so). It is given this long from the release.
+# as in the second-kernel lane, Python runs tens of times slower). It is given this long from the
+# release.
 WRITE_GRACE_S = 30.0
 _HANDLED = (signal.SIGINT, signal.SIGTERM)
 
