@@ -1,6 +1,12 @@
 """Which tests scripts/test.sh runs in which part of a whole-suite run (the `hostwide` marker is
 added at collection from this table, by tests/conftest.py; `alone` is marked in the test files)."""
 
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
 # Tests that change or read state the whole host shares, so that another test running at the same
 # time would change what they see (`hostwide`): scripts/test.sh runs them one at a time, beside the
 # other tests (docs/development.md). File, or file::test, and why.
@@ -26,3 +32,13 @@ HOSTWIDE = {
     "serve/test_worker_deadline.py": "expects healthy over a 1 s window",
     "e2e/test_runtimes.py::test_a_bounded_go_cache_is_a_cache": "expects cache or healthy",
 }
+
+
+def collected(*args: str, env: dict | None = None) -> list[str]:
+    """The test ids `pytest --collect-only` gives for args (paths, -m selections), run as a user would."""
+    r = subprocess.run(
+        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    return [line for line in r.stdout.splitlines() if "::" in line]

@@ -4,26 +4,18 @@ scripts parse."""
 
 import os
 import subprocess
-import sys
 from pathlib import Path
+
+from suiteparts import collected
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _collected(env: dict, path: str) -> list[str]:
-    r = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", path],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert r.returncode == 0, r.stdout + r.stderr
-    return [line for line in r.stdout.splitlines() if "::" in line]
-
-
 def test_the_hosts_run_leaves_the_lanes_tests_out_and_the_guest_takes_them():
     env = {k: v for k, v in os.environ.items() if k != "MEMDIAG_LANE_GUEST"}
-    host = _collected(env, "tests")  # as the host runs it: every folder
+    host = collected("tests", env=env)  # as the host runs it: every folder
     assert host and not [t for t in host if t.startswith("tests/vm/")]
-    guest = _collected(env | {"MEMDIAG_LANE_GUEST": "1"}, "tests/vm")
+    guest = collected("tests/vm", env=env | {"MEMDIAG_LANE_GUEST": "1"})
     lane = [t for t in guest if t.startswith("tests/vm/")]
     assert len(lane) >= 8, lane
 
