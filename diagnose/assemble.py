@@ -4,16 +4,16 @@ overhead section, findings, next steps, caveats. Every probe is read through its
 
 from __future__ import annotations
 
-import re
 from importlib.metadata import PackageNotFoundError, version
 
-from memdiag.probes.face import Face, Plan, ProbeStatus, percent_of_window
+from memdiag.probes.face import Face, Plan, ProbeStatus, Section, percent_of_window
 from memdiag.probes.registry import REGISTRY
+from memdiag.probes.runtime import Frames
 from memdiag.system.target import Target
 
-from .culprit import PYTHON_MODULES, Classes, split_frame
+from .culprit import Classes, language_of, split_frame
 from .factset import probe_figures
-from .jvmheap import jvm_sections
+from .observe import Observation
 from .report import Finding, Overhead, Report, StackReport, TargetInfo, Window
 from .verdict import EngineResult
 
@@ -137,7 +137,7 @@ def assemble(result: EngineResult, budget_percent: float) -> Report:
         budget_decision="; ".join(reasons) if reasons else None,
         trail=result.trail,
         stacks=stacks,
-        sections=jvm_sections(obs) + [s for face, r in ran for s in face.sections(r)],
+        sections=_runtime_sections(obs) + [s for face, r in ran for s in face.sections(r)],
         folded=folded,
         counters=result.counters,
         cycles=result.cycles,
@@ -176,17 +176,24 @@ def _overhead(budget: float, result: EngineResult, probes: list[ProbeStatus], wi
     )
 
 
-# the CPython interpreter's own binary or library (python3.11, libpython3.11.so.1.0), whose unnamed
-# frames a stack's Python frames stand for; any other library's are the program's to name
-_INTERPRETER = re.compile(r"(lib)?python\d")
+def _runtime_sections(obs: Observation) -> list[Section]:
+    """The sections of the target's runtime's own counters (its face's), before any probe's."""
+    face = obs.runtime_face()
+    return face.sections(obs.runtime_samples()) if face is not None else []
+
+
+def _perf_maps() -> str:
+    """How each runtime that compiles code at run time has its perf map written (its face's words)."""
+    return "; ".join(face.perf_map for face in REGISTRY.runtime_faces() if face.perf_map)
 
 
 def _stack_caveats(stacks: list[StackReport]) -> list[str]:
     jit = native = 0
-    interpreted: dict[str, int] = {}  # [unknown] frames of stacks whose Python frames were read, by module
+    # [unknown] frames of stacks whose frames of a runtime's language were read, by language and module
+    interpreted: dict[Frames, dict[str, int]] = {}
     for s in stacks:
         split = [split_frame(f) for f in s.frames]
-        python = any(fn is not None and mod in PYTHON_MODULES for fn, mod in split)
+        lang = next((language_of(mod) for fn, mod in split if fn is not None and language_of(mod)), None)
         for frame, (_fn, mod) in zip(s.frames, split, strict=True):
             if not frame.startswith("[unknown]"):
                 continue
@@ -194,34 +201,22 @@ def _stack_caveats(stacks: list[StackReport]) -> list[str]:
             # HotSpot): no build flag or debug package names it, the runtime's perf map does
             if frame.startswith("[unknown] [[anon"):
                 jit += 1
-            elif python and mod is not None and (mod in PYTHON_MODULES or _INTERPRETER.match(mod)):
-                interpreted[mod] = interpreted.get(mod, 0) + 1
+            elif lang and mod is not None and (mod in lang.modules or lang.interpreter.match(mod)):
+                counts = interpreted.setdefault(lang, {})
+                counts[mod] = counts.get(mod, 0) + 1
             else:
                 native += 1
     out = []
     if jit:
         out.append(
             f"{jit} stack frame(s) are [unknown] in anonymous executable memory: code a JIT compiler generated "
-            "at run time, which no symbol table names; the runtime's perf map does (node --perf-basic-prof; "
-            "a JVM's memdiag asks for itself)"
+            f"at run time, which no symbol table names; the runtime's perf map does ({_perf_maps()})"
         )
-    if interpreted:
-        # Debian's python3.11 has no .symtab (nm: "no symbols"; 2,207 dynamic ones): its static
-        # functions (the arena allocator, list_resize) are unnamed. In a stack whose Python frames were
-        # read, those say what the program ran: no rebuild of the interpreter is needed to name it
-        where = ", ".join(f"{n} in {mod}" for mod, n in sorted(interpreted.items()))
-        unread = sum(n for mod, n in interpreted.items() if mod in PYTHON_MODULES)
-        said = []
-        if unread < sum(interpreted.values()):
-            said.append(
-                "the interpreter's own functions without a symbol, which the Python frames above them stand "
-                "for (the interpreter's debug-symbols package names them)"
-            )
-        if unread:
-            said.append("Python frames whose code object could not be read (gone by the time it was read)")
+    for lang, counts in interpreted.items():
+        where = ", ".join(f"{n} in {mod}" for mod, n in sorted(counts.items()))
         out.append(
-            f"{sum(interpreted.values())} frame(s) of stacks whose Python frames were read are [unknown] "
-            f"({where}): " + "; ".join(said)
+            f"{sum(counts.values())} frame(s) of stacks whose {lang.language} frames were read are [unknown] "
+            f"({where}): {lang.unnamed(counts)}"
         )
     if native:
         out.append(

@@ -5,9 +5,10 @@ Allocator entry points, allocation wrappers (xmalloc, zmalloc, g_malloc, operato
 `wrappers:` list (data, extendable by a site's files) and, for wrappers nobody listed, by what the
 probe read in the function's code (it only forwards what an allocator returned: a guess, said so).
 Interpreter frames are named, since no native frame is closer to the program, and marked as such;
-where the stack carries the Python frames the interpreter ran (`handle_order (/srv/orders.py:42)
-[python]`, read by probes/cpython), the interpreter's frames are passed over and the Python frame
-is named, and a native culprit (a C library called through ctypes) is named with its Python caller.
+where the stack carries frames of the program's own language that a runtime's probe read (a
+Python frame `handle_order (/srv/orders.py:42) [python]`: the runtime's face says how they look,
+probes/runtime.py Frames), the interpreter's frames are passed over and that frame is named, and a
+native culprit (a C library called through ctypes) is named with its caller in that language.
 The whole stack stays in the report; each frame gets its kind."""
 
 from __future__ import annotations
@@ -17,16 +18,14 @@ import re
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
+from memdiag.probes.registry import REGISTRY
+from memdiag.probes.runtime import Frames
 from memdiag.rules.loader import load_playbook, shipped_playbooks
 from memdiag.rules.model import FrameClass
 
 # `fn+0x1a [module]`, or a Go frame from its function table: `main.handle (main.go:30, inlined) [orderd]`
 _FRAME = re.compile(r"^(?P<fn>.*?)(?:\+0x[0-9a-f]+| \([^()]*\)) \[(?P<mod>[^\]]+)\]$")
 _UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>.+)\])?$")  # the module may be bracketed itself: [[anon]]
-# A Python frame as probes/cpython/frames.py prints it: `qualname (file:line) [python]` (read first:
-# it has the Go frame's shape too).
-_PYTHON = re.compile(r"^(?P<fn>.+) \((?P<file>.+?)(?::(?P<line>\d+))?\) \[(?P<mod>python(?: stdlib)?)\]$")
-PYTHON_MODULES = ("python", "python stdlib")
 PASSED_OVER = ("allocator", "wrapper", "guessed-wrapper", "runtime")
 JIT_UNNAMED = "unnamed JIT-compiled code (no perf map)"
 
@@ -44,6 +43,17 @@ class Named:
     interpreter: bool  # the culprit is an interpreter function
     label: str | None = None  # the function, or the module of an unnamed one: what facts say
     python_caller: str | None = None  # a native culprit's first Python frame above it (ctypes)
+
+
+@functools.lru_cache(maxsize=1)
+def languages() -> tuple[Frames, ...]:
+    """How each runtime's probes print frames of the program's own language (their faces')."""
+    return tuple(face.frames for face in REGISTRY.runtime_faces() if face.frames is not None)
+
+
+def language_of(module: str | None) -> Frames | None:
+    """The language whose frames carry this module name ("python"), or None (a native module)."""
+    return next((lang for lang in languages() if module in lang.modules), None)
 
 
 @functools.lru_cache(maxsize=1)
@@ -83,11 +93,11 @@ class Classes:
     @functools.lru_cache(maxsize=8192)  # noqa: B019  (one Classes per playbook, kept for the run)
     def kind(self, function: str | None, module: str | None) -> str | None:
         mod = (module or "").rsplit("/", 1)[-1]
-        python = mod in PYTHON_MODULES
+        language = language_of(mod) is not None
         if function:
             bare = _bare(function)
             for e in self.by_function:
-                if python and e.module is None:
+                if language and e.module is None:
                     continue  # a C name's glob (malloc, xmalloc*) says nothing of a Python function
                 if (_glob(e.function, function) or _glob(e.function, bare)) and (
                     e.module is None or _glob(e.module, mod)
@@ -105,7 +115,7 @@ class Classes:
         kinds: list[str] = []
         index, guessed = None, False
         split = [split_frame(f) for f in frames]
-        python_above = [any(m in PYTHON_MODULES for _f, m in split[i + 1 :]) for i in range(len(split))]
+        read_above = [any(language_of(m) for _f, m in split[i + 1 :]) for i in range(len(split))]
         for i, (fn, mod) in enumerate(split):
             if index is not None:
                 kinds.append("caller")
@@ -113,8 +123,8 @@ class Classes:
             kind = self.kind(fn, mod) if fn else _unnamed(self.kind(None, mod), mod)
             if kind is None and forwards and i < len(forwards) and forwards[i] and _all_passed(kinds):
                 kind, guessed = "guessed-wrapper", True
-            if kind in PASSED_OVER or kind == "unknown" or (kind == "interpreter" and python_above[i]):
-                kinds.append(kind)  # the interpreter's own frames, where the Python frames above say more
+            if kind in PASSED_OVER or kind == "unknown" or (kind == "interpreter" and read_above[i]):
+                kinds.append(kind)  # the interpreter's own frames, where the program's frames above say more
                 continue
             index = i
             kinds.append("interpreter" if kind == "interpreter" else "culprit")
@@ -123,21 +133,23 @@ class Classes:
         label = function or (f"an unnamed function in {module} (no symbol)" if module else None)
         if label is None and any(split_frame(f) == (None, "[anon]") for f in frames):
             label = JIT_UNNAMED  # past the runtime's frames, only code a JIT generated, no perf map naming it
-        caller = self._python_caller(split, index) if module not in PYTHON_MODULES else None
+        caller, language = self._caller(split, index) if language_of(module) is None else (None, None)
         if caller and label:
-            label = f"{label}, called from Python {caller}"
+            label = f"{label}, called from {language} {caller}"
         elif interp and label:  # no program frame to name: say whose function it is, and what is missing
             label = f"{label} (the interpreter's own; the script calling it unread)"
         return Named(kinds, index, function, guessed and index is not None, interp, label, caller)
 
-    def _python_caller(self, split: list[tuple[str | None, str | None]], index: int | None) -> str | None:
-        """The first Python frame above a native culprit that is not the standard library's."""
+    def _caller(self, split: list[tuple[str | None, str | None]], index: int | None) -> tuple[str | None, str | None]:
+        """(the first frame in the program's own language above a native culprit that is not passed
+        over, as its standard library's are; that language's name), or (None, None)."""
         if index is None:
-            return None
+            return None, None
         for fn, mod in split[index + 1 :]:
-            if fn and mod in PYTHON_MODULES and self.kind(fn, mod) not in PASSED_OVER:
-                return fn
-        return None
+            lang = language_of(mod)
+            if fn and lang is not None and self.kind(fn, mod) not in PASSED_OVER:
+                return fn, lang.language
+        return None, None
 
 
 def _unnamed(module_kind: str | None, module: str | None) -> str | None:
@@ -146,7 +158,7 @@ def _unnamed(module_kind: str | None, module: str | None) -> str | None:
     the culprit, unnamed (naming its caller instead would blame the wrong code)."""
     if module_kind in PASSED_OVER:
         return module_kind
-    if module_kind == "interpreter" or not module or module.startswith("[") or module in PYTHON_MODULES:
+    if module_kind == "interpreter" or not module or module.startswith("[") or language_of(module):
         return "unknown"
     return None
 
@@ -157,12 +169,13 @@ def _all_passed(kinds: list[str]) -> bool:
 
 def split_frame(frame: str) -> tuple[str | None, str | None]:
     """(function, module) of a frame as the probes print it: `fn+0x1a [module]`, `fn (file.go:12)
-    [module]` (Go) or `[unknown] [module]`; a Python frame `handle_order (/srv/orders.py:42) [python]`
-    is (`handle_order (orders.py:42)`, `python`)."""
-    p = _PYTHON.match(frame)
-    if p:
-        line = f":{p['line']}" if p["line"] else ""
-        return f"{p['fn']} ({p['file'].rsplit('/', 1)[-1]}{line})", p["mod"]
+    [module]` (Go) or `[unknown] [module]`; a frame of a runtime's language, such as a Python frame
+    `handle_order (/srv/orders.py:42) [python]`, is (`handle_order (orders.py:42)`, `python`)."""
+    for lang in languages():  # first: such a frame has the Go frame's shape too
+        p = lang.pattern.match(frame)
+        if p:
+            line = f":{p['line']}" if p["line"] else ""
+            return f"{p['fn']} ({p['file'].rsplit('/', 1)[-1]}{line})", p["mod"]
     m = _FRAME.match(frame)
     if m:
         return m["fn"], m["mod"]

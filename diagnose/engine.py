@@ -27,7 +27,6 @@ from memdiag.rules.engine import Outcome, run_rules
 from memdiag.rules.model import FrameClass, Rule
 from memdiag.system import clock, identity
 from memdiag.system.process import cpu_seconds
-from memdiag.system.runtime import read_runtime
 from memdiag.system.signals import INTERRUPTION, interrupted, phase
 from memdiag.system.target import Target
 
@@ -92,7 +91,8 @@ class Engine:
         self.interval, self.on_sample, self.on_step = interval, on_sample, on_step or (lambda _s: None)
         self.max_pause_ms = max_pause_ms
         self.classes = Classes(wrappers) if wrappers is not None else default_classes()
-        self.runtime = read_runtime(target.pid) if target.kind == "pid" and target.pid is not None else None
+        # the target's runtime, recognised once: its face's counters are sampled with the rest
+        self.runtime = REGISTRY.recognise(target.pid) if target.kind == "pid" and target.pid is not None else None
         self.trail: list[TrailItem] = []
         self.results: dict[str, ProbeResult] = {}
         self.plans: dict[str, Plan] = {}
@@ -277,7 +277,8 @@ class Engine:
         """Counters for the whole window; rules and probes in rounds after the first look; the
         verdict on everything gathered."""
         clock.anchor()  # the host's clock read once for the window: its stamps then follow the monotonic clock
-        sampler = Sampler(self.target, self.duration, self.interval, on_sample=self.on_sample).start()
+        face = REGISTRY.runtime(self.runtime.name) if self.runtime is not None else None
+        sampler = Sampler(self.target, self.duration, self.interval, on_sample=self.on_sample, runtime=face).start()
         # Programs not compiled for this kernel yet are compiled while the counters are read, in
         # a child process: the probes then load bytecode and keep their whole share of the window.
         threading.Thread(target=_warm_up, args=(self.target.kind,), daemon=True).start()

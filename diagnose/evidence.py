@@ -6,7 +6,6 @@ from memdiag.system.cgroup import memcg_matches
 from memdiag.system.kmsg import OomKill
 from memdiag.system.trends import Trend, counter_rate, growth_trend
 
-from .jvmheap import jvm_rows, jvm_series
 from .observe import Observation
 from .report import TARGET_SERIES, CounterRow, Counters, ProcessRow, SlabGrowth
 
@@ -69,7 +68,9 @@ def series(obs: Observation) -> dict[str, list[tuple[float, float]]]:
         if s.cgroup is not None:
             add("cgroup.usage", s.t, s.cgroup.usage)
         add("system.mem_available", s.t, s.meminfo.mem_available)
-    out.update(jvm_series(obs))  # a JVM target's live set after each collection
+    face = obs.runtime_face()
+    if face is not None and obs.snapshots:  # the runtime's own (a live set after each collection)
+        out.update(face.series(obs.runtime_samples(), obs.snapshots[0].t))
     return out
 
 
@@ -229,7 +230,10 @@ def _system_rows(obs: Observation) -> list[CounterRow]:
         stall = psi_stall_percent(obs, kind)
         if stall is not None:
             rows.append(CounterRow(scope="system", name=f"psi_{kind}_window", unit="percent", last=stall))
-    return rows + jvm_rows(obs)
+    face = obs.runtime_face()
+    if face is not None:  # its own counters table
+        rows += [CounterRow(scope="runtime", **r.model_dump()) for r in face.rows(obs.runtime_samples())]
+    return rows
 
 
 def _in_cgroup(kill: OomKill, cgroup_path: str) -> bool:
@@ -324,7 +328,10 @@ def process_rows(obs: Observation, n: int = 3) -> list[ProcessRow]:
 
 def build_counters(obs: Observation) -> Counters:
     named = series(obs)
+    face = obs.runtime_face()
     return Counters(
+        runtime=face.display if face is not None else None,
+        labels=dict(face.labels) if face is not None else {},
         rows=_rows(obs),
         trends=trends(named, collapse_counts(obs)),
         series=named,

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import shlex
 
-from memdiag.probes.cpython.target import frames_readable
 from memdiag.probes.face import Namer, Plan, ProbeResult
 from memdiag.probes.registry import REGISTRY
+from memdiag.probes.runtime import Samples
 from memdiag.system.runtime import Runtime
 from memdiag.system.target import Target
 from memdiag.system.trends import counter_rate, growth_trend
@@ -22,7 +22,6 @@ from .evidence import (
     thp_collapses,
     window_seconds,
 )
-from .jvmheap import jvm_facts
 from .observe import Observation
 from .report import TARGET_SERIES, Counters
 from .triage import Triage, kills_during, limit_hits, memory_level, memory_shape, triage
@@ -34,17 +33,21 @@ def app_function(frames: list[str], forwards: list[bool] | None = None, classes:
     return (classes or default_classes()).name(frames, forwards).label
 
 
-def target_facts(kind: str, pid: int | None, cmdline: list[str], runtime: Runtime | None) -> dict:
-    """Facts about a process target that commands in advice need: its pid, command line, runtime."""
-    if kind != "pid" or pid is None:
+def target_facts(t: Target, runtime: Runtime | None, samples: Samples) -> dict:
+    """Facts about a process target that commands in advice need (its pid, command line, runtime),
+    and what its runtime's face says of it over the window's samples (probes/runtime.py)."""
+    if t.kind != "pid" or t.pid is None:
         return {"target.runtime": "unknown"}  # a cgroup or the system may run anything
-    return {
-        "target.pid": str(pid),
-        "target.command": shlex.join(cmdline) if cmdline else None,
+    f = {
+        "target.pid": str(t.pid),
+        "target.command": shlex.join(t.cmdline) if t.cmdline else None,
         "target.runtime": runtime.name if runtime else "none",
         "target.runtime_detail": runtime.describe() if runtime else None,
-        "target.python_frames": frames_readable(pid) if runtime and runtime.name == "cpython" else None,
     }
+    face = REGISTRY.runtime(runtime.name) if runtime else None
+    if face is not None:
+        f.update(face.facts_of(samples, t.pid))
+    return f
 
 
 def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -> dict:
@@ -72,7 +75,6 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     # what the target paid in the window: the playbook's target-pays anchor weighs it with its limit hits
     f["pressure.target_major_faults"] = sum(r.majflt_delta or 0 for r in counters.processes)
     f["pressure.target_swap"] = _target_swap(obs, f.get("system.swap_used"))
-    f.update(jvm_facts(obs))  # a JVM target's own counters (memdiag.diagnose.jvmheap)
     return f
 
 
@@ -221,7 +223,7 @@ def window_facts(
     f = counter_facts(obs, counters, budget_percent)
     f.update(given)
     f["target.name"] = target.describe()
-    f.update(target_facts(target.kind, target.pid, target.cmdline, runtime))
+    f.update(target_facts(target, runtime, obs.runtime_samples()))
     f.update(tri.facts)
     f.update(probe_facts(results, plans, classes))
     f["memory.shape_while_traced"] = shape_while_traced(obs, counters, results)

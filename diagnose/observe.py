@@ -10,13 +10,14 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from memdiag.probes.registry import REGISTRY
+from memdiag.probes.runtime import RuntimeFace, Samples
 from memdiag.system import clock, identity
 from memdiag.system._parse import Model
 from memdiag.system.cgroup import CgroupMemory
 from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.process import ProcessMemory
 from memdiag.system.processes import read_all_processes
-from memdiag.system.runtime import read_runtime
 from memdiag.system.slab import SlabCache, read_slabinfo
 from memdiag.system.swaps import SwapDevice, read_swaps
 from memdiag.system.target import Target
@@ -29,6 +30,7 @@ class Observation(Model):
     model_config = ConfigDict(frozen=True)
 
     target: Target
+    runtime: str | None = None  # the name of the target's runtime face, whose samples the snapshots carry
     requested_s: float
     started: float
     ended: float
@@ -54,6 +56,14 @@ class Observation(Model):
     # older than thinned_before (seconds into the window): the older, the coarser
     thinned: int = 0
     thinned_before_s: float | None = None
+
+    def runtime_face(self) -> RuntimeFace | None:
+        """The face of the target's runtime, or None (native code, a cgroup, the system)."""
+        return REGISTRY.runtime(self.runtime)
+
+    def runtime_samples(self) -> Samples:
+        """(monotonic seconds, what the runtime's sample() read) of every sample that read something."""
+        return [(s.t, s.runtime) for s in self.snapshots if s.runtime is not None]
 
     @property
     def last_cgroup(self) -> CgroupMemory | None:
@@ -86,8 +96,12 @@ class Sampler:
         interval: float | None = None,
         on_sample: Callable[[Snapshot, float], None] | None = None,
         proc_root: Path = Path("/proc"),
+        runtime: RuntimeFace | None = None,
     ):
+        """runtime: the target's runtime face (probes/runtime.py), whose own counters are sampled
+        with the rest (the engine recognised it once, before the window)."""
         self.target, self.duration, self.proc_root = target, duration, proc_root
+        self.runtime = runtime
         self.interval = interval or default_interval(duration)
         self.on_sample = on_sample
         self.snapshots: list[Snapshot] = []
@@ -100,9 +114,6 @@ class Sampler:
         self.interrupted = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        # a JVM target: its own counters are sampled with the rest
-        runtime = read_runtime(target.pid, proc_root) if target.kind == "pid" and target.pid is not None else None
-        self.jvm = runtime is not None and runtime.name == "jvm"
 
     def start(self) -> Sampler:
         self._thread = threading.Thread(target=self.run, daemon=True)
@@ -135,7 +146,7 @@ class Sampler:
         try:
             while True:
                 try:
-                    snap = take_snapshot(self.target, self.proc_root, jvm=self.jvm)
+                    snap = take_snapshot(self.target, self.proc_root, self.runtime.sample if self.runtime else None)
                 except TargetExited as gone:
                     self.change = gone.change
                     if gone.change is None or gone.change.exited:
@@ -176,6 +187,7 @@ class Sampler:
         root = self.proc_root
         return Observation(
             target=self.target,
+            runtime=self.runtime.name if self.runtime else None,
             requested_s=self.duration,
             started=self.started,
             ended=clock.wall(),

@@ -4,14 +4,15 @@ rows, the trail's steps and the probes' sections are the probes' own types (prob
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 from memdiag.probes.face import ProbeStatus, Section, StackReach, TrailItem
+from memdiag.probes.registry import REGISTRY
 from memdiag.system._parse import Model
 from memdiag.system.container import ContainerInfo, PodInfo
 from memdiag.system.kmsg import OomKill
 from memdiag.system.trends import Trend
-from pydantic import ConfigDict, Field
+from pydantic import ConfigDict, Field, model_validator
 
 VerdictKind = Literal["leak", "cache", "growth", "pressure", "oom", "healthy", "inconclusive"]
 
@@ -30,7 +31,7 @@ class TargetInfo(_Model):
     cgroup_version: int | None = None
     container: ContainerInfo | None = None  # the container the target is or runs in
     pod: PodInfo | None = None  # the Kubernetes pod the target is
-    runtime: str | None = None  # target.runtime: cpython, go, node, jvm, none (native), unknown
+    runtime: str | None = None  # target.runtime: a runtime of probes/registry.py RUNTIMES, none (native), unknown
     runtime_detail: str | None = None  # its version and module: Go 1.19.8 (/usr/bin/prometheus; ...)
 
 
@@ -94,10 +95,14 @@ class Overhead(_Model):
     window_s: float | None = None
 
 
+Scope = Literal["process", "cgroup", "system", "runtime"]
+_SCOPES = get_args(Scope)
+
+
 class CounterRow(_Model):
     """One line of the evidence table. Values in the unit named; None = unknown."""
 
-    scope: Literal["process", "cgroup", "system", "jvm"]
+    scope: Scope  # runtime: the target's runtime's own counters
     name: str
     unit: Literal["bytes", "count", "percent", "per_s", "bytes_per_s", "pages_per_s"]
     first: float | None = None
@@ -146,6 +151,8 @@ TARGET_SERIES = ("process.rss", "cgroup.usage")
 
 
 class Counters(_Model):
+    runtime: str | None = None  # the display name of the target's runtime, whose counters are scope "runtime"
+    labels: dict[str, str] = {}  # the runtime's rows and series -> how the report names them
     rows: list[CounterRow] = []
     trends: dict[str, Trend] = {}
     series: dict[str, list[tuple[float, float]]] = {}  # name -> [(seconds into window, value)]
@@ -153,6 +160,20 @@ class Counters(_Model):
     slab_top: list[SlabGrowth] = []
     processes: list[ProcessRow] = []  # the target's processes the lists name; never memdiag's own
     swap_devices: list[dict[str, Any]] = []
+
+    @model_validator(mode="before")
+    @classmethod
+    def _scoped_by_runtime_name(cls, data: Any) -> Any:
+        """A report.json written before runtime faces scoped a runtime's rows by the runtime's name
+        and labelled none of its series: read as the runtime scope, labelled by that runtime's face."""
+        if not isinstance(data, dict) or "runtime" in data:
+            return data
+        named = {r.get("scope") for r in data.get("rows", []) if isinstance(r, dict)} - set(_SCOPES)
+        face = next((f for name in named if (f := REGISTRY.runtime(name)) is not None), None)
+        if face is None:
+            return data
+        rows = [{**r, "scope": "runtime"} if r.get("scope") == face.name else r for r in data["rows"]]
+        return {**data, "rows": rows, "runtime": face.display, "labels": dict(face.labels)}
 
 
 class StackComparison(_Model):

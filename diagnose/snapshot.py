@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from memdiag.system import clock, identity
 from memdiag.system._parse import Model
 from memdiag.system.cgroup import BadCgroup, CgroupMemory, read_cgroup_memory
-from memdiag.system.jvm import JvmSample, read_jvm_sample
 from memdiag.system.meminfo import MemInfo, read_meminfo
 from memdiag.system.process import ProcessGone, ProcessMemory, read_process
 from memdiag.system.psi import Psi, read_memory_pressure
@@ -28,7 +29,8 @@ class Snapshot(Model):
     psi: Psi | None = None
     process: ProcessMemory | None = None
     cgroup: CgroupMemory | None = None
-    jvm: JvmSample | None = None  # a JVM target's own counters (hsperfdata) and its RSS split
+    # the target's runtime's own counters, as its face's sample() read them (a JVM's hsperfdata)
+    runtime: Any = None
 
 
 class TargetExited(Exception):
@@ -53,9 +55,11 @@ def read_target_cgroup(target: Target) -> CgroupMemory | None:
         return None
 
 
-def take_snapshot(target: Target, proc_root: Path = Path("/proc"), jvm: bool = False) -> Snapshot:
-    """Raise TargetExited when the target process is gone (or its pid was reused). jvm: the target
-    is a JVM, whose own counters are read too."""
+def take_snapshot(
+    target: Target, proc_root: Path = Path("/proc"), runtime: Callable[[int, Path], Any] | None = None
+) -> Snapshot:
+    """Raise TargetExited when the target process is gone (or its pid was reused). runtime: the
+    sample() of the target's runtime face (probes/runtime.py), whose own counters are read too."""
     process = None
     if target.kind == "pid" and target.pid is not None:
         try:
@@ -77,5 +81,5 @@ def take_snapshot(target: Target, proc_root: Path = Path("/proc"), jvm: bool = F
         psi=read_memory_pressure(proc_root),
         process=process,
         cgroup=cgroup,
-        jvm=read_jvm_sample(target.pid, proc_root) if jvm and target.pid is not None else None,
+        runtime=runtime(target.pid, proc_root) if runtime is not None and target.pid is not None else None,
     )

@@ -1,20 +1,28 @@
-"""The one list of probes. Every place that needs to know which probes exist reads it: the engine's
-order of the probe table, the rule model's probe names and fact catalog, `memdiag probe`'s choices
-and options, `memdiag prepare`'s program list, the report's stacks, rows and sections.
+"""The one list of probes, and the one list of runtimes. Every place that needs to know which probes
+exist reads it: the engine's order of the probe table, the rule model's probe names and fact
+catalog, `memdiag probe`'s choices and options, `memdiag prepare`'s program list, the report's
+stacks, rows and sections. Every place that needs to know a runtime asks it for the target's
+runtime face (recognise) and reads the face (probes/runtime.py).
 
 Adding a probe: its module with its face (probes/face.py says what a face declares), its BPF
-program if it has one (bpf/NAME.c), and one ProbeSpec below. Nothing here imports a probe's module
-until its face is asked for (importlib, by module name): the rule model and the command line read
-the names without loading any probe."""
+program if it has one (bpf/NAME.c), and one ProbeSpec below. Adding a runtime: its package with its
+face (probes/runtime.py) and one RuntimeSpec below. Nothing here imports a probe's or a runtime's
+module until its face is asked for (importlib, by module name): the rule model and the command line
+read the names without loading any probe."""
 
 from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from types import ModuleType
 
+from memdiag.system._parse import read_text
+from memdiag.system.runtime import Runtime, effective_ids_of, executable_mappings
+
 from .face import Face, FactDef
+from .runtime import RuntimeFace, Seen
 
 Options = Callable[[ModuleType, str], dict[str, int | str]]
 
@@ -114,15 +122,45 @@ VARIANTS: tuple[Variant, ...] = (
         refuses=("kernel",),
     ),
 )
+
+
+@dataclass(frozen=True)
+class RuntimeSpec:
+    """One runtime: where its face is (RUNTIME in memdiag.probes.NAME, its package's __init__)."""
+
+    name: str
+    module: str = ""  # the module holding RUNTIME; memdiag.probes.NAME when empty
+
+    def face(self) -> RuntimeFace:
+        face = importlib.import_module(self.module or f"{__package__}.{self.name}").RUNTIME
+        if face.name != self.name:
+            raise ValueError(f"runtime {self.name!r}: its RUNTIME is named {face.name!r} (probes/registry.py)")
+        return face
+
+
+# The order of recognition (probes/runtime.py): runtimes told by a mapping, then Go by its executable.
+RUNTIMES: tuple[RuntimeSpec, ...] = (
+    RuntimeSpec("cpython"),
+    RuntimeSpec("node"),
+    RuntimeSpec("jvm"),
+    RuntimeSpec("go"),
+)
 # Compiled ahead of time but not a probe of its own: the rate count that prices memleak.
 HELPERS: tuple[ProbeSpec, ...] = (ProbeSpec("ratecount", _no_options, module="memdiag.probes.memleak.ratecount"),)
 
 
 class Registry:
-    """The probes and variants, looked up by name. A test may build one with an extra probe."""
+    """The probes, variants and runtimes, looked up by name. A test may build one with an extra
+    probe or runtime."""
 
-    def __init__(self, probes: tuple[ProbeSpec, ...], variants: tuple[Variant, ...], helpers: tuple[ProbeSpec, ...]):
-        self.probes, self.variants, self.helpers = probes, variants, helpers
+    def __init__(
+        self,
+        probes: tuple[ProbeSpec, ...],
+        variants: tuple[Variant, ...],
+        helpers: tuple[ProbeSpec, ...],
+        runtimes: tuple[RuntimeSpec, ...] = RUNTIMES,
+    ):
+        self.probes, self.variants, self.helpers, self.runtimes = probes, variants, helpers, runtimes
 
     @property
     def names(self) -> tuple[str, ...]:
@@ -152,8 +190,50 @@ class Registry:
         return sorted(self.names + tuple(v.name for v in self.variants))
 
     def fact_defs(self) -> list[FactDef]:
-        """The catalog entries of every probe's facts, in the engine's order."""
-        return [f for face in self.faces() for f in face.facts]
+        """The catalog entries of every probe's facts, in the engine's order, then every runtime's."""
+        return [f for face in self.faces() for f in face.facts] + [f for r in self.runtime_faces() for f in r.facts]
+
+    # --- runtimes ---------------------------------------------------------------------------------
+    def runtime_names(self) -> tuple[str, ...]:
+        return tuple(r.name for r in self.runtimes)
+
+    def runtime_faces(self) -> list[RuntimeFace]:
+        return [r.face() for r in self.runtimes]
+
+    def runtime(self, name: str | None) -> RuntimeFace | None:
+        """The face of the runtime of this name; None for none (native code) or a name not listed
+        (a report written by a release that knew another runtime)."""
+        return next((r.face() for r in self.runtimes if r.name == name), None) if name else None
+
+    def mapped_runtime(self, maps: str) -> str | None:
+        """The runtime whose code the process maps first, by the file names of /proc/PID/maps alone:
+        no version read, no file opened (a runtime no mapping tells, Go, is never named here)."""
+        faces = [f for f in self.runtime_faces() if f.maps is not None]
+        for _, path in executable_mappings(maps):
+            found = next((f.name for f in faces if f.claims(path)), None)
+            if found:
+                return found
+        return None
+
+    def recognise(self, pid: int, proc_root: Path = Path("/proc")) -> Runtime | None:
+        """The runtime whose code the process runs, with its version (probes/runtime.py: the first
+        executable mapping a runtime claims, else the executable as each runtime reads it), or None
+        (native code, or the process is gone)."""
+        proc = proc_root / str(pid)
+        text = read_text(proc / "maps")
+        if text is None:
+            return None
+        faces = self.runtime_faces()
+        mapped = list(executable_mappings(text))
+        seen = Seen(pid=pid, path=None, mapped=None, root=proc / "root", ids=effective_ids_of(pid, proc_root),
+                    exe=proc / "exe", exe_path=mapped[0][1] if mapped else None)  # fmt: skip
+        for span, path in mapped:
+            face = next((f for f in faces if f.claims(path)), None)
+            if face is not None:
+                found = face.recognise(replace(seen, path=path, mapped=proc / "map_files" / span))
+                if found is not None:
+                    return found
+        return next((r for f in faces if f.maps is None and (r := f.recognise(seen)) is not None), None)
 
     def retired_facts(self) -> dict[str, str]:
         """Facts a probe yielded once -> what decides now (a rule naming one is told)."""
@@ -174,4 +254,4 @@ class Registry:
         return [(p.name, p.compile_options(target_kind)) for p in self.helpers + self.probes if p.bpf]
 
 
-REGISTRY = Registry(PROBES, VARIANTS, HELPERS)
+REGISTRY = Registry(PROBES, VARIANTS, HELPERS, RUNTIMES)

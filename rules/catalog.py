@@ -1,8 +1,9 @@
 """Every fact a rule may name: its kind of unit and what it means. Rule files are checked against
 this list when they are loaded, so a misspelt fact is an error with a suggestion, never a rule
 that silently never fires. The counters' facts are listed here and computed by
-memdiag.diagnose.factset; each probe's are declared by its face (probes/face.py) and read from the
-registry, the first time the catalog is asked for (the rule model imports no probe)."""
+memdiag.diagnose.factset; each probe's are declared by its face (probes/face.py), each runtime's by
+its runtime face (probes/runtime.py), and read from the registry the first time the catalog is asked
+for (the rule model imports no probe)."""
 
 from __future__ import annotations
 
@@ -21,20 +22,10 @@ _DEFS = [
     ("target.pid", "string", "the target's process id, as commands take it (no thousands separator)"),
     ("target.command", "string", "the target's command line, quoted for a shell"),
     (
-        "target.runtime",
-        "string",
-        "the runtime the target runs: cpython, go, node, jvm, none (native code), unknown (not a process)",
-    ),
-    (
         "target.runtime_detail",
         "string",
-        "the runtime, its version and the module holding its code: CPython 3.11 (/usr/bin/python3.11), "
+        "the runtime, its version and the module holding its code: "
         "Go 1.19.8 (/usr/bin/prometheus; module github.com/prometheus/prometheus/cmd/prometheus)",
-    ),
-    (
-        "target.python_frames",
-        "string",
-        "read: the probes name a CPython target's Python frames; else why not (unsupported version 3.10.13)",
     ),
     ("window.seconds", "seconds", "how long the counters were watched"),
     ("window.samples", "number", "how many counter samples the window holds (a trend needs three)"),
@@ -153,55 +144,22 @@ _DEFS = [
     ("summary.cut_by_oom", "string", "memory that levelled off with OOM kills in the window: where, how many kills"),
     # the budget
     ("budget.percent", "percent", "how much the diagnosis may slow the target"),
-    # a JVM target's own counters (hsperfdata, read without attaching) and its RSS split (smaps):
-    # computed by memdiag.diagnose.jvmheap, absent for any other target
-    ("jvm.counters", "bool", "the JVM's counters could be read (false: jvm.counters_missing says why)"),
-    ("jvm.counters_missing", "string", "why a JVM has no counters memdiag can read (-XX:-UsePerfData, ...)"),
-    ("jvm.heap_max", "bytes", "the Java heap's maximum size (-Xmx)"),
-    ("jvm.heap_committed", "bytes", "the Java heap the JVM has committed, at the end"),
-    ("jvm.heap_used", "bytes", "the Java heap in use, at the end"),
-    (
-        "jvm.live_set",
-        "bytes",
-        "the Java heap in use just after the last collection (the live set, garbage G1 has not marked included)",
-    ),
-    ("jvm.live_set_first", "bytes", "the same after the window's first collection"),
-    ("jvm.live_set_growth", "bytes", "change of the live set over the window"),
-    ("jvm.live_set_rate", "bytes_per_s", "growth rate of the live set"),
-    (
-        "jvm.live_set_shape",
-        "string",
-        "the live set after collections: climbing, levelled, sawtooth, flat, shrinking or unknown",
-    ),
-    ("jvm.live_set_percent", "percent", "the live set as a share of the heap's maximum"),
-    ("jvm.gc_count", "number", "collections during the window"),
-    ("jvm.full_gc_count", "number", "full collections (the whole heap) during the window"),
-    ("jvm.gc_share", "percent", "share of the window spent in collection pauses"),
-    ("jvm.gc_share_recent", "percent", "the same over the latest third of the window"),
-    ("jvm.last_cause", "string", "why the last collection ran (G1 Evacuation Pause, Allocation Failure, ...)"),
-    ("jvm.metaspace", "bytes", "committed metaspace (class metadata), at the end"),
-    ("jvm.metaspace_growth", "bytes", "change of committed metaspace over the window"),
-    ("jvm.heap_rss", "bytes", "resident memory inside the Java heap's address range, at the end"),
-    ("jvm.heap_rss_growth", "bytes", "change of that resident memory over the window"),
-    (
-        "jvm.outside_rss",
-        "bytes",
-        "resident memory outside the Java heap (native: metaspace, JIT code, stacks, mallocs)",
-    ),
-    ("jvm.outside_rss_growth", "bytes", "change of the resident memory outside the Java heap"),
-    ("jvm.heap_growth_share", "percent", "share of the RSS growth that is inside the Java heap (when the RSS grew)"),
 ]
 
 
 def facts() -> dict[str, FactDef]:
-    """The catalog: the counters' facts, then every probe's, in the registry's order."""
-    return _catalog(REGISTRY.probes)
+    """The catalog: the counters' facts, then every probe's, in the registry's order, then every
+    runtime's."""
+    return _catalog(REGISTRY.probes, REGISTRY.runtimes)
 
 
 @functools.lru_cache(maxsize=4)
-def _catalog(_probes: tuple) -> dict[str, FactDef]:
-    """Built once per list of probes (a test's registry with one more is another list)."""
-    own = [FactDef(name, kind, help) for name, kind, help in _DEFS]  # type: ignore[arg-type]
+def _catalog(_probes: tuple, _runtimes: tuple) -> dict[str, FactDef]:
+    """Built once per list of probes and runtimes (a test's registry with one more is another list)."""
+    runtimes = ", ".join(REGISTRY.runtime_names())
+    runtime = f"the runtime the target runs: {runtimes}, none (native code), unknown (not a process)"
+    own = [FactDef("target.runtime", "string", runtime)]
+    own += [FactDef(name, kind, help) for name, kind, help in _DEFS]  # type: ignore[arg-type]
     out = {f.name: f for f in own}
     for f in REGISTRY.fact_defs():
         if f.name in out:

@@ -1,8 +1,10 @@
-"""Which language runtime a process runs, and its version, from what the process maps and its own
-files: for an interpreter or a virtual machine, native stacks name the runtime's functions
+"""What tells a language runtime in a process, and its version, from what the process maps and its
+own files: for an interpreter or a virtual machine, native stacks name the runtime's functions
 (PyByteArray_Resize, v8::internal::Heap::AllocateExternalBackingStore, os::malloc), never the
 program's own code, and a Go program allocates from its own heap, which malloc probes never see.
-The language-level view needs the runtime's own instruments; this says which one applies.
+The language-level view needs the runtime's own instruments. These are the readers; each runtime's
+face (probes/NAME/__init__.py) says which of them tells it, and the registry's list of runtimes
+(probes/registry.py) recognises a process's runtime with them.
 
 - CPython: an executable mapping of `libpython3.X.so` or of a `python3.X` binary (Debian's python3
   links the interpreter in); the version is in the name.
@@ -30,7 +32,6 @@ import re
 import stat
 import struct
 from pathlib import Path
-from typing import Literal
 
 from elftools.elf.elffile import ELFFile
 
@@ -55,22 +56,19 @@ _JDK_DIR = re.compile(r"(?:java|jdk|jre|openjdk|temurin|zulu|corretto)-?(\d+(?:\
 _GO_MAGIC = b"\xff Go buildinf:"
 _BUILDINFO_ALIGN, _BUILDINFO_HEADER = 16, 32
 
-RuntimeName = Literal["cpython", "go", "node", "jvm"]
-_DISPLAY = {"cpython": "CPython", "go": "Go", "node": "Node.js", "jvm": "JVM"}
-
 
 class Runtime(Fact):
-    name: RuntimeName
+    name: str  # the runtime face's name (probes/registry.py RUNTIMES): what target.runtime says
+    label: str  # how a person names it: its face's display name
     version: str | None  # None: the runtime is recognised, its version could not be read
     module: str  # the mapped file holding the runtime's code (the executable for Go)
     detail: str | None = None  # V8's version, the JDK's build, a Go program's main module
 
     def describe(self) -> str:
         """One line for the report: `Go 1.19.8 (/usr/bin/prometheus; module github.com/...)`."""
-        label = _DISPLAY[self.name]
         version = self.version or "(version unknown)"
         extra = f"; {self.detail}" if self.detail else ""
-        return f"{label} {version} ({self.module}{extra})"
+        return f"{self.label} {version} ({self.module}{extra})"
 
 
 class GoBuild(Fact):
@@ -80,36 +78,9 @@ class GoBuild(Fact):
     main_module: str | None = None  # the `path` line of the module info, None when built without modules
 
 
-def read_runtime(pid: int, proc_root: Path = Path("/proc")) -> Runtime | None:
-    """The runtime whose code the process runs, or None (native code, or the process is gone)."""
-    text = read_text(proc_root / str(pid) / "maps")
-    if text is None:
-        return None
-    root = proc_root / str(pid) / "root"
-    ids = effective_ids(read_text(proc_root / str(pid) / "status") or "")
-    exe_path: str | None = None
-    for span, path in _executable_mappings(text):
-        exe_path = exe_path or path
-        found = _mapped_runtime(path, root, proc_root / str(pid) / "map_files" / span, ids)
-        if found is not None:
-            return found
-    build = read_go_build(proc_root / str(pid) / "exe")
-    if build is None:
-        return None
-    module = exe_path or str(proc_root / str(pid) / "exe")
-    detail = f"module {build.main_module}" if build.main_module else None
-    return Runtime(name="go", version=build.version.removeprefix("go"), module=module, detail=detail)
-
-
-def parse_mapped_runtime_name(maps: str) -> RuntimeName | None:
-    """Which interpreter or virtual machine the process runs (cpython, jvm, node) by its mapped code
-    alone, from /proc/PID/maps: no version read, no file opened (Go is told by its build info:
-    read_runtime)."""
-    return next((name for _, path in _executable_mappings(maps) if (name := _runtime_name(path))), None)
-
-
-def _executable_mappings(maps: str):
-    """(address range as map_files names it, path) of each executable file mapping, in address order."""
+def executable_mappings(maps: str):
+    """(address range as map_files names it, path) of each executable file mapping of
+    /proc/PID/maps, in address order."""
     for line in maps.splitlines():
         fields = line.split(None, 5)
         if len(fields) == 6 and "x" in fields[1]:
@@ -123,32 +94,30 @@ def _executable_mappings(maps: str):
             yield span, fields[5].strip().removesuffix(" (deleted)")
 
 
-def _runtime_name(path: str) -> RuntimeName | None:
-    base = path.rsplit("/", 1)[-1]
-    if _CPYTHON.match(base):
-        return "cpython"
-    if base == _JVM:
-        return "jvm"
-    return "node" if _NODE.match(base) else None
+def effective_ids_of(pid: int, proc_root: Path = Path("/proc")) -> tuple[int, int] | None:
+    """The process's effective uid and gid (a file it could not read is not read for it)."""
+    return effective_ids(read_text(proc_root / str(pid) / "status") or "")
 
 
-def _mapped_runtime(path: str, root: Path, mapped: Path, ids: tuple[int, int] | None = None) -> Runtime | None:
-    """The interpreter or virtual machine whose code this executable mapping holds, if any. The
-    binary's own bytes are read through map_files (`mapped`): the kernel follows it to the very
-    inode mapped, where the path through the target's root could meanwhile be a link the target
-    planted (to a host file) or a FIFO (open would block); without it the name alone says."""
-    name = _runtime_name(path)
-    if name == "cpython":
-        exact = cpython_version(mapped)
-        minor = _CPYTHON.match(path.rsplit("/", 1)[-1])["version"]  # type: ignore[index]
-        return Runtime(name="cpython", version=exact or minor, module=path)
-    if name == "jvm":
-        version, detail = jvm_version(path, root, ids)
-        return Runtime(name="jvm", version=version, module=path, detail=detail)
-    if name == "node":
-        node, v8 = node_versions(mapped)
-        return Runtime(name="node", version=node, module=path, detail=f"V8 {v8}" if v8 else None)
-    return None
+def cpython_module_minor(base: str) -> str | None:
+    """3.X when a file of this name is CPython's code (libpython3.X.so, python3.X), else None."""
+    m = _CPYTHON.match(base)
+    return m["version"] if m else None
+
+
+def is_jvm_module(base: str) -> bool:
+    """A file of this name is HotSpot's code (libjvm.so)."""
+    return base == _JVM
+
+
+def is_node_module(base: str) -> bool:
+    """A file of this name is Node's code (node, nodejs, libnode.so)."""
+    return bool(_NODE.match(base))
+
+
+def maps_node(maps: str) -> bool:
+    """Whether the process maps Node's code executable, from /proc/PID/maps alone."""
+    return any(is_node_module(path.rsplit("/", 1)[-1]) for _, path in executable_mappings(maps))
 
 
 # --- JVM ---------------------------------------------------------------------------------------

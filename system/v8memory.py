@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from ._parse import Fact, kib_to_bytes, lines_of, parse_file, read_text
-from .runtime import parse_mapped_runtime_name
+from .runtime import maps_node
 
 V8_ADDRESS_LIMIT = 0x3FFFFFFFF000 + 0x1000  # V8's random mmap hints stay below this on x86-64
 _HEADER = re.compile(r"^([0-9a-f]+)-([0-9a-f]+) (\S+) \S+ \S+ \d+\s*(.*)$")
@@ -93,6 +93,6 @@ def parse_v8_heap_ranges(maps: str) -> tuple[tuple[int, int], ...]:
 def read_v8_heap_ranges(pid: int, proc_root: Path = Path("/proc")) -> tuple[tuple[int, int], ...] | None:
     """Where V8's heap is in a Node process now (one read of its maps), or None (gone, or no Node)."""
     text = read_text(proc_root / str(pid) / "maps")
-    if text is None or parse_mapped_runtime_name(text) != "node":
+    if text is None or not maps_node(text):
         return None
     return parse_v8_heap_ranges(text)

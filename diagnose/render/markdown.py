@@ -17,7 +17,6 @@ _SERIES_LABELS = {
     "process.rss": "process RSS",
     "process.rss_anon": "process anon RSS",
     "process.vm_swap": "process swap",
-    "jvm.live_set": "JVM live set (after collections)",
     "cgroup.usage": "cgroup usage",
     "system.mem_available": "system MemAvailable",
 }
@@ -53,19 +52,6 @@ _COUNTER_LABELS = {
     "psi_full_avg60": "PSI full avg60",
     "psi_some_window": "PSI some over the window",
     "psi_full_window": "PSI full over the window",
-    # a JVM target's own counters (hsperfdata) and its RSS split
-    "heap_max": "Java heap maximum (-Xmx)",
-    "heap_committed": "Java heap committed",
-    "heap_used": "Java heap in use",
-    "metaspace_committed": "metaspace committed",
-    "gc_count": "collections",
-    "full_gc_count": "full collections",
-    "live_set_percent": "live set (after the last collection) of the maximum",
-    "gc_share": "collection pauses, share of the window",
-    "gc_share_recent": "collection pauses, share of its latest third",
-    "heap_growth_share": "share of the RSS growth in the heap",
-    "heap_rss": "resident in the heap's range",
-    "outside_rss": "resident outside the heap",
 }
 
 
@@ -448,7 +434,7 @@ def _trends(report: Report) -> list[str]:
         values = [value for _, value in report.counters.series.get(name, [])]
         rows.append(
             [
-                _SERIES_LABELS.get(name, name),
+                _SERIES_LABELS.get(name) or report.counters.labels.get(name, name),
                 fmt_bytes(tr.first),
                 fmt_bytes(tr.last),
                 fmt_bytes(tr.delta) if tr.delta is not None else "–",
@@ -462,16 +448,28 @@ def _trends(report: Report) -> list[str]:
 
 def _counter_tables(report: Report) -> list[str]:
     lines = []
-    for scope, title in (("process", "Process"), ("cgroup", "Memory cgroup"), ("system", "System"), ("jvm", "JVM")):
+    runtime = report.counters.runtime or "Runtime"
+    for scope, title in (
+        ("process", "Process"),
+        ("cgroup", "Memory cgroup"),
+        ("system", "System"),
+        ("runtime", runtime),
+    ):
         scoped = [r for r in report.counters.rows if r.scope == scope]
         if not scoped:
             continue
         lines += [f"### {title} counters", ""]
         lines += _table(
             ["counter", "first", "last", "change / rate"],
-            [[_COUNTER_LABELS.get(r.name, r.name), _cell(r, r.first), _cell(r, r.last), _rate(r)] for r in scoped],
+            [[_counter_label(report, r), _cell(r, r.first), _cell(r, r.last), _rate(r)] for r in scoped],
         ) + [""]
     return lines
+
+
+def _counter_label(report: Report, row: CounterRow) -> str:
+    """A counter as the kernel or the runtime's own face names it (a runtime's names are its own)."""
+    labels = report.counters.labels if row.scope == "runtime" else _COUNTER_LABELS
+    return labels.get(row.name, row.name)
 
 
 def _oom_kills(report: Report) -> list[str]:

@@ -1,9 +1,10 @@
 """window.svg: a long window's curve — the target's memory over the whole window (the counters'
-series, as the Trends table has them, and a JVM's live set after each collection); per cycle, the
-bytes each allocation stack's trace in that cycle left outstanding at the cycle's end (a dot, filled
-where nothing pointed at its blocks); and for a stack that leaked, its leaked bytes summed cycle
-after cycle (a solid line: blocks nothing points at are never freed), so a leak that grows in some
-phases and a cache that fills and levels are seen apart. Self-contained SVG."""
+series, as the Trends table has them, and its runtime's own series, such as a live set after each
+collection); per cycle, the bytes each allocation stack's trace in that cycle left outstanding at
+the cycle's end (a dot, filled where nothing pointed at its blocks); and for a stack that leaked,
+its leaked bytes summed cycle after cycle (a solid line: blocks nothing points at are never freed),
+so a leak that grows in some phases and a cache that fills and levels are seen apart.
+Self-contained SVG."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ from memdiag.system.units import fmt_bytes
 from ..report import TARGET_SERIES, Report
 
 WIDTH, HEIGHT, PAD_L, PAD_R, PAD_T, PAD_B = 1000, 360, 70, 200, 30, 40
-# what a runtime says it holds, drawn beside it: a JVM's live set after each collection
-RUNTIME_SERIES = ("jvm.live_set",)
 MAX_FUNCTIONS = 5  # stacks drawn, the heaviest over the window first
 
 
@@ -54,7 +53,8 @@ def render_window(report: Report) -> str:
         )
     span = max(report.window.ended - report.window.started, report.cycles[-1].end_s, 1.0)
     cumulated = {fn: _cumulated(pts) for fn, pts in stacks.items() if any(leaked for _, _, leaked in pts)}
-    runtime = [(n, report.counters.series[n]) for n in RUNTIME_SERIES if report.counters.series.get(n)]
+    # what the target's runtime says it holds (its face's series, which it labels), drawn beside it
+    runtime = [(n, report.counters.series[n]) for n in report.counters.labels if report.counters.series.get(n)]
     values = ([v for _, v in memory[1]] if memory else []) + [b for pts in stacks.values() for _, b, _ in pts]
     values += [v for _, pts in runtime for _, v in pts]
     values += [b for pts in cumulated.values() for _, b in pts]

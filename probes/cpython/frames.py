@@ -16,6 +16,7 @@ from memdiag.system._parse import Model
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number
 
 from ..procmaps import AddressSpace
+from . import MODULE, STDLIB_MODULE
 from .code import Codes
 from .holder import Holders
 from .memory import Memory
@@ -26,7 +27,6 @@ ADDRESS_MASK = LAST_IN_CALL - 1
 PY_TRUNCATED, PY_READ_FAILED = 1, 2  # py_stack.flags (bpf/memdiag.h)
 EVAL_LOOP = frozenset({"_PyEval_EvalFrameDefault"})
 MAX_THREADS = 64  # thread states looked through (bpf/memdiag.h's PY_MAX_THREADS)
-MODULE, STDLIB_MODULE = "python", "python stdlib"  # a Python frame's module, as the wrappers list sees it
 C_LIBRARY = ("libc.so.6", "libm.so.6")  # native frames a Python call path's allocation may pass through
 
 

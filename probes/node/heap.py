@@ -15,12 +15,12 @@ from pathlib import Path
 from memdiag.system._parse import Model
 from memdiag.system.clock import wall
 from memdiag.system.perfmap import perf_map_path, perf_map_size
-from memdiag.system.runtime import read_runtime
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_duration
 
 from ..face import Cost, Face, ProbeResult, plain
 from ..reader import reads_cost
+from ..registry import REGISTRY
 from . import view as nodeview
 
 INTERVAL_S = 2.0  # smaps walks every page table of the process: a read every two seconds
@@ -60,7 +60,7 @@ def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Cal
     base = NodeHeapResult(status="unavailable", target=target.describe(), started=started)
     if target.kind != "pid" or target.pid is None:
         return base.model_copy(update={"reason": "reads one Node.js process: give --pid"})
-    runtime = read_runtime(target.pid)
+    runtime = REGISTRY.recognise(target.pid)
     if runtime is None or runtime.name != "node":
         return base.model_copy(update={"reason": f"PID {target.pid} does not run Node.js"})
     # here, not at the top: the registry imports this face for every target, native ones included

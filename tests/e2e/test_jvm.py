@@ -97,7 +97,7 @@ def test_a_static_retry_list_is_growth_in_the_java_heap_named_by_class_method_an
         assert "detached early: its measured cost went over the budget" in trail(rep, "probe", "jfr")[0]["reason"]
         over = 0.01
     assert rep["overhead"]["measured_percent"] <= rep["overhead"]["budget_percent"] * (1 + over)
-    rows = {r["name"]: r for r in rep["counters"]["rows"] if r["scope"] == "jvm"}
+    rows = {r["name"]: r for r in rep["counters"]["rows"] if r["scope"] == "runtime"}
     # G1's counters give each generation's maximum as -Xmx plus a few bytes of its own bookkeeping
     assert abs(rows["heap_max"]["last"] - (512 << 20)) < 1024 and rows["heap_growth_share"]["last"] >= 50
     assert rep["counters"]["trends"]["jvm.live_set"]["shape"] == "climbing"
@@ -156,7 +156,7 @@ def test_a_heap_near_its_maximum_thrashing_in_gc_is_pressure_in_the_java_heap(me
     v = rep["verdict"]
     assert v["kind"] == "pressure" and v["rule"] == "java-heap-pressure", v["summary"]
     assert "pressure inside the Java heap" in v["summary"]
-    rows = {r["name"]: r for r in rep["counters"]["rows"] if r["scope"] == "jvm"}
+    rows = {r["name"]: r for r in rep["counters"]["rows"] if r["scope"] == "runtime"}
     assert rows["live_set_percent"]["last"] >= 80 and rows["gc_share"]["last"] > 7.7
     assert any(f["id"] == "java-heap-held" and "HeapThrash.records" in f["summary"] for f in rep["findings"])
 

@@ -13,7 +13,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from memdiag.system.runtime import read_go_build, read_runtime
+from memdiag.probes.registry import REGISTRY
+from memdiag.system.runtime import read_go_build
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from kit import go_version  # noqa: E402
@@ -39,7 +40,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def test_node_and_its_versions(workload):
     w = workload("nodeleak", "20")
-    r = read_runtime(w.pid)
+    r = REGISTRY.recognise(w.pid)
     node = subprocess.run(["node", "--version"], capture_output=True, text=True, check=True).stdout.strip()
     v8 = subprocess.run(["node", "-p", "process.versions.v8"], capture_output=True, text=True, check=True)
     assert (r.name, r.version, r.module) == ("node", node.removeprefix("v"), str(w.binary))
@@ -55,7 +56,7 @@ def test_each_jdk_and_its_version(root_required, tmp_path, home):
     said = re.search(r"^\s*java\.version = (\S+)$", settings.stderr, re.M)[1]
     proc = _started([java, "-Xmx32m", str(src)])
     try:
-        r = read_runtime(proc.pid)
+        r = REGISTRY.recognise(proc.pid)
     finally:
         _stop(proc)
     assert (r.name, r.version, r.module) == ("jvm", said, str(home / "lib" / "server" / "libjvm.so"))
@@ -64,7 +65,7 @@ def test_each_jdk_and_its_version(root_required, tmp_path, home):
 def test_cpython(root_required):
     proc = _started(["/usr/bin/python3", "-c", "import time; print('ready', flush=True); time.sleep(60)"])
     try:
-        r = read_runtime(proc.pid)
+        r = REGISTRY.recognise(proc.pid)
     finally:
         _stop(proc)
     # the exact version, from the Py_Version the interpreter exports (3.11+): as it says of itself
@@ -90,12 +91,12 @@ def test_a_mapped_binary_replaced_after_the_start_is_read_as_mapped(root_require
             decoy.symlink_to("/usr/bin/true")
         os.replace(decoy, exe)
         found: list = []
-        reader = threading.Thread(target=lambda: found.append(read_runtime(proc.pid)), daemon=True)
+        reader = threading.Thread(target=lambda: found.append(REGISTRY.recognise(proc.pid)), daemon=True)
         reader.start()
         reader.join(timeout=10)
     finally:
         _stop(proc)
-    assert found, "read_runtime did not return within 10 s (blocked on the planted file)"
+    assert found, "recognition did not return within 10 s (blocked on the planted file)"
     said = subprocess.run(["/usr/bin/python3.11", "-c", "import platform; print(platform.python_version())"],
                           capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
     assert (found[0].name, found[0].version) == ("cpython", said)
@@ -104,7 +105,7 @@ def test_a_mapped_binary_replaced_after_the_start_is_read_as_mapped(root_require
 @pytest.mark.parametrize("flags", [[], ["-ldflags=-s -w"]], ids=["plain", "stripped"])
 def test_a_go_program_built_here(workload, flags):
     w = workload("goerrmap", "20", flags=flags)
-    r = read_runtime(w.pid)
+    r = REGISTRY.recognise(w.pid)
     assert (r.name, r.version, r.module) == ("go", go_version().removeprefix("go"), str(w.binary))
     assert r.detail == "module memdiag.test/workloads/goerrmap"
     assert r.describe() == f"Go {r.version} ({w.binary}; module memdiag.test/workloads/goerrmap)"
@@ -121,4 +122,4 @@ def test_the_distributions_go_binaries(root_required, path):
 
 def test_a_native_program_is_none(workload):
     w = workload("leak", "64")
-    assert read_runtime(w.pid) is None
+    assert REGISTRY.recognise(w.pid) is None

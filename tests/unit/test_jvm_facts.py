@@ -4,16 +4,21 @@ the flight recorder's face: only declared facts, its rows, stacks and sections, 
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from memdiag.diagnose.evidence import build_counters
-from memdiag.diagnose.jvmheap import jvm_facts, jvm_rows, jvm_sections, jvm_series, live_points
 from memdiag.diagnose.observe import Observation
+from memdiag.diagnose.render.markdown import render_markdown
+from memdiag.diagnose.report import Counters
 from memdiag.diagnose.snapshot import Snapshot
 from memdiag.diagnose.workflow import load_rules
 from memdiag.probes.face import Budget, Context, ProbeStatus, RowContext
+from memdiag.probes.jvm import RUNTIME
 from memdiag.probes.jvm import plan as jplan
 from memdiag.probes.jvm.attach import Jvm
 from memdiag.probes.jvm.costs import Price
+from memdiag.probes.jvm.counters import live_points
 from memdiag.probes.jvm.jfr import Tool
 from memdiag.probes.jvm.probe import JfrResult
 from memdiag.probes.jvm.recording import held, parse_recording, parse_time
@@ -25,6 +30,7 @@ from memdiag.system.process import ProcessMemory
 from memdiag.system.target import Target
 from memdiag.system.vmstat import VmStat
 from test_jfr_recording import T0, recording_json
+from test_render import fixture_report
 
 MiB, GiB = 1 << 20, 1 << 30
 
@@ -45,12 +51,29 @@ def sample(
 def observation(samples: list[JvmSample]) -> Observation:
     snaps = [
         Snapshot(t=float(t), wall=1.8e9 + t, meminfo=MemInfo(mem_total=8 * GiB, mem_available=6 * GiB),
-                 vmstat=VmStat(counters={}), jvm=j,
+                 vmstat=VmStat(counters={}), runtime=j,
                  process=ProcessMemory(pid=7, comm="java", cmdline=["java"], rss=j.memory.rss if j.memory else None))
         for t, j in enumerate(samples)
     ]  # fmt: skip
-    return Observation(target=Target.for_pid(7, "java"), requested_s=30, started=1.8e9, ended=1.8e9 + len(snaps),
-                       snapshots=snaps)  # fmt: skip
+    return Observation(target=Target.for_pid(7, "java"), runtime="jvm", requested_s=30, started=1.8e9,
+                       ended=1.8e9 + len(snaps), snapshots=snaps)  # fmt: skip
+
+
+def jvm_facts(obs: Observation) -> dict:
+    """What the JVM's runtime face says of the window, as the diagnosis asks it."""
+    return RUNTIME.facts_of(obs.runtime_samples(), 7)
+
+
+def jvm_rows(obs: Observation):
+    return RUNTIME.rows(obs.runtime_samples())
+
+
+def jvm_sections(obs: Observation):
+    return RUNTIME.sections(obs.runtime_samples())
+
+
+def jvm_series(obs: Observation):
+    return RUNTIME.series(obs.runtime_samples(), obs.snapshots[0].t)
 
 
 def leaking() -> Observation:
@@ -70,14 +93,15 @@ def test_a_remark_pause_after_the_last_collection_is_no_level():
                 90 * MiB + t * 2 * MiB, remarks=int(t >= 27))
          for t in range(31)]
     )  # fmt: skip
-    assert [t for t, _ in live_points([(s.t, s.jvm.counters) for s in obs.snapshots])] == [3, 6, 9, 12, 15, 18, 21, 24]
+    points = live_points([(s.t, s.runtime.counters) for s in obs.snapshots])
+    assert [t for t, _ in points] == [3, 6, 9, 12, 15, 18, 21, 24]
     f = jvm_facts(obs)
     assert f["jvm.live_set_shape"] == "climbing" and f["jvm.gc_count"] == 9
 
 
 def test_the_live_set_is_one_point_per_collection_and_the_heap_holds_the_growth():
     obs = leaking()
-    points = live_points([(s.t, s.jvm.counters) for s in obs.snapshots])
+    points = live_points([(s.t, s.runtime.counters) for s in obs.snapshots])
     assert len(points) == 10  # the samples right after each collection, not the repeats between them
     f = jvm_facts(obs)
     assert f["jvm.live_set_shape"] == "climbing" and f["jvm.live_set"] == 80 * MiB
@@ -91,6 +115,21 @@ def test_the_live_set_is_one_point_per_collection_and_the_heap_holds_the_growth(
     assert counters.trends["jvm.live_set"].rate_per_s == pytest.approx(f["jvm.live_set_rate"])
     (sec,) = jvm_sections(obs)
     assert sec.title == "Java heap: where the RSS is" and sec.rows[0][:1] == ["Java heap"]
+
+
+def test_a_report_json_of_the_release_before_runtime_faces_still_loads():
+    """Its JVM counters were scoped `jvm` and its series unlabelled: read as the runtime's, as
+    `memdiag verify` reads an earlier run's report; rendered as they were."""
+    counters = build_counters(leaking())
+    assert counters.runtime == "JVM" and {r.scope for r in counters.rows} >= {"runtime"}
+    old = json.loads(counters.model_dump_json())
+    del old["runtime"], old["labels"]
+    old["rows"] = [{**r, "scope": "jvm"} if r["scope"] == "runtime" else r for r in old["rows"]]
+    assert Counters.model_validate(old) == counters
+    report = fixture_report()
+    md = render_markdown(report.model_copy(update={"counters": Counters.model_validate(old)}))
+    assert "### JVM counters" in md and "| JVM live set (after collections) |" in md
+    assert "| Java heap maximum (-Xmx) |" in md
 
 
 def verdict(facts: dict) -> str:

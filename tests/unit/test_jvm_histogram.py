@@ -5,12 +5,11 @@ from them (the flight recording over the budget, the histograms' in its place)."
 from __future__ import annotations
 
 import pytest
-from memdiag.diagnose.jvmheap import jvm_facts
 from memdiag.diagnose.workflow import load_rules
 from memdiag.probes.jvm import costs
 from memdiag.probes.jvm.histogram import FACE, HistogramPlan, HistogramResult, grown, parse_histogram
 from memdiag.rules.engine import run_rules
-from test_jvm_facts import BASE, leaking, verdict
+from test_jvm_facts import BASE, jvm_facts, leaking, verdict
 
 MiB = 1 << 20
 # OpenJDK 17's answer, cut: the JVM prints each class once per loader, hidden classes with their address

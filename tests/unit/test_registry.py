@@ -100,19 +100,22 @@ def _name_lists(path: Path, names: set[str]) -> list[str]:
     return found
 
 
-def test_no_second_list_of_probes_in_the_package():
-    names = set(REGISTRY.names)
+@pytest.mark.parametrize("kind", ["probe", "runtime"])
+def test_no_second_list_of_probes_or_runtimes_in_the_package(kind):
+    names = set(REGISTRY.names if kind == "probe" else REGISTRY.runtime_names())
     lists = []
     for package in ("probes", "diagnose", "rules", "system"):
         for path in sorted((ROOT / package).rglob("*.py")):
             if path.name != "registry.py":
                 lists += _name_lists(path, names)
-    assert not lists, "probe names listed outside probes/registry.py"
+    assert not lists, f"{kind} names listed outside probes/registry.py"
 
 
 def test_the_rule_model_loads_no_probe_loader():
     code = "import sys, memdiag.rules.model; print(sorted(m for m in sys.modules if m.startswith('memdiag.probes')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    # the registry and the face's types: no loader (the catalog reads the faces when first asked)
-    assert out.stdout.strip() == "['memdiag.probes', 'memdiag.probes.face', 'memdiag.probes.registry']"
+    # the registry and the faces' types (a probe's, a runtime's): no loader (the catalog reads the
+    # faces when first asked)
+    loaded = "['memdiag.probes', 'memdiag.probes.face', 'memdiag.probes.registry', 'memdiag.probes.runtime']"
+    assert out.stdout.strip() == loaded

@@ -350,7 +350,8 @@ def cycles_report() -> Report:
                                   probes=["memleak"], stacks=stacks))  # fmt: skip
     report = fixture_report()
     series = {**report.counters.series, "jvm.live_set": [(float(t), 40 * MiB + MiB * t / 3) for t in range(0, 31, 6)]}
-    counters = report.counters.model_copy(update={"series": series})
+    labels = {"jvm.live_set": "JVM live set (after collections)"}  # the runtime's series, as its face names them
+    counters = report.counters.model_copy(update={"series": series, "labels": labels})
     return report.model_copy(update={"cycles": cycles, "counters": counters})
 
 

@@ -7,7 +7,8 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from memdiag.system.runtime import parse_go_buildinfo, parse_jdk_release, read_runtime
+from memdiag.probes.registry import REGISTRY
+from memdiag.system.runtime import parse_go_buildinfo, parse_jdk_release
 
 MAGIC = b"\xff Go buildinf:"
 # cmd/go's sentinels around the module info (modload.infoStart / infoEnd), 16 bytes each
@@ -52,7 +53,7 @@ def _blob(version: str, modinfo: str, pad: int = 0) -> bytes:
 
 def test_cpython_is_named_by_its_mapping(tmp_path):
     proc = _proc(tmp_path, "/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/bin/python3.11")
-    r = read_runtime(42, proc)
+    r = REGISTRY.recognise(42, proc)
     assert (r.name, r.version, r.module) == ("cpython", "3.11", "/usr/bin/python3.11")
     assert r.describe() == "CPython 3.11 (/usr/bin/python3.11)"
 
@@ -61,7 +62,7 @@ def test_a_jvm_takes_its_version_from_the_jdks_release_file(tmp_path):
     home = "/usr/lib/jvm/java-17-openjdk-amd64"
     release = 'IMPLEMENTOR="Debian"\nJAVA_RUNTIME_VERSION="17.0.15+6-Debian-1deb12u1"\nJAVA_VERSION="17.0.15"\n'
     proc = _proc(tmp_path, f"{home}/lib/server/libjvm.so", files={f"{home}/release": release})
-    r = read_runtime(42, proc)
+    r = REGISTRY.recognise(42, proc)
     assert (r.name, r.version, r.detail) == ("jvm", "17.0.15", "Debian 17.0.15+6-Debian-1deb12u1")
     assert r.describe() == f"JVM 17.0.15 ({home}/lib/server/libjvm.so; Debian 17.0.15+6-Debian-1deb12u1)"
 
@@ -71,27 +72,27 @@ def test_a_jdk8_layout_and_a_jdk_without_release_file(tmp_path):
     proc = _proc(
         tmp_path, f"{home}/jre/lib/amd64/server/libjvm.so", files={f"{home}/release": 'JAVA_VERSION="1.8.0_392"\n'}
     )
-    assert read_runtime(42, proc).version == "1.8.0_392"
+    assert REGISTRY.recognise(42, proc).version == "1.8.0_392"
     bare = _proc(tmp_path / "b", "/usr/lib/jvm/temurin-25-jdk-amd64/lib/server/libjvm.so")
-    r = read_runtime(42, bare)
+    r = REGISTRY.recognise(42, bare)
     assert (r.version, r.detail) == ("25", "version from the folder name temurin-25-jdk-amd64")
     nowhere = _proc(tmp_path / "c", "/srv/app/libjvm.so")
-    assert (read_runtime(42, nowhere).name, read_runtime(42, nowhere).version) == ("jvm", None)
+    assert (REGISTRY.recognise(42, nowhere).name, REGISTRY.recognise(42, nowhere).version) == ("jvm", None)
 
 
 def test_node_is_recognised_by_its_binary_or_libnode_even_unreadable(tmp_path):
-    r = read_runtime(42, _proc(tmp_path, "/usr/bin/node"))
+    r = REGISTRY.recognise(42, _proc(tmp_path, "/usr/bin/node"))
     assert (r.name, r.version, r.module) == ("node", None, "/usr/bin/node")
     assert r.describe() == "Node.js (version unknown) (/usr/bin/node)"
-    lib = read_runtime(42, _proc(tmp_path / "b", "/usr/bin/nodejs", "/usr/lib/x86_64-linux-gnu/libnode.so.108"))
+    lib = REGISTRY.recognise(42, _proc(tmp_path / "b", "/usr/bin/nodejs", "/usr/lib/x86_64-linux-gnu/libnode.so.108"))
     assert lib.name == "node"
 
 
 def test_native_code_and_a_gone_process_are_none(tmp_path):
     proc = _proc(tmp_path, "/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libssl.so.3")
     (proc / "42" / "exe").write_bytes(b"\x7fELF not really")
-    assert read_runtime(42, proc) is None
-    assert read_runtime(43, proc) is None
+    assert REGISTRY.recognise(42, proc) is None
+    assert REGISTRY.recognise(43, proc) is None
 
 
 def test_go_build_info_inline_strings():
@@ -127,13 +128,11 @@ def test_jdk_release_values_lose_their_quotes():
 
 
 def test_the_runtimes_name_alone_is_read_from_the_mappings():
-    from memdiag.system.runtime import parse_mapped_runtime_name
-
-    assert parse_mapped_runtime_name(_maps("/usr/bin/node")) == "node"
-    assert parse_mapped_runtime_name(_maps("/usr/lib/libpython3.11.so.1.0")) == "cpython"
-    assert parse_mapped_runtime_name(_maps("/usr/lib/jvm/x/lib/server/libjvm.so")) == "jvm"
-    assert parse_mapped_runtime_name(_maps("/usr/lib/x86_64-linux-gnu/libc.so.6")) is None
-    assert parse_mapped_runtime_name("") is None  # nothing mapped
+    assert REGISTRY.mapped_runtime(_maps("/usr/bin/node")) == "node"
+    assert REGISTRY.mapped_runtime(_maps("/usr/lib/libpython3.11.so.1.0")) == "cpython"
+    assert REGISTRY.mapped_runtime(_maps("/usr/lib/jvm/x/lib/server/libjvm.so")) == "jvm"
+    assert REGISTRY.mapped_runtime(_maps("/usr/lib/x86_64-linux-gnu/libc.so.6")) is None
+    assert REGISTRY.mapped_runtime("") is None  # nothing mapped
 
 
 def test_cpythons_exact_version_is_its_own_py_version(tmp_path):
@@ -145,6 +144,6 @@ def test_cpythons_exact_version_is_its_own_py_version(tmp_path):
 
     # this interpreter's file (3.11+ exports Py_Version), and a running process's line
     assert cpython_version(Path(os.path.realpath(sys.executable))) == platform.python_version()
-    assert read_runtime(os.getpid()).version == platform.python_version()
+    assert REGISTRY.recognise(os.getpid()).version == platform.python_version()
     (tmp_path / "python3.12").write_bytes(b"\x7fELF not really")
     assert cpython_version(tmp_path / "python3.12") is None  # the name's 3.12 stands then

@@ -1,6 +1,7 @@
-"""A JVM target's heap over the window, from its own counters (hsperfdata, read with every sample:
-diagnose/snapshot.py) and its RSS split (smaps): the facts the playbook reads (jvm.*) and the
-report's section on them. Facts only; what they mean is the playbook's.
+"""A JVM target's heap over the window, from its own counters (hsperfdata) and its RSS split
+(smaps), read with every sample of the window (the JVM's runtime face, probes/jvm/__init__.py):
+the facts the playbook reads (jvm.*), the counters table, the live set's series and the report's
+section on them. Facts only; what they mean is the playbook's.
 
 The live set is what the heap holds just after collections: every space but eden (old and
 survivors, which only a collection fills), as the counters say at each sample; for a heap of one
@@ -11,17 +12,12 @@ growth inside the heap's address range says whether the growth is the Java heap'
 
 from __future__ import annotations
 
-from memdiag.probes.face import Section
 from memdiag.system.jvm import JvmCounters, JvmMemory, JvmSample
 from memdiag.system.trends import growth_trend
 from memdiag.system.units import fmt_bytes
 
-from .observe import Observation
-from .report import CounterRow
-
-
-def _samples(obs: Observation) -> list[tuple[float, JvmSample]]:
-    return [(s.t, s.jvm) for s in obs.snapshots if s.jvm is not None]
+from ..face import Section
+from ..runtime import RuntimeRow
 
 
 def _counted(samples: list[tuple[float, JvmSample]]) -> list[tuple[float, JvmCounters]]:
@@ -63,9 +59,8 @@ def _gc_share(counted: list[tuple[float, JvmCounters]]) -> float | None:
     return 100 * max(0.0, b.gc_time_s - a.gc_time_s) / (t1 - t0)
 
 
-def jvm_facts(obs: Observation) -> dict:
-    """The jvm.* facts of a JVM target; {} for any other target."""
-    samples = _samples(obs)
+def jvm_facts(samples: list[tuple[float, JvmSample]], _pid: int | None = None) -> dict:
+    """The jvm.* facts of a JVM target over its samples; {} without any."""
     if not samples:
         return {}
     counted = _counted(samples)
@@ -120,39 +115,35 @@ def _rss_split_facts(mems: list[JvmMemory]) -> dict:
 # --- the report's tables ---------------------------------------------------------------------------
 
 
-def jvm_series(obs: Observation) -> dict[str, list[tuple[float, float]]]:
-    """The live set after each collection, for the Trends table (seconds from the first sample)."""
-    if not obs.snapshots:
-        return {}
-    t0 = obs.snapshots[0].t
-    points = live_points(_counted(_samples(obs)))
+def jvm_series(samples: list[tuple[float, JvmSample]], t0: float) -> dict[str, list[tuple[float, float]]]:
+    """The live set after each collection, for the Trends table (seconds from t0, the window's first sample)."""
+    points = live_points(_counted(samples))
     return {"jvm.live_set": [(round(t - t0, 3), v) for t, v in points]} if points else {}
 
 
-def jvm_rows(obs: Observation) -> list[CounterRow]:
-    """The JVM counters table (scope jvm): the figures the jvm.* facts state."""
-    counted = _counted(_samples(obs))
+def jvm_rows(samples: list[tuple[float, JvmSample]]) -> list[RuntimeRow]:
+    """The JVM counters table: the figures the jvm.* facts state."""
+    counted = _counted(samples)
     if not counted:
         return []
     a, b = counted[0][1], counted[-1][1]
-    f = jvm_facts(obs)
+    f = jvm_facts(samples)
     rows = [
-        CounterRow(scope="jvm", name=n, unit="bytes", first=getattr(a, n), last=getattr(b, n))
+        RuntimeRow(name=n, unit="bytes", first=getattr(a, n), last=getattr(b, n))
         for n in ("heap_max", "heap_committed", "heap_used", "metaspace_committed")
     ]
     rows += [
-        CounterRow(scope="jvm", name=n, unit="count", first=getattr(a, n), last=getattr(b, n))
-        for n in ("gc_count", "full_gc_count")
+        RuntimeRow(name=n, unit="count", first=getattr(a, n), last=getattr(b, n)) for n in ("gc_count", "full_gc_count")
     ]
     rows += [
-        CounterRow(scope="jvm", name=n, unit="percent", last=f.get(f"jvm.{n}"))
+        RuntimeRow(name=n, unit="percent", last=f.get(f"jvm.{n}"))
         for n in ("live_set_percent", "gc_share", "gc_share_recent", "heap_growth_share")
     ]
-    mems = [j.memory for _, j in _samples(obs) if j.memory is not None]
+    mems = [j.memory for _, j in samples if j.memory is not None]
     if mems and mems[0].heap is not None and mems[-1].heap is not None:
         rows += [
-            CounterRow(scope="jvm", name="heap_rss", unit="bytes", first=mems[0].heap, last=mems[-1].heap),
-            CounterRow(scope="jvm", name="outside_rss", unit="bytes", first=mems[0].outside, last=mems[-1].outside),
+            RuntimeRow(name="heap_rss", unit="bytes", first=mems[0].heap, last=mems[-1].heap),
+            RuntimeRow(name="outside_rss", unit="bytes", first=mems[0].outside, last=mems[-1].outside),
         ]
     return rows
 
@@ -167,9 +158,8 @@ _PARTS = (
 )
 
 
-def jvm_sections(obs: Observation) -> list[Section]:
-    """Which JVM, and where its resident memory is, first and last sample (none for another target)."""
-    samples = _samples(obs)
+def jvm_sections(samples: list[tuple[float, JvmSample]]) -> list[Section]:
+    """Which JVM, and where its resident memory is, first and last sample (none without samples)."""
     if not samples:
         return []
     counted = _counted(samples)
