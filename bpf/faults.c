@@ -43,28 +43,10 @@ BPF_F_TABLE("hash", struct fault_key, struct stack_sample, samples, MAX_SAMPLES,
 BPF_PERCPU_ARRAY(scratch, struct stack_sample, 1);
 BPF_ARRAY(stats, u64, STACK_ST_COUNT);
 #if PY_FRAMES
-BPF_HASH(py_procs, u32, struct py_proc, 1024);
-BPF_F_TABLE("lru_hash", u32, struct py_thread, py_threads, 8192, 0);
-BPF_PERCPU_ARRAY(py_scratch, struct py_scratch, 1);
+/* py_procs, py_threads, py_scratch and py_now(): spliced in by probes/compiler.py (bpf/pynow.h) */
+#include "pynow.h"
 /* the Python stack of each key, recorded with its first stack copy */
 BPF_F_TABLE("hash", struct fault_key, struct py_stack, pystacks, MAX_SAMPLES, BPF_F_NO_PREALLOC);
-
-/* The hash of the calling thread's Python stack (0: not a CPython thread), its frames in *out. */
-static __always_inline u64 py_now(u64 id, struct py_scratch **out)
-{
-	u32 tgid = id >> 32, tid = (u32)id;
-	int zero = 0;
-	struct py_proc *p = py_procs.lookup(&tgid);
-	struct py_scratch *s = py_scratch.lookup(&zero);
-	if (!p || !s)
-		return 0;
-	struct py_thread fresh;
-	u64 ts = py_tstate(p, tid, py_threads.lookup(&tid), &fresh);
-	if (fresh.looked_ns)
-		py_threads.update(&tid, &fresh);
-	*out = s;
-	return ts ? py_walk(p, ts, s) : 0;
-}
 #endif
 
 RAW_TRACEPOINT_PROBE(page_fault_user)

@@ -1,7 +1,7 @@
 /* The current thread's CPython frames, walked at the event (an allocation, a page fault, an
  * mmap): they are gone by the time user space could look. The walk touches no map (bcc rewrites
- * map calls only in the main file): a probe keeps its py_procs, py_threads and py_scratch maps
- * and hands their entries in. Layout (struct py_proc) and records (struct py_stack) are in
+ * map calls only in the main file): the maps and py_now(), which hands their entries in, are
+ * pynow.h's, pasted into each program's text by probes/compiler.py. Layout (struct py_proc) and records (struct py_stack) are in
  * memdiag.h; probes/cpython/ fills the one and reads the other.
  *
  * From the thread state of the current thread (found by its native_thread_id in the

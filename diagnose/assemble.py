@@ -60,6 +60,13 @@ def _spent_rows(plans: dict[str, Plan], window_s: float) -> list[ProbeStatus]:
     ]
 
 
+def _how(face: Face) -> dict:
+    """What a probe's row says of it beyond its run: no BPF (reads), a host-wide program, its stacks' kind."""
+    spec = REGISTRY.spec(face.name)
+    kind = face.stacks.kind if face.stacks is not None else None
+    return {"reads": not spec.bpf, "host_wide": spec.host_wide, "stacks": kind}
+
+
 def _probe_rows(result: EngineResult, window_s: float) -> list[ProbeStatus]:
     """Each probe's rows, in the registry's order, run or not (and why not)."""
     figures = probe_figures(result.facts)
@@ -68,7 +75,12 @@ def _probe_rows(result: EngineResult, window_s: float) -> list[ProbeStatus]:
         asked = [t for t in result.trail if t.kind == "probe" and t.name == face.name]
         why = asked[-1].reason if asked else "no rule asked for it"
         r, plan = result.results.get(face.name), result.plans.get(face.name)
-        rows += face.table(r, plan, window_s, figures, why)
+        spec = REGISTRY.spec(face.name)  # the report carries what its renderers say of the probe's cost
+        how = {"reads": not spec.bpf, "host_wide": spec.host_wide}
+        rows += [
+            row.model_copy(update=how) if row.name == face.name else row
+            for row in face.table(r, plan, window_s, figures, why)
+        ]
     return rows
 
 

@@ -50,26 +50,20 @@ def watch(engine, sampler) -> None:
     index, start, told = 0, 0.0, None
     trail = TrailFold(engine.trail)
     while sampler.alive() and not interrupted() and start < engine.duration:
-        engine.cycle_end = min(start + engine.cycle_s, engine.duration)
-        engine.decided, engine.results, engine.spent_ns, engine.options = set(), {}, 0.0, {}
-        mark = len(engine.trail)
-        engine._rounds(sampler)
+        end = min(start + engine.cycle_s, engine.duration)
+        mark = engine.begin_cycle(end)
+        engine.rounds(sampler)
         with phase(f"counters (cycle {index + 1})"):
-            sampler.wait(max(0.0, engine.cycle_end - engine.elapsed()), interrupted)
+            sampler.wait(max(0.0, end - engine.elapsed()), interrupted)
         obs = sampler.so_far()
-        engine.records.append(record(index, start, engine.elapsed(), obs, engine.results, engine.classes))
-        engine.trail = trail.add(index, engine.trail[mark:])
-        for name, r in engine.results.items():
-            engine.kept[name] = kept(engine.kept.get(name), r)
-        index, start = index + 1, engine.cycle_end
+        seen = record(index, start, engine.elapsed(), obs, engine.results, engine.classes)
+        engine.end_cycle(seen, trail.add(index, engine.trail[mark:]))
+        index, start = index + 1, end
         due = told is None or engine.elapsed() - told >= INTERIM_EVERY_S
         if engine.on_cycle is not None and due and sampler.alive() and not interrupted():
             told = engine.elapsed()
-            engine.results = dict(engine.kept)  # the window so far speaks through what each probe kept
-            done = f"cycle {index} of {math.ceil(engine.duration / engine.cycle_s)}"
-            engine.on_cycle(engine._finish(obs, False, interim=done))
-    engine.cycle_end = None
-    engine.results = dict(engine.kept)
+            engine.on_cycle(engine.interim(obs, f"cycle {index} of {math.ceil(engine.duration / engine.cycle_s)}"))
+    engine.end_cycles()
 
 
 class TrailFold:

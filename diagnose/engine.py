@@ -34,7 +34,7 @@ from . import cycles
 from .culprit import Classes, default_classes
 from .factset import window_facts
 from .observe import Observation, Sampler
-from .report import Counters
+from .report import Counters, CycleRecord
 from .snapshot import Snapshot
 from .triage import Triage
 from .verdict import EngineResult, interruption, partial_verdict, rule_steps, verdict_of
@@ -288,7 +288,7 @@ class Engine:
             sampler.wait(first_look, interrupted)
         try:
             if self.cycle_s is None:
-                self._rounds(sampler)
+                self.rounds(sampler)
             else:
                 cycles.watch(self, sampler)
         except KeyboardInterrupt:  # a caller that did not catch signals (memdiag's CLI does)
@@ -300,9 +300,9 @@ class Engine:
         obs = sampler.so_far()
         if interrupted():
             obs = obs.model_copy(update={"interrupted": True})
-        return self._finish(obs, rules_cut)
+        return self.finish(obs, rules_cut)
 
-    def _rounds(self, sampler: Sampler) -> None:
+    def rounds(self, sampler: Sampler) -> None:
         """Rules on the counters so far and the probes they ask for, again; where they ask for
         nothing new, they look again every look_every() while a probe could still run (in a long
         window's cycle, at the next cycle)."""
@@ -324,10 +324,36 @@ class Engine:
             with phase("counters (looking again)"):
                 sampler.wait(wait, interrupted)
 
+    # --- a long window's cycles (diagnose/cycles.py watches them; the state is the engine's) ------
+    def begin_cycle(self, end_s: float) -> int:
+        """A cycle begins, ending end_s into the window: the rules may ask for each probe again once
+        in it, the budget's ledger starts afresh. Returns where its steps begin in the trail."""
+        self.cycle_end = end_s
+        self.decided, self.results, self.spent_ns, self.options = set(), {}, 0.0, {}
+        return len(self.trail)
+
+    def end_cycle(self, record: CycleRecord, trail: list[TrailItem]) -> None:
+        """A cycle ended: what it saw kept, the trail as folded so far, and for each probe that ran
+        in it, the result that now speaks for the window (its face's keep)."""
+        self.records.append(record)
+        self.trail = trail
+        for name, r in self.results.items():
+            self.kept[name] = cycles.kept(self.kept.get(name), r)
+
+    def interim(self, obs: Observation, done: str) -> EngineResult:
+        """The window so far, as each probe's kept result says it, while it still runs."""
+        self.results = dict(self.kept)
+        return self.finish(obs, False, interim=done)
+
+    def end_cycles(self) -> None:
+        """The last cycle ended: the window speaks through what each probe kept."""
+        self.cycle_end = None
+        self.results = dict(self.kept)
+
     def look_every(self) -> float:
         return max(FIRST_LOOK_MIN_S, LOOK_AGAIN_SHARE * self.duration)
 
-    def _finish(self, obs: Observation, rules_cut: bool, interim: str | None = None) -> EngineResult:
+    def finish(self, obs: Observation, rules_cut: bool, interim: str | None = None) -> EngineResult:
         """The rules on the whole window and every probe's facts, each in the trail; the verdict.
         interim: the window still runs (a long one, after a cycle): said, and the trail kept as it was."""
         facts, counters, tri = self.facts_of(obs)

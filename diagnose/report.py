@@ -250,3 +250,20 @@ class Report(_Model):
     verification: Verification | None = None  # memdiag verify: the earlier report's culprits now
     cycles: list[CycleRecord] = []  # a long window's cycles (empty: a window watched in one go)
     interim: str | None = None  # a report written while the window still runs: how far it is
+
+    @model_validator(mode="before")
+    @classmethod
+    def _probes_cost_said(cls, data: Any) -> Any:
+        """A report.json written before its probe rows said how each probe's cost is measured (its
+        reads, or a host-wide program's run time) and what its stacks are: said as the registry
+        says of the probe."""
+        if not isinstance(data, dict) or not isinstance(data.get("probes"), list):
+            return data
+        rows = []
+        for row in data["probes"]:
+            if isinstance(row, dict) and "reads" not in row and row.get("name") in REGISTRY.names:
+                spec, face = REGISTRY.spec(row["name"]), REGISTRY.face(row["name"])
+                kind = face.stacks.kind if face.stacks is not None else None
+                row = {**row, "reads": not spec.bpf, "host_wide": spec.host_wide, "stacks": kind}
+            rows.append(row)
+        return {**data, "probes": rows}

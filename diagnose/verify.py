@@ -17,7 +17,6 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from memdiag.probes.registry import REGISTRY
 from memdiag.system.processes import read_all_processes
 from memdiag.system.trends import growth_trend
 from memdiag.system.units import fmt_rate
@@ -137,7 +136,7 @@ def _times(n: int, seconds: float | None) -> list[float]:
 
 def _stacks(report: Report) -> list[_Seen]:
     runs = {p.name: p.duration_s for p in report.probes}
-    traced = _allocation_probes()
+    traced = _allocation_probes(report)
     return [_Seen(s, runs.get(s.probe)) for s in report.stacks if s.probe in traced]
 
 
@@ -194,13 +193,13 @@ def compare(base: Report, new: Report, baseline: Path, found_by: str) -> Verific
     )
 
 
-def _allocation_probes() -> set[str]:
-    """The probes whose stacks are allocations outstanding (their bytes are what a leak keeps)."""
-    return {f.name for f in REGISTRY.stack_faces() if f.stacks is not None and f.stacks.kind == "allocations"}
+def _allocation_probes(report: Report) -> set[str]:
+    """The report's probes whose stacks are allocations outstanding (their bytes are what a leak keeps)."""
+    return {p.name for p in report.probes if p.stacks == "allocations"}
 
 
 def _traced(report: Report) -> bool:
-    traced = _allocation_probes()
+    traced = _allocation_probes(report)
     return any(p.name in traced and p.status in ("ok", "partial") for p in report.probes)
 
 

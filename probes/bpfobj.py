@@ -18,6 +18,7 @@ from functools import cache
 from pathlib import Path
 
 from memdiag.system import identity
+from memdiag.system.signals import INTERRUPTION, interrupted
 
 from . import bpfsys as sys_
 from .elf import elf_info
@@ -167,6 +168,10 @@ class Table:
 class Function:
     def __init__(self, name: str, fd: int):
         self.name, self.fd = name, fd
+
+
+def _not_attached() -> sys_.Interrupted:
+    return sys_.Interrupted(0, f"not attached: {INTERRUPTION.signal_name} came while the probes were attached")
 
 
 @dataclass(frozen=True)
@@ -339,15 +344,20 @@ class Program:
             groups.setdefault((u.fn_name, u.path, u.ret, u.pid), []).append(u)
         failures: list[tuple[object, OSError]] = []
         for (fn_name, path, ret, pid), probes in groups.items():
+            if interrupted():  # each group loads and verifies a program: a signal stops the attaching
+                failures.extend((u.tag, _not_attached()) for u in probes)
+                continue
             try:
                 if _MULTI[0] is not False and self._link(fn_name, path, ret, pid, probes):
                     continue
-            except identity.TargetChanged as e:  # not the target's process: none of them is attached
+            except (identity.TargetChanged, sys_.Interrupted) as e:  # none of them is attached
                 failures.extend((u.tag, e) for u in probes)
                 continue
             refused = len(failures)
             for u in probes:  # one by one: a refused probe fails alone
                 try:
+                    if interrupted():
+                        raise _not_attached()
                     self._probe("uprobe", u.fn_name, u.path, u.offset, u.ret, u.pid)
                 except OSError as e:
                     failures.append((u.tag, e))
@@ -362,6 +372,8 @@ class Program:
         try:
             fn = self.load_func(fn_name, sys_.PROG_KPROBE, sys_.TRACE_UPROBE_MULTI)
             fd = sys_.uprobe_multi_link(fn.fd, path, offsets, ret, pid)
+        except sys_.Interrupted:
+            raise  # not a refusal of links: nothing is attached one by one instead
         except OSError:
             return False
         try:

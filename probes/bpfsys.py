@@ -15,6 +15,7 @@ from functools import cache
 from pathlib import Path
 
 from memdiag.system import arch
+from memdiag.system.signals import INTERRUPTION
 
 _libc = ct.CDLL(None, use_errno=True)
 _libc.syscall.restype = ct.c_long
@@ -44,6 +45,11 @@ class BpfError(OSError):
 
     def __str__(self) -> str:
         return self.strerror or super().__str__()
+
+
+class Interrupted(BpfError):
+    """A load the verifier gave up for a signal memdiag is stopping for (SIGINT, SIGTERM): not a
+    refusal, and nothing to try again or another way."""
 
 
 def _nr(name: str) -> int:
@@ -214,10 +220,16 @@ def prog_load(prog_type: int, name: str, insns: bytes, license: str, kern_versio
     attr.kern_version = kern_version
     attr.expected_attach_type = attach_type
     attr.prog_name = name.encode()[:15]
-    try:
-        return _bpf(PROG_LOAD, attr, f"loading {name}")
-    except BpfError:
-        pass
+    # The verifier stops for any signal pending on the thread (EAGAIN) and its work is lost: a
+    # signal memdiag stops for ends the load; another (a child's end, a window resized) loads again.
+    for _attempt in range(_VERIFIER_RETRIES):
+        try:
+            return _bpf(PROG_LOAD, attr, f"loading {name}")
+        except BpfError as e:
+            if e.errno not in (errno.EAGAIN, errno.EINTR):
+                break
+            if INTERRUPTION.caught:
+                raise Interrupted(errno.EINTR, f"loading {name}: stopped by {INTERRUPTION.signal_name}") from None
     # Refused: load again with the verifier's log, which is what says why.
     log = ct.create_string_buffer(1 << 20)
     attr.log_level, attr.log_size, attr.log_buf = 1, len(log), ct.addressof(log)
@@ -226,6 +238,9 @@ def prog_load(prog_type: int, name: str, insns: bytes, license: str, kern_versio
     except BpfError as e:
         tail = log.value.decode(errors="replace").strip().splitlines()[-3:]
         raise BpfError(e.errno, f"{e.strerror}; verifier: {' / '.join(tail)}") from None
+
+
+_VERIFIER_RETRIES = 3
 
 
 def uprobe_multi_link(prog_fd: int, path: bytes, offsets: list[int], ret: bool, pid: int) -> int:

@@ -15,15 +15,10 @@ from . import bpfstats, kernel
 from .base import Run, run_probe
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import (
-    RawStack,
-    Spaces,
+    EventStacks,
     StackGrowth,
     event_stacks,
-    folded_lines,
     heaviest_function,
-    merge_stacks,
-    read_samples,
-    stack_losses,
 )
 from .procmaps import AddressSpace
 from .text import event_stack_lines
@@ -66,7 +61,7 @@ def build_options() -> dict[str, int | str]:
 
 
 def run(target: Target, duration: float, top: int = 50) -> BrkResult:
-    spaces = Spaces()
+    run = EventStacks()
 
     def seed(bpf, pids: set[int]) -> None:
         table = bpf["last_brk"]
@@ -77,34 +72,16 @@ def run(target: Target, duration: float, top: int = 50) -> BrkResult:
 
     def collect(bpf, _elapsed: float) -> dict:
         stats = bpfstats.read(bpf, bpfstats.STACK)
-        raw = [
-            RawStack(pid=key.tgid, fp_stack=fp, regs=regs, stack=data, count=v.calls, bytes=v.bytes)
-            for key, v, fp, regs, data in read_samples(bpf, bpf["counts"])
-        ]
-        stacks, failed = merge_stacks(raw, spaces)
+        stacks, failed = run.merge(raw for _key, raw in run.raw(bpf, lambda v: v.calls, lambda v: v.bytes))
         return {
             "events": stats["events"],
             "calls": stats["events"],
             "heap_growth": sum(s.bytes for s in stacks),
-            "stacks": stacks[:top],
-            "folded": folded_lines(stacks, weight="bytes"),
-            "lost": stack_losses(stats, failed),
+            **run.fields(stats, stacks, failed, top, weight="bytes"),
         }
 
-    return run_probe(
-        Run(
-            "brkstack",
-            BrkResult,
-            requirements(),
-            build_options(),
-            collect,
-            METHOD,
-            spaces=spaces,
-            attach=seed,
-        ),
-        target,
-        duration,
-    )  # type: ignore[return-value]
+    spec = Run("brkstack", BrkResult, requirements(), build_options(), collect, METHOD, spaces=run.spaces, attach=seed)
+    return run_probe(spec, target, duration)  # type: ignore[return-value]
 
 
 def facts_of(r: BrkResult | None, _plan, name) -> dict:

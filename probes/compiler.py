@@ -45,6 +45,21 @@ def source(name: str) -> Path:
     return Path(str(files("memdiag.bpf").joinpath(f"{name}.c")))
 
 
+# Shared BPF text with map calls in it: bcc rewrites those in the main file only, so a program's
+# `#include "NAME"` line of one of these is replaced by the file's text before bcc sees it.
+SPLICED = ("pynow.h",)
+
+
+def program_text(name: str) -> str:
+    """bpf/<name>.c as bcc compiles it: each include of a SPLICED file replaced by that file's text."""
+    src = source(name)
+    out = []
+    for line in src.read_text().splitlines(keepends=True):
+        spliced = next((f for f in SPLICED if line.strip() == f'#include "{f}"'), None)
+        out.append((src.parent / spliced).read_text() if spliced else line)
+    return "".join(out)
+
+
 def sha256():
     """A SHA-256 digest, as hashlib.sha256() gives it, from CPython's own implementation where it
     has one: hashlib maps OpenSSL's libcrypto, 3.5 MiB of memdiag's resident memory measured here,
@@ -175,7 +190,7 @@ def _compile(job: dict) -> dict:
     cflags = [f"-I{src.parent}", *(f"-D{k}={v}" for k, v in defines.items()), "-Wno-macro-redefined"]
     # bcc would attach TRACEPOINT_PROBEs on construction; the child only wants the bytecode.
     BPF._trace_autoload = lambda self: None
-    b = BPF(src_file=str(src).encode(), cflags=cflags)
+    b = BPF(text=program_text(job["name"]).encode(), cflags=cflags)
     try:
         m = b.module
         functions = {}

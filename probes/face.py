@@ -231,6 +231,9 @@ class ProbeStatus(_Frozen):
     lost: dict[str, int] = {}  # what it could not record, by cause (nonzero only)
     figures: dict[str, float] = {}  # the facts it gave the rules (name -> value in the catalog's unit)
     on_target: bool = False  # its overhead was measured on the target (CPU time, traps, a pause), not BPF time
+    reads: bool = False  # it loads no BPF: its overhead is memdiag's time reading the target's memory or maps
+    host_wide: bool = False  # its BPF program runs for every process of the host and filters the target inside
+    stacks: Literal["allocations", "events"] | None = None  # what its stacks are (Stacks.kind); None: it has none
 
 
 class TrailItem(_Frozen):

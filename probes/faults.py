@@ -14,20 +14,10 @@ from memdiag.system.target import Target
 
 from . import bpfstats, kernel
 from .base import Run, run_probe
-from .cpython.frames import PythonReading, PythonStacks, reading_lines
+from .cpython.frames import PythonReading, reading_lines
 from .cpython.frames import caveats as python_caveats
 from .face import Face, FactDef, ProbeResult, plain
-from .growth import (
-    RawStack,
-    Spaces,
-    StackGrowth,
-    event_stacks,
-    folded_lines,
-    heaviest_function,
-    merge_stacks,
-    read_samples,
-    stack_losses,
-)
+from .growth import EventStacks, StackGrowth, event_stacks, heaviest_function
 from .text import event_stack_lines
 
 PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
@@ -65,8 +55,7 @@ def build_options(target_kind: str) -> dict[str, int | str]:
 
 def run(target: Target, duration: float, top: int = 50) -> FaultsResult:
     per_process = target.kind == "system"
-    spaces = Spaces()
-    python = PythonStacks()
+    run = EventStacks(python=True)
 
     def collect(bpf, _elapsed: float) -> dict:
         stats = bpfstats.read(bpf, bpfstats.STACK)
@@ -86,42 +75,13 @@ def run(target: Target, duration: float, top: int = 50) -> FaultsResult:
                 lost={"keys_dropped": stats["keys_dropped"]},
             )
             return fields
-        raw = [
-            RawStack(
-                pid=key.tgid,
-                fp_stack=fp,
-                regs=regs,
-                stack=data,
-                count=count.value,
-                bytes=count.value * PAGE_SIZE,
-                python=python.frames(bpf, key, key.tgid),
-            )
-            for key, count, fp, regs, data in read_samples(bpf, bpf["counts"])
-        ]
-        stacks, failed = merge_stacks(raw, spaces, python.group)
-        fields.update(
-            stacks=stacks[:top],
-            folded=folded_lines(stacks),
-            lost=stack_losses(stats, failed),
-            python=python.reading() if python.targets or python.refused else None,
-        )
-        python.close()
-        return fields
+        raw = [stack for _key, stack in run.raw(bpf, lambda v: v.value, lambda v: v.value * PAGE_SIZE)]
+        stacks, failed = run.merge(raw)
+        return fields | run.fields(stats, stacks, failed, top)
 
-    return run_probe(
-        Run(
-            "faults",
-            FaultsResult,
-            requirements(),
-            build_options(target.kind),
-            collect,
-            METHOD,
-            spaces=spaces,
-            attach=python.attacher(spaces, enabled=not per_process),
-        ),
-        target,
-        duration,
-    )  # type: ignore[return-value]
+    spec = Run("faults", FaultsResult, requirements(), build_options(target.kind), collect, METHOD,
+               spaces=run.spaces, attach=run.attach(enabled=not per_process))  # fmt: skip
+    return run_probe(spec, target, duration)  # type: ignore[return-value]
 
 
 def facts_of(r: FaultsResult | None, _plan, name) -> dict:

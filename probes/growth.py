@@ -1,17 +1,19 @@
 """The part shared by the probes that attribute memory growth to user stacks (faults, brkstack,
 mmapsnoop): address spaces kept fresh while the target runs, the post-processing of (key -> count,
-bytes, stack id, saved sample) into symbolized, merged stacks, and their face's stacks and facts."""
+bytes, stack id, saved sample) into symbolized, merged stacks (EventStacks: the run each of them
+makes), and their face's stacks and facts."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from memdiag.system._parse import Model
 from memdiag.system.units import fmt_number
 from pydantic import Field
 
-from .cpython.frames import PyFrame, mixed
+from .cpython.frames import PyFrame, PythonStacks, mixed
 from .face import Namer, Stack, Stacks
 from .procmaps import AddressSpace
 from .stacks import Frame, Symbolizer, folded, recover
@@ -131,6 +133,43 @@ def merge_stacks(raw: Iterable[RawStack], spaces: Spaces, group=None) -> tuple[l
         )
     failed = sum(s.failed for s in symbolizers.values())
     return sorted(merged.values(), key=lambda s: s.bytes, reverse=True), failed
+
+
+class EventStacks:
+    """The run every event-stack probe makes (faults, mmapsnoop, brkstack): the target's address
+    spaces kept fresh, and where its program records them (PY_FRAMES) the Python frames of CPython
+    targets; its samples read from the program's `counts` table as RawStacks, merged by stack (by
+    Python call path in a CPython target), and the fields every such result has."""
+
+    def __init__(self, python: bool = False):
+        self.spaces = Spaces()
+        self.python = PythonStacks() if python else None
+
+    def attach(self, enabled: bool = True) -> Callable | None:
+        """What the run does once the program is attached: register each CPython target's layout."""
+        return self.python.attacher(self.spaces, enabled=enabled) if self.python is not None else None
+
+    def raw(self, bpf, count: Callable[[Any], int], nbytes: Callable[[Any], int]) -> Iterator[tuple[Any, RawStack]]:
+        """(key, RawStack) of each counted key; count(value) and nbytes(value) read its figures."""
+        for key, v, fp, regs, data in read_samples(bpf, bpf["counts"]):
+            py = self.python.frames(bpf, key, key.tgid) if self.python is not None else []
+            stack = RawStack(
+                pid=key.tgid, fp_stack=fp, regs=regs, stack=data, count=count(v), bytes=nbytes(v), python=py
+            )
+            yield key, stack
+
+    def merge(self, raw: Iterable[RawStack]) -> tuple[list[StackGrowth], int]:
+        """The stacks merged, heaviest first, and the symbol look-ups that failed (merge_stacks)."""
+        return merge_stacks(raw, self.spaces, self.python.group if self.python is not None else None)
+
+    def fields(self, stats: dict[str, int], stacks: list, failed: int, top: int, weight: str = "count") -> dict:
+        """The fields every event-stack result has: its heaviest stacks, the flame graph's folded
+        lines, what was lost, and (Python frames walked) what reading them took; the reader closed."""
+        out = {"stacks": stacks[:top], "folded": folded_lines(stacks, weight), "lost": stack_losses(stats, failed)}
+        if self.python is not None:
+            out["python"] = self.python.reading() if self.python.targets or self.python.refused else None
+            self.python.close()
+        return out
 
 
 def folded_lines(stacks: Iterable[StackGrowth], weight: str = "count") -> list[str]:

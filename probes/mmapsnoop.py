@@ -10,19 +10,15 @@ from memdiag.system.units import fmt_bytes
 
 from . import bpfstats, kernel
 from .base import Run, run_probe
-from .cpython.frames import PythonReading, PythonStacks, reading_lines
+from .cpython.frames import PythonReading, reading_lines
 from .cpython.frames import caveats as python_caveats
 from .face import Face, FactDef, ProbeResult, plain
 from .growth import (
+    EventStacks,
     RawStack,
-    Spaces,
     StackGrowth,
     event_stacks,
-    folded_lines,
     heaviest_function,
-    merge_stacks,
-    read_samples,
-    stack_losses,
 )
 from .text import event_stack_lines
 
@@ -69,59 +65,32 @@ def build_options() -> dict[str, int | str]:
 
 
 def run(target: Target, duration: float, top: int = 50) -> MmapResult:
-    spaces = Spaces()
-    python = PythonStacks()
+    run = EventStacks(python=True)
 
     def collect(bpf, _elapsed: float) -> dict:
         stats = bpfstats.read(bpf, bpfstats.STACK)
         by_kind: dict[int, list[RawStack]] = {}
-        for key, v, fp, regs, data in read_samples(bpf, bpf["counts"]):
-            by_kind.setdefault(key.kind, []).append(
-                RawStack(
-                    pid=key.tgid,
-                    fp_stack=fp,
-                    regs=regs,
-                    stack=data,
-                    count=v.calls,
-                    bytes=v.bytes,
-                    python=python.frames(bpf, key, key.tgid),
-                )
-            )
+        for key, raw in run.raw(bpf, lambda v: v.calls, lambda v: v.bytes):
+            by_kind.setdefault(key.kind, []).append(raw)
         stacks: list[MapStack] = []
         failed = 0
-        for kind, raw in by_kind.items():
-            merged, f = merge_stacks(raw, spaces, python.group)
+        for kind, raw in by_kind.items():  # an mmap and an munmap of one stack are two stacks
+            merged, f = run.merge(raw)
             failed += f
             stacks += [MapStack(kind=kind_name(kind), **s.model_dump()) for s in merged]
         stacks.sort(key=lambda s: s.bytes, reverse=True)
         unmaps = [Unmaps(pid=k.value, calls=v.calls, bytes=v.bytes) for k, v in bpf["unmaps"].items()]
-        reading = python.reading() if python.targets or python.refused else None
-        python.close()
         return {
             "events": stats["events"],
-            "stacks": stacks[:top],
-            "folded": folded_lines(stacks, weight="bytes"),
             "unmaps": unmaps,
             "mapped_bytes": sum(s.bytes for s in stacks),
             "unmapped_bytes": sum(u.bytes for u in unmaps),
-            "lost": stack_losses(stats, failed),
-            "python": reading,
+            **run.fields(stats, stacks, failed, top, weight="bytes"),
         }
 
-    return run_probe(
-        Run(
-            "mmapsnoop",
-            MmapResult,
-            requirements(),
-            build_options(),
-            collect,
-            METHOD,
-            spaces=spaces,
-            attach=python.attacher(spaces),
-        ),
-        target,
-        duration,
-    )  # type: ignore[return-value]
+    spec = Run("mmapsnoop", MmapResult, requirements(), build_options(), collect, METHOD,
+               spaces=run.spaces, attach=run.attach())  # fmt: skip
+    return run_probe(spec, target, duration)  # type: ignore[return-value]
 
 
 def facts_of(r: MmapResult | None, _plan, name) -> dict:

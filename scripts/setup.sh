@@ -27,6 +27,7 @@ packages=(bpfcc-tools python3-bpfcc python3-venv gcc g++ libc6-dev libc6-dbg mak
 if [ "${1:-}" = "--test" ]; then
     packages+=(prometheus-alertmanager curl chromium strace podman runc graphite-carbon golang-go nodejs)
     packages+=(openjdk-17-jdk-headless libh2-java)
+    packages+=(stress-ng)  # a busy host, for the signal tests that must hold under load
 fi
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")

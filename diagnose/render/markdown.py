@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import time
 
-from memdiag.probes.registry import REGISTRY
 from memdiag.rules.catalog import FACTS
 from memdiag.system.meminfo import MEMINFO_KEYS
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate, format_quantity
@@ -149,15 +148,15 @@ def _overhead_lines(o, probes=()) -> list[str]:
         lines += [f"- Allocation tracing, measured two ways ({how}): {'; '.join(parts)}"]
     # the rows not measured on the target itself: their overhead is their BPF run time, or for a
     # reader of the target's memory (no BPF) the time its reads held the target's memory map
-    shown = [p.name for p in probes if not p.on_target and p.overhead_percent]
-    readers = [n for n in shown if n in REGISTRY.names and not REGISTRY.spec(n).bpf]
+    shown = [p for p in probes if not p.on_target and p.overhead_percent]
+    readers = [p.name for p in shown if p.reads]
     if readers:
         lines += [
             f"- {', '.join(readers)}: memdiag's time reading the target's memory or maps (nothing stopped): an "
             "upper bound of the time they held its memory map for reading"
         ]
-    others = [n for n in shown if n not in readers]
-    wide = [n for n in others if n in REGISTRY.names and REGISTRY.spec(n).host_wide]
+    others = [p.name for p in shown if not p.reads]
+    wide = [p.name for p in shown if not p.reads and p.host_wide]
     if others:
         every = (
             f" (every syscall on the host for {' and '.join(wide)}, which filter inside the program)" if wide else ""

@@ -23,7 +23,7 @@ from memdiag.system._parse import Model
 
 from ..allocator import BPF_FUNCTION, Placement, allocator_module, find_allocator, is_emulated
 from ..base import ProbeUnavailable, bpf_stats, load, program_stats, set_targets
-from ..compiler import CompileError, sha256, source
+from ..compiler import CompileError, program_text, sha256
 from ..elf import elf_info
 from .options import build_options
 
@@ -59,7 +59,7 @@ def _host_key() -> str:
     h = sha256()
     for name in ("memleak", "ratecount"):
         with contextlib.suppress(OSError):
-            h.update(source(name).read_bytes())
+            h.update(program_text(name).encode())
     path = _libc_path()
     libc = elf_info(path) if path else None
     return f"{platform.release()} | {cpu} | {h.hexdigest()[:12]} | {(libc.build_id() if libc else None) or ''}"

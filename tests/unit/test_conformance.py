@@ -391,7 +391,7 @@ clock = iter(range(1000, 2000, 1))
 engine = Engine(rules, obs.target, 30.0, 2.0, clock=lambda: float(next(clock)))
 facts, _c, _t = engine.facts_of(obs)
 engine.run_requests([r for r in engine.evaluate(facts) if r[0] == "fakeheap"])
-report = assemble(engine._finish(obs, False), 2.0)
+report = assemble(engine.finish(obs, False), 2.0)
 files = render_all(report)
 seen = {{"report": json.loads(files["report.json"]), "md": files["report.md"], "html": files["report.html"]}}
 print(json.dumps(seen))

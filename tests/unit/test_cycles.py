@@ -159,11 +159,22 @@ class _Window:
     def elapsed(self) -> float:
         return self.now
 
-    def _rounds(self, sampler) -> None:
+    def begin_cycle(self, end_s: float) -> int:
+        self.cycle_end = end_s
+        return len(self.trail)
+
+    def rounds(self, sampler) -> None:
         pass
 
-    def _finish(self, obs, rules_cut: bool, interim: str | None = None) -> str:
-        return interim or ""
+    def end_cycle(self, record, trail) -> None:
+        self.records.append(record)
+        self.trail = trail
+
+    def interim(self, obs, done: str) -> str:
+        return done
+
+    def end_cycles(self) -> None:
+        self.cycle_end = None
 
     # the sampler's side
     def alive(self) -> bool:

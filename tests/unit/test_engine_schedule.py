@@ -213,7 +213,7 @@ def test_rules_that_asked_nothing_at_the_first_look_look_again_and_a_later_growt
     e = engine(fake, duration=30.0)
     looked = rules_asking_from(e, at_s=15.0)  # the growth shows from 15 s on
     fake.now += 9  # the first look, at 30% of the window
-    e._rounds(FakeSampler(fake))
+    e.rounds(FakeSampler(fake))
     assert looked[:3] == [9.0, 9 + FIRST_LOOK_MIN_S, 9 + 2 * FIRST_LOOK_MIN_S]
     # faults asked at the look after 15 s, for what is left of the window but the margin
     assert fake.runs == [("faults", round(30 - 19 - 1.0, 3))]
@@ -226,7 +226,7 @@ def test_rules_that_never_ask_stop_looking_when_no_probe_could_run_anymore():
     looked = rules_asking_from(e, at_s=None)
     fake.now += 9
     sampler = FakeSampler(fake)
-    e._rounds(sampler)
+    e.rounds(sampler)
     assert fake.runs == []
     # the last look leaves the shortest probe run and the margin: never later
     assert looked[-1] == 30 - MIN_PROBE_S - 1.0 and sampler.waits[-1] > 0
@@ -238,7 +238,7 @@ def test_a_probe_without_time_to_run_is_said_once_however_often_the_rules_look()
     e = engine(fake, duration=30.0)
     rules_asking_from(e, at_s=0.0)
     fake.now += 30 - 3.5  # a probe needs MIN_PROBE_S after the 1 s margin: not there
-    e._rounds(FakeSampler(fake))
+    e.rounds(FakeSampler(fake))
     assert fake.runs == []
     assert trail(e, "probe") == [("faults", "not-run", "asked by growth, but only 2 s of the window were left")]
 

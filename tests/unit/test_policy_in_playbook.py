@@ -254,7 +254,7 @@ def test_the_trail_says_which_fired_verdict_concluded():
     """stable and no-conclusion fire in every window with enough samples: the trail marks them outranked."""
     obs = _obs(FLAT, swapin_per_s=100, majflt=5)
     e = Engine(SHIPPED_RULES, obs.target, 20.0, 2.0)
-    result = e._finish(obs, rules_cut=False)
+    result = e.finish(obs, rules_cut=False)
     assert result.verdict.kind == "pressure"
     rules = {t.name: t for t in result.trail if t.kind == "rule"}
     assert rules["memory-pressure"].state == "fired" and "outranked" not in rules["memory-pressure"].reason

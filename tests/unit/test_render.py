@@ -315,13 +315,26 @@ def test_the_overhead_line_names_host_wide_probes_only_when_they_ran():
 
     o = Overhead(budget_percent=2.0, measured_percent=0.2, window_s=30.0)
     faults = ProbeStatus(name="faults", status="ok", reason="", overhead_percent=0.1)
-    brk = ProbeStatus(name="brkstack", status="ok", reason="", overhead_percent=0.1)
+    brk = ProbeStatus(name="brkstack", status="ok", reason="", overhead_percent=0.1, host_wide=True)
     alone = _overhead_lines(o, [faults])[-1]
     assert alone == (
         "- faults: their BPF run time for every process they fire for: an upper bound of the target's share"
     ), alone
     both = _overhead_lines(o, [faults, brk])[-1]
     assert "faults, brkstack: " in both and "(every syscall on the host for brkstack, which filter" in both, both
+
+
+def test_a_report_json_whose_probe_rows_do_not_say_how_their_cost_is_measured_still_renders_it():
+    """report.json before the rows carried `reads` and `host_wide`: the registry says them on loading."""
+    from memdiag.diagnose.report import Report
+
+    report = fixture_report()
+    data = json.loads(report.model_dump_json())
+    rows = [{k: v for k, v in row.items() if k not in ("reads", "host_wide")} for row in data["probes"]]
+    old = Report.model_validate({**data, "probes": rows + [{"name": "brkstack", "status": "not-run", "reason": ""}]})
+    brk = old.probes[-1]
+    assert brk.host_wide and not brk.reads
+    assert [(p.reads, p.host_wide) for p in old.probes[:-1]] == [(p.reads, p.host_wide) for p in report.probes]
 
 
 def test_the_targets_runtime_is_a_line_of_its_own_when_recognised():

@@ -158,7 +158,7 @@ target = Target.for_pid({pid}, "toyvm")
 engine = Engine(rules, target, 1.0, 2.0)
 obs = Sampler(target, 1.0, 0.1, runtime=registry.REGISTRY.runtime(engine.runtime.name)).run()
 facts, _c, _t = engine.facts_of(obs)
-report = assemble(engine._finish(obs, False), 2.0)
+report = assemble(engine.finish(obs, False), 2.0)
 files = render_all(report)
 seen = {{"report": json.loads(files["report.json"]), "md": files["report.md"], "html": files["report.html"],
          "facts": {{k: v for k, v in facts.items() if k.startswith(("toyrt.", "target.runtime"))}}}}
