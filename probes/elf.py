@@ -1,5 +1,6 @@
-"""ELF files as the symbolizer and the unwinder need them: function symbols, load bias, and the
-.eh_frame call-frame table. Parsed once per file (cached); pyelftools does the ELF and DWARF work."""
+"""ELF files as the symbolizer and the unwinder need them: function symbols (held in
+probes/symtab.py's tables), load bias, and the .eh_frame call-frame table. Parsed once per file
+(cached); pyelftools does the ELF and DWARF work."""
 
 from __future__ import annotations
 
@@ -11,42 +12,35 @@ import os
 import stat
 import struct
 import sys
-import weakref
 from array import array
-from dataclasses import dataclass
 
 from elftools.common.exceptions import ELFError
 from elftools.dwarf.callframe import FDE, CallFrameInfo
 from elftools.dwarf.structs import DWARFStructs
-from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
-from memdiag.system.elfread import open_elf, section_headers, segment_headers
+from memdiag.system.elfread import open_elf, section_bytes, section_headers, segment_headers
 from memdiag.system.safefile import open_regular
 
 from .mapping import Mapping
+from .symtab import (
+    EXPORTED,
+    MAX_HELD_BYTES,
+    MAX_NAME_CHARS,
+    MAX_SYMBOL_ROWS,
+    MAX_SYMBOLS,
+    STB_GLOBAL,
+    STB_WEAK,
+    STT_FUNC,
+    STT_OBJECT,
+    Symbol,
+    SymbolTable,
+    symbol_rows,
+)
 
 DEBUG_ROOT = "/usr/lib/debug"
 
-# Bounds on what one module's tables cost memdiag (a mapped file is the target's choice: a library
-# may claim any number of symbols). Symbols are kept compact (SymbolTable: ~45 bytes and the name's
-# a symbol; as objects they cost ~270: 2,000,000 symbols raised the peak RSS by 518 MiB before).
-# 250,000 functions is more than any module seen here has (node 78,000; libjvm's debug file
-# ~90,000): such a table holds ~20 MiB, its reading peaks at ~+70 MiB (the names read, the by-address
-# map while it is built). Rows past MAX_SYMBOL_ROWS of a table are not read (24 bytes each, read
-# _ROWS_AT_ONCE at a time), nor names past MAX_STRTAB_BYTES (held while a table is read);
-# relocations past MAX_RELOCATIONS (pyelftools parses one at ~20 us). Measured:
-# tests/unit/test_hostile_symbol_inputs.py.
-MAX_SYMBOLS = 250_000
-MAX_SYMBOL_ROWS = 1_000_000
-MAX_STRTAB_BYTES = 32 << 20
-# a name's length is the file's to choose: C++'s longest mangled names run to a few KiB; past that a
-# name is cut (and every symbol could name the same 32 MiB string: 250,000 copies of it, before)
-MAX_SYMBOL_NAME = 8192
-# every module's tables together (elf_info keeps 256 files): 64 MiB is ~1,000,000 symbols of 40-char
-# names, ten times a JVM's or node's process; past it a module keeps what fitted, and says so
-MAX_HELD_BYTES = 64 << 20
-MAX_NAME_CHARS = 32 << 20  # the names kept of one module, all told (node's 78,000: 5 MiB)
-_ROWS_AT_ONCE = 65_536  # rows read and unpacked at a time (1.5 MiB)
+# Bounds on what one module's parse costs memdiag beyond its symbol tables' (probes/symtab.py):
+# relocations past MAX_RELOCATIONS are not read (pyelftools parses one at ~20 us).
 MAX_RELOCATIONS = 200_000
 # call-frame information: .eh_frame_hdr's index is read as arrays, up to MAX_FDES entries (libc has
 # 3,700, the largest programs ~500,000); without an index every FDE is parsed by pyelftools, ~460
@@ -87,168 +81,6 @@ def take_notes() -> list[str]:
     lines = [f"{path}: {why}" for path, why in NOTES.items()]
     NOTES.clear()
     return lines
-
-
-@dataclass(frozen=True, slots=True)  # slots: 40 bytes less each, of 8,400 in a C program's diagnosis (0.3 MiB)
-class Symbol:
-    address: int
-    size: int
-    name: str
-
-
-_STT_OBJECT, _STT_FUNC, _STT_GNU_IFUNC = 1, 2, 10
-STT_OBJECT = _STT_OBJECT
-_STB_GLOBAL, _STB_WEAK = 1, 2
-_EXPORTED = 1  # a SymbolTable row's flag: .dynsym's global or weak (what other modules may bind to)
-_SYM64 = struct.Struct("<IBBHQQ")  # Elf64_Sym: name, info, other, shndx, value, size
-
-
-def symbol_rows(elf: ELFFile, sec: SymbolTableSection):
-    """(name, value, size, type, bind, shndx) of each symbol of a symbol table. A 64-bit
-    little-endian table is unpacked in bulk (pyelftools parses a symbol at a time: node's 78,000
-    took 32 s on a loaded host, this ~0.3 s); other layouts go through pyelftools."""
-    if elf.elfclass == 64 and elf.little_endian and sec["sh_entsize"] != _SYM64.size:
-        raise ELFError(f"{sec.name}: {sec['sh_entsize']}-byte symbols (an x86-64 file's are {_SYM64.size})")
-    if elf.elfclass != 64 or not elf.little_endian:  # 32-bit or big-endian: not what memdiag traces
-        for sym in itertools.islice(sec.iter_symbols(), MAX_SYMBOL_ROWS):
-            shndx = 0 if sym["st_shndx"] == "SHN_UNDEF" else -1
-            info = sym.entry["st_info"]
-            yield sym.name, sym["st_value"], sym["st_size"], _type_code(info["type"]), _bind_code(info["bind"]), shndx
-        return
-    names = _section_bytes(elf, elf._get_section_header(sec["sh_link"]), MAX_STRTAB_BYTES)
-    hdr = sec.header
-    for first in range(0, min(hdr["sh_size"] // _SYM64.size, MAX_SYMBOL_ROWS), _ROWS_AT_ONCE):
-        rows = _section_bytes(elf, hdr, _ROWS_AT_ONCE * _SYM64.size, skip=first * _SYM64.size)
-        whole = rows[: len(rows) - len(rows) % _SYM64.size]
-        for name_at, info, _other, shndx, value, size in _SYM64.iter_unpack(whole):
-            end = names.find(b"\0", name_at, name_at + MAX_SYMBOL_NAME + 1)
-            if not name_at or name_at >= len(names):
-                name = ""
-            elif end < 0:  # longer than any name kept (or no end at all): cut
-                name = names[name_at : name_at + MAX_SYMBOL_NAME].decode(errors="replace") + "…"
-            else:
-                name = names[name_at:end].decode(errors="replace")
-            yield name, value, size, info & 0xF, info >> 4, shndx
-        if len(rows) < _ROWS_AT_ONCE * _SYM64.size:
-            return  # the file ends before the table its header claims
-
-
-def _section_bytes(elf: ELFFile, hdr, limit: int, skip: int = 0) -> bytes:
-    """A section's bytes as its header places them (from `skip` into it), at most `limit` and never
-    past the file's end (a header may claim any size: pyelftools would read, and allocate, it)."""
-    if hdr["sh_type"] == "SHT_NOBITS" or skip >= hdr["sh_size"]:
-        return b""
-    elf.stream.seek(0, os.SEEK_END)
-    left = elf.stream.tell() - hdr["sh_offset"] - skip
-    if left <= 0:
-        return b""
-    elf.stream.seek(hdr["sh_offset"] + skip)
-    return elf.stream.read(min(hdr["sh_size"] - skip, left, limit))
-
-
-def _type_code(kind: str) -> int:
-    return {"STT_OBJECT": _STT_OBJECT, "STT_FUNC": _STT_FUNC, "STT_LOOS": _STT_GNU_IFUNC}.get(kind, -1)
-
-
-def _bind_code(bind: str) -> int:
-    return {"STB_GLOBAL": _STB_GLOBAL, "STB_WEAK": _STB_WEAK}.get(bind, 0)
-
-
-_HELD = [0]  # bytes of every finished SymbolTable alive (all modules, all processes)
-_ROW_BYTES = 8 + 8 + 8 + 1  # a row's address, size, name offset and flag
-_INDEX_BYTES = 8 + 4  # an address and its row
-
-
-def _give_back(size: int) -> None:
-    _HELD[0] -= size
-
-
-class SymbolTable:
-    """One module's symbols of a kind, compact: a row per symbol read (address, size, where its name
-    is in one bytes blob, a flag), and the rows that name each address, by address. ~45 bytes a
-    symbol plus its name's, where a Symbol object, its str and two dict entries cost ~270 (2,000,000
-    symbols: 518 MiB of peak RSS before). A Symbol is made when one is looked up."""
-
-    def __init__(self):
-        self._row_address, self._row_size = array("Q"), array("Q")
-        self._row_name = array("Q")  # offset of the name in _blob (each name ends with a NUL)
-        self._flags = bytearray()
-        self._blob = bytearray(b"\0")
-        self._at: dict[int, int] | None = {}  # while rows are added: address -> the row that names it
-        self.addresses = array("Q")  # by address, the row of each
-        self._rows = array("L")
-        self.complete = True  # False: rows past a bound were not kept
-
-    def __len__(self) -> int:
-        return len(self.addresses)
-
-    def add(self, address: int, size: int, name: str, flag: int = 0, better=None) -> bool:
-        """A symbol read; better(new, known): whether a new name wins an address named already (None:
-        the first stays). False once a bound is reached: the table keeps no more."""
-        known = self._at.get(address)
-        full = known is None and len(self._at) >= MAX_SYMBOLS
-        grown = self._bytes() + _ROW_BYTES + _INDEX_BYTES + len(name) + 1  # with this row
-        if full or len(self._blob) + len(name) > MAX_NAME_CHARS or _HELD[0] + grown > MAX_HELD_BYTES:
-            self.complete = False
-            return False
-        row = len(self._row_address)
-        self._row_address.append(address)
-        self._row_size.append(size)
-        self._row_name.append(len(self._blob))
-        self._flags.append(flag)
-        self._blob += name.encode(errors="replace") + b"\0"
-        if known is None or (better is not None and better(name, self._name(known))):
-            self._at[address] = row
-        return True
-
-    def finish(self) -> SymbolTable:
-        """No more rows: the by-address index made, the building's map let go."""
-        for address in sorted(self._at):
-            self.addresses.append(address)
-            self._rows.append(self._at[address])
-        self._at = None  # (the blob stays a bytearray: a bytes copy of 32 MiB of names would double them)
-        size = self._bytes()
-        _HELD[0] += size
-        weakref.finalize(self, _give_back, size)  # given back when the module's reader goes (forget())
-        return self
-
-    def _bytes(self) -> int:
-        indexed = len(self._at) if self._at is not None else len(self.addresses)  # to be, while rows are added
-        return len(self._blob) + _ROW_BYTES * len(self._row_address) + _INDEX_BYTES * indexed
-
-    def _name(self, row: int) -> str:
-        at = self._row_name[row]
-        return self._blob[at : self._blob.index(b"\0", at)].decode(errors="replace")
-
-    def _symbol(self, row: int) -> Symbol:
-        return Symbol(self._row_address[row], self._row_size[row], self._name(row))
-
-    def symbol(self, i: int) -> Symbol:
-        """The symbol of the i-th address."""
-        return self._symbol(self._rows[i])
-
-    def covering(self, vaddr: int, min_size: int = 0) -> tuple[Symbol, int] | None:
-        """The symbol at or below vaddr that holds it (a size 0 holds everything up to the next with
-        min_size 0, only its own address with 1), and vaddr's offset in it."""
-        i = bisect.bisect_right(self.addresses, vaddr) - 1
-        if i < 0:
-            return None
-        row = self._rows[i]
-        address, size = self._row_address[row], max(self._row_size[row], min_size)
-        if size and vaddr >= address + size:
-            return None
-        return self._symbol(row), vaddr - address
-
-    def named(self, name: str, flag: int | None = None) -> Symbol | None:
-        """The first row of that name (with `flag` set, where given)."""
-        needle = b"\0" + name.encode(errors="replace") + b"\0"
-        at = self._blob.find(needle)
-        while at >= 0:
-            row = bisect.bisect_left(self._row_name, at + 1)
-            if flag is None or self._flags[row] & flag:
-                return self._symbol(row)
-            at = self._blob.find(needle, at + 1)
-        return None
 
 
 def _or(default):
@@ -379,9 +211,9 @@ class ElfInfo:
                     for name, value, size, kind, bind, shndx in symbol_rows(source.elf, sec):
                         # functions only: an IFUNC symbol's value is its resolver (pyelftools, read before
                         # this, names type 10 STT_LOOS, so they never were taken), not the code it picks
-                        if kind != _STT_FUNC or not value or not name or shndx == 0:
+                        if kind != STT_FUNC or not value or not name or shndx == 0:
                             continue
-                        exported = _EXPORTED if section == ".dynsym" and bind in (_STB_GLOBAL, _STB_WEAK) else 0
+                        exported = EXPORTED if section == ".dynsym" and bind in (STB_GLOBAL, STB_WEAK) else 0
                         # Of aliases at one address, show the public name (calloc, not __libc_calloc).
                         if not table.add(value, size, name.split("@")[0], exported, _fewer_underscores):
                             break
@@ -428,7 +260,7 @@ class ElfInfo:
         """A defined function by name (versioned names such as malloc@@GLIBC_2.2.5 included);
         exported_only: only what the dynamic linker can bind other modules to."""
         table = self._table()
-        if exported_only and table.named(name, _EXPORTED) is None:
+        if exported_only and table.named(name, EXPORTED) is None:
             return None
         return table.named(name)
 
@@ -453,7 +285,7 @@ class ElfInfo:
                         if not isinstance(sec, SymbolTableSection):
                             continue
                         for name, value, size, kind, _bind, shndx in symbol_rows(source.elf, sec):
-                            if kind != _STT_OBJECT or not value or not name or shndx == 0:
+                            if kind != STT_OBJECT or not value or not name or shndx == 0:
                                 continue
                             if not table.add(value, size, name):
                                 break
@@ -542,7 +374,7 @@ class ElfInfo:
         hdr = self.elf.get_section_by_name(".eh_frame_hdr")
         if hdr is None:
             return None
-        data = _section_bytes(self.elf, hdr.header, 12 + 8 * MAX_FDES)
+        data = section_bytes(self.elf, hdr.header, 12 + 8 * MAX_FDES)
         if len(data) < 12 or data[0] != 1 or data[1] != 0x1B or data[2] != 0x03 or data[3] != 0x3B:
             return None
         (count,) = struct.unpack_from("<I", data, 8)

@@ -19,7 +19,8 @@ import capstone
 from capstone import x86_const as x86
 from memdiag.system import arch
 
-from .elf import ElfInfo, Symbol
+from .elf import ElfInfo
+from .symtab import Symbol
 
 MAX_BYTES = 320  # xmalloc is ~40 bytes, redis's zmalloc_usable ~120; a function that does more is not a wrapper
 _CALLER_SAVED = {

@@ -1,5 +1,6 @@
 """pyelftools without its eager parts: an ELF file's section map and program headers read from the
-headers alone. pyelftools builds every section the first time one is looked up by name, and every
+headers alone, and a segment's or a section's bytes read no further than its header and the file
+allow. pyelftools builds every section the first time one is looked up by name, and every
 section again when it builds a dynamic segment; a hash section parses its whole table into Python
 lists on the way (at the end of a diagnosis, +7 MiB of memdiag's RSS for the scan's names, measured)."""
 
@@ -40,6 +41,19 @@ def segment_bytes(elf: ELFFile, seg, size: int | None = None) -> bytes:
     """The file's bytes of a segment (its first `size` of them), from its header."""
     elf.stream.seek(seg["p_offset"])
     return elf.stream.read(seg["p_filesz"] if size is None else min(size, seg["p_filesz"]))
+
+
+def section_bytes(elf: ELFFile, hdr, limit: int, skip: int = 0) -> bytes:
+    """A section's bytes as its header places them (from `skip` into it), at most `limit` and never
+    past the file's end (a header may claim any size: pyelftools would read, and allocate, it)."""
+    if hdr["sh_type"] == "SHT_NOBITS" or skip >= hdr["sh_size"]:
+        return b""
+    elf.stream.seek(0, os.SEEK_END)
+    left = elf.stream.tell() - hdr["sh_offset"] - skip
+    if left <= 0:
+        return b""
+    elf.stream.seek(hdr["sh_offset"] + skip)
+    return elf.stream.read(min(hdr["sh_size"] - skip, left, limit))
 
 
 def open_elf(stream) -> ELFFile:

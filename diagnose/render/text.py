@@ -30,8 +30,8 @@ _CONTROL = re.compile(f"[\x00-\x1f\x7f-\x9f\u2028\u2029{FORMAT_CHARS}]")
 _NAMED = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # What can open markup in prose, and only that (so ordinary text such as "<= 2%" reads as it is):
 # an HTML tag or autolink, an entity, an inline link or image, emphasis, a stray backtick, and a
-# backslash that would escape what follows. ('|' is left to the table writer, which escapes it in
-# every cell, code spans included.)
+# backslash that would escape what follows. ('|' is left to the table writer, mdtable.py, which
+# escapes it in every cell, code spans included.)
 _MARKUP = re.compile(r"\\(?=[!-/:-@\[-`{-~]|$)|<(?=[A-Za-z/!?])|&(?=#?[A-Za-z0-9]+;)|(?<=\])\(|\*(?=\S)|`")
 _CODE_SPAN = re.compile(r"(?<!`)(`+)(?!`)(.+?)(?<!`)\1(?!`)")
 

@@ -17,8 +17,9 @@ from dataclasses import dataclass
 
 from elftools.elf.sections import SymbolTableSection
 
-from ..elf import ElfInfo, elf_info, note_module, symbol_rows
+from ..elf import ElfInfo, elf_info, note_module
 from ..procmaps import AddressSpace
+from ..symtab import symbol_rows
 from .layout import DEBUG_OFFSETS_BYTES, DEBUG_OFFSETS_VERSIONS, TABLES, Layout, describe_version, from_debug_offsets
 from .layout import version_of as _version_of
 from .memory import Memory

@@ -27,7 +27,7 @@ from elftools.elf.sections import SymbolTableSection
 from memdiag.system.elfread import open_elf, segment_headers
 from memdiag.system.safefile import open_regular
 
-from ..elf import MAX_SYMBOLS, STT_OBJECT, symbol_rows
+from ..symtab import MAX_SYMBOLS, STT_OBJECT, symbol_rows
 
 MAGIC_118 = 0xFFFFFFF0  # Go 1.18 and 1.19 (1.20 moved to 0xfffffff1 with another _func and inline tree)
 _FUNC = struct.Struct("<IiiIIIIIIBBBB")  # runtime._func up to nfuncdata: 40 bytes

@@ -1,5 +1,6 @@
 """A HotSpot JVM's own instruments, driven by memdiag: its attach socket (attach.py), a flight
-recording of its memory events (jfr.py) and what the recording says (recording.py)."""
+recording of its memory events (jfr.py), read with a jfr tool of the host's that memdiag trusts
+(tool.py), and what the recording says (recording.py)."""
 
 from __future__ import annotations
 

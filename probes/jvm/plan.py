@@ -23,7 +23,7 @@ from memdiag.system.target import Target
 from ..face import Budget, Context, Plan
 from .attach import AttachRefused, Jvm, catches_sigquit, describe_target, listener_running
 from .costs import Price, price
-from .jfr import Tool, feature_of, trusted_jfr
+from .tool import Tool, feature_of, trusted_jfr
 
 MIN_CUTOFF_MS = 10  # below this the search of paths to GC roots is not worth a safepoint
 DEFAULT_CUTOFF_MS = 1000  # run alone (memdiag probe jfr): the pause memdiag allows by default

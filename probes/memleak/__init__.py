@@ -1,7 +1,8 @@
 """memleak: outstanding allocations by stack, how they evolve, and what still points at them —
 the raw material of leak versus cache. Its face (below) and its parts:
 
-  session.py   the tracing run (uprobes on the target's allocator, or the kmem tracepoints)
+  session.py   the tracing run (uprobes on the target's allocator, or the kmem tracepoints);
+               tables.py: its BPF tables read back (blocks, series, stacks named and merged)
   plan.py      its price before it attaches: the rate count (ratecount.py) times this host's trap
                costs (costs.py: calibration; meter.py: the price per site and the meter that
                measures the real cost while attached, detaching over the allowance)

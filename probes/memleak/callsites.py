@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from capstone import x86_const as x86
 from memdiag.system import arch
 
-from ..elf import ElfInfo, Symbol
+from ..elf import ElfInfo
 from ..forwarders import forwards
+from ..symtab import Symbol
 
 # The entry points that hand back a block in rax (posix_memalign returns it through memory)
 RETURNING = ("malloc", "calloc", "realloc", "_Znwm", "_Znam", "_ZnwmRKSt9nothrow_t", "_ZnamRKSt9nothrow_t",

@@ -7,7 +7,8 @@ outstanding bytes and count, allocations and frees, the age of the oldest outsta
 and a series of outstanding bytes sampled every few seconds. Sampling (1 in N), size filters and
 a snoop mode for single large allocations. Every map is bounded or grows with use; what did not
 fit is counted and reported. At the end, with the probes still attached, the reachability scan
-(reach/) may stop the target and say what still points at the outstanding blocks."""
+(reach/) may stop the target and say what still points at the outstanding blocks. The tables are
+read back, and their stacks named, in tables.py."""
 
 from __future__ import annotations
 
@@ -22,37 +23,18 @@ from memdiag.system.target import Target
 
 from .. import bpfstats
 from ..allocator import BPF_FUNCTION, ENTRY_POINTS, find_allocator
-from ..base import Run, disarm, run_probe
-from ..cpython.frames import PythonStacks, mixed
+from ..base import Run, run_probe
+from ..cpython.frames import PythonStacks
 from ..face import TracingCost
-from ..growth import RawStack, Spaces, symbolize
-from ..stacks import Frame, Symbolizer, folded, recover
+from ..growth import Spaces
+from ..stacks import Frame, folded
 from .costs import Costs
 from .meter import CHECK_S, Meter, check_s, detach_seconds
 from .options import build_options, requirements
-from .reach import Blocks, ReachScan, merged, price, scan
+from .reach import Blocks, ReachScan, price, scan
 from .reach.anchors import v8_namer
-from .result import BigAlloc, LeakStack, MemleakResult
-
-_FORWARD_DEPTH = 8  # wrappers sit just above the allocator: frames deeper are never read for forwarding
-
-
-class _StackKey(ct.Structure):
-    _fields_ = [("tgid", ct.c_uint32), ("stack_id", ct.c_int32), ("ip", ct.c_uint64), ("at_sp", ct.c_uint64)]
-
-
-class _BigAllocEvent(ct.Structure):  # struct big_alloc in bpf/memleak.c
-    _fields_ = [
-        ("ts_ns", ct.c_uint64),
-        ("size", ct.c_uint64),
-        ("addr", ct.c_uint64),
-        ("key", _StackKey),
-        ("comm", ct.c_char * 16),
-    ]
-
-
-def _key_tuple(k) -> tuple:
-    return (k.tgid, k.stack_id, k.ip, k.at_sp)
+from .result import MemleakResult
+from .tables import BigAllocEvent, big_alloc, key_tuple, leak_stacks, outstanding_blocks, sample_series
 
 
 def run(
@@ -193,9 +175,9 @@ class _Session:
         if self.kernel_mode:
             return
         if not self.big and self.snoop_min:
-            # bcc cannot build a ctypes class for a struct holding a struct: declared here.
+            # bcc cannot build a ctypes class for a struct holding a struct: declared in tables.py.
             bpf["big"].open_perf_buffer(
-                lambda cpu, data, size: self.big.append(_BigAllocEvent.from_buffer_copy(ct.string_at(data, size)))
+                lambda cpu, data, size: self.big.append(BigAllocEvent.from_buffer_copy(ct.string_at(data, size)))
             )
             self.big.append(None)  # marker: buffer opened
         for pid in pids:
@@ -256,7 +238,7 @@ class _Session:
             bpf.perf_buffer_poll(timeout=0)
         if elapsed - self.last_sample >= self.series_interval:
             self.last_sample = elapsed
-            _sample_series(bpf, elapsed, self.series_times, self.series)
+            sample_series(bpf, elapsed, self.series_times, self.series)
             for pid in self.python.targets:  # threads born in a target with a pid namespace of its own
                 self.python.seed_threads(bpf, pid)
         if self.allowance_ns is not None and self.costs is not None and elapsed >= self.check_s:
@@ -294,7 +276,7 @@ class _Session:
             self.planned_kept_ns = self.scan_kept_ns
         for _warm_then_priced in range(2 if self.repriced_at is None else 1):
             t = time.monotonic()
-            blocks = _blocks(bpf, self.target.pid, [], False)
+            blocks = outstanding_blocks(bpf, self.target.pid, [], False)
             if self.info["allocator"] == "glibc":
                 blocks = blocks.glibc_bounded()
             est = price(self.target.pid, blocks, (time.monotonic() - t) * 1000, None)
@@ -323,7 +305,7 @@ class _Session:
         def read(final: bool) -> Blocks:
             if final:
                 self.scanned["at_ns"] = time.clock_gettime_ns(time.CLOCK_MONOTONIC)
-            blocks = _blocks(bpf, target.pid, keys if final else [], final)
+            blocks = outstanding_blocks(bpf, target.pid, keys if final else [], final)
             return blocks.glibc_bounded() if glibc else blocks
 
         allowed = self.reach_allowed_ms
@@ -355,7 +337,7 @@ class _Session:
         outstanding = 0
         for _addr, a in bpf["allocs"].items():
             outstanding += 1
-            k = _key_tuple(a.key)
+            k = key_tuple(a.key)
             oldest[k] = min(oldest.get(k, a.ts_ns), a.ts_ns)
         return oldest, outstanding
 
@@ -373,14 +355,16 @@ class _Session:
     def collect(self, bpf, elapsed: float) -> dict:
         if self.snoop_min:
             bpf.perf_buffer_poll(timeout=0)
-        _sample_series(bpf, elapsed, self.series_times, self.series)
+        sample_series(bpf, elapsed, self.series_times, self.series)
         stats = bpfstats.read(bpf, bpfstats.MEMLEAK)
         # ages at the instant the books stopped (the scan), else now
         now_ns = self.scanned.get("at_ns") or time.clock_gettime_ns(time.CLOCK_MONOTONIC)
         oldest, outstanding = self._oldest(bpf)
         kernel_mode, info, scanned = self.kernel_mode, self.info, self.scanned
-        stacks = _stacks(bpf, self, oldest, now_ns, scanned.get("per_key", {}))
-        bigs = [_big(bpf, b, self.spaces, kernel_mode) for b in self.big if b is not None][:200]
+        stacks = leak_stacks(
+            bpf, kernel_mode, self.spaces, self.series, self.python, oldest, now_ns, scanned.get("per_key", {})
+        )
+        bigs = [big_alloc(bpf, b, self.spaces, kernel_mode) for b in self.big if b is not None][:200]
         lost = {k: v for k, v in stats.items() if k not in ("allocs", "frees", "sampled_out", "nested")}
         lost["symbol_lookups_failed"] = sum(s.unknown_frames for s in stacks)
         status, reason = self._status(stats)
@@ -426,37 +410,6 @@ def _paused_s(scanned: dict) -> float:
     return (scan.paused_ms or 0) / 1000 if scan is not None else 0.0
 
 
-def _blocks(bpf, pid: int, keys: list[tuple], final: bool) -> Blocks:
-    """The outstanding blocks of pid from the allocs table, each grouped by its stack key; keys
-    receives the key of each group number. final: read with the target stopped, for the scan (the
-    probe's books stop there); otherwise a look while it runs, to price the scan."""
-    import numpy as np
-
-    table = bpf["allocs"]
-    raw_keys, raw_values, n = table.dump()
-    info = np.dtype(
-        [("size", "<u8"), ("ts", "<u8"), ("tgid", "<u4"), ("stack_id", "<i4"), ("ip", "<u8"), ("at_sp", "<u8")]
-    )
-    assert info.itemsize == ct.sizeof(table.Leaf), "struct alloc_info changed: update the dtype"
-    if final:
-        # The books stop here, with the target stopped: every figure of the result is this instant's,
-        # the same as the scan's (the probes stay attached until detach, but record nothing more).
-        disarm(bpf)
-    addrs = np.frombuffer(raw_keys, dtype="<u8", count=n)
-    values = np.frombuffer(raw_values, dtype=info, count=n)
-    mine = values["tgid"] == pid
-    addrs, values = addrs[mine], values[mine]
-    fields = np.stack(
-        [values["tgid"].astype(np.int64), values["stack_id"].astype(np.int64),
-         values["ip"].view(np.int64), values["at_sp"].view(np.int64)], axis=1,
-    )  # fmt: skip
-    if not len(addrs):
-        return Blocks(addrs, values["size"], np.zeros(0, dtype=np.int64))
-    unique, groups = np.unique(fields, axis=0, return_inverse=True)
-    keys.extend((int(t), int(s), int(i) & (2**64 - 1), int(a) & (2**64 - 1)) for t, s, i, a in unique.tolist())
-    return Blocks(addrs.copy(), values["size"].copy(), groups.reshape(-1).astype(np.int64))
-
-
 def _set_text_range(bpf, pid: int, space) -> None:
     """The executable's text for bpf/memleak.c's path fingerprint (frameless call paths)."""
     try:
@@ -469,138 +422,5 @@ def _set_text_range(bpf, pid: int, space) -> None:
         texts[ct.c_uint32(pid)] = texts.Leaf(min(m.start for m in text), max(m.end for m in text))
 
 
-def _sample_series(bpf, elapsed: float, times: list[float], series: dict[tuple, list[int]]) -> None:
-    index = len(times)
-    times.append(round(elapsed, 3))
-    for k, v in bpf["per_stack"].items():
-        points = series.setdefault(_key_tuple(k), [])
-        points.extend([0] * (index - len(points)))  # a stack first seen now had nothing before
-        points.append(v.outstanding_bytes)
-    for points in series.values():
-        points.extend([points[-1] if points else 0] * (index + 1 - len(points)))
-
-
 def _frame_like(function: str | None) -> Frame:
     return Frame(address=0, function=function)
-
-
-def _raw_stacks(bpf, kernel_mode: bool, python: PythonStacks) -> list[RawStack]:
-    """Each per-stack entry as a RawStack keyed by its table key: its frame-pointer walk, and in user
-    mode the registers and stack copy the program saved for .eh_frame unwinding, and the Python
-    frames its walk recorded (CPython targets)."""
-    stack_table, samples = bpf["stacks"], bpf["samples"]
-    raw = []
-    for k, _v in bpf["per_stack"].items():
-        fp = list(stack_table.walk(k.stack_id)) if k.stack_id >= 0 else ([k.ip] if k.ip else [])
-        regs = data = None
-        if not kernel_mode:
-            try:
-                s = samples[k]
-                regs, data = (s.regs.ip, s.regs.sp, s.regs.bp), bytes(bytearray(s.data)[: s.len])
-            except KeyError:
-                pass
-        py = [] if kernel_mode else python.frames(bpf, k, k.tgid)
-        raw.append(
-            RawStack(pid=k.tgid, fp_stack=fp, regs=regs, stack=data, count=0, bytes=0, key=_key_tuple(k), python=py)
-        )
-    return raw
-
-
-def _kernel_frames(bpf, raw: list[RawStack]):
-    """(raw, frames, functions, forwards, method, unknown) of kernel stacks, named by kallsyms."""
-    for r in raw:
-        frames = [bpf.ksym(a, show_offset=True).decode(errors="replace") for a in r.fp_stack]
-        unknown = sum(1 for f in frames if f.startswith("[unknown]"))
-        yield r, frames, [f.split("+")[0] for f in frames], [], "kernel frame pointers / ORC", unknown
-
-
-def _user_frames(raw: list[RawStack], spaces: Spaces):
-    """The same of user stacks: recovered, symbolized (growth.symbolize), the wrappers' code read."""
-    for s in symbolize(raw, spaces):
-        forwards = [s.symbolizer.forwards(a) for a in s.addresses[:_FORWARD_DEPTH]]
-        unknown = sum(1 for f in s.frames if not f.known)
-        frames, functions = mixed([str(f) for f in s.frames], [f.function for f in s.frames], s.raw.python)
-        yield s.raw, frames, functions, forwards, s.method, unknown
-
-
-def _merge(m: LeakStack, item: LeakStack) -> LeakStack:
-    """Two stack keys that symbolize alike (the same frames of one pid; a CPython target's same
-    Python call path) as one stack, the heavier's frames standing for it."""
-    ages = [a for a in (m.oldest_age_s, item.oldest_age_s) if a is not None]
-    if item.outstanding_bytes > m.outstanding_bytes:
-        m = m.model_copy(update={"frames": item.frames, "functions": item.functions, "forwards": item.forwards})
-    return m.model_copy(
-        update={
-            "outstanding_bytes": m.outstanding_bytes + item.outstanding_bytes,
-            "outstanding_count": m.outstanding_count + item.outstanding_count,
-            "allocs": m.allocs + item.allocs,
-            "frees": m.frees + item.frees,
-            "alloc_bytes": m.alloc_bytes + item.alloc_bytes,
-            "freed_bytes": m.freed_bytes + item.freed_bytes,
-            "oldest_age_s": max(ages) if ages else None,
-            "series": [a + b for a, b in zip(m.series, item.series, strict=False)] or item.series,
-            "reach": merged(m.reach, item.reach),
-        }
-    )
-
-
-def _stacks(bpf, session: _Session, oldest: dict, now_ns: int, reached: dict) -> list[LeakStack]:
-    kernel_mode, spaces, series, python = session.kernel_mode, session.spaces, session.series, session.python
-    values = {_key_tuple(k): v for k, v in bpf["per_stack"].items()}
-    raw = _raw_stacks(bpf, kernel_mode, python)
-    named = _kernel_frames(bpf, raw) if kernel_mode else _user_frames(raw, spaces)
-    merged: dict[tuple, LeakStack] = {}
-    for r, frames, functions, forwards, method, unknown in named:
-        key, v = r.key, values[r.key]
-        item = LeakStack(
-            frames=frames,
-            functions=functions,
-            forwards=forwards,
-            pid=r.pid,
-            method=method,
-            unknown_frames=unknown,
-            outstanding_bytes=v.outstanding_bytes,
-            outstanding_count=v.outstanding_count,
-            allocs=v.allocs,
-            frees=v.frees,
-            alloc_bytes=v.alloc_bytes,
-            freed_bytes=v.freed_bytes,
-            oldest_age_s=(now_ns - oldest[key]) / 1e9 if key in oldest else None,
-            series=series.get(key, []),
-            reach=reached.get(key),
-        )
-        group = (r.pid, python.group(r.pid, frames, by_entry=True))
-        merged[group] = _merge(merged[group], item) if group in merged else item
-    return sorted(merged.values(), key=lambda s: s.outstanding_bytes, reverse=True)
-
-
-def _big(bpf, b, spaces: Spaces, kernel_mode: bool) -> BigAlloc:
-    frames: list[str] = []
-    if b.key.stack_id >= 0 or (not kernel_mode and b.key.ip):
-        # no frame-pointer walk where rbp was not a frame pointer: the stack copy names the frames
-        addresses = list(bpf["stacks"].walk(b.key.stack_id)) if b.key.stack_id >= 0 else [b.key.ip]
-        if kernel_mode:
-            frames = [bpf.ksym(a, show_offset=True).decode(errors="replace") for a in addresses]
-        else:
-            try:
-                samples = bpf["samples"]
-                key = samples.Key(tgid=b.key.tgid, stack_id=b.key.stack_id, ip=b.key.ip, at_sp=b.key.at_sp)
-                s = samples[key]
-                addresses, _ = recover(
-                    spaces.get(b.key.tgid),
-                    addresses,
-                    (s.regs.ip, s.regs.sp, s.regs.bp),
-                    bytes(bytearray(s.data)[: s.len]),
-                )
-            except KeyError:
-                pass
-            frames = [str(f) for f in Symbolizer(spaces.get(b.key.tgid), jit=True).frames(addresses)]
-    boot = clock.boot_offset()
-    return BigAlloc(
-        pid=b.key.tgid,
-        comm=b.comm.decode(errors="replace"),
-        size=b.size,
-        address=b.addr,
-        when=boot + b.ts_ns / 1e9,
-        frames=frames,
-    )

@@ -29,10 +29,11 @@ from memdiag.system.signals import interrupted
 from .. import bpfstats
 from ..allocator import BPF_FUNCTION, Placement, find_allocator, is_emulated
 from ..base import bpf_stats, detach_all, load, program_stats
-from ..elf import ElfInfo, Symbol, elf_info
+from ..elf import ElfInfo, elf_info
 from ..face import StackReach
 from ..growth import RawStack, Spaces, StackGrowth, merge_stacks
 from ..procmaps import AddressSpace
+from ..symtab import Symbol
 from .callsites import CallSite, call_sites, wrapper_sites
 from .glibcheap import Memory, State, read_heap, state, usable_size
 from .reach import Blocks, ReachScan

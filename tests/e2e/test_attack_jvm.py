@@ -24,7 +24,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memdiag.probes.jvm import jfr as jfrmod
 from memdiag.probes.jvm.attach import MAX_REPLY_BYTES, AttachRefused, Jvm, describe_target, jcmd, jvm_tmp
-from memdiag.probes.jvm.jfr import NO_TRUSTED_JFR, Recording, clean_stale, run_confined, trusted_jfr
+from memdiag.probes.jvm.jfr import Recording, clean_stale
+from memdiag.probes.jvm.tool import NO_TRUSTED_JFR, run_confined, trusted_jfr
 from memdiag.system.hsperfdata import parse_perfdata, read_perfdata
 from memdiag.system.jvm import jvm_counters
 from memdiag.system.runtime import jvm_version

@@ -15,9 +15,10 @@ import pytest
 from jvmkit import JAVA_HOME, have_jdk
 from kit import wait_until
 from memdiag.probes.jvm.attach import AttachRefused, describe_target, jcmd, jvm_tmp, refusal, start_listener
-from memdiag.probes.jvm.jfr import MID, Recording, print_json, trusted_jfr
+from memdiag.probes.jvm.jfr import MID, Recording, print_json
 from memdiag.probes.jvm.perfmap import jit_perf_map
 from memdiag.probes.jvm.recording import held, parse_recording
+from memdiag.probes.jvm.tool import trusted_jfr
 from memdiag.system.hsperfdata import perfdata_absence, read_perfdata
 from memdiag.system.jvm import jvm_counters, read_jvm_memory
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from elftools.elf.elffile import ELFFile
 from elftools.elf.sections import SymbolTableSection
-from memdiag.probes.elf import _bind_code, _type_code, symbol_rows
+from memdiag.probes.symtab import _bind_code, _type_code, symbol_rows
 
 LIBS = [
     p for p in ("/usr/lib/x86_64-linux-gnu/libc.so.6", "/usr/lib/x86_64-linux-gnu/libstdc++.so.6") if Path(p).exists()

@@ -18,6 +18,7 @@ from elfgen import shared_object
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memdiag.probes import elf as elfmod
+from memdiag.probes import symtab
 from memdiag.probes.elf import passing_elf_info
 from memdiag.probes.go.pclntab import PclntabError, go_table
 from memdiag.probes.mapping import MAX_CODE_MAPPINGS, MAX_DATA_MAPPINGS, parse_maps
@@ -165,7 +166,7 @@ def _exercise(path: str) -> None:
     if info is not None:
         try:
             symbols = info.symbols()
-            assert len(symbols) <= elfmod.MAX_SYMBOLS
+            assert len(symbols) <= symtab.MAX_SYMBOLS
             for vaddr in [0, 0x1000, 0x1010, *(s.address + 1 for s in symbols[:3])]:
                 info.lookup(vaddr)
                 info.object_at(vaddr)

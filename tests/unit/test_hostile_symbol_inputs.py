@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from elfgen import FUNC_BYTES, TEXT_AT, debug_at, shared_object
 from memdiag.probes import elf as elfmod
-from memdiag.probes.elf import MAX_SYMBOLS, elf_info, forget, passing_elf_info
+from memdiag.probes import symtab
+from memdiag.probes.elf import elf_info, forget, passing_elf_info
 from memdiag.probes.mapping import MAX_CODE_MAPPINGS, MAX_DATA_MAPPINGS, parse_maps
 from memdiag.system import perfmap
 from memdiag.system.perfmap import MAX_LINES, MAX_NAME, read_perf_map
@@ -209,14 +210,14 @@ def test_a_symbol_table_past_the_bound_keeps_its_first_functions_in_bounded_memo
     """Before: 2,000,000 symbols cost 518 MiB of peak RSS and 4.4 s. MAX_SYMBOLS are kept now, in
     arrays (SymbolTable)."""
     path = tmp_path / "huge.so"
-    path.write_bytes(shared_object(MAX_SYMBOLS + 50_000))
+    path.write_bytes(shared_object(symtab.MAX_SYMBOLS + 50_000))
     code = (
         f"info = memdiag.probes.elf.passing_elf_info({str(path)!r})\n"
         "out.update(kept=len(info._table()), notes=memdiag.probes.elf.take_notes(),"
         f" first=info.lookup({TEXT_AT + 5})[0].name)"
     )
     got = _measured(code)
-    assert got["kept"] == MAX_SYMBOLS and got["first"] == "f000000000001"
+    assert got["kept"] == symtab.MAX_SYMBOLS and got["first"] == "f000000000001"
     assert got["notes"] == [f"{path}: {BOUND}"]
     assert got["peak_mib"] < 80 and got["seconds"] < 10, got  # measured here: +46 MiB, 0.3 s
 
@@ -233,8 +234,8 @@ def test_every_symbol_naming_one_huge_string_costs_its_bound_of_names(tmp_path):
         " notes=memdiag.probes.elf.take_notes())"
     )
     got = _measured(code)
-    assert got["longest"] == elfmod.MAX_SYMBOL_NAME + 1  # cut, and marked so
-    assert 0 < got["kept"] <= elfmod.MAX_NAME_CHARS // elfmod.MAX_SYMBOL_NAME
+    assert got["longest"] == symtab.MAX_SYMBOL_NAME + 1  # cut, and marked so
+    assert 0 < got["kept"] <= symtab.MAX_NAME_CHARS // symtab.MAX_SYMBOL_NAME
     assert got["notes"] == [f"{path}: {BOUND}"]
     assert got["peak_mib"] < 80 and got["seconds"] < 10, got  # measured here: +38 MiB, 0.05 s
 
@@ -347,8 +348,8 @@ def test_every_modules_tables_together_stay_within_their_bound_and_are_given_bac
     import gc
 
     gc.collect()
-    start = elfmod._HELD[0]  # tables other tests of this run still hold (a module cache beside elf_info's)
-    monkeypatch.setattr(elfmod, "MAX_HELD_BYTES", start + (1 << 20))  # 1 MiB more than those
+    start = symtab._HELD[0]  # tables other tests of this run still hold (a module cache beside elf_info's)
+    monkeypatch.setattr(symtab, "MAX_HELD_BYTES", start + (1 << 20))  # 1 MiB more than those
     paths = []
     for i in range(3):
         paths.append(tmp_path / f"lib{i}.so")
@@ -356,12 +357,12 @@ def test_every_modules_tables_together_stay_within_their_bound_and_are_given_bac
     first, second = passing_elf_info(str(paths[0])), passing_elf_info(str(paths[1]))
     assert len(first.symbols()) == 12_000 and not notes
     assert 0 < len(second.symbols()) < 12_000 and notes == {str(paths[1]): elfmod.BOUND_NOTE}
-    assert elfmod._HELD[0] - start <= 1 << 20
+    assert symtab._HELD[0] - start <= 1 << 20
     first.close()
     second.close()
     del first, second
     gc.collect()
-    assert elfmod._HELD[0] == start
+    assert symtab._HELD[0] == start
     third = passing_elf_info(str(paths[2]))
     assert len(third.symbols()) == 12_000
     third.close()

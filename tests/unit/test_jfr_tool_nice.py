@@ -8,11 +8,11 @@ import os
 import subprocess
 import sys
 
-from memdiag.probes.jvm.jfr import TOOL_NICE
+from memdiag.probes.jvm.tool import TOOL_NICE
 
 CHILD = """
 import os, sys
-from memdiag.probes.jvm.jfr import run_confined
+from memdiag.probes.jvm.tool import run_confined
 os.nice(int(sys.argv[1]))
 code, out, err = run_confined(["/bin/cat", "/proc/self/stat"], timeout_s=10)
 print(code, out.decode().rsplit(")", 1)[1].split()[16])

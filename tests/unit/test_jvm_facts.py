@@ -19,9 +19,9 @@ from memdiag.probes.jvm import plan as jplan
 from memdiag.probes.jvm.attach import Jvm
 from memdiag.probes.jvm.costs import Price
 from memdiag.probes.jvm.counters import live_points
-from memdiag.probes.jvm.jfr import Tool
 from memdiag.probes.jvm.probe import JfrResult
 from memdiag.probes.jvm.recording import held, parse_recording, parse_time
+from memdiag.probes.jvm.tool import Tool
 from memdiag.probes.jvm.view import FACE
 from memdiag.rules.engine import conclude, run_rules
 from memdiag.system.jvm import JvmCounters, JvmMemory, JvmSample

@@ -109,7 +109,7 @@ def test_the_playbook_asks_for_histograms_when_the_recording_is_over_the_budget_
 
 
 def test_without_a_trusted_jfr_on_the_host_the_histograms_name_the_class_and_say_why():
-    from memdiag.probes.jvm.jfr import NO_TRUSTED_JFR
+    from memdiag.probes.jvm.tool import NO_TRUSTED_JFR
 
     counters = {**BASE, **jvm_facts(leaking()), "jfr.plan": "no-tool", "jfr.not_run": NO_TRUSTED_JFR}
     outcomes = run_rules(load_rules(), counters)
