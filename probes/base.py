@@ -311,33 +311,63 @@ def run_probe(run: Run, target: Target, duration: float) -> ProbeResult:
         except identity.TargetChanged as e:
             detach_all(bpf)
             return _not_the_target(run, target, started, e.change, "while the probe was attached: it was detached")
-        with bpf_stats(), stop_on_signals() as stop:
-
-            def tick(elapsed: float) -> bool:
-                if target.kind == "cgroup":  # processes come and go in a cgroup
-                    new = target.pids() - pids
-                    _aim(run, bpf, mode, new, first=False)
-                    pids.update(new)
-                if run.spaces is not None:
-                    run.spaces.refresh(pids)
-                return bool(run.on_tick(bpf, elapsed)) if run.on_tick is not None else False
-
-            elapsed = run_for(duration, target, stop, tick=run.tick_s, on_tick=tick)
-            if stop.change is not None:
-                disarm(bpf)  # nothing more is recorded: a newcomer with its pid is no target
-                if run.spaces is not None:
-                    run.spaces.orphan(stop.change.pid)
-            if run.before_detach is not None and not stop.interrupted and stop.change is None:
-                run.before_detach(bpf, elapsed, lambda: stop.interrupted)
-            detached = time.monotonic()
-            detach_all(bpf)  # the counts stop moving before they are read: tables agree
-            detach_s = time.monotonic() - detached
-            execd = stop.change is not None and stop.change.kind == "execd"
-            fields = {} if execd else run.collect(bpf, elapsed)
-            cost = measure_cost(bpf, events=fields.pop("events", 0))
+        window = _window(run, bpf, target, mode, pids, duration)
     finally:
         bpf.cleanup()
-    if execd:
+    return _result(run, target, started, window)
+
+
+EXECD_DROPPED = (
+    "what was traced of the image before is dropped (its memory went with the exec: freed, not leaked) "
+    "and nothing of the new program is traced"
+)
+
+
+@dataclass
+class _Window:
+    """How a run's window ended: its Stop, seconds run, the detach's time, exec'd or not, fields collected, cost."""
+
+    stop: Stop
+    elapsed: float
+    detach_s: float
+    execd: bool
+    fields: dict
+    cost: Cost
+
+
+def _window(run: Run, bpf: Program, target: Target, mode: int, pids: set[int], duration: float) -> _Window:
+    """The window with everything attached: waited out tick by tick, then the last look, the detach, the collect."""
+    with bpf_stats(), stop_on_signals() as stop:
+
+        def tick(elapsed: float) -> bool:
+            if target.kind == "cgroup":  # processes come and go in a cgroup
+                new = target.pids() - pids
+                _aim(run, bpf, mode, new, first=False)
+                pids.update(new)
+            if run.spaces is not None:
+                run.spaces.refresh(pids)
+            return bool(run.on_tick(bpf, elapsed)) if run.on_tick is not None else False
+
+        elapsed = run_for(duration, target, stop, tick=run.tick_s, on_tick=tick)
+        if stop.change is not None:
+            disarm(bpf)  # nothing more is recorded: a newcomer with its pid is no target
+            if run.spaces is not None:
+                run.spaces.orphan(stop.change.pid)
+        if run.before_detach is not None and not stop.interrupted and stop.change is None:
+            run.before_detach(bpf, elapsed, lambda: stop.interrupted)
+        detached = time.monotonic()
+        detach_all(bpf)  # the counts stop moving before they are read: tables agree
+        detach_s = time.monotonic() - detached
+        execd = stop.change is not None and stop.change.kind == "execd"
+        fields = {} if execd else run.collect(bpf, elapsed)
+        cost = measure_cost(bpf, events=fields.pop("events", 0))
+    return _Window(stop, elapsed, detach_s, execd, fields, cost)
+
+
+def _result(run: Run, target: Target, started: float, window: _Window) -> ProbeResult:
+    """The run's result from how its window ended, with what the target's exit or exec left of it."""
+    stop, fields = window.stop, window.fields
+    if window.execd:
         fields = dict(status="partial", reason=f"{stop.change.describe()}: {EXECD_DROPPED}")  # type: ignore[union-attr]
     elif stop.change is not None:
         said = f"{stop.change.describe()}: what was traced before is kept"
@@ -349,23 +379,17 @@ def run_probe(run: Run, target: Target, duration: float) -> ProbeResult:
         method=fields.pop("method", run.method),
         target=target.describe(),
         started=started,
-        duration_s=elapsed,
+        duration_s=window.elapsed,
         target_exited_at=stop.target_exited_at,
         target_execd_at=stop.target_execd_at,
         target_exec=stop.target_exec,
         interrupted=stop.interrupted,
         backed_off=stop.backed_off,
-        detach_s=detach_s,
+        detach_s=window.detach_s,
         lost=fields.pop("lost", {}),
-        cost=cost,
+        cost=window.cost,
         **fields,
     )
-
-
-EXECD_DROPPED = (
-    "what was traced of the image before is dropped (its memory went with the exec: freed, not leaked) "
-    "and nothing of the new program is traced"
-)
 
 
 def _not_the_target(run: Run, target: Target, started: float, change: identity.Change, when: str) -> ProbeResult:

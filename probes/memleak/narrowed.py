@@ -41,7 +41,7 @@ from ..face import (
     TrailItem,
 )
 from ..growth import StackGrowth, folded_lines
-from .costs import host_costs
+from .costs import Costs, host_costs
 from .facts import share_words
 from .meter import Meter, detach_seconds
 from .reach import ReachScan
@@ -134,105 +134,142 @@ class _Kept:
 def _run(target: Target, ctx: Context) -> SitesResult:
     """Trace ctx.options["function"] for ctx.seconds (less the scan), stopping where its measured
     cost and the scan's kept pause reach what the budget leaves; then the scan."""
-    from .sites import SitesRefused, reach_of, tick_s, traced, traps_ns
+    from .sites import SitesRefused, reach_of, traced
 
     started = clock.wall()
     base = SitesResult(status="unavailable", target=target.describe(), started=started, method=METHOD)
     function = ctx.options.get("function")
-    if target.kind != "pid" or target.pid is None:
-        return base.model_copy(update={"reason": "traces one process's calls: give --pid"})
-    if not function:
-        return base.model_copy(update={"reason": NO_FUNCTION})
-    if (change := target.changed()) is not None:
-        return base.model_copy(update={"reason": f"{change.describe()}: nothing was traced", **_when(change)})
+    refused = _refused(target, function)
+    if refused is not None:
+        return base.model_copy(update=refused)
     pid = target.pid
     costs = host_costs()
     if costs is None:
         return base.model_copy(update={"reason": "this host's trap costs could not be measured: no price"})
-    keep = _Kept(pid, ctx.max_pause_ms)
-    allowance = ctx.budget.allowance_ns if ctx.budget is not None else None
-    meter = Meter(pid, ctx.cpu_rate)
-    rss0 = read_rss_anon(pid)
+    metered = _Metered(target, pid, ctx, costs)
+    scan, per_key = None, {}
+    try:
+        with traced(pid, function, ctx.seconds, watch=metered.watch) as t:
+            if t.live():
+                scan, per_key = reach_of(pid, t, metered.pause_allowed_ms(t))
+    except SitesRefused as e:
+        return base.model_copy(update={"reason": str(e), "duration_s": clock.wall() - started})
+    if (change := target.changed()) is not None:  # what was traced and scanned may not be the target's
+        why = f"{change.describe()} while {function} was traced: what was traced is dropped"
+        return base.model_copy(update={"reason": why, "duration_s": clock.wall() - started, **_when(change)})
+    return metered.result(base, function, t, scan, per_key)
 
-    def priced(n: dict[str, int], kinds: dict[str, bool], run_ns: int | None = None) -> float:
-        programs = run_ns if run_ns is not None else _programs_ns(n, costs.program_ns)
-        return traps_ns(n, kinds, costs.emulated_ns, costs.stepped_ns) + programs
 
-    def watch(n: dict[str, int], kinds: dict[str, bool], attached: float) -> bool:
-        if not target.alive():  # exited or exec'd: the trace ends here, and is dropped below
+def _refused(target: Target, function: str | None) -> dict | None:
+    """Why nothing can be traced, checked before anything is measured (the result's fields); None: go on."""
+    if target.kind != "pid" or target.pid is None:
+        return {"reason": "traces one process's calls: give --pid"}
+    if not function:
+        return {"reason": NO_FUNCTION}
+    if (change := target.changed()) is not None:
+        return {"reason": f"{change.describe()}: nothing was traced", **_when(change)}
+    return None
+
+
+class _Metered:
+    """What one trace's phases share, from before the attach to its result: the host's trap prices, the
+    budget's allowance, the meter on the target's CPU clock, the pause kept for the scan, the RssAnon at the start."""
+
+    def __init__(self, target: Target, pid: int, ctx: Context, costs: Costs):
+        self.target, self.pid, self.costs = target, pid, costs
+        self.keep = _Kept(pid, ctx.max_pause_ms)
+        self.allowance = ctx.budget.allowance_ns if ctx.budget is not None else None
+        self.max_pause_ms = ctx.max_pause_ms
+        self.meter = Meter(pid, ctx.cpu_rate)
+        self.rss0 = read_rss_anon(pid)
+
+    def priced(self, n: dict[str, int], kinds: dict[str, bool], run_ns: int | None = None) -> float:
+        """What the hits counted in n cost the target: their traps plus the programs' run time (run_ns, else priced)."""
+        from .sites import traps_ns
+
+        programs = run_ns if run_ns is not None else _programs_ns(n, self.costs.program_ns)
+        return traps_ns(n, kinds, self.costs.emulated_ns, self.costs.stepped_ns) + programs
+
+    def watch(self, n: dict[str, int], kinds: dict[str, bool], attached: float) -> bool:
+        """sites.traced's watch: True stops the trace where its cost and the scan's kept pause reach the allowance."""
+        from .sites import tick_s
+
+        if not self.target.alive():  # exited or exec'd: the trace ends here, and is dropped below
             return True
-        if allowance is None:
+        if self.allowance is None:
             return False
-        spent = meter.cost(priced(n, kinds)).measured_ns or 0.0
+        spent = self.meter.cost(self.priced(n, kinds)).measured_ns or 0.0
         # the next check is a tick away, and the probes trap on until the scan stops the target (under
         # jemalloc its frees are traced until then): stop now if that, at the rate so far, would eat
         # the pause kept for the scan (bench_alloc at 100k/s under jemalloc: 0.1 s of cost a second;
         # checked only against what was spent, the scan was left no pause)
         until_scan = detach_seconds() + tick_s(attached)
         ahead = spent * until_scan / attached if attached > 0 else 0.0
-        return spent + ahead + keep.ms(until_scan) * 1e6 >= allowance
+        return spent + ahead + self.keep.ms(until_scan) * 1e6 >= self.allowance
 
-    scan, per_key = None, {}
-    try:
-        with traced(pid, function, ctx.seconds, watch=watch) as t:
-            if t.live():
-                # the pause allowed: what the budget leaves after the trace, within the longest stop allowed
-                spent = meter.cost(priced(t.stats, t.kinds)).measured_ns or 0.0
-                left_ms = (allowance - spent) / 1e6 if allowance is not None else None
-                limits = [x for x in (left_ms, ctx.max_pause_ms) if x is not None]
-                scan, per_key = reach_of(pid, t, max(0.0, min(limits)) if limits else None)
-    except SitesRefused as e:
-        return base.model_copy(update={"reason": str(e), "duration_s": clock.wall() - started})
-    if (change := target.changed()) is not None:  # what was traced and scanned may not be the target's
-        why = f"{change.describe()} while {function} was traced: what was traced is dropped"
-        return base.model_copy(update={"reason": why, "duration_s": clock.wall() - started, **_when(change)})
-    run_ns = t.run[1] if t.run is not None else None  # None: the kernel kept no run time
-    traps = priced(t.stats, t.kinds, run_ns)
-    cost = meter.cost(traps, (scan.paused_ms or 0.0) / 1000 if scan is not None else 0.0)  # the pause: the scan's
-    live = t.live()
-    rss1 = read_rss_anon(pid)
-    stacks = [_stack(s, t, per_key) for s in t.stacks]
-    lost = {k: v for k, v in t.stats.items() if k.endswith("_dropped") or k == "stack_errors"}
-    partial = t.stats["blocks_dropped"] > 0
+    def pause_allowed_ms(self, t: SiteTrace) -> float | None:
+        """The scan's pause: what the budget leaves after the trace, within the longest stop allowed (None: none)."""
+        spent = self.meter.cost(self.priced(t.stats, t.kinds)).measured_ns or 0.0
+        left_ms = (self.allowance - spent) / 1e6 if self.allowance is not None else None
+        limits = [x for x in (left_ms, self.max_pause_ms) if x is not None]
+        return max(0.0, min(limits)) if limits else None
+
+    def result(
+        self, base: SitesResult, function: str, t: SiteTrace, scan: ReachScan | None, per_key: dict
+    ) -> SitesResult:
+        """The result: the trace's books and the scan's, what they cost, and how the target's RSS grew."""
+        run_ns = t.run[1] if t.run is not None else None  # None: the kernel kept no run time
+        traps = self.priced(t.stats, t.kinds, run_ns)
+        paused_s = (scan.paused_ms or 0.0) / 1000 if scan is not None else 0.0  # the pause: the scan's
+        cost = self.meter.cost(traps, paused_s)
+        live = t.live()
+        rss1 = read_rss_anon(self.pid)
+        stacks = [_stack(s, t, per_key) for s in t.stacks]
+        partial = t.stats["blocks_dropped"] > 0
+        frees = t.stats["frees_emulated"] + t.stats["frees_stepped"]
+        costs = self.costs
+        return base.model_copy(
+            update={
+                "status": "partial" if partial else "ok",
+                "reason": _reason(function, t, frees, partial),
+                "method": METHOD if t.liveness == "headers" else METHOD_FREES.format(allocator=t.allocator),
+                "duration_s": t.seconds,
+                "backed_off": t.stopped,
+                "function": function,
+                "module": t.module,
+                "allocator": t.allocator,
+                "liveness": t.liveness,
+                "sites": len(t.sites),
+                "single_stepped": sum(1 for e in t.emulated if not e),
+                "calls": t.stats["hits"] - t.stats["null"],
+                "frees": frees,
+                "frees_traced": t.frees,
+                "live_count": len(live),
+                "live_bytes": sum(b.size or 0 for b in live),
+                "sized": all(b.size is not None for b in live),
+                "freed_count": len(t.blocks) - len(live),
+                "stacks": stacks,
+                "folded": folded_lines(stacks, weight="bytes"),
+                "reach_scan": scan,
+                "rss_growth": rss1 - self.rss0 if self.rss0 is not None and rss1 is not None else None,
+                "tracing_cost": cost,
+                # one site hit's price: its trap as counted (the dearest of the sites: hits are not told by site)
+                "trap_ns": (costs.emulated_ns if t.kinds["hits"] else costs.stepped_ns)
+                + costs.program_ns.get("malloc_enter", 0.0),
+                "lost": {k: v for k, v in t.stats.items() if k.endswith("_dropped") or k == "stack_errors"},
+                "cost": base.cost.model_copy(update={"events": t.stats["hits"] + frees, "bpf_run_ns": run_ns}),
+            }
+        )
+
+
+def _reason(function: str, t: SiteTrace, frees: int, partial: bool) -> str:
+    """The result's reason: what was traced, and whether it stopped early or its block table filled."""
     at = f"{len(t.sites)} site" + ("s" if len(t.sites) != 1 else "")
-    frees = t.stats["frees_emulated"] + t.stats["frees_stepped"]
-    reason = (
+    return (
         f"{fmt_number(t.stats['hits'] - t.stats['null'])} calls of {function} traced at {at}"
         + (f", and {fmt_number(frees)} frees of the process" if t.liveness == "frees" else "")
         + ("; stopped early: its measured cost reached what the budget leaves" if t.stopped else "")
         + ("; the block table filled (see lost)" if partial else "")
-    )
-    return base.model_copy(
-        update={
-            "status": "partial" if partial else "ok",
-            "reason": reason,
-            "method": METHOD if t.liveness == "headers" else METHOD_FREES.format(allocator=t.allocator),
-            "duration_s": t.seconds,
-            "backed_off": t.stopped,
-            "function": function,
-            "module": t.module,
-            "allocator": t.allocator,
-            "liveness": t.liveness,
-            "sites": len(t.sites),
-            "single_stepped": sum(1 for e in t.emulated if not e),
-            "calls": t.stats["hits"] - t.stats["null"],
-            "frees": frees,
-            "frees_traced": t.frees,
-            "live_count": len(live),
-            "live_bytes": sum(b.size or 0 for b in live),
-            "sized": all(b.size is not None for b in live),
-            "freed_count": len(t.blocks) - len(live),
-            "stacks": stacks,
-            "folded": folded_lines(stacks, weight="bytes"),
-            "reach_scan": scan,
-            "rss_growth": rss1 - rss0 if rss0 is not None and rss1 is not None else None,
-            "tracing_cost": cost,
-            # one site hit's price: its trap as counted (the dearest of the sites: hits are not told by site)
-            "trap_ns": (costs.emulated_ns if t.kinds["hits"] else costs.stepped_ns)
-            + costs.program_ns.get("malloc_enter", 0.0),
-            "lost": lost,
-            "cost": base.cost.model_copy(update={"events": t.stats["hits"] + frees, "bpf_run_ns": run_ns}),
-        }
     )
 
 

@@ -170,32 +170,7 @@ def traced(pid: int, function: str, seconds: float, watch: Watch | None = None) 
     ends (a scan inside it reads exact books: SiteTrace.reread), and the counts, run time and
     stacks are completed as it ends. watch(counts, kinds, seconds attached), asked every
     tick_s(): True stops the trace there (its cost)."""
-    found = module_of(pid, function)
-    if found is None:
-        raise SitesRefused(f"no module PID {pid} maps defines {function}")
-    space, module, elf, sym = found
-    alloc = find_allocator(pid, space)
-    if alloc is None:
-        raise SitesRefused(f"PID {pid} allocates with no allocator memdiag knows: its blocks' state cannot be read")
-    frees: list[Placement] = []
-    if alloc.name != "glibc":  # libc is mapped under jemalloc too: not its heap, so its frees are traced
-        frees = [p for p in alloc.placements if BPF_FUNCTION.get(p.function) in FREEING]
-        if not frees:
-            raise SitesRefused(f"PID {pid} allocates with {alloc.name}, whose free memdiag cannot trace")
-    sites = call_sites(elf, sym) or wrapper_sites(elf, sym)
-    if not sites:
-        raise SitesRefused(f"{function} calls no allocator, nor a wrapper of one in {os.path.basename(module)}")
-    path = space.inode_path(space.first_mapping_of(module))
-    if path is None:
-        raise SitesRefused(f"{module} is not the file PID {pid} maps")
-    t = SiteTrace(function, module, sites, 0.0, {}, allocator=alloc.name, liveness="frees" if frees else "headers")
-    t.emulated = emulated(elf, sites)
-    t.kinds = {"hits": all(t.emulated)}
-    if frees:
-        t.sizing = sizing_sites(elf, sites)
-        t.kinds["call_hits"] = all(emulated(elf, t.sizing, at_call=True))
-        t.kinds |= {"frees_emulated": True, "frees_stepped": False}
-        t.frees = [p.describe() for p in frees]
+    t, space, path, frees = _planned(pid, function)
     bpf = load(PROGRAM, {})
     spaces = Spaces()
     spaces.same = lambda p: identity.check_pid(p) is None  # a read of pid once it is not the target is dropped
@@ -228,6 +203,37 @@ def traced(pid: int, function: str, seconds: float, watch: Watch | None = None) 
     finally:
         t._books = None
         bpf.cleanup()  # the maps' and programs' descriptors: memdiag serve lives on
+
+
+def _planned(pid: int, function: str) -> tuple[SiteTrace, AddressSpace, str, list[Placement]]:
+    """The trace planned before anything loads: module, file, frees to trace, sites, how they trap; or SitesRefused."""
+    found = module_of(pid, function)
+    if found is None:
+        raise SitesRefused(f"no module PID {pid} maps defines {function}")
+    space, module, elf, sym = found
+    alloc = find_allocator(pid, space)
+    if alloc is None:
+        raise SitesRefused(f"PID {pid} allocates with no allocator memdiag knows: its blocks' state cannot be read")
+    frees: list[Placement] = []
+    if alloc.name != "glibc":  # libc is mapped under jemalloc too: not its heap, so its frees are traced
+        frees = [p for p in alloc.placements if BPF_FUNCTION.get(p.function) in FREEING]
+        if not frees:
+            raise SitesRefused(f"PID {pid} allocates with {alloc.name}, whose free memdiag cannot trace")
+    sites = call_sites(elf, sym) or wrapper_sites(elf, sym)
+    if not sites:
+        raise SitesRefused(f"{function} calls no allocator, nor a wrapper of one in {os.path.basename(module)}")
+    path = space.inode_path(space.first_mapping_of(module))
+    if path is None:
+        raise SitesRefused(f"{module} is not the file PID {pid} maps")
+    t = SiteTrace(function, module, sites, 0.0, {}, allocator=alloc.name, liveness="frees" if frees else "headers")
+    t.emulated = emulated(elf, sites)
+    t.kinds = {"hits": all(t.emulated)}
+    if frees:
+        t.sizing = sizing_sites(elf, sites)
+        t.kinds["call_hits"] = all(emulated(elf, t.sizing, at_call=True))
+        t.kinds |= {"frees_emulated": True, "frees_stepped": False}
+        t.frees = [p.describe() for p in frees]
+    return t, space, path, frees
 
 
 def sizing_sites(elf: ElfInfo, sites: list[CallSite]) -> list[CallSite]:

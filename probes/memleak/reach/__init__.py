@@ -81,30 +81,13 @@ def scan(
         if change is not None:
             raise ScanAborted(f"{change.describe()}: the scan stopped and concluded nothing")
 
-    try:
-        same()
-        t = time.monotonic()
-        ahead = read_blocks(False)
-        est = price(pid, ahead, (time.monotonic() - t) * 1000, allowed_ms)
-        same()  # what the price read (maps, page map, a sample of memory) was the target's
-    except ScanAborted as e:
-        return ReachScan(status="failed", reason=str(e)), {}
-    if est is None:
-        return ReachScan(status="failed", reason="the target is gone"), {}
+    est = _priced(pid, read_blocks, allowed_ms, same)
+    if isinstance(est, ReachScan):
+        return est, {}
     info = dict(planned_bytes=est.planned_bytes, priced_ms=est.ms, allowed_ms=allowed_ms)
-    if not est.blocks:
-        return ReachScan(status="ran", reason="no outstanding block to check: the target was not stopped", **info), {}
-    if est.refused:
-        return ReachScan(status="skipped", reason=est.refused, **info), {}
-    if allowed_ms is not None and est.ms is not None and est.ms > allowed_ms:
-        swap = f", {fmt_mib(est.swapped_bytes)} of it in swap," if est.swapped_bytes else ""
-        why = (
-            f"reading {est.planned_bytes / 2**20:,.0f} MiB of writable memory{swap} at {fmt_speed(est.speed)} "
-            f"(sampled on the target) and {est.blocks:,} blocks would pause the target "
-            f"~{fmt_duration(est.ms / 1000)} > {fmt_duration(allowed_ms / 1000)} allowed "
-            "(a larger --budget, a longer --duration or --max-pause lets it run)"
-        )
-        return ReachScan(status="skipped", reason=why, **info), {}
+    refused = _not_stopped(est, allowed_ms, info)
+    if refused is not None:
+        return refused, {}
     try:
         check_stoppable(pid)
         same()
@@ -119,12 +102,59 @@ def scan(
         args=(pid, read_blocks, allowed_ms, interrupted, est, box, allocator, runtime_modules, same),
         name="memdiag-reach",
     )
+    _run_waited(worker, interrupted)
+    return _concluded(pid, target, box, info, namer)
+
+
+def _priced(
+    pid: int, read_blocks: Callable[[bool], Blocks], allowed_ms: float | None, same: Callable[[], None]
+) -> Price | ReachScan:
+    """The scan priced while the target runs (its blocks read once, timed), or the result saying why not."""
+    try:
+        same()
+        t = time.monotonic()
+        ahead = read_blocks(False)
+        est = price(pid, ahead, (time.monotonic() - t) * 1000, allowed_ms)
+        same()  # what the price read (maps, page map, a sample of memory) was the target's
+    except ScanAborted as e:
+        return ReachScan(status="failed", reason=str(e))
+    if est is None:
+        return ReachScan(status="failed", reason="the target is gone")
+    return est
+
+
+def _not_stopped(est: Price, allowed_ms: float | None, info: dict) -> ReachScan | None:
+    """The result where the price leaves the target running (no block, refused, over the pause allowed); None: go on."""
+    if not est.blocks:
+        return ReachScan(status="ran", reason="no outstanding block to check: the target was not stopped", **info)
+    if est.refused:
+        return ReachScan(status="skipped", reason=est.refused, **info)
+    if allowed_ms is not None and est.ms is not None and est.ms > allowed_ms:
+        swap = f", {fmt_mib(est.swapped_bytes)} of it in swap," if est.swapped_bytes else ""
+        why = (
+            f"reading {est.planned_bytes / 2**20:,.0f} MiB of writable memory{swap} at {fmt_speed(est.speed)} "
+            f"(sampled on the target) and {est.blocks:,} blocks would pause the target "
+            f"~{fmt_duration(est.ms / 1000)} > {fmt_duration(allowed_ms / 1000)} allowed "
+            "(a larger --budget, a longer --duration or --max-pause lets it run)"
+        )
+        return ReachScan(status="skipped", reason=why, **info)
+    return None
+
+
+def _run_waited(worker: threading.Thread, interrupted: Callable[[], bool]) -> None:
+    """Run the stop and scan's thread, waiting for it a tick at a time."""
     worker.start()
     while worker.is_alive():
         # asked each tick, so a signal is seen here at once (the scan thread stops at it too): the
         # CLI's deadline (system/signals.py) then gives the stop its time rather than ending it
         interrupted()
         worker.join(JOIN_TICK_S)
+
+
+def _concluded(
+    pid: int, target: Target | None, box: dict, info: dict, namer: Callable[[int, int, int], str | None] | None
+) -> tuple[ReachScan, dict[int, StackReach]]:
+    """The result from the scan's box once the target runs again: failed, no block, target changed, or classified."""
     if "error" in box:
         e = box["error"]
         reason = str(e) if isinstance(e, ScanAborted) else f"reading the target's memory failed: {e}"
