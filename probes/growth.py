@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 from memdiag.system._parse import Model
 from memdiag.system.units import fmt_number
@@ -17,6 +17,8 @@ from .cpython.frames import PyFrame, PythonStacks, mixed
 from .face import Namer, Stack, Stacks
 from .procmaps import AddressSpace
 from .stacks import Frame, Symbolizer, folded, recover
+
+T = TypeVar("T")
 
 
 class StackGrowth(Model):
@@ -102,37 +104,43 @@ def symbolize(raw: Iterable[RawStack], spaces: Spaces) -> Iterator[Symbolized]:
         yield Symbolized(r, addresses, sym.frames(addresses), method, sym)
 
 
+def merge_groups(items: Iterable[tuple[tuple, T]], combine: Callable[[T, T], T], weight: Callable[[T], int]) -> list[T]:
+    """(group, item) pairs merged by group, combine(merged so far, next) folding each next one in,
+    heaviest first: the one merge of the stacks that name alike (the same frames of one process, or
+    a CPython target's same Python call path), whatever books each probe keeps of them."""
+    merged: dict[tuple, T] = {}
+    for group, item in items:
+        merged[group] = combine(merged[group], item) if group in merged else item
+    return sorted(merged.values(), key=weight, reverse=True)
+
+
 def merge_stacks(raw: Iterable[RawStack], spaces: Spaces, group=None) -> tuple[list[StackGrowth], int]:
     """Recover, symbolize and merge stacks; returns them heaviest first and the failed look-ups.
     group(pid, frames): what stacks merge by (default: their frames; a CPython target's Python call
     path, probes/cpython/frames.py)."""
-    merged: dict[tuple, StackGrowth] = {}
     symbolizers: dict[int, Symbolizer] = {}
-    for s in symbolize(raw, spaces):
-        r, frames = s.raw, s.frames
-        symbolizers[r.pid] = s.symbolizer
-        names, functions = mixed([str(f) for f in frames], [f.function for f in frames], r.python)
-        key = (r.pid, group(r.pid, names) if group else tuple(names))
-        if key in merged:
-            m = merged[key]
-            if r.bytes > m.bytes:  # the heaviest's frames stand for the group
-                m = m.model_copy(update={"frames": names, "functions": functions, "method": s.method})
-            merged[key] = m.model_copy(
-                update={"count": m.count + r.count, "bytes": m.bytes + r.bytes, "keys": [*m.keys, r.key]}
-            )
-            continue
-        merged[key] = StackGrowth(
-            frames=names,
-            functions=functions,
-            count=r.count,
-            bytes=r.bytes,
-            pid=r.pid,
-            method=s.method,
-            unknown_frames=sum(1 for f in frames if not f.known),
-            keys=[r.key],
-        )
-    failed = sum(s.failed for s in symbolizers.values())
-    return sorted(merged.values(), key=lambda s: s.bytes, reverse=True), failed
+
+    def named() -> Iterator[tuple[tuple, StackGrowth]]:
+        for s in symbolize(raw, spaces):
+            r, frames = s.raw, s.frames
+            symbolizers[r.pid] = s.symbolizer
+            names, functions = mixed([str(f) for f in frames], [f.function for f in frames], r.python)
+            unknown = sum(1 for f in frames if not f.known)
+            one = StackGrowth(frames=names, functions=functions, count=r.count, bytes=r.bytes, pid=r.pid,
+                              method=s.method, unknown_frames=unknown, keys=[r.key])  # fmt: skip
+            yield (r.pid, group(r.pid, names) if group else tuple(names)), one
+
+    stacks = merge_groups(named(), _summed, lambda s: s.bytes)
+    return stacks, sum(s.failed for s in symbolizers.values())
+
+
+def _summed(m: StackGrowth, item: StackGrowth) -> StackGrowth:
+    """Two stacks that name alike as one: counted together, the heavier's frames standing for it."""
+    if item.bytes > m.bytes:
+        m = m.model_copy(update={"frames": item.frames, "functions": item.functions, "method": item.method})
+    return m.model_copy(
+        update={"count": m.count + item.count, "bytes": m.bytes + item.bytes, "keys": [*m.keys, *item.keys]}
+    )
 
 
 class EventStacks:

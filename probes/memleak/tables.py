@@ -11,7 +11,7 @@ from memdiag.system import clock
 
 from ..base import disarm
 from ..cpython.frames import PythonStacks, mixed
-from ..growth import RawStack, Spaces, symbolize
+from ..growth import RawStack, Spaces, merge_groups, symbolize
 from ..stacks import Symbolizer, recover
 from .reach import Blocks, merged
 from .result import BigAlloc, LeakStack
@@ -154,8 +154,8 @@ def leak_stacks(
     values = {key_tuple(k): v for k, v in bpf["per_stack"].items()}
     raw = _raw_stacks(bpf, kernel_mode, python)
     named = _kernel_frames(bpf, raw) if kernel_mode else _user_frames(raw, spaces)
-    merged: dict[tuple, LeakStack] = {}
-    for r, frames, functions, forwards, method, unknown in named:
+
+    def books(r: RawStack, frames, functions, forwards, method: str, unknown: int) -> tuple[tuple, LeakStack]:
         key, v = r.key, values[r.key]
         item = LeakStack(
             frames=frames,
@@ -174,9 +174,9 @@ def leak_stacks(
             series=series.get(key, []),
             reach=reached.get(key),
         )
-        group = (r.pid, python.group(r.pid, frames, by_entry=True))
-        merged[group] = _merge(merged[group], item) if group in merged else item
-    return sorted(merged.values(), key=lambda s: s.outstanding_bytes, reverse=True)
+        return (r.pid, python.group(r.pid, frames, by_entry=True)), item
+
+    return merge_groups((books(*n) for n in named), _merge, lambda s: s.outstanding_bytes)
 
 
 def big_alloc(bpf, b, spaces: Spaces, kernel_mode: bool) -> BigAlloc:
