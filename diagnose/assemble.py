@@ -75,8 +75,7 @@ def _probe_rows(result: EngineResult, window_s: float) -> list[ProbeStatus]:
         asked = [t for t in result.trail if t.kind == "probe" and t.name == face.name]
         why = asked[-1].reason if asked else "no rule asked for it"
         r, plan = result.results.get(face.name), result.plans.get(face.name)
-        spec = REGISTRY.spec(face.name)  # the report carries what its renderers say of the probe's cost
-        how = {"reads": not spec.bpf, "host_wide": spec.host_wide}
+        how = _how(face)  # the report carries what its readers say of the probe: its cost's measure, its stacks
         rows += [
             row.model_copy(update=how) if row.name == face.name else row
             for row in face.table(r, plan, window_s, figures, why)

@@ -421,3 +421,18 @@ def test_a_probe_added_as_one_module_and_one_registry_entry_drives_a_verdict(tmp
     assert "### Runtime heap" in md and "<h3>Runtime heap</h3>" in html and "| old | 48 MiB |" in md
     assert any(t["name"] == "fakeheap" and t["kind"] == "probe" for t in rep["trail"])
     assert "`fakeheap.in_use` | 48.0 MiB" in md
+
+
+def test_each_probes_row_carries_what_readers_of_a_stored_report_need():
+    """A report's probe rows say what its renderers and `memdiag verify` would otherwise ask the live
+    registry: whether the probe loads BPF (its cost is memdiag's reads), whether its program runs
+    host-wide, and what its stacks are (verify compares the allocation stacks of two reports)."""
+    results = {name: examples[0][0] for name, examples in EXAMPLES.items()}
+    rep = assemble(engine_result(results, {"memleak": PLAN}), 2.0)
+    rows = {name: next(p for p in rep.probes if p.name == name) for name in REGISTRY.names}
+    said = {name: (r.reads, r.host_wide, r.stacks) for name, r in rows.items()}
+    assert said["memleak"] == (False, False, "allocations") and said["faults"] == (False, False, "events")
+    assert said["brkstack"] == (False, True, "events") and said["jfr"][0] and said["goheap"][0]
+    for name in REGISTRY.names:
+        face, spec = REGISTRY.face(name), REGISTRY.spec(name)
+        assert said[name] == (not spec.bpf, spec.host_wide, face.stacks.kind if face.stacks else None), name
