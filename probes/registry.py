@@ -205,16 +205,6 @@ class Registry:
         (a report written by a release that knew another runtime)."""
         return next((r.face() for r in self.runtimes if r.name == name), None) if name else None
 
-    def mapped_runtime(self, maps: str) -> str | None:
-        """The runtime whose code the process maps first, by the file names of /proc/PID/maps alone:
-        no version read, no file opened (a runtime no mapping tells, Go, is never named here)."""
-        faces = [f for f in self.runtime_faces() if f.maps is not None]
-        for _, path in executable_mappings(maps):
-            found = next((f.name for f in faces if f.claims(path)), None)
-            if found:
-                return found
-        return None
-
     def recognise(self, pid: int, proc_root: Path = Path("/proc")) -> Runtime | None:
         """The runtime whose code the process runs, with its version (probes/runtime.py: the first
         executable mapping a runtime claims, else the executable as each runtime reads it), or None

@@ -17,7 +17,6 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from memdiag.probes.mapping import parse_maps
-from memdiag.probes.registry import REGISTRY
 from memdiag.system.cgroup import parse_mountinfo, parse_proc_cgroup
 from memdiag.system.container import parse_container_path, parse_pod_path
 from memdiag.system.jvm import parse_smaps
@@ -25,7 +24,7 @@ from memdiag.system.kmsg import parse_kmsg_line, parse_kmsg_records
 from memdiag.system.meminfo import parse_meminfo
 from memdiag.system.process import parse_process
 from memdiag.system.psi import parse_psi
-from memdiag.system.runtime import parse_go_buildinfo, parse_jdk_release
+from memdiag.system.runtime import maps_node, parse_go_buildinfo, parse_jdk_release
 from memdiag.system.slab import parse_slabinfo
 from memdiag.system.swaps import parse_swaps
 from memdiag.system.v8memory import parse_smaps as parse_v8_smaps
@@ -142,7 +141,7 @@ def test_a_reader_of_text_takes_any_text(name):
 def test_the_v8_readers_take_any_text(smaps, maps):
     _timed(parse_v8_smaps, smaps)
     _timed(parse_v8_heap_ranges, maps)
-    _timed(REGISTRY.mapped_runtime, maps)
+    _timed(maps_node, maps)
 
 
 @FUZZ

@@ -127,12 +127,14 @@ def test_jdk_release_values_lose_their_quotes():
     }
 
 
-def test_the_runtimes_name_alone_is_read_from_the_mappings():
-    assert REGISTRY.mapped_runtime(_maps("/usr/bin/node")) == "node"
-    assert REGISTRY.mapped_runtime(_maps("/usr/lib/libpython3.11.so.1.0")) == "cpython"
-    assert REGISTRY.mapped_runtime(_maps("/usr/lib/jvm/x/lib/server/libjvm.so")) == "jvm"
-    assert REGISTRY.mapped_runtime(_maps("/usr/lib/x86_64-linux-gnu/libc.so.6")) is None
-    assert REGISTRY.mapped_runtime("") is None  # nothing mapped
+def test_a_runtime_claims_its_mapped_files_by_their_names_alone():
+    def claimed(path: str) -> list[str]:
+        return [f.name for f in REGISTRY.runtime_faces() if f.claims(path)]
+
+    assert claimed("/usr/bin/node") == ["node"] and claimed("/usr/lib/x86_64-linux-gnu/libnode.so.108") == ["node"]
+    assert claimed("/usr/lib/libpython3.11.so.1.0") == ["cpython"] and claimed("/usr/bin/python3.11") == ["cpython"]
+    assert claimed("/usr/lib/jvm/x/lib/server/libjvm.so") == ["jvm"]
+    assert claimed("/usr/lib/x86_64-linux-gnu/libc.so.6") == [] and claimed("/usr/bin/prometheus") == []
 
 
 def test_cpythons_exact_version_is_its_own_py_version(tmp_path):
