@@ -173,7 +173,13 @@ def _overhead(budget: float, result: EngineResult, probes: list[ProbeStatus], wi
     column (each row measured on the target), with what the probes measured two ways apart."""
     rows = [p.overhead_percent for p in probes if p.overhead_percent is not None]
     estimate = next((p for p in result.plans.values() if p.estimate_of is not None), None)
-    measured = [m for face, r in _ran(result) if (m := face.measured(r)) is not None]
+    ran = [(face.name, m) for face, r in _ran(result) if (m := face.measured(r)) is not None]
+    otherwise = [
+        (name, m.measure, percent_of_window(m.measured_ns or 0.0, window_s), percent_of_window(m.cpu_ns, window_s))
+        for name, m in ran
+        if m.measure is not None
+    ]
+    measured = [m for _name, m in ran if m.measure is None]
     probes_ns = [m.probes_ns for m in measured if m.probes_ns is not None]
     cpu_ns = [m.cpu_ns for m in measured if m.cpu_ns is not None]
     return Overhead(
@@ -184,6 +190,7 @@ def _overhead(budget: float, result: EngineResult, probes: list[ProbeStatus], wi
         tracing_probes_percent=percent_of_window(sum(probes_ns), window_s) if probes_ns else None,
         tracing_cpu_percent=percent_of_window(sum(cpu_ns), window_s) if cpu_ns else None,
         window_s=window_s,
+        measured_otherwise=otherwise,
     )
 
 

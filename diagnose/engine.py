@@ -93,6 +93,7 @@ class Engine:
         self.classes = Classes(wrappers) if wrappers is not None else default_classes()
         # the target's runtime, recognised once: its face's counters are sampled with the rest
         self.runtime = REGISTRY.recognise(target.pid) if target.kind == "pid" and target.pid is not None else None
+        self.runtime_mark = self._runtime_mark()
         self.trail: list[TrailItem] = []
         self.results: dict[str, ProbeResult] = {}
         self.plans: dict[str, Plan] = {}
@@ -110,6 +111,13 @@ class Engine:
         self.records: list = []  # diagnose.cycles.CycleRecord, one per cycle watched
         self.kept: dict[str, ProbeResult] = {}  # per probe, the run that speaks for the window so far
         self.options: dict[str, dict] = {}  # per probe, its options as its rule gave them from facts
+
+    def _runtime_mark(self) -> object:
+        """The runtime's counters at the window's start, for its probes' rates before (its face's mark)."""
+        face = REGISTRY.runtime(self.runtime.name) if self.runtime is not None else None
+        if face is None or face.mark is None or self.target.pid is None:
+            return None
+        return face.mark(self.target.pid)
 
     # --- time and the budget ---------------------------------------------------------------
     def elapsed(self) -> float:
@@ -136,6 +144,7 @@ class Engine:
             plan=self.plans.get(name) if name else None,
             max_pause_ms=self.max_pause_ms,
             cpu_rate=rate,
+            runtime_mark=self.runtime_mark,
             options=self.options.get(name, {}) if name else {},
         )
 

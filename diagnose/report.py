@@ -93,6 +93,9 @@ class Overhead(_Model):
     tracing_probes_percent: float | None = None  # memleak: its probes' hits x trap + BPF run time
     tracing_cpu_percent: float | None = None  # memleak: the target's CPU time above its rate before
     window_s: float | None = None
+    # a probe measured another way (a flight recording: what the application paid), with the
+    # target's CPU time above its rate beside it: (probe, what it measures, its percent, the CPU's)
+    measured_otherwise: list[tuple[str, str, float | None, float | None]] = []
 
 
 Scope = Literal["process", "cgroup", "system", "runtime"]

@@ -129,7 +129,8 @@ class TracingCost(Model):
     probes_ns: float | None = None  # each program's hits x its site's trap + the programs' run time
     cpu_ns: float | None = None  # the target's CPU time above its rate before the attach
     measured_ns: float | None = None  # what is reported and enforced: the probes' count, raised by
-    # the CPU clock's up to twice it
+    # the CPU clock's up to twice it, unless `measure` says otherwise
+    measure: str | None = None  # what measured_ns is when it is another measure (cpu_ns then beside it)
 
     def percent_of(self, window_s: float) -> float | None:
         return None if self.measured_ns is None or window_s <= 0 else 100 * self.measured_ns / (window_s * 1e9)
@@ -314,6 +315,7 @@ class Context:
     plan: Plan | None = None  # run: its own plan, when it made one
     max_pause_ms: float | None = None  # the longest stop of the target allowed (None: no limit)
     cpu_rate: float | None = None  # the target's CPU seconds per second before any probe (None: unknown)
+    runtime_mark: Any = None  # its runtime's counters at the window's start (RuntimeFace.mark), if it has one
     # its own options' values: `memdiag probe`'s, or in a diagnosis what the asking rule gave from facts
     options: Mapping[str, Any] = field(default_factory=dict)
     alone: bool = False  # run by `memdiag probe NAME`, not by a diagnosis

@@ -35,6 +35,10 @@ recognise  recognise(Seen) -> Runtime | None: the runtime and its version, from 
            the executable (seen.exe). Read only through system/'s bounded readers: these are the
            target's files. None: not this runtime (a mapping `maps` claimed is its runtime still,
            its version unknown: return Runtime with version None).
+mark       mark(pid) -> anything: the runtime's counters at the window's start, taken once by the
+           engine and handed to its probes (Context.runtime_mark), so that a probe started later
+           measures its cost above the target's rates before it (a JVM: its application threads'
+           run-queue delay and its safepoint time). None: no probe of it needs one.
 sample     sample(pid, proc_root) -> a model | None: its own counters, read with every sample of
            the window (a JVM's hsperfdata and its RSS split). None (the field): it has none.
 facts      its catalog entries, FactDef(name, kind, help): facts under a namespace of its own
@@ -136,6 +140,7 @@ class RuntimeFace:
     sections: Callable[[Samples], list[Section]] = _nothing
     frames: Frames | None = None
     perf_map: str = ""
+    mark: Callable[[int], Any] | None = None
 
     def claims(self, path: str) -> bool:
         """Whether an executable mapping of this path is the runtime's code (by its file name)."""

@@ -71,6 +71,10 @@ def _overhead_lines(o, probes=()) -> list[str]:
             parts.append(f"the target's CPU time above its rate before the attach {o.tracing_cpu_percent:.2f}%")
         how = "the first counts, raised to the second up to twice it"
         lines += [f"- Allocation tracing, measured two ways ({how}): {'; '.join(parts)}"]
+    for name, what, percent, cpu in o.measured_otherwise:
+        beside = f"; beside it, the target's CPU time above its rate before, {cpu:.2f}%" if cpu is not None else ""
+        shown = f"{percent:.2f}%" if percent is not None else "not measured"
+        lines += [f"- {name}: {what}, {shown}{beside}"]
     # the rows not measured on the target itself: their overhead is their BPF run time, or for a
     # reader of the target's memory (no BPF) the time its reads held the target's memory map
     shown = [p for p in probes if not p.on_target and p.overhead_percent]

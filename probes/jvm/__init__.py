@@ -12,6 +12,13 @@ from ..runtime import RuntimeFace, Seen
 from .counters import jvm_facts, jvm_rows, jvm_sections, jvm_series
 
 
+def _mark(pid: int) -> object:
+    """The application threads' run-queue delay and the safepoint time at the window's start."""
+    from .meter import app_mark  # light, but keeps the face's imports to what every target needs
+
+    return app_mark(pid)
+
+
 def _recognise(seen: Seen) -> Runtime | None:
     """libjvm.so mapped: the version from the JDK's release file, read inside the target's root."""
     if seen.path is None:
@@ -85,5 +92,6 @@ RUNTIME = RuntimeFace(
         "outside_rss": "resident outside the heap",
     },
     sections=jvm_sections,
+    mark=_mark,
     perf_map="a JVM's memdiag asks for itself",  # probes/jvm/perfmap.py
 )

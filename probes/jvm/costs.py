@@ -23,7 +23,17 @@ KEEP = 5
 # JVM build has been measured here. A cold start: the highest of three first starts; recording:
 # OrderService's CPU over 10 s windows, 0.27 s recording against 0.17 and 0.24 s bare around it;
 # a stop: the highest of JFR.stop's and JFR.dump's measured.
-PRIORS = {"cold_start_s": 1.31, "warm_start_s": 0.04, "record_cpu_per_s": 0.0065, "stop_s": 0.09}
+# The pauses (the JVM's safepoint time above its rate): a start's, and a stop's or a dump's with its
+# search of paths to GC roots on a small heap, measured on OrderService here (issue 45: 10-20 ms and
+# 6-8 ms), rounded up.
+PRIORS = {
+    "cold_start_s": 1.31,
+    "warm_start_s": 0.04,
+    "record_cpu_per_s": 0.0065,
+    "stop_s": 0.09,
+    "start_pause_s": 0.02,
+    "stop_pause_s": 0.01,
+}
 # A class histogram (jcmd GC.class_histogram) is a full collection at a safepoint: its CPU (the VM
 # and GC threads) and its pause, per GiB of what survived the collections before it (the heap in use
 # where the heap has no eden), each at least HISTOGRAM_FLOOR_S (a small heap's look costs the
@@ -45,9 +55,19 @@ class Price:
     record_per_s: float  # its CPU seconds per second while it records
     stop_s: float
     measured_here: bool  # from this host's own measurements of this JVM build
+    start_pause_s: float = PRIORS["start_pause_s"]  # the safepoints of a start, and of a stop or a dump
+    stop_pause_s: float = PRIORS["stop_pause_s"]
 
     def total_s(self, seconds: float) -> float:
         return self.start_s + self.record_per_s * seconds + self.stop_s
+
+    def app_s(self, seconds: float, share: float) -> float:
+        """What the application would pay for a recording of `seconds` with its first look: the
+        JVM's CPU for it (start, recording, the look and the stop) where it takes CPU the
+        application's threads would have run on (`share`: of the CPUs it may use, the share its
+        threads kept busy before), and the pauses of the start, the look and the stop."""
+        cpu = self.total_s(seconds) + self.stop_s
+        return cpu * share + self.start_pause_s + 2 * self.stop_pause_s
 
 
 def _load() -> dict:
@@ -71,7 +91,14 @@ def price(build: str | None, cold: bool) -> Price:
         else PRIORS["record_cpu_per_s"],
         stop_s=figures["stop_s"] if figures["stop_s"] is not None else PRIORS["stop_s"],
         measured_here=measured,
+        start_pause_s=_or_prior(figures, "start_pause_s"),
+        stop_pause_s=_or_prior(figures, "stop_pause_s"),
     )
+
+
+def _or_prior(figures: dict, kind: str) -> float:
+    value = figures[kind]
+    return value if value is not None else PRIORS[kind]
 
 
 def remember(build: str | None, measured: dict[str, float]) -> None:

@@ -9,8 +9,21 @@
 - the whole process's CPU time above its rate before the probe (utime + stime), which includes
   that, and also moves with the target's own load.
 
-The figure reported and enforced is the first, raised to the second where that is larger, up to
-twice the first."""
+A histogram's figure (probes/jvm/histogram.py) is that one: the first, raised to the second where
+that is larger, up to twice the first.
+
+A recording's figure is what the application pays (`app_s`), and the two CPU measures stay beside it:
+- its threads' (every thread that is not the JVM's own: compiler, GC, VM, JFR, attach, signal,
+  reference and cleaner threads) time runnable but waiting for a CPU (/proc/PID/task/TID/schedstat:
+  the kernel's run-queue delay), above their rate before: where JFR's start compiles its code on
+  cores the application needs, this is what the application lost to it; on idle cores it is near
+  nothing, however much CPU the compiler threads used;
+- the JVM's time in safepoints (its counters: the application threads stopped), above their rate
+  before, counted once: the time the application stood still.
+The rates before are those from the window's start (the runtime's mark, taken by the engine) to the
+probe's; without one (the probe run by itself) nothing is subtracted and the figure is an upper bound.
+The CPU the application threads spend writing allocation samples is not in it (JFR's throttle keeps
+them to 100 a second); the process's CPU above its rate, beside it, includes that."""
 
 from __future__ import annotations
 
@@ -19,6 +32,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from memdiag.system.hsperfdata import read_perfdata
+from memdiag.system.jvm import jvm_counters
 from memdiag.system.process import cpu_seconds
 
 ALWAYS = ("JFR ", "Attach Listener")  # thread names as comm keeps them (15 characters)
@@ -48,6 +63,83 @@ def thread_times(pid: int, proc_root: Path = Path("/proc")) -> dict[int, tuple[s
     return out
 
 
+# The JVM's own threads, as comm keeps their names (15 characters): HotSpot's compiler, GC, VM,
+# JFR and service threads, and the JDK's reference, finalizer and cleaner threads. Every other
+# thread is the application's (its main thread is "java", the launcher's name).
+JVM_OWN = (
+    *ALWAYS,
+    *STARTING,
+    *STOPPING,
+    "VM Periodic Tas",
+    "GC Thread",
+    "G1 ",
+    "Parallel GC Thr",
+    "ConcGC",
+    "ZDirector",
+    "ZDriver",
+    "ZStat",
+    "ZUncommitter",
+    "ZUnmapper",
+    "ZWorker",
+    "ZRuntimeWorker",
+    "Shenandoah",
+    "Signal Dispatch",
+    "Service Thread",
+    "Monitor Deflati",
+    "Notification Th",
+    "Sweeper thread",
+    "Reference Handl",
+    "Finalizer",
+    "Common-Cleaner",
+)
+
+
+@dataclass(frozen=True)
+class AppMark:
+    """The application's counters at one moment: what a recording's cost is measured from."""
+
+    at: float  # monotonic seconds
+    wait_s: float  # its threads' run-queue delay, summed (schedstat), those alive now
+    pause_s: float | None  # the JVM's safepoint time (None: it keeps no counters)
+    threads: int  # how many application threads
+
+
+def _schedstat_wait(path: Path) -> float | None:
+    try:
+        fields = path.read_text().split()
+    except OSError:
+        return None
+    return int(fields[1]) / 1e9 if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def app_mark(pid: int, proc_root: Path = Path("/proc")) -> AppMark:
+    """The application threads' run-queue delay and the JVM's safepoint time now."""
+    at = time.monotonic()
+    base = proc_root / str(pid) / "task"
+    wait, threads = 0.0, 0
+    try:
+        tids = os.listdir(base)
+    except OSError:
+        tids = []
+    for tid in tids:
+        try:
+            name = (base / tid / "comm").read_text().rstrip("\n")
+        except OSError:
+            continue
+        if name.startswith(JVM_OWN):
+            continue
+        waited = _schedstat_wait(base / tid / "schedstat")
+        if waited is not None:
+            wait, threads = wait + waited, threads + 1
+    perf = read_perfdata(pid, proc_root)
+    pause = jvm_counters(perf).safepoint_time_s if perf is not None else None
+    return AppMark(at=at, wait_s=wait, pause_s=pause, threads=threads)
+
+
+def _above(first: float, last: float, rate: float, seconds: float) -> float:
+    return max(0.0, last - first - rate * seconds)
+
+
 def _delta(a: dict[int, tuple[str, float]], b: dict[int, tuple[str, float]], names: tuple[str, ...]) -> float:
     return sum(max(0.0, cpu - a.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in b.items() if name.startswith(names))
 
@@ -63,9 +155,38 @@ class Meter:
     marks: list[dict[int, tuple[str, float]]] = field(default_factory=list)
     threads_s: float = 0.0  # the recording threads' CPU of the steps closed so far
 
+    since: AppMark | None = None  # the window's start (the engine's mark): the application's rates before
+    app0: AppMark | None = None
+
     def __post_init__(self) -> None:
         self.cpu0 = cpu_seconds(self.pid) or 0.0
         self.marks.append(thread_times(self.pid))
+        self.app0 = app_mark(self.pid)
+
+    def app(self) -> tuple[float, float | None]:
+        """What the application paid since the probe began: its threads' run-queue delay and the
+        JVM's safepoint time, each above its rate before (seconds; the pause None where unknown)."""
+        a, b = self.app0, app_mark(self.pid)
+        assert a is not None
+        seconds, s = b.at - a.at, self.since
+        before = s is not None and a.at - s.at >= 1.0
+        wait_rate = (a.wait_s - s.wait_s) / (a.at - s.at) if before else 0.0  # type: ignore[union-attr]
+        wait = _above(a.wait_s, b.wait_s, max(0.0, wait_rate), seconds)
+        if a.pause_s is None or b.pause_s is None:
+            return wait, None
+        pause_rate = 0.0
+        if before and s.pause_s is not None:  # type: ignore[union-attr]
+            pause_rate = max(0.0, (a.pause_s - s.pause_s) / (a.at - s.at))  # type: ignore[union-attr]
+        return wait, _above(a.pause_s, b.pause_s, pause_rate, seconds)
+
+    def app_s(self) -> float:
+        """What a recording reports and enforces: the application's delay and pause, summed."""
+        wait, pause = self.app()
+        return wait + (pause or 0.0)
+
+    @property
+    def has_rates(self) -> bool:
+        return self.since is not None and self.app0 is not None and self.app0.at - self.since.at >= 1.0
 
     def close_step(self, extra: tuple[str, ...] = ()) -> float:
         """End a step (the start, the recording, the stop): its recording threads' CPU seconds."""

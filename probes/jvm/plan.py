@@ -3,13 +3,18 @@
 Refused (never signalled, the counters still read) when the target is no HotSpot JVM, accepts no
 attach (-XX:+DisableAttachMechanism), has no listener and does not catch SIGQUIT (-Xrs: a signal
 would end it), or this host has no jfr tool memdiag trusts to read the recording with (it never
-runs the target's own). Otherwise priced: the
-target's CPU time to start JFR (cold: its first start in this JVM, which JIT-compiles JFR's own
-code; warm: JFR's threads are there from an earlier recording), to record for the time asked and
-to stop (probes/jvm/costs.py: this host's measurements of the JVM's build, else the priors), as a
-share of the window, against what the budget leaves. The old objects' paths to GC roots are
-searched when the recording stops, in a safepoint (the target is paused): that search gets a
-cutoff of the pause allowed (--max-pause), within what the budget leaves after the rest."""
+runs the target's own). Otherwise priced by what the application would pay (issue 45,
+BENCHMARKS.md section 8): the JVM's CPU time to start JFR (cold: its first start in this JVM,
+which JIT-compiles JFR's own code; warm: JFR's threads are there from an earlier recording), to
+record for the time asked, to look and to stop (probes/jvm/costs.py: this host's measurements of
+the JVM's build, else the priors), of which the application pays the share of the CPUs its own
+threads kept busy before (compiler threads on a core nobody else wanted delay nobody; on cores the
+application uses they take its turns), and the safepoints of the start, the look and the stop.
+That, as a share of the window, against what the budget leaves; the JVM's whole CPU time is said
+beside it. The old objects' paths to GC roots are searched when the recording stops, in a
+safepoint (the target is paused): that search gets a cutoff of the pause allowed (--max-pause),
+within what the budget leaves after the rest. While it runs, what the application paid is
+measured (probes/jvm/meter.py) and enforced."""
 
 from __future__ import annotations
 
@@ -41,6 +46,7 @@ class JfrPlan(Plan):
     price: Price | None = None
     cutoff_ms: int = 0
     allowance_ns: float | None = None  # what the budget leaves it, as the plan priced it (None: no budget)
+    share: float = 1.0  # of the JVM's CPU for the recording, the share priced as the application's
 
 
 def jfr_started_before(pid: int, proc_root: Path = Path("/proc")) -> bool:
@@ -110,11 +116,28 @@ def plan(target: Target, ctx: Context) -> JfrPlan:
     build = counters.version if counters else None
     cold = not jfr_started_before(target.pid)
     cost = price(build, cold)
-    return _priced(ctx, jvm, tool, build, cold, cost)
+    return _priced(ctx, jvm, tool, build, cold, cost, cpu_share(target.pid, ctx.cpu_rate))
 
 
-def _priced(ctx: Context, jvm: Jvm, tool: Tool, build: str | None, cold: bool, cost: Price) -> JfrPlan:
-    total_ns = (cost.total_s(ctx.seconds) + cost.stop_s) * 1e9  # the first look is a dump: priced as a stop
+def cpu_share(pid: int, rate: float | None) -> tuple[float, str]:
+    """Of the CPUs the target may run on, the share it kept busy before (its CPU rate over the window
+    so far), and how that reads; 1 where its rate is unknown: all of the JVM's CPU is then priced as
+    the application's. A CPU quota of its cgroup is not read: its rate against the host's CPUs."""
+    try:
+        cpus = len(os.sched_getaffinity(pid))
+    except OSError:
+        cpus = os.cpu_count() or 1
+    if rate is None:
+        return 1.0, "all of it, its CPU rate before being unknown"
+    share = min(1.0, max(0.0, rate / cpus))
+    return share, f"{share:.0%} of it, the share of its {cpus} CPUs the JVM kept busy before ({rate:.2f} CPUs)"
+
+
+def _priced(
+    ctx: Context, jvm: Jvm, tool: Tool, build: str | None, cold: bool, cost: Price, share: tuple[float, str]
+) -> JfrPlan:
+    total_ns = cost.app_s(ctx.seconds, share[0]) * 1e9
+    cpu_s = cost.total_s(ctx.seconds) + cost.stop_s  # the first look is a dump: priced as a stop
     start = (
         "its first start in this JVM (JFR compiles its own code)" if cold else "a start (JFR ran in this JVM before)"
     )
@@ -122,11 +145,13 @@ def _priced(ctx: Context, jvm: Jvm, tool: Tool, build: str | None, cold: bool, c
         "as measured on this JVM build here" if cost.measured_here else "an estimate measured on OpenJDK 17 elsewhere"
     )
     what = (
-        f"a flight recording: {start} {cost.start_s * 1000:.0f} ms of the target's CPU, "
-        f"{cost.record_per_s * 1000:.1f} ms per second for the {ctx.seconds:.0f} s it would record, "
-        f"{cost.stop_s * 1000:.0f} ms to stop and as much for its first look ({source})"
+        f"a flight recording: what the application would pay, {total_ns / 1e6:.0f} ms: of the JVM's CPU for it, "
+        f"{cpu_s * 1000:.0f} ms ({start} {cost.start_s * 1000:.0f} ms, {cost.record_per_s * 1000:.1f} ms per second "
+        f"for the {ctx.seconds:.0f} s it would record, {cost.stop_s * 1000:.0f} ms to stop and as much for its first "
+        f"look), {share[1]}, and {(cost.start_pause_s + 2 * cost.stop_pause_s) * 1000:.0f} ms of safepoints "
+        f"({source})"
     )
-    common = dict(jvm=jvm, tool=tool, build=build, cold=cold, price=cost)
+    common = dict(jvm=jvm, tool=tool, build=build, cold=cold, price=cost, share=share[0])
     budget = ctx.budget
     allowed_ms = ctx.options.get("budget_ms")
     if allowed_ms and ctx.seconds > 0:  # memdiag probe jfr --budget-ms: what the user allows it, in the target's time

@@ -70,7 +70,7 @@ class _Session:
     def __init__(self, target: Target, ctx: Context, p: JfrPlan, rec: Recording, out: dict):
         assert p.price is not None and target.pid is not None
         self.pid, self.p, self.rec, self.out = target.pid, p, rec, out
-        self.meter = Meter(target.pid, ctx.cpu_rate or 0.0)
+        self.meter = Meter(target.pid, ctx.cpu_rate or 0.0, since=ctx.runtime_mark)
         self.allowance_s = p.allowance_ns / 1e9 if p.allowance_ns is not None else None
         self.answered = 0.0
         self.look_at = 0.0  # when (monotonic) to take the first look
@@ -79,6 +79,7 @@ class _Session:
     def start(self, seconds: float) -> float:
         """Start the recording; how long to record (its stop and reading fit in the time given)."""
         self.out["started_at"] = clock.wall()
+        self.before_start = read_counters(self.pid)
         self.rec.start()
         self.answered = time.monotonic()
         left = seconds - (clock.wall() - self.out["started_at"])
@@ -93,10 +94,14 @@ class _Session:
         starting = self.out.get("start_cpu_s") is None
         if starting and now - self.answered >= SETTLE_S:
             self.out["start_cpu_s"], starting = self.meter.close_step(STARTING), False
+            self.out["start_pause_s"] = safepoint_delta(self.before_start, read_counters(self.pid))
         if not starting and "looked_at" not in self.out and now >= self.look_at:
             self._look()
-        spent = self.meter.so_far(STARTING if starting else ())
-        return self.allowance_s is not None and spent + self.p.price.stop_s > self.allowance_s  # type: ignore[union-attr]
+        if self.allowance_s is None:
+            return False
+        price = self.p.price
+        assert price is not None
+        return self.meter.app_s() + price.stop_s * self.p.share + price.stop_pause_s > self.allowance_s
 
     def _look(self) -> None:
         """The first look: a dump of what the recording holds so far (its paths to GC roots too)."""
@@ -122,7 +127,10 @@ class _Session:
         out["stop_cpu_s"] = meter.close_step(STOPPING)
         out["stop_pause_s"] = safepoint_delta(before, read_counters(self.pid))
         out["threads_ns"], out["process_ns"] = meter.threads_s * 1e9, meter.process_s() * 1e9
-        out["measured_ns"] = meter.so_far() * 1e9
+        wait, pause = meter.app()
+        out.update(app_wait_ns=wait * 1e9, app_pause_ns=pause * 1e9 if pause is not None else None)
+        out["app_rates"] = meter.has_rates
+        out["measured_ns"] = (wait + (pause or 0.0)) * 1e9
         out["duration_s"] = clock.wall() - out["started_at"]
         if path is None:
             raise RuntimeError("the JVM wrote no recording at JFR.stop")
@@ -181,5 +189,7 @@ def _remember(out: dict) -> None:
             kind: out.get("start_cpu_s"),
             "record_cpu_per_s": (out.get("record_cpu_s") or 0.0) / rate_s if rate_s else None,
             "stop_s": out.get("stop_cpu_s"),
+            "start_pause_s": out.get("start_pause_s"),
+            "stop_pause_s": out.get("stop_pause_s"),
         },
     )

@@ -32,9 +32,15 @@ class JfrResult(ProbeResult):
     looked: bool = False  # the first look's dump was written (its holders are read for their sizes then)
     look_cpu_s: float | None = None
     look_pause_s: float | None = None  # the JVM's safepoint time while the first look's dump ran
-    measured_ns: float | None = None  # reported and enforced: the threads', raised to the process's up to twice
-    threads_ns: float | None = None  # the recording threads' CPU time (probes/jvm/meter.py)
-    process_ns: float | None = None  # the process's CPU time above its rate before
+    # reported and enforced: what the application paid (probes/jvm/meter.py), its two parts, and
+    # whether they are above its rates before (False: none known, the whole of each counted)
+    measured_ns: float | None = None
+    app_wait_ns: float | None = None  # its threads' run-queue delay above their rate before
+    app_pause_ns: float | None = None  # the JVM's safepoint time above its rate before
+    app_rates: bool = False
+    start_pause_s: float | None = None  # the JVM's safepoint time while JFR started
+    threads_ns: float | None = None  # beside it: the JVM's threads doing the recording's work, their CPU time
+    process_ns: float | None = None  # and the whole process's CPU time above its rate before
     record_rate_s: float = 0.0  # the part of the recording after the start had settled (its steady rate's)
     listener_started: bool = False  # memdiag's SIGQUIT started the JVM's attach listener
     tool: str = ""

@@ -242,11 +242,14 @@ def _size_cell(h: Held) -> str:
 
 def _cost_line(r: JfrResult) -> str:
     start = "its first start in this JVM" if r.cold_start else "its start"
+    above = "above their rates before" if r.app_rates else "all of them (no rates before were measured)"
+    pause = f"{r.app_pause_ns / 1e6:.0f} ms" if r.app_pause_ns is not None else "for a time not known"
     parts = [
-        f"cost to the target: its threads doing the recording's work used {_cpu(r.start_cpu_s)} of CPU for "
-        f"{start}, {_cpu(r.record_cpu_s)} recording, {_cpu(r.stop_cpu_s)} to stop; reported "
-        f"{_cpu((r.measured_ns or 0) / 1e9)} (raised to the process's CPU above its rate before, "
-        f"{_cpu((r.process_ns or 0) / 1e9)}, up to twice)"
+        f"cost to the application: {(r.measured_ns or 0) / 1e6:.0f} ms (its threads waited "
+        f"{(r.app_wait_ns or 0) / 1e6:.0f} ms for a CPU and the JVM stood in safepoints {pause}, {above}); "
+        f"beside it, the JVM's threads doing the recording's work used {_cpu(r.start_cpu_s)} of CPU for {start}, "
+        f"{_cpu(r.record_cpu_s)} recording, {_cpu(r.stop_cpu_s)} to stop (the process's CPU above its rate "
+        f"before, {_cpu((r.process_ns or 0) / 1e9)})"
     ]
     if r.stop_pause_s is not None:
         parts.append(
@@ -259,7 +262,9 @@ def measured(r: JfrResult) -> TracingCost | None:
     if r.measured_ns is None:
         return None
     # no probes_ns: there is no trap to count (the report's "hits x trap cost" is memleak's measure)
-    return TracingCost(attached_s=r.duration_s, cpu_ns=r.process_ns, measured_ns=r.measured_ns)
+    above = "above their rates before" if r.app_rates else "all of them, no rates before measured (an upper bound)"
+    what = f"what the application paid (its threads' wait for a CPU and the JVM's safepoints, {above})"
+    return TracingCost(attached_s=r.duration_s, cpu_ns=r.process_ns, measured_ns=r.measured_ns, measure=what)
 
 
 def caveats(r: JfrResult) -> list[str]:

@@ -247,19 +247,39 @@ def test_the_plan_prices_the_start_the_recording_and_the_stop_against_the_budget
     jvm = Jvm(pid=7, nspid=7, uid=0, gid=0, start_ticks=1, proc=__import__("pathlib").Path("/proc/7"))
     cold = Price(start_s=1.31, record_per_s=0.0065, stop_s=0.09, measured_here=False)
 
-    def planned(percent: float, seconds: float = 20):
+    def planned(percent: float, seconds: float = 20, share: float = 1.0):
         ctx = Context(seconds=seconds, budget=Budget(percent, 30), max_pause_ms=1000)
-        return jplan._priced(ctx, jvm, Tool("/usr/lib/jvm/x/bin/jfr", 17, "jfr"), "17", True, cold)
+        how = (share, f"{share:.0%} of it")
+        return jplan._priced(ctx, jvm, Tool("/usr/lib/jvm/x/bin/jfr", 17, "jfr"), "17", True, cold, how)
 
+    # where the JVM kept every CPU busy before, the application pays all of the JVM's CPU for it
     over = planned(2)  # 600 ms of a 30 s window: a cold start does not fit
     assert not over.go and over.state == "over-budget" and "--budget" in over.facts["jfr.not_run"]
-    # start, 20 s recording, the stop and the first look (a dump, priced as a stop)
-    assert over.estimated_percent == pytest.approx(100 * (1.31 + 0.0065 * 20 + 2 * 0.09) / 30)
+    # start, 20 s recording, the stop and the first look (a dump, priced as a stop), and the pauses
+    # of the start, the look and the stop (the priors: 20 + 2 x 10 ms)
+    cpu = 1.31 + 0.0065 * 20 + 2 * 0.09
+    assert over.estimated_percent == pytest.approx(100 * (cpu + 0.04) / 30)
+    assert "of the JVM's CPU for it, 1620 ms" in over.reason and "100% of it" in over.reason
     ok = planned(10)
     assert ok.go and ok.cutoff_ms == 1000 and ok.allowance_ns == pytest.approx(3e9)
-    tight = planned(5.5)  # 1.65 s allowed, 1.62 s priced: the rest is the cutoff of the paths' search
+    tight = planned(5.6)  # 1.68 s allowed, 1.66 s priced: the rest is the cutoff of the paths' search
     assert tight.go and 10 <= tight.cutoff_ms < 40
-    assert not planned(5.3).go  # 1.59 s allowed: no 10 ms left to search the paths: no holder to name
+    assert not planned(5.5).go  # 1.65 s allowed: no 10 ms left to search the paths: no holder to name
+    # a JVM that kept 1% of the CPUs busy: its compiler threads take turns nobody else wanted, and the
+    # application pays 1% of the JVM's CPU and every pause; at 2% it goes, the CPU still said
+    idle = planned(2, share=0.01)
+    assert idle.go and idle.estimated_percent == pytest.approx(100 * (cpu * 0.01 + 0.04) / 30)
+    assert idle.share == 0.01 and "1620 ms" in idle.reason
+
+
+def test_the_share_of_the_cpus_is_the_jvms_rate_over_the_cpus_it_may_use():
+    import os
+
+    cpus = len(os.sched_getaffinity(os.getpid()))
+    assert jplan.cpu_share(os.getpid(), None)[0] == 1.0  # unknown: all of it
+    share, how = jplan.cpu_share(os.getpid(), cpus / 4)
+    assert share == pytest.approx(0.25) and f"of its {cpus} CPUs" in how
+    assert jplan.cpu_share(os.getpid(), cpus * 3)[0] == 1.0
 
 
 def test_a_jvm_without_counters_says_which_flag_and_the_playbook_says_so():
