@@ -140,6 +140,24 @@ def _above(first: float, last: float, rate: float, seconds: float) -> float:
     return max(0.0, last - first - rate * seconds)
 
 
+def paid(since: AppMark | None, a: AppMark, b: AppMark) -> tuple[float, float | None]:
+    """From mark a to mark b, the application threads' run-queue delay and the JVM's safepoint
+    time, each above its rate from `since` to a (at least a second of it; else nothing is
+    subtracted). The pause is None where the JVM keeps no counters."""
+    seconds = b.at - a.at
+    before = since is not None and a.at - since.at >= 1.0
+
+    def rate(first: float | None, last: float | None) -> float:
+        if not before or first is None or last is None:
+            return 0.0
+        return max(0.0, (last - first) / (a.at - since.at))  # type: ignore[union-attr]
+
+    wait = _above(a.wait_s, b.wait_s, rate(since.wait_s if since else None, a.wait_s), seconds)
+    if a.pause_s is None or b.pause_s is None:
+        return wait, None
+    return wait, _above(a.pause_s, b.pause_s, rate(since.pause_s if since else None, a.pause_s), seconds)
+
+
 def _delta(a: dict[int, tuple[str, float]], b: dict[int, tuple[str, float]], names: tuple[str, ...]) -> float:
     return sum(max(0.0, cpu - a.get(tid, (name, 0.0))[1]) for tid, (name, cpu) in b.items() if name.startswith(names))
 
@@ -166,18 +184,8 @@ class Meter:
     def app(self) -> tuple[float, float | None]:
         """What the application paid since the probe began: its threads' run-queue delay and the
         JVM's safepoint time, each above its rate before (seconds; the pause None where unknown)."""
-        a, b = self.app0, app_mark(self.pid)
-        assert a is not None
-        seconds, s = b.at - a.at, self.since
-        before = s is not None and a.at - s.at >= 1.0
-        wait_rate = (a.wait_s - s.wait_s) / (a.at - s.at) if before else 0.0  # type: ignore[union-attr]
-        wait = _above(a.wait_s, b.wait_s, max(0.0, wait_rate), seconds)
-        if a.pause_s is None or b.pause_s is None:
-            return wait, None
-        pause_rate = 0.0
-        if before and s.pause_s is not None:  # type: ignore[union-attr]
-            pause_rate = max(0.0, (a.pause_s - s.pause_s) / (a.at - s.at))  # type: ignore[union-attr]
-        return wait, _above(a.pause_s, b.pause_s, pause_rate, seconds)
+        assert self.app0 is not None
+        return paid(self.since, self.app0, app_mark(self.pid))
 
     def app_s(self) -> float:
         """What a recording reports and enforces: the application's delay and pause, summed."""

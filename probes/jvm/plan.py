@@ -18,6 +18,7 @@ measured (probes/jvm/meter.py) and enforced."""
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 
@@ -65,13 +66,28 @@ def jfr_started_before(pid: int, proc_root: Path = Path("/proc")) -> bool:
     return False
 
 
-def _over_budget() -> dict:
+def pays(pid: int, cost: Price, share: float, seconds: float, budget: Budget) -> str:
+    """The command that pays for the recording: the budget it needs over this window, and the
+    window it needs at this budget (its price is mostly the start's, paid once: a longer window
+    spreads it), each rounded up to what a person types. A recording over more of the window is
+    priced at what this one would have been: the difference is its per-second rate, a few ms."""
+    need_s = cost.app_s(seconds, share) + MIN_CUTOFF_MS / 1000
+    percent = math.ceil(200 * need_s / budget.window_s) / 2  # to half a percent, up
+    command = f"`memdiag --pid {pid} --budget {percent:g}`"
+    per_s = budget.percent / 100 - cost.record_per_s * share  # what each second of window adds to what it may spend
+    if per_s > 0:
+        window = max(budget.window_s, (cost.app_s(0.0, share) + MIN_CUTOFF_MS / 1000) / per_s)
+        command += f" (or `--duration {math.ceil(window / 10) * 10:.0f}` at --budget {budget.percent:g})"
+    return command
+
+
+def _over_budget(command: str, need_ms: float, percent: float, window_s: float) -> dict:
     """What the rules see of a plan over the budget (its figures are in the trail)."""
     why = (
-        "its price is over the budget (the trail says by how much): a larger --budget or a longer --duration "
-        "pays for it"
+        f"its price is over the budget: the application would pay {need_ms:.0f} ms for it, {percent:.2f}% of the "
+        f"{window_s:.0f} s window; {command} pays for it"
     )
-    return {"jfr.plan": "over-budget", "jfr.not_run": why}
+    return {"jfr.plan": "over-budget", "jfr.not_run": why, "jfr.pays": command}
 
 
 def _refused(reason: str) -> JfrPlan:
@@ -112,7 +128,9 @@ def plan(target: Target, ctx: Context) -> JfrPlan:
     jvm, counters = found
     tool, how = trusted_jfr(feature_of(counters.spec_version) if counters else None)
     if tool is None:  # the JVM may be attached to: the class histograms still name the class (the playbook)
-        return JfrPlan(go=False, state="refused", reason=how, facts={"jfr.plan": "no-tool", "jfr.not_run": how})
+        return JfrPlan(
+            go=False, state="refused", reason=how, facts={"jfr.plan": "no-tool", "jfr.not_run": how, "jfr.pays": how}
+        )
     build = counters.version if counters else None
     cold = not jfr_started_before(target.pid)
     cost = price(build, cold)
@@ -173,7 +191,9 @@ def _priced(
             go=False,
             state="over-budget",
             reason=reason,
-            facts=_over_budget(),
+            facts=_over_budget(
+                pays(jvm.pid, cost, share[0], ctx.seconds, budget), total_ns / 1e6, percent, budget.window_s
+            ),
             **estimate,
             **common,
         )

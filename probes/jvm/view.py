@@ -40,6 +40,7 @@ def rows(r, p, ctx):
 FACTS = (
     FactDef("jfr.plan", "string", "the recording's plan: full, over-budget, no-tool or refused", figure=False),
     FactDef("jfr.not_run", "string", "why no recording ran (the attach refused, over the budget, no jfr tool)"),
+    FactDef("jfr.pays", "string", "the command whose budget or window pays for the recording (over the budget)"),
     FactDef("jfr.held_class", "string", "the class the JVM holds most of (old-object samples still reachable)"),
     FactDef("jfr.held_site", "string", "the Java method and line that allocated them (past the JDK's own frames)"),
     FactDef("jfr.held_anchor", "string", "what holds them: a static field (OrderService.retryQueue) or another root"),

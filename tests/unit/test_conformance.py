@@ -32,6 +32,7 @@ from memdiag.probes.go.heap import GoHeapResult, GoroutineGroup, GoStack
 from memdiag.probes.growth import StackGrowth
 from memdiag.probes.jvm.histogram import ClassGrowth, HistogramPlan, HistogramResult
 from memdiag.probes.jvm.plan import JfrPlan
+from memdiag.probes.jvm.plan import _over_budget as jfr_over_budget
 from memdiag.probes.jvm.probe import JfrResult
 from memdiag.probes.jvm.recording import Allocating, Held, JavaFrame
 from memdiag.probes.memleak import LeakStack, MemleakResult
@@ -194,6 +195,9 @@ EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
         (JFR, JfrPlan(go=True, state="full", reason="priced", facts={"jfr.plan": "full"})),
         (JfrResult(name="jfr", status="unavailable", reason=REFUSED),
          JfrPlan(go=False, state="refused", reason=REFUSED, facts={"jfr.plan": "refused", "jfr.not_run": REFUSED})),
+        (JfrResult(name="jfr", status="unavailable", reason="priced over"),
+         JfrPlan(go=False, state="over-budget", reason="priced over",
+                  facts=jfr_over_budget("`memdiag --pid 7 --budget 6`", 1700.0, 5.6, 30.0))),
     ],
     "histogram": [
         (HISTOGRAM, HistogramPlan(go=True, state="full", reason="priced", facts={"histogram.plan": "full"})),

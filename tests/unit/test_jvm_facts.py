@@ -270,6 +270,13 @@ def test_the_plan_prices_the_start_the_recording_and_the_stop_against_the_budget
     idle = planned(2, share=0.01)
     assert idle.go and idle.estimated_percent == pytest.approx(100 * (cpu * 0.01 + 0.04) / 30)
     assert idle.share == 0.01 and "1620 ms" in idle.reason
+    # over the budget, the exact command that pays: 1.66 s and the 10 ms search need 6% of 30 s; at 2%,
+    # each second of window leaves 20 - 6.5 ms, so the 1.54 s paid once need 114 s: 120 s
+    assert over.facts["jfr.pays"] == "`memdiag --pid 7 --budget 6` (or `--duration 120` at --budget 2)"
+    assert over.facts["jfr.pays"] in over.facts["jfr.not_run"] and "1660 ms" in over.facts["jfr.not_run"]
+    assert planned(6).go  # what it says pays does pay
+    long = Context(seconds=120, budget=Budget(2, 120), max_pause_ms=1000)
+    assert jplan._priced(long, jvm, Tool("/x/jfr", 17, "jfr"), "17", True, cold, (1.0, "all of it")).go
 
 
 def test_the_share_of_the_cpus_is_the_jvms_rate_over_the_cpus_it_may_use():

@@ -1,0 +1,47 @@
+"""What a flight recording costs the application (probes/jvm/meter.py): its own threads' run-queue
+delay, told from the JVM's threads by name, and the JVM's safepoints, above their rates before."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from memdiag.probes.jvm.meter import AppMark, app_mark, paid
+
+
+def task(root: Path, tid: int, comm: str, wait_ns: int) -> None:
+    d = root / "100" / "task" / str(tid)
+    d.mkdir(parents=True)
+    (d / "comm").write_text(comm + "\n")
+    (d / "schedstat").write_text(f"5000000 {wait_ns} 40\n")
+
+
+def test_only_the_application_threads_waits_are_its_own(tmp_path):
+    task(tmp_path, 100, "java", 1_000_000)  # the launcher's thread, waiting in its join
+    task(tmp_path, 101, "java", 2_000_000)  # the main thread keeps the launcher's name
+    task(tmp_path, 102, "pool-1-thread-1", 3_000_000)
+    task(tmp_path, 103, "C2 CompilerThre", 900_000_000)  # JFR's first start compiles here
+    task(tmp_path, 104, "C1 CompilerThre", 900_000_000)
+    task(tmp_path, 105, "JFR Recorder Th", 900_000_000)
+    task(tmp_path, 106, "G1 Conc#0", 900_000_000)
+    task(tmp_path, 107, "GC Thread#0", 900_000_000)
+    task(tmp_path, 108, "VM Thread", 900_000_000)
+    task(tmp_path, 109, "Attach Listener", 900_000_000)
+    task(tmp_path, 110, "Reference Handl", 900_000_000)
+    m = app_mark(100, tmp_path)
+    assert m.threads == 3 and m.wait_s == pytest.approx(0.006)
+    assert m.pause_s is None  # no hsperfdata under this root: no pauses known
+
+
+def test_the_cost_is_above_the_rates_before_and_whole_without_them():
+    since = AppMark(at=0.0, wait_s=1.0, pause_s=0.5, threads=2)
+    a = AppMark(at=10.0, wait_s=1.2, pause_s=0.6, threads=2)  # before: 20 ms/s waiting, 10 ms/s paused
+    b = AppMark(at=20.0, wait_s=1.9, pause_s=0.75, threads=2)
+    wait, pause = paid(since, a, b)
+    assert wait == pytest.approx(0.7 - 0.2) and pause == pytest.approx(0.15 - 0.1)
+    assert paid(None, a, b) == pytest.approx((0.7, 0.15))  # no rates before: all of it (an upper bound)
+    # a mark under a second before the probe gives no rate: nothing is subtracted
+    assert paid(AppMark(at=9.5, wait_s=0.0, pause_s=0.0, threads=2), a, b) == pytest.approx((0.7, 0.15))
+    # never below nothing: quieter than before is no negative cost
+    assert paid(since, a, AppMark(at=20.0, wait_s=1.21, pause_s=0.6, threads=2)) == (0.0, 0.0)
+    assert paid(since, a, AppMark(at=20.0, wait_s=1.9, pause_s=None, threads=2))[1] is None
