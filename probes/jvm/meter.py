@@ -12,16 +12,18 @@
 A histogram's figure (probes/jvm/histogram.py) is that one: the first, raised to the second where
 that is larger, up to twice the first.
 
-A recording's figure is what the application pays (`app_s`), and the two CPU measures stay beside it:
+A recording's figure is what the application pays, and the two CPU measures stay beside it:
 - its threads' (every thread that is not the JVM's own: compiler, GC, VM, JFR, attach, signal,
   reference and cleaner threads) time runnable but waiting for a CPU (/proc/PID/task/TID/schedstat:
   the kernel's run-queue delay), above their rate before: where JFR's start compiles its code on
   cores the application needs, this is what the application lost to it; on idle cores it is near
   nothing, however much CPU the compiler threads used;
-- the JVM's time in safepoints (its counters: the application threads stopped), above their rate
-  before, counted once: the time the application stood still.
-The rates before are those from the window's start (the runtime's mark, taken by the engine) to the
-probe's; without one (the probe run by itself) nothing is subtracted and the figure is an upper bound.
+- the JVM's time in safepoints (its counters: the application threads stopped) while memdiag's
+  commands ran (the start, the first look, the stop: probes/jvm/probe.py), counted once: the time
+  the application stood still for them.
+The delay's rate before is the one from the window's start (the runtime's mark, taken by the
+engine) to the probe's; without one (the probe run by itself) nothing is subtracted and the figure
+is an upper bound.
 The CPU the application threads spend writing allocation samples is not in it (JFR's throttle keeps
 them to 100 a second); the process's CPU above its rate, beside it, includes that."""
 
@@ -32,8 +34,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memdiag.system.hsperfdata import read_perfdata
-from memdiag.system.jvm import jvm_counters
 from memdiag.system.process import cpu_seconds
 
 ALWAYS = ("JFR ", "Attach Listener")  # thread names as comm keeps them (15 characters)
@@ -96,11 +96,10 @@ JVM_OWN = (
 
 @dataclass(frozen=True)
 class AppMark:
-    """The application's counters at one moment: what a recording's cost is measured from."""
+    """The application threads' run-queue delay at one moment: what a recording's cost is measured from."""
 
     at: float  # monotonic seconds
     wait_s: float  # its threads' run-queue delay, summed (schedstat), those alive now
-    pause_s: float | None  # the JVM's safepoint time (None: it keeps no counters)
     threads: int  # how many application threads
 
 
@@ -113,7 +112,7 @@ def _schedstat_wait(path: Path) -> float | None:
 
 
 def app_mark(pid: int, proc_root: Path = Path("/proc")) -> AppMark:
-    """The application threads' run-queue delay and the JVM's safepoint time now."""
+    """The application threads' run-queue delay now (every thread not the JVM's own, by name)."""
     at = time.monotonic()
     base = proc_root / str(pid) / "task"
     wait, threads = 0.0, 0
@@ -131,31 +130,16 @@ def app_mark(pid: int, proc_root: Path = Path("/proc")) -> AppMark:
         waited = _schedstat_wait(base / tid / "schedstat")
         if waited is not None:
             wait, threads = wait + waited, threads + 1
-    perf = read_perfdata(pid, proc_root)
-    pause = jvm_counters(perf).safepoint_time_s if perf is not None else None
-    return AppMark(at=at, wait_s=wait, pause_s=pause, threads=threads)
+    return AppMark(at=at, wait_s=wait, threads=threads)
 
 
-def _above(first: float, last: float, rate: float, seconds: float) -> float:
-    return max(0.0, last - first - rate * seconds)
-
-
-def paid(since: AppMark | None, a: AppMark, b: AppMark) -> tuple[float, float | None]:
-    """From mark a to mark b, the application threads' run-queue delay and the JVM's safepoint
-    time, each above its rate from `since` to a (at least a second of it; else nothing is
-    subtracted). The pause is None where the JVM keeps no counters."""
-    seconds = b.at - a.at
-    before = since is not None and a.at - since.at >= 1.0
-
-    def rate(first: float | None, last: float | None) -> float:
-        if not before or first is None or last is None:
-            return 0.0
-        return max(0.0, (last - first) / (a.at - since.at))  # type: ignore[union-attr]
-
-    wait = _above(a.wait_s, b.wait_s, rate(since.wait_s if since else None, a.wait_s), seconds)
-    if a.pause_s is None or b.pause_s is None:
-        return wait, None
-    return wait, _above(a.pause_s, b.pause_s, rate(since.pause_s if since else None, a.pause_s), seconds)
+def waited(since: AppMark | None, a: AppMark, b: AppMark) -> float:
+    """From mark a to mark b, the application threads' run-queue delay above its rate from `since`
+    to a (at least a second of it; else nothing is subtracted: an upper bound)."""
+    rate = 0.0
+    if since is not None and a.at - since.at >= 1.0:
+        rate = max(0.0, (a.wait_s - since.wait_s) / (a.at - since.at))
+    return max(0.0, b.wait_s - a.wait_s - rate * (b.at - a.at))
 
 
 def _delta(a: dict[int, tuple[str, float]], b: dict[int, tuple[str, float]], names: tuple[str, ...]) -> float:
@@ -181,16 +165,10 @@ class Meter:
         self.marks.append(thread_times(self.pid))
         self.app0 = app_mark(self.pid)
 
-    def app(self) -> tuple[float, float | None]:
-        """What the application paid since the probe began: its threads' run-queue delay and the
-        JVM's safepoint time, each above its rate before (seconds; the pause None where unknown)."""
+    def app_wait_s(self) -> float:
+        """Since the probe began, the application threads' run-queue delay above its rate before."""
         assert self.app0 is not None
-        return paid(self.since, self.app0, app_mark(self.pid))
-
-    def app_s(self) -> float:
-        """What a recording reports and enforces: the application's delay and pause, summed."""
-        wait, pause = self.app()
-        return wait + (pause or 0.0)
+        return waited(self.since, self.app0, app_mark(self.pid))
 
     @property
     def has_rates(self) -> bool:

@@ -181,19 +181,18 @@ def _priced(
     estimate = dict(estimated_percent=percent, estimate_of="the flight recording (start, recording, stop)")
     left_ns = budget.allowance_ns - total_ns
     if left_ns < MIN_CUTOFF_MS * 1e6:  # without time to search the paths to GC roots, no holder is named
+        command = pays(jvm.pid, cost, share[0], ctx.seconds, budget)
         reason = (
             f"{what} = {percent:.2f}% of the {budget.window_s:.0f} s window, leaving "
             f"{max(left_ns, 0) / 1e6:.0f} ms of the {budget.percent:g}% budget for the search of paths to GC roots "
-            f"(at least {MIN_CUTOFF_MS} ms): the counters say where the heap grows; the class and its holder need "
-            "a larger --budget or a longer --duration"
+            f"(at least {MIN_CUTOFF_MS} ms): the counters say where the heap grows; the allocating method and the "
+            f"holder need {command}"
         )
         return JfrPlan(
             go=False,
             state="over-budget",
             reason=reason,
-            facts=_over_budget(
-                pays(jvm.pid, cost, share[0], ctx.seconds, budget), total_ns / 1e6, percent, budget.window_s
-            ),
+            facts=_over_budget(command, total_ns / 1e6, percent, budget.window_s),
             **estimate,
             **common,
         )

@@ -1,9 +1,10 @@
 """The probe `jfr`: the JVM's own flight recorder, started through its attach socket for the time
 the diagnosis gives it, stopped, read and removed (probes/jvm/jfr.py), priced before it starts
-(probes/jvm/plan.py) and measured on the target while it runs (probes/jvm/meter.py: the CPU time of
-the JVM threads doing its work, raised to the process's CPU time above its rate before, up to
-twice: the start, which JIT-compiles JFR's code the first time, the recording, the stop), and the
-pause of the stop (the JVM's safepoint time while JFR.stop ran, from its counters).
+(probes/jvm/plan.py) and measured on the target while it runs (probes/jvm/meter.py): what the application
+paid, its threads' run-queue delay above its rate before and the JVM's safepoints while memdiag's
+commands ran (the start, the first look, the stop, from its counters); beside it the CPU time of
+the JVM threads doing the recording's work (the start JIT-compiles JFR's code the first time) and
+the process's CPU time above its rate before.
 It backs off, stopping early, when what it measured would pass what the budget leaves.
 
 What it says (probes/jvm/view.py): which class the JVM keeps, the Java stack that allocated it and
@@ -79,9 +80,10 @@ class _Session:
     def start(self, seconds: float) -> float:
         """Start the recording; how long to record (its stop and reading fit in the time given)."""
         self.out["started_at"] = clock.wall()
-        self.before_start = read_counters(self.pid)
+        before = read_counters(self.pid)
         self.rec.start()
         self.answered = time.monotonic()
+        self.out["start_pause_s"] = safepoint_delta(before, read_counters(self.pid))
         left = seconds - (clock.wall() - self.out["started_at"])
         span = max(0.0, left - (READ_RESERVE_S if left > 2 * READ_RESERVE_S else 0.0))
         self.look_at = self.answered + LOOK_AT * span
@@ -94,14 +96,19 @@ class _Session:
         starting = self.out.get("start_cpu_s") is None
         if starting and now - self.answered >= SETTLE_S:
             self.out["start_cpu_s"], starting = self.meter.close_step(STARTING), False
-            self.out["start_pause_s"] = safepoint_delta(self.before_start, read_counters(self.pid))
         if not starting and "looked_at" not in self.out and now >= self.look_at:
             self._look()
         if self.allowance_s is None:
             return False
         price = self.p.price
         assert price is not None
-        return self.meter.app_s() + price.stop_s * self.p.share + price.stop_pause_s > self.allowance_s
+        return self.meter.app_wait_s() + self.paused() + price.stop_s * self.p.share + price.stop_pause_s > (
+            self.allowance_s
+        )
+
+    def paused(self) -> float:
+        """The safepoints of memdiag's commands so far (the start, the first look, the stop)."""
+        return sum(self.out.get(k) or 0.0 for k in ("start_pause_s", "look_pause_s", "stop_pause_s"))
 
     def _look(self) -> None:
         """The first look: a dump of what the recording holds so far (its paths to GC roots too)."""
@@ -127,10 +134,9 @@ class _Session:
         out["stop_cpu_s"] = meter.close_step(STOPPING)
         out["stop_pause_s"] = safepoint_delta(before, read_counters(self.pid))
         out["threads_ns"], out["process_ns"] = meter.threads_s * 1e9, meter.process_s() * 1e9
-        wait, pause = meter.app()
-        out.update(app_wait_ns=wait * 1e9, app_pause_ns=pause * 1e9 if pause is not None else None)
-        out["app_rates"] = meter.has_rates
-        out["measured_ns"] = (wait + (pause or 0.0)) * 1e9
+        wait, pause = meter.app_wait_s(), self.paused()
+        out.update(app_wait_ns=wait * 1e9, app_pause_ns=pause * 1e9, app_rates=meter.has_rates)
+        out["measured_ns"] = (wait + pause) * 1e9
         out["duration_s"] = clock.wall() - out["started_at"]
         if path is None:
             raise RuntimeError("the JVM wrote no recording at JFR.stop")

@@ -32,13 +32,12 @@ class JfrResult(ProbeResult):
     looked: bool = False  # the first look's dump was written (its holders are read for their sizes then)
     look_cpu_s: float | None = None
     look_pause_s: float | None = None  # the JVM's safepoint time while the first look's dump ran
-    # reported and enforced: what the application paid (probes/jvm/meter.py), its two parts, and
-    # whether they are above its rates before (False: none known, the whole of each counted)
+    # reported and enforced: what the application paid (probes/jvm/meter.py), and its two parts
     measured_ns: float | None = None
     app_wait_ns: float | None = None  # its threads' run-queue delay above their rate before
-    app_pause_ns: float | None = None  # the JVM's safepoint time above its rate before
-    app_rates: bool = False
-    start_pause_s: float | None = None  # the JVM's safepoint time while JFR started
+    app_rates: bool = False  # that rate was known (False: the whole delay counted, an upper bound)
+    app_pause_ns: float | None = None  # the JVM's safepoints while memdiag's commands ran
+    start_pause_s: float | None = None  # the JVM's safepoint time while JFR.start ran
     threads_ns: float | None = None  # beside it: the JVM's threads doing the recording's work, their CPU time
     process_ns: float | None = None  # and the whole process's CPU time above its rate before
     record_rate_s: float = 0.0  # the part of the recording after the start had settled (its steady rate's)

@@ -243,11 +243,11 @@ def _size_cell(h: Held) -> str:
 
 def _cost_line(r: JfrResult) -> str:
     start = "its first start in this JVM" if r.cold_start else "its start"
-    above = "above their rates before" if r.app_rates else "all of them (no rates before were measured)"
-    pause = f"{r.app_pause_ns / 1e6:.0f} ms" if r.app_pause_ns is not None else "for a time not known"
+    above = "above their rate before" if r.app_rates else "all of it (no rate before was measured)"
     parts = [
         f"cost to the application: {(r.measured_ns or 0) / 1e6:.0f} ms (its threads waited "
-        f"{(r.app_wait_ns or 0) / 1e6:.0f} ms for a CPU and the JVM stood in safepoints {pause}, {above}); "
+        f"{(r.app_wait_ns or 0) / 1e6:.0f} ms for a CPU, {above}, and the JVM stood in safepoints "
+        f"{(r.app_pause_ns or 0) / 1e6:.0f} ms for the start, the first look and the stop); "
         f"beside it, the JVM's threads doing the recording's work used {_cpu(r.start_cpu_s)} of CPU for {start}, "
         f"{_cpu(r.record_cpu_s)} recording, {_cpu(r.stop_cpu_s)} to stop (the process's CPU above its rate "
         f"before, {_cpu((r.process_ns or 0) / 1e9)})"
@@ -263,8 +263,8 @@ def measured(r: JfrResult) -> TracingCost | None:
     if r.measured_ns is None:
         return None
     # no probes_ns: there is no trap to count (the report's "hits x trap cost" is memleak's measure)
-    above = "above their rates before" if r.app_rates else "all of them, no rates before measured (an upper bound)"
-    what = f"what the application paid (its threads' wait for a CPU and the JVM's safepoints, {above})"
+    above = "above its rate before" if r.app_rates else "all of it, no rate before measured (an upper bound)"
+    what = f"what the application paid (its threads' wait for a CPU, {above}, and the JVM's safepoints for memdiag)"
     return TracingCost(attached_s=r.duration_s, cpu_ns=r.process_ns, measured_ns=r.measured_ns, measure=what)
 
 

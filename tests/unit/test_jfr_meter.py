@@ -1,12 +1,12 @@
 """What a flight recording costs the application (probes/jvm/meter.py): its own threads' run-queue
-delay, told from the JVM's threads by name, and the JVM's safepoints, above their rates before."""
+delay, told from the JVM's threads by name, above its rate before."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
-from memdiag.probes.jvm.meter import AppMark, app_mark, paid
+from memdiag.probes.jvm.meter import AppMark, app_mark, waited
 
 
 def task(root: Path, tid: int, comm: str, wait_ns: int) -> None:
@@ -30,18 +30,15 @@ def test_only_the_application_threads_waits_are_its_own(tmp_path):
     task(tmp_path, 110, "Reference Handl", 900_000_000)
     m = app_mark(100, tmp_path)
     assert m.threads == 3 and m.wait_s == pytest.approx(0.006)
-    assert m.pause_s is None  # no hsperfdata under this root: no pauses known
 
 
-def test_the_cost_is_above_the_rates_before_and_whole_without_them():
-    since = AppMark(at=0.0, wait_s=1.0, pause_s=0.5, threads=2)
-    a = AppMark(at=10.0, wait_s=1.2, pause_s=0.6, threads=2)  # before: 20 ms/s waiting, 10 ms/s paused
-    b = AppMark(at=20.0, wait_s=1.9, pause_s=0.75, threads=2)
-    wait, pause = paid(since, a, b)
-    assert wait == pytest.approx(0.7 - 0.2) and pause == pytest.approx(0.15 - 0.1)
-    assert paid(None, a, b) == pytest.approx((0.7, 0.15))  # no rates before: all of it (an upper bound)
+def test_the_delay_is_above_its_rate_before_and_whole_without_it():
+    since = AppMark(at=0.0, wait_s=1.0, threads=2)
+    a = AppMark(at=10.0, wait_s=1.2, threads=2)  # before: 20 ms a second waiting
+    b = AppMark(at=20.0, wait_s=1.9, threads=2)
+    assert waited(since, a, b) == pytest.approx(0.7 - 0.2)
+    assert waited(None, a, b) == pytest.approx(0.7)  # no rate before: all of it (an upper bound)
     # a mark under a second before the probe gives no rate: nothing is subtracted
-    assert paid(AppMark(at=9.5, wait_s=0.0, pause_s=0.0, threads=2), a, b) == pytest.approx((0.7, 0.15))
+    assert waited(AppMark(at=9.5, wait_s=0.0, threads=2), a, b) == pytest.approx(0.7)
     # never below nothing: quieter than before is no negative cost
-    assert paid(since, a, AppMark(at=20.0, wait_s=1.21, pause_s=0.6, threads=2)) == (0.0, 0.0)
-    assert paid(since, a, AppMark(at=20.0, wait_s=1.9, pause_s=None, threads=2))[1] is None
+    assert waited(since, a, AppMark(at=20.0, wait_s=1.21, threads=2)) == 0.0
