@@ -1,14 +1,18 @@
 """Diagnoses of real JVMs (Debian's OpenJDK 17), end to end: the kit's Java programs and a real
 Java server from Debian (H2). The JVM's own counters say where the growth is; its flight recorder,
 through the attach socket, names the class, the Java method and line that allocated it and the
-field that holds it. The window is the default 30 s; the budget is 10%, so that JFR's first start
-in a JVM (1.77 s of the target's CPU here, BENCHMARKS.md section 8: it JIT-compiles JFR's own code)
-fits it, save in the tests of what happens when it does not: at the default 2%, two class
-histograms name the class; below their price too, the counters alone speak."""
+field that holds it. The seed's incident and the real server are diagnosed as a user would, with no
+option (30 s, 2%): the recording is priced by what the application pays (its threads' wait for a
+CPU and the JVM's safepoints), and JFR's first start, whose JIT compilation takes 0.5-1 s of the
+JVM's CPU, costs an application that leaves cores idle little of that. A JVM that keeps every CPU
+busy pays all of it: there, at 2%, two class histograms name the class and the advice says the
+command that pays for the recording; below their price too, the counters alone speak. The other
+cases keep --budget 10."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import socket
@@ -22,6 +26,7 @@ from jvmkit import have_jdk, wait_warmed_up
 from kit import MEMDIAG, wait_until
 from memdiag.probes.jvm import costs
 from memdiag.probes.jvm.attach import describe_target, jcmd
+from memdiag.probes.jvm.meter import JVM_OWN
 
 pytestmark = [
     pytest.mark.skipif(not have_jdk(), reason="needs a JDK (scripts/setup.sh --test installs openjdk-17)"),
@@ -33,9 +38,13 @@ H2_JAR = Path("/usr/share/java/h2.jar")  # Debian's libh2-java (scripts/setup.sh
 WINDOW = ("--duration", "30", "--budget", "10")
 
 
+DEFAULTS = ("--output",)  # no option but where the report goes: the window and the budget are memdiag's own
+
+
 def diagnose(memdiag, out: Path, pid: int, *extra: str) -> dict:
     wait_warmed_up(pid)
-    r = memdiag("--pid", str(pid), *(extra or WINDOW), "--output", str(out), timeout=240)
+    options = () if extra == DEFAULTS else (extra or WINDOW)
+    r = memdiag("--pid", str(pid), *options, "--output", str(out), timeout=240)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     return json.loads((out / "report.json").read_text())
@@ -73,8 +82,11 @@ def recordings_running(pid: int) -> list[str]:
 
 
 def test_a_static_retry_list_is_growth_in_the_java_heap_named_by_class_method_and_field(memdiag, java, tmp_path):
+    """The seed's incident at memdiag's defaults: `memdiag --pid N` names the class, the allocating
+    method and the holding field."""
     w = java("OrderService", "1000", jvm=["-Xmx512m"])
-    rep = diagnose(memdiag, tmp_path, w.pid)
+    rep = diagnose(memdiag, tmp_path, w.pid, *DEFAULTS)
+    assert rep["overhead"]["budget_percent"] == 2 and rep["overhead"]["window_s"] == pytest.approx(30, abs=2)
     v = rep["verdict"]
     assert v["kind"] == "growth" and v["rule"] == "java-heap-retained", v["summary"]
     assert "growth in the Java heap" in v["summary"]
@@ -84,10 +96,17 @@ def test_a_static_retry_list_is_growth_in_the_java_heap_named_by_class_method_an
     holders = section(rep, "Java heap: what holds it")["rows"]
     assert holders[0][:3] == ["byte[]", holders[0][1], "OrderService.retryQueue"]
     assert "java.util.ArrayList.elementData" in holders[0][-1]
-    assert trail(rep, "budget", "jfr")[0]["state"] == "full"
+    plan = trail(rep, "budget", "jfr")[0]
+    assert plan["state"] == "full" and "what the application would pay" in plan["reason"], plan
     assert not trail(rep, "probe", "memleak")  # a malloc probe sees none of the Java heap: not asked
     jfr = next(p for p in rep["probes"] if p["name"] == "jfr")
-    assert jfr["on_target"] and jfr["overhead_percent"] > 0
+    assert jfr["on_target"] and jfr["overhead_percent"] is not None
+    # what the application paid, and beside it the JVM's CPU for the recording (its first start's JIT
+    # compilation among it), each a share of the window
+    (name, what, paid, cpu), *_ = rep["overhead"]["measured_otherwise"]
+    assert name == "jfr" and what.startswith("what the application paid") and paid == jfr["overhead_percent"]
+    assert cpu is not None and cpu > 0
+    assert "the JVM's threads doing the recording's work used" in (tmp_path / "report.md").read_text()
     over = 0.0
     if jfr["status"] != "ok":
         # JFR's first start in a JVM is one command that cannot be cut short and costs 1.3-2.9 s of
@@ -109,8 +128,9 @@ def test_a_static_retry_list_is_growth_in_the_java_heap_named_by_class_method_an
 
 def test_a_bounded_lru_cache_is_a_cache_that_turns_over(memdiag, java, tmp_path):
     w = java("LruCache", "1000", "4000", jvm=["-Xmx1g"])
-    rep = diagnose(memdiag, tmp_path, w.pid)
+    rep = diagnose(memdiag, tmp_path, w.pid, *DEFAULTS)
     v = rep["verdict"]
+    assert trail(rep, "probe", "jfr"), rep["trail"]  # recorded at the defaults: the cache's holder is named
     none_survived = "no old-object sample survived to the stop (nothing sampled outlived a collection)"
     if v["kind"] == "growth" and none_survived in rep["caveats"]:
         # Nothing in the recording says what the heap keeps: every old-object sample died before the
@@ -197,15 +217,29 @@ def jfr_start_unmeasured(tmp_path, monkeypatch):
     return store
 
 
-def test_at_the_default_budget_two_class_histograms_name_the_class_that_grows(
+CPUS = len(os.sched_getaffinity(0))
+
+
+def test_at_the_defaults_a_jvm_keeping_every_cpu_busy_gets_two_class_histograms_and_the_command_that_pays(
     memdiag, java, tmp_path, jfr_start_unmeasured
 ):
-    """JFR's first start, priced at the prior, is over 2% of a 30 s window; two class histograms
-    (full collections) are not."""
-    w = java("OrderService", "1000", jvm=["-Xmx512m"])
-    rep = diagnose(memdiag, tmp_path, w.pid, "--duration", "30", "--budget", "2")
+    """A service that keeps every CPU busy pays all of JFR's first start (priced at the prior, 1.31 s
+    of CPU): over 2% of a 30 s window; two class histograms (full collections) are not. The advice
+    says the command whose budget or window pays for the recording."""
+    w = java("OrderService", "1000", "8", str(CPUS), jvm=["-Xmx512m"])
+    rep = diagnose(memdiag, tmp_path, w.pid, *DEFAULTS)
     v = rep["verdict"]
-    assert trail(rep, "budget", "jfr")[0]["state"] == "over-budget" and not trail(rep, "probe", "jfr")
+    plan = trail(rep, "budget", "jfr")[0]
+    assert plan["state"] == "over-budget" and not trail(rep, "probe", "jfr")
+    # its share of the CPUs before: each of them busy (pricers and the service's own thread)
+    share = int(re.search(r"(\d+)% of it, the share of its", plan["reason"]).group(1))
+    assert share >= 90, plan["reason"]
+    pays = re.search(r"`memdiag --pid (\d+) --budget ([\d.]+)` \(or `--duration (\d+)` at --budget 2\)", v["summary"])
+    assert pays and int(pays.group(1)) == w.pid and float(pays.group(2)) > 2 and int(pays.group(3)) > 30, v["summary"]
+    assert any(pays.group(0) in step for step in rep["next_steps"]), rep["next_steps"]
+    # what the application pays is its own threads': every thread that is not the JVM's own, by name
+    comms = {(t / "comm").read_text().strip() for t in Path(f"/proc/{w.pid}/task").iterdir()}
+    assert {c for c in comms if not c.startswith(JVM_OWN)} == {"java", *(f"pricer-{i}" for i in range(CPUS))}
     assert not jfr_threads(w.pid)  # no recording was ever started in it
     assert trail(rep, "budget", "histogram")[0]["state"] == "full", trail(rep, "budget", "histogram")
     assert v["kind"] == "growth" and v["rule"] == "java-heap-class-grows", v["summary"]
@@ -219,12 +253,13 @@ def test_at_the_default_budget_two_class_histograms_name_the_class_that_grows(
     assert left_in_jvm(w.pid) == []
 
 
-def test_at_the_default_budget_a_bounded_cache_is_a_bound_between_two_histograms(
+def test_at_the_defaults_a_bounded_cache_in_a_jvm_keeping_every_cpu_busy_is_a_bound_between_two_histograms(
     memdiag, java, tmp_path, jfr_start_unmeasured
 ):
-    w = java("LruCache", "1000", "4000", jvm=["-Xmx1g"])
-    rep = diagnose(memdiag, tmp_path, w.pid, "--duration", "30", "--budget", "2")
+    w = java("LruCache", "1000", "4000", str(CPUS), jvm=["-Xmx1g"])
+    rep = diagnose(memdiag, tmp_path, w.pid, *DEFAULTS)
     v = rep["verdict"]
+    assert trail(rep, "budget", "jfr")[0]["state"] == "over-budget"
     if trail(rep, "probe", "histogram"):
         assert v["kind"] == "cache" and v["rule"] == "java-heap-class-bounded", v["summary"]
         assert "between two class histograms" in v["summary"], v["summary"]
@@ -295,7 +330,7 @@ def test_a_real_h2_database_server_keeping_every_row_is_growth_held_by_its_own_c
     # old-object samples are taken as threads refill their allocation buffers: a few MiB/s of rows
     # gives the recording some tens of them
     java("H2Feeder", f"jdbc:h2:tcp://localhost:{port}/mem:orders", "2000", "2048", classpath=[str(H2_JAR)])
-    rep = diagnose(memdiag, tmp_path, server.pid)
+    rep = diagnose(memdiag, tmp_path, server.pid, *DEFAULTS)  # as a user would: no option
     v = rep["verdict"]
     assert v["kind"] == "growth" and "growth in the Java heap" in v["summary"], v["summary"]
     assert v["rule"] in ("java-heap-retained", "java-heap-growth-unnamed"), v["rule"]

@@ -1,7 +1,8 @@
 // A bounded LRU cache: a LinkedHashMap in access order holding at most CAPACITY entries of
 // 16 KiB (64 MiB at the default 4,000), looked up with keys drawn over three times its size: it
 // fills in a few seconds, then about two lookups in three miss, load a fresh value and evict the
-// eldest: turnover at its bound. args: lookups per second (default 1000), capacity (default 4000).
+// eldest: turnover at its bound. args: lookups per second (default 1000), capacity (default 4000),
+// threads pricing flat out beside it (default 0, Pricers.java).
 import java.util.LinkedHashMap;
 import java.util.Map;
 import java.util.Random;
@@ -42,6 +43,7 @@ public class LruCache {
         int rate = args.length > 0 ? Integer.parseInt(args[0]) : 1000;
         int capacity = args.length > 1 ? Integer.parseInt(args[1]) : 4000;
         cache = new Cache(capacity);
+        Pricers.start(args.length > 2 ? Integer.parseInt(args[2]) : 0);
         Random random = new Random(42);
         System.out.println("ready");
         System.out.flush();

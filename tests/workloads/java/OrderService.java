@@ -1,7 +1,7 @@
 // The seed's incident: an order service whose error branch parks each failed batch's 16 KiB
 // buffer in a static retry list that nothing drains. args: batches per second (default 1000),
 // one batch in N fails (default 8): about 2 MiB/s retained at the defaults; threads pricing
-// orders flat out beside it (default 0): a service that keeps its CPUs busy.
+// orders flat out beside it (default 0, Pricers.java): a service that keeps its CPUs busy.
 import java.util.ArrayList;
 import java.util.List;
 
@@ -23,29 +23,10 @@ public class OrderService {
         processed += buffer.length;
     }
 
-    static volatile long priced;
-
-    static void price() {
-        long[] book = new long[4096];
-        for (long n = 1; ; n++) {
-            long h = n;
-            for (int i = 0; i < book.length; i++) {
-                h = h * 31 + book[i];
-                book[i] = h;
-            }
-            priced = h;
-        }
-    }
-
     public static void main(String[] args) throws InterruptedException {
         int rate = args.length > 0 ? Integer.parseInt(args[0]) : 1000;
         int failEvery = args.length > 1 ? Integer.parseInt(args[1]) : 8;
-        int pricers = args.length > 2 ? Integer.parseInt(args[2]) : 0;
-        for (int i = 0; i < pricers; i++) {
-            Thread t = new Thread(OrderService::price, "pricer-" + i);
-            t.setDaemon(true);
-            t.start();
-        }
+        Pricers.start(args.length > 2 ? Integer.parseInt(args[2]) : 0);
         System.out.println("ready");
         System.out.flush();
         Pacer pacer = new Pacer(rate);
