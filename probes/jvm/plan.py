@@ -81,12 +81,9 @@ def pays(pid: int, cost: Price, share: float, seconds: float, budget: Budget) ->
     return command
 
 
-def _over_budget(command: str, need_ms: float, percent: float, window_s: float) -> dict:
-    """What the rules see of a plan over the budget (its figures are in the trail)."""
-    why = (
-        f"its price is over the budget: the application would pay {need_ms:.0f} ms for it, {percent:.2f}% of the "
-        f"{window_s:.0f} s window; {command} pays for it"
-    )
+def _over_budget(command: str) -> dict:
+    """What the rules see of a plan over the budget (its figures are in the trail, with their parts)."""
+    why = f"its price is over the budget (the trail says by how much): {command} pays for it"
     return {"jfr.plan": "over-budget", "jfr.not_run": why, "jfr.pays": command}
 
 
@@ -192,7 +189,7 @@ def _priced(
             go=False,
             state="over-budget",
             reason=reason,
-            facts=_over_budget(command, total_ns / 1e6, percent, budget.window_s),
+            facts=_over_budget(command),
             **estimate,
             **common,
         )

@@ -197,7 +197,7 @@ EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
          JfrPlan(go=False, state="refused", reason=REFUSED, facts={"jfr.plan": "refused", "jfr.not_run": REFUSED})),
         (JfrResult(name="jfr", status="unavailable", reason="priced over"),
          JfrPlan(go=False, state="over-budget", reason="priced over",
-                  facts=jfr_over_budget("`memdiag --pid 7 --budget 6`", 1700.0, 5.6, 30.0))),
+                  facts=jfr_over_budget("`memdiag --pid 7 --budget 6`"))),
     ],
     "histogram": [
         (HISTOGRAM, HistogramPlan(go=True, state="full", reason="priced", facts={"histogram.plan": "full"})),
