@@ -36,8 +36,9 @@ def _header(r: ProbeResult) -> list[str]:
     tracing = face.measured(r)
     if tracing is not None and tracing.measured_ns is not None and reader and face.on_target:
         # a command the runtime runs (a recording, a histogram): its CPU, measured on the target
+        what = tracing.measure or "the target's CPU time"
         cost.append(
-            f"the target's CPU time {tracing.measured_ns / 1e6:.1f} ms over {fmt_duration(tracing.attached_s)} "
+            f"{what} {tracing.measured_ns / 1e6:.1f} ms over {fmt_duration(tracing.attached_s)} "
             f"({tracing.percent_of(tracing.attached_s):.2f}%: measured on the target)"
         )
     elif tracing is not None and tracing.measured_ns is not None and reader:

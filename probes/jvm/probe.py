@@ -13,10 +13,12 @@ sites that allocate the most, from the allocation samples; the heap after each c
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 from memdiag.system import clock
 from memdiag.system.jvm import JvmCounters
+from memdiag.system.process import cpu_seconds
 from memdiag.system.target import Target
 
 from ..base import Stop, run_for, stop_on_signals
@@ -24,7 +26,7 @@ from ..face import Context
 from . import costs
 from .attach import AttachRefused
 from .jfr import MID, Recording, print_json
-from .meter import STARTING, STOPPING, Meter
+from .meter import STARTING, STOPPING, Meter, app_mark
 from .plan import JfrPlan, plan, read_counters
 from .recording import after_gc, allocating, held, parse_recording, with_sizes
 from .result import JfrResult
@@ -37,6 +39,9 @@ READ_RESERVE_S = 1.5
 # JFR's first start goes on after JFR.start answers: its JIT compilers work on JFR's code for about a
 # second more here. What the target spends that long after the answer counts as the start's.
 SETTLE_S = 2.0
+# Run alone, the rates before are watched this long before the recording is priced and started (the
+# meter takes a second of them at least).
+BASELINE_S = 1.05
 # The first look at the holders (a dump of the recording so far), this far into the recording: the
 # holders' sizes then and at the stop say whether they grew or stayed at a bound.
 LOOK_AT = 0.4
@@ -45,6 +50,9 @@ LOOK_AT = 0.4
 def run(target: Target, ctx: Context) -> JfrResult:
     """Record for ctx.seconds (its plan made first when run alone), read, clean up."""
     p = ctx.plan if isinstance(ctx.plan, JfrPlan) else plan(target, ctx)
+    if p.jvm is not None and ctx.alone and ctx.runtime_mark is None:  # priced again with the rates before
+        ctx = rates_before(p.jvm.pid, ctx)
+        p = plan(target, ctx)
     base = dict(name="jfr", target=target.describe(), started=clock.wall(), method="JFR through the attach socket")
     if not p.go or p.jvm is None:
         return JfrResult(status="unavailable", reason=p.reason, **base)
@@ -62,6 +70,17 @@ def run(target: Target, ctx: Context) -> JfrResult:
     out.setdefault("status", "error")
     _remember(out)
     return JfrResult(**base, **out)
+
+
+def rates_before(pid: int, ctx: Context) -> Context:
+    """Run alone (no diagnosis watched the target before): the target's CPU rate and its application
+    threads' run-queue delay over BASELINE_S before anything is sent to it, so that the plan prices
+    its share of the CPUs and the meter takes the delay above its rate."""
+    mark, cpu = app_mark(pid), cpu_seconds(pid)
+    time.sleep(BASELINE_S)
+    now = cpu_seconds(pid)
+    rate = (now - cpu) / (time.monotonic() - mark.at) if now is not None and cpu is not None else None
+    return dataclasses.replace(ctx, runtime_mark=mark, cpu_rate=rate)
 
 
 class _Session:
