@@ -14,6 +14,7 @@ sites that allocate the most, from the allocation samples; the heap after each c
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 
 from memdiag.system import clock
@@ -121,7 +122,7 @@ class _Session:
             return False
         price = self.p.price
         assert price is not None
-        return self.meter.app_wait_s() + self.paused() + price.stop_s * self.p.share + price.stop_pause_s > (
+        return sum(self.meter.app_s(self.paused())) + price.stop_s * self.p.share + price.stop_pause_s > (
             self.allowance_s
         )
 
@@ -153,7 +154,7 @@ class _Session:
         out["stop_cpu_s"] = meter.close_step(STOPPING)
         out["stop_pause_s"] = safepoint_delta(before, read_counters(self.pid))
         out["threads_ns"], out["process_ns"] = meter.threads_s * 1e9, meter.process_s() * 1e9
-        wait, pause = meter.app_wait_s(), self.paused()
+        wait, pause = meter.app_s(self.paused())
         out.update(app_wait_ns=wait * 1e9, app_pause_ns=pause * 1e9, app_rates=meter.has_rates)
         out["measured_ns"] = (wait + pause) * 1e9
         out["duration_s"] = clock.wall() - out["started_at"]
@@ -168,9 +169,17 @@ def _record(target: Target, ctx: Context, p: JfrPlan, rec: Recording, stop: Stop
     out.update(interrupted=stop.interrupted, backed_off=stop.backed_off, target_exited_at=stop.target_exited_at)
     session.stop()
     assert p.tool is not None
+    before = _children_cpu()
     final = parse_recording(print_json(p.tool, rec))
     first = parse_recording(print_json(p.tool, rec, MID)) if out.get("looked") else None
+    out["read_cpu_s"] = _children_cpu() - before
     _read(final, first, out)
+
+
+def _children_cpu() -> float:
+    """memdiag's children's CPU seconds so far (the jfr tool's runs, once each has ended)."""
+    t = os.times()
+    return t.children_user + t.children_system
 
 
 def safepoint_delta(a: JvmCounters | None, b: JvmCounters | None) -> float | None:
