@@ -329,8 +329,8 @@ FACE = Face(
         Option(
             "--budget-ms",
             "milliseconds",
-            "the target's CPU time the recording may cost (default: 2%% of --duration; JFR's first start in a JVM "
-            "costs about a second of it)",
+            "what the application may pay for the recording: its threads' wait for a CPU and the JVM's "
+            "safepoints (default: 2%% of --duration)",
         ),
     ),
 )
