@@ -188,7 +188,7 @@ def jvm_section(runs_per_figure: int) -> list[str]:
         "delay) and the CPU time they lost (for threads that compute flat out, their throughput), and the "
         "JVM's safepoint time (its counters: the application stopped). **The whole JVM**: its CPU time (utime "
         "+ stime). Reported: what the probe measured and enforces, what the application paid (its threads' "
-        "wait above their rate and the safepoints of memdiag's commands, or all above their rate where more); "
+        "wait above their rate and the safepoints of memdiag's commands); "
         "beside it in the report, the CPU time of the JVM's threads doing the recording's work, and memdiag's own "
         "CPU reading the recording with its jfr tool (a JVM of its own, after the stop). Where every CPU is "
         "busy, the application also waits for memdiag's own work (its start, its second of rates before, its "

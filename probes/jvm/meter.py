@@ -18,13 +18,17 @@ A recording's figure is what the application pays, and the two CPU measures stay
   the kernel's run-queue delay), above their rate before: where JFR's start compiles its code on
   cores the application needs, this is what the application lost to it; on idle cores it is near
   nothing, however much CPU the compiler threads used;
-- the JVM's time in safepoints (its counters: the application threads stopped), counted once:
-  those while memdiag's commands ran (the start, the first look, the stop: probes/jvm/probe.py), or
-  all of them above their rate before where that is more (JFR's work at each collection lengthens
-  its pause).
-The rates before are those from the window's start (the runtime's mark, taken by the engine) to
-the probe's; without one nothing is subtracted and the figure is an upper bound (run alone, the
-probe watches the target for a second first).
+- the JVM's time in safepoints (its counters: the application threads stopped) while memdiag's
+  commands ran (the start, the first look, the stop: probes/jvm/probe.py), counted once: the time
+  the application stood still for them. What JFR adds to each collection's own pause (its events
+  at a collection, the old-object sampler's weak references) is not in it: the JVM's safepoint time
+  above its rate before was tried, and on a heap whose collections lengthen by themselves (one
+  filling towards -Xmx) it charged their growth to the recording: 9.96% of the window against 1.93%
+  without it (BENCHMARKS.md section 8's HeapThrash at --budget 10, one run each), the recording
+  then stopped early at the budget.
+The delay's rate before is the one from the window's start (the runtime's mark, taken by the
+engine) to the probe's; without one nothing is subtracted and the figure is an upper bound (run
+alone, the probe watches the target for a second first).
 The CPU the application threads spend writing allocation samples is not in it (JFR's throttle keeps
 them to 100 a second); the process's CPU above its rate, beside it, includes that."""
 
@@ -35,8 +39,6 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from memdiag.system.hsperfdata import read_perfdata
-from memdiag.system.jvm import jvm_counters
 from memdiag.system.process import cpu_seconds
 
 ALWAYS = ("JFR ", "Attach Listener")  # thread names as comm keeps them (15 characters)
@@ -104,7 +106,6 @@ class AppMark:
     at: float  # monotonic seconds
     wait_s: float  # its threads' run-queue delay, summed (schedstat), those alive now
     threads: int  # how many application threads
-    pause_s: float | None = None  # the JVM's safepoint time, GC pauses included (None: no counters)
 
 
 def _schedstat_wait(path: Path) -> float | None:
@@ -134,32 +135,16 @@ def app_mark(pid: int, proc_root: Path = Path("/proc")) -> AppMark:
         waited = _schedstat_wait(base / tid / "schedstat")
         if waited is not None:
             wait, threads = wait + waited, threads + 1
-    perf = read_perfdata(pid, proc_root)
-    pause = jvm_counters(perf).safepoint_time_s if perf is not None else None
-    return AppMark(at=at, wait_s=wait, threads=threads, pause_s=pause)
-
-
-def _above(since: AppMark | None, a: AppMark, b: AppMark, kind: str) -> float | None:
-    """From mark a to mark b, a counter's rise above its rate from `since` to a (at least a second
-    of it; else nothing is subtracted: an upper bound). None: the counter is not kept."""
-    first, last = getattr(a, kind), getattr(b, kind)
-    if first is None or last is None:
-        return None
-    rate, before = 0.0, getattr(since, kind) if since is not None else None
-    if since is not None and before is not None and a.at - since.at >= 1.0:
-        rate = max(0.0, (first - before) / (a.at - since.at))
-    return max(0.0, last - first - rate * (b.at - a.at))
+    return AppMark(at=at, wait_s=wait, threads=threads)
 
 
 def waited(since: AppMark | None, a: AppMark, b: AppMark) -> float:
-    """From mark a to mark b, the application threads' run-queue delay above its rate before."""
-    return _above(since, a, b, "wait_s") or 0.0
-
-
-def paused(since: AppMark | None, a: AppMark, b: AppMark) -> float | None:
-    """From mark a to mark b, the JVM's safepoint time above its rate before: pauses the recording
-    added to the collections' (JFR's work at each collection), or none beyond their usual."""
-    return _above(since, a, b, "pause_s")
+    """From mark a to mark b, the application threads' run-queue delay above its rate from `since`
+    to a (at least a second of it; else nothing is subtracted: an upper bound)."""
+    rate = 0.0
+    if since is not None and a.at - since.at >= 1.0:
+        rate = max(0.0, (a.wait_s - since.wait_s) / (a.at - since.at))
+    return max(0.0, b.wait_s - a.wait_s - rate * (b.at - a.at))
 
 
 def _delta(a: dict[int, tuple[str, float]], b: dict[int, tuple[str, float]], names: tuple[str, ...]) -> float:
@@ -185,13 +170,10 @@ class Meter:
         self.marks.append(thread_times(self.pid))
         self.app0 = app_mark(self.pid)
 
-    def app_s(self, own_pauses: float) -> tuple[float, float]:
-        """Since the probe began, what the application paid: its threads' run-queue delay above its
-        rate before, and the safepoints: those of memdiag's own commands (own_pauses), or all of the
-        JVM's above their rate before where that is more (the recording made collections longer)."""
+    def app_wait_s(self) -> float:
+        """Since the probe began, the application threads' run-queue delay above its rate before."""
         assert self.app0 is not None
-        now = app_mark(self.pid)
-        return waited(self.since, self.app0, now), max(own_pauses, paused(self.since, self.app0, now) or 0.0)
+        return waited(self.since, self.app0, app_mark(self.pid))
 
     @property
     def has_rates(self) -> bool:

@@ -122,7 +122,7 @@ class _Session:
             return False
         price = self.p.price
         assert price is not None
-        return sum(self.meter.app_s(self.paused())) + price.stop_s * self.p.share + price.stop_pause_s > (
+        return self.meter.app_wait_s() + self.paused() + price.stop_s * self.p.share + price.stop_pause_s > (
             self.allowance_s
         )
 
@@ -154,7 +154,7 @@ class _Session:
         out["stop_cpu_s"] = meter.close_step(STOPPING)
         out["stop_pause_s"] = safepoint_delta(before, read_counters(self.pid))
         out["threads_ns"], out["process_ns"] = meter.threads_s * 1e9, meter.process_s() * 1e9
-        wait, pause = meter.app_s(self.paused())
+        wait, pause = meter.app_wait_s(), self.paused()
         out.update(app_wait_ns=wait * 1e9, app_pause_ns=pause * 1e9, app_rates=meter.has_rates)
         out["measured_ns"] = (wait + pause) * 1e9
         out["duration_s"] = clock.wall() - out["started_at"]

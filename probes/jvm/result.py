@@ -36,7 +36,7 @@ class JfrResult(ProbeResult):
     measured_ns: float | None = None
     app_wait_ns: float | None = None  # its threads' run-queue delay above their rate before
     app_rates: bool = False  # that rate was known (False: the whole delay counted, an upper bound)
-    app_pause_ns: float | None = None  # the JVM's safepoints for memdiag's commands, or all above their rate
+    app_pause_ns: float | None = None  # the JVM's safepoints while memdiag's commands ran
     read_cpu_s: float | None = None  # memdiag's own: the jfr tool's CPU reading the recording (not the target's)
     start_pause_s: float | None = None  # the JVM's safepoint time while JFR.start ran
     threads_ns: float | None = None  # beside it: the JVM's threads doing the recording's work, their CPU time

@@ -247,8 +247,7 @@ def _cost_line(r: JfrResult) -> str:
     parts = [
         f"cost to the application: {(r.measured_ns or 0) / 1e6:.0f} ms (its threads waited "
         f"{(r.app_wait_ns or 0) / 1e6:.0f} ms for a CPU, {above}, and the JVM stood in safepoints "
-        f"{(r.app_pause_ns or 0) / 1e6:.0f} ms for the start, the first look and the stop, or above their rate "
-        "where more); "
+        f"{(r.app_pause_ns or 0) / 1e6:.0f} ms for the start, the first look and the stop); "
         f"beside it, the JVM's threads doing the recording's work used {_cpu(r.start_cpu_s)} of CPU for {start}, "
         f"{_cpu(r.record_cpu_s)} recording, {_cpu(r.stop_cpu_s)} to stop (the process's CPU above its rate "
         f"before, {_cpu((r.process_ns or 0) / 1e9)})"

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from memdiag.probes.jvm.meter import AppMark, app_mark, paused, waited
+from memdiag.probes.jvm.meter import AppMark, app_mark, waited
 
 
 def task(root: Path, tid: int, comm: str, wait_ns: int) -> None:
@@ -42,11 +42,3 @@ def test_the_delay_is_above_its_rate_before_and_whole_without_it():
     assert waited(AppMark(at=9.5, wait_s=0.0, threads=2), a, b) == pytest.approx(0.7)
     # never below nothing: quieter than before is no negative cost
     assert waited(since, a, AppMark(at=20.0, wait_s=1.21, threads=2)) == 0.0
-
-
-def test_the_pauses_are_above_their_rate_and_unknown_without_counters():
-    since = AppMark(at=0.0, wait_s=0.0, threads=1, pause_s=0.5)
-    a = AppMark(at=10.0, wait_s=0.0, threads=1, pause_s=0.6)  # collections: 10 ms a second before
-    b = AppMark(at=20.0, wait_s=0.0, threads=1, pause_s=0.85)
-    assert paused(since, a, b) == pytest.approx(0.15)
-    assert paused(since, a, AppMark(at=20.0, wait_s=0.0, threads=1)) is None
