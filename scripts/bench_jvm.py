@@ -223,7 +223,8 @@ def jvm_section(runs_per_figure: int) -> list[str]:
         "share of the CPUs the JVM kept busy before, and its safepoints; where that is over the budget (a JVM "
         "keeping every CPU busy pays all of JFR's first start) the playbook runs two class histograms in its "
         "place, and the advice gives the command that pays. The JVM probe's cost: what it measured on the target, "
-        "as a share of the window, with the whole JVM's CPU above its rate beside it for a recording:",
+        "as a share of the window, with the whole JVM's CPU above its rate beside it for a recording (that one "
+        "moves with the JVM's own load: HeapThrash's collections lengthen through the window by design):",
         "",
         "| scenario | budget | verdict | right kind, named | JVM probe's cost | whole JVM's CPU, beside | "
         "measured overhead | wall |",
