@@ -34,6 +34,7 @@ them to 100 a second); the process's CPU above its rate, beside it, includes tha
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from dataclasses import dataclass, field
@@ -48,15 +49,25 @@ CPU_TRUST = 2.0
 _CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
+# The threads read of a target, at most (the kernel lists them by tid, so every look reads the same
+# ones while they live): a target's thread count is its own, and each is read at every tick.
+MAX_THREADS = 16384
+
+
+def tasks(base: Path) -> list[str]:
+    """The first MAX_THREADS thread ids under /proc/PID/task (none where it is gone)."""
+    try:
+        with os.scandir(base) as entries:
+            return [e.name for e in itertools.islice(entries, MAX_THREADS)]
+    except OSError:
+        return []
+
+
 def thread_times(pid: int, proc_root: Path = Path("/proc")) -> dict[int, tuple[str, float]]:
     """Each thread's name and CPU seconds (utime + stime)."""
     out: dict[int, tuple[str, float]] = {}
     base = proc_root / str(pid) / "task"
-    try:
-        tids = os.listdir(base)
-    except OSError:
-        return out
-    for tid in tids:
+    for tid in tasks(base):
         try:
             text = (base / tid / "stat").read_text()
         except OSError:
@@ -121,11 +132,7 @@ def app_mark(pid: int, proc_root: Path = Path("/proc")) -> AppMark:
     at = time.monotonic()
     base = proc_root / str(pid) / "task"
     wait, threads = 0.0, 0
-    try:
-        tids = os.listdir(base)
-    except OSError:
-        tids = []
-    for tid in tids:
+    for tid in tasks(base):
         try:
             name = (base / tid / "comm").read_text().rstrip("\n")
         except OSError:

@@ -42,3 +42,12 @@ def test_the_delay_is_above_its_rate_before_and_whole_without_it():
     assert waited(AppMark(at=9.5, wait_s=0.0, threads=2), a, b) == pytest.approx(0.7)
     # never below nothing: quieter than before is no negative cost
     assert waited(since, a, AppMark(at=20.0, wait_s=1.21, threads=2)) == 0.0
+
+
+def test_a_target_of_many_threads_is_read_to_a_bound(tmp_path, monkeypatch):
+    from memdiag.probes.jvm import meter
+
+    for tid in range(100, 110):
+        task(tmp_path, tid, "worker", 1_000_000)
+    monkeypatch.setattr(meter, "MAX_THREADS", 4)
+    assert app_mark(100, tmp_path).threads == 4 and len(meter.thread_times(100, tmp_path)) <= 4
