@@ -38,7 +38,7 @@ recognise  recognise(Seen) -> Runtime | None: the runtime and its version, from 
 mark       mark(pid) -> anything: the runtime's counters at the window's start, taken once by the
            engine and handed to its probes (Context.runtime_mark), so that a probe started later
            measures its cost above the target's rates before it (a JVM: its application threads'
-           run-queue delay and its safepoint time). None: no probe of it needs one.
+           run-queue delay). None: no probe of it needs one.
 sample     sample(pid, proc_root) -> a model | None: its own counters, read with every sample of
            the window (a JVM's hsperfdata and its RSS split). None (the field): it has none.
 facts      its catalog entries, FactDef(name, kind, help): facts under a namespace of its own

@@ -13,7 +13,7 @@ from .counters import jvm_facts, jvm_rows, jvm_sections, jvm_series
 
 
 def _mark(pid: int) -> object:
-    """The application threads' run-queue delay and the safepoint time at the window's start."""
+    """The application threads' run-queue delay at the window's start."""
     from .meter import app_mark  # light, but keeps the face's imports to what every target needs
 
     return app_mark(pid)

@@ -23,7 +23,7 @@ KEEP = 5
 # JVM build has been measured here. A cold start: the highest of three first starts; recording:
 # OrderService's CPU over 10 s windows, 0.27 s recording against 0.17 and 0.24 s bare around it;
 # a stop: the highest of JFR.stop's and JFR.dump's measured.
-# The pauses (the JVM's safepoint time above its rate): a start's, and a stop's or a dump's with its
+# The pauses (the JVM's safepoint time while the command ran): a start's, and a stop's or a dump's with its
 # search of paths to GC roots on a small heap, measured on OrderService here (issue 45: 10-20 ms and
 # 6-8 ms), rounded up.
 PRIORS = {
@@ -61,13 +61,20 @@ class Price:
     def total_s(self, seconds: float) -> float:
         return self.start_s + self.record_per_s * seconds + self.stop_s
 
+    def cpu_s(self, seconds: float) -> float:
+        """The JVM's CPU for a recording of `seconds` with its first look (a dump, priced as a stop)."""
+        return self.total_s(seconds) + self.stop_s
+
+    @property
+    def pauses_s(self) -> float:
+        """The safepoints of the start, the first look and the stop."""
+        return self.start_pause_s + 2 * self.stop_pause_s
+
     def app_s(self, seconds: float, share: float) -> float:
         """What the application would pay for a recording of `seconds` with its first look: the
-        JVM's CPU for it (start, recording, the look and the stop) where it takes CPU the
-        application's threads would have run on (`share`: of the CPUs it may use, the share its
-        threads kept busy before), and the pauses of the start, the look and the stop."""
-        cpu = self.total_s(seconds) + self.stop_s
-        return cpu * share + self.start_pause_s + 2 * self.stop_pause_s
+        JVM's CPU for it where it takes CPU the application's threads would have run on (`share`: of
+        the CPUs it may use, the share its threads kept busy before), and the pauses."""
+        return self.cpu_s(seconds) * share + self.pauses_s
 
 
 def _load() -> dict:
@@ -82,15 +89,12 @@ def price(build: str | None, cold: bool) -> Price:
     """What a recording of this JVM build costs: the median of this host's measurements, else the priors."""
     mine = _load().get(build or "", {})
     figures = {kind: _median(mine, kind) for kind in PRIORS}
-    start = figures["cold_start_s" if cold else "warm_start_s"]
-    measured = start is not None and figures["record_cpu_per_s"] is not None
+    start = "cold_start_s" if cold else "warm_start_s"
     return Price(
-        start_s=start if start is not None else PRIORS["cold_start_s" if cold else "warm_start_s"],
-        record_per_s=figures["record_cpu_per_s"]
-        if figures["record_cpu_per_s"] is not None
-        else PRIORS["record_cpu_per_s"],
-        stop_s=figures["stop_s"] if figures["stop_s"] is not None else PRIORS["stop_s"],
-        measured_here=measured,
+        start_s=_or_prior(figures, start),
+        record_per_s=_or_prior(figures, "record_cpu_per_s"),
+        stop_s=_or_prior(figures, "stop_s"),
+        measured_here=figures[start] is not None and figures["record_cpu_per_s"] is not None,
         start_pause_s=_or_prior(figures, "start_pause_s"),
         stop_pause_s=_or_prior(figures, "stop_pause_s"),
     )

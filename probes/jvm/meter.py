@@ -145,11 +145,16 @@ def app_mark(pid: int, proc_root: Path = Path("/proc")) -> AppMark:
     return AppMark(at=at, wait_s=wait, threads=threads)
 
 
+def rate_known(since: AppMark | None, a: AppMark) -> bool:
+    """A second or more between the window's start and the probe's: a rate before to subtract."""
+    return since is not None and a.at - since.at >= 1.0
+
+
 def waited(since: AppMark | None, a: AppMark, b: AppMark) -> float:
     """From mark a to mark b, the application threads' run-queue delay above its rate from `since`
-    to a (at least a second of it; else nothing is subtracted: an upper bound)."""
+    to a (where known; else nothing is subtracted: an upper bound)."""
     rate = 0.0
-    if since is not None and a.at - since.at >= 1.0:
+    if since is not None and rate_known(since, a):
         rate = max(0.0, (a.wait_s - since.wait_s) / (a.at - since.at))
     return max(0.0, b.wait_s - a.wait_s - rate * (b.at - a.at))
 
@@ -170,7 +175,7 @@ class Meter:
     threads_s: float = 0.0  # the recording threads' CPU of the steps closed so far
 
     since: AppMark | None = None  # the window's start (the engine's mark): the application's rates before
-    app0: AppMark | None = None
+    app0: AppMark = field(init=False)  # the probe's start
 
     def __post_init__(self) -> None:
         self.cpu0 = cpu_seconds(self.pid) or 0.0
@@ -179,12 +184,11 @@ class Meter:
 
     def app_wait_s(self) -> float:
         """Since the probe began, the application threads' run-queue delay above its rate before."""
-        assert self.app0 is not None
         return waited(self.since, self.app0, app_mark(self.pid))
 
     @property
     def has_rates(self) -> bool:
-        return self.since is not None and self.app0 is not None and self.app0.at - self.since.at >= 1.0
+        return rate_known(self.since, self.app0)
 
     def close_step(self, extra: tuple[str, ...] = ()) -> float:
         """End a step (the start, the recording, the stop): its recording threads' CPU seconds."""

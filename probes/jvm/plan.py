@@ -152,7 +152,7 @@ def _priced(
     ctx: Context, jvm: Jvm, tool: Tool, build: str | None, cold: bool, cost: Price, share: tuple[float, str]
 ) -> JfrPlan:
     total_ns = cost.app_s(ctx.seconds, share[0]) * 1e9
-    cpu_s = cost.total_s(ctx.seconds) + cost.stop_s  # the first look is a dump: priced as a stop
+    cpu_s = cost.cpu_s(ctx.seconds)
     start = (
         "its first start in this JVM (JFR compiles its own code)" if cold else "a start (JFR ran in this JVM before)"
     )
@@ -163,7 +163,7 @@ def _priced(
         f"a flight recording: what the application would pay, {total_ns / 1e6:.0f} ms: of the JVM's CPU for it, "
         f"{cpu_s * 1000:.0f} ms ({start} {cost.start_s * 1000:.0f} ms, {cost.record_per_s * 1000:.1f} ms per second "
         f"for the {ctx.seconds:.0f} s it would record, {cost.stop_s * 1000:.0f} ms to stop and as much for its first "
-        f"look), {share[1]}, and {(cost.start_pause_s + 2 * cost.stop_pause_s) * 1000:.0f} ms of safepoints "
+        f"look), {share[1]}, and {cost.pauses_s * 1000:.0f} ms of safepoints "
         f"({source})"
     )
     common = dict(jvm=jvm, tool=tool, build=build, cold=cold, price=cost, share=share[0])
