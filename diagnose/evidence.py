@@ -6,6 +6,7 @@ from memdiag.system.cgroup import memcg_matches
 from memdiag.system.kmsg import OomKill
 from memdiag.system.trends import Trend, counter_rate, growth_trend
 
+from .ledgers import build_ledgers, build_shm
 from .observe import Observation
 from .report import TARGET_SERIES, CounterRow, Counters, ProcessRow, SlabGrowth
 
@@ -339,4 +340,6 @@ def build_counters(obs: Observation) -> Counters:
         slab_top=slab_top(obs),
         processes=process_rows(obs),
         swap_devices=[d.model_dump() for d in obs.swaps or []],
+        ledgers=build_ledgers(obs),
+        shm=build_shm(obs),
     )

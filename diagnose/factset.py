@@ -22,6 +22,7 @@ from .evidence import (
     thp_collapses,
     window_seconds,
 )
+from .ledgers import ledger_facts
 from .observe import Observation
 from .report import TARGET_SERIES, Counters
 from .triage import Triage, kills_during, limit_hits, memory_level, memory_shape, triage
@@ -72,6 +73,10 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     f["memory.thp_collapses"] = thp_collapses(obs)
     f.update(_process_facts(obs, counters))
     f.update(_cgroup_facts(obs, counters))
+    f.update(ledger_facts(counters.ledgers, counters.shm, obs))
+    if counters.slab_top:
+        top = counters.slab_top[0]
+        f["slab.top_cache"], f["slab.top_cache_growth"] = top.name, top.last_bytes - top.first_bytes
     # what the target paid in the window: the playbook's target-pays anchor weighs it with its limit hits
     f["pressure.target_major_faults"] = sum(r.majflt_delta or 0 for r in counters.processes)
     f["pressure.target_swap"] = _target_swap(obs, f.get("system.swap_used"))
@@ -158,11 +163,25 @@ def _cgroup_facts(obs: Observation, counters: Counters) -> dict:
         f["cgroup.usage_percent"] = 100.0 * cg.usage / cg.effective_limit
     if (hits := limit_hits(obs)) is not None:
         f["cgroup.limit_hits"] = hits
+    f.update(_refaults(obs))
     usage = counters.trends.get("cgroup.usage")
     if usage is not None:
         f["cgroup.usage_rate"] = usage.recent_rate_per_s if usage.shape == "climbing" else usage.rate_per_s
         f["cgroup.usage_shape"] = usage.shape
     return f
+
+
+def _refaults(obs: Observation) -> dict:
+    """File pages of the cgroup read back after reclaim evicted them, over the window (v2
+    workingset_refault_file, v1 total_workingset_refault_file; older kernels: unknown)."""
+    a, b = obs.snapshots[0].cgroup, obs.snapshots[-1].cgroup
+    if a is None or b is None:
+        return {}
+    key = next((k for k in ("total_workingset_refault_file", "workingset_refault_file") if k in b.stat), None)
+    if key is None or key not in a.stat:
+        return {}
+    n = b.stat[key] - a.stat[key]
+    return {"cgroup.refaults": n, "cgroup.refault_rate": counter_rate(a.stat[key], b.stat[key], window_seconds(obs))}
 
 
 def _target_swap(obs: Observation, system_swap: int | None) -> int | None:

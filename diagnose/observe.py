@@ -21,6 +21,7 @@ from memdiag.system.processes import read_all_processes
 from memdiag.system.slab import SlabCache, read_slabinfo
 from memdiag.system.swaps import SwapDevice, read_swaps
 from memdiag.system.target import Target
+from memdiag.system.tmpfs import ShmMount, read_shm_mounts
 from pydantic import ConfigDict
 
 from .snapshot import Snapshot, TargetExited, read_target_cgroup, take_snapshot
@@ -46,6 +47,8 @@ class Observation(Model):
     slab_first: list[SlabCache] | None = None
     slab_last: list[SlabCache] | None = None
     swaps: list[SwapDevice] | None = None
+    shm_first: list[ShmMount] | None = None  # the tmpfs mounts the target sees, walked at the start
+    shm_last: list[ShmMount] | None = None  # ... and at the end
     processes_first: dict[int, ProcessMemory] = {}
     processes_last: dict[int, ProcessMemory] = {}
     memdiag_pid: int | None = None  # the diagnosing process: it and its children are never in a list of suspects
@@ -108,6 +111,7 @@ class Sampler:
         self.thinned, self.thinned_before_s = 0, None
         self.processes_first: dict[int, ProcessMemory] = {}  # every process, at the first sample
         self.slab_first: list[SlabCache] | None = None
+        self.shm_first: list[ShmMount] | None = None
         self.started = clock.wall()
         self.exited_at: float | None = None
         self.change: identity.Change | None = None
@@ -143,6 +147,7 @@ class Sampler:
     def run(self) -> Observation:
         started_mono, self.started = time.monotonic(), clock.wall()
         self.slab_first = read_slabinfo(self.proc_root)
+        self.shm_first = self._shm()
         try:
             while True:
                 try:
@@ -182,6 +187,12 @@ class Sampler:
         self.thinned_before_s = older[-1].t - self.snapshots[0].t
         self.snapshots = kept + self.snapshots[half:]
 
+    def _shm(self) -> list[ShmMount] | None:
+        """The tmpfs mounts as the target sees them (a process's own mount table: a container's /dev/shm
+        is its own), walked for their files; the host's for a cgroup or the system."""
+        pid = self.target.pid if self.target.kind == "pid" else None
+        return read_shm_mounts(pid, self.proc_root, walk=True)
+
     def so_far(self) -> Observation:
         """The window until now: its snapshots, the kernel log, slab, swap and the process tables."""
         root = self.proc_root
@@ -203,6 +214,8 @@ class Sampler:
             slab_first=self.slab_first,
             slab_last=read_slabinfo(root),
             swaps=read_swaps(root),
+            shm_first=self.shm_first,
+            shm_last=self._shm() if self.snapshots else None,
             processes_first=dict(self.processes_first),
             processes_last=read_all_processes(root) if self.snapshots else {},
             memdiag_pid=os.getpid(),

@@ -119,6 +119,60 @@ class SlabGrowth(_Model):
     last_bytes: int
 
 
+class LedgerRow(_Model):
+    """One line of a ledger over the window: its bytes at the first and last sample and at each
+    (series), None where the source does not say (system/ledger.py)."""
+
+    key: str
+    label: str
+    summed: bool = True  # a part of the total; False: a figure beside it (working set, page tables)
+    first: int | None = None
+    last: int | None = None
+    series: list[int] = []
+    shape: str = "unknown"  # climbing, levelled, flat, ... as the trends say it
+    estimate: bool = False
+    parts: list[tuple[str, int]] = []  # its detail at the window's end, largest first
+
+    @property
+    def growth(self) -> int | None:
+        return self.last - self.first if self.first is not None and self.last is not None else None
+
+
+class LedgerReport(_Model):
+    """A total (a process's RSS, a cgroup's usage, the host's MemTotal) and the lines it is made of,
+    the residual a line of its own, at the window's start and end."""
+
+    scope: Literal["process", "cgroup", "host"]
+    subject: str  # PID 123 (orderd), cgroup /x, the host
+    total_label: str
+    total_first: int | None = None
+    total_last: int | None = None
+    rows: list[LedgerRow] = []
+    counts_first: dict[str, int] = {}  # descriptors by type (a process)
+    counts_last: dict[str, int] = {}
+    unknown: list[str] = []  # lines its source does not give (v1's kernel memory by kind)
+
+    @property
+    def total_growth(self) -> int | None:
+        a, b = self.total_first, self.total_last
+        return b - a if a is not None and b is not None else None
+
+    def row(self, key: str) -> LedgerRow | None:
+        return next((r for r in self.rows if r.key == key), None)
+
+
+class ShmFiles(_Model):
+    """One tmpfs mount at the window's start and end, with the file patterns that grew most."""
+
+    mount_point: str
+    used_first: int | None = None
+    used_last: int
+    size: int | None = None
+    patterns: list[tuple[str, int, int, int, int]] = []  # (pattern, files first, files last, bytes first, bytes last)
+    files_last: int = 0
+    partial: bool = False
+
+
 class Window(_Model):
     started: float  # seconds since the epoch
     ended: float
@@ -163,6 +217,8 @@ class Counters(_Model):
     slab_top: list[SlabGrowth] = []
     processes: list[ProcessRow] = []  # the target's processes the lists name; never memdiag's own
     swap_devices: list[dict[str, Any]] = []
+    ledgers: list[LedgerReport] = []  # the target's, its cgroup's and the host's (diagnose/ledgers.py)
+    shm: list[ShmFiles] = []  # tmpfs mounts the target sees, largest first
 
     @model_validator(mode="before")
     @classmethod

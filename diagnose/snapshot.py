@@ -10,6 +10,7 @@ from typing import Any
 from memdiag.system import clock, identity
 from memdiag.system._parse import Model
 from memdiag.system.cgroup import BadCgroup, CgroupMemory, read_cgroup_memory
+from memdiag.system.fds import read_fd_types
 from memdiag.system.meminfo import MemInfo, read_meminfo
 from memdiag.system.process import ProcessGone, ProcessMemory, read_process
 from memdiag.system.psi import Psi, read_memory_pressure
@@ -31,6 +32,7 @@ class Snapshot(Model):
     cgroup: CgroupMemory | None = None
     # the target's runtime's own counters, as its face's sample() read them (a JVM's hsperfdata)
     runtime: Any = None
+    fds: dict[str, int] | None = None  # a process target's descriptors by type (system/fds.py)
 
 
 class TargetExited(Exception):
@@ -82,4 +84,5 @@ def take_snapshot(
         process=process,
         cgroup=cgroup,
         runtime=runtime(target.pid, proc_root) if runtime is not None and target.pid is not None else None,
+        fds=read_fd_types(target.pid, proc_root) if process is not None and target.pid is not None else None,
     )

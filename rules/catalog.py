@@ -11,6 +11,7 @@ import functools
 
 from memdiag.probes.face import FactDef
 from memdiag.probes.registry import REGISTRY
+from memdiag.system.ledger import ledger_fact_defs
 
 _DEFS = [
     # the target
@@ -142,6 +143,11 @@ _DEFS = [
     ("summary.plateau", "string", "growth that levelled off: how much, where, for how long"),
     ("summary.sawtooth", "string", "memory that rose and fell (kills, restarts, flushes): its low, peak and end"),
     ("summary.cut_by_oom", "string", "memory that levelled off with OOM kills in the window: where, how many kills"),
+    # the cgroup's refaults: pages of its page cache read back soon after reclaim evicted them
+    ("cgroup.refaults", "number", "file pages of the cgroup refaulted in the window (workingset_refault_file)"),
+    ("cgroup.refault_rate", "per_s", "those refaults per second: the file-backed working set no longer fits"),
+    ("slab.top_cache", "string", "the slab cache that grew most over the window (/proc/slabinfo)"),
+    ("slab.top_cache_growth", "bytes", "how much that cache grew"),
     # the budget
     ("budget.percent", "percent", "how much the diagnosis may slow the target"),
 ]
@@ -159,7 +165,7 @@ def _catalog(_probes: tuple, _runtimes: tuple) -> dict[str, FactDef]:
     runtimes = ", ".join(REGISTRY.runtime_names())
     runtime = f"the runtime the target runs: {runtimes}, none (native code), unknown (not a process)"
     own = [FactDef("target.runtime", "string", runtime)]
-    own += [FactDef(name, kind, help) for name, kind, help in _DEFS]  # type: ignore[arg-type]
+    own += [FactDef(name, kind, help) for name, kind, help in [*_DEFS, *ledger_fact_defs()]]  # type: ignore[arg-type]
     out = {f.name: f for f in own}
     for f in REGISTRY.fact_defs():
         if f.name in out:

@@ -56,6 +56,10 @@ class CgroupMemory(Fact):
     stat: dict[str, int] = {}
     pressure: Psi | None = None
     procs: list[int] = []
+    # v1 only: kernel memory charged to it (memory.kmem.usage_in_bytes; v1's usage includes it,
+    # its memory.stat does not split it), and TCP socket buffers (a counter of their own on v1)
+    kmem_usage: int | None = None
+    kmem_tcp_usage: int | None = None
 
 
 def _unescape(field: str) -> str:
@@ -350,6 +354,8 @@ def read_cgroup_v1(loc: CgroupLocation) -> CgroupMemory:
         stat=stat,
         pressure=None,  # v1 has no per-cgroup PSI file
         procs=cgroup_pids(fs),
+        kmem_usage=number("memory.kmem.usage_in_bytes"),
+        kmem_tcp_usage=number("memory.kmem.tcp.usage_in_bytes"),
     )
 
 

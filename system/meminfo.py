@@ -22,6 +22,17 @@ MEMINFO_KEYS = {
     "swap_free": "SwapFree",
     "committed_as": "Committed_AS",
     "commit_limit": "CommitLimit",
+    # the host's ledger (system/ledger.py): the parts MemTotal is made of
+    "active_file": "Active(file)",
+    "inactive_file": "Inactive(file)",
+    "swap_cached": "SwapCached",
+    "kernel_stack": "KernelStack",
+    "page_tables": "PageTables",
+    "sec_page_tables": "SecPageTables",
+    "vmalloc_used": "VmallocUsed",
+    "percpu": "Percpu",
+    "hugetlb": "Hugetlb",
+    "zswap": "Zswap",
 }
 
 
@@ -42,6 +53,16 @@ class MemInfo(Fact):
     swap_free: int | None = None
     committed_as: int | None = None
     commit_limit: int | None = None
+    active_file: int | None = None
+    inactive_file: int | None = None
+    swap_cached: int | None = None
+    kernel_stack: int | None = None
+    page_tables: int | None = None
+    sec_page_tables: int | None = None
+    vmalloc_used: int | None = None
+    percpu: int | None = None
+    hugetlb: int | None = None
+    zswap: int | None = None
 
     @property
     def swap_used(self) -> int | None:

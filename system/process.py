@@ -34,6 +34,7 @@ class ProcessMemory(Fact):
     vm_swap: int | None = None
     vm_hwm: int | None = None
     vm_size: int | None = None
+    vm_pte: int | None = None  # its page tables: kernel memory its mappings cost, not in RSS
     pss: int | None = None
     threads: int | None = None
     minflt: int | None = None
@@ -125,6 +126,7 @@ def parse_process(
         vm_swap=kib_to_bytes(st.get("VmSwap")),
         vm_hwm=kib_to_bytes(st.get("VmHWM")),
         vm_size=kib_to_bytes(st.get("VmSize")),
+        vm_pte=kib_to_bytes(st.get("VmPTE")),
         pss=kib_to_bytes(rollup.get("Pss")),
         threads=int_or_none(st.get("Threads")) or parsed.get("threads"),  # type: ignore[arg-type]
         minflt=parsed.get("minflt"),  # type: ignore[arg-type]

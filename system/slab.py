@@ -17,6 +17,9 @@ class SlabCache(Fact):
     objsize: int
     pages_per_slab: int
     num_slabs: int
+    # SLAB_RECLAIM_ACCOUNT (/sys/kernel/slab/NAME/reclaim_account): counted in SReclaimable, shrunk
+    # under pressure (dentries, inodes); None: not said (SLAB, or sysfs not read)
+    reclaimable: bool | None = None
 
     @property
     def size_bytes(self) -> int:
@@ -50,7 +53,15 @@ def parse_slabinfo(text: str) -> list[SlabCache]:
     return caches
 
 
-def read_slabinfo(root: Path = Path("/proc")) -> list[SlabCache] | None:
-    """None when /proc/slabinfo is missing or not readable (non-root)."""
+def _reclaimable(sys_root: Path, name: str) -> bool | None:
+    flag = read_text(sys_root / "kernel" / "slab" / name / "reclaim_account", 16) if "/" not in name else None
+    return flag.strip() == "1" if flag else None
+
+
+def read_slabinfo(root: Path = Path("/proc"), sys_root: Path = Path("/sys")) -> list[SlabCache] | None:
+    """None when /proc/slabinfo is missing or not readable (non-root). Each cache says whether it is
+    reclaimable where SLUB's sysfs says so."""
     text = read_text(root / "slabinfo")
-    return parse_slabinfo(text) if text is not None else None
+    if text is None:
+        return None
+    return [c.model_copy(update={"reclaimable": _reclaimable(sys_root, c.name)}) for c in parse_slabinfo(text)]

@@ -8,6 +8,7 @@ from memdiag.system.meminfo import MEMINFO_KEYS
 from memdiag.system.units import fmt_bytes, fmt_number, fmt_rate
 
 from ..report import CounterRow, Report
+from .ledger_md import ledger_evidence
 from .mdtable import table, utc
 from .sparkline import sparkline
 
@@ -212,6 +213,7 @@ def counter_evidence(report: Report) -> list[str]:
     """Trends, counters, processes, OOM kills, slab, swap: the evidence's part the counters make."""
     return (
         _trends(report)
+        + ledger_evidence(report)
         + _counter_tables(report)
         + _processes(report)
         + _oom_kills(report)

@@ -1,0 +1,234 @@
+"""The window's ledgers: the target's memory (a process's RSS, its cgroup's usage, the host's MemTotal)
+broken into its lines at every sample (system/ledger.py), with the residual as a line of its own;
+the tmpfs mounts and their files; and the facts rules read of them (ledger.*, shm.*, slab.*): which
+line grew, by how much, and what share of the total's growth it is."""
+
+from __future__ import annotations
+
+from memdiag.system import ledger as L
+from memdiag.system.slab import SlabCache
+from memdiag.system.tmpfs import ShmMount
+from memdiag.system.trends import growth_trend
+from memdiag.system.units import fmt_bytes
+
+from .observe import Observation
+from .report import LedgerReport, LedgerRow, ShmFiles
+from .snapshot import Snapshot
+
+TOP_PARTS = 5  # the detail a line shows: its largest parts (slab caches, mounts)
+
+
+def _of(snap: Snapshot, scope: L.Scope) -> L.Ledger | None:
+    if scope == "process":
+        return L.process_ledger(snap.process, snap.fds) if snap.process is not None else None
+    if scope == "cgroup":
+        return L.cgroup_ledger(snap.cgroup) if snap.cgroup is not None else None
+    return L.host_ledger(snap.meminfo)
+
+
+def _subject(obs: Observation, scope: L.Scope) -> str:
+    if scope == "process":
+        last = obs.snapshots[-1].process
+        return f"PID {obs.target.pid} ({last.comm})" if last is not None else f"PID {obs.target.pid}"
+    if scope == "cgroup":
+        cg = obs.snapshots[-1].cgroup
+        return f"cgroup {cg.path}" if cg is not None else "cgroup"
+    return "the host"
+
+
+def _ledger(obs: Observation, scope: L.Scope, parts: dict[str, list[tuple[str, int]]]) -> LedgerReport | None:
+    """One scope's ledger over the window's samples (those that read it)."""
+    t0 = obs.snapshots[0].t
+    read = [(s.t - t0, led) for s in obs.snapshots if (led := _of(s, scope)) is not None]
+    if not read:
+        return None
+    first, last = read[0][1], read[-1][1]
+    rows, summed = [], {x.key for x in last.lines}
+    for line in [*last.lines, *last.beside]:
+        points = [(t, v) for t, led in read if (v := led.value(line.key)) is not None]
+        rows.append(
+            LedgerRow(
+                key=line.key,
+                label=line.label,
+                summed=line.key in summed,
+                first=first.value(line.key),
+                last=line.bytes,
+                series=[int(v) for _t, v in points],
+                shape=growth_trend(points).shape if len(points) >= 3 else "unknown",
+                estimate=line.estimate,
+                parts=parts.get(line.key, []),
+            )
+        )
+    return LedgerReport(
+        scope=scope,
+        subject=_subject(obs, scope),
+        total_label=last.total_label,
+        total_first=first.total,
+        total_last=last.total,
+        rows=rows,
+        counts_first=first.counts,
+        counts_last=last.counts,
+        unknown=last.unknown,
+    )
+
+
+def slab_parts(first: list[SlabCache] | None, last: list[SlabCache] | None) -> dict[str, list[tuple[str, int]]]:
+    """The slab caches, largest growth first, as the detail of the host's slab lines: a cache is
+    under the reclaimable line where the kernel says it is (SLAB_RECLAIM_ACCOUNT), else under the
+    unreclaimable one."""
+    if not last:
+        return {}
+    before = {c.name: c.size_bytes for c in first or []}
+    grown = sorted(last, key=lambda c: (c.size_bytes - before.get(c.name, 0), c.size_bytes), reverse=True)
+    out: dict[str, list[tuple[str, int]]] = {"slab_reclaimable": [], "slab_unreclaimable": []}
+    for c in grown:
+        line = out["slab_reclaimable" if c.reclaimable else "slab_unreclaimable"]
+        if len(line) < TOP_PARTS:
+            line.append((f"{c.name} ({fmt_signed(c.size_bytes - before.get(c.name, 0))})", c.size_bytes))
+    return out
+
+
+def build_ledgers(obs: Observation) -> list[LedgerReport]:
+    """The target's ledgers: the process's (a pid target), its cgroup's, the host's; in that order."""
+    if not obs.snapshots:
+        return []
+    host_parts = slab_parts(obs.slab_first, obs.slab_last)
+    if obs.shm_last:
+        host_parts["shmem"] = [(m.mount_point, m.used) for m in obs.shm_last[:TOP_PARTS] if m.used]
+    out = []
+    for scope, parts in (("process", {}), ("cgroup", {}), ("host", host_parts)):
+        led = _ledger(obs, scope, parts)  # type: ignore[arg-type]
+        if led is not None:
+            out.append(led)
+    return out
+
+
+def build_shm(obs: Observation) -> list[ShmFiles]:
+    """Each tmpfs mount holding memory at the end, with its file patterns' counts and bytes at both ends."""
+    before: dict[str, ShmMount] = {m.mount_point: m for m in obs.shm_first or []}
+    out = []
+    for m in obs.shm_last or []:
+        if not m.used:
+            continue
+        b = before.get(m.mount_point)
+        was = {p.pattern: p for p in b.patterns} if b is not None else {}
+        pats = []
+        for p in m.patterns:
+            w = was.get(p.pattern)
+            pats.append((p.pattern, w.files if w else 0, p.files, w.bytes if w else 0, p.bytes))
+        out.append(
+            ShmFiles(
+                mount_point=m.mount_point,
+                used_first=b.used if b is not None else None,
+                used_last=m.used,
+                size=m.size,
+                patterns=pats,
+                files_last=m.files,
+                partial=m.partial,
+            )
+        )
+    return out
+
+
+def _share(part: int | None, whole: int | None) -> float | None:
+    return 100.0 * part / whole if part is not None and whole else None
+
+
+def growth_text(led: LedgerReport) -> str:
+    """The lines that moved over the window, largest first, each with its share of the total's change,
+    the residual always named: how the report's verdicts account for the memory they are about."""
+    total = led.total_growth
+    moved = [r for r in led.rows if r.summed and r.growth]
+    moved.sort(key=lambda r: -abs(r.growth or 0))
+    words = []
+    for r in moved[:4]:
+        share = _share(r.growth, total) if total and total > 0 else None
+        words.append(f"{r.label} {fmt_signed(r.growth)}" + (f" ({share:.0f}%)" if share is not None else ""))
+    res = led.row(L.RESIDUAL)
+    if res is not None and res not in moved[:4]:
+        words.append(f"{res.label} {fmt_signed(res.growth)}" if res.growth is not None else f"{res.label} unknown")
+    if led.unknown:
+        words.append("not said by this kernel: " + ", ".join(led.unknown))
+    head = f"{led.total_label} of {led.subject} {fmt_signed(total)} over the window" if total is not None else ""
+    return head + (": " if head and words else "") + "; ".join(words)
+
+
+def fmt_signed(n: int | None) -> str:
+    if n is None:
+        return "unknown"
+    return ("+" if n > 0 else "-" if n < 0 else "") + fmt_bytes(abs(n))
+
+
+def _scope_facts(led: LedgerReport) -> dict:
+    s = f"ledger.{led.scope}"
+    f: dict = {f"{s}.total": led.total_last, f"{s}.total_growth": led.total_growth, f"{s}.accounts": growth_text(led)}
+    for r in led.rows:
+        f[f"{s}.{r.key}"] = r.last
+        f[f"{s}.{r.key}_growth"] = r.growth
+        f[f"{s}.{r.key}_shape"] = r.shape
+    grew = [r for r in led.rows if r.summed and r.growth is not None and r.growth > 0]
+    if grew:
+        top = max(grew, key=lambda r: r.growth or 0)
+        f[f"{s}.top_line"] = top.label
+        f[f"{s}.top_line_key"] = top.key
+        f[f"{s}.top_line_growth"] = top.growth
+        f[f"{s}.top_line_shape"] = top.shape
+        total = led.total_growth
+        f[f"{s}.top_line_share"] = _share(top.growth, total) if total and total > 0 else None
+    held = [r for r in led.rows if r.summed and r.key not in (L.RESIDUAL, "free") and r.last]
+    if held:
+        f[f"{s}.largest_line_key"] = max(held, key=lambda r: r.last or 0).key
+    ws = led.row("working_set")
+    if ws is not None and ws.last is not None and led.total_last:
+        f[f"{s}.working_set_percent"] = _share(ws.last, led.total_last)
+    return f
+
+
+def _fd_facts(led: LedgerReport, obs: Observation) -> dict:
+    """A process's descriptors: how many, of which type, and whether their count only climbs."""
+    a, b = led.counts_first, led.counts_last
+    f: dict = {"ledger.process.fds": b.get("total"), "ledger.process.fds_growth": None}
+    if "total" in a and "total" in b:
+        f["ledger.process.fds_growth"] = b["total"] - a["total"]
+    t0 = obs.snapshots[0].t
+    points = [(s.t - t0, float(s.fds["total"])) for s in obs.snapshots if s.fds and "total" in s.fds]
+    f["ledger.process.fds_shape"] = growth_trend(points).shape if len(points) >= 3 else "unknown"
+    kinds = [k for k in b if k not in ("total", "more")]
+    if kinds:
+        top = max(kinds, key=lambda k: (b[k] - a.get(k, 0), b[k]))
+        f["ledger.process.fds_top_type"] = top
+        f["ledger.process.fds_top_type_count"] = b[top]
+        f["ledger.process.fds_top_type_growth"] = b[top] - a.get(top, 0)
+    return f
+
+
+def _shm_facts(shm: list[ShmFiles]) -> dict:
+    grown = [m for m in shm if m.used_first is not None]
+    if not grown:
+        return {}
+    m = max(grown, key=lambda m: m.used_last - (m.used_first or 0))
+    f: dict = {"shm.top_mount": m.mount_point, "shm.top_mount_used": m.used_last}
+    f["shm.top_mount_growth"] = m.used_last - (m.used_first or 0)
+    if m.patterns:
+        pat, files0, files1, bytes0, bytes1 = max(m.patterns, key=lambda p: (p[4] - p[3], p[4]))
+        f.update(
+            {
+                "shm.top_pattern": f"{m.mount_point.rstrip('/')}/{pat}",
+                "shm.top_pattern_files": files1,
+                "shm.top_pattern_files_growth": files1 - files0,
+                "shm.top_pattern_bytes": bytes1,
+                "shm.top_pattern_growth": bytes1 - bytes0,
+            }
+        )
+    return f
+
+
+def ledger_facts(ledgers: list[LedgerReport], shm: list[ShmFiles], obs: Observation) -> dict:
+    """The facts of the ledgers (catalogued by ledger_fact_defs)."""
+    f: dict = {}
+    for led in ledgers:
+        f.update(_scope_facts(led))
+        if led.scope == "process":
+            f.update(_fd_facts(led, obs))
+    f.update(_shm_facts(shm))
+    return f

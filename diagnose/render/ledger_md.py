@@ -1,0 +1,97 @@
+"""report.md's ledgers: each total (the process's RSS, its cgroup's usage, the host's MemTotal) with
+the lines it is made of at the window's start and end, each line's change and share of the total's
+change, the residual as a line of its own; the figures beside it (working set, page tables, kernel
+stacks); the process's descriptors by type; the tmpfs mounts and the files that fill them."""
+
+from __future__ import annotations
+
+from memdiag.system.units import fmt_bytes
+
+from ..ledgers import fmt_signed
+from ..report import LedgerReport, LedgerRow, Report
+from .mdtable import table
+from .sparkline import sparkline
+
+
+def _share(row: LedgerRow, total: int | None) -> str:
+    g = row.growth
+    if g is None or not total or total <= 0 or not row.summed:
+        return ""
+    return f"{100 * g / total:.0f}%"
+
+
+def _detail(row: LedgerRow) -> str:
+    return ", ".join(f"{name} {fmt_bytes(n)}" for name, n in row.parts)
+
+
+def _row(row: LedgerRow, total: int | None) -> list[str]:
+    label = row.label + (" (estimate)" if row.estimate and "estimate" not in row.label else "")
+    if not row.summed:
+        label = f"beside: {label}"
+    return [
+        label,
+        fmt_bytes(row.first),
+        fmt_bytes(row.last),
+        fmt_signed(row.growth),
+        _share(row, total),
+        f"`{sparkline([float(v) for v in row.series])}`" if len(row.series) > 1 else "",
+        _detail(row),
+    ]
+
+
+def _one(led: LedgerReport) -> list[str]:
+    growth = led.total_growth
+    rows = [_row(r, growth) for r in led.rows if r.summed]
+    total = [
+        f"= {led.total_label} (the sum)",
+        fmt_bytes(led.total_first),
+        fmt_bytes(led.total_last),
+        fmt_signed(growth),
+        "100%" if growth and growth > 0 else "",
+        "",
+        "",
+    ]
+    rows.append(total)
+    rows += [_row(r, growth) for r in led.rows if not r.summed]
+    head = ["line", "first", "last", "change", "share of change", "trend", "detail (at the end)"]
+    lines = [f"### Ledger: {led.total_label} of {led.subject}", ""] + table(head, rows) + [""]
+    if led.unknown:
+        lines += [f"Not said by this kernel's counters (unknown, not zero): {', '.join(led.unknown)}.", ""]
+    return lines + _descriptors(led)
+
+
+def _descriptors(led: LedgerReport) -> list[str]:
+    a, b = led.counts_first, led.counts_last
+    kinds = [k for k in b if k not in ("total", "more")] + [k for k in a if k not in b and k not in ("total", "more")]
+    if not kinds:
+        return []
+    kinds.sort(key=lambda k: (-(b.get(k, 0) - a.get(k, 0)), -b.get(k, 0)))
+    rows = [[k, str(a.get(k, 0)), str(b.get(k, 0)), f"{b.get(k, 0) - a.get(k, 0):+d}"] for k in kinds]
+    n0, n1 = a.get("total", 0), b.get("total", 0)
+    rows.append(["all", str(n0), str(n1), f"{n1 - n0:+d}"])
+    more = ["More descriptors are open than were read (the read stops at 65,536).", ""] if b.get("more") else []
+    return [f"#### Descriptors of {led.subject}", ""] + table(["type", "first", "last", "change"], rows) + [""] + more
+
+
+def _shm(report: Report) -> list[str]:
+    if not report.counters.shm:
+        return []
+    rows = []
+    for m in report.counters.shm:
+        change = fmt_signed(m.used_last - m.used_first) if m.used_first is not None else "–"
+        pats = "; ".join(
+            f"{p} {f1} files {fmt_bytes(b1)} ({f1 - f0:+d}, {fmt_signed(b1 - b0)})"
+            for p, f0, f1, b0, b1 in m.patterns[:3]
+        )
+        size = fmt_bytes(m.size) if m.size else "–"
+        rows.append([m.mount_point, fmt_bytes(m.used_first), fmt_bytes(m.used_last), change, size, pats])
+    head = ["tmpfs mount", "first", "last", "change", "size", "files by pattern (at the end; change)"]
+    return ["### Shared memory in tmpfs", ""] + table(head, rows) + [""]
+
+
+def ledger_evidence(report: Report) -> list[str]:
+    """The ledgers, then the tmpfs mounts."""
+    out: list[str] = []
+    for led in report.counters.ledgers:
+        out += _one(led)
+    return out + _shm(report)

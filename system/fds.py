@@ -1,0 +1,63 @@
+"""A process's open descriptors by type, from the links in /proc/PID/fd (read with readlink, never
+followed or opened): sockets, pipes, eventfd, epoll, inotify, memfd, timerfd, signalfd, files and
+the rest. Each costs the kernel memory RSS does not show (a struct file, an inode for sockets and
+pipes, socket buffers, a pipe's ring), so descriptors that only accumulate are a leak no heap holds."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+# A process may hold a million descriptors (its RLIMIT_NOFILE is its own): a sample reads at most
+# this many links and says so ("more") when it stopped short.
+MAX_FDS = 65536
+
+TYPES = ("socket", "pipe", "eventfd", "epoll", "inotify", "memfd", "timerfd", "signalfd", "file", "other")
+
+_ANON = {
+    "[eventfd]": "eventfd",
+    "[eventpoll]": "epoll",
+    "inotify": "inotify",
+    "[timerfd]": "timerfd",
+    "[signalfd]": "signalfd",
+}
+
+
+def fd_type(link: str) -> str:
+    """The type of a descriptor from its /proc/PID/fd link text."""
+    if link.startswith("socket:"):
+        return "socket"
+    if link.startswith("pipe:"):
+        return "pipe"
+    if link.startswith("anon_inode:"):
+        return _ANON.get(link[len("anon_inode:") :], "other")
+    if link.startswith("/memfd:"):
+        return "memfd"
+    if link.startswith("/"):
+        return "file"
+    return "other"
+
+
+def read_fd_types(pid: int, root: Path = Path("/proc"), limit: int = MAX_FDS) -> dict[str, int] | None:
+    """{type: count} of the process's descriptors, with "total" (every descriptor read) and "more"
+    (1 when it holds more than `limit`, then not all were read); None when it is gone or unreadable."""
+    base = f"{root}/{pid}/fd"
+    counts: dict[str, int] = {}
+    read = 0
+    try:
+        with os.scandir(base) as entries:
+            for entry in entries:
+                if read >= limit:
+                    counts["more"] = 1
+                    break
+                try:
+                    link = os.readlink(f"{base}/{entry.name}")
+                except OSError:  # closed between the listing and the read
+                    continue
+                kind = fd_type(link)
+                counts[kind] = counts.get(kind, 0) + 1
+                read += 1
+    except OSError:
+        return None
+    counts["total"] = read
+    return counts
