@@ -1,10 +1,18 @@
-"""OOM kills recorded in the kernel log (/dev/kmsg): victim, trigger, constraint and memory cgroup.
+"""OOM kills recorded in the kernel log (/dev/kmsg): victim, trigger, constraint, memory cgroup, and
+the kernel's own account of that cgroup at the kill.
 
 The kernel prints, for every OOM kill (format stable since Linux 4.19, mm/oom_kill.c):
   ``<comm> invoked oom-killer: gfp_mask=..., order=0, oom_score_adj=0``
   ``CPU: 1 PID: 4242 Comm: <comm> ...``                       (the trigger's context)
   ``oom-kill:constraint=CONSTRAINT_MEMCG,...,oom_memcg=/x,task_memcg=/x,task=hog,pid=4242,uid=0``
   ``Memory cgroup out of memory: Killed process 4242 (hog) total-vm:..kB, anon-rss:..kB, ...``
+On a memory-cgroup OOM, between the first two and the last two (mem_cgroup_print_oom_meminfo,
+mm/memcontrol.c; seen on 6.18 with v1), one record a line:
+  ``memory: usage 65536kB, limit 65536kB, failcnt 94``
+  ``memory+swap: usage ...kB, limit ...kB, failcnt 0`` and ``kmem: usage ...`` (v1), or
+  ``swap: usage ...kB, limit ...kB, failcnt 0`` (v2)
+  ``Memory cgroup stats for /x:``, then the cgroup's memory.stat, ``key value`` a record, then
+  ``Tasks state (memory values in pages):``
 The log survives the victim, which is why it is read: the evidence of a 2 a.m. kill is here."""
 
 from __future__ import annotations
@@ -25,6 +33,16 @@ _KILLED = re.compile(
     r"Killed process (?P<pid>\d+) \((?P<comm>.*)\) (?P<rest>.*)$"
 )
 _SIZE = re.compile(r"(?P<key>total-vm|anon-rss|file-rss|shmem-rss):(?P<kib>\d+)kB")
+# The counters are pages printed as kB (K()); 20 digits hold any u64.
+_COUNTER = re.compile(
+    r"^(?P<name>memory|memory\+swap|swap|kmem): usage (?P<usage>\d{1,20})kB, limit (?P<limit>\d{1,20})kB, "
+    r"failcnt (?P<failcnt>\d{1,20})$"
+)
+_STATS_FOR = re.compile(r"^Memory cgroup stats for (?P<path>.*):$")
+# memory.stat's names (memcg1_stat_names[], memory_stats[], vm_event_name()) are lower case.
+_STAT = re.compile(r"^(?P<key>[a-z0-9_]{1,64}) (?P<value>\d{1,20})$")
+_STATS_END = "Tasks state"
+MAX_STAT_KEYS = 128  # v1 prints 42 here, v2 ~60: the bound only keeps a stray run of lines from growing it
 
 
 class OomKill(Fact):
@@ -42,47 +60,100 @@ class OomKill(Fact):
     file_rss: int | None = None
     shmem_rss: int | None = None
     total_vm: int | None = None
+    # The kernel's account of the OOM cgroup at the kill (memcg OOMs only), bytes unless said:
+    memcg_usage: int | None = None  # "memory: usage"
+    memcg_limit: int | None = None  # "memory: limit" (v1 limit_in_bytes, v2 memory.max)
+    memcg_failcnt: int | None = None  # times the limit was hit ("memory: failcnt")
+    memcg_swap_usage: int | None = None  # v2 "swap: usage"; v1 prints memory+swap instead
+    memcg_memsw_usage: int | None = None  # v1 "memory+swap: usage": memory and swap together
+    kmem_usage: int | None = None  # v1 "kmem: usage"
+    memcg_stat_path: str | None = None  # the cgroup named on "Memory cgroup stats for PATH:"
+    memcg_stat: dict[str, int] = {}  # its memory.stat as printed: sizes in bytes, events in counts
 
     @property
     def cgroup_oom(self) -> bool:
         return self.constraint == "CONSTRAINT_MEMCG"
 
 
+class _Report:
+    """What one OOM report has said so far, from its "invoked oom-killer" line to its kill."""
+
+    def __init__(self, trigger_comm: str | None = None):
+        self.trigger_comm = trigger_comm
+        self.trigger_pid: int | None = None
+        self.summary: dict[str, str] = {}
+        self.memcg: dict[str, int] = {}  # OomKill's memcg_* and kmem_* fields
+        self.stat_path: str | None = None
+        self.stat: dict[str, int] = {}
+        self.in_stats = False
+
+    def take(self, message: str) -> None:
+        """Read one record of the report (the memcg lines only once it is open: a kill's account
+        is never taken from lines outside its own report)."""
+        if (m := _CPU_LINE.match(message)) and self.trigger_comm is not None and self.trigger_pid is None:
+            self.trigger_pid = int(m["pid"])
+        elif m := _SUMMARY.match(message):
+            self.summary = dict(f.split("=", 1) for f in m["fields"].split(",") if "=" in f)
+            self.in_stats = False
+        elif self.trigger_comm is None:
+            return
+        elif self.in_stats and (m := _STAT.match(message)):
+            if len(self.stat) < MAX_STAT_KEYS:
+                self.stat.setdefault(m["key"], int(m["value"]))
+        elif message.startswith(_STATS_END):
+            self.in_stats = False
+        elif (m := _STATS_FOR.match(message)) and self.stat_path is None:
+            self.stat_path, self.in_stats = m["path"], True
+        elif m := _COUNTER.match(message):
+            self._counter(m)
+
+    def _counter(self, m: re.Match) -> None:
+        usage = int(m["usage"]) * 1024
+        if m["name"] == "memory":
+            self.memcg |= {"memcg_usage": usage, "memcg_limit": int(m["limit"]) * 1024}
+            self.memcg["memcg_failcnt"] = int(m["failcnt"])
+        else:
+            field = {"swap": "memcg_swap_usage", "memory+swap": "memcg_memsw_usage", "kmem": "kmem_usage"}
+            self.memcg[field[m["name"]]] = usage
+
+    def kill(self, when: float | None, m: re.Match) -> OomKill:
+        """The OomKill of this report, ended by its "Killed process" line `m`."""
+        sizes = {s["key"]: int(s["kib"]) * 1024 for s in _SIZE.finditer(m["rest"])}
+        constraint = self.summary.get("constraint")
+        if constraint is None:
+            constraint = "CONSTRAINT_MEMCG" if m["kind"].startswith("Memory cgroup") else None
+        return OomKill(
+            when=when,
+            victim_pid=int(m["pid"]),
+            victim_comm=m["comm"],
+            constraint=constraint,
+            oom_memcg=self.summary.get("oom_memcg"),
+            task_memcg=self.summary.get("task_memcg"),
+            trigger_comm=self.trigger_comm,
+            trigger_pid=self.trigger_pid,
+            anon_rss=sizes.get("anon-rss"),
+            file_rss=sizes.get("file-rss"),
+            shmem_rss=sizes.get("shmem-rss"),
+            total_vm=sizes.get("total-vm"),
+            memcg_stat_path=self.stat_path,
+            memcg_stat=self.stat,
+            **self.memcg,
+        )
+
+
 def parse_kmsg_records(records: list[tuple[float | None, str]]) -> list[OomKill]:
-    """OOM kills from (timestamp, message) records in log order."""
+    """OOM kills from (timestamp, message) records in log order. Linear in the records; each kill
+    keeps at most MAX_STAT_KEYS memory.stat lines."""
     kills = []
-    trigger_comm: str | None = None
-    trigger_pid: int | None = None
-    summary: dict[str, str] = {}
+    report = _Report()
     for when, message in records:
         if m := _INVOKED.match(message):
-            trigger_comm, trigger_pid, summary = m["comm"], None, {}
-        elif (m := _CPU_LINE.match(message)) and trigger_comm is not None and trigger_pid is None:
-            trigger_pid = int(m["pid"])
-        elif m := _SUMMARY.match(message):
-            summary = dict(f.split("=", 1) for f in m["fields"].split(",") if "=" in f)
+            report = _Report(m["comm"])
         elif m := _KILLED.match(message):
-            sizes = {s["key"]: int(s["kib"]) * 1024 for s in _SIZE.finditer(m["rest"])}
-            constraint = summary.get("constraint")
-            if constraint is None:
-                constraint = "CONSTRAINT_MEMCG" if m["kind"].startswith("Memory cgroup") else None
-            kills.append(
-                OomKill(
-                    when=when,
-                    victim_pid=int(m["pid"]),
-                    victim_comm=m["comm"],
-                    constraint=constraint,
-                    oom_memcg=summary.get("oom_memcg"),
-                    task_memcg=summary.get("task_memcg"),
-                    trigger_comm=trigger_comm,
-                    trigger_pid=trigger_pid,
-                    anon_rss=sizes.get("anon-rss"),
-                    file_rss=sizes.get("file-rss"),
-                    shmem_rss=sizes.get("shmem-rss"),
-                    total_vm=sizes.get("total-vm"),
-                )
-            )
-            trigger_comm, trigger_pid, summary = None, None, {}
+            kills.append(report.kill(when, m))
+            report = _Report()
+        else:
+            report.take(message)
     return kills
 
 

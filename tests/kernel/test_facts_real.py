@@ -80,6 +80,26 @@ def test_real_oom_kill_is_read_from_the_kernel_log(workload, memcg):
     assert read_cgroup_memory(resolve_cgroup(cg.path)).oom_kill == 1
 
 
+def test_real_oom_kill_carries_the_kernels_account_of_its_cgroup(workload, memcg):
+    """The kernel's report of a memcg OOM kill says the cgroup's limit, usage and memory.stat at the
+    kill; they are read with the kill itself (the memcg fixture removes the cgroup, also on failure)."""
+    limit = 40 * MiB
+    cg = memcg(limit, swap=False)
+    w = workload("hog", "256", "4", "10", cgroup=cg)
+    assert w.wait_exit(30) == -9
+    (kill,) = [k for k in read_oom_kills() if k.victim_pid == w.pid]
+    assert kill.memcg_limit == limit
+    assert limit - 4 * MiB <= kill.memcg_usage <= limit  # charging past the limit is what failed
+    assert kill.memcg_failcnt >= 1
+    if cg.version == 1:
+        assert kill.memcg_memsw_usage >= kill.memcg_usage and kill.kmem_usage is not None
+    assert kill.memcg_stat_path == cg.path
+    stat = kill.memcg_stat
+    anon = stat["total_rss"] if cg.version == 1 else stat["anon"]
+    assert anon > limit // 2, stat  # the hog's anonymous memory, in bytes
+    assert len(stat) > 20
+
+
 def test_a_command_line_is_read_to_a_bound():
     """A target's argv is its own to make long (16 args of 100 KiB here; hundreds of MiB under an
     unlimited stack): memdiag keeps its first 64 KiB, the words it quotes among them."""
