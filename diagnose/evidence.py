@@ -6,7 +6,7 @@ from memdiag.system.cgroup import memcg_matches
 from memdiag.system.kmsg import OomKill
 from memdiag.system.trends import Trend, counter_rate, growth_trend
 
-from .ledgers import build_ledgers, build_shm
+from .ledgers import build_ledgers, build_oom_ledger, build_shm
 from .observe import Observation
 from .report import TARGET_SERIES, CounterRow, Counters, ProcessRow, SlabGrowth
 
@@ -330,16 +330,18 @@ def process_rows(obs: Observation, n: int = 3) -> list[ProcessRow]:
 def build_counters(obs: Observation) -> Counters:
     named = series(obs)
     face = obs.runtime_face()
+    kills = relevant_oom_kills(obs)
     return Counters(
         runtime=face.display if face is not None else None,
         labels=dict(face.labels) if face is not None else {},
         rows=_rows(obs),
         trends=trends(named, collapse_counts(obs)),
         series=named,
-        oom_kills=relevant_oom_kills(obs),
+        oom_kills=kills,
         slab_top=slab_top(obs),
         processes=process_rows(obs),
         swap_devices=[d.model_dump() for d in obs.swaps or []],
         ledgers=build_ledgers(obs),
         shm=build_shm(obs),
+        oom_ledger=build_oom_ledger(kills),
     )

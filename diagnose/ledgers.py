@@ -192,7 +192,8 @@ def _fd_facts(led: LedgerReport, obs: Observation) -> dict:
         f["ledger.process.fds_growth"] = b["total"] - a["total"]
     t0 = obs.snapshots[0].t
     points = [(s.t - t0, float(s.fds["total"])) for s in obs.snapshots if s.fds and "total" in s.fds]
-    f["ledger.process.fds_shape"] = growth_trend(points).shape if len(points) >= 3 else "unknown"
+    # a count, not bytes: one descriptor more is a change (the bytes' floor is 256 KiB of noise)
+    f["ledger.process.fds_shape"] = growth_trend(points, floor=1).shape if len(points) >= 3 else "unknown"
     kinds = [k for k in b if k not in ("total", "more")]
     if kinds:
         top = max(kinds, key=lambda k: (b[k] - a.get(k, 0), b[k]))
@@ -230,5 +231,37 @@ def ledger_facts(ledgers: list[LedgerReport], shm: list[ShmFiles], obs: Observat
         f.update(_scope_facts(led))
         if led.scope == "process":
             f.update(_fd_facts(led, obs))
+            pte, rss = led.row("page_tables"), led.total_growth
+            if pte is not None and pte.growth is not None and rss and rss > 0:
+                f["ledger.process.page_tables_per_rss_growth"] = 100.0 * pte.growth / rss
     f.update(_shm_facts(shm))
     return f
+
+
+def build_oom_ledger(kills: list) -> LedgerReport | None:
+    """The cgroup's ledger at the latest memcg OOM kill the log reported with its cgroup's memory.stat."""
+    for kill in reversed(kills):
+        led = L.oom_cgroup_ledger(kill)
+        if led is None:
+            continue
+        summed = {x.key for x in led.lines}
+        rows = [
+            LedgerRow(key=x.key, label=x.label, summed=x.key in summed, last=x.bytes) for x in [*led.lines, *led.beside]
+        ]
+        where = kill.memcg_stat_path or kill.oom_memcg
+        subject = f"cgroup {where} at the OOM kill of PID {kill.victim_pid} ({kill.victim_comm})"
+        return LedgerReport(
+            scope="cgroup", subject=subject, total_label="usage", total_last=led.total, rows=rows, unknown=led.unknown
+        )
+    return None
+
+
+def held_text(led: LedgerReport, n: int = 3) -> str:
+    """The lines holding most of a total, each with its share, and the residual: what filled it."""
+    held = [r for r in led.rows if r.summed and r.key != L.RESIDUAL and r.last]
+    held.sort(key=lambda r: -(r.last or 0))
+    words = [f"{r.label} {fmt_bytes(r.last)} ({_share(r.last, led.total_last) or 0:.0f}%)" for r in held[:n]]
+    res = led.row(L.RESIDUAL)
+    if res is not None and res.last is not None:
+        words.append(f"{res.label.split(' (')[0]} {fmt_bytes(res.last)}")
+    return f"{led.total_label} {fmt_bytes(led.total_last)} = " + ", ".join(words)

@@ -219,6 +219,7 @@ class Counters(_Model):
     swap_devices: list[dict[str, Any]] = []
     ledgers: list[LedgerReport] = []  # the target's, its cgroup's and the host's (diagnose/ledgers.py)
     shm: list[ShmFiles] = []  # tmpfs mounts the target sees, largest first
+    oom_ledger: LedgerReport | None = None  # the OOM cgroup's usage at its latest kill, as the kernel reported it
 
     @model_validator(mode="before")
     @classmethod

@@ -13,6 +13,7 @@ from memdiag.system.trends import Trend
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate
 
 from .evidence import own_pids
+from .ledgers import build_oom_ledger, held_text
 from .observe import Observation
 from .report import TARGET_SERIES, Counters, Culprit, Finding, ProcessRow
 
@@ -196,6 +197,9 @@ def _oom_summary(obs: Observation, kills: list[OomKill], cg_kills: int | None) -
     count = _kill_count(obs, kills)
     if count:
         summary += f"; {count}"
+    at_kill = build_oom_ledger(kills) if cgroup_killed else None
+    if at_kill is not None:  # what filled the cgroup, as the kernel reported its memory.stat at the kill
+        summary += f"; at the kill its {held_text(at_kill)}"
     culprit = Culprit(
         pid=victim.victim_pid if victim else None,
         comm=victim.victim_comm if victim else None,

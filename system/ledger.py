@@ -21,6 +21,7 @@ from typing import Literal
 
 from ._parse import Fact
 from .cgroup import CgroupMemory
+from .kmsg import OomKill
 from .meminfo import MemInfo
 from .process import ProcessMemory
 
@@ -243,6 +244,26 @@ def cgroup_ledger(cg: CgroupMemory) -> Ledger:
     return _build("cgroup", cg.usage, values)
 
 
+def oom_cgroup_ledger(kill: OomKill) -> Ledger | None:
+    """The cgroup's usage at a memcg OOM kill, from the kernel's own report of it (the `memory:`
+    line and memory.stat as printed, system/kmsg.py); None where the log holds no such report."""
+    stat = kill.memcg_stat
+    if not stat or kill.memcg_usage is None:
+        return None
+    version: Literal[1, 2] = 2 if "anon" in stat and "file" in stat else 1
+    path = kill.memcg_stat_path or kill.oom_memcg or "/"
+    cg = CgroupMemory(
+        version=version,
+        path=path,
+        fs_path="",
+        usage=kill.memcg_usage,
+        limit=kill.memcg_limit,
+        stat=stat,
+        kmem_usage=kill.kmem_usage,
+    )
+    return cgroup_ledger(cg)
+
+
 def process_ledger(
     p: ProcessMemory,
     fds: dict[str, int] | None = None,
@@ -286,6 +307,7 @@ def ledger_fact_defs() -> list[tuple[str, str, str]]:
     out += [
         ("ledger.cgroup.working_set_percent", "percent", "the cgroup's working set as a share of its usage"),
         ("ledger.process.fds", "number", "descriptors the process holds at the window's end"),
+        ("ledger.process.page_tables_per_rss_growth", "percent", "its page tables' growth as a share of its RSS's"),
         ("ledger.process.fds_growth", "number", "change of its descriptor count over the window"),
         ("ledger.process.fds_shape", "string", "its descriptor count over the window: climbing, levelled, flat ..."),
         ("ledger.process.fds_top_type", "string", "the descriptor type whose count grew most (socket, pipe, ...)"),

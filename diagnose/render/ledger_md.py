@@ -94,4 +94,22 @@ def ledger_evidence(report: Report) -> list[str]:
     out: list[str] = []
     for led in report.counters.ledgers:
         out += _one(led)
+    if report.counters.oom_ledger is not None:
+        out += _at_kill(report.counters.oom_ledger)
     return out + _shm(report)
+
+
+def _at_kill(led: LedgerReport) -> list[str]:
+    """The OOM cgroup's usage at the kill, from the kernel's own report: what filled it."""
+    rows = []
+    for r in led.rows:
+        share = f"{100 * r.last / led.total_last:.0f}%" if r.summed and r.last and led.total_last else ""
+        rows.append([r.label if r.summed else f"beside: {r.label}", fmt_bytes(r.last), share])
+    rows.insert(
+        sum(1 for r in led.rows if r.summed), [f"= {led.total_label} (the sum)", fmt_bytes(led.total_last), "100%"]
+    )
+    lines = [f"### Ledger: {led.total_label} of {led.subject}", "", "From the kernel's report of the kill.", ""]
+    lines += table(["line", "at the kill", "share"], rows) + [""]
+    if led.unknown:
+        lines += [f"Not said by this kernel's report (unknown, not zero): {', '.join(led.unknown)}.", ""]
+    return lines
