@@ -83,6 +83,31 @@ enum stack_stat {
 	STACK_ST_PY_DROPPED, /* Python stacks: their table full (faults, mmapsnoop) */
 	STACK_ST_COUNT
 };
+/* fdstack: descriptors created and closed, what sampling their stacks lost, and those the table of
+ * open descriptors had no room for */
+enum fd_stat {
+	FD_ST_CREATED,
+	FD_ST_CLOSED,
+	FD_ST_STACK_ERRORS,
+	FD_ST_SAMPLES_DROPPED,
+	FD_ST_KEYS_DROPPED,
+	FD_ST_FDS_DROPPED,
+	FD_ST_COUNT
+};
+/* fdstack: what a descriptor is, by the call that made it (probes/fdstack.py mirrors it as FD_KINDS) */
+enum fd_kind {
+	FD_KIND_SOCKET,
+	FD_KIND_SOCKETPAIR,
+	FD_KIND_ACCEPTED,
+	FD_KIND_PIPE,
+	FD_KIND_EVENTFD,
+	FD_KIND_EPOLL,
+	FD_KIND_INOTIFY,
+	FD_KIND_MEMFD,
+	FD_KIND_TIMERFD,
+	FD_KIND_SIGNALFD,
+	FD_KIND_COUNT
+};
 /* swapin, drsnoop: the events seen, and those a full table dropped */
 enum table_stat { TABLE_ST_EVENTS, TABLE_ST_TABLE_FULL, TABLE_ST_COUNT };
 /* oomkill */
@@ -109,9 +134,12 @@ enum site_stat {
 
 /* x86-64 only (memdiag/system/arch.py refuses other machines before anything is compiled): the
  * pt_regs fields below are x86-64's. A system call's arguments, by position (x86-64 syscall ABI). */
+#define SYSCALL_ARG1 di
 #define SYSCALL_ARG2 si
 #define SYSCALL_ARG3 dx
 #define SYSCALL_ARG4 r10
+/* The system call's number, still in pt_regs when it returns (raw_syscalls:sys_exit gives no id). */
+#define SYSCALL_NR orig_ax
 
 /* User registers from a struct pt_regs in kernel memory (raw tracepoint arguments). ip, sp and
  * bp sit at the same offsets in every x86-64 kernel's pt_regs (FRED in 6.9 changed only cs/ss). */

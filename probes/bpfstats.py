@@ -6,6 +6,8 @@ from __future__ import annotations
 
 # enum stack_stat: faults, mmapsnoop, brkstack
 STACK = ("events", "stack_errors", "samples_dropped", "keys_dropped", "python_stacks_dropped")
+# enum fd_stat: fdstack
+FD = ("created", "closed", "stack_errors", "samples_dropped", "keys_dropped", "fds_dropped")
 # enum table_stat: swapin, drsnoop
 TABLE = ("events", "table_full")
 # enum oom_stat: oomkill
@@ -29,7 +31,14 @@ SITES = ("hits", "null", "stack_errors", "blocks_dropped", "samples_dropped", "c
          "frees_emulated", "frees_stepped", "freed")  # fmt: skip
 
 # the C enum each tuple mirrors (its constants' prefix), for the test that compares them
-ENUMS = {"stack_stat": STACK, "table_stat": TABLE, "oom_stat": OOM, "memleak_stat": MEMLEAK, "site_stat": SITES}
+ENUMS = {
+    "stack_stat": STACK,
+    "fd_stat": FD,
+    "table_stat": TABLE,
+    "oom_stat": OOM,
+    "memleak_stat": MEMLEAK,
+    "site_stat": SITES,
+}
 
 
 def read(bpf, names: tuple[str, ...]) -> dict[str, int]:

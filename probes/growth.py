@@ -144,7 +144,7 @@ def _summed(m: StackGrowth, item: StackGrowth) -> StackGrowth:
 
 
 class EventStacks:
-    """The run every event-stack probe makes (faults, mmapsnoop, brkstack): the target's address
+    """The run every event-stack probe makes (faults, mmapsnoop, brkstack, fdstack): the target's address
     spaces kept fresh, and where its program records them (PY_FRAMES) the Python frames of CPython
     targets; its samples read from the program's `counts` table as RawStacks, merged by stack (by
     Python call path in a CPython target), and the fields every such result has."""

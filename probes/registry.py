@@ -100,6 +100,8 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("memleak", _defaults),
     ProbeSpec("brkstack", _defaults, host_wide=True),
     ProbeSpec("mmapsnoop", _defaults, host_wide=True),
+    # descriptors (sockets, pipes, eventfds ...) by the stack that created them, and which stay open
+    ProbeSpec("fdstack", _defaults, host_wide=True),
     # one function's own calls to the allocator, where tracing them all is over the budget
     ProbeSpec("sites", _no_options, module="memdiag.probes.memleak.narrowed"),
     ProbeSpec("oomkill", _oomkill),

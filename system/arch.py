@@ -28,7 +28,8 @@ MACHINE = os.uname().machine  # what `uname -m` says: x86_64, aarch64, ...
 SUPPORTED = "x86_64"
 
 # System call numbers (arch/x86/entry/syscalls/syscall_64.tbl; include/uapi/asm-generic/unistd.h for
-# arm64). brk/mmap/munmap are what the raw-syscall probes filter on; only x86-64's are given.
+# arm64). brk/mmap/munmap and the descriptor calls are what the raw-syscall probes filter on; only
+# x86-64's are given.
 # setresuid/setresgid are called raw to change one thread's credentials (glibc's wrappers change
 # every thread's): a JVM's attach socket is spoken to as the JVM's own user.
 SYSCALLS = {
@@ -41,10 +42,32 @@ SYSCALLS = {
         "setresuid": 117,
         "setresgid": 119,
         "openat2": 437,
+        # the calls that create the descriptors fdstack follows, and close()
+        "socket": 41,
+        "socketpair": 53,
+        "accept": 43,
+        "accept4": 288,
+        "pipe": 22,
+        "pipe2": 293,
+        "eventfd": 284,
+        "eventfd2": 290,
+        "epoll_create": 213,
+        "epoll_create1": 291,
+        "inotify_init": 253,
+        "inotify_init1": 294,
+        "memfd_create": 319,
+        "timerfd_create": 283,
+        "signalfd": 282,
+        "signalfd4": 289,
+        "close": 3,
     },
     "aarch64": {"bpf": 280, "perf_event_open": 241, "setresuid": 147, "setresgid": 149, "openat2": 437},
 }
 RAW_SYSCALLS = ("brk", "mmap", "munmap")  # passed to BPF as NR_BRK, NR_MMAP, NR_MUNMAP
+# fdstack's: the calls that create sockets, pipes, eventfds ... and close() (NR_SOCKET, NR_CLOSE, ...)
+FD_SYSCALLS = ("socket", "socketpair", "accept", "accept4", "pipe", "pipe2", "eventfd", "eventfd2", "epoll_create",
+               "epoll_create1", "inotify_init", "inotify_init1", "memfd_create", "timerfd_create", "signalfd",
+               "signalfd4", "close")  # fmt: skip
 
 
 class RegLayout(NamedTuple):
@@ -89,12 +112,13 @@ def syscall_number(name: str, machine: str | None = None) -> int | None:
     return SYSCALLS.get(machine or MACHINE, {}).get(name)
 
 
-def syscall_defines(machine: str | None = None) -> dict[str, int]:
-    """-D options for the raw-syscall probes' programs: NR_BRK, NR_MMAP, NR_MUNMAP (empty off x86-64)."""
+def syscall_defines(machine: str | None = None, names: tuple[str, ...] = RAW_SYSCALLS) -> dict[str, int]:
+    """-D options for the raw-syscall probes' programs: NR_BRK, NR_MMAP, NR_MUNMAP, or those of
+    `names` (FD_SYSCALLS for fdstack); empty off x86-64."""
     machine = machine or MACHINE
     if not supported(machine):
         return {}
-    return {f"NR_{name.upper()}": SYSCALLS[machine][name] for name in RAW_SYSCALLS}
+    return {f"NR_{name.upper()}": SYSCALLS[machine][name] for name in names}
 
 
 def library(name: str) -> str:

@@ -4,18 +4,21 @@ and a machine other than x86-64 gets one sentence, not a crash."""
 import re
 from pathlib import Path
 
-from memdiag.probes import brkstack, kernel, mmapsnoop
+from memdiag.probes import brkstack, fdstack, kernel, mmapsnoop
 from memdiag.system import arch
 
 BPF = Path(__file__).resolve().parents[2] / "bpf"
 
 
 def test_every_syscall_number_the_programs_filter_on_comes_from_python():
-    used = {m for path in BPF.glob("*.c") for m in re.findall(r"\bNR_[A-Z_]+\b", path.read_text())}
-    assert used == {"NR_BRK", "NR_MMAP", "NR_MUNMAP"}
-    assert used <= set(arch.syscall_defines("x86_64"))
+    used = {m for path in BPF.glob("*.c") for m in re.findall(r"\bNR_[A-Z0-9_]+\b", path.read_text())}
+    fd_calls = {f"NR_{name.upper()}" for name in arch.FD_SYSCALLS}
+    assert used == {"NR_BRK", "NR_MMAP", "NR_MUNMAP"} | fd_calls
+    assert used <= set(arch.syscall_defines("x86_64")) | set(arch.syscall_defines("x86_64", arch.FD_SYSCALLS))
     numbers = {"NR_BRK": 12, "NR_MMAP": 9, "NR_MUNMAP": 11}
     assert brkstack.build_options() == numbers and mmapsnoop.build_options() == {**numbers, "PY_FRAMES": 1}
+    fd = fdstack.build_options()
+    assert (fd["NR_SOCKETPAIR"], fd["NR_PIPE2"], fd["NR_CLOSE"], fd["MAX_FDS"]) == (53, 293, 3, fdstack.MAX_FDS)
 
 
 def test_pt_regs_fields_are_named_only_in_the_shared_header():

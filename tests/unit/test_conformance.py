@@ -28,6 +28,7 @@ from memdiag.probes.brkstack import BrkResult
 from memdiag.probes.drsnoop import DrsnoopResult, ProcessReclaim
 from memdiag.probes.face import Plan, ProbeResult, StackReach, TracingCost
 from memdiag.probes.faults import FaultsResult
+from memdiag.probes.fdstack import FdResult, FdStack, FdTotal
 from memdiag.probes.go.heap import GoHeapResult, GoroutineGroup, GoStack
 from memdiag.probes.growth import StackGrowth
 from memdiag.probes.jvm.histogram import ClassGrowth, HistogramPlan, HistogramResult
@@ -183,6 +184,11 @@ EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
                             stacks=[StackGrowth(**_growth(12, 3 * MiB))], folded=["main;grow_orders 12"]), None)],
     "mmapsnoop": [(MmapResult(name="mmapsnoop", status="ok", mapped_bytes=8 * MiB,
                               stacks=[MapStack(kind="anon private rw", **_growth(2, 8 * MiB))]), None)],
+    "fdstack": [(FdResult(name="fdstack", status="ok", duration_s=5.0, created=1240, closed=1140, outstanding=100,
+                          by_kind=[FdTotal(kind="socketpair", created=496, closed=396, outstanding=100)],
+                          stacks=[FdStack(kind="socketpair", created=100, closed=0, outstanding=100, oldest_age_s=4.9,
+                                          **_growth(100, 0))],
+                          folded=["main;grow_orders;socketpair 100"]), None)],
     "oomkill": [(OomKillResult(name="oomkill", status="ok", kills=[OOM]), None)],
     "swapin": [(SwapinResult(name="swapin", status="ok", duration_s=4.0,
                              processes=[ProcessSwapins(pid=PID, comm="orderd", swapins=640)]), None)],
