@@ -10,7 +10,8 @@ __attribute__((noinline)) int find_config(const char *dir, long id)
 {
 	char path[512];
 	struct stat st;
-	snprintf(path, sizeof(path), "%s/optional-%ld.conf", dir, id);
+	/* the pid in the name: a name looked up before (an earlier run) has its dentry already */
+	snprintf(path, sizeof(path), "%s/optional-%d-%ld.conf", dir, (int)getpid(), id);
 	return stat(path, &st);
 }
 
