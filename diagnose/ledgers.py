@@ -59,6 +59,12 @@ def _ledger(obs: Observation, scope: L.Scope, parts: dict[str, list[tuple[str, i
                 parts=parts.get(line.key, []),
             )
         )
+    if scope == "process" and obs.sockets_last is not None:  # read at the window's ends only: a dump is host-wide
+        a, b = obs.sockets_first, obs.sockets_last
+        label = next(lab for k, lab, _s in L.LINES["process"] if k == "socket_buffers")
+        rows.append(
+            LedgerRow(key="socket_buffers", label=label, summed=False, first=a.buffers if a else None, last=b.buffers)
+        )
     return LedgerReport(
         scope=scope,
         subject=_subject(obs, scope),
@@ -235,6 +241,8 @@ def ledger_facts(ledgers: list[LedgerReport], shm: list[ShmFiles], obs: Observat
             if pte is not None and pte.growth is not None and rss and rss > 0:
                 f["ledger.process.page_tables_per_rss_growth"] = 100.0 * pte.growth / rss
     f.update(_shm_facts(shm))
+    if obs.sockets_last is not None:
+        f["sockets.count"], f["sockets.peer_gone"] = obs.sockets_last.sockets, obs.sockets_last.peer_gone
     return f
 
 

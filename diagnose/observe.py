@@ -19,6 +19,7 @@ from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.process import ProcessMemory
 from memdiag.system.processes import read_all_processes
 from memdiag.system.slab import SlabCache, read_slabinfo
+from memdiag.system.sockdiag import SocketMemory, read_socket_memory
 from memdiag.system.swaps import SwapDevice, read_swaps
 from memdiag.system.target import Target
 from memdiag.system.tmpfs import ShmMount, read_shm_mounts
@@ -49,6 +50,8 @@ class Observation(Model):
     swaps: list[SwapDevice] | None = None
     shm_first: list[ShmMount] | None = None  # the tmpfs mounts the target sees, walked at the start
     shm_last: list[ShmMount] | None = None  # ... and at the end
+    sockets_first: SocketMemory | None = None  # a process target's sockets at the start (system/sockdiag.py)
+    sockets_last: SocketMemory | None = None
     processes_first: dict[int, ProcessMemory] = {}
     processes_last: dict[int, ProcessMemory] = {}
     memdiag_pid: int | None = None  # the diagnosing process: it and its children are never in a list of suspects
@@ -112,6 +115,7 @@ class Sampler:
         self.processes_first: dict[int, ProcessMemory] = {}  # every process, at the first sample
         self.slab_first: list[SlabCache] | None = None
         self.shm_first: list[ShmMount] | None = None
+        self.sockets_first: SocketMemory | None = None
         self.started = clock.wall()
         self.exited_at: float | None = None
         self.change: identity.Change | None = None
@@ -148,6 +152,7 @@ class Sampler:
         started_mono, self.started = time.monotonic(), clock.wall()
         self.slab_first = read_slabinfo(self.proc_root)
         self.shm_first = self._shm()
+        self.sockets_first = self._sockets()
         try:
             while True:
                 try:
@@ -193,6 +198,12 @@ class Sampler:
         pid = self.target.pid if self.target.kind == "pid" else None
         return read_shm_mounts(pid, self.proc_root, walk=True)
 
+    def _sockets(self) -> SocketMemory | None:
+        """A process target's sockets as the kernel's diagnostics see them (its own network namespace)."""
+        if self.target.kind != "pid" or self.target.pid is None:
+            return None
+        return read_socket_memory(self.target.pid, self.proc_root)
+
     def so_far(self) -> Observation:
         """The window until now: its snapshots, the kernel log, slab, swap and the process tables."""
         root = self.proc_root
@@ -216,6 +227,8 @@ class Sampler:
             swaps=read_swaps(root),
             shm_first=self.shm_first,
             shm_last=self._shm() if self.snapshots else None,
+            sockets_first=self.sockets_first,
+            sockets_last=self._sockets() if self.snapshots else None,
             processes_first=dict(self.processes_first),
             processes_last=read_all_processes(root) if self.snapshots else {},
             memdiag_pid=os.getpid(),

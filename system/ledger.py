@@ -72,6 +72,7 @@ LINES: dict[Scope, list[tuple[str, str, bool]]] = {
         (RESIDUAL, "residual (RSS not in the lines above)", True),
         ("page_tables", "page tables (kernel memory, not in RSS)", False),
         ("kernel_stacks", "kernel stacks of its threads (estimate: threads x 16 KiB)", False),
+        ("socket_buffers", "socket buffers of its sockets (the kernel's socket diagnostics)", False),
     ],
     "cgroup": [
         ("anon", "anonymous memory", True),
@@ -307,6 +308,8 @@ def ledger_fact_defs() -> list[tuple[str, str, str]]:
     out += [
         ("ledger.cgroup.working_set_percent", "percent", "the cgroup's working set as a share of its usage"),
         ("ledger.process.fds", "number", "descriptors the process holds at the window's end"),
+        ("sockets.count", "number", "the process's sockets the kernel's socket diagnostics found at the window's end"),
+        ("sockets.peer_gone", "number", "of them, sockets whose peer has closed while the process keeps them open"),
         ("ledger.process.page_tables_per_rss_growth", "percent", "its page tables' growth as a share of its RSS's"),
         ("ledger.process.fds_growth", "number", "change of its descriptor count over the window"),
         ("ledger.process.fds_shape", "string", "its descriptor count over the window: climbing, levelled, flat ..."),
