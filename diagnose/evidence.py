@@ -195,10 +195,32 @@ def _cgroup_rows(obs: Observation) -> list[CounterRow]:
     rows += [_pair("cgroup", name, "count", first, last) for name in _CGROUP_COUNTS]
     for name, key in cgroup_split(last).items():  # its memory.stat: anonymous and page cache
         rows.append(CounterRow(scope="cgroup", name=name, unit="bytes", first=first.stat.get(key), last=last.stat[key]))
+    if (pair := refaults(obs)) is not None:
+        rate = counter_rate(pair[0], pair[1], window_seconds(obs))
+        rows.append(
+            CounterRow(
+                scope="cgroup",
+                name="workingset_refault_file",
+                unit="count",
+                first=pair[0],
+                last=pair[1],
+                rate_per_s=rate,
+            )
+        )
     for kind in ("some", "full"):  # its own PSI (v2)
         if (stall := cgroup_psi_stall_percent(obs, kind)) is not None:
             rows.append(CounterRow(scope="cgroup", name=f"psi_{kind}_window", unit="percent", last=stall))
     return rows
+
+
+def refaults(obs: Observation) -> tuple[int, int] | None:
+    """The cgroup's file refaults (pages read back soon after reclaim evicted them) at the first and the
+    last sample: v2 workingset_refault_file, v1 total_workingset_refault_file; None: not counted."""
+    a, b = obs.snapshots[0].cgroup, obs.snapshots[-1].cgroup
+    if a is None or b is None:
+        return None
+    key = next((k for k in ("total_workingset_refault_file", "workingset_refault_file") if k in b.stat), None)
+    return (a.stat[key], b.stat[key]) if key is not None and key in a.stat else None
 
 
 def cgroup_split(cg) -> dict[str, str]:

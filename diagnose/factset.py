@@ -19,6 +19,7 @@ from .evidence import (
     cgroup_psi_stall_percent,
     cgroup_split,
     psi_stall_percent,
+    refaults,
     thp_collapses,
     window_seconds,
 )
@@ -172,16 +173,12 @@ def _cgroup_facts(obs: Observation, counters: Counters) -> dict:
 
 
 def _refaults(obs: Observation) -> dict:
-    """File pages of the cgroup read back after reclaim evicted them, over the window (v2
-    workingset_refault_file, v1 total_workingset_refault_file; older kernels: unknown)."""
-    a, b = obs.snapshots[0].cgroup, obs.snapshots[-1].cgroup
-    if a is None or b is None:
+    """File pages of the cgroup read back after reclaim evicted them, over the window (the counter
+    table's row workingset_refault_file)."""
+    pair = refaults(obs)
+    if pair is None:
         return {}
-    key = next((k for k in ("total_workingset_refault_file", "workingset_refault_file") if k in b.stat), None)
-    if key is None or key not in a.stat:
-        return {}
-    n = b.stat[key] - a.stat[key]
-    return {"cgroup.refaults": n, "cgroup.refault_rate": counter_rate(a.stat[key], b.stat[key], window_seconds(obs))}
+    return {"cgroup.refaults": pair[1] - pair[0], "cgroup.refault_rate": counter_rate(*pair, window_seconds(obs))}
 
 
 def _target_swap(obs: Observation, system_swap: int | None) -> int | None:

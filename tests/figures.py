@@ -137,10 +137,39 @@ def table_pools(rep: dict) -> Pools:
         p.add("bytes", s["first_bytes"], s["last_bytes"], s["last_bytes"] - s["first_bytes"])
     for d in c["swap_devices"]:
         p.add("bytes", d.get("size"), d.get("used"))
+    _ledger_pools(p, c)
     _stack_pools(p, rep)
     _probe_pools(p, rep)
     _derived_pools(p, rep, rows)
     return p
+
+
+def _ledger_pools(p: Pools, c: dict) -> None:
+    """The ledgers' lines (first, last, change), each line's share of its total (and of the total's
+    change), the tmpfs mounts and their file patterns."""
+    ledgers = [*c.get("ledgers", []), *([c["oom_ledger"]] if c.get("oom_ledger") else [])]
+    for led in ledgers:
+        t0, t1 = led.get("total_first"), led.get("total_last")
+        growth = t1 - t0 if t0 is not None and t1 is not None else None
+        p.add("bytes", t0, t1, growth)
+        rows = {r["key"]: r for r in led["rows"]}
+        for r in led["rows"]:
+            a, b = r.get("first"), r.get("last")
+            g = b - a if a is not None and b is not None else None
+            p.add("bytes", a, b, g)
+            if g is not None and growth:
+                p.add("percent", 100 * g / growth)
+            if b is not None and t1:
+                p.add("percent", 100 * b / t1)
+        pte, rss = rows.get("page_tables"), growth
+        if led["scope"] == "process" and pte and pte.get("first") is not None and rss:
+            p.add("percent", 100 * (pte["last"] - pte["first"]) / rss)
+    for m in c.get("shm", []):
+        p.add("bytes", m.get("used_first"), m["used_last"])
+        if m.get("used_first") is not None:
+            p.add("bytes", m["used_last"] - m["used_first"])
+        for _pat, _f0, _f1, b0, b1 in m["patterns"]:
+            p.add("bytes", b0, b1, b1 - b0)
 
 
 def _stack_pools(p: Pools, rep: dict) -> None:

@@ -40,6 +40,7 @@ _COUNTER_LABELS = {
     "swap_usage": "swap usage",
     "swap_limit": "swap limit",
     "failcnt": "limit hits (failcnt / events max)",
+    "workingset_refault_file": "file pages refaulted (workingset_refault_file)",
     "oom": "OOM events",
     "oom_kill": "OOM kills",
     "anon": "anonymous (memory.stat)",
