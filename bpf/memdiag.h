@@ -108,6 +108,19 @@ enum fd_kind {
 	FD_KIND_SIGNALFD,
 	FD_KIND_COUNT
 };
+/* kmemstack: slab allocations made in the targets' context, the frees of those it tracks, and what
+ * it could not record */
+enum kmem_stat {
+	KMEM_ST_ALLOCS,
+	KMEM_ST_FREES,
+	KMEM_ST_STACK_ERRORS, /* the user stack could not be walked */
+	KMEM_ST_KSTACK_ERRORS, /* the kernel stack could not be walked */
+	KMEM_ST_SAMPLES_DROPPED,
+	KMEM_ST_KEYS_DROPPED, /* allocations of a new stack key when the books were full: not counted */
+	KMEM_ST_OBJS_DROPPED, /* allocations the table of outstanding objects had no room for */
+	KMEM_ST_REUSED, /* an address tracked was allocated again without a free seen: the old one dropped */
+	KMEM_ST_COUNT
+};
 /* swapin, drsnoop: the events seen, and those a full table dropped */
 enum table_stat { TABLE_ST_EVENTS, TABLE_ST_TABLE_FULL, TABLE_ST_COUNT };
 /* oomkill */
@@ -130,6 +143,40 @@ enum site_stat {
 	SS_FREES_STEPPED, /* site_free_stepped: the others */
 	SS_FREED, /* frees of a traced block */
 	SS_COUNT
+};
+
+/* --- kmemstack (bpf/kmemstack.c, read by probes/kmemstack.py) ------------------------------------
+ * One stack key: the user stack of the target's code that made the call (as the other event-stack
+ * probes key it: tgid, stack id, ip, the word at sp) and the kernel stack that allocated. */
+#define KMEM_CACHE_NAME 32 /* bytes of a cache's name kept (slab names are short: "dentry", "kmalloc-64") */
+struct kmem_key {
+	u32 tgid;
+	s32 stack_id; /* user stack (BPF_F_USER_STACK), < 0: not walked */
+	u64 ip;
+	u64 at_sp;
+	s32 kstack_id; /* kernel stack, < 0: not walked */
+	u32 pad;
+};
+
+/* The books of one stack key. outstanding_*: allocated during the run, tracked, and not freed yet. */
+struct kmem_books {
+	u64 allocs;
+	u64 alloc_bytes;
+	u64 frees; /* of its tracked objects, by any task (dentries are freed by RCU, by kswapd ...) */
+	u64 freed_bytes;
+	u64 outstanding_count;
+	u64 outstanding_bytes;
+	u64 untracked; /* allocations the table of outstanding objects had no room for */
+	u64 accounted; /* allocations charged to a memory cgroup (SLAB_ACCOUNT caches, __GFP_ACCOUNT) */
+	u64 size; /* bytes_alloc of its first allocation: a kmalloc's size class */
+	char cache[KMEM_CACHE_NAME]; /* the cache its first kmem_cache_alloc named; empty: kmalloc */
+};
+
+/* One outstanding object, by its address. */
+struct kmem_obj {
+	struct kmem_key key;
+	u64 bytes;
+	u64 ts; /* bpf_ktime_get_ns() at its allocation (CLOCK_MONOTONIC) */
 };
 
 /* x86-64 only (memdiag/system/arch.py refuses other machines before anything is compiled): the

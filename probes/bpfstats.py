@@ -8,6 +8,9 @@ from __future__ import annotations
 STACK = ("events", "stack_errors", "samples_dropped", "keys_dropped", "python_stacks_dropped")
 # enum fd_stat: fdstack
 FD = ("created", "closed", "stack_errors", "samples_dropped", "keys_dropped", "fds_dropped")
+# enum kmem_stat: kmemstack
+KMEM = ("allocs", "frees", "stack_errors", "kstack_errors", "samples_dropped", "keys_dropped", "objs_dropped",
+        "reused")  # fmt: skip
 # enum table_stat: swapin, drsnoop
 TABLE = ("events", "table_full")
 # enum oom_stat: oomkill
@@ -34,6 +37,7 @@ SITES = ("hits", "null", "stack_errors", "blocks_dropped", "samples_dropped", "c
 ENUMS = {
     "stack_stat": STACK,
     "fd_stat": FD,
+    "kmem_stat": KMEM,
     "table_stat": TABLE,
     "oom_stat": OOM,
     "memleak_stat": MEMLEAK,

@@ -102,6 +102,8 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("mmapsnoop", _defaults, host_wide=True),
     # descriptors (sockets, pipes, eventfds ...) by the stack that created them, and which stay open
     ProbeSpec("fdstack", _defaults, host_wide=True),
+    # kernel slab allocations the target's calls left outstanding, by kernel and user stack
+    ProbeSpec("kmemstack", _defaults, host_wide=True),
     # one function's own calls to the allocator, where tracing them all is over the budget
     ProbeSpec("sites", _no_options, module="memdiag.probes.memleak.narrowed"),
     ProbeSpec("oomkill", _oomkill),

@@ -36,6 +36,7 @@ from memdiag.probes.jvm.plan import JfrPlan
 from memdiag.probes.jvm.plan import _over_budget as jfr_over_budget
 from memdiag.probes.jvm.probe import JfrResult
 from memdiag.probes.jvm.recording import Allocating, Held, JavaFrame
+from memdiag.probes.kmemstack import CacheTotal, KmemResult, KmemStack
 from memdiag.probes.memleak import LeakStack, MemleakResult
 from memdiag.probes.memleak.narrowed import SitesResult, SiteStack
 from memdiag.probes.memleak.plan import decision
@@ -59,6 +60,8 @@ T0 = 1_800_000_000.0
 PID = 500
 FRAMES = ["malloc+0x0 [libc.so.6]", "grow_orders+0x12 [orderd]", "main+0x9 [orderd]"]
 FUNCTIONS = ["malloc", "grow_orders", "main"]
+KERNEL_FRAMES = ["kmem_cache_alloc_lru_noprof+0x2 [kernel]", "__d_alloc+0x2d [kernel]", "d_alloc_parallel+0x3 [kernel]"]
+KERNEL_FUNCTIONS = ["kmem_cache_alloc_lru_noprof", "__d_alloc", "d_alloc_parallel"]
 
 
 def _growth(count: int, nbytes: int, **kw) -> dict:
@@ -189,6 +192,14 @@ EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
                           stacks=[FdStack(kind="socketpair", created=100, closed=0, outstanding=100, oldest_age_s=4.9,
                                           **_growth(100, 0))],
                           folded=["main;grow_orders;socketpair 100"]), None)],
+    "kmemstack": [(KmemResult(name="kmemstack", status="ok", duration_s=5.0, allocs=19800, frees=9800,
+                              outstanding=10000, outstanding_bytes=1920000,
+                              by_cache=[CacheTotal(cache="dentry", allocs=10000, frees=0, outstanding=10000,
+                                                   outstanding_bytes=1920000)],
+                              stacks=[KmemStack(kernel_frames=KERNEL_FRAMES, kernel_functions=KERNEL_FUNCTIONS,
+                                                cache="dentry", allocs=10000, frees=0, alloc_bytes=1920000,
+                                                accounted=10000, **_growth(10000, 1920000))],
+                              folded=["main;grow_orders;malloc;d_alloc_parallel;__d_alloc 1920000"]), None)],
     "oomkill": [(OomKillResult(name="oomkill", status="ok", kills=[OOM]), None)],
     "swapin": [(SwapinResult(name="swapin", status="ok", duration_s=4.0,
                              processes=[ProcessSwapins(pid=PID, comm="orderd", swapins=640)]), None)],
