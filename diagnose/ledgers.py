@@ -140,15 +140,24 @@ def _share(part: int | None, whole: int | None) -> float | None:
     return 100.0 * part / whole if part is not None and whole else None
 
 
-def growth_text(led: LedgerReport) -> str:
-    """The lines that moved over the window, largest first, each with its share of the total's change,
-    the residual always named: how the report's verdicts account for the memory they are about."""
+def shares_meaningful(led: LedgerReport) -> bool:
+    """A line's share of the total's change means something when the total grew by at least half of
+    what its lines moved in all: a total that barely moved while its lines traded places has none."""
     total = led.total_growth
+    churn = sum(abs(r.growth or 0) for r in led.rows if r.summed)
+    return bool(total and total > 0 and 2 * total >= churn)
+
+
+def growth_text(led: LedgerReport) -> str:
+    """The lines that moved over the window, largest first, each with its share of the total's change
+    (where shares mean something), the residual always named: how the report's verdicts account for
+    the memory they are about."""
+    total, shares = led.total_growth, shares_meaningful(led)
     moved = [r for r in led.rows if r.summed and r.growth]
     moved.sort(key=lambda r: -abs(r.growth or 0))
     words = []
     for r in moved[:4]:
-        share = _share(r.growth, total) if total and total > 0 else None
+        share = _share(r.growth, total) if shares else None
         words.append(f"{r.label} {fmt_signed(r.growth)}" + (f" ({share:.0f}%)" if share is not None else ""))
     res = led.row(L.RESIDUAL)
     if res is not None and res not in moved[:4]:
@@ -179,8 +188,7 @@ def _scope_facts(led: LedgerReport) -> dict:
         f[f"{s}.top_line_key"] = top.key
         f[f"{s}.top_line_growth"] = top.growth
         f[f"{s}.top_line_shape"] = top.shape
-        total = led.total_growth
-        f[f"{s}.top_line_share"] = _share(top.growth, total) if total and total > 0 else None
+        f[f"{s}.top_line_share"] = _share(top.growth, led.total_growth) if shares_meaningful(led) else None
     held = [r for r in led.rows if r.summed and r.key not in (L.RESIDUAL, "free") and r.last]
     if held:
         f[f"{s}.largest_line_key"] = max(held, key=lambda r: r.last or 0).key
@@ -209,13 +217,16 @@ def _fd_facts(led: LedgerReport, obs: Observation) -> dict:
     return f
 
 
-def _shm_facts(shm: list[ShmFiles]) -> dict:
+def _shm_facts(shm: list[ShmFiles], host: LedgerReport | None) -> dict:
     grown = [m for m in shm if m.used_first is not None]
     if not grown:
         return {}
     m = max(grown, key=lambda m: m.used_last - (m.used_first or 0))
     f: dict = {"shm.top_mount": m.mount_point, "shm.top_mount_used": m.used_last}
-    f["shm.top_mount_growth"] = m.used_last - (m.used_first or 0)
+    f["shm.top_mount_growth"] = growth = m.used_last - (m.used_first or 0)
+    shmem = host.row("shmem") if host is not None else None
+    if shmem is not None and shmem.growth and shmem.growth > 0:  # how much of the host's Shmem growth it is
+        f["shm.top_mount_share"] = 100.0 * growth / shmem.growth
     if m.patterns:
         pat, files0, files1, bytes0, bytes1 = max(m.patterns, key=lambda p: (p[4] - p[3], p[4]))
         f.update(
@@ -240,7 +251,7 @@ def ledger_facts(ledgers: list[LedgerReport], shm: list[ShmFiles], obs: Observat
             pte, rss = led.row("page_tables"), led.total_growth
             if pte is not None and pte.growth is not None and rss and rss > 0:
                 f["ledger.process.page_tables_per_rss_growth"] = 100.0 * pte.growth / rss
-    f.update(_shm_facts(shm))
+    f.update(_shm_facts(shm, next((led for led in ledgers if led.scope == "host"), None)))
     if obs.sockets_last is not None:
         f["sockets.count"], f["sockets.peer_gone"] = obs.sockets_last.sockets, obs.sockets_last.peer_gone
     return f

@@ -319,6 +319,11 @@ def ledger_fact_defs() -> list[tuple[str, str, str]]:
         ("shm.top_mount", "string", "the tmpfs mount whose use grew most over the window"),
         ("shm.top_mount_used", "bytes", "what that mount holds at the window's end"),
         ("shm.top_mount_growth", "bytes", "change of that mount's use over the window"),
+        (
+            "shm.top_mount_share",
+            "percent",
+            "that change as a share of the host's Shmem growth (None: Shmem did not grow)",
+        ),
         ("shm.top_pattern", "string", "its file pattern that grew most (digits as *): /dev/shm/job-*.spool"),
         ("shm.top_pattern_files", "number", "files of that pattern at the window's end"),
         ("shm.top_pattern_files_growth", "number", "change of that pattern's file count over the window"),

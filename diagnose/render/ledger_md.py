@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from memdiag.system.units import fmt_bytes
 
-from ..ledgers import fmt_signed
+from ..ledgers import fmt_signed, shares_meaningful
 from ..report import LedgerReport, LedgerRow, Report
 from .mdtable import table
 from .sparkline import sparkline
@@ -15,7 +15,7 @@ from .sparkline import sparkline
 
 def _share(row: LedgerRow, total: int | None) -> str:
     g = row.growth
-    if g is None or not total or total <= 0 or not row.summed:
+    if g is None or not total or not row.summed:
         return ""
     return f"{100 * g / total:.0f}%"
 
@@ -40,14 +40,14 @@ def _row(row: LedgerRow, total: int | None) -> list[str]:
 
 
 def _one(led: LedgerReport) -> list[str]:
-    growth = led.total_growth
+    growth = led.total_growth if shares_meaningful(led) else None  # no share where the total barely moved
     rows = [_row(r, growth) for r in led.rows if r.summed]
     total = [
         f"= {led.total_label} (the sum)",
         fmt_bytes(led.total_first),
         fmt_bytes(led.total_last),
-        fmt_signed(growth),
-        "100%" if growth and growth > 0 else "",
+        fmt_signed(led.total_growth),
+        "100%" if growth else "",
         "",
         "",
     ]
