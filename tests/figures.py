@@ -99,6 +99,10 @@ def _delta(row: dict) -> float | None:
     return row["last"] - row["first"] if row.get("first") is not None and row.get("last") is not None else None
 
 
+def _total(ledger: dict) -> dict:
+    return {"first": ledger.get("total_first"), "last": ledger.get("total_last")}
+
+
 def _rows(rep: dict) -> dict[tuple[str, str], dict]:
     return {(r["scope"], r["name"]): r for r in rep["counters"]["rows"]}
 
@@ -133,6 +137,10 @@ def table_pools(rep: dict) -> Pools:
     p.add("kills", _delta(cg_kills) if cg_kills else None, _delta(rows.get(("system", "oom_kill"), {})))
     p.add("kills_ever", cg_kills.get("last") if cg_kills else None)
     p.add("limit_hits", _delta(rows.get(("cgroup", "failcnt"), {})))
+    for ledger in c.get("ledgers", []):  # a total split into lines (diagnose/ledgers.py), each line's figures
+        p.add("bytes", ledger.get("total_first"), ledger.get("total_last"), _delta(_total(ledger)))
+        for r in ledger["rows"]:
+            p.add("bytes", r.get("first"), r.get("last"), _delta(r))
     for s in c["slab_top"]:
         p.add("bytes", s["first_bytes"], s["last_bytes"], s["last_bytes"] - s["first_bytes"])
     for d in c["swap_devices"]:
