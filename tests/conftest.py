@@ -53,6 +53,8 @@ SLOW_MODULES = frozenset(
         "e2e/test_budget.py",
         "e2e/test_containers.py",
         "e2e/test_culprit.py",
+        "e2e/test_distro_nonheap.py",
+        "e2e/test_nonheap.py",
         "e2e/test_jvm.py",
         "e2e/test_python_targets.py",
         "e2e/test_runtimes.py",

@@ -26,6 +26,8 @@ HOSTWIDE = {
     # swap storms and OOM kills put host PSI and swap-in over the playbook's pressure thresholds,
     # which outrank `healthy`; and `memdiag verify` finds a service host-wide by its command line
     "e2e/test_scenarios.py": "a swap storm and an OOM kill; expects healthy; runs errleak",
+    "e2e/test_distro_nonheap.py": "a bulk load stalls the host in writeback (PSI), expects cache",
+    "e2e/test_nonheap.py": "an OOM kill; page cache and rereads at a limit (host PSI); slab growth host-wide",
     "e2e/test_verify.py": "verify finds errleak host-wide, by its command line and then its name",
     "probes/test_reach.py": "runs errleak, which test_verify would find",
     "probes/test_memleak.py": "runs errleak, which test_verify would find",
