@@ -295,13 +295,9 @@ def _stacks(report: Report) -> list[str]:
     lines = ["### Stacks", ""]
     for st in report.stacks:
         trend = f" — outstanding `{sparkline([float(v) for v in st.series])}`" if st.series else ""
-        # a stack of events that hold no bytes of their own (descriptors) is headed by what it counts
-        head = (
-            f"**{fmt_bytes(st.bytes)}** ({st.probe}: {prose(st.detail)})"
-            if st.bytes
-            else f"**{st.probe}**: {prose(st.detail)}"
-        )
-        lines += [f"- {head}{trend}"]
+        # a stack of events that hold no bytes of their own (descriptors) is headed by its count alone
+        head = f"**{fmt_bytes(st.bytes)}** " if st.bytes else ""
+        lines += [f"- {head}({st.probe}: {prose(st.detail)}){trend}"]
         if st.reach is not None:
             lines += [f"  - {_reach_line(st.reach)}"]
         kinds = st.frame_kinds

@@ -1,0 +1,206 @@
+"""Ledgers: each line is the kernel counter it says it is, the lines sum to the total with the residual
+a line of its own, a line the source cannot give is unknown (not zero), and every ledger fact the
+catalog lists is produced by a window that reads the lines (v1 and v2 cgroups)."""
+
+from pathlib import Path
+
+from memdiag.diagnose.culprit import default_classes
+from memdiag.diagnose.factset import window_facts
+from memdiag.diagnose.ledgers import build_ledgers, shares_meaningful
+from memdiag.diagnose.observe import Observation
+from memdiag.diagnose.snapshot import Snapshot
+from memdiag.system.cgroup import CgroupMemory
+from memdiag.system.fds import fd_type
+from memdiag.system.kmsg import parse_kmsg_line, parse_kmsg_records
+from memdiag.system.ledger import (
+    KERNEL_STACK_BYTES,
+    cgroup_ledger,
+    host_ledger,
+    ledger_fact_defs,
+    oom_cgroup_ledger,
+    process_ledger,
+)
+from memdiag.system.meminfo import parse_meminfo
+from memdiag.system.process import ProcessMemory, parse_process
+from memdiag.system.sockdiag import SocketMemory
+from memdiag.system.target import Target
+from memdiag.system.tmpfs import FilePattern, ShmMount, name_pattern
+from memdiag.system.vmstat import VmStat
+
+KiB, MiB = 1 << 10, 1 << 20
+
+# This machine's /proc/meminfo (6.18, 24 GiB), the lines a ledger reads
+MEMINFO = """MemTotal:       24683772 kB
+MemFree:        21349396 kB
+MemAvailable:   24111000 kB
+Buffers:           74496 kB
+Cached:          2723348 kB
+SwapCached:            0 kB
+Active(file):    1638172 kB
+Inactive(file):  1149280 kB
+AnonPages:          4192 kB
+Shmem:             10388 kB
+Slab:             422272 kB
+SReclaimable:     368560 kB
+SUnreclaim:        53712 kB
+KernelStack:        1808 kB
+PageTables:         1588 kB
+SecPageTables:         0 kB
+VmallocUsed:       14652 kB
+Percpu:             1312 kB
+Hugetlb:               0 kB
+Zswap:                 0 kB
+"""
+
+# A v1 cgroup's memory.stat as this machine's 6.18 writes it (hierarchical total_* lines)
+V1_STAT = {
+    "total_cache": 200 * MiB,
+    "total_rss": 6 * MiB,
+    "total_shmem": 1 * MiB,
+    "total_active_file": 3 * MiB,
+    "total_inactive_file": 190 * MiB,
+    "total_workingset_refault_file": 12,
+}
+
+# v2's memory.stat keys as Documentation/admin-guide/cgroup-v2.rst lists them (5.18+ has `kernel`);
+# the figures are made up to add up
+V2_STAT = {
+    "anon": 40 * MiB,
+    "file": 100 * MiB,
+    "kernel": 12 * MiB,
+    "kernel_stack": 1 * MiB,
+    "pagetables": 2 * MiB,
+    "sec_pagetables": 0,
+    "percpu": 1 * MiB,
+    "sock": 3 * MiB,
+    "vmalloc": 1 * MiB,
+    "shmem": 10 * MiB,
+    "zswap": 0,
+    "slab_reclaimable": 4 * MiB,
+    "slab_unreclaimable": 2 * MiB,
+    "active_file": 30 * MiB,
+    "inactive_file": 55 * MiB,
+    "workingset_refault_file": 7,
+}
+
+
+def _parts_sum(led) -> int:
+    return sum(line.bytes for line in led.lines if line.bytes is not None)
+
+
+def test_host_ledger_is_meminfo_line_by_line_with_what_no_counter_names_as_residual():
+    m = parse_meminfo(MEMINFO)
+    led = host_ledger(m)
+    v = {line.key: line.bytes for line in led.lines}
+    assert v["anon"] == 4192 * KiB and v["shmem"] == 10388 * KiB and v["free"] == 21349396 * KiB
+    # Cached counts Shmem, and Active/Inactive(file) count Buffers: each page in one line
+    assert v["file_other"] == (74496 + 2723348 - 10388 - 1638172 - 1149280) * KiB
+    assert v["slab_reclaimable"] == 368560 * KiB and v["vmalloc"] == 14652 * KiB
+    assert led.residual == 90708 * KiB  # MemTotal less every named line, by hand
+    assert _parts_sum(led) == led.total == 24683772 * KiB and not led.unknown
+
+
+def test_v1_cgroup_ledger_says_kernel_memory_unsplit_and_working_set_beside():
+    cg = CgroupMemory(version=1, path="/x", fs_path="/x", usage=209 * MiB, stat=V1_STAT, kmem_usage=2 * MiB)
+    led = cgroup_ledger(cg)
+    v = {line.key: line.bytes for line in led.lines}
+    assert v["anon"] == 6 * MiB and v["shmem"] == 1 * MiB and v["file_inactive"] == 190 * MiB
+    assert v["file_other"] == 6 * MiB and v["kernel"] == 2 * MiB
+    assert "slab_reclaimable" not in v and "sock" not in v  # v1 has no such line: not a line, not zero
+    assert led.residual == 1 * MiB and _parts_sum(led) == 209 * MiB
+    assert led.value("working_set") == 19 * MiB  # usage minus inactive page cache
+
+
+def test_v2_cgroup_ledger_splits_kernel_memory_and_names_what_an_older_kernel_cannot_say():
+    cg = CgroupMemory(version=2, path="/x", fs_path="/x", usage=156 * MiB, stat=V2_STAT)
+    led = cgroup_ledger(cg)
+    v = {line.key: line.bytes for line in led.lines}
+    assert v["anon"] == 40 * MiB and v["shmem"] == 10 * MiB and v["file_other"] == 5 * MiB
+    assert v["kernel_other"] == 1 * MiB  # kernel less slab, stacks, page tables, percpu, vmalloc
+    assert v["sock"] == 3 * MiB and led.residual == 1 * MiB and not led.unknown
+    older = {k: n for k, n in V2_STAT.items() if k != "kernel"}  # before 5.18
+    led = cgroup_ledger(CgroupMemory(version=2, path="/x", fs_path="/x", usage=156 * MiB, stat=older))
+    assert led.value("kernel_other") is None and led.unknown == ["kernel_other"]
+    assert led.residual == 2 * MiB  # what the unknown line holds is in the residual, and said to be
+
+
+def test_process_ledger_is_rss_by_kind_with_kernel_memory_beside():
+    status = "Name:\tworker\nVmRSS:\t  10240 kB\nRssAnon:\t 8192 kB\nRssFile:\t 1024 kB\nRssShmem:\t 1024 kB\n"
+    status += "VmPTE:\t  96 kB\nThreads:\t4\n"
+    p = parse_process(1, status, None, None, None)
+    led = process_ledger(p, {"socket": 3, "total": 3})
+    assert [line.key for line in led.lines] == ["anon", "file", "shmem", "residual"] and led.residual == 0
+    assert led.value("page_tables") == 96 * KiB and led.value("kernel_stacks") == 4 * KERNEL_STACK_BYTES
+    assert led.line("kernel_stacks").estimate and led.counts == {"socket": 3, "total": 3}
+
+
+def test_an_oom_kill_ledger_is_the_kernels_report_of_the_cgroup():
+    raw = (Path(__file__).parent / "data" / "kmsg_memcg_oom_v1_6.18.txt").read_text().splitlines()
+    (kill,) = parse_kmsg_records([r for r in map(parse_kmsg_line, raw) if r is not None])
+    led = oom_cgroup_ledger(kill)
+    assert led.total == 64 * MiB and led.value("kernel") == 228 * KiB
+    largest = max((line for line in led.lines if line.key != "residual"), key=lambda line: line.bytes or 0)
+    assert largest.key == "anon" and largest.bytes > 0.95 * led.total  # python3 appending bytearrays
+
+
+def test_descriptor_types_and_file_patterns():
+    links = {
+        "socket:[123]": "socket",
+        "pipe:[9]": "pipe",
+        "anon_inode:[eventfd]": "eventfd",
+        "anon_inode:[eventpoll]": "epoll",
+        "anon_inode:inotify": "inotify",
+        "/memfd:cache (deleted)": "memfd",
+        "/var/log/x.log": "file",
+        "anon_inode:bpf-map": "other",
+    }
+    assert {link: fd_type(link) for link in links} == links
+    assert name_pattern("job-1234.spool") == "job-*.spool"
+    assert name_pattern("sess_3f2a9c0d1e2b.tmp") == "sess_*.tmp"
+
+
+def _observation(cgroup_version: int) -> Observation:
+    """A process in a cgroup over three samples, every ledger line moving: what the facts are made of."""
+    stat = V2_STAT if cgroup_version == 2 else V1_STAT
+
+    def snap(t: int) -> Snapshot:
+        grown = {k: n + t * MiB for k, n in stat.items()}
+        cg = CgroupMemory(
+            version=cgroup_version, path="/x", fs_path="/x", usage=(300 + t) * MiB, stat=grown,
+            kmem_usage=(2 + t) * MiB, kmem_tcp_usage=0,
+        )  # fmt: skip
+        proc = ProcessMemory(
+            pid=7, comm="w", cmdline=["w"], rss=(10 + 2 * t) * MiB, rss_anon=(8 + t) * MiB, rss_file=MiB,
+            rss_shmem=(1 + t) * MiB, vm_pte=(1 + t) * MiB, threads=2,
+        )  # fmt: skip
+        meminfo = parse_meminfo(MEMINFO.replace("Shmem:             10388", f"Shmem:       {10388 + t * 1024}"))
+        fds = {"socket": 10 + t, "file": 3, "total": 13 + t}
+        return Snapshot(t=float(t), wall=float(t), meminfo=meminfo, vmstat=VmStat(counters={}), process=proc,
+                        cgroup=cg, fds=fds)  # fmt: skip
+
+    def mount(used: int, files: int) -> ShmMount:
+        pattern = FilePattern(pattern="job-*.spool", files=files, bytes=used)
+        return ShmMount(mount_point="/dev/shm", used=used, patterns=[pattern], files=files)
+
+    return Observation(
+        target=Target(kind="pid", pid=7, comm="w", cmdline=["w"]), requested_s=3, started=0, ended=2,
+        snapshots=[snap(t) for t in range(3)], shm_first=[mount(MiB, 1)], shm_last=[mount(3 * MiB, 3)],
+        sockets_first=SocketMemory(sockets=10, buffers=KiB), sockets_last=SocketMemory(sockets=12, buffers=2 * KiB),
+    )  # fmt: skip
+
+
+def test_every_ledger_fact_the_catalog_lists_is_produced():
+    produced: set[str] = set()
+    for version in (1, 2):
+        obs = _observation(version)
+        facts, _c, _t = window_facts(obs, obs.target, 2.0, None, {}, {}, {}, default_classes())
+        produced |= set(facts)
+    missing = {name for name, _k, _h in ledger_fact_defs()} - produced
+    assert not missing
+
+
+def test_shares_are_given_only_where_the_total_moved():
+    led = {led.scope: led for led in build_ledgers(_observation(2))}
+    assert shares_meaningful(led["process"])  # RSS grew by what its lines grew
+    cg = led["cgroup"]  # each of its 16 lines grew 1 MiB a sample while usage grew 1 MiB: lines trading places
+    assert not shares_meaningful(cg)
