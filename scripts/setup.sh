@@ -42,6 +42,10 @@ if [ "${1:-}" = "--test" ]; then
         command -v prometheus-node-exporter >/dev/null || new_services+=(prometheus-node-exporter)
     fi
     command -v prometheus-process-exporter >/dev/null || { need+=(prometheus-process-exporter); new_services+=(prometheus-process-exporter); }
+    # the distribution's servers memory no heap holds is judged on (tests/e2e/test_distro_nonheap.py):
+    # the tests run throwaway instances of their own, so the packages' services are not wanted running
+    command -v redis-server >/dev/null || { need+=(redis-server); new_services+=(redis-server); }
+    ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1 || { need+=(postgresql); new_services+=(postgresql); }
 fi
 headers_pkg="linux-headers-$release"
 private_hdr="/var/lib/memdiag/kernel-headers/$release"

@@ -134,16 +134,7 @@ def test_postgres_bulk_load_at_a_cgroup_limit_is_page_cache(memdiag, memcg, tmp_
         load.start()
         try:
             wait_until(lambda: int(usage.read_text()) > 0.95 * cg.limit and cg.limit_hits() > 0, "cgroup at its limit")
-            try:
-                line, rep, unchecked = *_diagnose(memdiag, tmp_path, "--cgroup", cg.path), None
-            except AssertionError as e:  # the figures check (conftest's run_memdiag): see below
-                if "figures the report's tables do not bear out" not in str(e):
-                    raise
-                unchecked = str(e)
-                rep = json.loads((tmp_path / "report.json").read_text())
-                line = (
-                    "cache: " + rep["verdict"]["summary"] if rep["verdict"]["kind"] == "cache" else str(rep["verdict"])
-                )
+            line, rep = _diagnose(memdiag, tmp_path, "--cgroup", cg.path)
         finally:
             load.stop.set()
             load.join(60)
@@ -153,18 +144,7 @@ def test_postgres_bulk_load_at_a_cgroup_limit_is_page_cache(memdiag, memcg, tmp_
     assert backends >= 5  # postmaster, checkpointer, walwriter, ... : the forks stayed in the cgroup
     ledger = next(le for le in rep["counters"]["ledgers"] if le["scope"] == "cgroup")
     rows = {r["key"]: r for r in ledger["rows"]}
-    ws, cached = rows["working_set"], _rule(rep, "page-cache-at-limit")
-    if (
-        cached["state"] != "fired"
-        and "working_set_shape = climbing" in cached["reason"]
-        and ws["last"] < 0.4 * cg.limit
-    ):
-        # the working set's shape is judged alone, whatever its size: a few samples' rise (page cache
-        # activated at the end) of a working set at a fifth of the limit made it "climbing", and the
-        # host's PSI (v1 has no cgroup PSI) with the limit hits then made it memory-pressure
-        pytest.xfail(
-            f"working set {ws['first'] >> 20}->{ws['last'] >> 20} MiB of {cg.limit >> 20} called climbing: {line}"
-        )
+    ws = rows["working_set"]
     v = rep["verdict"]
     assert line.startswith(f"cache: cgroup {cg.path} (v{cg.version}): its cgroup uses "), line
     assert (v["kind"], v["rule"]) == ("cache", "page-cache-at-limit"), v["summary"]
@@ -181,22 +161,8 @@ def test_postgres_bulk_load_at_a_cgroup_limit_is_page_cache(memdiag, memcg, tmp_
     assert max(summed, key=lambda r: r["last"])["key"] == "file_inactive"
     assert rows["file_inactive"]["last"] > 0.6 * ledger["total_last"]
     assert ledger["total_last"] > 0.9 * cg.limit
-    assert not ws["summed"] and ws["shape"] != "climbing" and ws["last"] < 0.4 * cg.limit, ws
+    assert not ws["summed"] and ws["last"] < 0.4 * cg.limit, ws
     assert abs(rows["residual"]["last"]) < 8 * MiB
-    if unchecked is not None:
-        # Two kinds of figure in the text are in no table of report.json (memdiag's gaps, not this
-        # test's): "file pages refaulted 0.3/s", the cgroup's refault rate (memory.stat's
-        # workingset_refault_file); and the ledger's shares of the usage's change in its accounts,
-        # "-5.1 MiB (-16425%)" of a usage that moved +32 KiB. Any other unborne figure fails.
-        refault = _rule(rep, "cgroup-refaults")["reason"].removeprefix("cgroup.refault_rate = ")
-        known = (
-            f"'{refault}' matches no value of the report's per_s tables",
-            "%' matches no value of the report's percent",
-        )
-        problems = [p for p in unchecked.splitlines()[1:] if p.strip()]
-        if all(any(k in p for k in known) for p in problems):
-            pytest.xfail(f"figures the report states and its tables lack: {problems}")
-        raise AssertionError(unchecked)
 
 
 # --- redis-server: clients that connect and never hang up ------------------------------------------
@@ -292,10 +258,8 @@ def test_redis_connections_held_by_clients_are_descriptors_from_its_accept_path(
     at_stack = _rule(rep, "descriptors-leak-at-stack")
     assert at_stack["state"] == "fired" and "fdstack.top_function = anetTcpAccept" in at_stack["reason"], at_stack
     v = rep["verdict"]
-    if v["rule"] == "cache-held":
-        # RSS levelled, so memleak ran and the per-client query buffers (_sdsMakeRoomFor, ~1 MiB,
-        # reachable) came out a heap cache at priority 62, over the descriptors' verdicts (45, 46)
-        pytest.xfail(f"the descriptors' verdict is outranked by a ~1 MiB heap cache: {line}")
-    assert v["rule"] in ("descriptors-accumulate", "descriptors-leak-at-stack"), line
+    # every peer still connected: held for its clients, not forgotten (growth, not a leak), and named
+    # above the heap cache memleak finds in the per-client query buffers (_sdsMakeRoomFor)
+    assert (v["kind"], v["rule"]) == ("growth", "descriptors-held-by-peers"), line
     assert line.startswith(f"{v['kind']}: PID {server.pid} (redis-server)"), line
-    assert "anetTcpAccept" in v["summary"] or v["rule"] == "descriptors-accumulate"
+    assert "anetTcpAccept accepted" in v["summary"] and "none of its" in v["summary"]
