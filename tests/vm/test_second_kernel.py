@@ -17,6 +17,7 @@ from kit import MEMDIAG, Tty, swapped_bytes, wait_for_line, wait_until
 from lane import BUDGET, MAX_PAUSE_MS, MiB, diagnose, kv, row, trail
 from memdiag.probes import kernel
 from memdiag.system.cgroup import memory_hierarchy, read_cgroup_memory, resolve_cgroup
+from memdiag.system.ledger import cgroup_ledger
 from memdiag.system.psi import read_psi_file
 
 
@@ -128,6 +129,48 @@ def test_an_oom_kill_at_memory_max_names_the_victim_and_counts_as_memory_events_
     # the report's cgroup table is the kernel's memory.events (issue 20: it once said 0 kills)
     assert row(rep, "cgroup", "oom_kill")["last"] == events["oom_kill"]
     assert row(rep, "cgroup", "failcnt")["last"] == events["max"]
+    # what filled it, from the kernel's own report of the kill (v2's memory.stat as printed)
+    at_kill = rep["counters"]["oom_ledger"]
+    summed = [r for r in at_kill["rows"] if r["summed"]]
+    assert sum(r["last"] for r in summed if r["last"] is not None) == at_kill["total_last"]
+    assert max(summed, key=lambda r: r["last"] or 0)["key"] == "anon" and "= anonymous memory" in v["summary"]
+    assert {r["key"] for r in summed} >= {"slab_reclaimable", "kernel_stack", "page_tables", "sock"}  # v2 splits
+
+
+def test_v2_ledger_lines_are_memory_stat_and_sum_to_memory_current(memcg, workload, tmp_path):
+    cg = memcg(64 * MiB)
+    log = tmp_path / "access.log"
+    w = workload("accesslog", str(log), "20000", "512", cgroup=cg)
+    wait_until(lambda: cg.limit_hits() > 0, "the logger's page cache at memory.max", timeout=300)
+    os.kill(w.pid, signal.SIGSTOP)  # hold the counters still while both sides read them
+    try:
+        time.sleep(0.5)
+        m = read_cgroup_memory(resolve_cgroup(cg.path))
+        stat = kv(cg.fs_path / "memory.stat")
+    finally:
+        os.kill(w.pid, signal.SIGCONT)
+    led = cgroup_ledger(m)
+    v = {line.key: line.bytes for line in led.lines}
+    assert not led.unknown  # every line from the kernel's own memory.stat
+    assert v["anon"] == stat["anon"] and v["shmem"] == stat["shmem"] and v["sock"] == stat["sock"]
+    assert v["file_inactive"] == stat["inactive_file"] and v["slab_unreclaimable"] == stat["slab_unreclaimable"]
+    named = sum(stat[k] for k in ("slab_reclaimable", "slab_unreclaimable", "kernel_stack", "pagetables", "percpu"))
+    assert v["kernel_other"] == stat["kernel"] - named - stat.get("vmalloc", 0)
+    assert sum(b for b in v.values() if b is not None) == m.usage  # the residual makes it so: how large?
+    assert abs(led.residual) <= 0.02 * m.usage, (led.residual, m.usage)
+    assert led.value("working_set") == m.usage - stat["inactive_file"]
+
+
+def test_page_cache_at_memory_max_is_cache_not_pressure(memdiag, memcg, workload, tmp_path):
+    cg = memcg(64 * MiB)
+    workload("accesslog", str(tmp_path / "access.log"), "20000", "512", cgroup=cg)
+    wait_until(lambda: cg.limit_hits() > 0, "the logger's page cache at memory.max", timeout=300)
+    rep = diagnose(memdiag, tmp_path / "out", "--cgroup", cg.path, "--duration", "30")
+    v = rep["verdict"]
+    assert (v["kind"], v["rule"]) == ("cache", "page-cache-at-limit"), v["summary"]
+    led = next(led for led in rep["counters"]["ledgers"] if led["scope"] == "cgroup")
+    held = max((r for r in led["rows"] if r["summed"] and r["key"] != "residual"), key=lambda r: r["last"] or 0)
+    assert held["key"] in ("file_inactive", "file_active")
 
 
 def test_pressure_a_v2_cgroup_pays_is_quoted_from_its_own_psi(swap, memdiag, memcg, workload, tmp_path):
