@@ -146,7 +146,7 @@ def parse_kmsg_records(records: list[tuple[float | None, str]]) -> list[OomKill]
     keeps at most MAX_STAT_KEYS memory.stat lines."""
     kills = []
     report = _Report()
-    for when, message in records:
+    for when, message in _lines(records):
         if m := _INVOKED.match(message):
             report = _Report(m["comm"])
         elif m := _KILLED.match(message):
@@ -155,6 +155,18 @@ def parse_kmsg_records(records: list[tuple[float | None, str]]) -> list[OomKill]
         else:
             report.take(message)
     return kills
+
+
+# memory.stat has ~60 lines; a record of more (no kernel prints one) is cut there
+MAX_LINES_PER_RECORD = 256
+
+
+def _lines(records: list[tuple[float | None, str]]):
+    """Each record's lines: one printk of many lines is one record, its newlines escaped (/dev/kmsg
+    writes \\x0a). A kernel before 6.4 prints an OOM cgroup's whole memory.stat so; 6.4+ a record a line."""
+    for when, message in records:
+        for line in message.split("\\x0a")[:MAX_LINES_PER_RECORD]:
+            yield when, line
 
 
 def parse_kmsg_line(raw: str) -> tuple[float | None, str] | None:

@@ -130,3 +130,15 @@ def test_what_is_kept_is_bounded():
     (kill,) = parse_kmsg_records([(1.0, m) for m in [*head, *odd, *many, *tail]])
     assert list(kill.memcg_stat) == ["slab", *(f"key_{i}" for i in range(MAX_STAT_KEYS - 1))]
     assert kill.memcg_stat["slab"] == 5
+
+
+def test_a_whole_memory_stat_printed_as_one_record_is_read_line_by_line():
+    """Before 6.4 the kernel printed the OOM cgroup's memory.stat with one printk: one /dev/kmsg record,
+    its newlines escaped as \\x0a. Joined so, this kernel's report reads as it did line by line."""
+    records = _records(V1_RECORDS)
+    head = next(i for i, (_w, m) in enumerate(records) if m.startswith("Memory cgroup stats for"))
+    end = next(i for i, (_w, m) in enumerate(records) if m.startswith("Tasks state"))
+    joined = "\\x0a".join(m for _w, m in records[head + 1 : end])
+    (kill,) = parse_kmsg_records([*records[: head + 1], (records[head + 1][0], joined), *records[end:]])
+    (whole,) = parse_kmsg_records(records)
+    assert kill.memcg_stat == whole.memcg_stat and len(kill.memcg_stat) == 42
