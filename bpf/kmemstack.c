@@ -154,8 +154,14 @@ static __always_inline void record_free(u64 ptr)
 
 TRACEPOINT_PROBE(kmem, kmem_cache_alloc)
 {
+#if CACHE_NAMES
 	const char *cache = (const char *)args + (args->data_loc_name & 0xFFFF);
 	record_alloc(args, (u64)args->ptr, args->bytes_alloc, cache, args->accounted);
+#else
+	/* a kernel before 6.2 names no cache here: the probe is unavailable there (kmemstack.requirements),
+	 * and this program is only compiled, by `memdiag prepare`, never loaded */
+	record_alloc(args, (u64)args->ptr, args->bytes_alloc, NULL, 0);
+#endif
 	return 0;
 }
 

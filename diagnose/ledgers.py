@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from memdiag.system import ledger as L
 from memdiag.system.slab import SlabCache
+from memdiag.system.sysvshm import ShmSegment
 from memdiag.system.tmpfs import ShmMount
 from memdiag.system.trends import growth_trend
 from memdiag.system.units import fmt_bytes
@@ -94,15 +95,21 @@ def slab_parts(first: list[SlabCache] | None, last: list[SlabCache] | None) -> d
     return out
 
 
+def _segment(g: ShmSegment) -> str:
+    return f"System V shmid {g.shmid} (key {g.key:#x}, created by PID {g.cpid}, {g.nattch} attached)"
+
+
 def build_ledgers(obs: Observation) -> list[LedgerReport]:
     """The target's ledgers: the process's (a pid target), its cgroup's, the host's; in that order."""
     if not obs.snapshots:
         return []
     host_parts = slab_parts(obs.slab_first, obs.slab_last)
-    if obs.shm_last:
-        host_parts["shmem"] = [(m.mount_point, m.used) for m in obs.shm_last[:TOP_PARTS] if m.used]
+    shmem = [(m.mount_point, m.used) for m in obs.shm_last or [] if m.used]
+    shmem += [(_segment(g), g.rss) for g in obs.sysv_last or [] if g.rss]
+    host_parts["shmem"] = sorted(shmem, key=lambda x: -x[1])[:TOP_PARTS]
+    process_parts = {"shmem": obs.memfds_last[:TOP_PARTS]} if obs.memfds_last else {}
     out = []
-    for scope, parts in (("process", {}), ("cgroup", {}), ("host", host_parts)):
+    for scope, parts in (("process", process_parts), ("cgroup", {}), ("host", host_parts)):
         led = _ledger(obs, scope, parts)  # type: ignore[arg-type]
         if led is not None:
             out.append(led)

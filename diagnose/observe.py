@@ -15,12 +15,14 @@ from memdiag.probes.runtime import RuntimeFace, Samples
 from memdiag.system import clock, identity
 from memdiag.system._parse import Model
 from memdiag.system.cgroup import CgroupMemory
+from memdiag.system.fds import read_memfds
 from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.process import ProcessMemory
 from memdiag.system.processes import read_all_processes
 from memdiag.system.slab import SlabCache, read_slabinfo
 from memdiag.system.sockdiag import SocketMemory, read_socket_memory
 from memdiag.system.swaps import SwapDevice, read_swaps
+from memdiag.system.sysvshm import ShmSegment, read_sysv_shm
 from memdiag.system.target import Target
 from memdiag.system.tmpfs import ShmMount, read_shm_mounts
 from pydantic import ConfigDict
@@ -52,6 +54,8 @@ class Observation(Model):
     shm_last: list[ShmMount] | None = None  # ... and at the end
     sockets_first: SocketMemory | None = None  # a process target's sockets at the start (system/sockdiag.py)
     sockets_last: SocketMemory | None = None
+    sysv_last: list[ShmSegment] | None = None  # System V shared memory segments at the end
+    memfds_last: list[tuple[str, int]] | None = None  # a process target's memfds at the end (name, bytes)
     processes_first: dict[int, ProcessMemory] = {}
     processes_last: dict[int, ProcessMemory] = {}
     memdiag_pid: int | None = None  # the diagnosing process: it and its children are never in a list of suspects
@@ -229,6 +233,8 @@ class Sampler:
             shm_last=self._shm() if self.snapshots else None,
             sockets_first=self.sockets_first,
             sockets_last=self._sockets() if self.snapshots else None,
+            sysv_last=read_sysv_shm(root) if self.snapshots else None,
+            memfds_last=read_memfds(self.target.pid, root) if self.snapshots and self.target.pid else None,
             processes_first=dict(self.processes_first),
             processes_last=read_all_processes(root) if self.snapshots else {},
             memdiag_pid=os.getpid(),

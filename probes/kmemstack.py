@@ -105,8 +105,9 @@ def requirements() -> list[kernel.Availability]:
 
 
 def build_options() -> dict[str, int | str]:
-    """The room of the program's tables."""
-    return {"MAX_OBJS": MAX_OBJS, "MAX_KEYS": MAX_KEYS}
+    """The room of the program's tables; whether this kernel's tracepoint names the cache (the program
+    reads the field only where it exists: before 6.2 it must still compile, for `memdiag prepare`)."""
+    return {"MAX_OBJS": MAX_OBJS, "MAX_KEYS": MAX_KEYS, "CACHE_NAMES": int(cache_names().available)}
 
 
 def _key(k) -> tuple:

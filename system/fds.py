@@ -61,3 +61,26 @@ def read_fd_types(pid: int, root: Path = Path("/proc"), limit: int = MAX_FDS) ->
         return None
     counts["total"] = read
     return counts
+
+
+def read_memfds(pid: int, root: Path = Path("/proc"), limit: int = MAX_FDS) -> list[tuple[str, int]] | None:
+    """(name, bytes it holds) of each memfd the process has open, largest first: anonymous files in
+    shared memory, in no tmpfs mount. stat() of the descriptor's link, never an open or a read of it."""
+    base = f"{root}/{pid}/fd"
+    out: list[tuple[str, int]] = []
+    try:
+        with os.scandir(base) as entries:
+            for i, entry in enumerate(entries):
+                if i >= limit:
+                    break
+                try:
+                    link = os.readlink(f"{base}/{entry.name}")
+                    if link.startswith("/memfd:"):
+                        out.append(
+                            (link[1:].removesuffix(" (deleted)"), os.stat(f"{base}/{entry.name}").st_blocks * 512)
+                        )
+                except OSError:
+                    continue
+    except OSError:
+        return None
+    return sorted(out, key=lambda x: -x[1])

@@ -2,6 +2,7 @@
 a line of its own, a line the source cannot give is unknown (not zero), and every ledger fact the
 catalog lists is produced by a window that reads the lines (v1 and v2 cgroups)."""
 
+import os
 from pathlib import Path
 
 from memdiag.diagnose.culprit import default_classes
@@ -10,7 +11,7 @@ from memdiag.diagnose.ledgers import build_ledgers, shares_meaningful
 from memdiag.diagnose.observe import Observation
 from memdiag.diagnose.snapshot import Snapshot
 from memdiag.system.cgroup import CgroupMemory
-from memdiag.system.fds import fd_type
+from memdiag.system.fds import fd_type, read_memfds
 from memdiag.system.kmsg import parse_kmsg_line, parse_kmsg_records
 from memdiag.system.ledger import (
     KERNEL_STACK_BYTES,
@@ -23,6 +24,7 @@ from memdiag.system.ledger import (
 from memdiag.system.meminfo import parse_meminfo
 from memdiag.system.process import ProcessMemory, parse_process
 from memdiag.system.sockdiag import SocketMemory
+from memdiag.system.sysvshm import parse_sysvipc_shm
 from memdiag.system.target import Target
 from memdiag.system.tmpfs import FilePattern, ShmMount, name_pattern
 from memdiag.system.vmstat import VmStat
@@ -204,3 +206,19 @@ def test_shares_are_given_only_where_the_total_moved():
     assert shares_meaningful(led["process"])  # RSS grew by what its lines grew
     cg = led["cgroup"]  # each of its 16 lines grew 1 MiB a sample while usage grew 1 MiB: lines trading places
     assert not shares_meaningful(cg)
+
+
+def test_system_v_segments_and_memfds_are_read_as_the_kernel_lists_them():
+    header = "       key      shmid perms                  size  cpid  lpid nattch   uid   gid  cuid  cgid"
+    header += "      atime      dtime      ctime                   rss                  swap"
+    row = "  305441741         45  1600               8388608 23997 23997      0     0     0     0     0"
+    row += "          0          0 1765106000               4194304                     0"
+    (seg,) = parse_sysvipc_shm(f"{header}\n{row}\n")  # this machine's 6.18 columns
+    assert (seg.key, seg.shmid, seg.size, seg.cpid, seg.nattch, seg.rss) == (0x1234ABCD, 45, 8 * MiB, 23997, 0, 4 * MiB)
+    fd = os.memfd_create("ledger-test")
+    try:
+        os.write(fd, b"x" * (3 * 4096))
+        memfds = read_memfds(os.getpid())
+    finally:
+        os.close(fd)
+    assert ("memfd:ledger-test", 3 * 4096) in memfds
