@@ -38,49 +38,52 @@ def fd_type(link: str) -> str:
     return "other"
 
 
-def read_fd_types(pid: int, root: Path = Path("/proc"), limit: int = MAX_FDS) -> dict[str, int] | None:
-    """{type: count} of the process's descriptors, with "total" (every descriptor read) and "more"
-    (1 when it holds more than `limit`, then not all were read); None when it is gone or unreadable."""
+def fd_links(pid: int, root: Path = Path("/proc"), limit: int = MAX_FDS) -> tuple[list[tuple[str, str]], bool] | None:
+    """(descriptor number, its link's text) of at most `limit` of the process's descriptors, and
+    whether it holds more; None when it is gone or unreadable. The one walk of /proc/PID/fd."""
     base = f"{root}/{pid}/fd"
-    counts: dict[str, int] = {}
-    read = 0
+    out: list[tuple[str, str]] = []
     try:
         with os.scandir(base) as entries:
             for entry in entries:
-                if read >= limit:
-                    counts["more"] = 1
-                    break
+                if len(out) >= limit:
+                    return out, True
                 try:
-                    link = os.readlink(f"{base}/{entry.name}")
+                    out.append((entry.name, os.readlink(f"{base}/{entry.name}")))
                 except OSError:  # closed between the listing and the read
                     continue
-                kind = fd_type(link)
-                counts[kind] = counts.get(kind, 0) + 1
-                read += 1
     except OSError:
         return None
-    counts["total"] = read
+    return out, False
+
+
+def read_fd_types(pid: int, root: Path = Path("/proc"), limit: int = MAX_FDS) -> dict[str, int] | None:
+    """{type: count} of the process's descriptors, with "total" (every descriptor read) and "more"
+    (1 when it holds more than `limit`, then not all were read); None when it is gone or unreadable."""
+    links = fd_links(pid, root, limit)
+    if links is None:
+        return None
+    counts: dict[str, int] = {}
+    for _fd, link in links[0]:
+        kind = fd_type(link)
+        counts[kind] = counts.get(kind, 0) + 1
+    if links[1]:
+        counts["more"] = 1
+    counts["total"] = len(links[0])
     return counts
 
 
 def read_memfds(pid: int, root: Path = Path("/proc"), limit: int = MAX_FDS) -> list[tuple[str, int]] | None:
     """(name, bytes it holds) of each memfd the process has open, largest first: anonymous files in
     shared memory, in no tmpfs mount. stat() of the descriptor's link, never an open or a read of it."""
-    base = f"{root}/{pid}/fd"
-    out: list[tuple[str, int]] = []
-    try:
-        with os.scandir(base) as entries:
-            for i, entry in enumerate(entries):
-                if i >= limit:
-                    break
-                try:
-                    link = os.readlink(f"{base}/{entry.name}")
-                    if link.startswith("/memfd:"):
-                        out.append(
-                            (link[1:].removesuffix(" (deleted)"), os.stat(f"{base}/{entry.name}").st_blocks * 512)
-                        )
-                except OSError:
-                    continue
-    except OSError:
+    links = fd_links(pid, root, limit)
+    if links is None:
         return None
+    out: list[tuple[str, int]] = []
+    for fd, link in links[0]:
+        if link.startswith("/memfd:"):
+            try:
+                out.append((link[1:].removesuffix(" (deleted)"), os.stat(f"{root}/{pid}/fd/{fd}").st_blocks * 512))
+            except OSError:
+                continue
     return sorted(out, key=lambda x: -x[1])

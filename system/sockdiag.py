@@ -18,6 +18,7 @@ import threading
 from pathlib import Path
 
 from ._parse import Fact
+from .fds import fd_links
 
 NETLINK_SOCK_DIAG = 4
 SOCK_DIAG_BY_FAMILY = 20
@@ -154,24 +155,14 @@ def _socket_in(netns: str | None) -> socket.socket:
     return made[0]  # type: ignore[return-value]
 
 
-def socket_inodes(pid: int, proc: Path = Path("/proc"), limit: int = 65536) -> set[int]:
-    """The inodes of the process's socket descriptors (at most `limit` read)."""
-    base = f"{proc}/{pid}/fd"
-    out: set[int] = set()
-    try:
-        with os.scandir(base) as entries:
-            for i, entry in enumerate(entries):
-                if i >= limit:
-                    break
-                try:
-                    link = os.readlink(f"{base}/{entry.name}")
-                except OSError:
-                    continue
-                if link.startswith("socket:[") and link.endswith("]"):
-                    out.add(int(link[8:-1]))
-    except OSError:
-        pass
-    return out
+def socket_inodes(pid: int, proc: Path = Path("/proc")) -> set[int]:
+    """The inodes of the process's socket descriptors (as many as system/fds.py reads)."""
+    links = fd_links(pid, proc)
+    return {
+        int(link[8:-1])
+        for _fd, link in (links[0] if links else [])
+        if link.startswith("socket:[") and link.endswith("]")
+    }
 
 
 def read_socket_memory(pid: int, proc: Path = Path("/proc")) -> SocketMemory | None:

@@ -34,6 +34,11 @@ def _row(led: dict, key: str) -> dict:
     return next(r for r in led["rows"] if r["key"] == key)
 
 
+def _largest(led: dict) -> dict:
+    """The line of the ledger holding the most of its total at the end (the residual aside)."""
+    return max((r for r in led["rows"] if r["summed"] and r["key"] != "residual"), key=lambda r: r["last"] or 0)
+
+
 def _sums(led: dict) -> None:
     """The ledger's lines sum to its total, the residual a line of its own (every sample, here the last)."""
     parts = [r["last"] for r in led["rows"] if r["summed"] and r["last"] is not None]
@@ -102,7 +107,7 @@ def test_page_cache_at_the_limit_is_cache(memdiag, workload, memcg, tmp_path, sc
     assert "not a leak, not pressure" in v["summary"]
     led = _ledger(rep, "cgroup")
     _sums(led)
-    held = max((r for r in led["rows"] if r["summed"] and r["key"] != "residual"), key=lambda r: r["last"] or 0)
+    held = _largest(led)
     assert held["key"] == "file_inactive"
     assert _row(led, "working_set")["last"] < 0.5 * led["total_last"]
 
@@ -179,5 +184,5 @@ def test_an_oom_kill_names_the_ledger_line_that_filled_the_cgroup(workload, memc
     assert v["kind"] == "oom" and f"killed PID {w.pid} (spooler)" in v["summary"], v["summary"]
     assert "at the kill its usage 64.0 MiB = shared memory (tmpfs, shm)" in v["summary"]
     at_kill = rep["counters"]["oom_ledger"]
-    top = max((r for r in at_kill["rows"] if r["summed"] and r["key"] != "residual"), key=lambda r: r["last"] or 0)
+    top = _largest(at_kill)
     assert top["key"] == "shmem" and top["last"] > 0.8 * at_kill["total_last"]
