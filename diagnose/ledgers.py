@@ -95,6 +95,21 @@ def slab_parts(first: list[SlabCache] | None, last: list[SlabCache] | None) -> d
     return out
 
 
+def _members(obs: Observation) -> dict[str, list[tuple[str, int]]]:
+    """Which of the cgroup's processes hold its anonymous and shared memory (their RssAnon and
+    RssShmem at the end): who owns which part of its usage, the largest first."""
+    cg = obs.last_cgroup
+    if cg is None:
+        return {}
+    members = [p for pid in cg.procs if (p := obs.processes_last.get(pid)) is not None]
+
+    def top(field: str) -> list[tuple[str, int]]:
+        held = [(f"PID {p.pid} ({p.comm})", getattr(p, field)) for p in members if getattr(p, field)]
+        return sorted(held, key=lambda x: -x[1])[:TOP_PARTS]
+
+    return {"anon": top("rss_anon"), "shmem": top("rss_shmem")}
+
+
 def _segment(g: ShmSegment) -> str:
     return f"System V shmid {g.shmid} (key {g.key:#x}, created by PID {g.cpid}, {g.nattch} attached)"
 
@@ -109,7 +124,7 @@ def build_ledgers(obs: Observation) -> list[LedgerReport]:
     host_parts["shmem"] = sorted(shmem, key=lambda x: -x[1])[:TOP_PARTS]
     process_parts = {"shmem": obs.memfds_last[:TOP_PARTS]} if obs.memfds_last else {}
     out = []
-    for scope, parts in (("process", process_parts), ("cgroup", {}), ("host", host_parts)):
+    for scope, parts in (("process", process_parts), ("cgroup", _members(obs)), ("host", host_parts)):
         led = _ledger(obs, scope, parts)  # type: ignore[arg-type]
         if led is not None:
             out.append(led)
