@@ -118,7 +118,10 @@ def read_shm_mounts(pid: int | None = None, proc: Path = Path("/proc"), walk: bo
     """The tmpfs mounts the process sees (pid None: memdiag's own view, the host's), by use, largest
     first; None when its mount table cannot be read."""
     who = "self" if pid is None else str(pid)
-    text = read_text(proc / who / "mountinfo", 1 << 20)
+    try:  # a process exiting has a mount table that cannot be read any more (EINVAL)
+        text = read_text(proc / who / "mountinfo", 1 << 20)
+    except OSError:
+        return None
     if text is None:
         return None
     try:

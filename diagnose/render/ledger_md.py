@@ -11,6 +11,15 @@ from ..ledgers import fmt_signed, shares_meaningful
 from ..report import LedgerReport, LedgerRow, Report
 from .mdtable import table
 from .sparkline import sparkline
+from .text import one_line, prose
+
+_HEADS = {"process": "the process's RSS", "cgroup": "its cgroup's usage", "host": "the host's MemTotal"}
+
+
+def _heading(level: str, what: str, led: LedgerReport) -> list[str]:
+    """A heading naming no text of the target's (a comm, a cgroup's name: said on the line below it,
+    escaped, where it cannot open a heading or a table of its own)."""
+    return [f"{level} {what}", "", f"Of {prose(one_line(led.subject))}.", ""]
 
 
 def _share(row: LedgerRow, total: int | None) -> str:
@@ -21,7 +30,7 @@ def _share(row: LedgerRow, total: int | None) -> str:
 
 
 def _detail(row: LedgerRow) -> str:
-    return ", ".join(f"{name} {fmt_bytes(n)}" for name, n in row.parts)
+    return ", ".join(f"{one_line(name)} {fmt_bytes(n)}" for name, n in row.parts)  # names of the target's
 
 
 def _row(row: LedgerRow, total: int | None) -> list[str]:
@@ -54,7 +63,7 @@ def _one(led: LedgerReport) -> list[str]:
     rows.append(total)
     rows += [_row(r, growth) for r in led.rows if not r.summed]
     head = ["line", "first", "last", "change", "share of change", "trend", "detail (at the end)"]
-    lines = [f"### Ledger: {led.total_label} of {led.subject}", ""] + table(head, rows) + [""]
+    lines = _heading("###", f"Ledger: {_HEADS[led.scope]}", led) + table(head, rows) + [""]
     if led.unknown:
         lines += [f"Not said by this kernel's counters (unknown, not zero): {', '.join(led.unknown)}.", ""]
     return lines + _descriptors(led)
@@ -70,7 +79,8 @@ def _descriptors(led: LedgerReport) -> list[str]:
     n0, n1 = a.get("total", 0), b.get("total", 0)
     rows.append(["all", str(n0), str(n1), f"{n1 - n0:+d}"])
     more = ["More descriptors are open than were read (the read stops at 65,536).", ""] if b.get("more") else []
-    return [f"#### Descriptors of {led.subject}", ""] + table(["type", "first", "last", "change"], rows) + [""] + more
+    head = ["type", "first", "last", "change"]
+    return _heading("####", "Its descriptors", led) + table(head, rows) + [""] + more
 
 
 def _shm(report: Report) -> list[str]:
@@ -84,7 +94,9 @@ def _shm(report: Report) -> list[str]:
             for p, f0, f1, b0, b1 in m.patterns[:3]
         )
         size = fmt_bytes(m.size) if m.size else "–"
-        rows.append([m.mount_point, fmt_bytes(m.used_first), fmt_bytes(m.used_last), change, size, pats])
+        rows.append(
+            [one_line(m.mount_point), fmt_bytes(m.used_first), fmt_bytes(m.used_last), change, size, one_line(pats)]
+        )
     head = ["tmpfs mount", "first", "last", "change", "size", "files by pattern (at the end; change)"]
     return ["### Shared memory in tmpfs", ""] + table(head, rows) + [""]
 
@@ -108,7 +120,10 @@ def _at_kill(led: LedgerReport) -> list[str]:
     rows.insert(
         sum(1 for r in led.rows if r.summed), [f"= {led.total_label} (the sum)", fmt_bytes(led.total_last), "100%"]
     )
-    lines = [f"### Ledger: {led.total_label} of {led.subject}", "", "From the kernel's report of the kill.", ""]
+    lines = _heading("###", "Ledger: the OOM cgroup's usage at the kill", led) + [
+        "From the kernel's report of the kill.",
+        "",
+    ]
     lines += table(["line", "at the kill", "share"], rows) + [""]
     if led.unknown:
         lines += [f"Not said by this kernel's report (unknown, not zero): {', '.join(led.unknown)}.", ""]

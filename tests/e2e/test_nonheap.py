@@ -77,8 +77,8 @@ def test_descriptor_leak_names_the_code(memdiag, workload, tmp_path):
     buffers = _row(led, "socket_buffers")
     assert buffers["last"] > buffers["first"]  # each leaked pair holds its unread greeting
     md = (tmp_path / "report.md").read_text()
-    assert f"#### Descriptors of PID {w.pid} (fdleak)" in md and "### Ledger: RSS of PID" in md
-    assert "Ledger: RSS of PID" in (tmp_path / "report.html").read_text()
+    assert "#### Its descriptors" in md and f"### Ledger: the process's RSS\n\nOf PID {w.pid} (fdleak)." in md
+    assert "Ledger: the process's RSS" in (tmp_path / "report.html").read_text()
 
 
 def test_tmpfs_spool_is_named(memdiag, workload, tmp_path, shm_dir):
