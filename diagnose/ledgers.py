@@ -66,6 +66,10 @@ def _ledger(obs: Observation, scope: L.Scope, parts: dict[str, list[tuple[str, i
         rows.append(
             LedgerRow(key="socket_buffers", label=label, summed=False, first=a.buffers if a else None, last=b.buffers)
         )
+    if scope == "process" and obs.memfds_last is not None:  # read at the window's end: what they hold now
+        label = next(lab for k, lab, _s in L.LINES["process"] if k == "memfds")
+        held = sum(n for _name, n in obs.memfds_last)
+        rows.append(LedgerRow(key="memfds", label=label, summed=False, last=held, parts=parts.get("memfds", [])))
     return LedgerReport(
         scope=scope,
         subject=_subject(obs, scope),
@@ -122,7 +126,9 @@ def build_ledgers(obs: Observation) -> list[LedgerReport]:
     shmem = [(m.mount_point, m.used) for m in obs.shm_last or [] if m.used]
     shmem += [(_segment(g), g.rss) for g in obs.sysv_last or [] if g.rss]
     host_parts["shmem"] = sorted(shmem, key=lambda x: -x[1])[:TOP_PARTS]
-    process_parts = {"shmem": obs.memfds_last[:TOP_PARTS]} if obs.memfds_last else {}
+    process_parts = dict(obs.smaps_last or {})
+    if obs.memfds_last:
+        process_parts["memfds"] = obs.memfds_last[:TOP_PARTS]
     out = []
     for scope, parts in (("process", process_parts), ("cgroup", _members(obs)), ("host", host_parts)):
         led = _ledger(obs, scope, parts)  # type: ignore[arg-type]

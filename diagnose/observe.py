@@ -20,6 +20,7 @@ from memdiag.system.kmsg import OomKill, read_oom_kills
 from memdiag.system.process import ProcessMemory
 from memdiag.system.processes import read_all_processes
 from memdiag.system.slab import SlabCache, read_slabinfo
+from memdiag.system.smaps import read_smaps_split
 from memdiag.system.sockdiag import SocketMemory, read_socket_memory
 from memdiag.system.swaps import SwapDevice, read_swaps
 from memdiag.system.sysvshm import ShmSegment, read_sysv_shm
@@ -56,6 +57,7 @@ class Observation(Model):
     sockets_last: SocketMemory | None = None
     sysv_last: list[ShmSegment] | None = None  # System V shared memory segments at the end
     memfds_last: list[tuple[str, int]] | None = None  # a process target's memfds at the end (name, bytes)
+    smaps_last: dict[str, list[tuple[str, int]]] | None = None  # its RSS by mapping at the end (system/smaps.py)
     processes_first: dict[int, ProcessMemory] = {}
     processes_last: dict[int, ProcessMemory] = {}
     memdiag_pid: int | None = None  # the diagnosing process: it and its children are never in a list of suspects
@@ -235,6 +237,7 @@ class Sampler:
             sockets_last=self._sockets() if self.snapshots else None,
             sysv_last=read_sysv_shm(root) if self.snapshots else None,
             memfds_last=read_memfds(self.target.pid, root) if self.snapshots and self.target.pid else None,
+            smaps_last=read_smaps_split(self.target.pid, root) if self.snapshots and self.target.pid else None,
             processes_first=dict(self.processes_first),
             processes_last=read_all_processes(root) if self.snapshots else {},
             memdiag_pid=os.getpid(),

@@ -73,6 +73,7 @@ LINES: dict[Scope, list[tuple[str, str, bool]]] = {
         ("page_tables", "page tables (kernel memory, not in RSS)", False),
         ("kernel_stacks", "kernel stacks of its threads (estimate: threads x 16 KiB)", False),
         ("socket_buffers", "socket buffers of its sockets (the kernel's socket diagnostics)", False),
+        ("memfds", "memfds it holds open, mapped or not (shared memory)", False),
     ],
     "cgroup": [
         ("anon", "anonymous memory", True),

@@ -23,6 +23,7 @@ from memdiag.system.ledger import (
 )
 from memdiag.system.meminfo import parse_meminfo
 from memdiag.system.process import ProcessMemory, parse_process
+from memdiag.system.smaps import split_smaps
 from memdiag.system.sockdiag import SocketMemory
 from memdiag.system.sysvshm import parse_sysvipc_shm
 from memdiag.system.target import Target
@@ -188,6 +189,7 @@ def _observation(cgroup_version: int) -> Observation:
         target=Target(kind="pid", pid=7, comm="w", cmdline=["w"]), requested_s=3, started=0, ended=2,
         snapshots=[snap(t) for t in range(3)], shm_first=[mount(MiB, 1)], shm_last=[mount(3 * MiB, 3)],
         sockets_first=SocketMemory(sockets=10, buffers=KiB), sockets_last=SocketMemory(sockets=12, buffers=2 * KiB),
+        memfds_last=[("memfd:cache", MiB)],
     )  # fmt: skip
 
 
@@ -222,3 +224,35 @@ def test_system_v_segments_and_memfds_are_read_as_the_kernel_lists_them():
     finally:
         os.close(fd)
     assert ("memfd:ledger-test", 3 * 4096) in memfds
+
+
+SMAPS = """55d4c6a00000-55d4c6c00000 rw-p 00000000 00:00 0                          [heap]
+Rss:                2048 kB
+Anonymous:          2048 kB
+7f0000000000-7f0000400000 r-xp 00000000 08:01 1234                       /usr/lib/libc.so.6
+Rss:                1024 kB
+Anonymous:             0 kB
+7f0000400000-7f0000410000 rw-p 00400000 08:01 1234                       /usr/lib/libc.so.6
+Rss:                  64 kB
+Anonymous:            16 kB
+7f0001000000-7f0001800000 rw-s 00000000 00:01 77                         /memfd:frames (deleted)
+Rss:                4096 kB
+Anonymous:             0 kB
+7f0002000000-7f0002100000 rw-p 00000000 00:00 0
+Rss:                 512 kB
+Anonymous:           512 kB
+7ffd00000000-7ffd00002000 r-xp 00000000 00:00 0                          [vdso]
+Rss:                   8 kB
+Anonymous:             0 kB
+"""
+
+
+def test_rss_by_mapping_is_the_detail_of_the_process_lines():
+    split = split_smaps(SMAPS)
+    assert split["anon"] == [
+        ("[heap] (the brk heap)", 2048 * KiB),
+        ("anonymous mappings (mmap: thread stacks, arenas, runtime heaps)", 512 * KiB),
+        ("private pages written in mapped files", 16 * KiB),
+    ]
+    assert split["file"] == [("/usr/lib/libc.so.6", (1024 + 48) * KiB)]  # its written pages are anonymous
+    assert split["shmem"] == [("/memfd:frames", 4096 * KiB)]  # [vdso] is in no line
