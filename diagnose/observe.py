@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from memdiag.probes.registry import REGISTRY
 from memdiag.probes.runtime import RuntimeFace, Samples
@@ -29,6 +30,8 @@ from memdiag.system.tmpfs import ShmMount, read_shm_mounts
 from pydantic import ConfigDict
 
 from .snapshot import Snapshot, TargetExited, read_target_cgroup, take_snapshot
+
+T = TypeVar("T")
 
 
 class Observation(Model):
@@ -198,17 +201,25 @@ class Sampler:
         self.thinned_before_s = older[-1].t - self.snapshots[0].t
         self.snapshots = kept + self.snapshots[half:]
 
+    def _of_target(self, read: Callable[[int], T]) -> T | None:
+        """read(pid) of a process target, kept only if the process is still the one diagnosed before
+        and after it (not exited, exec'd or replaced by another with its pid); None otherwise."""
+        t = self.target
+        if t.kind != "pid" or t.pid is None or self.change is not None or t.changed() is not None:
+            return None
+        out = read(t.pid)
+        return out if t.changed() is None else None
+
     def _shm(self) -> list[ShmMount] | None:
         """The tmpfs mounts as the target sees them (a process's own mount table: a container's /dev/shm
         is its own), walked for their files; the host's for a cgroup or the system."""
-        pid = self.target.pid if self.target.kind == "pid" else None
-        return read_shm_mounts(pid, self.proc_root, walk=True)
+        if self.target.kind != "pid":
+            return read_shm_mounts(None, self.proc_root, walk=True)
+        return self._of_target(lambda pid: read_shm_mounts(pid, self.proc_root, walk=True))
 
     def _sockets(self) -> SocketMemory | None:
         """A process target's sockets as the kernel's diagnostics see them (its own network namespace)."""
-        if self.target.kind != "pid" or self.target.pid is None:
-            return None
-        return read_socket_memory(self.target.pid, self.proc_root)
+        return self._of_target(lambda pid: read_socket_memory(pid, self.proc_root))
 
     def so_far(self) -> Observation:
         """The window until now: its snapshots, the kernel log, slab, swap and the process tables."""
@@ -236,8 +247,8 @@ class Sampler:
             sockets_first=self.sockets_first,
             sockets_last=self._sockets() if self.snapshots else None,
             sysv_last=read_sysv_shm(root) if self.snapshots else None,
-            memfds_last=read_memfds(self.target.pid, root) if self.snapshots and self.target.pid else None,
-            smaps_last=read_smaps_split(self.target.pid, root) if self.snapshots and self.target.pid else None,
+            memfds_last=self._of_target(lambda pid: read_memfds(pid, root)) if self.snapshots else None,
+            smaps_last=self._of_target(lambda pid: read_smaps_split(pid, root)) if self.snapshots else None,
             processes_first=dict(self.processes_first),
             processes_last=read_all_processes(root) if self.snapshots else {},
             memdiag_pid=os.getpid(),

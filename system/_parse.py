@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -21,6 +22,13 @@ class Fact(Model):
     """Base of every fact model: immutable, unknown keys refused."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+def fs_text(name: str) -> str:
+    """A name the filesystem gave (a file's, a link's text) as text: bytes that are no UTF-8 (a name is
+    a target's to choose) as \\xNN, never the lone surrogates Python decodes them to, which no JSON
+    writer takes."""
+    return os.fsencode(name).decode("utf-8", "backslashreplace")
 
 
 def read_text(path: Path, limit: int | None = None) -> str | None:

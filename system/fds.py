@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ._parse import fs_text
+
 # A process may hold a million descriptors (its RLIMIT_NOFILE is its own): a sample reads at most
 # this many links and says so ("more") when it stopped short.
 MAX_FDS = 65536
@@ -49,7 +51,7 @@ def fd_links(pid: int, root: Path = Path("/proc"), limit: int = MAX_FDS) -> tupl
                 if len(out) >= limit:
                     return out, True
                 try:
-                    out.append((entry.name, os.readlink(f"{base}/{entry.name}")))
+                    out.append((entry.name, fs_text(os.readlink(f"{base}/{entry.name}"))))
                 except OSError:  # closed between the listing and the read
                     continue
     except OSError:
@@ -82,7 +84,9 @@ def read_memfds(pid: int, root: Path = Path("/proc"), limit: int = MAX_FDS) -> l
     out: list[tuple[str, int]] = []
     for fd, link in links[0]:
         if link.startswith("/memfd:"):
-            try:
+            try:  # a memfd is unlinked from birth: a link without " (deleted)" is a file named so, not stat'ed
+                if not link.endswith(" (deleted)"):
+                    continue
                 out.append((link[1:].removesuffix(" (deleted)"), os.stat(f"{root}/{pid}/fd/{fd}").st_blocks * 512))
             except OSError:
                 continue

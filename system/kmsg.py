@@ -75,6 +75,12 @@ class OomKill(Fact):
         return self.constraint == "CONSTRAINT_MEMCG"
 
 
+# memory.stat has ~60 lines; a record of more (no kernel prints one) is cut there
+MAX_LINES_PER_RECORD = 256
+# a printk record holds at most ~1 KiB of text (LOG_LINE_MAX 1024 less its prefix): one this long was cut
+_RECORD_CAP = 960
+
+
 class _Report:
     """What one OOM report has said so far, from its "invoked oom-killer" line to its kill."""
 
@@ -106,6 +112,20 @@ class _Report:
             self.stat_path, self.in_stats = m["path"], True
         elif m := _COUNTER.match(message):
             self._counter(m)
+
+    def lines_of(self, message: str) -> list[str]:
+        """A record's lines: one printk of many lines is one record, its newlines escaped (/dev/kmsg
+        writes \\x0a), as a kernel before 6.4 prints an OOM cgroup's memory.stat. Split only there: a
+        comm may hold \\x0a too (PR_SET_NAME), and the victim's and the trigger's lines are matched
+        whole. The last line of a record cut at its cap may be a truncated number: dropped."""
+        if "\\x0a" not in message or not (self.in_stats or message.startswith("Memory cgroup stats for")):
+            return [message]
+        lines = message.split("\\x0a")
+        if len(lines) > MAX_LINES_PER_RECORD:
+            lines = lines[:MAX_LINES_PER_RECORD]
+        elif len(message) >= _RECORD_CAP and not message.endswith("\\x0a"):
+            lines = lines[:-1]
+        return lines
 
     def _counter(self, m: re.Match) -> None:
         usage = int(m["usage"]) * 1024
@@ -146,27 +166,16 @@ def parse_kmsg_records(records: list[tuple[float | None, str]]) -> list[OomKill]
     keeps at most MAX_STAT_KEYS memory.stat lines."""
     kills = []
     report = _Report()
-    for when, message in _lines(records):
+    for when, message in records:
         if m := _INVOKED.match(message):
             report = _Report(m["comm"])
         elif m := _KILLED.match(message):
             kills.append(report.kill(when, m))
             report = _Report()
         else:
-            report.take(message)
+            for line in report.lines_of(message):
+                report.take(line)
     return kills
-
-
-# memory.stat has ~60 lines; a record of more (no kernel prints one) is cut there
-MAX_LINES_PER_RECORD = 256
-
-
-def _lines(records: list[tuple[float | None, str]]):
-    """Each record's lines: one printk of many lines is one record, its newlines escaped (/dev/kmsg
-    writes \\x0a). A kernel before 6.4 prints an OOM cgroup's whole memory.stat so; 6.4+ a record a line."""
-    for when, message in records:
-        for line in message.split("\\x0a")[:MAX_LINES_PER_RECORD]:
-            yield when, line
 
 
 def parse_kmsg_line(raw: str) -> tuple[float | None, str] | None:

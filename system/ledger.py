@@ -101,12 +101,12 @@ LINES: dict[Scope, list[tuple[str, str, bool]]] = {
         ("file_inactive", "page cache, inactive (reclaimed first)", True),
         ("file_other", "page cache, other (buffers, unevictable)", True),
         ("shmem", "shared memory (tmpfs, shm)", True),
-        ("swap_cache", "swap cache", True),
+        ("swap_cache", "swap cache (a page swapped in and still mapped is in anon too)", True),
         ("slab_reclaimable", "kernel: slab, reclaimable (dentries, inodes)", True),
         ("slab_unreclaimable", "kernel: slab, unreclaimable", True),
         ("kernel_stack", "kernel: stacks", True),
         ("page_tables", "kernel: page tables", True),
-        ("vmalloc", "kernel: vmalloc", True),
+        ("vmalloc", "kernel: vmalloc (less the kernel stacks it maps)", True),
         ("percpu", "kernel: per-CPU", True),
         ("hugetlb", "huge pages (hugetlbfs pool)", True),
         ("zswap", "zswap (compressed swap in memory)", True),
@@ -164,7 +164,7 @@ def _plus(*xs: int | None) -> int | None:
     return None if any(x is None for x in xs) else sum(x for x in xs if x is not None)
 
 
-def host_ledger(m: MemInfo, parts: dict[str, list[tuple[str, int]]] | None = None) -> Ledger:
+def host_ledger(m: MemInfo, parts: dict[str, list[tuple[str, int]]] | None = None, vmap_stacks: bool = True) -> Ledger:
     """MemTotal, from /proc/meminfo. Cached counts shared memory (Shmem) too, and Active(file) and
     Inactive(file) count Buffers: page cache is split so that each page is in one line."""
     cache = _plus(m.buffers, m.cached)
@@ -180,7 +180,11 @@ def host_ledger(m: MemInfo, parts: dict[str, list[tuple[str, int]]] | None = Non
         "slab_unreclaimable": m.sunreclaim,
         "kernel_stack": m.kernel_stack,
         "page_tables": _plus(m.page_tables, m.sec_page_tables or 0) if m.page_tables is not None else None,
-        "vmalloc": m.vmalloc_used,
+        # VmallocUsed counts the threads' stacks where they are vmap'd (CONFIG_VMAP_STACK, the default
+        # on x86-64 and arm64), which KernelStack counts too: each page in one line
+        "vmalloc": _minus(m.vmalloc_used, m.kernel_stack)
+        if vmap_stacks and m.vmalloc_used is not None
+        else m.vmalloc_used,
         "percpu": m.percpu,
         "hugetlb": m.hugetlb,
         "free": m.mem_free,
@@ -210,7 +214,9 @@ def _v2_values(stat: dict[str, int]) -> dict[str, int | None]:
         "page_tables": _plus(g("pagetables"), g("sec_pagetables") or 0) if "pagetables" in stat else None,
         "percpu": g("percpu"),
         "vmalloc": g("vmalloc"),
-        "kernel_other": _minus(kernel, *[x or 0 for x in named]) if kernel is not None else None,
+        # zswap's compressed pages are charged as kernel memory (obj_cgroup_charge_zswap): they are
+        # its own line, so not in `other` as well
+        "kernel_other": _minus(kernel, *[x or 0 for x in named], g("zswap") or 0) if kernel is not None else None,
         "sock": g("sock"),
     }
     if "zswap" in stat:

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import os
 import re
-import stat
 from pathlib import Path
 
-from ._parse import Fact, read_text
+from ._parse import Fact, fs_text, read_text
 from .cgroup import parse_mountinfo
 from .safefile import open_dir_in, open_root
 
@@ -54,39 +53,55 @@ def shm_mounts(mountinfo: str) -> list[str]:
     return list(dict.fromkeys(points))[:MAX_MOUNTS]
 
 
-def _walk(dir_fd: int, prefix: str, depth: int, groups: dict[str, list[int]], budget: list[int]) -> bool:
-    """Group the files under dir_fd by pattern; False when the walk was cut short."""
-    complete = True
-    with os.scandir(dir_fd) as entries:
-        for entry in entries:
-            if budget[0] <= 0:
-                return False
-            budget[0] -= 1
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            if stat.S_ISDIR(st.st_mode):
-                if depth >= MAX_DEPTH:
-                    complete = False
+class _Walk:
+    """One bounded walk of a tmpfs mount: its files by pattern. It never leaves the mount: the mount
+    points below it (from the mount table) are passed over unread, and anything on another device
+    too, so no other filesystem is asked anything (a FUSE mount a container put there could leave a
+    stat unanswered for ever)."""
+
+    def __init__(self, dev: int, below: set[str]):
+        self.dev, self.below = dev, below
+        self.groups: dict[str, list[int]] = {}
+        self.budget = MAX_ENTRIES
+        self.complete = True
+
+    def walk(self, dir_fd: int, prefix: str = "", depth: int = 0) -> None:
+        with os.scandir(dir_fd) as entries:
+            for entry in entries:
+                if self.budget <= 0:
+                    self.complete = False
+                    return
+                self.budget -= 1
+                if prefix + entry.name in self.below:  # another filesystem mounted here
                     continue
                 try:
-                    sub = os.open(entry.name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+                    if entry.is_dir(follow_symlinks=False):  # the directory entry's type: no stat
+                        self._into(dir_fd, entry.name, prefix, depth)
+                    elif entry.is_file(follow_symlinks=False):
+                        st = entry.stat(follow_symlinks=False)
+                        if st.st_dev == self.dev:
+                            g = self.groups.setdefault(fs_text(prefix + name_pattern(entry.name)), [0, 0])
+                            g[0] += 1
+                            g[1] += st.st_blocks * 512
                 except OSError:
                     continue
-                try:
-                    complete = _walk(sub, f"{prefix}{entry.name}/", depth + 1, groups, budget) and complete
-                finally:
-                    os.close(sub)
-            elif stat.S_ISREG(st.st_mode):
-                g = groups.setdefault(prefix + name_pattern(entry.name), [0, 0])
-                g[0] += 1
-                g[1] += st.st_blocks * 512
-    return complete
+
+    def _into(self, dir_fd: int, name: str, prefix: str, depth: int) -> None:
+        if depth >= MAX_DEPTH:
+            self.complete = False
+            return
+        sub = os.open(name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=dir_fd)
+        try:
+            if os.fstat(sub).st_dev == self.dev:
+                self.walk(sub, f"{prefix}{name}/", depth + 1)
+        finally:
+            os.close(sub)
 
 
-def read_mount(root_fd: int, mount_point: str, walk: bool) -> ShmMount | None:
-    """One tmpfs mount inside the root `root_fd`: its use and, where walk, its files by pattern."""
+def read_mount(root_fd: int, mount_point: str, walk: bool, below: set[str] | None = None) -> ShmMount | None:
+    """One tmpfs mount inside the root `root_fd`: its use and, where walk, its files by pattern
+    (`below`: the mount points under it, relative to it, never entered). A tmpfs without a size
+    limit (size=0) says no use in statvfs: its files' blocks are its use then."""
     try:
         fd = open_dir_in(root_fd, mount_point)
     except OSError:
@@ -96,22 +111,30 @@ def read_mount(root_fd: int, mount_point: str, walk: bool) -> ShmMount | None:
         used = (vfs.f_blocks - vfs.f_bfree) * vfs.f_frsize
         size = vfs.f_blocks * vfs.f_frsize or None
         if not walk:
-            return ShmMount(mount_point=mount_point, used=used, size=size)
-        groups: dict[str, list[int]] = {}
-        complete = _walk(fd, "", 0, groups, [MAX_ENTRIES])
+            return ShmMount(mount_point=mount_point, used=used, size=size) if size is not None else None
+        w = _Walk(os.fstat(fd).st_dev, below or set())
+        w.walk(fd)
     except OSError:
         return None
     finally:
         os.close(fd)
-    top = sorted(groups.items(), key=lambda kv: -kv[1][1])[:TOP_PATTERNS]
+    if size is None:
+        used = sum(b for _n, b in w.groups.values())
+    top = sorted(w.groups.items(), key=lambda kv: -kv[1][1])[:TOP_PATTERNS]
     return ShmMount(
         mount_point=mount_point,
         used=used,
         size=size,
         patterns=[FilePattern(pattern=p, files=n, bytes=b) for p, (n, b) in top],
-        files=sum(n for n, _b in groups.values()),
-        partial=not complete,
+        files=sum(n for n, _b in w.groups.values()),
+        partial=not w.complete,
     )
+
+
+def _below(mount_point: str, points: list[str]) -> set[str]:
+    """The mount points under `mount_point`, relative to it."""
+    base = mount_point.rstrip("/") + "/"
+    return {p[len(base) :].rstrip("/") for p in points if p.startswith(base)}
 
 
 def read_shm_mounts(pid: int | None = None, proc: Path = Path("/proc"), walk: bool = False) -> list[ShmMount] | None:
@@ -128,8 +151,17 @@ def read_shm_mounts(pid: int | None = None, proc: Path = Path("/proc"), walk: bo
         root_fd = open_root(proc / who / "root")
     except OSError:
         return None
+    table = parse_mountinfo(text)
+    points = [m.mount_point for m in table]
+    fuse = [m.mount_point.rstrip("/") + "/" for m in table if m.fstype.startswith("fuse")]
     try:
-        mounts = [m for p in shm_mounts(text) if (m := read_mount(root_fd, p, walk)) is not None]
+        mounts = [
+            m
+            for p in shm_mounts(text)
+            # a path through a FUSE mount is never looked up: its daemon is the target's to answer
+            if not any((p.rstrip("/") + "/").startswith(f) for f in fuse)
+            and (m := read_mount(root_fd, p, walk, _below(p, points))) is not None
+        ]
     finally:
         os.close(root_fd)
     return sorted(mounts, key=lambda m: -m.used)

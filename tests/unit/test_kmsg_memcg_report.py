@@ -142,3 +142,11 @@ def test_a_whole_memory_stat_printed_as_one_record_is_read_line_by_line():
     (kill,) = parse_kmsg_records([*records[: head + 1], (records[head + 1][0], joined), *records[end:]])
     (whole,) = parse_kmsg_records(records)
     assert kill.memcg_stat == whole.memcg_stat and len(kill.memcg_stat) == 42
+
+
+def test_a_comm_with_an_escaped_newline_does_not_hide_its_kill():
+    """A comm may hold a newline (PR_SET_NAME), which /dev/kmsg writes as \\x0a: the victim's line is
+    matched whole, never split there (only a memory.stat printed as one record is)."""
+    records = [(r[0], r[1].replace("(python3)", "(py\\x0athon)")) for r in _records(V1_RECORDS)]
+    (kill,) = parse_kmsg_records(records)
+    assert kill.victim_pid == 8070 and kill.victim_comm == "py\\x0athon" and len(kill.memcg_stat) == 42
