@@ -138,9 +138,12 @@ def test_slab_the_target_makes_grow(memdiag, workload, memcg, tmp_path):
     finally:
         lookups.rmdir()
     v = rep["verdict"]
-    assert v["kind"] == "growth" and v["rule"] == "slab-charged-to-target", v["summary"]
-    assert f"kernel slab grows on behalf of PID {w.pid} (lookups)" in v["summary"]
-    assert "slab cache that grew most is dentry" in v["summary"]
+    assert v["kind"] == "growth" and v["rule"] == "slab-named-by-stack", v["summary"]
+    assert f"kernel slab grows on behalf of PID {w.pid} (lookups): find_config makes the system calls" in v["summary"]
+    assert "leave dentry objects behind, allocated in __d_alloc" in v["summary"]
+    assert v["culprit"]["function"] == "find_config"
+    charged = next(t for t in rep["trail"] if t["kind"] == "rule" and t["name"] == "slab-charged-to-target")
+    assert charged["state"] == "fired" and "slab.top_cache_growth" in charged["reason"]  # the counters' side
     led = _ledger(rep, "cgroup")
     _sums(led)
     kernel = next(r for r in led["rows"] if r["key"] in ("kernel", "slab_reclaimable") and r["last"] is not None)
