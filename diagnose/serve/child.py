@@ -48,8 +48,8 @@ def main() -> int:
         request: Request = pickle.load(sys.stdin.buffer)
     except (EOFError, pickle.UnpicklingError):
         # serve stopped while it handed the request over (the playbook pickled in it is ~120 KiB, more
-        # than a pipe holds, so the write waits on this read): there
-        # is no one to answer, and its next start re-queues the incident; nothing to say in its log
+        # than a pipe holds, so the write waits on this read): there is no one to answer, and its next
+        # start re-queues the incident; nothing to say in its log
         return 1
     _die_with_parent(request.parent)
     answer = os.fdopen(os.dup(1), "w")  # the answer's own; what a library prints goes to the log

@@ -5,6 +5,7 @@ kind and rule, the resource and the process or function it names, and the ledger
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -185,7 +186,8 @@ def test_an_oom_kill_names_the_ledger_line_that_filled_the_cgroup(workload, memc
     rep = read_report(tmp_path)
     v = rep["verdict"]
     assert v["kind"] == "oom" and f"killed PID {w.pid} (spooler)" in v["summary"], v["summary"]
-    assert "at the kill its usage 64.0 MiB = shared memory (tmpfs, shm)" in v["summary"]
-    at_kill = rep["counters"]["oom_ledger"]
+    at_kill = rep["counters"]["oom_ledger"]  # the usage the kernel reported, at (or a page under) the limit
+    assert 62 * MiB <= at_kill["total_last"] <= 64 * MiB
+    assert re.search(r"at the kill its usage [\d.]+ MiB = shared memory \(tmpfs, shm\)", v["summary"]), v["summary"]
     top = _largest(at_kill)
     assert top["key"] == "shmem" and top["last"] > 0.8 * at_kill["total_last"]
