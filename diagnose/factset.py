@@ -18,6 +18,7 @@ from .evidence import (
     build_counters,
     cgroup_psi_stall_percent,
     cgroup_split,
+    own_pids,
     psi_stall_percent,
     refaults,
     thp_collapses,
@@ -154,6 +155,8 @@ def _cgroup_facts(obs: Observation, counters: Counters) -> dict:
     if cg is None:
         return {}
     f: dict = {"cgroup.usage": cg.usage, "cgroup.limit": cg.effective_limit, "cgroup.oom_kills": cg.oom_kill}
+    # whether what its counters say is the target's alone: a pid's cgroup may be a session's, shared
+    f["cgroup.processes"] = len(set(cg.procs) - own_pids(obs))
     # the stall its own tasks paid (memory.pressure, v2; None on v1) and its memory by kind (memory.stat)
     f["cgroup.psi_some"] = cgroup_psi_stall_percent(obs, "some")
     f["cgroup.psi_full"] = cgroup_psi_stall_percent(obs, "full")

@@ -146,6 +146,7 @@ _DEFS = [
     # the cgroup's refaults: pages of its page cache read back soon after reclaim evicted them
     ("cgroup.refaults", "number", "file pages of the cgroup refaulted in the window (workingset_refault_file)"),
     ("cgroup.refault_rate", "per_s", "those refaults per second: the file-backed working set no longer fits"),
+    ("cgroup.processes", "number", "processes in the target's cgroup at the window's end (memdiag's own aside)"),
     ("slab.top_cache", "string", "the slab cache that grew most over the window (/proc/slabinfo)"),
     ("slab.top_cache_growth", "bytes", "how much that cache grew"),
     # the budget
