@@ -306,7 +306,7 @@ class Engine:
         with phase("counters (rest of the window)"):
             sampler.wait(None, interrupted)  # the counters cover the whole window, probes or not
         sampler.join()
-        obs = sampler.so_far()
+        obs = sampler.so_far(closing=True)
         if interrupted():
             obs = obs.model_copy(update={"interrupted": True})
         return self.finish(obs, rules_cut)

@@ -221,8 +221,10 @@ class Sampler:
         """A process target's sockets as the kernel's diagnostics see them (its own network namespace)."""
         return self._of_target(lambda pid: read_socket_memory(pid, self.proc_root))
 
-    def so_far(self) -> Observation:
-        """The window until now: its snapshots, the kernel log, slab, swap and the process tables."""
+    def so_far(self, closing: bool = False) -> Observation:
+        """The window until now: its snapshots, the kernel log, slab, swap and the process tables.
+        closing: the window's last look, which also reads what only the report shows and no rule
+        reads (the process's mappings, its memfds, System V segments): once, not at every round."""
         root = self.proc_root
         return Observation(
             target=self.target,
@@ -246,9 +248,9 @@ class Sampler:
             shm_last=self._shm() if self.snapshots else None,
             sockets_first=self.sockets_first,
             sockets_last=self._sockets() if self.snapshots else None,
-            sysv_last=read_sysv_shm(root) if self.snapshots else None,
-            memfds_last=self._of_target(lambda pid: read_memfds(pid, root)) if self.snapshots else None,
-            smaps_last=self._of_target(lambda pid: read_smaps_split(pid, root)) if self.snapshots else None,
+            sysv_last=read_sysv_shm(root) if closing and self.snapshots else None,
+            memfds_last=self._of_target(lambda pid: read_memfds(pid, root)) if closing and self.snapshots else None,
+            smaps_last=self._of_target(lambda pid: read_smaps_split(pid, root)) if closing and self.snapshots else None,
             processes_first=dict(self.processes_first),
             processes_last=read_all_processes(root) if self.snapshots else {},
             memdiag_pid=os.getpid(),
