@@ -74,6 +74,7 @@ class GoHeapResult(ProbeResult):
     goroutines_complete: bool = True
     # the GC pacer's exact counts (runtime.gcController) and the process's anonymous RSS, every read
     pacer_times: list[float] = []  # seconds from the first read
+    pacer_cycles: list[int] = []  # the GC cycle each of those reads is as of
     gogc: int | None = None  # GOGC the program runs with at the last read (-1: off)
     heap_goal: list[int] = []  # the heap goal as the GC before the read ended
     heap_marked: list[int] = []  # what that GC marked live
@@ -209,6 +210,7 @@ def summarize(proc: GoProcess, snaps: list[GoSnapshot], started: float) -> GoHea
         groups=groups,
         goroutines_complete=all(s.goroutines is None or s.goroutines.complete for s in snaps),
         pacer_times=[round(s.at - t0, 3) for s in paced],
+        pacer_cycles=[s.cycle for s in paced],
         gogc=paced[-1].pacer.gc_percent if paced else None,  # type: ignore[union-attr]
         heap_goal=[s.pacer.heap_goal for s in paced],  # type: ignore[union-attr]
         heap_marked=[s.pacer.heap_marked for s in paced],  # type: ignore[union-attr]

@@ -138,7 +138,7 @@ def _pacer_facts(r) -> dict:
     return {
         "go.gogc": r.gogc,
         "go.heap_marked": r.heap_marked[-1],
-        "go.heap_marked_trend": sampled_shape(r.pacer_times, r.heap_marked, **exact),
+        "go.heap_marked_trend": sampled_shape(*_per_gc(r), **exact),
         "go.heap_goal": r.heap_goal[-1],
         "go.heap_retained": r.heap_retained[-1],
         "go.runtime_mapped": r.runtime_mapped[-1],
@@ -146,6 +146,21 @@ def _pacer_facts(r) -> dict:
         "go.beyond_runtime_growth": beyond[-1] - beyond[0],
         "go.beyond_runtime_trend": sampled_shape(r.pacer_times, beyond, **exact),
     }
+
+
+def _per_gc(r) -> tuple[list[float], list[int]]:
+    """(times, marked bytes) once per GC: the marked count is the last GC's, and reads between two
+    GCs repeat it; counted at every read, a GC read three times weighs three points and a bounded
+    cache's few GCs read as a trend (99.2, 99.2, 99.2, 99.6, 99.6, 99.6 MiB: "climbing")."""
+    times: list[float] = []
+    marked: list[int] = []
+    last = None
+    for t, cycle, m in zip(r.pacer_times, r.pacer_cycles or [None] * len(r.pacer_times), r.heap_marked, strict=True):
+        if cycle is None or cycle != last:
+            times.append(t)
+            marked.append(m)
+        last = cycle
+    return times, marked
 
 
 def _beyond_runtime(r) -> list[int]:

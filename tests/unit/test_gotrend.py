@@ -43,3 +43,21 @@ def test_the_standard_library_is_told_by_its_package_path():
     std = ["internal/poll.runtime_pollWait", "net/http.(*conn).serve", "sync.runtime_Semacquire", "os/signal.loop"]
     own = ["main.serve", "main.(*cache).fetch", "github.com/x/y.(*T).m", "golang.org/x/sync/errgroup.(*Group).Go.func1"]
     assert all(standard_library(f) for f in std) and not any(standard_library(f) for f in own)
+
+
+def test_the_marked_heap_is_one_point_per_gc_however_often_it_was_read():
+    from types import SimpleNamespace
+
+    from memdiag.probes.go.view import _per_gc
+
+    # a real bounded cache, read every second at three reads per GC: per read a "climb" of 1.3 MiB
+    # (each GC's count weighed three times), per GC a flat series
+    times = [0.0, 1.0, 2.0, 3.0, 4.0, 5.1, 6.1, 7.1, 8.1, 9.1, 10.1, 11.1, 12.0]
+    cycles = [7, 7, 8, 8, 9, 9, 9, 10, 10, 10, 11, 11, 11]
+    marked = [98982296, 98982296, 99166072, 99166072, 98939640, 98939640, 98939640]
+    marked += [99242072, 99242072, 99242072, 100257912, 100257912, 100257912]
+    r = SimpleNamespace(pacer_times=times, pacer_cycles=cycles, heap_marked=marked)
+    assert sampled_shape(times, marked, least=256 << 10) == "climbing"  # what it was called before
+    per_gc = _per_gc(r)
+    assert per_gc == ([0.0, 2.0, 4.0, 7.1, 10.1], [98982296, 99166072, 98939640, 99242072, 100257912])
+    assert sampled_shape(*per_gc, least=256 << 10) == "flat"
