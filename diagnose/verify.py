@@ -258,3 +258,44 @@ def _summary(status: str, rows: list[StackComparison], base: Report, new: Report
 def _rss_rate(r: Report) -> float | None:
     t = r.counters.trends.get("process.rss") or r.counters.trends.get("cgroup.usage")
     return t.rate_per_s if t is not None else None
+
+
+def compare_scene(scene: dict, new: Report, incident: str, victim: str, found_by: str) -> Verification:
+    """The restarted service's diagnosis against what serve's flight recorder saw grow before the kill
+    (serve/scene.py), where no earlier diagnosis of it exists: growing again (with the function the
+    recorder's fault sample named, or another), or no longer growing at the pace that filled the limit
+    over a window long enough for that pace to show; else inconclusive."""
+    before = scene.get("rate_per_s") if scene.get("shape") == "steady" else None
+    after = _rss_rate(new)
+    window = new.window.ended - new.window.started
+    fn = scene.get("fault_function")
+    new_fn = new.verdict.culprit.function if new.verdict.kind in GROWING else None
+    rows = []
+    if new.verdict.kind in GROWING:
+        same = fn is None or new_fn is None or new_fn == fn
+        status: Literal["fixed", "still-leaking", "new-growth", "inconclusive"] = (
+            "still-leaking" if same else "new-growth"
+        )
+        rows.append(
+            StackComparison(function=new_fn or fn, status=status, note=f"the new run's {new.verdict.kind} verdict")
+        )
+        said = f"it grows again ({new.verdict.kind}" + (f" in `{new_fn}`" if new_fn else "") + ")"
+    elif before and after is not None and window * before > 4 * 256 * 1024 and after < 0.25 * before:
+        status, said = "fixed", "it no longer grows at the pace that filled the limit"
+    else:
+        status, said = "inconclusive", "its window does not tell whether it grows the way it did"
+    pace = f"{fmt_rate(before)} before the kill" if before else "no steady climb recorded before the kill"
+    now = f"{fmt_rate(after)} now" if after is not None else "its rate now unknown"
+    return Verification(
+        status=status,
+        summary=f"{said}: the cgroup's usage {pace}, the process's {now}; the new diagnosis: {new.verdict.kind}",
+        baseline=f"incident {incident} (the flight recorder's samples before the kill)",
+        baseline_target=victim,
+        baseline_verdict="oom",
+        baseline_function=fn,
+        found_by=found_by,
+        stacks=rows,
+        rss_rate_before=before,
+        rss_rate_after=after,
+        window_after_s=window,
+    )

@@ -252,6 +252,23 @@ def cgroup_ledger(cg: CgroupMemory) -> Ledger:
     return _build("cgroup", cg.usage, values)
 
 
+# The cgroup ledger's lines in the four parts serve's flight recorder keeps a series of each
+# (diagnose/serve/recorder.py): what an OOM kill's scene is told in
+FAMILIES = ("anon", "file", "shmem", "kernel")
+
+
+def cgroup_families(led: Ledger) -> dict[str, int | None]:
+    """The cgroup ledger's summed lines as anon, file (page cache, less shmem), shmem and kernel
+    (every kernel line, socket buffers and zswap); the residual stays out, the usage beside them."""
+    out: dict[str, int | None] = {"anon": None, "file": None, "shmem": None, "kernel": None}
+    for line in led.lines:
+        if line.key == RESIDUAL or line.bytes is None:
+            continue
+        family = line.key if line.key in ("anon", "shmem") else "file" if line.key.startswith("file_") else "kernel"
+        out[family] = (out[family] or 0) + line.bytes
+    return out
+
+
 def oom_cgroup_ledger(kill: OomKill) -> Ledger | None:
     """The cgroup's usage at a memcg OOM kill, from the kernel's own report of it (the `memory:`
     line and memory.stat as printed, system/kmsg.py); None where the log holds no such report."""

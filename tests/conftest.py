@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
@@ -64,6 +65,7 @@ SLOW_MODULES = frozenset(
         "e2e/test_verify.py",
         "probes/test_jvm_instruments.py",
         "probes/test_overhead.py",
+        "serve/test_flight_recorder.py",
         "serve/test_jvm_alert.py",
         "serve/test_node_agent.py",
     }
@@ -156,9 +158,18 @@ def jvm_container(root_required):
     started = []
     with Image(jvm_image_programs()) as image:
 
-        def start(main: str, *args: str, jvm: tuple[str, ...] = ()):
+        def start(main: str, *args: str, jvm: tuple[str, ...] = (), memory: str | None = None):
             c = run_container(
-                image, str(JAVA.resolve()), *jvm, "-cp", "/app/java", main, *args, extra=jvm_mounts(build_java())
+                image,
+                str(JAVA.resolve()),
+                *jvm,
+                "-cp",
+                "/app/java",
+                main,
+                *args,
+                memory=memory,
+                memory_swap=memory,
+                extra=jvm_mounts(build_java()),
             )
             started.append(c)
             return c
@@ -183,6 +194,15 @@ def memcg(root_required):
     yield make
     for cg in reversed(made):
         cg.__exit__()
+
+
+@pytest.fixture
+def shm_dir():
+    """A folder of the host's /dev/shm of this test's own, removed with what it holds."""
+    path = Path("/dev/shm") / f"memdiag-test-{uuid.uuid4().hex[:8]}"
+    path.mkdir()
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

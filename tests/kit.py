@@ -21,6 +21,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from memdiag.system.cgroup import CgroupLocation
 
@@ -60,13 +61,15 @@ def wait_for_line(proc: subprocess.Popen, wanted: str, timeout: float = 60) -> s
     return seen[1:].decode()
 
 
-def wait_until(ready: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    """Poll a readiness condition (every 0.1 s) instead of sleeping a guessed time; fail naming it."""
+def wait_until(ready: Callable[[], Any], what: str, timeout: float = 60) -> Any:
+    """Poll a readiness condition (every 0.1 s) instead of sleeping a guessed time; fail naming it.
+    What it returned once true."""
     deadline = time.monotonic() + timeout
-    while not ready():
+    while not (value := ready()):
         if time.monotonic() > deadline:
             raise AssertionError(f"not ready after {timeout:.0f} s: {what}")
         time.sleep(0.1)
+    return value
 
 
 def swapped_bytes(pid: int) -> int:

@@ -20,6 +20,7 @@ HOSTWIDE = {
     "serve/test_container_oom.py": "OOM kills in containers without a swap limit; the OOM watch",
     "serve/test_cases.py": "an OOM loop under a supervisor; the OOM watch; verify finds errleak host-wide",
     "serve/test_serve.py": "the OOM watch counts every kill on the host",
+    "serve/test_flight_recorder.py": "OOM kills under the OOM watch; the recorder samples every cgroup",
     "serve/test_browser.py": "the OOM watch",
     "serve/test_container_requests.py": "the OOM watch",
     "e2e/test_containers.py": "a server with the OOM watch",

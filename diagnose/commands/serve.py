@@ -27,6 +27,7 @@ _INCIDENTS = number(1, 1_000_000, integer=True)  # a row is at most ~64 KiB: 1M 
 _REPORT_MB = number(1, 1 << 20, integer=True)  # 1 TiB
 _WINDOW = number(0, 365 * 86_400, above=True, unit="seconds")
 _ATTEMPTS = number(1, 100, integer=True)
+_RECORD = number(0.5, 600, unit="seconds")
 _POLL = number(1, 3600, unit="seconds")  # Alertmanager evaluates every few seconds: faster buys nothing
 
 
@@ -105,6 +106,15 @@ def _add_store_arguments(parser: argparse.ArgumentParser) -> None:
         help="diagnoses started per alert (restarts and re-deliveries) before it stays failed (default 3)",
     )
     parser.add_argument("--no-oom-watch", action="store_true", help="do not watch for OOM kills")
+    parser.add_argument(
+        "--record-every",
+        type=_RECORD,
+        default=5.0,
+        metavar="S",
+        help="the flight recorder's cadence: every memory cgroup and its processes sampled this often, the last"
+        " hour kept, so that an OOM kill is explained by what grew before it (default 5)",
+    )
+    parser.add_argument("--no-recorder", action="store_true", help="do not run the flight recorder")
 
 
 def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
@@ -288,6 +298,7 @@ def execute(args: argparse.Namespace) -> int:
 
     from ..serve.app import Config, Metrics, create_app
     from ..serve.oomwatch import KillIncidents, OomWatcher
+    from ..serve.recorder import Recorder
     from ..serve.security import FailureLimiter
 
     _stop_on_signals()
@@ -309,9 +320,12 @@ def execute(args: argparse.Namespace) -> int:
     store = _open_store(args)
     metrics = Metrics(store)
     worker = _worker(args, store, metrics, rules)
-    watcher = None if args.no_oom_watch else OomWatcher(KillIncidents(store, worker, metrics.oom_kills.inc))
+    recorder = None if args.no_recorder else Recorder(every_s=args.record_every).start()
+    kills = KillIncidents(store, worker, metrics.oom_kills.inc, recorder=recorder)
+    watcher = None if args.no_oom_watch else OomWatcher(kills)
     cfg = Config(
         oom_watch=watcher,
+        recorder=recorder,
         store=store,
         worker=worker,
         token=token,

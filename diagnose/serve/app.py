@@ -48,6 +48,7 @@ class Config:
     read_token: str | None = None  # when set, reads (incidents, reports, metrics) need it or `token`
     checks: tuple[Callable[[], str | None], ...] = ()  # more health sources (the Alertmanager poller's)
     oom_watch: Any = None  # the OomWatcher (oomwatch.py) when the watch runs: /healthz says whether it is attached
+    recorder: Any = None  # the flight recorder (recorder.py) when it runs: GET /cgroups reads it
 
 
 def oom_watch_state(watcher) -> str:
@@ -58,6 +59,13 @@ def oom_watch_state(watcher) -> str:
     if not watcher.ready.is_set():
         return "starting"
     return f"unavailable: {watcher.error}" if watcher.error else "attached"
+
+
+def _recorder_state(recorder) -> dict | str:
+    """What /healthz says of the flight recorder: off, unavailable with the reason, or its cost so far."""
+    if recorder is None:
+        return "off"
+    return f"unavailable: {recorder.error}" if recorder.error else recorder.cost()
 
 
 class Metrics:
@@ -464,6 +472,28 @@ class Api:
             raise _queue_full(self.metrics, 1, 1, []) from None
         return JSONResponse({"id": incident.id, "state": "queued", "baseline": iid}, status_code=202)
 
+    async def cgroups(self, request: Request) -> Response:
+        """The flight recorder: every cgroup it keeps with its latest values, or one cgroup's series
+        and its processes' (?path=/system.slice/x.service; ?since=UNIX-TIME for the latest only)."""
+        self.guard_read(request)
+        recorder = self.cfg.recorder
+        if recorder is None:
+            raise Refused(404, "the flight recorder is off (memdiag serve --no-recorder)")
+        path = request.query_params.get("path")
+        if path is None:
+            return JSONResponse(recorder.index())
+        if not path.startswith("/") or len(path) > 4096:
+            raise Refused(400, "path is a cgroup's path inside the memory hierarchy, from /")
+        since = request.query_params.get("since", "0")
+        try:
+            since_t = float(since)
+        except ValueError:
+            raise Refused(400, "since is a Unix time in seconds") from None
+        found = recorder.lookback(path, since_t if since_t == since_t else 0.0)
+        if found is None:
+            raise Refused(404, f"the recorder keeps no cgroup {path}")
+        return JSONResponse(found)
+
     async def healthz(self, request: Request) -> Response:
         # ?scope=process: only what a restart of this process could mend (a liveness probe's question),
         # not the services it depends on (an Alertmanager down is no reason to kill a diagnosis)
@@ -475,6 +505,7 @@ class Api:
             "queued": worker.qsize(),
             "running": worker.current[0] if worker.current else None,
             "oom_watch": oom_watch_state(self.cfg.oom_watch),
+            "recorder": _recorder_state(self.cfg.recorder),
         }
         if problems:
             return JSONResponse({**body, "reason": "; ".join(problems)}, status_code=503)
@@ -492,6 +523,7 @@ class Api:
             Route("/incidents", self.incidents, methods=["GET"]),
             Route("/incidents/{iid}", self.incident, methods=["GET"]),
             Route("/incidents/{iid}/verify", self.verify, methods=["POST"]),
+            Route("/cgroups", self.cgroups, methods=["GET"]),
             Route("/healthz", self.healthz, methods=["GET"]),
             Route("/metrics", self.metrics_endpoint, methods=["GET"]),
         ]

@@ -30,6 +30,8 @@ from ..containers import ContainerInfo, container_of_cgroup
 from ..errors import UsageError
 from ..target import Target, pid_target, with_container
 from .cases import service_key
+from .recorder import Recorder
+from .scene import Scene
 from .store import Store
 from .targets import NotOnHost, target_from_labels
 from .worker import QueueFull, Worker
@@ -241,19 +243,29 @@ class KillIncidents:
         worker: Worker,
         counted: Callable[[], None] = lambda: None,
         grace_s: float = RESTART_GRACE_S,
+        recorder: Recorder | None = None,
     ):
         self.store, self.worker, self.counted, self.grace_s = store, worker, counted, grace_s
+        self.recorder = recorder
 
     def __call__(self, e: OomEvent, container: ContainerInfo | None) -> None:
         service = kill_service(e, container)
-        # a service diagnosed growing before: its restart is waited for, then followed (the worker
-        # compares what runs now with that diagnosis: does the restarted process grow the same way?)
-        follow = self.store.latest_growth(service, e.when) is not None
+        scene = self._scene(e)
+        # a service diagnosed growing before, or seen growing by the recorder: its restart is waited
+        # for, then followed (the worker compares what runs now with that diagnosis, or with the
+        # recorder's scene: does the restarted process grow the same way?)
+        follow = self.store.latest_growth(service, e.when) is not None or (
+            scene is not None and scene.shape in ("steady", "step")
+        )
         target = None if follow else survivor(e, container)
         record = {**e.model_dump(), "container": container.model_dump() if container else None}
+        summary = describe(e, container)
+        if scene is not None:
+            record["scene"] = scene.model_dump()
+            summary += "; " + scene.text
         state = "queued" if target is not None or follow else "recorded"
         where, key = incident_place(e, container), incident_key(e, container)
-        incident, new = self.store.record("oomwatch", state, where, record, key, summary=describe(e, container))
+        incident, new = self.store.record("oomwatch", state, where, record, key, summary=summary)
         if not new:
             return
         self.counted()
@@ -263,6 +275,18 @@ class KillIncidents:
             timer.start()
         elif target is not None:
             self._submit(incident.id, target)
+
+    def _scene(self, e: OomEvent) -> Scene | None:
+        """What the recorder saw grow in the cgroup whose limit was hit (else the victim's) before the kill."""
+        if self.recorder is None:
+            return None
+        try:
+            return self.recorder.scene(
+                e.memcg or e.victim_cgroup, e.victim_pid, e.victim_comm, e.when, e.limit, e.victim()
+            )
+        except Exception as err:  # noqa: BLE001 (the kill is recorded without its scene rather than lost)
+            print(f"memdiag serve: the recorder's scene of a kill not read: {err}", file=sys.stderr, flush=True)
+            return None
 
     def _after_restart(self, iid: str, e: OomEvent, container: ContainerInfo | None) -> None:
         target = survivor(e, container)

@@ -23,7 +23,7 @@ from ..errors import UsageError
 from ..render import render_all
 from ..report import Report
 from ..target import Target, cgroup_target, pid_target, system_target, with_container
-from ..verify import baseline_facts
+from ..verify import baseline_facts, compare_scene
 from .cases import follow_up, report_service, service_key, worth_following
 from .child import DEFAULT_RUNNER, ERROR, REPORT, Request
 from .store import Incident, ReportGone, StorageFailing, Store
@@ -180,6 +180,10 @@ class Worker:
             report = self._diagnose(target, window, given)
             if base is not None:
                 report = follow_up(report, base[1], base[0].report_dir or "", base[2])
+            elif (scene := _scene_of(incident)) is not None:  # no earlier diagnosis: the recorder's scene
+                victim = (incident.alert or {}).get("victim_comm") or "the victim"
+                found = "the OOM watch, after a kill: whether what runs now grows the way the recorder saw before it"
+                report = report.model_copy(update={"verification": compare_scene(scene, report, iid, victim, found)})
             folder, _ = self.store.write_report(iid, render_all(report))
         except DiagnosisKilled as e:  # what hung once likely hangs again: one retry at most
             spent = self._attempts_after_kill(incident.attempts if incident else 1)
@@ -320,6 +324,14 @@ def _status(code: int) -> str:
         return f"signal {signal.Signals(-code).name}"
     except ValueError:
         return f"signal {-code}"
+
+
+def _scene_of(incident: Incident | None) -> dict | None:
+    """The flight recorder's scene of an OOM watch incident's kill, where it saw the cgroup grow."""
+    if incident is None or incident.source != "oomwatch":
+        return None
+    scene = (incident.alert or {}).get("scene")
+    return scene if isinstance(scene, dict) and scene.get("shape") in ("steady", "step") else None
 
 
 def _reason(e: Exception) -> str:

@@ -6,7 +6,6 @@ kind and rule, the resource and the process or function it names, and the ledger
 import json
 import os
 import re
-import shutil
 import subprocess
 import time
 import uuid
@@ -46,15 +45,6 @@ def _sums(led: dict) -> None:
     assert sum(parts) == led["total_last"]
     residual = _row(led, "residual")["last"]
     assert abs(residual) <= 0.02 * led["total_last"], (residual, led["total_last"])
-
-
-@pytest.fixture
-def shm_dir():
-    """A folder of the host's /dev/shm of this test's own, removed with what it holds."""
-    path = Path("/dev/shm") / f"memdiag-test-{uuid.uuid4().hex[:8]}"
-    path.mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture

@@ -106,6 +106,19 @@ class Server:
     def incidents(self) -> list[dict]:
         return json.loads(self.get("/incidents")[1])["incidents"]
 
+    def kill_incident(self, host_pid: int, timeout: float = 30) -> dict:
+        """The OOM watch's incident of the kill of host_pid (other tests may kill at the same time)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = [
+                i for i in self.incidents() if i["source"] == "oomwatch" and i["alert"]["victim_host_pid"] == host_pid
+            ]
+            if found:
+                (incident,) = found
+                return incident
+            time.sleep(0.5)
+        raise AssertionError(f"no OOM incident for host PID {host_pid}: {self.incidents()}")
+
     def wait(self, iid: str, states=("done", "failed"), timeout: float = 120) -> dict:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

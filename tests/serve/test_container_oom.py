@@ -16,17 +16,6 @@ from memdiag.probes.oomkill import OomEvent
 MiB = 1 << 20
 
 
-def kill_incident(srv, host_pid: int, timeout: float = 30) -> dict:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = [i for i in srv.incidents() if i["source"] == "oomwatch" and i["alert"]["victim_host_pid"] == host_pid]
-        if found:
-            (incident,) = found
-            return incident
-        time.sleep(0.5)
-    raise AssertionError(f"no OOM incident for host PID {host_pid}: {srv.incidents()}")
-
-
 def gone(c, timeout: float = 30) -> None:
     deadline = time.monotonic() + timeout
     while c.running() and time.monotonic() < deadline:
@@ -39,7 +28,7 @@ def test_a_container_oom_kill_is_an_incident_under_the_containers_name(server, p
     # 4 MiB every 100 ms: past the 32 MiB limit within a second or so
     c = podman_container("hog", "256", "4", "100", memory="32m")
     gone(c)
-    incident = kill_incident(srv, c.pid)
+    incident = srv.kill_incident(c.pid)
     alert, target = incident["alert"], incident["target"]
     assert alert["victim_comm"] == "hog" and alert["cgroup_oom"] is True
     assert alert["victim_own_pid"] == 1  # the container's own first process
@@ -62,7 +51,7 @@ def test_a_container_removed_at_once_is_named_from_what_was_seen_while_it_ran(se
     # keeps it alive for about six seconds, long enough for the watch to see it run
     c = podman_container("hog", "256", "1", "200", memory="32m", extra=["--rm"])
     gone(c)
-    incident = kill_incident(srv, c.pid)
+    incident = srv.kill_incident(c.pid)
     assert podman("container", "exists", c.id, check=False).returncode == 1  # removed: only memdiag knows
     container = incident["target"]["container"]
     assert (container["id"], container["name"]) == (c.id, c.name)

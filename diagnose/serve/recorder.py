@@ -1,0 +1,497 @@
+"""The flight recorder of `memdiag serve`: every memory cgroup and the processes in it, sampled at a
+steady cadence for as long as the server runs, so that an OOM kill nobody was watching is explained
+by what grew before it (scene.py), and an alert's diagnosis can start from the minutes before it.
+
+What it keeps, per cgroup: usage, limit and the cgroup ledger's lines in four parts (anonymous, page
+cache, shared memory, kernel: system/ledger.py); per process: RSS, anonymous and file-backed, and for
+a JVM its own heap counters (hsperfdata: used, after GC, maximum). Each series holds the last
+FINE_POINTS samples (a quarter of an hour at the default 5 s) and, before them, a point a minute for
+the hour: bounded memory (fixed arrays of 8-byte values), whatever the server's uptime. A cgroup or
+process that ends keeps its series for the look-back (the victim of a kill is gone when its kill is
+read; its container often too), the oldest ended dropped first past the caps.
+
+Where a process climbs steadily toward its cgroup's limit (else the host's available memory) within
+the look-back's hour, a short sample of its page faults by stack names the code touching the new
+pages: `memdiag probe faults` in a process of its own (the BPF compiler's memory is given back when
+it ends), one at a time, once per process per FAULT_COOLDOWN_S. Nothing is attached to a process
+that is not growing.
+
+Everything read is the kernel's (cgroup files, /proc/PID/stat and statm) or parsed with bounds
+(hsperfdata, system/hsperfdata.py); nothing a target controls is executed or followed."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from array import array
+from collections.abc import Callable
+from pathlib import Path
+
+from memdiag.probes.faults import FaultsResult
+from memdiag.probes.growth import heaviest_function
+from memdiag.system import clock
+from memdiag.system._parse import read_text
+from memdiag.system.cgroup import CgroupMemory, _int_map, _pids_in, cgroup_folders, memory_hierarchy, own_limit
+from memdiag.system.hsperfdata import read_perfdata
+from memdiag.system.jvm import jvm_counters, read_jvm_library
+from memdiag.system.ledger import cgroup_families, cgroup_ledger
+from memdiag.system.meminfo import read_meminfo
+from memdiag.system.tmpfs import read_shm_mounts
+from memdiag.system.trends import growth_trend
+
+from ..factset import namer
+from .scene import Point, Scene, explain
+
+EVERY_S = 5.0
+FINE_POINTS = 180  # the last quarter of an hour at 5 s
+COARSE_EVERY_S = 60.0
+COARSE_POINTS = 60  # the hour before it, a point a minute
+HORIZON_S = 3600.0
+MAX_CGROUPS = 2000
+MAX_PROCESSES = 4096
+MAX_PIDS_READ = 8192  # processes listed in one cgroup.procs read at most
+CG_FIELDS = ("usage", "limit", "anon", "file", "shmem", "kernel")
+PROC_FIELDS = ("rss", "anon", "file", "heap_used", "heap_after_gc", "heap_max")
+UNKNOWN = -1
+# the fault sample: how long, how often per process, and when a climb merits one
+FAULT_SAMPLE_S = 5.0
+FAULT_COOLDOWN_S = 600.0
+FAULT_MIN_POINTS = 6
+SHM_WALK_EVERY_S = 60.0  # a cgroup whose shared memory climbs has its tmpfs files walked this often at most
+PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class Ring:
+    """The last n samples of `width` values each (UNKNOWN for a value not read), oldest dropped."""
+
+    def __init__(self, n: int, width: int):
+        self.n, self.width = n, width
+        self.t = array("d", bytes(8 * n))
+        self.v = array("q", bytes(8 * n * width))
+        self.head = self.count = 0
+
+    def push(self, t: float, values: tuple[int, ...]) -> None:
+        i = self.head
+        self.t[i] = t
+        self.v[i * self.width : (i + 1) * self.width] = array("q", values)
+        self.head = (i + 1) % self.n
+        self.count = min(self.count + 1, self.n)
+
+    def items(self) -> list[tuple[float, tuple[int, ...]]]:
+        start = (self.head - self.count) % self.n
+        out = []
+        for k in range(self.count):
+            i = (start + k) % self.n
+            out.append((self.t[i], tuple(self.v[i * self.width : (i + 1) * self.width])))
+        return out
+
+    def last_t(self) -> float | None:
+        return self.t[(self.head - 1) % self.n] if self.count else None
+
+    @property
+    def nbytes(self) -> int:
+        return self.t.itemsize * len(self.t) + self.v.itemsize * len(self.v)
+
+
+class Series:
+    """A fine ring of the latest samples and a coarse one (a point a minute) for the hour before."""
+
+    def __init__(self, fields: tuple[str, ...]):
+        self.fields = fields
+        self.fine = Ring(FINE_POINTS, len(fields))
+        self.coarse = Ring(COARSE_POINTS, len(fields))
+
+    def push(self, t: float, values: dict[str, int | None]) -> None:
+        row = tuple(UNKNOWN if values.get(f) is None else int(values[f]) for f in self.fields)  # type: ignore[arg-type]
+        last = self.coarse.last_t()
+        if last is None or t - last >= COARSE_EVERY_S:
+            self.coarse.push(t, row)
+        self.fine.push(t, row)
+
+    def points(self, since: float = 0.0) -> list[Point]:
+        """(wall time, fields) oldest first: the coarse points older than the fine ones, then those."""
+        fine = self.fine.items()
+        first_fine = fine[0][0] if fine else float("inf")
+        rows = [r for r in self.coarse.items() if r[0] < first_fine] + fine
+        return [(t, {f: (None if x == UNKNOWN else x) for f, x in zip(self.fields, row, strict=True)})
+                for t, row in rows if t >= since]  # fmt: skip
+
+    def last_t(self) -> float | None:
+        return self.fine.last_t()
+
+    @property
+    def nbytes(self) -> int:
+        return self.fine.nbytes + self.coarse.nbytes
+
+
+class ProcessSeries(Series):
+    def __init__(self, pid: int, comm: str, start: int, cgroup: str, jvm: bool):
+        super().__init__(PROC_FIELDS)
+        self.pid, self.comm, self.start, self.cgroup, self.jvm = pid, comm, start, cgroup, jvm
+        self.ended: float | None = None
+        self.faults: dict | None = None  # the last fault sample of it
+        self.sampled_at: float | None = None
+
+
+class CgroupSeries(Series):
+    def __init__(self, path: str):
+        super().__init__(CG_FIELDS)
+        self.path = path
+        self.ended: float | None = None
+        self.shm_files: list[tuple[str, int, int]] = []
+        self.shm_walked: float | None = None
+
+
+def _stat_fields(text: str) -> tuple[str, int] | None:
+    """(comm, start ticks) from /proc/PID/stat: comm in parentheses, which may hold anything."""
+    close = text.rfind(")")
+    rest = text[close + 2 :].split() if close > 0 else []
+    if len(rest) < 20 or not rest[19].isdigit():
+        return None
+    return text[text.find("(") + 1 : close], int(rest[19])
+
+
+def read_statm(pid: int, proc: Path) -> tuple[int, int] | None:
+    """(resident, shared) bytes from /proc/PID/statm: shared is RssFile + RssShmem."""
+    text = read_text(proc / str(pid) / "statm", 256)
+    parts = text.split() if text else []
+    if len(parts) < 3 or not (parts[1].isdigit() and parts[2].isdigit()):
+        return None
+    return int(parts[1]) * PAGE, int(parts[2]) * PAGE
+
+
+class Recorder:
+    """The recorder's state and its sampling thread (start/stop); tick() takes one round, for tests."""
+
+    def __init__(
+        self,
+        every_s: float = EVERY_S,
+        proc: Path = Path("/proc"),
+        wall: Callable[[], float] = clock.wall,
+        fault_sampler: Callable[[int, str], dict | None] | None = None,
+        faults: bool = True,
+    ):
+        found = memory_hierarchy(proc)
+        self.version, self.mount = (found[0], Path(found[1].mount_point)) if found else (None, None)
+        self.every_s, self.proc, self.wall = every_s, proc, wall
+        self.cgroups: dict[str, CgroupSeries] = {}
+        self.processes: dict[int, ProcessSeries] = {}
+        self.skipped = {"cgroups": 0, "processes": 0}  # not recorded: past the caps, at the last round
+        self.ticks, self.cpu_s, self.last_tick_s = 0, 0.0, 0.0
+        self.samples_taken: list[dict] = []  # the fault samples taken, their pid, time and what they named
+        self._sample = fault_sampler or sample_faults
+        self._faults = faults
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._sampling: threading.Thread | None = None
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None if self.mount is not None else "no memory cgroup hierarchy mounted"
+
+    def start(self) -> Recorder:
+        if self.mount is not None:
+            self._thread = threading.Thread(target=self._loop, name="memdiag-recorder", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            began = time.monotonic()
+            try:
+                self.tick()
+            except Exception as e:  # noqa: BLE001 (a folder gone mid-walk, an odd file: the recorder goes on)
+                print(f"memdiag serve: the recorder's round failed: {e}", file=sys.stderr, flush=True)
+            self._stop.wait(max(0.0, self.every_s - (time.monotonic() - began)))
+
+    def tick(self) -> None:
+        """One round: every cgroup and its processes read once."""
+        if self.mount is None:
+            return
+        cpu0, t = time.thread_time(), self.wall()
+        seen_cg: set[str] = set()
+        seen_pid: set[int] = set()
+        skipped_cg = skipped_pid = 0
+        for path in ["/", *cgroup_folders(self.mount)]:
+            if len(seen_cg) >= MAX_CGROUPS:
+                skipped_cg += 1
+                continue
+            fs = self.mount / path.lstrip("/")
+            values = self._cgroup_values(fs, path)
+            if values is None:
+                continue
+            seen_cg.add(path)
+            with self._lock:
+                series = self.cgroups.get(path)
+                if series is None:
+                    series = self.cgroups[path] = CgroupSeries(path)
+                series.ended = None
+                series.push(t, values)
+            if path == "/":
+                continue  # the root's processes are the host's: too many to keep, and no limit kills them
+            for pid in _pids_in(fs)[:MAX_PIDS_READ]:
+                if len(seen_pid) >= MAX_PROCESSES:
+                    skipped_pid += 1
+                    continue
+                if self._process(pid, path, t):
+                    seen_pid.add(pid)
+        with self._lock:
+            self._end(t, seen_cg, seen_pid)
+            self.skipped = {"cgroups": skipped_cg, "processes": skipped_pid}
+        self._walk_shm(t)
+        self.ticks += 1
+        self.last_tick_s = time.thread_time() - cpu0
+        self.cpu_s += self.last_tick_s
+        if self._faults:
+            self._maybe_sample(t)
+
+    def _cgroup_values(self, fs: Path, path: str) -> dict[str, int | None] | None:
+        v1 = self.version == 1
+        usage_text = read_text(fs / ("memory.usage_in_bytes" if v1 else "memory.current"), 64)
+        if usage_text is None:  # the root of v2 has no memory.current: its usage is the host's
+            return None
+        stat = _int_map(read_text(fs / "memory.stat", 1 << 16))
+        kmem = read_text(fs / "memory.kmem.usage_in_bytes", 64) if v1 else None
+        usage = int(usage_text) if usage_text.strip().isdigit() else None
+        cg = CgroupMemory(
+            version=1 if v1 else 2,
+            path=path,
+            fs_path=str(fs),
+            usage=usage,
+            stat=stat,
+            kmem_usage=int(kmem) if kmem and kmem.strip().isdigit() else None,
+        )
+        limit = own_limit(fs) if path != "/" else None
+        if (
+            v1
+            and stat.get("hierarchical_memory_limit")
+            and (limit is None or stat["hierarchical_memory_limit"] < limit)
+        ):
+            limit = stat["hierarchical_memory_limit"] if stat["hierarchical_memory_limit"] < 1 << 60 else limit
+        return {"usage": usage, "limit": limit, **cgroup_families(cgroup_ledger(cg))}
+
+    def _process(self, pid: int, cgroup: str, t: float) -> bool:
+        known = self.processes.get(pid)
+        if known is None or known.ended is not None or known.cgroup != cgroup:
+            stat = read_text(self.proc / str(pid) / "stat", 4096)
+            fields = _stat_fields(stat) if stat else None
+            if fields is None:
+                return False
+            comm, start = fields
+            if known is not None and known.start == start and known.cgroup == cgroup:
+                known.ended = None
+            else:
+                jvm = read_jvm_library(pid, self.proc) is not None
+                with self._lock:
+                    if len(self.processes) >= 2 * MAX_PROCESSES:
+                        self._drop_ended(self.processes)
+                    known = self.processes[pid] = ProcessSeries(pid, comm, start, cgroup, jvm)
+        statm = read_statm(pid, self.proc)
+        if statm is None:
+            return False
+        rss, shared = statm
+        values: dict[str, int | None] = {"rss": rss, "anon": rss - shared, "file": shared}
+        if known.jvm:
+            perf = read_perfdata(pid, self.proc)
+            if perf is not None:
+                c = jvm_counters(perf)
+                values.update(heap_used=c.heap_used, heap_after_gc=c.after_gc_used, heap_max=c.heap_max)
+        with self._lock:
+            known.push(t, values)
+        return True
+
+    def _end(self, t: float, cgroups: set[str], pids: set[int]) -> None:
+        """Series not seen this round end now; ended ones past the look-back (or the caps) are dropped."""
+        for table, seen in ((self.cgroups, cgroups), (self.processes, pids)):
+            for key, s in list(table.items()):
+                if key in seen:
+                    continue
+                if s.ended is None:
+                    s.ended = t
+                elif t - s.ended > HORIZON_S:
+                    del table[key]
+        for table, cap in ((self.cgroups, MAX_CGROUPS), (self.processes, MAX_PROCESSES)):
+            while len(table) > 2 * cap and self._drop_ended(table):
+                pass
+
+    @staticmethod
+    def _drop_ended(table: dict) -> bool:
+        ended = [(s.ended, k) for k, s in table.items() if s.ended is not None]
+        if not ended:
+            return False
+        del table[min(ended)[1]]
+        return True
+
+    def _walk_shm(self, t: float) -> None:
+        """The tmpfs files of a cgroup whose shared memory climbs, as its largest process sees them (a
+        container's /dev/shm is its own), at most once a minute per cgroup: the scene names them."""
+        for s in list(self.cgroups.values()):
+            if s.ended is not None or (s.shm_walked is not None and t - s.shm_walked < SHM_WALK_EVERY_S):
+                continue
+            pts = [(pt, float(v["shmem"])) for pt, v in s.points(t - 60 * self.every_s) if v.get("shmem") is not None]
+            if len(pts) < 3 or growth_trend(pts).shape != "climbing":
+                continue
+            members = [p for p in self.processes.values() if p.cgroup == s.path and p.ended is None]
+            pid = max(members, key=lambda p: p.fine.items()[-1][1][0] if p.fine.count else 0).pid if members else None
+            mounts = read_shm_mounts(pid, self.proc, walk=True) if pid is not None else None
+            s.shm_walked = t
+            if mounts:
+                top = max(mounts, key=lambda m: m.used)
+                s.shm_files = [
+                    (f"{top.mount_point.rstrip('/')}/{p.pattern}", p.files, p.bytes) for p in top.patterns[:3]
+                ]
+
+    def _maybe_sample(self, t: float) -> None:
+        """A fault sample of the steadiest climber heading for its limit within the hour, if none runs."""
+        if self._sampling is not None and self._sampling.is_alive():
+            return
+        best = None
+        for p in list(self.processes.values()):
+            if p.ended is not None or (p.sampled_at is not None and t - p.sampled_at < FAULT_COOLDOWN_S):
+                continue
+            pts = [
+                (pt, float(v["rss"])) for pt, v in p.points(t - FINE_POINTS * self.every_s) if v.get("rss") is not None
+            ]
+            if len(pts) < FAULT_MIN_POINTS:
+                continue
+            trend = growth_trend(pts[-FINE_POINTS:])
+            if trend.shape != "climbing" or not trend.rate_per_s or trend.rate_per_s <= 0:
+                continue
+            room = self._room(p)
+            if room is None or room / trend.rate_per_s > HORIZON_S:
+                continue
+            if best is None or trend.rate_per_s > best[0]:
+                best = (trend.rate_per_s, p)
+        if best is None:
+            return
+        p = best[1]
+        p.sampled_at = t
+        self._sampling = threading.Thread(
+            target=self._take_sample, args=(p,), name="memdiag-recorder-faults", daemon=True
+        )
+        self._sampling.start()
+
+    def _room(self, p: ProcessSeries) -> int | None:
+        """Memory left before a kill: its cgroup's limit less its usage, else the host's MemAvailable."""
+        cg = self.cgroups.get(p.cgroup)
+        last = cg.points()[-1][1] if cg is not None and cg.fine.count else None
+        if last and last.get("limit") and last.get("usage") is not None:
+            return max(0, last["limit"] - last["usage"])  # type: ignore[operator]
+        return read_meminfo(self.proc).mem_available
+
+    def _take_sample(self, p: ProcessSeries) -> None:
+        try:
+            found = self._sample(p.pid, p.comm)
+        except Exception as e:  # noqa: BLE001 (a sample that fails is said, and the recorder goes on)
+            found = {"error": str(e)}
+        if found is not None:
+            found = {**found, "at": self.wall(), "pid": p.pid}
+            with self._lock:
+                p.faults = found
+                self.samples_taken = [*self.samples_taken[-99:], {"comm": p.comm, **found}]
+
+    # --- reads of what it kept ---
+
+    def index(self) -> dict:
+        """Every cgroup it keeps, with its latest values: GET /cgroups."""
+        with self._lock:
+            rows = []
+            for path, s in sorted(self.cgroups.items()):
+                pts = s.fine.items()
+                last = dict(zip(CG_FIELDS, pts[-1][1], strict=True)) if pts else {}
+                rows.append(
+                    {"path": path, "ended": s.ended, **{k: (None if v == UNKNOWN else v) for k, v in last.items()}}
+                )
+            return {**self.cost(), "cgroups": rows}
+
+    def cost(self) -> dict:
+        with self._lock:
+            held = sum(s.nbytes for s in self.cgroups.values()) + sum(s.nbytes for s in self.processes.values())
+            return {
+                "every_s": self.every_s,
+                "rounds": self.ticks,
+                "cpu_s": round(self.cpu_s, 3),
+                "last_round_cpu_s": round(self.last_tick_s, 4),
+                "series_bytes": held,
+                "cgroups_kept": len(self.cgroups),
+                "processes_kept": len(self.processes),
+                "not_recorded": dict(self.skipped),
+                "fault_samples": len(self.samples_taken),
+            }
+
+    def lookback(self, path: str, since: float = 0.0) -> dict | None:
+        """A cgroup's series and its processes': GET /cgroups?path=..."""
+        with self._lock:
+            s = self.cgroups.get(path)
+            if s is None:
+                return None
+            procs = [p for p in self.processes.values() if p.cgroup == path]
+            return {
+                "path": path,
+                "every_s": self.every_s,
+                "ended": s.ended,
+                "fields": list(CG_FIELDS),
+                "points": [[round(t, 3), *v.values()] for t, v in s.points(since)],
+                "shm_files": s.shm_files,
+                "processes": [
+                    {
+                        "pid": p.pid,
+                        "comm": p.comm,
+                        "ended": p.ended,
+                        "jvm": p.jvm,
+                        "fields": list(PROC_FIELDS),
+                        "points": [[round(t, 3), *v.values()] for t, v in p.points(since)],
+                        "faults": p.faults,
+                    }
+                    for p in sorted(procs, key=lambda p: p.pid)
+                ],
+            }
+
+    def scene(self, cgroup: str | None, victim_pid: int | None, victim_comm: str, when: float, limit: int | None,
+              victim_name: str = "the victim") -> Scene | None:  # fmt: skip
+        """What the recorder saw grow before a kill at `when` in `cgroup` (the one whose limit was hit)."""
+        with self._lock:
+            s = self.cgroups.get(cgroup) if cgroup else None
+            if s is None:
+                return None
+            since = when - HORIZON_S
+            cg_points = s.points(since)
+            victim = self.processes.get(victim_pid) if victim_pid is not None else None
+            if victim is not None and not victim.comm.startswith(victim_comm[:15]):
+                victim = None  # its pid is another process's now
+            v_points = victim.points(since) if victim is not None else []
+            faults = victim.faults if victim is not None and victim.faults and "function" in victim.faults else None
+            shm = list(s.shm_files)
+        return explain(cg_points, v_points, when, self.every_s, limit, faults, shm, victim_name)
+
+
+def sample_faults(pid: int, comm: str, seconds: float = FAULT_SAMPLE_S) -> dict | None:
+    """`memdiag probe faults` on the process for `seconds`, in a process of its own (memdiag's own
+    Python and code): the application function its faults name most, with that function's share."""
+    cmd = [sys.executable, "-c", "import sys; from memdiag.diagnose.cli import entry; sys.exit(entry())"]
+    cmd += ["probe", "faults", "--pid", str(pid), "--duration", f"{seconds:g}", "--json", "--top", "20"]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 60, check=False)
+    except subprocess.TimeoutExpired:
+        return {"error": "the fault sample did not end in time"}
+    try:
+        r = FaultsResult.model_validate(json.loads(out.stdout))
+    except ValueError:
+        return {"error": (out.stderr.strip().splitlines() or ["no answer"])[-1][:200]}
+    if r.status not in ("ok", "partial") or not r.stacks:
+        return {"error": r.reason or "no faults sampled", "events": r.cost.events}
+    name = namer()
+    fn = heaviest_function(r.stacks, name)
+    total = sum(s.bytes for s in r.stacks)
+    mine = sum(s.bytes for s in r.stacks if name(s.frames, []) == fn)
+    return {
+        "function": fn,
+        "share": 100.0 * mine / total if total else None,
+        "faults": sum(s.count for s in r.stacks),
+        "seconds": seconds,
+    }
