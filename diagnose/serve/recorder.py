@@ -49,7 +49,7 @@ from .scene import Point, Scene, explain
 EVERY_S = 5.0
 FINE_POINTS = 180  # the last quarter of an hour at 5 s
 COARSE_EVERY_S = 60.0
-COARSE_POINTS = 60  # the hour before it, a point a minute
+COARSE_POINTS = 61  # the hour, a point a minute (its last ones overlap the fine ring's)
 HORIZON_S = 3600.0
 MAX_CGROUPS = 2000
 MAX_PROCESSES = 4096
@@ -60,7 +60,7 @@ UNKNOWN = -1
 # the fault sample: how long, how often per process, and when a climb merits one
 FAULT_SAMPLE_S = 5.0
 FAULT_COOLDOWN_S = 600.0
-FAULT_MIN_POINTS = 6
+FAULT_MIN_POINTS = 4  # 15 s at the default cadence: a kill a minute away is sampled in time
 SHM_WALK_EVERY_S = 60.0  # a cgroup whose shared memory climbs has its tmpfs files walked this often at most
 PAGE = os.sysconf("SC_PAGE_SIZE")
 

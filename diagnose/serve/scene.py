@@ -78,7 +78,7 @@ def _climb_start(points: list[Point]) -> int:
 
 def _shape(points: list[Point], start: int, limit: int | None, kill_t: float) -> str:
     climb = [(t, float(v["usage"])) for t, v in points[start:] if v.get("usage") is not None]
-    if len(climb) < 2:
+    if not climb or len(points) < 2:
         return "unknown"
     last_t, last = climb[-1]
     growth = last - climb[0][1]
@@ -87,7 +87,7 @@ def _shape(points: list[Point], start: int, limit: int | None, kill_t: float) ->
     # reached by something the samples did not see
     if limit and last + max(rate, 0.0) * max(0.0, kill_t - last_t) < 0.9 * limit:
         return "burst"
-    if growth <= MIN_GROWTH_BYTES:
+    if growth <= MIN_GROWTH_BYTES or len(climb) < 2:
         return "none"
     steps = [b[1] - a[1] for a, b in zip(climb, climb[1:], strict=False)]
     if max(steps) >= STEP_SHARE * growth:
