@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 
 from jvmkit import JavaWorkload
+from kit import wait_until
 from memdiag.diagnose.serve.recorder import HORIZON_S, Recorder
 
 MiB = 1 << 20
@@ -57,7 +58,13 @@ def test_a_jvms_heap_counters_are_read_beside_its_rss(memcg):
         series = rec.processes.get(j.pid)
         assert series is not None and series.cgroup == cg.path
         assert series.jvm is True
-        (_t, last), *_ = reversed(series.points())
+
+        def used() -> dict | None:  # the JVM's counters are published every 50 ms, from its start
+            rec.tick()
+            last = series.points()[-1][1]
+            return last if last["heap_used"] else None
+
+        last = wait_until(used, "the JVM's heap counters to say a heap in use", timeout=20)
         # the JVM's own sum of its generations' maxima: -Xmx give or take a few bytes of alignment
         assert abs(last["heap_max"] - 256 * MiB) < MiB and 0 < last["heap_used"] <= last["heap_max"]
         assert last["heap_after_gc"] is not None and last["rss"] > last["anon"] > 0
