@@ -34,6 +34,7 @@ from bench_common import BCC_ENV, RUNS, MiB, Watch, median_range  # noqa: E402
 from bench_hours import LONG_TITLE, long_section, loop_section  # noqa: E402
 from bench_jvm import jvm_section  # noqa: E402
 from bench_nonheap import nonheap_section  # noqa: E402
+from bench_recorder import recorder_section  # noqa: E402
 from kit import MEMDIAG, BenchAlloc, MemoryCgroup, Workload, build, swapfile  # noqa: E402
 
 RATES = [(10_000, "10 thousand/s"), (100_000, "100 thousand/s"), (0, "unthrottled (over 1 million/s)")]
@@ -460,6 +461,7 @@ def main() -> int:
         "long": (long_section, "7"),
         "jvm": (lambda: jvm_section(RUNS), "8"),
         "nonheap": (lambda: nonheap_section(RUNS), "9"),
+        "recorder": (recorder_section, "10"),
     }
     if len(sys.argv) == 3 and sys.argv[1] == "--only" and sys.argv[2] in only:  # one section, not twenty minutes
         make, number = only[sys.argv[2]]
@@ -484,6 +486,7 @@ def main() -> int:
         sections += [""] + old[at : end if end >= 0 else len(old)].rstrip("\n").splitlines() + [""]
     sections += jvm_section(RUNS)
     sections += nonheap_section(RUNS)
+    sections += recorder_section()
     cpu = next(
         (
             line.split(":", 1)[1].strip()
