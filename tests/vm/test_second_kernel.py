@@ -270,3 +270,26 @@ def test_a_diagnosis_of_a_swapping_process_finishes_and_honours_sigterm(swap, me
     assert code == 143, m.text[-800:]
     assert (out / "report.json").exists(), m.text[-800:]
     assert json.loads((out / "report.json").read_text())["interrupted"]["signal"] == "SIGTERM"
+
+
+def test_the_flight_recorder_explains_a_kill_at_memory_max_by_what_grew_before_it(memcg, workload):
+    """serve's recorder on v2's files (memory.current, memory.max, memory.stat's split lines): the
+    scene of a kill at memory.max accounts for the climb before it, anonymous memory most."""
+    from memdiag.diagnose.serve.recorder import Recorder
+
+    cg = memcg(48 * MiB, swap=False)
+    rec = Recorder(every_s=1.0, faults=False).start()
+    try:
+        w = workload("leak", "2048", "1024", cgroup=cg)  # 2 MiB/s: at the limit in about 20 s
+        assert w.wait_exit(300) == -9
+        killed = time.time()
+    finally:
+        rec.stop()
+    assert kv(cg.fs_path / "memory.events")["oom_kill"] >= 1
+    scene = rec.scene(cg.path, w.pid, "leak", killed, 48 * MiB, f"PID {w.pid} (leak)")
+    assert scene is not None and scene.shape == "steady", scene
+    assert scene.top_part == "anon" and sum(p.growth or 0 for p in scene.parts) == scene.growth
+    assert scene.limit == 48 * MiB and scene.victim_share is not None and scene.victim_share > 80
+    kernel_part = next(p for p in scene.parts if p.key == "kernel")
+    assert kernel_part.last is not None and kernel_part.last > 0  # v2's slab, stacks, page tables summed
+    assert f"PID {w.pid} (leak)'s RSS" in scene.text
