@@ -425,7 +425,9 @@ class Recorder:
             }
 
     def lookback(self, path: str, since: float = 0.0) -> dict | None:
-        """A cgroup's series and its processes': GET /cgroups?path=..."""
+        """A cgroup's series and its processes': GET /cgroups?path=... (since: a time as they are
+        printed, to the millisecond)."""
+        since -= 0.0005
         with self._lock:
             s = self.cgroups.get(path)
             if s is None:

@@ -14,6 +14,7 @@ import threading
 
 import pytest
 from memdiag.diagnose.serve.app import MAX_PAGE, Config, Metrics, create_app, oom_watch_state
+from memdiag.diagnose.serve.recorder import Recorder
 from memdiag.diagnose.serve.security import FailureLimiter
 from memdiag.diagnose.serve.store import Store
 from memdiag.diagnose.serve.worker import Job, admit_into
@@ -216,7 +217,13 @@ def test_reads_need_the_read_token_or_the_write_token(serve):
 def test_healthz_says_queue_problems_and_the_oom_watch(serve, target):
     client, _, worker = serve(oom_watch=FakeWatcher(ready=True))
     client.post("/diagnose", json={"pid": target}, headers=AUTH)
-    assert client.get("/healthz").json() == {"ok": True, "queued": 1, "running": None, "oom_watch": "attached"}
+    assert client.get("/healthz").json() == {
+        "ok": True,
+        "queued": 1,
+        "running": None,
+        "oom_watch": "attached",
+        "recorder": "off",
+    }
     worker.problem = "the diagnosis worker has stopped"
     r = client.get("/healthz")
     assert r.status_code == 503 and r.json()["reason"] == "the diagnosis worker has stopped"
@@ -224,6 +231,29 @@ def test_healthz_says_queue_problems_and_the_oom_watch(serve, target):
     assert client.get("/healthz").json()["reason"] == "Alertmanager at http://am: connection refused"
     assert client.get("/healthz?scope=process").json()["ok"] is True  # liveness: only this process's own
     assert client.get("/healthz").json()["oom_watch"] == "off"
+
+
+def test_the_flight_recorder_is_read_whole_or_by_cgroup_and_bad_paths_are_one_line(serve):
+    client, _, _ = serve()
+    assert client.get("/cgroups").json() == {"error": "the flight recorder is off (memdiag serve --no-recorder)"}
+    rec = Recorder(faults=False)
+    rec.tick()
+    rec.tick()
+    client, _, _ = serve(recorder=rec)
+    listed = client.get("/cgroups").json()
+    assert listed["rounds"] == 2 and "/" in [c["path"] for c in listed["cgroups"]]
+    health = client.get("/healthz").json()["recorder"]
+    assert health["rounds"] == 2 and health["series_bytes"] == listed["series_bytes"] > 0
+    root = client.get("/cgroups", params={"path": "/"}).json()
+    assert root["fields"] == ["usage", "limit", "anon", "file", "shmem", "kernel"] and len(root["points"]) == 2
+    later = client.get("/cgroups", params={"path": "/", "since": str(root["points"][1][0])}).json()
+    assert [p[0] for p in later["points"]] == [root["points"][1][0]]
+    r = client.get("/cgroups", params={"path": "/no/such/cgroup"})
+    assert r.status_code == 404 and r.json() == {"error": "the recorder keeps no cgroup /no/such/cgroup"}
+    assert client.get("/cgroups", params={"path": "system.slice"}).status_code == 400
+    assert client.get("/cgroups", params={"path": "/", "since": "yesterday"}).json() == {
+        "error": "since is a Unix time in seconds"
+    }
 
 
 def test_oom_watch_states():
