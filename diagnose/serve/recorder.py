@@ -41,7 +41,7 @@ from memdiag.system.jvm import jvm_counters, read_jvm_library
 from memdiag.system.ledger import cgroup_families, cgroup_ledger
 from memdiag.system.meminfo import read_meminfo
 from memdiag.system.tmpfs import read_shm_mounts
-from memdiag.system.trends import growth_trend
+from memdiag.system.trends import MIN_GROWTH_BYTES, growth_trend
 
 from ..factset import namer
 from .scene import Point, Scene, explain
@@ -60,6 +60,7 @@ UNKNOWN = -1
 # the fault sample: how long, how often per process, and when a climb merits one
 FAULT_SAMPLE_S = 5.0
 FAULT_COOLDOWN_S = 600.0
+TREND_POINTS = 36  # the climb judged over the last three minutes at the default cadence
 FAULT_MIN_POINTS = 4  # 15 s at the default cadence: a kill a minute away is sampled in time
 SHM_WALK_EVERY_S = 60.0  # a cgroup whose shared memory climbs has its tmpfs files walked this often at most
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -122,6 +123,27 @@ class Series:
 
     def last_t(self) -> float | None:
         return self.fine.last_t()
+
+    def recent(self, field: str, n: int) -> list[tuple[float, float]]:
+        """(time, value) of one field over the last n samples, unknown ones left out: what each round
+        reads of every series, so no point is built that is not needed."""
+        r, k = self.fine, self.fields.index(field)
+        out = []
+        for j in range(max(0, r.count - n), r.count):
+            i = (r.head - r.count + j) % r.n
+            x = r.v[i * r.width + k]
+            if x != UNKNOWN:
+                out.append((r.t[i], float(x)))
+        return out
+
+    def last(self) -> dict[str, int | None] | None:
+        """The latest sample's fields."""
+        r = self.fine
+        if not r.count:
+            return None
+        i = (r.head - 1) % r.n
+        row = r.v[i * r.width : (i + 1) * r.width]
+        return {f: (None if x == UNKNOWN else x) for f, x in zip(self.fields, row, strict=True)}
 
     @property
     def nbytes(self) -> int:
@@ -333,11 +355,11 @@ class Recorder:
         for s in list(self.cgroups.values()):
             if s.ended is not None or (s.shm_walked is not None and t - s.shm_walked < SHM_WALK_EVERY_S):
                 continue
-            pts = [(pt, float(v["shmem"])) for pt, v in s.points(t - 60 * self.every_s) if v.get("shmem") is not None]
-            if len(pts) < 3 or growth_trend(pts).shape != "climbing":
+            pts = s.recent("shmem", max(3, int(SHM_WALK_EVERY_S / self.every_s)))
+            if len(pts) < 3 or pts[-1][1] - pts[0][1] <= MIN_GROWTH_BYTES or growth_trend(pts).shape != "climbing":
                 continue
             members = [p for p in self.processes.values() if p.cgroup == s.path and p.ended is None]
-            pid = max(members, key=lambda p: p.fine.items()[-1][1][0] if p.fine.count else 0).pid if members else None
+            pid = max(members, key=lambda p: (p.last() or {}).get("rss") or 0).pid if members else None
             mounts = read_shm_mounts(pid, self.proc, walk=True) if pid is not None else None
             s.shm_walked = t
             if mounts:
@@ -354,12 +376,12 @@ class Recorder:
         for p in list(self.processes.values()):
             if p.ended is not None or (p.sampled_at is not None and t - p.sampled_at < FAULT_COOLDOWN_S):
                 continue
-            pts = [
-                (pt, float(v["rss"])) for pt, v in p.points(t - FINE_POINTS * self.every_s) if v.get("rss") is not None
-            ]
-            if len(pts) < FAULT_MIN_POINTS:
+            # the last few samples first (most processes do not grow: nothing more is computed for them),
+            # then the trend over the last TREND_POINTS
+            pts = p.recent("rss", TREND_POINTS)
+            if len(pts) < FAULT_MIN_POINTS or pts[-1][1] - pts[-FAULT_MIN_POINTS][1] <= MIN_GROWTH_BYTES:
                 continue
-            trend = growth_trend(pts[-FINE_POINTS:])
+            trend = growth_trend(pts)
             if trend.shape != "climbing" or not trend.rate_per_s or trend.rate_per_s <= 0:
                 continue
             room = self._room(p)
@@ -379,7 +401,7 @@ class Recorder:
     def _room(self, p: ProcessSeries) -> int | None:
         """Memory left before a kill: its cgroup's limit less its usage, else the host's MemAvailable."""
         cg = self.cgroups.get(p.cgroup)
-        last = cg.points()[-1][1] if cg is not None and cg.fine.count else None
+        last = cg.last() if cg is not None else None
         if last and last.get("limit") and last.get("usage") is not None:
             return max(0, last["limit"] - last["usage"])  # type: ignore[operator]
         return read_meminfo(self.proc).mem_available
