@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Literal
 
 from memdiag.system.processes import read_all_processes
-from memdiag.system.trends import growth_trend
+from memdiag.system.trends import LEVEL_OFF_RATIO, MIN_GROWTH_BYTES, growth_trend
 from memdiag.system.units import fmt_rate
 from pydantic import ValidationError
 
@@ -265,8 +265,11 @@ def compare_scene(scene: dict, new: Report, incident: str, victim: str, found_by
     (serve/scene.py), where no earlier diagnosis of it exists: growing again (with the function the
     recorder's fault sample named, or another), or no longer growing at the pace that filled the limit
     over a window long enough for that pace to show; else inconclusive."""
-    before = scene.get("rate_per_s") if scene.get("shape") == "steady" else None
-    after = _rss_rate(new)
+    # one quantity before and after: the victim's RSS over the climb, the restarted process's RSS now
+    first, last, climb = scene.get("victim_rss_first"), scene.get("victim_rss_last"), scene.get("climb_s")
+    grew = scene.get("shape") not in ("none", "unknown")
+    before = (last - first) / climb if grew and first is not None and last is not None and climb else None
+    after = _rss_rate(new) if new.counters.trends.get("process.rss") is not None else None
     window = new.window.ended - new.window.started
     fn = scene.get("fault_function")
     new_fn = new.verdict.culprit.function if new.verdict.kind in GROWING else None
@@ -280,15 +283,15 @@ def compare_scene(scene: dict, new: Report, incident: str, victim: str, found_by
             StackComparison(function=new_fn or fn, status=status, note=f"the new run's {new.verdict.kind} verdict")
         )
         said = f"it grows again ({new.verdict.kind}" + (f" in `{new_fn}`" if new_fn else "") + ")"
-    elif before and after is not None and window * before > 4 * 256 * 1024 and after < 0.25 * before:
+    elif before and after is not None and window * before > 4 * MIN_GROWTH_BYTES and after < LEVEL_OFF_RATIO * before:
         status, said = "fixed", "it no longer grows at the pace that filled the limit"
     else:
         status, said = "inconclusive", "its window does not tell whether it grows the way it did"
-    pace = f"{fmt_rate(before)} before the kill" if before else "no steady climb recorded before the kill"
-    now = f"{fmt_rate(after)} now" if after is not None else "its rate now unknown"
+    pace = f"{fmt_rate(before)} before the kill" if before is not None else "no climb of it recorded before the kill"
+    now = f"{fmt_rate(after)} now" if after is not None else "unknown now"
     return Verification(
         status=status,
-        summary=f"{said}: the cgroup's usage {pace}, the process's {now}; the new diagnosis: {new.verdict.kind}",
+        summary=f"{said}: its RSS {pace}, {now}; the new diagnosis: {new.verdict.kind}",
         baseline=f"incident {incident} (the flight recorder's samples before the kill)",
         baseline_target=victim,
         baseline_verdict="oom",

@@ -29,6 +29,7 @@ import struct
 from pathlib import Path
 
 from ._parse import Fact, read_text
+from .cgroup import parse_mountinfo
 from .process import effective_uid, innermost_pid
 from .safefile import names_in, open_dir_in, open_in, open_root, read_fd
 
@@ -42,6 +43,7 @@ MAX_FILE = 4 << 20  # the JVM sizes it with -XX:PerfDataMemorySize (32 KiB by de
 MAX_ENTRIES = 8192
 MAX_NAME = 256  # counter names are dotted paths (the longest here: 43 bytes)
 MAX_STRING = 64 << 10  # HotSpot cuts its strings at -XX:PerfMaxStringConstLength (1 KiB by default)
+MAX_STATUS = 64 << 10  # /proc/PID/status: ~1.5 KiB; its Name: line is the target's to choose
 MAX_FOLDERS = 256  # /tmp/hsperfdata_<user> folders looked into: one per user running a JVM there
 MAX_DECODED = 1 << 20  # names and strings in all: 0.7 KiB of strings here; 1 MiB is what one read may cost
 
@@ -129,7 +131,7 @@ def perfdata_path(pid: int, proc_root: Path = Path("/proc")) -> str | None:
 
 def _open_perfdata(pid: int, proc_root: Path) -> tuple[str, int] | None:
     """(path in the target's root, an open descriptor) of its newest hsperfdata file."""
-    status = read_text(proc_root / str(pid) / "status")
+    status = read_text(proc_root / str(pid) / "status", MAX_STATUS)
     if status is None:
         return None
     nspid = innermost_pid(status) or pid
@@ -166,6 +168,20 @@ def _open_perfdata(pid: int, proc_root: Path) -> tuple[str, int] | None:
     finally:
         os.close(root)
     return (best[1], best[2]) if best else None
+
+
+def perfdata_behind_fuse(pid: int, proc_root: Path = Path("/proc")) -> bool:
+    """Whether the path to the target's hsperfdata (/tmp/hsperfdata_<user>/<pid> in its root) crosses
+    a FUSE mount in its own mount table, or the table cannot be read: a FUSE daemon is the target's
+    to answer, and one that never answers would hold the reader for ever."""
+    text = read_text(proc_root / str(pid) / "mountinfo", 1 << 20)
+    if text is None:
+        return True
+    for m in parse_mountinfo(text):
+        point = m.mount_point.rstrip("/") + "/"
+        if m.fstype.startswith("fuse") and ("/tmp/".startswith(point) or point.startswith("/tmp/")):
+            return True
+    return False
 
 
 def read_perfdata(pid: int, proc_root: Path = Path("/proc")) -> PerfData | None:

@@ -15,6 +15,7 @@ thread is); mapped files (libjvm's code, the modules image) are counted apart.""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -30,11 +31,15 @@ HEAP_GAP = 2 << 20  # gaps inside the heap's range, where the JVM unmapped what 
 _CDS_ARCHIVE = ".jsa"
 
 
-def jvm_library(maps: str) -> str | None:
+MAX_MAPS_LINES = 1 << 17  # a process maps at most vm.max_map_count (65,530 by default) regions
+
+
+def jvm_library(maps: str | Iterable[str]) -> str | None:
     """The HotSpot library a process maps executable (libjvm.so), or None: not HotSpot (native,
-    another runtime, or OpenJ9, which maps a libjvm.so beside its own libj9vm)."""
+    another runtime, or OpenJ9, which maps a libjvm.so beside its own libj9vm). Read line by line,
+    at most MAX_MAPS_LINES: a file path in a mapping may be 4 KiB long, the file hundreds of MiB."""
     found = None
-    for line in maps.splitlines():
+    for line in itertools.islice(lines_of(maps), MAX_MAPS_LINES):
         fields = line.split(None, 5)
         if len(fields) < 6 or "x" not in fields[1]:
             continue
@@ -47,8 +52,7 @@ def jvm_library(maps: str) -> str | None:
 
 
 def read_jvm_library(pid: int, proc_root: Path = Path("/proc")) -> str | None:
-    text = read_text(proc_root / str(pid) / "maps")
-    return jvm_library(text) if text is not None else None
+    return parse_file(proc_root / str(pid) / "maps", jvm_library)
 
 
 class Space(Fact):

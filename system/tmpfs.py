@@ -137,9 +137,11 @@ def _below(mount_point: str, points: list[str]) -> set[str]:
     return {p[len(base) :].rstrip("/") for p in points if p.startswith(base)}
 
 
-def read_shm_mounts(pid: int | None = None, proc: Path = Path("/proc"), walk: bool = False) -> list[ShmMount] | None:
+def read_shm_mounts(
+    pid: int | None = None, proc: Path = Path("/proc"), walk: bool = False, only: str | None = None
+) -> list[ShmMount] | None:
     """The tmpfs mounts the process sees (pid None: memdiag's own view, the host's), by use, largest
-    first; None when its mount table cannot be read."""
+    first; None when its mount table cannot be read. only: that mount point alone."""
     who = "self" if pid is None else str(pid)
     try:  # a process exiting has a mount table that cannot be read any more (EINVAL)
         text = read_text(proc / who / "mountinfo", 1 << 20)
@@ -158,6 +160,7 @@ def read_shm_mounts(pid: int | None = None, proc: Path = Path("/proc"), walk: bo
         mounts = [
             m
             for p in shm_mounts(text)
+            if only is None or p == only
             # a path through a FUSE mount is never looked up: its daemon is the target's to answer
             if not any((p.rstrip("/") + "/").startswith(f) for f in fuse)
             and (m := read_mount(root_fd, p, walk, _below(p, points))) is not None

@@ -320,7 +320,8 @@ def execute(args: argparse.Namespace) -> int:
     store = _open_store(args)
     metrics = Metrics(store)
     worker = _worker(args, store, metrics, rules)
-    recorder = None if args.no_recorder else Recorder(every_s=args.record_every).start()
+    busy = lambda: worker.current is not None  # noqa: E731 (a fault sample waits for the diagnosis to end)
+    recorder = None if args.no_recorder else Recorder(every_s=args.record_every, busy=busy).start()
     kills = KillIncidents(store, worker, metrics.oom_kills.inc, recorder=recorder)
     watcher = None if args.no_oom_watch else OomWatcher(kills)
     cfg = Config(
@@ -334,8 +335,10 @@ def execute(args: argparse.Namespace) -> int:
         grafana_timestamp_header=args.grafana_timestamp_header,
         limiter=FailureLimiter(),
     )
+    if recorder is not None:
+        cfg.checks = (recorder.health,)
     if pull is not None:
-        cfg.checks = (_start_poller(pull, args.poll, store, worker, metrics).health,)
+        cfg.checks = (*cfg.checks, _start_poller(pull, args.poll, store, worker, metrics).health)
     print(f"memdiag serve: listening on http://{args.listen} (data in {args.data})", flush=True)
     _serve(create_app(cfg, metrics), listener)
     return 0

@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, G
 from pydantic import ValidationError
 from pydantic_core import from_json
 from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, Response
 from starlette.responses import JSONResponse as _JSONResponse
@@ -25,6 +26,7 @@ from ..report import Report
 from ..target import Target, as_largest_process, pid_target
 from ..verify import find_service
 from .alerts import Alert, AlertmanagerPayload, DiagnoseRequest, GrafanaPayload
+from .recorder import LISTED, MAX_LISTED
 from .security import FailureLimiter, grafana_signature_ok, token_ok
 from .store import STATES, ReportGone, StorageFailing, Store
 from .targets import BadLabel, NotOnHost, cgroup_by_path, container_by_ref, target_from_labels
@@ -474,14 +476,15 @@ class Api:
 
     async def cgroups(self, request: Request) -> Response:
         """The flight recorder: every cgroup it keeps with its latest values, or one cgroup's series
-        and its processes' (?path=/system.slice/x.service; ?since=UNIX-TIME for the latest only)."""
+        and its processes' (?path=/system.slice/x.service; ?since=UNIX-TIME for the latest only;
+        ?processes=N, the live ones largest first, then the latest ended)."""
         self.guard_read(request)
         recorder = self.cfg.recorder
         if recorder is None:
             raise Refused(404, "the flight recorder is off (memdiag serve --no-recorder)")
         path = request.query_params.get("path")
         if path is None:
-            return JSONResponse(recorder.index())
+            return JSONResponse(await run_in_threadpool(recorder.index))
         if not path.startswith("/") or len(path) > 4096:
             raise Refused(400, "path is a cgroup's path inside the memory hierarchy, from /")
         since = request.query_params.get("since", "0")
@@ -489,7 +492,9 @@ class Api:
             since_t = float(since)
         except ValueError:
             raise Refused(400, "since is a Unix time in seconds") from None
-        found = recorder.lookback(path, since_t if since_t == since_t else 0.0)
+        listed = _query_int(request, "processes", LISTED, 1, MAX_LISTED)
+        # built off the event loop: a cgroup of a thousand processes is a few MiB of points
+        found = await run_in_threadpool(recorder.lookback, path, since_t if since_t == since_t else 0.0, listed)
         if found is None:
             raise Refused(404, f"the recorder keeps no cgroup {path}")
         return JSONResponse(found)

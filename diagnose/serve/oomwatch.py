@@ -254,9 +254,7 @@ class KillIncidents:
         # a service diagnosed growing before, or seen growing by the recorder: its restart is waited
         # for, then followed (the worker compares what runs now with that diagnosis, or with the
         # recorder's scene: does the restarted process grow the same way?)
-        follow = self.store.latest_growth(service, e.when) is not None or (
-            scene is not None and scene.shape in ("steady", "step")
-        )
+        follow = self.store.latest_growth(service, e.when) is not None or (scene is not None and scene.grew)
         target = None if follow else survivor(e, container)
         record = {**e.model_dump(), "container": container.model_dump() if container else None}
         summary = describe(e, container)
@@ -281,9 +279,11 @@ class KillIncidents:
         if self.recorder is None:
             return None
         try:
-            return self.recorder.scene(
-                e.memcg or e.victim_cgroup, e.victim_pid, e.victim_comm, e.when, e.limit, e.victim()
-            )
+            if e.cgroup_oom is True:  # the cgroup whose limit was hit
+                return self.recorder.scene(e.memcg, e.victim_pid, e.victim_comm, e.when, e.limit, e.victim())
+            # the host ran out (or the log did not say): the victim's cgroup, its limit not the cause
+            cgroup = e.victim_cgroup or e.memcg
+            return self.recorder.scene(cgroup, e.victim_pid, e.victim_comm, e.when, None, e.victim(), host_oom=True)
         except Exception as err:  # noqa: BLE001 (the kill is recorded without its scene rather than lost)
             print(f"memdiag serve: the recorder's scene of a kill not read: {err}", file=sys.stderr, flush=True)
             return None

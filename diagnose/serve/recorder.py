@@ -34,9 +34,16 @@ from pathlib import Path
 from memdiag.probes.faults import FaultsResult
 from memdiag.probes.growth import heaviest_function
 from memdiag.system import clock
-from memdiag.system._parse import read_text
-from memdiag.system.cgroup import CgroupMemory, _int_map, _pids_in, cgroup_folders, memory_hierarchy, own_limit
-from memdiag.system.hsperfdata import read_perfdata
+from memdiag.system._parse import fs_text, read_text
+from memdiag.system.cgroup import (
+    CgroupMemory,
+    _bytes_or_unlimited,
+    _int_map,
+    cgroup_folders,
+    locate_memory_cgroup,
+    memory_hierarchy,
+)
+from memdiag.system.hsperfdata import perfdata_behind_fuse, read_perfdata
 from memdiag.system.jvm import jvm_counters, read_jvm_library
 from memdiag.system.ledger import cgroup_families, cgroup_ledger
 from memdiag.system.meminfo import read_meminfo
@@ -52,6 +59,8 @@ COARSE_EVERY_S = 60.0
 COARSE_POINTS = 61  # the hour, a point a minute (its last ones overlap the fine ring's)
 HORIZON_S = 3600.0
 MAX_CGROUPS = 2000
+LISTED = 50  # processes of a cgroup GET /cgroups?path= lists by default (at most MAX_LISTED)
+MAX_LISTED = 1000
 MAX_PROCESSES = 4096
 MAX_PIDS_READ = 8192  # processes listed in one cgroup.procs read at most
 CG_FIELDS = ("usage", "limit", "anon", "file", "shmem", "kernel")
@@ -61,6 +70,8 @@ UNKNOWN = -1
 FAULT_SAMPLE_S = 5.0
 FAULT_COOLDOWN_S = 600.0
 TREND_POINTS = 36  # the climb judged over the last three minutes at the default cadence
+FAULT_GAP_S = 60.0  # between two fault samples on the host, whoever they were of
+MAX_SAMPLES_KEPT = 100
 FAULT_MIN_POINTS = 4  # 15 s at the default cadence: a kill a minute away is sampled in time
 SHM_WALK_EVERY_S = 60.0  # a cgroup whose shared memory climbs has its tmpfs files walked this often at most
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -107,7 +118,7 @@ class Series:
         self.coarse = Ring(COARSE_POINTS, len(fields))
 
     def push(self, t: float, values: dict[str, int | None]) -> None:
-        row = tuple(UNKNOWN if values.get(f) is None else int(values[f]) for f in self.fields)  # type: ignore[arg-type]
+        row = tuple(_int64(values.get(f)) for f in self.fields)
         last = self.coarse.last_t()
         if last is None or t - last >= COARSE_EVERY_S:
             self.coarse.push(t, row)
@@ -166,6 +177,13 @@ class CgroupSeries(Series):
         self.ended: float | None = None
         self.shm_files: list[tuple[str, int, int]] = []
         self.shm_walked: float | None = None
+        self.sampled_at: float | None = None  # the last fault sample of a process of it
+
+
+def _int64(x: int | None) -> int:
+    """A value as the rings keep it: UNKNOWN for None, and within int64 (a JVM's counters are the
+    target's to write: two spaces of 2^62 bytes would overflow the array)."""
+    return UNKNOWN if x is None else max(0, min(int(x), (1 << 63) - 1))
 
 
 def _stat_fields(text: str) -> tuple[str, int] | None:
@@ -175,6 +193,19 @@ def _stat_fields(text: str) -> tuple[str, int] | None:
     if len(rest) < 20 or not rest[19].isdigit():
         return None
     return text[text.find("(") + 1 : close], int(rest[19])
+
+
+def _procs(fs: Path) -> list[int]:
+    """The processes of a cgroup folder itself (not of those below it), at most MAX_PIDS_READ."""
+    text = read_text(fs / "cgroup.procs", MAX_PIDS_READ * 8)
+    pids = (text or "").split()[:MAX_PIDS_READ]
+    return [int(p) for p in pids if p.isdigit()]
+
+
+def _own_limit(fs: Path, v1: bool) -> int | None:
+    """The folder's own limit file, nothing walked (a container's limit is on the cgroup the kernel
+    names at its kill, which the recorder keeps a series of too)."""
+    return _bytes_or_unlimited(read_text(fs / ("memory.limit_in_bytes" if v1 else "memory.max"), 64))
 
 
 def read_statm(pid: int, proc: Path) -> tuple[int, int] | None:
@@ -196,7 +227,9 @@ class Recorder:
         wall: Callable[[], float] = clock.wall,
         fault_sampler: Callable[[int, str], dict | None] | None = None,
         faults: bool = True,
+        busy: Callable[[], bool] = lambda: False,
     ):
+        """busy: whether a diagnosis runs now (the budget is the host's: no fault sample beside it)."""
         found = memory_hierarchy(proc)
         self.version, self.mount = (found[0], Path(found[1].mount_point)) if found else (None, None)
         self.every_s, self.proc, self.wall = every_s, proc, wall
@@ -204,6 +237,12 @@ class Recorder:
         self.processes: dict[int, ProcessSeries] = {}
         self.skipped = {"cgroups": 0, "processes": 0}  # not recorded: past the caps, at the last round
         self.ticks, self.cpu_s, self.last_tick_s = 0, 0.0, 0.0
+        self.last_round_at = time.monotonic()  # a round that never ends is a recorder stuck (health())
+        self.samples = 0
+        self._last_sample_at: float | None = None
+        self._busy = busy
+        own = locate_memory_cgroup(os.getpid(), proc)
+        self._own_cgroup = own.path if own is not None else None  # memdiag's own: never sampled
         self.samples_taken: list[dict] = []  # the fault samples taken, their pid, time and what they named
         self._sample = fault_sampler or sample_faults
         self._faults = faults
@@ -232,19 +271,27 @@ class Recorder:
             self._stop.wait(max(0.0, self.every_s - (time.monotonic() - began)))
 
     def tick(self) -> None:
-        """One round: every cgroup and its processes read once."""
+        """One round: every cgroup and its processes read once. Each is read on its own: what one
+        cgroup or process makes fail (an odd file, a folder gone mid-walk) costs that one alone, and
+        the round always ends (its ended series marked, the oldest dropped past the caps)."""
         if self.mount is None:
             return
         cpu0, t = time.thread_time(), self.wall()
         seen_cg: set[str] = set()
         seen_pid: set[int] = set()
-        skipped_cg = skipped_pid = 0
+        skipped_pid = failed = 0
+        walked = 0
         for path in ["/", *cgroup_folders(self.mount)]:
+            walked += 1
             if len(seen_cg) >= MAX_CGROUPS:
-                skipped_cg += 1
-                continue
+                break  # the rest of the tree is not read: said as "not recorded" in its cost
+            path = fs_text(path)
             fs = self.mount / path.lstrip("/")
-            values = self._cgroup_values(fs, path)
+            try:
+                values = self._cgroup_values(fs, path)
+            except (OSError, ValueError, OverflowError):
+                failed += 1
+                continue
             if values is None:
                 continue
             seen_cg.add(path)
@@ -256,21 +303,26 @@ class Recorder:
                 series.push(t, values)
             if path == "/":
                 continue  # the root's processes are the host's: too many to keep, and no limit kills them
-            for pid in _pids_in(fs)[:MAX_PIDS_READ]:
+            for pid in _procs(fs):
                 if len(seen_pid) >= MAX_PROCESSES:
                     skipped_pid += 1
                     continue
-                if self._process(pid, path, t):
-                    seen_pid.add(pid)
+                try:
+                    if self._process(pid, path, t):
+                        seen_pid.add(pid)
+                except (OSError, ValueError, OverflowError):
+                    failed += 1
         with self._lock:
             self._end(t, seen_cg, seen_pid)
-            self.skipped = {"cgroups": skipped_cg, "processes": skipped_pid}
+            self.skipped = {"cgroups": walked - len(seen_cg) if len(seen_cg) >= MAX_CGROUPS else 0,
+                            "processes": skipped_pid, "unreadable": failed}  # fmt: skip
         self._walk_shm(t)
-        self.ticks += 1
-        self.last_tick_s = time.thread_time() - cpu0
-        self.cpu_s += self.last_tick_s
         if self._faults:
             self._maybe_sample(t)
+        self.ticks += 1
+        self.last_round_at = time.monotonic()
+        self.last_tick_s = time.thread_time() - cpu0
+        self.cpu_s += self.last_tick_s
 
     def _cgroup_values(self, fs: Path, path: str) -> dict[str, int | None] | None:
         v1 = self.version == 1
@@ -288,7 +340,7 @@ class Recorder:
             stat=stat,
             kmem_usage=int(kmem) if kmem and kmem.strip().isdigit() else None,
         )
-        limit = own_limit(fs) if path != "/" else None
+        limit = _own_limit(fs, v1) if path != "/" else None
         if (
             v1
             and stat.get("hierarchical_memory_limit")
@@ -298,21 +350,21 @@ class Recorder:
         return {"usage": usage, "limit": limit, **cgroup_families(cgroup_ledger(cg))}
 
     def _process(self, pid: int, cgroup: str, t: float) -> bool:
+        """One process's sample; its stat read every round (comm and start time: a pid reused, or a
+        program exec'd with a new name, starts a series of its own or renames it)."""
+        stat = read_text(self.proc / str(pid) / "stat", 4096)
+        fields = _stat_fields(stat) if stat else None
+        if fields is None:
+            return False
+        comm, start = fields
         known = self.processes.get(pid)
-        if known is None or known.ended is not None or known.cgroup != cgroup:
-            stat = read_text(self.proc / str(pid) / "stat", 4096)
-            fields = _stat_fields(stat) if stat else None
-            if fields is None:
-                return False
-            comm, start = fields
-            if known is not None and known.start == start and known.cgroup == cgroup:
-                known.ended = None
-            else:
-                jvm = read_jvm_library(pid, self.proc) is not None
-                with self._lock:
-                    if len(self.processes) >= 2 * MAX_PROCESSES:
-                        self._drop_ended(self.processes)
-                    known = self.processes[pid] = ProcessSeries(pid, comm, start, cgroup, jvm)
+        if known is None or known.start != start or known.cgroup != cgroup:
+            known = ProcessSeries(pid, comm, start, cgroup, self._jvm(pid))
+            with self._lock:
+                self.processes[pid] = known
+        elif known.comm != comm:  # exec'd (an entrypoint script that execs java): what it runs now
+            known.comm, known.jvm = comm, self._jvm(pid)
+        known.ended = None
         statm = read_statm(pid, self.proc)
         if statm is None:
             return False
@@ -327,9 +379,14 @@ class Recorder:
             known.push(t, values)
         return True
 
+    def _jvm(self, pid: int) -> bool:
+        """A HotSpot JVM whose counters can be read without crossing a FUSE mount of its own."""
+        return read_jvm_library(pid, self.proc) is not None and not perfdata_behind_fuse(pid, self.proc)
+
     def _end(self, t: float, cgroups: set[str], pids: set[int]) -> None:
-        """Series not seen this round end now; ended ones past the look-back (or the caps) are dropped."""
-        for table, seen in ((self.cgroups, cgroups), (self.processes, pids)):
+        """Series not seen this round end now; ended ones past the look-back are dropped, and past the
+        caps (twice the live ones) the longest ended first, once a round."""
+        for table, seen, cap in ((self.cgroups, cgroups, MAX_CGROUPS), (self.processes, pids, MAX_PROCESSES)):
             for key, s in list(table.items()):
                 if key in seen:
                     continue
@@ -337,17 +394,11 @@ class Recorder:
                     s.ended = t
                 elif t - s.ended > HORIZON_S:
                     del table[key]
-        for table, cap in ((self.cgroups, MAX_CGROUPS), (self.processes, MAX_PROCESSES)):
-            while len(table) > 2 * cap and self._drop_ended(table):
-                pass
-
-    @staticmethod
-    def _drop_ended(table: dict) -> bool:
-        ended = [(s.ended, k) for k, s in table.items() if s.ended is not None]
-        if not ended:
-            return False
-        del table[min(ended)[1]]
-        return True
+            over = len(table) - 2 * cap
+            if over > 0:
+                ended = sorted((s.ended, k) for k, s in table.items() if s.ended is not None)
+                for _ended, key in ended[:over]:
+                    del table[key]
 
     def _walk_shm(self, t: float) -> None:
         """The tmpfs files of a cgroup whose shared memory climbs, as its largest process sees them (a
@@ -360,21 +411,29 @@ class Recorder:
                 continue
             members = [p for p in self.processes.values() if p.cgroup == s.path and p.ended is None]
             pid = max(members, key=lambda p: (p.last() or {}).get("rss") or 0).pid if members else None
-            mounts = read_shm_mounts(pid, self.proc, walk=True) if pid is not None else None
             s.shm_walked = t
+            # the fullest tmpfs it sees by its use (statvfs), then that one walked, the others not
+            seen = read_shm_mounts(pid, self.proc) if pid is not None else None
+            mounts = read_shm_mounts(pid, self.proc, walk=True, only=seen[0].mount_point) if seen else None
             if mounts:
-                top = max(mounts, key=lambda m: m.used)
+                top = mounts[0]
                 s.shm_files = [
                     (f"{top.mount_point.rstrip('/')}/{p.pattern}", p.files, p.bytes) for p in top.patterns[:3]
                 ]
 
     def _maybe_sample(self, t: float) -> None:
         """A fault sample of the steadiest climber heading for its limit within the hour, if none runs."""
-        if self._sampling is not None and self._sampling.is_alive():
+        if self._sampling is not None and self._sampling.is_alive() or self._busy():
+            return
+        if self._last_sample_at is not None and t - self._last_sample_at < FAULT_GAP_S:
             return
         best = None
         for p in list(self.processes.values()):
-            if p.ended is not None or (p.sampled_at is not None and t - p.sampled_at < FAULT_COOLDOWN_S):
+            if p.ended is not None or p.cgroup == self._own_cgroup:
+                continue
+            # once per process, and per cgroup, a cooldown: pids that come and go get no sample each
+            cg = self.cgroups.get(p.cgroup)
+            if any(x is not None and t - x < FAULT_COOLDOWN_S for x in (p.sampled_at, cg and cg.sampled_at)):
                 continue
             # the last few samples first (most processes do not grow: nothing more is computed for them),
             # then the trend over the last TREND_POINTS
@@ -392,30 +451,54 @@ class Recorder:
         if best is None:
             return
         p = best[1]
-        p.sampled_at = t
+        p.sampled_at = self._last_sample_at = t
+        if (cg := self.cgroups.get(p.cgroup)) is not None:
+            cg.sampled_at = t
         self._sampling = threading.Thread(
             target=self._take_sample, args=(p,), name="memdiag-recorder-faults", daemon=True
         )
         self._sampling.start()
 
     def _room(self, p: ProcessSeries) -> int | None:
-        """Memory left before a kill: its cgroup's limit less its usage, else the host's MemAvailable."""
-        cg = self.cgroups.get(p.cgroup)
-        last = cg.last() if cg is not None else None
-        if last and last.get("limit") and last.get("usage") is not None:
-            return max(0, last["limit"] - last["usage"])  # type: ignore[operator]
-        return read_meminfo(self.proc).mem_available
+        """Memory left before a kill: the least room under a limit of its cgroup or one above it (a
+        podman container's limit is on its scope, a service's on its slice), else the host's
+        MemAvailable."""
+        rooms = []
+        parts = p.cgroup.strip("/").split("/")
+        for k in range(len(parts), 0, -1):
+            s = self.cgroups.get("/" + "/".join(parts[:k]))
+            last = s.last() if s is not None else None
+            if last and last.get("limit") and last.get("usage") is not None:
+                rooms.append(max(0, last["limit"] - last["usage"]))  # type: ignore[operator]
+        return min(rooms) if rooms else read_meminfo(self.proc).mem_available
 
     def _take_sample(self, p: ProcessSeries) -> None:
+        """The sample, kept only if the process is the one chosen before and after it (its start time)."""
         try:
-            found = self._sample(p.pid, p.comm)
+            found = self._sample(p.pid, p.comm) if self._same(p) else None
         except Exception as e:  # noqa: BLE001 (a sample that fails is said, and the recorder goes on)
             found = {"error": str(e)}
-        if found is not None:
-            found = {**found, "at": self.wall(), "pid": p.pid}
-            with self._lock:
-                p.faults = found
-                self.samples_taken = [*self.samples_taken[-99:], {"comm": p.comm, **found}]
+        if found is None or not self._same(p):
+            return
+        found = {**found, "at": self.wall(), "pid": p.pid}
+        with self._lock:
+            p.faults = found
+            self.samples += 1
+            self.samples_taken = [*self.samples_taken[-(MAX_SAMPLES_KEPT - 1) :], {"comm": p.comm, **found}]
+
+    def _same(self, p: ProcessSeries) -> bool:
+        stat = read_text(self.proc / str(p.pid) / "stat", 4096)
+        fields = _stat_fields(stat) if stat else None
+        return fields is not None and fields[1] == p.start
+
+    def health(self) -> str | None:
+        """A problem for /healthz: rounds that stopped (a read that never returns holds the thread)."""
+        if self.mount is None or self._thread is None:
+            return None
+        late = time.monotonic() - self.last_round_at
+        if late > 3 * self.every_s + 30:
+            return f"the flight recorder's last round ended {late:.0f} s ago (a round every {self.every_s:g} s)"
+        return None
 
     # --- reads of what it kept ---
 
@@ -424,11 +507,7 @@ class Recorder:
         with self._lock:
             rows = []
             for path, s in sorted(self.cgroups.items()):
-                pts = s.fine.items()
-                last = dict(zip(CG_FIELDS, pts[-1][1], strict=True)) if pts else {}
-                rows.append(
-                    {"path": path, "ended": s.ended, **{k: (None if v == UNKNOWN else v) for k, v in last.items()}}
-                )
+                rows.append({"path": path, "ended": s.ended, **(s.last() or {})})
             return {**self.cost(), "cgroups": rows}
 
     def cost(self) -> dict:
@@ -443,19 +522,25 @@ class Recorder:
                 "cgroups_kept": len(self.cgroups),
                 "processes_kept": len(self.processes),
                 "not_recorded": dict(self.skipped),
-                "fault_samples": len(self.samples_taken),
+                "fault_samples": self.samples,
+                "last_round_s_ago": round(time.monotonic() - self.last_round_at, 1),
             }
 
-    def lookback(self, path: str, since: float = 0.0) -> dict | None:
+    def lookback(self, path: str, since: float = 0.0, processes: int = LISTED) -> dict | None:
         """A cgroup's series and its processes': GET /cgroups?path=... (since: a time as they are
-        printed, to the millisecond)."""
+        printed, to the millisecond; processes: the live ones largest first, then the latest ended,
+        at most this many, the total said)."""
         since -= 0.0005
         with self._lock:
             s = self.cgroups.get(path)
             if s is None:
                 return None
-            procs = [p for p in self.processes.values() if p.cgroup == path]
+            every = [p for p in self.processes.values() if p.cgroup == path]
+            live = sorted((p for p in every if p.ended is None), key=lambda p: -((p.last() or {}).get("rss") or 0))
+            ended = sorted((p for p in every if p.ended is not None), key=lambda p: -(p.ended or 0))
+            procs = (live + ended)[:processes]
             return {
+                "processes_total": len(every),
                 "path": path,
                 "every_s": self.every_s,
                 "ended": s.ended,
@@ -472,13 +557,14 @@ class Recorder:
                         "points": [[round(t, 3), *v.values()] for t, v in p.points(since)],
                         "faults": p.faults,
                     }
-                    for p in sorted(procs, key=lambda p: p.pid)
+                    for p in procs
                 ],
             }
 
     def scene(self, cgroup: str | None, victim_pid: int | None, victim_comm: str, when: float, limit: int | None,
-              victim_name: str = "the victim") -> Scene | None:  # fmt: skip
-        """What the recorder saw grow before a kill at `when` in `cgroup` (the one whose limit was hit)."""
+              victim_name: str = "the victim", host_oom: bool = False) -> Scene | None:  # fmt: skip
+        """What the recorder saw grow before a kill at `when` in `cgroup` (the one whose limit was hit;
+        host_oom: the host ran out, and `cgroup` is the victim's, its limit not the cause)."""
         with self._lock:
             s = self.cgroups.get(cgroup) if cgroup else None
             if s is None:
@@ -486,12 +572,12 @@ class Recorder:
             since = when - HORIZON_S
             cg_points = s.points(since)
             victim = self.processes.get(victim_pid) if victim_pid is not None else None
-            if victim is not None and not victim.comm.startswith(victim_comm[:15]):
+            if victim is not None and (not victim_comm or victim.comm[:15] != victim_comm[:15]):
                 victim = None  # its pid is another process's now
             v_points = victim.points(since) if victim is not None else []
             faults = victim.faults if victim is not None and victim.faults and "function" in victim.faults else None
             shm = list(s.shm_files)
-        return explain(cg_points, v_points, when, self.every_s, limit, faults, shm, victim_name)
+        return explain(cg_points, v_points, when, self.every_s, limit, faults, shm, victim_name, host_oom)
 
 
 def sample_faults(pid: int, comm: str, seconds: float = FAULT_SAMPLE_S) -> dict | None:
@@ -511,8 +597,8 @@ def sample_faults(pid: int, comm: str, seconds: float = FAULT_SAMPLE_S) -> dict 
         return {"error": r.reason or "no faults sampled", "events": r.cost.events}
     name = namer()
     fn = heaviest_function(r.stacks, name)
-    total = sum(s.bytes for s in r.stacks)
-    mine = sum(s.bytes for s in r.stacks if name(s.frames, []) == fn)
+    total = r.cost.events or sum(s.count for s in r.stacks)  # every fault counted, not the stacks shown
+    mine = sum(s.count for s in r.stacks if name(s.frames, []) == fn)
     return {
         "function": fn,
         "share": 100.0 * mine / total if total else None,

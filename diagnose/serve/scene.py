@@ -20,6 +20,7 @@ from memdiag.system.units import fmt_bytes
 
 # The recorder's cgroup fields, as grouped from the ledger's lines (recorder.py)
 PARTS = (("anon", "anonymous"), ("file", "page cache"), ("shmem", "shared memory (tmpfs, shm)"), ("kernel", "kernel"))
+NO_GROWTH = ("none", "unknown")  # the shapes of a scene that saw nothing grow
 STEP_SHARE = 0.8  # a climb whose growth came this much from one interval of the samples is a step
 
 
@@ -40,7 +41,11 @@ class Scene(Model):
     samples: int  # the cgroup's samples in the look-back
     looked_back_s: float  # from the first of them to the kill
     last_before_kill_s: float  # how old the last sample was at the kill
-    shape: str  # steady, step, burst (not seen: the kill came between samples), none, unknown
+    shape: str  # steady, step, levelled, sawtooth, none (no growth it could see), unknown
+    host_oom: bool = False  # the host ran out: the cgroup is the victim's, its limit not the cause
+    unseen: int | None = None  # bytes under the limit at the last sample its pace would not have filled
+    climb_samples: int = 0
+    climb_every_s: float | None = None  # the samples' spacing over the climb (a minute in the coarse part)
     climb_from: float | None = None  # wall time the climb began (the last lowest usage)
     climb_s: float | None = None
     usage_first: int | None = None
@@ -62,6 +67,10 @@ class Scene(Model):
     shm_files: list[tuple[str, int, int]] = []  # (pattern, files, bytes) of the tmpfs it filled, where read
     text: str = ""
 
+    @property
+    def grew(self) -> bool:
+        return self.shape not in NO_GROWTH
+
 
 Point = tuple[float, dict[str, int | None]]
 
@@ -76,23 +85,31 @@ def _climb_start(points: list[Point]) -> int:
     return max(i for i, u in enumerate(usage) if u is not None and u <= low + MIN_GROWTH_BYTES)
 
 
-def _shape(points: list[Point], start: int, limit: int | None, kill_t: float) -> str:
+def _shape(points: list[Point], start: int) -> str:
+    """How the usage grew from the climb's start to the last sample: none (within the floor), a step
+    (most of it between two samples), steady (the trend test's climbing), else the trend's own word
+    (levelled, sawtooth); unknown with fewer than two samples in all."""
     climb = [(t, float(v["usage"])) for t, v in points[start:] if v.get("usage") is not None]
     if not climb or len(points) < 2:
         return "unknown"
-    last_t, last = climb[-1]
-    growth = last - climb[0][1]
-    rate = growth / (last_t - climb[0][0]) if last_t > climb[0][0] else 0.0
-    # what the usage would reach at the kill at the climb's pace: far under the limit, the limit was
-    # reached by something the samples did not see
-    if limit and last + max(rate, 0.0) * max(0.0, kill_t - last_t) < 0.9 * limit:
-        return "burst"
+    growth = climb[-1][1] - climb[0][1]
     if growth <= MIN_GROWTH_BYTES or len(climb) < 2:
         return "none"
     steps = [b[1] - a[1] for a, b in zip(climb, climb[1:], strict=False)]
     if max(steps) >= STEP_SHARE * growth:
         return "step"
-    return "steady" if growth_trend(climb).shape == "climbing" else "step"
+    trend = growth_trend(climb).shape
+    return "steady" if trend == "climbing" else trend
+
+
+def _unseen(scene: Scene, kill_t: float, last_t: float) -> int | None:
+    """Bytes under the limit at the last sample that the climb's pace would not have filled by the
+    kill: what came between the last sample and the kill, unseen (None: nothing unseen to say)."""
+    if not scene.limit or scene.usage_last is None:
+        return None
+    pace = max(scene.rate_per_s or 0.0, 0.0) if scene.shape == "steady" else 0.0
+    reached = scene.usage_last + pace * max(0.0, kill_t - last_t)
+    return scene.limit - scene.usage_last if reached < 0.9 * scene.limit else None
 
 
 def explain(
@@ -104,17 +121,19 @@ def explain(
     faults: dict | None = None,
     shm_files: list[tuple[str, int, int]] | None = None,
     victim_name: str = "the victim",
+    host_oom: bool = False,
 ) -> Scene | None:
     """The scene of a kill at kill_t from the recorder's points (wall time, fields), oldest first;
-    None where it has no sample of the cgroup before the kill."""
+    None where it has no sample of the cgroup before the kill. host_oom: the host ran out, the
+    cgroup is the victim's and its limit (if any) is not what was hit."""
     points = [p for p in cgroup if p[0] <= kill_t]
     if not points:
         return None
     start = _climb_start(points)
     first_t, first = points[start]
     last_t, last = points[-1]
-    limit = limit or last.get("limit")
-    shape = _shape(points, start, limit, kill_t)
+    limit = None if host_oom else limit or last.get("limit")
+    shape = _shape(points, start)
     u0, u1 = first.get("usage"), last.get("usage")
     growth = u1 - u0 if u0 is not None and u1 is not None else None
     scene = Scene(
@@ -131,10 +150,15 @@ def explain(
         rate_per_s=growth / (last_t - first_t) if growth is not None and last_t > first_t else None,
         limit=limit,
         shm_files=shm_files or [],
+        host_oom=host_oom,
+        climb_samples=len(points) - start,
+        climb_every_s=round((last_t - first_t) / (len(points) - start - 1), 1) if len(points) - start > 1 else None,
     )
+    scene = scene.model_copy(update={"unseen": _unseen(scene, kill_t, last_t)})
     scene = _parts(scene, first, last)
     scene = _victim(scene, [p for p in victim if first_t <= p[0] <= kill_t])
-    if faults:
+    # a fault sample is cited where it was taken during the climb (an older one may name other code)
+    if faults and (scene.climb_from is None or (faults.get("at") or 0) >= scene.climb_from - every_s):
         scene = scene.model_copy(
             update={
                 "fault_function": faults.get("function"),
@@ -192,30 +216,35 @@ def _signed(n: int | None) -> str:
 
 def scene_text(s: Scene, victim_name: str) -> str:
     """The scene in a sentence for the incident's summary: what the recorder saw, how, and which part."""
-    seen = f"the recorder (a sample every {s.every_s:g} s, the last {s.last_before_kill_s:g} s before the kill)"
+    seen = f"the recorder (its last sample {s.last_before_kill_s:g} s before the kill)"
+    where = "the host ran out of memory (no cgroup limit hit); in the victim's cgroup, " if s.host_oom else ""
     if s.shape == "unknown" or s.usage_last is None:
-        return f"{seen} has too few samples of the cgroup to tell what grew"
+        return f"{where}{seen} has too few readable samples of the cgroup to tell what grew"
     limit = f" of its {fmt_bytes(s.limit)} limit" if s.limit else ""
-    if s.shape == "burst":
-        return (
-            f"no growth before the kill: {seen} saw the cgroup at {fmt_bytes(s.usage_last)}{limit}; what filled"
-            " it came between samples (a single large allocation, or a burst)"
-        )
     if s.shape == "none":
-        flat = s.climb_s or s.looked_back_s
-        at = f"{fmt_bytes(s.usage_last)}{limit}"
-        return f"no growth before the kill: {seen} saw the cgroup flat at {at} for {flat:g} s"
+        if s.unseen is not None:
+            return (
+                f"{where}no growth before the kill: {seen} saw the cgroup at {fmt_bytes(s.usage_last)}{limit}; the"
+                f" {fmt_bytes(s.unseen)} that filled it came between samples (a single large allocation, or a burst)"
+            )
+        return (
+            f"{where}no growth before the kill: over the {s.looked_back_s:g} s {seen} looked back, the cgroup's"
+            f" usage never rose above its low; {fmt_bytes(s.usage_last)}{limit} at the last sample"
+        )
     moved = sorted((p for p in s.parts if p.growth), key=lambda p: -abs(p.growth or 0))
     words = [
         f"{p.label} {_signed(p.growth)}" + (f" ({p.share:.0f}%)" if p.share is not None else "") for p in moved[:4]
     ]
-    how = "steadily" if s.shape == "steady" else "in a step"
+    how = {"steady": "steadily", "step": "in a step"}.get(s.shape, f"({s.shape})")
     rate = f", {fmt_bytes(int(s.rate_per_s * 60))}/min" if s.rate_per_s and s.shape == "steady" else ""
+    every = f"; {s.climb_samples} samples, {s.climb_every_s:g} s apart on average" if s.climb_every_s else ""
     out = (
-        f"before the kill {seen} saw the cgroup's usage climb {how} from {fmt_bytes(s.usage_first or 0)} to"
-        f" {fmt_bytes(s.usage_last)}{limit} over {s.climb_s:g} s since {_clock(s.climb_from or 0)}{rate}: "
+        f"{where}before the kill {seen} saw the cgroup's usage climb {how} from {fmt_bytes(s.usage_first or 0)} to"
+        f" {fmt_bytes(s.usage_last)}{limit} over {s.climb_s:g} s since {_clock(s.climb_from or 0)}{rate}{every}: "
         + "; ".join(words)
     )
+    if s.unseen is not None:
+        out += f"; the last {fmt_bytes(s.unseen)} to the limit came after the last sample, unseen"
     if s.victim_rss_last is not None:
         share = f", {s.victim_share:.0f}% of the cgroup's growth" if s.victim_share is not None else ""
         out += f"; {victim_name}'s RSS {fmt_bytes(s.victim_rss_first or 0)} -> {fmt_bytes(s.victim_rss_last)}{share}"
@@ -227,7 +256,7 @@ def scene_text(s: Scene, victim_name: str) -> str:
         )
     if s.shm_files:
         pat, n, b = s.shm_files[0]
-        out += f"; the tmpfs files it holds most are {pat} ({n} files, {fmt_bytes(b)})"
+        out += f"; on the fullest tmpfs its largest process sees, the files {pat} number {n} ({fmt_bytes(b)})"
     if s.fault_function:
         share = f" ({s.fault_share:.0f}% of the faults sampled)" if s.fault_share is not None else ""
         at = f" at {_clock(s.fault_at)}" if s.fault_at else ""

@@ -26,6 +26,7 @@ from ..target import Target, cgroup_target, pid_target, system_target, with_cont
 from ..verify import baseline_facts, compare_scene
 from .cases import follow_up, report_service, service_key, worth_following
 from .child import DEFAULT_RUNNER, ERROR, REPORT, Request
+from .scene import NO_GROWTH
 from .store import Incident, ReportGone, StorageFailing, Store
 from .targets import BadLabel, NotOnHost, target_from_labels
 
@@ -331,7 +332,7 @@ def _scene_of(incident: Incident | None) -> dict | None:
     if incident is None or incident.source != "oomwatch":
         return None
     scene = (incident.alert or {}).get("scene")
-    return scene if isinstance(scene, dict) and scene.get("shape") in ("steady", "step") else None
+    return scene if isinstance(scene, dict) and scene.get("shape") not in (None, *NO_GROWTH) else None
 
 
 def _reason(e: Exception) -> str:

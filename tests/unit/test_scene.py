@@ -32,7 +32,8 @@ def test_a_steady_climb_to_the_limit_is_told_by_its_parts_which_sum_to_its_growt
     assert next(p for p in s.parts if p.key == "anon").share == 100.0
     assert s.victim_share == 100.0 and s.fault_function == "leak_order_history"
     assert "climb steadily from 10.0 MiB to 60.0 MiB of its 64.0 MiB limit over 50 s" in s.text
-    assert "60.0 MiB/min: anonymous +50.0 MiB (100%)" in s.text
+    assert "60.0 MiB/min; 11 samples, 5 s apart on average: anonymous +50.0 MiB (100%)" in s.text
+    assert s.unseen is None  # at its pace the climb reached the limit by the kill
     assert "PID 7 (leak)'s RSS 9.0 MiB -> 59.0 MiB, 100% of the cgroup's growth" in s.text
     assert "named leak_order_history (97% of the faults sampled)" in s.text
 
@@ -43,14 +44,34 @@ def test_a_service_restarted_after_an_earlier_kill_climbs_from_its_restart():
     assert s is not None and s.climb_from == T0 + 20 and s.usage_first == 5 * MiB and s.growth == 57 * MiB
 
 
-def test_a_climb_made_in_one_interval_is_a_step_and_one_not_seen_is_a_burst():
+def test_a_climb_made_in_one_interval_is_a_step_and_one_not_seen_is_said_unseen():
     step = explain(_cg([10, 10, 10, 10, 62]), [], T0 + 21, 5.0, LIMIT)
     assert step is not None and step.shape == "step" and "climb in a step" in step.text
     burst = explain(_cg([10, 10, 10, 10, 10]), [], T0 + 21, 5.0, LIMIT)
-    assert burst is not None and burst.shape == "burst"
-    assert burst.text.startswith("no growth before the kill") and "came between samples" in burst.text
+    assert burst is not None and burst.shape == "none" and burst.unseen == 54 * MiB
+    assert (
+        burst.text.startswith("no growth before the kill") and "the 54.0 MiB that filled it came between" in burst.text
+    )
     flat = explain(_cg([63.8] * 5), [], T0 + 21, 5.0, LIMIT)
-    assert flat is not None and flat.shape == "none" and "flat at 63.8 MiB of its 64.0 MiB limit" in flat.text
+    assert flat is not None and flat.shape == "none" and flat.unseen is None
+    assert "never rose above its low; 63.8 MiB of its 64.0 MiB limit at the last sample" in flat.text
+    # a climb recorded to 85% of the limit, then the rest between samples: the climb is told, and the rest
+    half = explain(_cg([10 + 5 * i for i in range(10)]), [], T0 + 46, 5.0, LIMIT)
+    assert half is not None and half.shape == "steady" and half.unseen == 9 * MiB
+    assert "climb steadily from 10.0 MiB to 55.0 MiB" in half.text and "the last 9.0 MiB to the limit came" in half.text
+
+
+def test_a_host_oom_is_not_told_as_the_cgroups_limit():
+    s = explain(_cg([10 + 5 * i for i in range(11)]), [], T0 + 52, 5.0, LIMIT, host_oom=True)
+    assert s is not None and s.limit is None and s.host_oom
+    assert s.text.startswith("the host ran out of memory (no cgroup limit hit); in the victim's cgroup, before")
+    assert "limit" not in s.text.split("(no cgroup limit hit)", 1)[1]
+
+
+def test_a_fault_sample_from_before_the_climb_is_not_cited():
+    cg = _cg([20, 40, 60, 63, 5, 15, 25, 35, 45, 55, 62])  # restarted at T0 + 20
+    old = explain(cg, [], T0 + 51, 5.0, LIMIT, {"function": "old_code", "share": 90.0, "at": T0 + 5})
+    assert old is not None and old.fault_function is None and "page-fault sample" not in old.text
 
 
 def test_tmpfs_that_filled_the_cgroup_is_shared_memory_with_its_files_named():
@@ -58,7 +79,7 @@ def test_tmpfs_that_filled_the_cgroup_is_shared_memory_with_its_files_named():
     s = explain(cg, [], T0 + 52, 5.0, LIMIT, shm_files=[("/dev/shm/spool/job-*.spool", 800, 50 * MiB)])
     assert s is not None and s.top_part == "shmem" and sum(p.growth or 0 for p in s.parts) == s.growth
     assert "shared memory (tmpfs, shm) +50.0 MiB (100%)" in s.text
-    assert "the tmpfs files it holds most are /dev/shm/spool/job-*.spool (800 files, 50.0 MiB)" in s.text
+    assert "its largest process sees, the files /dev/shm/spool/job-*.spool number 800 (50.0 MiB)" in s.text
 
 
 def test_a_jvms_own_heap_counters_are_said_beside_its_rss():
