@@ -224,11 +224,10 @@ def _v2_values(stat: dict[str, int]) -> dict[str, int | None]:
     return values
 
 
-def _v1_values(cg: CgroupMemory) -> dict[str, int | None]:
+def _v1_values(stat: dict[str, int], kmem: int | None, kmem_tcp: int | None) -> dict[str, int | None]:
     """v1's memory.stat (hierarchical total_* where the kernel gives them): rss is anonymous memory,
     cache is page cache with shared memory in it; kernel memory is memory.kmem, which v1's usage
     counts and its memory.stat does not split."""
-    stat = cg.stat
 
     def g(name: str) -> int | None:
         return stat.get(f"total_{name}", stat.get(name))
@@ -239,14 +238,14 @@ def _v1_values(cg: CgroupMemory) -> dict[str, int | None]:
         "file_active": g("active_file"),
         "file_inactive": g("inactive_file"),
         "file_other": _minus(g("cache"), g("shmem"), g("active_file"), g("inactive_file")),
-        "kernel": cg.kmem_usage,
-        "tcp": cg.kmem_tcp_usage,
+        "kernel": kmem,
+        "tcp": kmem_tcp,
     }
 
 
 def cgroup_ledger(cg: CgroupMemory) -> Ledger:
     """The cgroup's usage (memory.current, v1 usage_in_bytes) by kind, from its memory.stat."""
-    values = _v2_values(cg.stat) if cg.version == 2 else _v1_values(cg)
+    values = _v2_values(cg.stat) if cg.version == 2 else _v1_values(cg.stat, cg.kmem_usage, cg.kmem_tcp_usage)
     inactive = values.get("file_inactive")
     values["working_set"] = _minus(cg.usage, inactive) if cg.usage is not None and inactive is not None else None
     return _build("cgroup", cg.usage, values)
@@ -257,15 +256,18 @@ def cgroup_ledger(cg: CgroupMemory) -> Ledger:
 FAMILIES = ("anon", "file", "shmem", "kernel")
 
 
-def cgroup_families(led: Ledger) -> dict[str, int | None]:
-    """The cgroup ledger's summed lines as anon, file (page cache, less shmem), shmem and kernel
-    (every kernel line, socket buffers and zswap); the residual stays out, the usage beside them."""
+def cgroup_families(version: int, stat: dict[str, int], kmem: int | None = None) -> dict[str, int | None]:
+    """The cgroup ledger's summed lines (the same values cgroup_ledger makes its lines of, without
+    its models: the recorder reads hundreds of cgroups a round) as anon, file (page cache, less
+    shmem), shmem and kernel (every kernel line, socket buffers and zswap); the residual stays out."""
+    values = _v2_values(stat) if version == 2 else _v1_values(stat, kmem, None)
+    summed = {k for k, _label, in_sum in LINES["cgroup"] if in_sum and k != RESIDUAL}
     out: dict[str, int | None] = {"anon": None, "file": None, "shmem": None, "kernel": None}
-    for line in led.lines:
-        if line.key == RESIDUAL or line.bytes is None:
+    for key, value in values.items():
+        if key not in summed or value is None:
             continue
-        family = line.key if line.key in ("anon", "shmem") else "file" if line.key.startswith("file_") else "kernel"
-        out[family] = (out[family] or 0) + line.bytes
+        family = key if key in ("anon", "shmem") else "file" if key.startswith("file_") else "kernel"
+        out[family] = (out[family] or 0) + value
     return out
 
 

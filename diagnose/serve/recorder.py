@@ -34,18 +34,16 @@ from pathlib import Path
 from memdiag.probes.faults import FaultsResult
 from memdiag.probes.growth import heaviest_function
 from memdiag.system import clock
-from memdiag.system._parse import fs_text, read_text
+from memdiag.system._parse import fs_text
 from memdiag.system.cgroup import (
-    CgroupMemory,
     _bytes_or_unlimited,
-    _int_map,
     cgroup_folders,
     locate_memory_cgroup,
     memory_hierarchy,
 )
 from memdiag.system.hsperfdata import perfdata_behind_fuse, read_perfdata
 from memdiag.system.jvm import jvm_counters, read_jvm_library
-from memdiag.system.ledger import cgroup_families, cgroup_ledger
+from memdiag.system.ledger import cgroup_families
 from memdiag.system.meminfo import read_meminfo
 from memdiag.system.tmpfs import read_shm_mounts
 from memdiag.system.trends import MIN_GROWTH_BYTES, growth_trend
@@ -195,22 +193,45 @@ def _stat_fields(text: str) -> tuple[str, int] | None:
     return text[text.find("(") + 1 : close], int(rest[19])
 
 
-def _procs(fs: Path) -> list[int]:
+def _read(path: str, limit: int) -> str | None:
+    """A kernel file's first `limit` bytes (one read: cgroup and proc files answer whole), None when
+    it cannot be read; bytes that are not UTF-8 replaced. The recorder reads thousands a round."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        return os.read(fd, limit).decode(errors="replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _number(text: str | None) -> int | None:
+    text = text.strip() if text else ""
+    return int(text) if text.isdigit() else None
+
+
+def _numbers(text: str | None) -> dict[str, int]:
+    """`key value` lines (memory.stat) as a dict; a line of another form skipped."""
+    out: dict[str, int] = {}
+    for line in (text or "").splitlines():
+        key, _, value = line.partition(" ")
+        if value.isdigit():
+            out[key] = int(value)
+    return out
+
+
+def _procs(fs: str) -> list[int]:
     """The processes of a cgroup folder itself (not of those below it), at most MAX_PIDS_READ."""
-    text = read_text(fs / "cgroup.procs", MAX_PIDS_READ * 8)
-    pids = (text or "").split()[:MAX_PIDS_READ]
+    pids = (_read(fs + "/cgroup.procs", MAX_PIDS_READ * 8) or "").split()[:MAX_PIDS_READ]
     return [int(p) for p in pids if p.isdigit()]
-
-
-def _own_limit(fs: Path, v1: bool) -> int | None:
-    """The folder's own limit file, nothing walked (a container's limit is on the cgroup the kernel
-    names at its kill, which the recorder keeps a series of too)."""
-    return _bytes_or_unlimited(read_text(fs / ("memory.limit_in_bytes" if v1 else "memory.max"), 64))
 
 
 def read_statm(pid: int, proc: Path) -> tuple[int, int] | None:
     """(resident, shared) bytes from /proc/PID/statm: shared is RssFile + RssShmem."""
-    text = read_text(proc / str(pid) / "statm", 256)
+    text = _read(f"{proc}/{pid}/statm", 256)
     parts = text.split() if text else []
     if len(parts) < 3 or not (parts[1].isdigit() and parts[2].isdigit()):
         return None
@@ -232,6 +253,7 @@ class Recorder:
         """busy: whether a diagnosis runs now (the budget is the host's: no fault sample beside it)."""
         found = memory_hierarchy(proc)
         self.version, self.mount = (found[0], Path(found[1].mount_point)) if found else (None, None)
+        self.root = found[1].mount_point.rstrip("/") if found else ""
         self.every_s, self.proc, self.wall = every_s, proc, wall
         self.cgroups: dict[str, CgroupSeries] = {}
         self.processes: dict[int, ProcessSeries] = {}
@@ -286,7 +308,7 @@ class Recorder:
             if len(seen_cg) >= MAX_CGROUPS:
                 break  # the rest of the tree is not read: said as "not recorded" in its cost
             path = fs_text(path)
-            fs = self.mount / path.lstrip("/")
+            fs = self.root + path.rstrip("/")
             try:
                 values = self._cgroup_values(fs, path)
             except (OSError, ValueError, OverflowError):
@@ -324,35 +346,24 @@ class Recorder:
         self.last_tick_s = time.thread_time() - cpu0
         self.cpu_s += self.last_tick_s
 
-    def _cgroup_values(self, fs: Path, path: str) -> dict[str, int | None] | None:
+    def _cgroup_values(self, fs: str, path: str) -> dict[str, int | None] | None:
         v1 = self.version == 1
-        usage_text = read_text(fs / ("memory.usage_in_bytes" if v1 else "memory.current"), 64)
-        if usage_text is None:  # the root of v2 has no memory.current: its usage is the host's
+        usage = _number(_read(fs + ("/memory.usage_in_bytes" if v1 else "/memory.current"), 64))
+        if usage is None:  # the root of v2 has no memory.current: its usage is the host's
             return None
-        stat = _int_map(read_text(fs / "memory.stat", 1 << 16))
-        kmem = read_text(fs / "memory.kmem.usage_in_bytes", 64) if v1 else None
-        usage = int(usage_text) if usage_text.strip().isdigit() else None
-        cg = CgroupMemory(
-            version=1 if v1 else 2,
-            path=path,
-            fs_path=str(fs),
-            usage=usage,
-            stat=stat,
-            kmem_usage=int(kmem) if kmem and kmem.strip().isdigit() else None,
-        )
-        limit = _own_limit(fs, v1) if path != "/" else None
-        if (
-            v1
-            and stat.get("hierarchical_memory_limit")
-            and (limit is None or stat["hierarchical_memory_limit"] < limit)
-        ):
-            limit = stat["hierarchical_memory_limit"] if stat["hierarchical_memory_limit"] < 1 << 60 else limit
-        return {"usage": usage, "limit": limit, **cgroup_families(cgroup_ledger(cg))}
+        stat = _numbers(_read(fs + "/memory.stat", 1 << 16))
+        kmem = _number(_read(fs + "/memory.kmem.usage_in_bytes", 64)) if v1 else None
+        limit = _bytes_or_unlimited(_read(fs + ("/memory.limit_in_bytes" if v1 else "/memory.max"), 64))
+        if path == "/":
+            limit = None
+        elif v1 and (h := stat.get("hierarchical_memory_limit")) and h < 1 << 60 and (limit is None or h < limit):
+            limit = h  # a parent's limit below its own
+        return {"usage": usage, "limit": limit, **cgroup_families(2 if not v1 else 1, stat, kmem)}
 
     def _process(self, pid: int, cgroup: str, t: float) -> bool:
         """One process's sample; its stat read every round (comm and start time: a pid reused, or a
         program exec'd with a new name, starts a series of its own or renames it)."""
-        stat = read_text(self.proc / str(pid) / "stat", 4096)
+        stat = _read(f"{self.proc}/{pid}/stat", 4096)
         fields = _stat_fields(stat) if stat else None
         if fields is None:
             return False
@@ -487,7 +498,7 @@ class Recorder:
             self.samples_taken = [*self.samples_taken[-(MAX_SAMPLES_KEPT - 1) :], {"comm": p.comm, **found}]
 
     def _same(self, p: ProcessSeries) -> bool:
-        stat = read_text(self.proc / str(p.pid) / "stat", 4096)
+        stat = _read(f"{self.proc}/{p.pid}/stat", 4096)
         fields = _stat_fields(stat) if stat else None
         return fields is not None and fields[1] == p.start
 
