@@ -335,10 +335,8 @@ def execute(args: argparse.Namespace) -> int:
         grafana_timestamp_header=args.grafana_timestamp_header,
         limiter=FailureLimiter(),
     )
-    if recorder is not None:
-        cfg.checks = (recorder.health,)
     if pull is not None:
-        cfg.checks = (*cfg.checks, _start_poller(pull, args.poll, store, worker, metrics).health)
+        cfg.checks = (_start_poller(pull, args.poll, store, worker, metrics).health,)
     print(f"memdiag serve: listening on http://{args.listen} (data in {args.data})", flush=True)
     _serve(create_app(cfg, metrics), listener)
     return 0

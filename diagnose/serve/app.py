@@ -504,7 +504,8 @@ class Api:
         # not the services it depends on (an Alertmanager down is no reason to kill a diagnosis)
         others = () if request.query_params.get("scope") == "process" else (c() for c in self.cfg.checks)
         worker = self.worker
-        problems = [p for p in (worker.health(), self.store.health(), *others) if p]
+        recorder = self.cfg.recorder.health() if self.cfg.recorder is not None else None  # this process's own
+        problems = [p for p in (worker.health(), self.store.health(), recorder, *others) if p]
         body = {
             "ok": not problems,
             "queued": worker.qsize(),

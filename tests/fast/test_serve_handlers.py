@@ -256,6 +256,17 @@ def test_the_flight_recorder_is_read_whole_or_by_cgroup_and_bad_paths_are_one_li
     }
 
 
+def test_a_recorder_whose_rounds_stopped_is_a_problem_of_this_process(serve):
+    rec = Recorder(faults=False)
+    rec.tick()
+    rec._thread = threading.current_thread()  # as if started: its rounds are then expected
+    client, _, _ = serve(recorder=rec)
+    assert client.get("/healthz?scope=process").status_code == 200
+    rec.last_round_at -= 3 * rec.every_s + 31  # a round that never ended (a read held for ever)
+    r = client.get("/healthz?scope=process")  # a liveness probe's question: a restart mends it
+    assert r.status_code == 503 and "the flight recorder's last round ended" in r.json()["reason"]
+
+
 def test_oom_watch_states():
     assert oom_watch_state(None) == "off"
     assert oom_watch_state(FakeWatcher(ready=False)) == "starting"
