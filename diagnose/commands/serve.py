@@ -4,6 +4,7 @@ alerts (Alertmanager, Grafana, plain JSON) into diagnoses and records every OOM 
 from __future__ import annotations
 
 import argparse
+import gc
 import ipaddress
 import os
 import signal
@@ -337,6 +338,11 @@ def execute(args: argparse.Namespace) -> int:
     )
     if pull is not None:
         cfg.checks = (_start_poller(pull, args.poll, store, worker, metrics).health,)
+    app = create_app(cfg, metrics)
+    # what serve built to start (the playbook, the models, the libraries' own tables: hundreds of
+    # thousands of objects) lives as long as it does: kept out of the collector's passes, which
+    # otherwise walk all of it every few rounds of the recorder and every few requests
+    gc.freeze()
     print(f"memdiag serve: listening on http://{args.listen} (data in {args.data})", flush=True)
-    _serve(create_app(cfg, metrics), listener)
+    _serve(app, listener)
     return 0
