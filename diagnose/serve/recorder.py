@@ -145,6 +145,16 @@ class Series:
                 out.append((r.t[i], float(x)))
         return out
 
+    def rise(self, field: str, n: int) -> int | None:
+        """How much one field rose over the last n samples (its latest less the one n before): the
+        round's cheap first look at every series, None where there are too few or either is unknown."""
+        r, k = self.fine, self.fields.index(field)
+        if r.count <= n:
+            return None
+        now, then = (r.head - 1) % r.n, (r.head - 1 - n) % r.n
+        a, b = r.v[then * r.width + k], r.v[now * r.width + k]
+        return None if UNKNOWN in (a, b) else b - a
+
     def last(self) -> dict[str, int | None] | None:
         """The latest sample's fields."""
         r = self.fine
@@ -353,11 +363,13 @@ class Recorder:
             return None
         stat = _numbers(_read(fs + "/memory.stat", 1 << 16))
         kmem = _number(_read(fs + "/memory.kmem.usage_in_bytes", 64)) if v1 else None
-        limit = _bytes_or_unlimited(_read(fs + ("/memory.limit_in_bytes" if v1 else "/memory.max"), 64))
         if path == "/":
             limit = None
-        elif v1 and (h := stat.get("hierarchical_memory_limit")) and h < 1 << 60 and (limit is None or h < limit):
-            limit = h  # a parent's limit below its own
+        elif v1:  # v1's memory.stat says the lowest limit of it and its parents: no file more to read
+            h = stat.get("hierarchical_memory_limit")
+            limit = h if h is not None and h < 1 << 60 else None
+        else:
+            limit = _bytes_or_unlimited(_read(fs + "/memory.max", 64))
         return {"usage": usage, "limit": limit, **cgroup_families(2 if not v1 else 1, stat, kmem)}
 
     def _process(self, pid: int, cgroup: str, t: float) -> bool:
@@ -417,8 +429,11 @@ class Recorder:
         for s in list(self.cgroups.values()):
             if s.ended is not None or (s.shm_walked is not None and t - s.shm_walked < SHM_WALK_EVERY_S):
                 continue
-            pts = s.recent("shmem", max(3, int(SHM_WALK_EVERY_S / self.every_s)))
-            if len(pts) < 3 or pts[-1][1] - pts[0][1] <= MIN_GROWTH_BYTES or growth_trend(pts).shape != "climbing":
+            n = max(3, int(SHM_WALK_EVERY_S / self.every_s))
+            if (s.rise("shmem", n - 1) or 0) <= MIN_GROWTH_BYTES:  # most cgroups: nothing more computed
+                continue
+            pts = s.recent("shmem", n)
+            if growth_trend(pts).shape != "climbing":
                 continue
             members = [p for p in self.processes.values() if p.cgroup == s.path and p.ended is None]
             pid = max(members, key=lambda p: (p.last() or {}).get("rss") or 0).pid if members else None
@@ -448,10 +463,9 @@ class Recorder:
                 continue
             # the last few samples first (most processes do not grow: nothing more is computed for them),
             # then the trend over the last TREND_POINTS
-            pts = p.recent("rss", TREND_POINTS)
-            if len(pts) < FAULT_MIN_POINTS or pts[-1][1] - pts[-FAULT_MIN_POINTS][1] <= MIN_GROWTH_BYTES:
+            if (p.rise("rss", FAULT_MIN_POINTS - 1) or 0) <= MIN_GROWTH_BYTES:
                 continue
-            trend = growth_trend(pts)
+            trend = growth_trend(p.recent("rss", TREND_POINTS))
             if trend.shape != "climbing" or not trend.rate_per_s or trend.rate_per_s <= 0:
                 continue
             room = self._room(p)

@@ -109,3 +109,12 @@ def test_the_rings_keep_the_latest_and_the_coarse_ring_the_hour_before():
     assert pts[-1] == (T0 + 5 * (2 * 3600 // 5 - 1), {"usage": 2 * 3600 // 5 - 1, "anon": None})
     assert times[-1] - times[0] >= 3600  # the look-back's hour, coarser further back
     assert s.nbytes == (FINE_POINTS + COARSE_POINTS) * 8 * 3  # fixed: one time and two values a point
+
+
+def test_a_series_rise_is_its_latest_less_the_one_n_samples_before():
+    s = Series(("rss",))
+    assert s.rise("rss", 3) is None  # too few
+    for i, v in enumerate([10, 11, None, 15, 20]):
+        s.push(T0 + 5 * i, {"rss": v})
+    assert s.rise("rss", 3) == 20 - 11 and s.rise("rss", 2) is None  # the one 2 before is unknown
+    assert s.recent("rss", 3) == [(T0 + 15, 15.0), (T0 + 20, 20.0)]  # unknown values left out
