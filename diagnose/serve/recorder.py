@@ -146,10 +146,12 @@ class Series:
         return out
 
     def rise(self, field: str, n: int) -> int | None:
-        """How much one field rose over the last n samples (its latest less the one n before): the
-        round's cheap first look at every series, None where there are too few or either is unknown."""
+        """How much one field rose over the last n samples (its latest less the one n before, or the
+        oldest kept where fewer): the round's cheap first look at every series, None where there is
+        a single sample or either value is unknown."""
         r, k = self.fine, self.fields.index(field)
-        if r.count <= n:
+        n = min(n, r.count - 1)
+        if n < 1:
             return None
         now, then = (r.head - 1) % r.n, (r.head - 1 - n) % r.n
         a, b = r.v[then * r.width + k], r.v[now * r.width + k]
@@ -430,7 +432,8 @@ class Recorder:
             if s.ended is not None or (s.shm_walked is not None and t - s.shm_walked < SHM_WALK_EVERY_S):
                 continue
             n = max(3, int(SHM_WALK_EVERY_S / self.every_s))
-            if (s.rise("shmem", n - 1) or 0) <= MIN_GROWTH_BYTES:  # most cgroups: nothing more computed
+            # most cgroups: nothing more computed than this subtraction
+            if s.fine.count < 3 or (s.rise("shmem", n - 1) or 0) <= MIN_GROWTH_BYTES:
                 continue
             pts = s.recent("shmem", n)
             if growth_trend(pts).shape != "climbing":
@@ -463,7 +466,7 @@ class Recorder:
                 continue
             # the last few samples first (most processes do not grow: nothing more is computed for them),
             # then the trend over the last TREND_POINTS
-            if (p.rise("rss", FAULT_MIN_POINTS - 1) or 0) <= MIN_GROWTH_BYTES:
+            if p.fine.count < FAULT_MIN_POINTS or (p.rise("rss", FAULT_MIN_POINTS - 1) or 0) <= MIN_GROWTH_BYTES:
                 continue
             trend = growth_trend(p.recent("rss", TREND_POINTS))
             if trend.shape != "climbing" or not trend.rate_per_s or trend.rate_per_s <= 0:

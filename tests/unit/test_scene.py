@@ -113,8 +113,9 @@ def test_the_rings_keep_the_latest_and_the_coarse_ring_the_hour_before():
 
 def test_a_series_rise_is_its_latest_less_the_one_n_samples_before():
     s = Series(("rss",))
-    assert s.rise("rss", 3) is None  # too few
+    assert s.rise("rss", 3) is None  # nothing yet
     for i, v in enumerate([10, 11, None, 15, 20]):
         s.push(T0 + 5 * i, {"rss": v})
     assert s.rise("rss", 3) == 20 - 11 and s.rise("rss", 2) is None  # the one 2 before is unknown
+    assert s.rise("rss", 9) == 20 - 10  # fewer kept than asked: from the oldest
     assert s.recent("rss", 3) == [(T0 + 15, 15.0), (T0 + 20, 20.0)]  # unknown values left out
