@@ -21,6 +21,7 @@ Everything read is the kernel's (cgroup files, /proc/PID/stat and statm) or pars
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -269,7 +270,7 @@ class Recorder:
         self.every_s, self.proc, self.wall = every_s, proc, wall
         self.cgroups: dict[str, CgroupSeries] = {}
         self.processes: dict[int, ProcessSeries] = {}
-        self.skipped = {"cgroups": 0, "processes": 0}  # not recorded: past the caps, at the last round
+        self.skipped: dict = {"cgroups_capped": False, "processes": 0, "unreadable": 0}  # at the last round
         self.ticks, self.cpu_s, self.last_tick_s = 0, 0.0, 0.0
         self.last_round_at = time.monotonic()  # a round that never ends is a recorder stuck (health())
         self.samples = 0
@@ -314,13 +315,13 @@ class Recorder:
         seen_cg: set[str] = set()
         seen_pid: set[int] = set()
         skipped_pid = failed = 0
-        walked = 0
-        for path in ["/", *cgroup_folders(self.mount)]:
-            walked += 1
+        capped = False
+        for folder in itertools.chain(["/"], cgroup_folders(self.mount)):  # walked as it is read
             if len(seen_cg) >= MAX_CGROUPS:
-                break  # the rest of the tree is not read: said as "not recorded" in its cost
-            path = fs_text(path)
-            fs = self.root + path.rstrip("/")
+                capped = True  # the rest of the tree is not walked: said in its cost
+                break
+            fs = self.root + folder.rstrip("/")
+            path = fs_text(folder)  # the key and what is shown: a name that is no UTF-8, escaped
             try:
                 values = self._cgroup_values(fs, path)
             except (OSError, ValueError, OverflowError):
@@ -348,8 +349,7 @@ class Recorder:
                     failed += 1
         with self._lock:
             self._end(t, seen_cg, seen_pid)
-            self.skipped = {"cgroups": walked - len(seen_cg) if len(seen_cg) >= MAX_CGROUPS else 0,
-                            "processes": skipped_pid, "unreadable": failed}  # fmt: skip
+            self.skipped = {"cgroups_capped": capped, "processes": skipped_pid, "unreadable": failed}
         self._walk_shm(t)
         if self._faults:
             self._maybe_sample(t)
