@@ -264,12 +264,13 @@ def compare_scene(scene: dict, new: Report, incident: str, victim: str, found_by
     """The restarted service's diagnosis against what serve's flight recorder saw grow before the kill
     (serve/scene.py), where no earlier diagnosis of it exists: growing again (with the function the
     recorder's fault sample named, or another), or no longer growing at the pace that filled the limit
-    over a window long enough for that pace to show; else inconclusive."""
+    over a window long enough for that pace to show; else inconclusive. The scene is one that saw
+    growth (serve/worker.py's _scene_of)."""
     # one quantity before and after: the victim's RSS over the climb, the restarted process's RSS now
     first, last, climb = scene.get("victim_rss_first"), scene.get("victim_rss_last"), scene.get("climb_s")
-    grew = scene.get("shape") not in ("none", "unknown")
-    before = (last - first) / climb if grew and first is not None and last is not None and climb else None
-    after = _rss_rate(new) if new.counters.trends.get("process.rss") is not None else None
+    before = (last - first) / climb if first is not None and last is not None and climb else None
+    rss = new.counters.trends.get("process.rss")
+    after = rss.rate_per_s if rss is not None else None
     window = new.window.ended - new.window.started
     fn = scene.get("fault_function")
     new_fn = new.verdict.culprit.function if new.verdict.kind in GROWING else None

@@ -95,6 +95,19 @@ def parse_mountinfo(text: str) -> list[Mount]:
     return mounts
 
 
+def on_fuse(mounts: list[Mount], path: str, below: bool = False) -> bool:
+    """Whether reaching `path` crosses a FUSE mount of this table (one at or above it), or, with below,
+    whether one sits under it: a FUSE daemon is the mount owner's to answer, and one that never answers
+    holds the reader for ever."""
+    here = path.rstrip("/") + "/"
+    for m in mounts:
+        if m.fstype.startswith("fuse"):
+            point = m.mount_point.rstrip("/") + "/"
+            if here.startswith(point) or (below and point.startswith(here)):
+                return True
+    return False
+
+
 def parse_proc_cgroup(text: str) -> list[tuple[str, list[str], str]]:
     """(hierarchy id, controllers, path) per line; path may contain ':'."""
     entries = []

@@ -29,7 +29,7 @@ import struct
 from pathlib import Path
 
 from ._parse import Fact, read_text
-from .cgroup import parse_mountinfo
+from .cgroup import on_fuse, parse_mountinfo
 from .process import effective_uid, innermost_pid
 from .safefile import names_in, open_dir_in, open_in, open_root, read_fd
 
@@ -177,11 +177,7 @@ def perfdata_behind_fuse(pid: int, proc_root: Path = Path("/proc")) -> bool:
     text = read_text(proc_root / str(pid) / "mountinfo", 1 << 20)
     if text is None:
         return True
-    for m in parse_mountinfo(text):
-        point = m.mount_point.rstrip("/") + "/"
-        if m.fstype.startswith("fuse") and ("/tmp/".startswith(point) or point.startswith("/tmp/")):
-            return True
-    return False
+    return on_fuse(parse_mountinfo(text), "/tmp", below=True)
 
 
 def read_perfdata(pid: int, proc_root: Path = Path("/proc")) -> PerfData | None:

@@ -106,6 +106,13 @@ def _parse_stat(text: str) -> dict[str, int | str | None]:
     }
 
 
+def stat_identity(text: str) -> tuple[str, int] | None:
+    """(comm, start ticks) of a /proc/PID/stat: what tells one process from a later one of its pid."""
+    f = _parse_stat(text)
+    comm, start = f.get("comm"), f.get("start_ticks")
+    return (comm, start) if isinstance(comm, str) and isinstance(start, int) else None
+
+
 def parse_process(
     pid: int, status: str, stat: str | None, smaps_rollup: str | None, cmdline: str | None
 ) -> ProcessMemory:

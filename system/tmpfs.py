@@ -14,7 +14,7 @@ import re
 from pathlib import Path
 
 from ._parse import Fact, fs_text, read_text
-from .cgroup import parse_mountinfo
+from .cgroup import on_fuse, parse_mountinfo
 from .safefile import open_dir_in, open_root
 
 SHMEM_FSTYPES = ("tmpfs",)
@@ -155,15 +155,13 @@ def read_shm_mounts(
         return None
     table = parse_mountinfo(text)
     points = [m.mount_point for m in table]
-    fuse = [m.mount_point.rstrip("/") + "/" for m in table if m.fstype.startswith("fuse")]
     try:
         mounts = [
             m
             for p in shm_mounts(text)
             if only is None or p == only
             # a path through a FUSE mount is never looked up: its daemon is the target's to answer
-            if not any((p.rstrip("/") + "/").startswith(f) for f in fuse)
-            and (m := read_mount(root_fd, p, walk, _below(p, points))) is not None
+            if not on_fuse(table, p) and (m := read_mount(root_fd, p, walk, _below(p, points))) is not None
         ]
     finally:
         os.close(root_fd)

@@ -46,6 +46,7 @@ from memdiag.system.hsperfdata import perfdata_behind_fuse, read_perfdata
 from memdiag.system.jvm import jvm_counters, read_jvm_library
 from memdiag.system.ledger import cgroup_families
 from memdiag.system.meminfo import read_meminfo
+from memdiag.system.process import stat_identity
 from memdiag.system.tmpfs import read_shm_mounts
 from memdiag.system.trends import MIN_GROWTH_BYTES, growth_trend
 
@@ -70,7 +71,6 @@ FAULT_SAMPLE_S = 5.0
 FAULT_COOLDOWN_S = 600.0
 TREND_POINTS = 36  # the climb judged over the last three minutes at the default cadence
 FAULT_GAP_S = 60.0  # between two fault samples on the host, whoever they were of
-MAX_SAMPLES_KEPT = 100
 FAULT_MIN_POINTS = 4  # 15 s at the default cadence: a kill a minute away is sampled in time
 SHM_WALK_EVERY_S = 60.0  # a cgroup whose shared memory climbs has its tmpfs files walked this often at most
 PAGE = os.sysconf("SC_PAGE_SIZE")
@@ -130,9 +130,6 @@ class Series:
         rows = [r for r in self.coarse.items() if r[0] < first_fine] + fine
         return [(t, {f: (None if x == UNKNOWN else x) for f, x in zip(self.fields, row, strict=True)})
                 for t, row in rows if t >= since]  # fmt: skip
-
-    def last_t(self) -> float | None:
-        return self.fine.last_t()
 
     def recent(self, field: str, n: int) -> list[tuple[float, float]]:
         """(time, value) of one field over the last n samples, unknown ones left out: what each round
@@ -195,15 +192,6 @@ def _int64(x: int | None) -> int:
     """A value as the rings keep it: UNKNOWN for None, and within int64 (a JVM's counters are the
     target's to write: two spaces of 2^62 bytes would overflow the array)."""
     return UNKNOWN if x is None else max(0, min(int(x), (1 << 63) - 1))
-
-
-def _stat_fields(text: str) -> tuple[str, int] | None:
-    """(comm, start ticks) from /proc/PID/stat: comm in parentheses, which may hold anything."""
-    close = text.rfind(")")
-    rest = text[close + 2 :].split() if close > 0 else []
-    if len(rest) < 20 or not rest[19].isdigit():
-        return None
-    return text[text.find("(") + 1 : close], int(rest[19])
 
 
 def _read(path: str, limit: int) -> str | None:
@@ -278,7 +266,6 @@ class Recorder:
         self._busy = busy
         own = locate_memory_cgroup(os.getpid(), proc)
         self._own_cgroup = own.path if own is not None else None  # memdiag's own: never sampled
-        self.samples_taken: list[dict] = []  # the fault samples taken, their pid, time and what they named
         self._sample = fault_sampler or sample_faults
         self._faults = faults
         self._lock = threading.RLock()
@@ -378,7 +365,7 @@ class Recorder:
         """One process's sample; its stat read every round (comm and start time: a pid reused, or a
         program exec'd with a new name, starts a series of its own or renames it)."""
         stat = _read(f"{self.proc}/{pid}/stat", 4096)
-        fields = _stat_fields(stat) if stat else None
+        fields = stat_identity(stat) if stat else None
         if fields is None:
             return False
         comm, start = fields
@@ -512,11 +499,10 @@ class Recorder:
         with self._lock:
             p.faults = found
             self.samples += 1
-            self.samples_taken = [*self.samples_taken[-(MAX_SAMPLES_KEPT - 1) :], {"comm": p.comm, **found}]
 
     def _same(self, p: ProcessSeries) -> bool:
         stat = _read(f"{self.proc}/{p.pid}/stat", 4096)
-        fields = _stat_fields(stat) if stat else None
+        fields = stat_identity(stat) if stat else None
         return fields is not None and fields[1] == p.start
 
     def health(self) -> str | None:

@@ -257,3 +257,18 @@ def test_rss_by_mapping_is_the_detail_of_the_process_lines():
     ]
     assert split["file"] == [("/usr/lib/libc.so.6", (1024 + 48) * KiB)]  # its written pages are anonymous
     assert split["shmem"] == [("/memfd:frames", 4096 * KiB)]  # [vdso] is in no line
+
+
+def test_a_fuse_mount_on_the_way_is_seen_at_above_and_with_below_under_the_path():
+    from memdiag.system.cgroup import on_fuse, parse_mountinfo
+
+    table = parse_mountinfo(
+        "21 1 0:20 / / rw - overlay overlay rw\n"
+        "22 21 0:21 / /tmp/hsperfdata_app rw - fuse.hang hang rw\n"
+        "23 21 0:22 / /dev/shm rw - tmpfs tmpfs rw\n"
+        "24 21 0:23 / /mnt/f rw - fuse.sshfs sshfs rw\n"
+    )
+    assert on_fuse(table, "/tmp", below=True)  # hsperfdata's path: a FUSE folder under /tmp
+    assert not on_fuse(table, "/tmp")  # /tmp itself is reached without crossing it
+    assert on_fuse(table, "/mnt/f/shm") and on_fuse(table, "/mnt/f")  # at or above the path
+    assert not on_fuse(table, "/dev/shm") and not on_fuse(table, "/mnt/fx")  # a prefix of a name is no mount
