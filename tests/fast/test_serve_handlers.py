@@ -302,7 +302,7 @@ def test_one_incident_and_its_missing_report(serve):
     r = client.get(f"/incidents/{incident.id}?format=md", headers=AUTH)
     assert (r.status_code, r.json()) == (404, {"error": f"incident {incident.id} has no report (recorded)"})
     r = client.get(f"/incidents/{incident.id}?format=pdf", headers=AUTH)
-    assert (r.status_code, r.json()) == (400, {"error": "format is md, json or html"})
+    assert (r.status_code, r.json()) == (400, {"error": "format is md, json, html or pprof"})
     assert client.get("/incidents/not-an-id", headers=AUTH).json() == {"error": "no such incident"}
     assert client.get("/incidents/0123abcd", headers=AUTH).status_code == 404
     assert client.get("/nowhere").json() == {"error": "Not Found"}
