@@ -5,9 +5,11 @@ profile.pb.gz holds the growth flame graph's stacks (growth.folded, every one of
 value its probe folds (outstanding bytes, page faults ...); profile.PROBE.pb.gz holds the stacks the
 report lists of each probe, with both their bytes and their count as two sample types of the same
 samples. A probe's face names what its bytes and counts are in pprof's terms (probes/face.py
-Stacks.space, .counted). Values are the totals the probes measured or estimated (period 1: nothing
-to scale). Frame names are the target's strings: kept as data (one line, control characters
-escaped, bounded), never formatted."""
+Stacks.space, .counted). As in Go's and tcmalloc's heap profiles, the allocator's own frames at the
+leaf (malloc, calloc: the playbook's `allocator` frames) are left out of a stack and named in its
+sample's `allocator` label, so that pprof's flat column names the code that allocated. Values are
+the totals the probes measured or estimated (period 1: nothing to scale). Frame names are the
+target's strings: kept as data (one line, control characters escaped, bounded), never formatted."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import re
 from memdiag.probes.face import Stacks
 from memdiag.probes.registry import REGISTRY
 
-from ..culprit import split_frame
+from ..culprit import default_classes, split_frame
 from ..report import Report, StackReport
 from .pprof_proto.profile_pb2 import Profile
 from .text import one_line
@@ -27,6 +29,7 @@ NAME_MAX = 1024  # characters of a frame's name kept (a C++ template can be long
 DEPTH_MAX = 512  # frames of a stack kept, from the leaf (the probes' own stacks are shorter)
 INT64_MAX = (1 << 63) - 1
 # a frame with its source: `main.handle (main.go:30, inlined) [orderd]`, `handle_order (/srv/orders.py:42) [python]`
+_SURROGATE = re.compile("[\ud800-\udfff]")  # no character of UTF-8: a byte that was not UTF-8, kept as one
 _SOURCE = re.compile(r"^(?P<fn>.+?) \((?P<file>[^()]+?):(?P<line>\d+)(?:, [^()]*)?\) \[(?P<mod>[^\]]+)\]$")
 
 
@@ -51,10 +54,13 @@ def _growth(report: Report) -> Profile:
     st = _stacks_of(probe)
     kind = (st.space or "space", "bytes") if st.folded_by == "bytes" else (st.counted, "count")
     b = _Builder(report, [kind], f"growth stacks of {probe}" if probe else "no stacks recorded")
+    classes = default_classes()  # folded lines carry no kinds: the shipped playbook's list names the allocator's
     for line in report.folded:
         stack, _, count = line.rpartition(" ")
         if stack and count.isdigit():
-            b.sample([(name, None, None, None) for name in reversed(stack.split(";"))], [int(count)])
+            names = list(reversed(stack.split(";")))
+            kinds = [classes.kind(n, None) for n in names]
+            b.sample([(name, None, None, None) for name in names], [int(count)], kinds=kinds)
     return b.profile
 
 
@@ -69,7 +75,7 @@ def _listed(report: Report, probe: str, stacks: list[StackReport]) -> Profile:
         b.mapping(module)  # type: ignore[arg-type]
     for s, frames in zip(stacks, framed, strict=True):
         values = ([s.bytes] if st.space else []) + [s.count]
-        b.sample(frames, values, {"detail": s.detail})
+        b.sample(frames, values, {"detail": s.detail}, kinds=s.frame_kinds)
     return b.profile
 
 
@@ -87,7 +93,7 @@ def _text(s: str) -> str:
     as a name that was not UTF-8, becomes U+FFFD)."""
     s = one_line(s)
     s = s if len(s) <= NAME_MAX else s[: NAME_MAX - 1] + "…"
-    return s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+    return _SURROGATE.sub("\ufffd", s)
 
 
 def _gzip(p: Profile) -> bytes:
@@ -123,11 +129,24 @@ class _Builder:
             self.profile.string_table.append(text)
         return i
 
-    def sample(self, frames: list[tuple[str, str | None, int | None, str | None]], values: list[int], labels=None):
-        """One sample: frames leaf first (pprof's order), each a (function, file, line, module)."""
-        ids = [self.location(*f) for f in frames[:DEPTH_MAX]]
+    def sample(
+        self,
+        frames: list[tuple[str, str | None, int | None, str | None]],
+        values: list[int],
+        labels: dict[str, str] | None = None,
+        kinds: list[str | None] | None = None,
+    ) -> None:
+        """One sample: frames leaf first (pprof's order), each a (function, file, line, module), less
+        the allocator's frames at the leaf (kinds: diagnose/culprit.py's, per frame), named in a label."""
+        labels = dict(labels or {})
+        cut = 0
+        while kinds and cut < min(len(kinds), len(frames)) - 1 and kinds[cut] == "allocator":
+            cut += 1
+        if cut:
+            labels["allocator"] = " <- ".join(f[0] for f in frames[:cut])
+        ids = [self.location(*f) for f in frames[cut : cut + DEPTH_MAX]]
         smp = self.profile.sample.add(location_id=ids, value=[min(max(v, 0), INT64_MAX) for v in values])
-        for key, text in (labels or {}).items():
+        for key, text in labels.items():
             smp.label.add(key=self.s(key), str=self.s(_text(text)))
 
     def location(self, fn: str, file: str | None, line: int | None, module: str | None) -> int:
