@@ -30,6 +30,7 @@ DEPTH_MAX = 512  # frames of a stack kept, from the leaf (the probes' own stacks
 INT64_MAX = (1 << 63) - 1
 # a frame with its source: `main.handle (main.go:30, inlined) [orderd]`, `handle_order (/srv/orders.py:42) [python]`
 _SURROGATE = re.compile("[\ud800-\udfff]")  # no character of UTF-8: a byte that was not UTF-8, kept as one
+_JAVA = re.compile(r"^(?P<fn>.+?) line: (?P<line>\d+)$")  # a Java method and its line (probes/jvm/recording.py)
 _SOURCE = re.compile(r"^(?P<fn>.+?) \((?P<file>[^()]+?):(?P<line>\d+)(?:, [^()]*)?\) \[(?P<mod>[^\]]+)\]$")
 
 
@@ -84,6 +85,9 @@ def _frame(frame: str) -> tuple[str, str | None, int | None, str | None]:
     m = _SOURCE.match(frame)
     if m:
         return m["fn"], m["file"], int(m["line"]), m["mod"]
+    j = _JAVA.match(frame)
+    if j:
+        return j["fn"], None, int(j["line"]), None
     fn, mod = split_frame(frame)
     return fn or "[unknown]", None, None, mod
 

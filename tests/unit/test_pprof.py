@@ -42,7 +42,14 @@ def leak_report() -> Report:
             bytes=40 * 4096,
             count=40,
             detail="40 page faults",
-        )
+        ),
+        StackReport(
+            probe="jfr",
+            frames=["Thumbnails.thumbnail(int) line: 31", "Thumbnails.main(java.lang.String[]) line: 12"],
+            bytes=6 * MiB,
+            count=17,
+            detail="byte[] allocated during the recording; 17 sampled objects still held",
+        ),
     ]
     folded = [
         f"main;serve;process_order;malloc {48 * MiB}",
@@ -91,11 +98,12 @@ def test_go_tool_pprof_puts_the_culprit_on_top_with_its_bytes(written):
 def test_the_profiles_decode_with_pprofs_own_proto_and_say_what_they_hold(written):
     report = leak_report()
     files = sorted(p.name for p in written.glob("*.pb.gz"))
-    assert files == ["profile.faults.pb.gz", "profile.memleak.pb.gz", "profile.pb.gz"]
+    assert files == ["profile.faults.pb.gz", "profile.jfr.pb.gz", "profile.memleak.pb.gz", "profile.pb.gz"]
     for name, types in [
         ("profile.pb.gz", [("inuse_space", "bytes")]),
         ("profile.memleak.pb.gz", [("inuse_space", "bytes"), ("inuse_objects", "count")]),
         ("profile.faults.pb.gz", [("space", "bytes"), ("faults", "count")]),
+        ("profile.jfr.pb.gz", [("alloc_space", "bytes"), ("held_samples", "count")]),
     ]:
         p = decode(written / name)
         s = p.string_table
@@ -120,6 +128,10 @@ def test_the_profiles_decode_with_pprofs_own_proto_and_say_what_they_hold(writte
     labels = {s[lb.key]: s[lb.str] for lb in first.label}
     assert labels == {"allocator": "malloc", "detail": "12,288 allocations outstanding"}
     assert [s[m.filename] for m in memleak.mapping][0] == "orderd"  # the program's own: pprof's main binary
+    jfr = decode(written / "profile.jfr.pb.gz")
+    name = {f.id: jfr.string_table[f.name] for f in jfr.function}
+    lines = [(name[lo.line[0].function_id], lo.line[0].line) for lo in jfr.location]
+    assert lines == [("Thumbnails.thumbnail(int)", 31), ("Thumbnails.main(java.lang.String[])", 12)]  # Java's lines
     assert sum(v.value[0] for v in decode(written / "profile.pb.gz").sample) == sum(s.bytes for s in report.stacks[:3])
 
 
