@@ -30,6 +30,7 @@ DEPTH_MAX = 512  # frames of a stack kept, from the leaf (the probes' own stacks
 INT64_MAX = (1 << 63) - 1
 # a frame with its source: `main.handle (main.go:30, inlined) [orderd]`, `handle_order (/srv/orders.py:42) [python]`
 _SURROGATE = re.compile("[\ud800-\udfff]")  # no character of UTF-8: a byte that was not UTF-8, kept as one
+_PROBE_NAME = re.compile(r"[a-z0-9_]{1,64}")
 _JAVA = re.compile(r"^(?P<fn>.+?) line: (?P<line>\d+)$")  # a Java method and its line (probes/jvm/recording.py)
 _SOURCE = re.compile(r"^(?P<fn>.+?) \((?P<file>[^()]+?):(?P<line>\d+)(?:, [^()]*)?\) \[(?P<mod>[^\]]+)\]$")
 
@@ -39,6 +40,8 @@ def render_pprof(report: Report) -> dict[str, bytes]:
     for each probe with stacks in the report, gzipped, by name."""
     files = {"profile.pb.gz": _gzip(_growth(report))}
     for probe in dict.fromkeys(s.probe for s in report.stacks):
+        if not _PROBE_NAME.fullmatch(probe):  # a file name: a report read back from JSON may say anything
+            continue
         files[f"profile.{probe}.pb.gz"] = _gzip(_listed(report, probe, [s for s in report.stacks if s.probe == probe]))
     return files
 

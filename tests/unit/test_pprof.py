@@ -164,3 +164,11 @@ def test_a_frame_name_that_is_no_utf8_becomes_a_replacement_character():
     for name in ("profile.pb.gz", "profile.memleak.pb.gz"):
         p = Profile.FromString(gzip.decompress(files[name]))
         assert "caf\ufffd" in [p.string_table[f.name] for f in p.function], name
+
+
+def test_a_probe_name_that_is_no_plain_word_names_no_file():
+    """A report read back from JSON says what it says: its probe names become no path."""
+    report = leak_report()
+    odd = report.stacks[0].model_copy(update={"probe": "../../etc/x"})
+    files = render_pprof(report.model_copy(update={"stacks": [odd, *report.stacks]}))
+    assert sorted(files) == ["profile.faults.pb.gz", "profile.jfr.pb.gz", "profile.memleak.pb.gz", "profile.pb.gz"]
