@@ -44,12 +44,14 @@ facts_of   facts_of(result | None, plan | None, name) -> {fact: value}: computed
 rows       rows(result | None, plan | None, RowContext) -> [ProbeStatus]: its rows of the probe
            table. Default: [ctx.row], the row every probe has, from the result's common fields (or
            "not-run" and why: the trail's reason, or its plan's when that did not go).
-stacks     Stacks(kind, shown, of, folded, culprit): its stacks as the one Stack type (frames in
+stacks     Stacks(kind, shown, of, folded, culprit, ...): its stacks as the one Stack type (frames in
            the probe's own language: native symbols, or Java methods with their lines; a frame not
            of the native "fn+0x1a [module]" form is matched whole against the playbook's wrappers).
            kind "allocations" (what is held: outstanding blocks, a heap's live objects) comes before
            "events" (page faults, calls) in the report and when the verdict's stack is chosen;
            culprit(result, verdict kind) picks the stack a verdict rests on (default: the heaviest).
+           space, counted and folded_by name its bytes and counts as pprof's sample types
+           (inuse_space/inuse_objects, space/faults ...) for the report's profile.pb.gz files.
 caveats    caveats(result) -> sentences for the report's Caveats.
 sections   sections(result) -> [Section]: report sections of its own ("Java heap"): a title, lines
            and an optional table, rendered in Markdown and HTML and kept in report.json.
@@ -199,6 +201,12 @@ class Stacks:
     folded: Callable[[Any], list[str]]  # its folded stacks ("frame;frame count"), the flame graph's input
     # the stack a verdict of this kind (leak, growth, ...) rests on; default: the heaviest, any kind
     culprit: Callable[[Any, str], Stack | None] | None = None
+    # what Stack.bytes and Stack.count are in pprof's terms, the sample types of its profile
+    # (diagnose/render/pprof.py), unit bytes and count: held at the end (inuse_space, inuse_objects)
+    # or what events asked for (space; faults, brk_calls); space None: its bytes are not measured
+    space: str | None = "space"
+    counted: str = "events"
+    folded_by: Literal["bytes", "count"] = "bytes"  # which of the two its folded lines weigh
 
     def culprit_of(self, result: Any, verdict_kind: str) -> Stack | None:
         if self.culprit is not None:

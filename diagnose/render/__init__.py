@@ -1,11 +1,11 @@
-"""Renderers: each takes a Report and returns text. None of them reads /proc."""
+"""Renderers: each takes a Report and returns text (the pprof profiles: bytes). None of them reads /proc."""
 
 from __future__ import annotations
 
 from ..report import Report
 
 
-def render_all(report: Report) -> dict[str, str]:
+def render_all(report: Report) -> dict[str, str | bytes]:
     """Every file of a report folder, by name."""
     # The renderers are imported when a report is written, not with the package (render.text is
     # imported at start): they and markdown-it-py are 2.3 MiB of memdiag's resident memory, measured,
@@ -14,16 +14,18 @@ def render_all(report: Report) -> dict[str, str]:
     from .html import render_html
     from .jsonout import render_json
     from .markdown import render_markdown
+    from .pprof import render_pprof
     from .window import render_window
 
     md = render_markdown(report)
-    files = {
+    files: dict[str, str | bytes] = {
         "report.md": md,
         "report.json": render_json(report),
         "report.html": render_html(md, title=f"memdiag: {report.verdict.kind} — {report.target.description}"),
         "growth.folded": "".join(f"{line}\n" for line in report.folded),
         "growth.svg": render_flamegraph(report.folded, title=f"memory growth — {report.target.description}"),
     }
+    files |= render_pprof(report)  # the same stacks for go tool pprof, Pyroscope, speedscope
     if report.cycles:  # a long window's curve, beside the report and shown in it
         files["window.svg"] = render_window(report)
     return files

@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -356,7 +357,7 @@ class Store:
             self.failure = f"database: {e}"
             raise StorageFailing(self.failure) from None
 
-    def write_report(self, iid: str, files: dict[str, str]) -> tuple[str, int]:
+    def write_report(self, iid: str, files: Mapping[str, str | bytes]) -> tuple[str, int]:
         """Write reports/<id>/<name> without following any symlink (datadir.py); (folder, bytes). On
         any error nothing half-written is left and StorageFailing says why."""
         folder = self.reports / iid

@@ -46,6 +46,8 @@ STACKS = Stacks(
     of=lambda r: [stack(s) for s in r.stacks],
     folded=lambda r: r.folded,
     culprit=culprit,
+    space="inuse_space",
+    counted="inuse_objects",
 )
 
 
