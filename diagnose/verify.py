@@ -28,7 +28,7 @@ from .target import Target, cgroup_target, container_target, pid_target, with_co
 
 MAX_REPORT_BYTES = 64 << 20  # a day's window with every sample kept stays far below this
 GROWING = ("leak", "growth")
-# How a status reads for scripts: memdiag verify exits with it (0 fixed; README "Verify a fix").
+# How a status reads for scripts: memdiag verify exits with it (0 fixed; docs/verify.md).
 EXIT_CODES = {"fixed": 0, "still-leaking": 3, "new-growth": 4, "inconclusive": 5}
 _FRAME = re.compile(r"^(?P<fn>.+?)(?:\+0x[0-9a-f]+)?(?: \[[^\]]*\])?$")
 _PASSED_OVER = {"allocator", "wrapper", "guessed-wrapper", "runtime", "unknown"}
