@@ -20,7 +20,7 @@ def render_all(report: Report) -> dict[str, str]:
     files = {
         "report.md": md,
         "report.json": render_json(report),
-        "report.html": render_html(md, title=f"memdiag: {report.verdict.kind} — {report.target.description}"),
+        "report.html": render_html(report, md),
         "growth.folded": "".join(f"{line}\n" for line in report.folded),
         "growth.svg": render_flamegraph(report.folded, title=f"memory growth — {report.target.description}"),
     }
