@@ -29,6 +29,9 @@ FLAGS = (
     "--hide-scrollbars",
     "--remote-debugging-pipe",
 )
+# report.html's flame graph: the names of the frames its search highlights (d3-flame-graph fills them so)
+HIGHLIGHTED = """[...document.querySelectorAll('#flame-graph g.frame')]
+  .filter(g => g.querySelector('rect').getAttribute('fill') === '#E600E6').map(g => g.getAttribute('name'))"""
 
 
 class Browser:

@@ -19,12 +19,16 @@ import json
 import re
 from functools import cache
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
 
 from ..report import TARGET_SERIES, Report, StackReport
 from .text import one_line
+
+if TYPE_CHECKING:
+    from ..serve.scene import Scene
 
 ASSETS = Path(__file__).parent / "assets"
 SCRIPTS = ("uPlot.iife.min.js", "d3-selection.min.js", "d3-flamegraph.min.js", "report.js")
@@ -163,6 +167,28 @@ def flame_data(folded: list[str]) -> dict | None:
         return {k: node[k] for k in ("name", "value", "stacks")} | {"children": [out(k) for k in kids]}
 
     return out(root)
+
+
+def scene_data(scene: Scene) -> dict | None:
+    """The flight recorder's samples before a kill (serve/scene.py) as uPlot's aligned data: the
+    cgroup's usage and limit and the victim's RSS, x in seconds before the kill."""
+    if not scene.usage_series and not scene.victim_series:
+        return None
+    xs = sorted({t for t, *_ in scene.usage_series} | {t for t, _ in scene.victim_series})
+    at = {t: i for i, t in enumerate(xs)}
+    usage: list[float | None] = [None] * len(xs)
+    limit: list[float | None] = [None] * len(xs)
+    rss: list[float | None] = [None] * len(xs)
+    for t, u, lim in scene.usage_series:
+        usage[at[t]], limit[at[t]] = u, lim
+    for t, r in scene.victim_series:
+        rss[at[t]] = r
+    series = [{"label": "cgroup usage", "kind": "total", "values": usage}]
+    if any(v is not None for v in limit):
+        series.append({"label": "cgroup limit", "kind": "limit", "values": limit})
+    if any(v is not None for v in rss):
+        series.append({"label": "the victim's RSS", "kind": "ledger", "values": rss})
+    return {"x": xs, "series": series, "xlabel": "seconds before the kill"}
 
 
 # --- the page's parts in HTML ------------------------------------------------------------------
@@ -334,14 +360,29 @@ def _sha256(text: str) -> str:
     return "sha256-" + base64.b64encode(hashlib.sha256(text.encode("utf-8")).digest()).decode()
 
 
-def render_html(report: Report, markdown_text: str) -> str:
-    """The page of a report whose Markdown is markdown_text."""
+def _scene_part(scene: Scene | None, chart: dict | None) -> tuple[str, list[tuple[int, str, str]]]:
+    """The section of a kill incident's page: what the flight recorder saw before the kill."""
+    if scene is None:
+        return "", []
+    shown = '<div id="scene-chart"></div>' if chart is not None else '<p class="note">No samples kept.</p>'
+    return (
+        f'<section><h2 id="before-the-kill">Before the kill (the flight recorder)</h2>'
+        f"<p>{html.escape(one_line(scene.text))}</p>{shown}</section>",
+        [(2, "before-the-kill", "Before the kill (the flight recorder)")],
+    )
+
+
+def render_html(report: Report, markdown_text: str, scene: Scene | None = None) -> str:
+    """The page of a report whose Markdown is markdown_text; scene: the flight recorder's account of
+    the OOM kill an incident's diagnosis followed (memdiag serve), charted first."""
     e = html.escape
     body, toc, title_h1 = render_body(markdown_text)
     chart, chart_notes = chart_data(report)
     flame = flame_data(report.folded)
     probe = report.stacks[0].probe if report.stacks else ""
-    data = {"chart": chart, "flame": flame, "unit": FOLDED_UNITS.get(probe, "bytes")}
+    scene_chart = scene_data(scene) if scene is not None else None
+    scene_html, scene_toc = _scene_part(scene, scene_chart)
+    data = {"chart": chart, "scene": scene_chart, "flame": flame, "unit": FOLDED_UNITS.get(probe, "bytes")}
     scripts = [_asset(n) for n in SCRIPTS]
     csp = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src " + " ".join(
         f"'{_sha256(s)}'" for s in scripts
@@ -370,12 +411,14 @@ def render_html(report: Report, markdown_text: str) -> str:
         _verdict(report),
         _toc(
             [
+                *scene_toc,
                 (2, "memory-over-time", "Memory over the window"),
                 (2, "probes-timeline", "Probes' timeline"),
                 (2, "growth-stacks", "Growth stacks"),
                 *toc,
             ]
-        ),  # fmt: skip
+        ),
+        scene_html,
         f'<section><h2 id="memory-over-time">Memory over the window ({window_s:.0f} s)</h2>{chart_part}'
         f'<ul class="note">{notes}</ul></section>',
         f'<section><h2 id="probes-timeline">Probes\' timeline</h2>{_timeline(report)}</section>',

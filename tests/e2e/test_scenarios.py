@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import pytest
+from browser import HIGHLIGHTED, Browser
 from kit import swapped_bytes, wait_until
 from memdiag.system import arch
 
@@ -50,6 +51,13 @@ def test_leak(memdiag, workload, tmp_path):
     assert "leak_order_history" in (tmp_path / "growth.folded").read_text()
     svg = (tmp_path / "growth.svg").read_text()
     assert svg.startswith("<svg") and "leak_order_history" in svg
+    page = (tmp_path / "report.html").as_uri()
+    with Browser(tmp_path / "profile") as b:  # the page as a real browser runs it
+        b.open(page)
+        assert b.errors() == [] and b.requests() == [page]
+        assert b.eval("document.querySelector('#memory-chart canvas') !== null")
+        b.eval("memdiag.flame.search('leak_order_history')")
+        assert b.eval(HIGHLIGHTED) == ["leak_order_history"]
 
 
 def test_a_leak_that_starts_after_the_first_look_is_still_traced(memdiag, workload, tmp_path):

@@ -8,7 +8,7 @@ import os
 import re
 from pathlib import Path
 
-from browser import Browser
+from browser import HIGHLIGHTED, Browser
 from memdiag.diagnose.render import render_all
 from memdiag.diagnose.render.html import chart_data, flame_data, json_for_script, render_body
 from memdiag.diagnose.report import Report
@@ -16,8 +16,6 @@ from test_render import fixture_report
 
 GOLDEN = Path(__file__).parent / "golden"
 SCREENSHOT = Path(__file__).parents[2] / "docs" / "images" / "report.png"
-HIGHLIGHTED = """[...document.querySelectorAll('#flame-graph g.frame')]
-  .filter(g => g.querySelector('rect').getAttribute('fill') === '#E600E6').map(g => g.getAttribute('name'))"""
 # The only URLs in the page: XML namespace names d3 and uPlot create elements in (never fetched) and
 # the two libraries' homes in their licence comments.
 NAMESPACES = {
@@ -106,6 +104,31 @@ def test_a_hostile_frame_name_stays_text(tmp_path):
         b.eval("memdiag.flame.search('(long)')")
         assert b.eval(HIGHLIGHTED) == ["Orders::add(long)"]
         assert b.requests() == [page.as_uri()]
+
+
+def test_a_kill_incidents_page_charts_what_the_recorder_saw_before_the_kill(tmp_path):
+    """memdiag serve's report of a kill's survivor, with the flight recorder's scene of the kill."""
+    from memdiag.diagnose.serve.scene import explain
+
+    t0, mib = 1_800_000_000.0, 1 << 20
+    cg = [(t0 + 5 * i, {"usage": (10 + 5 * i) * mib, "limit": 64 * mib, "anon": (9 + 5 * i) * mib}) for i in range(11)]
+    victim = [(t, {"rss": v["anon"]}) for t, v in cg]
+    scene = explain(cg, victim, t0 + 52, 5.0, 64 * mib, victim_name="PID 7 (leak)")
+    path = tmp_path / "report.html"
+    path.write_text(render_all(leak_report(), scene)["report.html"])
+    with Browser(tmp_path / "profile") as b:
+        b.open(path.as_uri())
+        assert b.errors() == []
+        assert b.eval("document.querySelector('#before-the-kill + p').textContent") == scene.text
+        assert b.eval("document.querySelector('#scene-chart canvas') !== null")
+        labels = b.eval("memdiag.scene.series.map(s => s.label)")
+        assert labels == ["seconds before the kill", "cgroup usage", "cgroup limit", "the victim's RSS"]
+        assert b.eval("[memdiag.scene.data[0][0], memdiag.scene.data[1].at(-1), memdiag.scene.data[2][0]]") == [
+            -52.0,
+            60 * mib,
+            64 * mib,
+        ]
+        assert b.eval("memdiag.chart.series.length") > 2  # the window's chart is drawn beside it
 
 
 def test_the_page_names_no_url_it_could_fetch():

@@ -19,16 +19,18 @@
   var COLORS = ["#222222", "#b3261e", "#1565c0", "#2e7d32", "#d35400", "#7b1fa2", "#00838f", "#6d4c41", "#c2185b",
                 "#5d4037", "#455a64", "#9e9d24"];
 
-  function drawChart() {
-    var el = document.getElementById("memory-chart");
-    if (!el || !data.chart) return;
-    var series = [{ label: "seconds into the window", value: function (u, v) { return v == null ? "--" : v.toFixed(1) + " s"; } }];
-    data.chart.series.forEach(function (s, i) {
+  // one chart of aligned series: x in seconds, every line in bytes
+  function drawChart(id, chart) {
+    var el = document.getElementById(id);
+    if (!el || !chart) return null;
+    var xlabel = chart.xlabel || "seconds into the window";
+    var series = [{ label: xlabel, value: function (u, v) { return v == null ? "--" : v.toFixed(1) + " s"; } }];
+    chart.series.forEach(function (s, i) {
       series.push({
         label: s.label,
-        stroke: COLORS[i % COLORS.length],
+        stroke: s.kind === "limit" ? "#b3261e" : COLORS[i % COLORS.length],
         width: s.kind === "total" ? 2.5 : 1.5,
-        dash: s.kind === "stack" ? [6, 4] : s.kind === "runtime" ? [2, 3] : undefined,
+        dash: s.kind === "stack" ? [6, 4] : s.kind === "runtime" ? [2, 3] : s.kind === "limit" ? [10, 5] : undefined,
         spanGaps: true,
         points: { show: s.kind === "stack" },
         value: function (u, v) { return bytes(v); },
@@ -40,12 +42,12 @@
       scales: { x: { time: false } },
       series: series,
       axes: [
-        { label: "seconds into the window" },
+        { label: xlabel },
         { size: 80, values: function (u, vals) { return vals.map(bytes); } },
       ],
     };
-    var columns = [data.chart.x].concat(data.chart.series.map(function (s) { return s.values; }));
-    memdiag.chart = new uPlot(opts, columns, el);
+    var columns = [chart.x].concat(chart.series.map(function (s) { return s.values; }));
+    return new uPlot(opts, columns, el);
   }
 
   function drawFlame() {
@@ -84,6 +86,7 @@
     document.getElementById("flame-reset").addEventListener("click", function () { chart.resetZoom(); });
   }
 
-  drawChart();
+  memdiag.scene = drawChart("scene-chart", data.scene);
+  memdiag.chart = drawChart("memory-chart", data.chart);
   drawFlame();
 })();
