@@ -104,11 +104,12 @@ class Browser:
         assert "error" not in reply, f"{method}: {reply['error']}"
         return reply.get("result", {})
 
-    def wait_for(self, method: str, timeout: float = 30.0) -> dict:
+    def wait_for(self, method: str, timeout: float = 30.0, after: int = 0) -> dict:
+        """The first event of that method from the after-th on."""
         deadline = time.monotonic() + timeout
         with self._lock:
             while True:
-                found = next((e for e in self.events if e.get("method") == method), None)
+                found = next((e for e in self.events[after:] if e.get("method") == method), None)
                 if found is not None:
                     return found
                 left = deadline - time.monotonic()
@@ -117,8 +118,10 @@ class Browser:
 
     def open(self, url: str, settle_s: float = 1.0) -> None:
         """Load the page, then let its scripts and transitions finish."""
+        with self._lock:
+            seen = len(self.events)  # about:blank's own load may come after Page.enable: not this page's
         self.call("Page.navigate", session=True, url=url)
-        self.wait_for("Page.loadEventFired")
+        self.wait_for("Page.loadEventFired", after=seen)
         time.sleep(settle_s)
 
     def eval(self, expression: str):

@@ -227,7 +227,7 @@ def _timeline(report: Report) -> str:
         return max(0.0, min(100.0, 100.0 * t / span))
 
     for p in report.probes:
-        if p.status == "not-run" or (p.started is None and p.name not in recorded):
+        if p.status in ("not-run", "unavailable") or (p.started is None and p.name not in recorded):
             continue
         bars, when = [], ""
         if p.started is not None:
