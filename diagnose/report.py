@@ -80,6 +80,7 @@ class StackReport(_Model):
     count: int = 0  # what it counts, as its probe's Stacks.counted says: outstanding blocks, page faults ...
     detail: str  # "2,040 allocations outstanding, 0 frees" / "989 page faults" ...
     series: list[int] = []  # outstanding bytes over time (memleak)
+    series_s: list[float] = []  # when each was sampled: seconds since its probe attached (the probe's row says when)
     frame_kinds: list[str] = []  # as Culprit.frame_kinds: which frames were passed over when naming it
     reach: StackReach | None = None  # leaked / anchored at the reachability scan (memleak)
 

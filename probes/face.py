@@ -113,6 +113,7 @@ class ProbeResult(Model):
     method: str = ""
     target: str = ""
     started: float = 0.0
+    attached: float | None = None  # the wall clock once everything was attached (its series count from it)
     duration_s: float = 0.0
     target_exited_at: float | None = None
     target_execd_at: float | None = None  # the target exec'd another program then (system/identity.py)
@@ -186,6 +187,7 @@ class Stack(_Frozen):
     pid: int | None = None
     detail: str = ""  # what it accounts for, in words: "989 page faults", "12 allocations outstanding ..."
     series: list[int] = []  # bytes over the probe's run, when sampled
+    series_s: list[float] = []  # when each was sampled: seconds since the probe attached
     reach: StackReach | None = None  # what still points at its blocks, when a scan said
 
 
@@ -234,6 +236,8 @@ class ProbeStatus(_Frozen):
     reason: str
     method: str | None = None
     duration_s: float | None = None
+    started: float | None = None  # the wall clock when its run began (loading), None: not run
+    attached: float | None = None  # when everything was attached: it traced from then for duration_s
     events: int | None = None
     overhead_percent: float | None = None  # measured: what it cost the target over the window
     map_bytes: int | None = None  # kernel memory its BPF maps held
@@ -436,6 +440,8 @@ def probe_row(
         reason=row_reason(r),
         method=r.method,
         duration_s=r.duration_s,
+        started=r.started or None,
+        attached=r.attached,
         events=r.cost.events,
         overhead_percent=overhead_percent(face, r, window_s),
         map_bytes=r.cost.map_bytes,

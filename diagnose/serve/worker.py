@@ -26,7 +26,7 @@ from ..target import Target, cgroup_target, pid_target, system_target, with_cont
 from ..verify import baseline_facts, compare_scene
 from .cases import follow_up, report_service, service_key, worth_following
 from .child import DEFAULT_RUNNER, ERROR, REPORT, Request
-from .scene import NO_GROWTH
+from .scene import NO_GROWTH, Scene
 from .store import Incident, ReportGone, StorageFailing, Store
 from .targets import BadLabel, NotOnHost, target_from_labels
 
@@ -185,7 +185,7 @@ class Worker:
                 victim = (incident.alert or {}).get("victim_comm") or "the victim"
                 found = "the OOM watch, after a kill: whether what runs now grows the way the recorder saw before it"
                 report = report.model_copy(update={"verification": compare_scene(scene, report, iid, victim, found)})
-            folder, _ = self.store.write_report(iid, render_all(report))
+            folder, _ = self.store.write_report(iid, render_all(report, _recorded_scene(incident)))
         except DiagnosisKilled as e:  # what hung once likely hangs again: one retry at most
             spent = self._attempts_after_kill(incident.attempts if incident else 1)
             last = spent >= self.store.limits.max_attempts
@@ -333,6 +333,18 @@ def _scene_of(incident: Incident | None) -> dict | None:
         return None
     scene = (incident.alert or {}).get("scene")
     return scene if isinstance(scene, dict) and scene.get("shape") not in (None, *NO_GROWTH) else None
+
+
+def _recorded_scene(incident: Incident | None) -> Scene | None:
+    """The flight recorder's scene of an OOM watch incident's kill as stored, for report.html's
+    chart of it (any shape: no growth before a kill is worth seeing too); None where it has none."""
+    raw = (incident.alert or {}).get("scene") if incident is not None and incident.source == "oomwatch" else None
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return Scene.model_validate(raw)
+    except ValueError:  # a record stored by another version: the report is written without its chart
+        return None
 
 
 def _reason(e: Exception) -> str:

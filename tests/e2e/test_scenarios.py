@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from browser import HIGHLIGHTED, Browser
 from kit import GO_ENV, swapped_bytes, wait_until
 from memdiag.system import arch
 
@@ -58,6 +59,13 @@ def test_leak(memdiag, workload, tmp_path):
                          capture_output=True, text=True, timeout=60)  # fmt: skip
     rows = re.findall(r"^ *(\S+) +\S+% +\S+% +\S+ +\S+% +(.+)$", top.stdout, re.M)
     assert "Type: inuse_space" in top.stdout and rows[0][1] == "leak_order_history", top.stdout + top.stderr
+    page = (tmp_path / "report.html").as_uri()
+    with Browser(tmp_path / "profile") as b:  # the page as a real browser runs it
+        b.open(page)
+        assert b.errors() == [] and b.requests() == [page]
+        assert b.eval("document.querySelector('#memory-chart canvas') !== null")
+        b.eval("memdiag.flame.search('leak_order_history')")
+        assert b.eval(HIGHLIGHTED) == ["leak_order_history"]
 
 
 def test_a_leak_that_starts_after_the_first_look_is_still_traced(memdiag, workload, tmp_path):

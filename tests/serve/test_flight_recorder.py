@@ -7,6 +7,7 @@ OOM-kill at the same time: incidents are picked by pid."""
 from __future__ import annotations
 
 import json
+import re
 import time
 from pathlib import Path
 
@@ -87,6 +88,11 @@ def test_a_service_restarted_after_its_kill_is_verified_against_the_recorders_sc
     v = report["verification"]
     assert v["baseline_verdict"] == "oom" and v["baseline_function"] == "leak_order_history"
     assert "grows again" in v["summary"] and "before the kill" in v["summary"]
+    page = srv.get(f"/incidents/{incident['id']}?format=html")[1].decode()  # the recorder's samples charted in it
+    assert '<h2 id="before-the-kill">' in page and '<div id="scene-chart"></div>' in page
+    data = json.loads(re.search(r'id="memdiag-data">(.*?)</script>', page, re.S).group(1))
+    assert [s["label"] for s in data["scene"]["series"]][:2] == ["cgroup usage", "cgroup limit"]
+    assert max(data["scene"]["x"]) <= 0 and 48 * MiB in data["scene"]["series"][1]["values"]
 
 
 def _child(parent: int, comm: str) -> int | None:
