@@ -307,14 +307,21 @@ def _worker(args: argparse.Namespace, store, metrics, rules, notifier):
     return Worker(store, args.duration, args.budget, rules, maxsize=args.queue, on_done=done, notifier=notifier)
 
 
-def _notifier(args: argparse.Namespace, notify: tuple[list, str] | None, store):
+def _notifier(args: argparse.Namespace, notify: tuple[list, str] | None, store, metrics):
     """The notifier's thread, started with what the last stop left undelivered; None without --notify."""
     if notify is None:
         return None
     from ..serve.notify import Notifier
 
     destinations, public = notify
-    notifier = Notifier(store, destinations, public, attempts=args.notify_attempts, backoff_s=args.notify_backoff)
+    notifier = Notifier(
+        store,
+        destinations,
+        public,
+        attempts=args.notify_attempts,
+        backoff_s=args.notify_backoff,
+        on_outcome=lambda outcome: metrics.notifications.labels(outcome=outcome).inc(),
+    )
     left = notifier.resume()
     shown = ", ".join(d.shown for d in destinations)
     again = f"; {left} undelivered by the last stop sent again" if left else ""
@@ -368,7 +375,7 @@ def execute(args: argparse.Namespace) -> int:
     os.umask(0o077)  # everything serve creates is the owner's only
     store = _open_store(args)
     metrics = Metrics(store)
-    worker = _worker(args, store, metrics, rules, _notifier(args, notify, store))
+    worker = _worker(args, store, metrics, rules, _notifier(args, notify, store, metrics))
     busy = lambda: worker.current is not None  # noqa: E731 (a fault sample waits for the diagnosis to end)
     recorder = None if args.no_recorder else Recorder(every_s=args.record_every, busy=busy).start()
     kills = KillIncidents(store, worker, metrics.oom_kills.inc, recorder=recorder)

@@ -86,8 +86,8 @@ def shown_form(private: str) -> str:
 
 
 def _secrets(url: str, shown: str) -> tuple[str, ...]:
-    """The pieces of a URL that its shown form does not show, longest first."""
-    visible = set(_PIECES.split(unquote(shown))) | set(_PIECES.split(shown))
+    """The pieces of a URL that its shown form does not show (nor its scheme), longest first."""
+    visible = set(_PIECES.split(unquote(shown))) | set(_PIECES.split(shown)) | {url.partition("://")[0]}
     pieces = set(_PIECES.split(url)) | set(_PIECES.split(unquote(url)))
     return tuple(sorted((p for p in pieces if len(p) >= 4 and p not in visible), key=len, reverse=True))
 
@@ -290,10 +290,12 @@ class Notifier:
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
         sender: Callable[[Destination, str, str, str], str | None] = send,
+        on_outcome: Callable[[str], None] = lambda outcome: None,
     ):
         self.store, self.destinations, self.public_url = store, destinations, public_url.rstrip("/")
         self.attempts, self.backoff_s = attempts, backoff_s
         self.clock, self.wall, self.sender = clock, wall, sender
+        self.on_outcome = on_outcome  # per send: delivered, retried or failed (serve's /metrics counts them)
         self._due: dict[str, float] = {}  # incident -> clock time of its next delivery
         self._ready = threading.Condition()
         self.thread: threading.Thread | None = None
@@ -393,6 +395,7 @@ class Notifier:
         n = entry["attempts"]
         if error is None:
             entry.update(state="delivered", error=None)
+            self.on_outcome("delivered")
             print(f"memdiag serve: incident {iid}: verdict delivered to {d.shown} (attempt {n})", flush=True)
             return
         entry["error"] = error
@@ -402,6 +405,7 @@ class Notifier:
         else:
             entry["state"] = "retrying"
             then = f"again in {backoff(n, self.backoff_s):g} s"
+        self.on_outcome(entry["state"].replace("retrying", "retried"))
         print(
             f"memdiag serve: incident {iid}: notifying {d.shown}: attempt {n} of {self.attempts} failed ({error}); "
             + then,

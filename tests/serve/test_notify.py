@@ -78,6 +78,9 @@ def test_a_receiver_failing_twice_gets_the_verdict_on_the_third_attempt(servers,
     assert [p["status"] for p in posts] == [500, 500, 200]
     assert all(f"Incident: {iid} (api)" in p["body"]["message"] for p in posts)
     assert done["notify"]["destinations"][0]["to"] == f"json://127.0.0.1:{rx.port}/h...k"
+    metrics = srv.get("/metrics")[1].decode()
+    for outcome, count in (("delivered", 1), ("retried", 2)):
+        assert f'memdiag_notifications_total{{outcome="{outcome}"}} {count:.1f}' in metrics.splitlines()
 
 
 def test_a_receiver_that_always_fails_never_holds_the_incidents(servers, sleeper, tmp_path):
@@ -95,3 +98,4 @@ def test_a_receiver_that_always_fails_never_holds_the_incidents(servers, sleeper
     listed = {i["id"]: i for i in srv.incidents()}
     assert {first, second} <= set(listed) and listed[first]["notify"]["state"] == "failed"
     assert srv.health()["ok"] is True  # a destination that fails is no health problem of serve's
+    assert 'memdiag_notifications_total{outcome="failed"} 2.0' in srv.get("/metrics")[1].decode().splitlines()
