@@ -1,5 +1,6 @@
 """A real HTTP webhook receiver on a loopback port, for the notifier's tests: it answers each POST
-with the next status of a script (then the last one for ever) and keeps what it was sent."""
+with the next status of a script (then the last one for ever), after a delay if asked, and keeps
+what it was sent."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Receiver:
-    def __init__(self, statuses: list[int] | None = None):
+    def __init__(self, statuses: list[int] | None = None, delay_s: float = 0.0):
         self.statuses = list(statuses or [200])
+        self.delay_s = delay_s  # before each answer: a slow service (apprise reads for at most 4 s)
         self.received: list[dict] = []  # {"path", "status", "body" (parsed JSON), "headers"}
         self._lock = threading.Lock()
         owner = self
@@ -24,6 +26,7 @@ class Receiver:
                     owner.received.append(
                         {"path": self.path, "status": status, "body": json.loads(raw), "headers": dict(self.headers)}
                     )
+                time.sleep(owner.delay_s)
                 self.send_response(status)
                 self.send_header("Content-Length", "0")
                 self.end_headers()

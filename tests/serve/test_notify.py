@@ -83,18 +83,21 @@ def test_a_receiver_failing_twice_gets_the_verdict_on_the_third_attempt(servers,
         assert f'memdiag_notifications_total{{outcome="{outcome}"}} {count:.1f}' in metrics.splitlines()
 
 
-def test_a_receiver_that_always_fails_never_holds_the_incidents(servers, sleeper, tmp_path):
-    with Receiver([500]) as rx:
-        extra = ["--notify", _notify_file(tmp_path, rx.url()), "--notify-attempts", "3", "--notify-backoff", "0.5"]
+def test_a_slow_receiver_that_always_fails_never_holds_the_incidents(servers, sleeper, tmp_path):
+    with Receiver([500], delay_s=2.0) as rx:
+        extra = ["--notify", _notify_file(tmp_path, rx.url()), "--notify-attempts", "2", "--notify-backoff", "4"]
         srv = servers(tmp_path / "data", duration=1, extra=extra)
         first = srv.post("/diagnose", {"pid": sleeper()})[1]["id"]
         second = srv.post("/diagnose", {"pid": sleeper()})[1]["id"]
         items = [_notified(srv, iid, states=("failed",)) for iid in (first, second)]
-        rx.wait(6)
+        rx.wait(4)
     for item in items:
         assert item["state"] == "done" and item["verdict_kind"] is not None
         notify = item["notify"]
-        assert notify["state"] == "failed" and notify["attempts"] == 3 and "error=500" in notify["error"]
+        assert notify["state"] == "failed" and notify["attempts"] == 2 and "error=500" in notify["error"]
+    # the first's two sends took 2 s each, 4 s apart, ending >= 8 s after its diagnosis: the second
+    # diagnosis, queued behind it, was done before they were (a worker that sent would finish it after)
+    assert items[1]["updated"] < items[0]["notify"]["destinations"][0]["last_attempt"]
     listed = {i["id"]: i for i in srv.incidents()}
     assert {first, second} <= set(listed) and listed[first]["notify"]["state"] == "failed"
     assert srv.health()["ok"] is True  # a destination that fails is no health problem of serve's
