@@ -1,7 +1,8 @@
 """`memdiag serve --notify` end to end: a real server diagnoses and a real local webhook receiver
 (tests/webhook.py, reached through apprise's json:// form) gets the verdict; a receiver that fails
 twice gets it on the third attempt; one that always fails leaves the incident done and listed with
-its delivery failed. The URL's secret never shows in the incidents or serve's output."""
+its delivery failed; a restart sends what was left, not what was delivered. The URL's secret never
+shows in the incidents or serve's output."""
 
 from __future__ import annotations
 
@@ -102,3 +103,24 @@ def test_a_slow_receiver_that_always_fails_never_holds_the_incidents(servers, sl
     assert {first, second} <= set(listed) and listed[first]["notify"]["state"] == "failed"
     assert srv.health()["ok"] is True  # a destination that fails is no health problem of serve's
     assert 'memdiag_notifications_total{outcome="failed"} 2.0' in srv.get("/metrics")[1].decode().splitlines()
+
+
+def test_a_restarted_serve_sends_what_was_left_and_not_what_was_delivered(servers, sleeper, tmp_path):
+    with Receiver([200, 500, 200]) as rx:
+        notify = _notify_file(tmp_path, rx.url())
+        extra = ["--notify", notify, "--notify-backoff", "600"]  # the retry is left to the restart
+        srv = servers(tmp_path / "data", duration=1, extra=extra)
+        sent = srv.post("/diagnose", {"pid": sleeper()})[1]["id"]
+        assert _notified(srv, sent)["notify"]["state"] == "delivered"
+        left = srv.post("/diagnose", {"pid": sleeper()})[1]["id"]
+        assert _notified(srv, left, states=("retrying",))["notify"]["attempts"] == 1
+        srv.stop()
+        again = servers(tmp_path / "data", duration=1, extra=extra)
+        assert _notified(again, left)["notify"]["state"] == "delivered"
+        posts = rx.wait(3)
+        time.sleep(1)  # time for a wrong second send of the delivered one
+        ids = [p["body"]["message"].split("Incident: ")[1].split(" ")[0] for p in rx.received]
+    assert ids == [sent, left, left] and [p["status"] for p in posts] == [200, 500, 200]
+    assert json.loads(again.get(f"/incidents/{left}")[1])["notify"]["attempts"] == 2
+    again.stop()
+    assert "1 undelivered by the last stop sent again" in again.proc.stdout.read()
