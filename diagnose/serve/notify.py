@@ -251,7 +251,8 @@ def send(d: Destination, title: str, body: str, kind: str) -> str | None:
     try:
         ok = a.notify(body=body, title=title, notify_type=kind, body_format=apprise.NotifyFormat.TEXT)
     except Exception as e:  # noqa: BLE001 (a plugin's bug is a failed send, never a dead notifier)
-        ok, _ = False, _SAID.lines.append(f"{type(e).__name__}: {e}")
+        ok = False
+        _SAID.lines.append(f"{type(e).__name__}: {e}")
     if ok:
         return None
     why = _SAID.lines[-1] if _SAID.lines else "apprise reported the message not sent"
