@@ -99,6 +99,13 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.notifications = Counter(
+            "memdiag_notifications",
+            "Verdicts sent to --notify destinations, by outcome (delivered; retried: failed, tried again later; "
+            "failed: failed on its last attempt)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.store = store
 
     def render(self) -> bytes:

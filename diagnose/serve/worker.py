@@ -92,6 +92,7 @@ class Worker:
         on_done: Callable[[float, object], None] | None = None,
         deadline: Callable[[float], float] = default_deadline,
         runner: str = DEFAULT_RUNNER,
+        notifier=None,
     ):
         self.store, self.duration, self.budget, self.rules = store, duration, budget, rules
         self.deadline, self.runner = deadline, runner  # the seconds a window's diagnosis may take; what it calls
@@ -100,6 +101,9 @@ class Worker:
         self._ready = threading.Condition()
         self.admission = threading.Lock()  # capacity check and queueing of one group, together
         self.on_done = on_done
+        # notify.Notifier when serve pushes verdicts out: told of each done incident, it delivers on
+        # a thread of its own, so a slow or failing destination never holds the next diagnosis
+        self.notifier = notifier
         self.current: tuple[str, float, float] | None = None  # (incident, monotonic start, window)
         for incident in store.resumed:  # cut off by a restart: their targets are looked up again
             self._queue.append((incident.id, None, None))
@@ -214,7 +218,12 @@ class Worker:
             service=report_service(report),
             baseline=base[0].id if base else None,
             verification=v.status if v is not None else None,
+            culprit=report.verdict.culprit.function,
+            # in the same write as the outcome: a stop right after it still leaves the delivery to do
+            notify=self.notifier.pending() if self.notifier else None,
         )
+        if self.notifier:
+            self.notifier.finished(iid)
         if self.on_done:
             self.on_done(elapsed, report)
 
