@@ -38,6 +38,8 @@ from .symtab import (
 )
 
 DEBUG_ROOT = "/usr/lib/debug"
+PAGE_MASK = ~(os.sysconf("SC_PAGE_SIZE") - 1)  # a segment is mapped from the page its offset falls in
+PF_X = 1  # a segment's flag: executable
 
 # Bounds on what one module's parse costs memdiag beyond its symbol tables' (probes/symtab.py):
 # relocations past MAX_RELOCATIONS are not read (pyelftools parses one at ~20 us).
@@ -147,11 +149,20 @@ class ElfInfo:
     # --- addresses --------------------------------------------------------------------------
     def bias(self, mapping: Mapping) -> int | None:
         """Runtime address minus ELF virtual address, for a mapping of this file."""
-        for seg in self.loads:
-            if seg["p_offset"] <= mapping.offset < seg["p_offset"] + max(seg["p_filesz"], 1):
-                vaddr = seg["p_vaddr"] + (mapping.offset - seg["p_offset"])
-                return mapping.start - vaddr
-        return None
+        # The kernel maps each segment from the page its file offset falls in, and a page may hold
+        # the end of one segment and the start of the next (lld and rustc's linking pack them: a
+        # Rust binary's code starts 0x40 into the page the read-only data ends in). The mapping is
+        # the segment it was made for: the one of its permissions, else the later one.
+        found = [
+            seg
+            for seg in self.loads
+            if (seg["p_offset"] & PAGE_MASK) <= mapping.offset < seg["p_offset"] + max(seg["p_filesz"], 1)
+        ]
+        if not found:
+            return None
+        same = [seg for seg in found if bool(seg["p_flags"] & PF_X) == mapping.executable]
+        seg = (same or found)[-1]
+        return mapping.start - (seg["p_vaddr"] + (mapping.offset - seg["p_offset"]))
 
     def file_offset(self, vaddr: int) -> int | None:
         for seg in self.loads:

@@ -87,6 +87,8 @@ def build(name: str, extra_flags: list[str] | None = None) -> Path:
     per source content and flags); the binary."""
     if (GO_SOURCES / name).is_dir():
         return build_go(name, extra_flags or [])
+    if (SOURCES / f"{name}.rs").exists():
+        return build_rust(name, extra_flags or [])
     src = SOURCES / f"{name}.c"
     compiler = "cc"
     if not src.exists():
@@ -108,6 +110,17 @@ def _made_once(out: Path, make: Callable[[Path], object]) -> Path:
         make(tmp)
         os.replace(tmp, out)
     return out
+
+
+def build_rust(name: str, flags: list[str]) -> Path:
+    """rustc -O of tests/workloads/NAME.rs (scripts/setup.sh --test installs rustc and lld): a release
+    build as Rust ships them, without frame pointers, its symbols kept, linked by LLVM's lld as
+    rustc >= 1.90 does by default (its code starts inside the page its read-only data ends in)."""
+    src = SOURCES / f"{name}.rs"
+    cmd = ["rustc", "-O", "--edition", "2021", "-C", "link-arg=-fuse-ld=lld", *flags]
+    digest = hashlib.sha256(src.read_bytes() + " ".join(cmd).encode()).hexdigest()[:12]
+    out = BUILD / digest / name
+    return _made_once(out, lambda tmp: subprocess.run([*cmd, "-o", str(tmp), str(src)], check=True))
 
 
 def build_library(name: str) -> Path:

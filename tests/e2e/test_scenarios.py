@@ -68,6 +68,17 @@ def test_leak(memdiag, workload, tmp_path):
         assert b.eval(HIGHLIGHTED) == ["leak_order_history"]
 
 
+def test_a_rust_release_binary_names_its_rust_function(memdiag, workload, tmp_path):
+    """A release build (no frame pointers; lld's layout, its code starting inside a page) keeps the
+    buffers of failed settlements in a Vec: unwound through .eh_frame, named from .symtab."""
+    w = workload("claims", "200")  # ~2 MiB/s kept
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "growth", v["summary"]  # held by the Vec: reachable, not leaked
+    assert "claims::settle_claim" in (v["culprit"]["function"] or ""), v["culprit"]
+    assert "claims::settle_claim" in v["summary"], v["summary"]
+
+
 def test_a_leak_that_starts_after_the_first_look_is_still_traced(memdiag, workload, tmp_path):
     """Only churn for the first 12 s, past the first look (9 s of 30): the rules asked for nothing
     there, and before they looked again the leak was never traced (verdict growth, no probe run)."""
