@@ -372,6 +372,34 @@ def _scene_part(scene: Scene | None, chart: dict | None) -> tuple[str, list[tupl
     )
 
 
+def render_scene_page(title: str, summary: str, scene: Scene) -> str:
+    """The page of a kill incident that ran no diagnosis (memdiag serve: nothing ran in the cgroup
+    after the kill, or the queue was full): its summary and what the flight recorder saw before it."""
+    e = html.escape
+    scene_chart = scene_data(scene)
+    scene_html, _toc_entries = _scene_part(scene, scene_chart)
+    data = {"chart": None, "scene": scene_chart, "flame": None, "unit": "bytes"}
+    scripts = [_asset(n) for n in SCRIPTS]
+    csp = "default-src 'none'; img-src data:; style-src 'unsafe-inline'; script-src " + " ".join(
+        f"'{_sha256(s)}'" for s in scripts
+    )
+    return "".join(
+        [
+            '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">',
+            f'<meta http-equiv="Content-Security-Policy" content="{e(csp)}">',
+            f"<title>{e(one_line(title))}</title>",
+            f"<style>{_STYLE}{''.join(_asset(n) for n in STYLES)}</style></head><body>\n",
+            f"<h1>{e(one_line(title))}</h1>",
+            '<section class="verdict k-oom" id="verdict"><span class="kind">oom</span>'
+            f'<p class="summary">{e(one_line(summary))}</p></section>',
+            scene_html,
+            f'<script type="application/json" id="memdiag-data">{json_for_script(data)}</script>\n',
+            *(f"<script>{s}</script>\n" for s in scripts),
+            "</body></html>\n",
+        ]
+    )
+
+
 def render_html(report: Report, markdown_text: str, scene: Scene | None = None) -> str:
     """The page of a report whose Markdown is markdown_text; scene: the flight recorder's account of
     the OOM kill an incident's diagnosis followed (memdiag serve), charted first."""

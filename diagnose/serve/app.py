@@ -340,7 +340,15 @@ def _related(r) -> dict:
 
 
 def _report(store: Store, iid: str, item, fmt: str) -> Response:
-    """One of a done incident's report files (Refused 404 before it is done, 410 once it is gone)."""
+    """One of a done incident's report files (Refused 404 before it is done, 410 once it is gone);
+    a kill incident that ran no diagnosis has a page of its own: the flight recorder's scene."""
+    if fmt == "html" and item.report_dir is None and item.state == "recorded" and (item.alert or {}).get("scene"):
+        from memdiag.diagnose.render.html import render_scene_page  # the renderers load when used
+        from memdiag.diagnose.serve.scene import Scene
+
+        scene = Scene.model_validate(item.alert["scene"])
+        page = render_scene_page(f"memdiag: oom — incident {iid}", item.summary or "", scene)
+        return Response(page, media_type="text/html; charset=utf-8")
     if item.report_dir is None or item.state != "done":
         raise Refused(404, f"incident {iid} has no report ({item.state})")
     name, media = REPORT_FILES[fmt]

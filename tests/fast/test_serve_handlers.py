@@ -298,6 +298,23 @@ def test_incidents_are_paged_newest_first(serve, target):
         assert (r.status_code, r.json()) == (400, {"error": reason}), query
 
 
+def test_a_kill_recorded_without_a_diagnosis_has_a_page_of_its_scene(serve):
+    from memdiag.diagnose.serve.scene import explain
+
+    client, store, _ = serve()
+    t0, mib = 1_800_000_000.0, 1 << 20
+    cg = [(t0 + 5 * i, {"usage": (10 + 5 * i) * mib, "limit": 64 * mib, "anon": (9 + 5 * i) * mib}) for i in range(11)]
+    scene = explain(cg, [(t, {"rss": v["anon"]}) for t, v in cg], t0 + 52, 5.0, 64 * mib, victim_name="PID 7 (leak)")
+    record = {"victim_pid": 7, "scene": scene.model_dump()}
+    incident, _ = store.record("oomwatch", "recorded", None, record, "k1", summary="OOM killer killed PID 7 (leak)")
+    r = client.get(f"/incidents/{incident.id}?format=html", headers=AUTH)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), r.text[:200]
+    assert "OOM killer killed PID 7 (leak)" in r.text and '<div id="scene-chart">' in r.text
+    assert scene.text.split(";")[0].replace("'", "&#x27;") in r.text
+    r = client.get(f"/incidents/{incident.id}?format=md", headers=AUTH)  # no report: only the page
+    assert r.status_code == 404
+
+
 def test_one_incident_and_its_missing_report(serve):
     client, store, _ = serve()
     incident, _ = store.record("oomwatch", "recorded", None, {"n": 1}, "k1", summary="kill 1")

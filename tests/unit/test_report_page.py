@@ -131,6 +131,25 @@ def test_a_kill_incidents_page_charts_what_the_recorder_saw_before_the_kill(tmp_
         assert b.eval("memdiag.chart.series.length") > 2  # the window's chart is drawn beside it
 
 
+def test_a_kill_without_a_diagnosis_is_a_page_of_its_scene(tmp_path):
+    """memdiag serve's page of a kill incident that ran no diagnosis: the recorder's scene alone."""
+    from memdiag.diagnose.render.html import render_scene_page
+    from memdiag.diagnose.serve.scene import explain
+
+    t0, mib = 1_800_000_000.0, 1 << 20
+    cg = [(t0 + 5 * i, {"usage": (10 + 5 * i) * mib, "limit": 64 * mib, "anon": (9 + 5 * i) * mib}) for i in range(11)]
+    scene = explain(cg, [(t, {"rss": v["anon"]}) for t, v in cg], t0 + 52, 5.0, 64 * mib, victim_name="PID 7 (leak)")
+    path = tmp_path / "scene.html"
+    path.write_text(render_scene_page("memdiag: oom — incident x", "killed </script><img src=x>", scene))
+    with Browser(tmp_path / "profile") as b:
+        b.open(path.as_uri())
+        assert b.errors() == [] and b.requests() == [path.as_uri()]
+        assert b.eval("document.querySelector('#verdict .summary').textContent") == "killed </script><img src=x>"
+        assert b.eval("document.querySelector('img') === null")
+        assert b.eval("document.querySelector('#scene-chart canvas') !== null")
+        assert b.eval("memdiag.scene.data[1].at(-1)") == 60 * mib
+
+
 def test_the_page_names_no_url_it_could_fetch():
     text = render_all(leak_report())["report.html"]
     assert set(re.findall(r"https?://[^\s\"'<>()\\]*", text)) <= NAMESPACES
