@@ -39,6 +39,7 @@ from ..face import (
     Stacks,
     TracingCost,
     TrailItem,
+    pid_only,
 )
 from ..growth import StackGrowth, folded_lines
 from .costs import Costs, host_costs
@@ -475,6 +476,8 @@ def _refuse(options: Mapping[str, Any]) -> str | None:
 
 FACE = Face(
     name="sites",
+    summary="one function's own calls to the allocator (--function NAME; one process)",
+    needs=pid_only("traces one process's calls: give -p PID"),
     run=_run,
     result=SitesResult,
     describe=describe,
