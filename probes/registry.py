@@ -124,7 +124,7 @@ VARIANTS: tuple[Variant, ...] = (
         of="memleak",
         summary="memleak, then a scan of the process's memory for what still points at each block (one process)",
         options=(("scan_reach", True),),
-        needs_pid="scans one process's memory: give --pid (user-space allocations)",
+        needs_pid="scans one process's memory: give -p PID (user-space allocations)",
         refuses=("kernel",),
     ),
 )

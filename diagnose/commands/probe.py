@@ -124,18 +124,14 @@ def execute(args: argparse.Namespace) -> int:
     if refused:
         raise UsageError(refused)
     kind = "pid" if args.pid is not None else "cgroup" if args.cgroup is not None else "system"
+    variant = REGISTRY.variant(args.name)
+    if variant is not None and variant.needs_pid and (kind != "pid" or any(options.get(o) for o in variant.refuses)):
+        raise UsageError(f"probe {args.name} {variant.needs_pid}")
     if (needs := face.needs(kind, options)) is not None:
         raise UsageError(f"probe {args.name} {needs}")
     if os.geteuid() != 0:
         raise PermissionNeeded("BPF probes need root (CAP_BPF and CAP_PERFMON)")
     target = _target(args)
-    variant = REGISTRY.variant(args.name)
-    if (
-        variant is not None
-        and variant.needs_pid
-        and (target.kind != "pid" or any(options.get(o) for o in variant.refuses))
-    ):
-        raise UsageError(f"probe {args.name} {variant.needs_pid}")
     # one line once the probe is attached: a caller waits for it instead of guessing a load time
     ATTACHED.append(lambda _: print(f"memdiag probe {args.name}: attached", file=sys.stderr, flush=True))
     ctx = Context(
