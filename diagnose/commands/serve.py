@@ -34,8 +34,9 @@ _POLL = number(1, 3600, unit="seconds")  # Alertmanager evaluates every few seco
 
 SUMMARY = "long-running agent: turn alerts into diagnoses and record every OOM kill"
 EPILOG = """\
-Alerts arrive as webhooks (POST /alerts/alertmanager, /alerts/grafana, plain JSON on /diagnose)
-or are pulled from Alertmanager with --node and --alertmanager; GET /incidents lists incidents.
+Alerts arrive as webhooks (POST /alerts/alertmanager, /alerts/grafana, plain
+JSON on /diagnose) or are pulled from Alertmanager with --node and
+--alertmanager; GET /incidents lists the incidents.
 
 examples:
   memdiag serve

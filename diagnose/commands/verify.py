@@ -27,8 +27,9 @@ from .run import (
 
 SUMMARY = "diagnose a service again after a fix and compare with an earlier report"
 EPILOG = """\
-The service is found again by what the earlier report recorded (its container's name, command
-line, cgroup), since its pid changed with the restart; or name it with -p, --cgroup, --container.
+The service is found again by what the earlier report recorded (its
+container's name, command line, cgroup), since its pid changed with the
+restart; or name it with -p, --cgroup or --container.
 
 examples:
   memdiag verify --baseline memdiag-20260101-120000-pid1234
