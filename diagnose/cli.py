@@ -126,9 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
         if name is not None:
             epilog = module.epilog() if callable(getattr(module, "epilog", None)) else module.EPILOG
             module.add_arguments(
-                sub.add_parser(name, help=module.SUMMARY, description=module.SUMMARY + ".", epilog=epilog)
+                sub.add_parser(name, help=module.SUMMARY, description=_sentence(module.SUMMARY), epilog=epilog)
             )
     return parser
+
+
+def _sentence(summary: str) -> str:
+    return summary[:1].upper() + summary[1:] + "."
 
 
 def bare_usage() -> str:

@@ -151,7 +151,8 @@ def test_help_fits_an_80_column_terminal_and_shows_examples_and_exit_codes(comma
     assert "``" not in r.stdout  # no RST markup
     if command:  # the description: the command's whole summary, wrapped, never cut
         summary = r.stdout.split("\n\n")[1]
-        assert " ".join(summary.split()) == _commands()[command].SUMMARY + "."
+        said = _commands()[command].SUMMARY
+        assert " ".join(summary.split()) == said[0].upper() + said[1:] + "."
 
 
 def test_commands_are_summed_up_whole_in_the_main_help():
