@@ -101,5 +101,5 @@ FACE = Face(
         FactDef("brk.top_function", "string", "the function whose brk() calls grew the heap most"),
     ),
     facts_of=facts_of,
-    stacks=event_stacks("brk() calls"),
+    stacks=event_stacks("brk() calls", "brk_calls"),
 )

@@ -110,5 +110,5 @@ FACE = Face(
         FactDef("faults.top_function", "string", "the application function of the heaviest fault stack"),
     ),
     facts_of=facts_of,
-    stacks=event_stacks("page faults"),
+    stacks=event_stacks("page faults", "faults", folded_by="count"),
 )

@@ -288,5 +288,13 @@ FACE = Face(
         FactDef("fdstack.top_outstanding", "number", "how many descriptors that stack left open"),
     ),
     facts_of=facts_of,
-    stacks=Stacks(kind="events", shown=3, of=stacks, folded=lambda r: r.folded),
+    stacks=Stacks(
+        kind="events",
+        shown=3,
+        of=stacks,
+        folded=lambda r: r.folded,
+        space=None,
+        counted="descriptors",
+        folded_by="count",
+    ),
 )

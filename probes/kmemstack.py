@@ -357,5 +357,13 @@ FACE = Face(
         ),
     ),  # fmt: skip
     facts_of=facts_of,
-    stacks=Stacks(kind="allocations", shown=3, of=stacks, folded=lambda r: r.folded, culprit=culprit),
+    stacks=Stacks(
+        kind="allocations",
+        shown=3,
+        of=stacks,
+        folded=lambda r: r.folded,
+        culprit=culprit,
+        space="inuse_space",
+        counted="inuse_objects",
+    ),
 )

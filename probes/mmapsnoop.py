@@ -114,5 +114,5 @@ FACE = Face(
         FactDef("mmap.top_function", "string", "the function that mapped the most"),
     ),
     facts_of=facts_of,
-    stacks=event_stacks("mmap() calls"),
+    stacks=event_stacks("mmap() calls", "mmap_calls"),
 )

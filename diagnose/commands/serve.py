@@ -9,7 +9,6 @@ import ipaddress
 import os
 import signal
 import socket
-import stat
 from pathlib import Path
 
 from ..errors import PermissionNeeded, SignalInterrupted, UsageError
@@ -102,6 +101,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_store_arguments(parser)
     _add_agent_arguments(parser)
+    _add_notify_arguments(parser)
     add_playbook_option(parser)
 
 
@@ -170,28 +170,60 @@ def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
+_NOTIFY_ATTEMPTS = number(1, 20, integer=True)
+_NOTIFY_BACKOFF = number(0.1, 600, unit="seconds")
+
+
+def _add_notify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--notify",
+        type=Path,
+        metavar="FILE",
+        help="post each diagnosed incident (verdict, culprit, link to its report) to the apprise URLs in FILE, "
+        "one a line or a YAML list (Slack, Teams, PagerDuty, email, a JSON webhook...); FILE is checked as "
+        "the token files are (docs/serve-notify.md)",
+    )
+    parser.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="where people reach this server, for the report links notifications carry "
+        "(default http://ADDR:PORT of --listen)",
+    )
+    parser.add_argument(
+        "--notify-attempts",
+        type=_NOTIFY_ATTEMPTS,
+        default=6,
+        metavar="N",
+        help="tries per destination before its delivery is failed (default 6)",
+    )
+    parser.add_argument(
+        "--notify-backoff",
+        type=_NOTIFY_BACKOFF,
+        default=5.0,
+        metavar="S",
+        help="seconds before the second try, doubling after each failed one up to 600 (default 5)",
+    )
+
+
+def _notify_options(args: argparse.Namespace) -> tuple[list, str] | None:
+    """(destinations, public URL) of --notify, each checked at start; None without it."""
+    if args.notify is None:
+        if args.public_url is not None:
+            raise UsageError("--public-url is the link notifications carry: it needs --notify")
+        return None
+    from ..serve.notify import check_public_url, load
+
+    public = check_public_url(args.public_url or f"http://{args.listen}")
+    return load(args.notify), public
+
+
 def _secret(path: Path | None, what: str) -> str | None:
     """A token or HMAC secret from a file only its owner (root or this user) can read or change."""
     if path is None:
         return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the start
-    except OSError as e:
-        raise UsageError(f"{what} {path}: cannot read ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{what} {path}: not a regular file")
-        if st.st_uid not in (0, os.geteuid()):
-            raise UsageError(f"{what} {path}: owned by uid {st.st_uid}, not root or you: run chown root {path}")
-        if st.st_mode & 0o077:
-            mode = stat.S_IMODE(st.st_mode)
-            raise UsageError(f"{what} {path}: readable or writable by others (mode {mode:o}): run chmod 600 {path}")
-        raw = os.read(fd, MAX_SECRET + 1)
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_SECRET:
-        raise UsageError(f"{what} {path}: longer than {MAX_SECRET} bytes")
+    from ..serve.security import read_owner_only
+
+    raw = read_owner_only(path, what, MAX_SECRET)
     value = raw.decode("ascii", "replace").strip()
     if not value:
         raise UsageError(f"{what} {path}: empty")
@@ -298,7 +330,7 @@ def _open_store(args: argparse.Namespace):
     return store
 
 
-def _worker(args: argparse.Namespace, store, metrics, rules):
+def _worker(args: argparse.Namespace, store, metrics, rules, notifier):
     from ..serve.worker import Worker
 
     def done(elapsed: float, report) -> None:
@@ -306,7 +338,29 @@ def _worker(args: argparse.Namespace, store, metrics, rules):
         if report.overhead.measured_percent is not None:
             metrics.overhead.set(report.overhead.measured_percent)
 
-    return Worker(store, args.duration, args.budget, rules, maxsize=args.queue, on_done=done)
+    return Worker(store, args.duration, args.budget, rules, maxsize=args.queue, on_done=done, notifier=notifier)
+
+
+def _notifier(args: argparse.Namespace, notify: tuple[list, str] | None, store, metrics):
+    """The notifier's thread, started with what the last stop left undelivered; None without --notify."""
+    if notify is None:
+        return None
+    from ..serve.notify import Notifier
+
+    destinations, public = notify
+    notifier = Notifier(
+        store,
+        destinations,
+        public,
+        attempts=args.notify_attempts,
+        backoff_s=args.notify_backoff,
+        on_outcome=lambda outcome: metrics.notifications.labels(outcome=outcome).inc(),
+    )
+    left = notifier.resume()
+    shown = ", ".join(d.shown for d in destinations)
+    again = f"; {left} undelivered by the last stop sent again" if left else ""
+    print(f"memdiag serve: notifying {shown} of each diagnosed incident (links to {public}){again}", flush=True)
+    return notifier.start()
 
 
 def _serve(app, listener: socket.socket) -> None:
@@ -342,6 +396,7 @@ def execute(args: argparse.Namespace) -> int:
     token = _secret(args.token_file, "--token-file")
     read_token = _secret(args.read_token_file, "--read-token-file")
     grafana_secret = _secret(args.grafana_secret_file, "--grafana-secret-file")
+    notify = _notify_options(args)
     if token is None and not _loopback(host):
         raise UsageError(f"--listen {args.listen}: refusing to listen off loopback without --token-file")
     if os.geteuid() != 0:
@@ -354,7 +409,7 @@ def execute(args: argparse.Namespace) -> int:
     os.umask(0o077)  # everything serve creates is the owner's only
     store = _open_store(args)
     metrics = Metrics(store)
-    worker = _worker(args, store, metrics, rules)
+    worker = _worker(args, store, metrics, rules, _notifier(args, notify, store, metrics))
     busy = lambda: worker.current is not None  # noqa: E731 (a fault sample waits for the diagnosis to end)
     recorder = None if args.no_recorder else Recorder(every_s=args.record_every, busy=busy).start()
     kills = KillIncidents(store, worker, metrics.oom_kills.inc, recorder=recorder)

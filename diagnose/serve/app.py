@@ -99,6 +99,13 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.notifications = Counter(
+            "memdiag_notifications",
+            "Verdicts sent to --notify destinations, by outcome (delivered; retried: failed, tried again later; "
+            "failed: failed on its last attempt)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.store = store
 
     def render(self) -> bytes:
@@ -323,6 +330,7 @@ REPORT_FILES = {
     "md": ("report.md", "text/markdown"),
     "json": ("report.json", "application/json"),
     "html": ("report.html", "text/html"),
+    "pprof": ("profile.pb.gz", "application/octet-stream"),  # gzipped profile.proto: go tool pprof URL
 }
 
 
@@ -340,7 +348,7 @@ def _report(store: Store, iid: str, item, fmt: str) -> Response:
         raw = store.read_report(iid, name)
     except ReportGone as e:
         raise Refused(410, str(e)) from None
-    return Response(raw, media_type=f"{media}; charset=utf-8")
+    return Response(raw, media_type=media if fmt == "pprof" else f"{media}; charset=utf-8")
 
 
 class Api:
@@ -443,7 +451,7 @@ class Api:
         if fmt in REPORT_FILES:
             return _report(self.store, iid, item, fmt)
         if fmt is not None:
-            raise Refused(400, "format is md, json or html")
+            raise Refused(400, "format is md, json, html or pprof")
         related = [_related(r) for r in self.store.related(item)]  # its service's earlier incidents
         return JSONResponse({**item.model_dump(), "related": related})
 

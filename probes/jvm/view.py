@@ -318,7 +318,17 @@ FACE = Face(
     facts=FACTS,
     facts_of=facts_of,
     rows=rows,
-    stacks=Stacks(kind="allocations", shown=3, of=stacks, folded=_folded, culprit=_culprit),
+    # bytes: what the site's allocation samples stand for; count: its sampled objects still held
+    stacks=Stacks(
+        kind="allocations",
+        shown=3,
+        of=stacks,
+        folded=_folded,
+        culprit=_culprit,
+        space="alloc_space",
+        counted="held_samples",
+        folded_by="count",
+    ),
     caveats=caveats,
     sections=sections,
     trail=trail,

@@ -413,6 +413,8 @@ STACKS = Stacks(
     of=lambda r: [_stack_of(s) for s in r.stacks],
     folded=lambda r: r.folded,
     culprit=_culprit,
+    space="inuse_space",
+    counted="inuse_objects",
 )
 
 
