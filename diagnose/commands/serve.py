@@ -41,6 +41,7 @@ examples:
   memdiag serve
   memdiag serve --listen 0.0.0.0:9797 --token-file /etc/memdiag/token
   memdiag serve --node "$(hostname)" --alertmanager http://alertmanager:9093
+  memdiag serve --notify /etc/memdiag/notify.yaml --public-url http://HOST:9797
 
 exit status:
   0  stopped cleanly    1  a failure
@@ -200,8 +201,9 @@ def _add_notify_arguments(parser: argparse.ArgumentParser) -> None:
         "--notify-backoff",
         type=_NOTIFY_BACKOFF,
         default=5.0,
-        metavar="S",
-        help="seconds before the second try, doubling after each failed one up to 600 (default 5)",
+        metavar="DURATION",
+        help="time before the second try (5s, 1m; a number is seconds), doubling after each failed one up to 10m "
+        "(default 5s)",
     )
 
 
