@@ -4,8 +4,6 @@ overhead section, findings, next steps, caveats. Every probe is read through its
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from memdiag.probes.face import Face, Plan, ProbeStatus, Section, percent_of_window
 from memdiag.probes.registry import REGISTRY
 from memdiag.probes.runtime import Frames
@@ -16,13 +14,7 @@ from .factset import probe_figures
 from .observe import Observation
 from .report import Finding, Overhead, Report, StackReport, TargetInfo, Window
 from .verdict import EngineResult
-
-
-def memdiag_version() -> str:
-    try:
-        return version("memdiag")
-    except PackageNotFoundError:
-        return "unknown"
+from .version import memdiag_version
 
 
 def target_info(target: Target, facts: dict | None = None) -> TargetInfo:

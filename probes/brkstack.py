@@ -92,6 +92,7 @@ def facts_of(r: BrkResult | None, _plan, name) -> dict:
 
 FACE = Face(
     name="brkstack",
+    summary="brk() heap growth by user stack, with the bytes each call added",
     run=plain(run),
     result=BrkResult,
     describe=describe,

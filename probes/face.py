@@ -24,6 +24,10 @@ Nothing in diagnose/ or rules/ changes.
 The face, field by field (only `name` and `run` are required)
 ---------------------------------------------------------------
 name       the registry's name: what rules ask for and what the probe table's row is called.
+summary    one line saying what it observes, for `memdiag probe --help` and the man page.
+needs      needs(target kind, options) -> why `memdiag probe NAME` cannot run on a target of this kind
+           ("pid", "cgroup", "system") with these options (a usage error, exit 2), or None; pid_only(why)
+           for a probe of one process. In a diagnosis it returns "unavailable" with its reason instead.
 run        run(target, ctx) -> ProbeResult (a subclass: the probe's own typed result). ctx.seconds
            is how long it may observe; ctx.plan its own plan when it made one; ctx.budget the
            budget's ledger (allowance_ns: what is left of the target's time; `memdiag probe`: the
@@ -362,6 +366,8 @@ class Face:
 
     name: str
     run: Callable[[Target, Context], ProbeResult]
+    summary: str = ""
+    needs: Callable[[str, Mapping[str, Any]], str | None] = lambda _kind, _o: None
     result: type[ProbeResult] = ProbeResult
     describe: Callable[[Any, int], list[str]] = _none
     facts: tuple[FactDef, ...] = ()
@@ -392,6 +398,11 @@ class Face:
 
     def fact_names(self) -> set[str]:
         return {f.name for f in self.facts}
+
+
+def pid_only(why: str) -> Callable[[str, Mapping[str, Any]], str | None]:
+    """The face's needs for a probe of one process: why, for any other target."""
+    return lambda kind, _o: None if kind == "pid" else why
 
 
 def plain(run: Callable[[Target, float], ProbeResult]) -> Callable[[Target, Context], ProbeResult]:

@@ -99,6 +99,7 @@ def facts_of(r: FaultsResult | None, _plan, name) -> dict:
 
 FACE = Face(
     name="faults",
+    summary="page faults by user stack: where resident memory grows, as pages touched",
     run=plain(run),
     result=FaultsResult,
     describe=describe,

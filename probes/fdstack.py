@@ -273,6 +273,7 @@ def stacks(r: FdResult) -> list[Stack]:
 
 FACE = Face(
     name="fdstack",
+    summary="descriptors holding kernel memory (sockets, pipes ...) by the stack that made them",
     run=plain(run),
     result=FdResult,
     describe=describe,

@@ -318,6 +318,7 @@ def culprit(r: KmemResult, _verdict_kind: str) -> Stack | None:
 
 FACE = Face(
     name="kmemstack",
+    summary="kernel slab allocations the target left outstanding, by kernel and user stack",
     run=plain(run),
     result=KmemResult,
     describe=describe,

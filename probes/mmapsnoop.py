@@ -104,6 +104,7 @@ def facts_of(r: MmapResult | None, _plan, name) -> dict:
 
 FACE = Face(
     name="mmapsnoop",
+    summary="mmap() calls by user stack with length and kind, munmap() per process",
     run=plain(run),
     result=MmapResult,
     describe=describe,

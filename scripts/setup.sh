@@ -135,6 +135,10 @@ if [ ! -e "$stamp" ] || [ "$here/pyproject.toml" -nt "$stamp" ]; then
     say "installed memdiag into $venv"
 fi
 
+# --- man page and shell completion ------------------------------------------------------
+# generated from the parser (scripts/cli_docs.py), kept in docs/: `man memdiag`, tab completion
+"$here/scripts/install_cli_docs.sh"
+
 # --- BPF programs --------------------------------------------------------------------------
 # Compiled once per kernel (bcc's compiler peaks at 130-170 MiB); a diagnosis then loads cached
 # bytecode. Prints one line only when something was compiled.

@@ -31,6 +31,24 @@ _RECORD = number(0.5, 600, unit="seconds")
 _POLL = number(1, 3600, unit="seconds")  # Alertmanager evaluates every few seconds: faster buys nothing
 
 
+SUMMARY = "long-running agent: turn alerts into diagnoses and record every OOM kill"
+EPILOG = """\
+Alerts arrive as webhooks (POST /alerts/alertmanager, /alerts/grafana, plain
+JSON on /diagnose) or are pulled from Alertmanager with --node and
+--alertmanager; GET /incidents lists the incidents.
+
+examples:
+  memdiag serve
+  memdiag serve --listen 0.0.0.0:9797 --token-file /etc/memdiag/token
+  memdiag serve --node "$(hostname)" --alertmanager http://alertmanager:9093
+  memdiag serve --notify /etc/memdiag/notify.yaml --public-url http://HOST:9797
+
+exit status:
+  0  stopped cleanly    1  a failure
+  2  bad usage (a bad option, a port in use, an unsafe data folder)
+  130, 143  stopped by SIGINT, SIGTERM (queued diagnoses resume at next start)"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--listen", default="127.0.0.1:9797", metavar="ADDR:PORT", help="where to listen (default 127.0.0.1:9797)"
@@ -52,8 +70,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="incidents database and reports (default /var/lib/memdiag/serve)",
     )
-    parser.add_argument("--duration", type=_DURATION, default=30.0, metavar="S", help="window of each diagnosis")
-    parser.add_argument("--budget", type=PERCENT, default=DEFAULT_BUDGET_PERCENT, metavar="PERCENT")
+    parser.add_argument(
+        "--duration",
+        type=_DURATION,
+        default=30.0,
+        metavar="DURATION",
+        help="window of each diagnosis: 30s, 5m; a plain number is seconds (default 30s, at most 1h)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=PERCENT,
+        default=DEFAULT_BUDGET_PERCENT,
+        metavar="PERCENT",
+        help=f"how much each diagnosis may slow its target: 2 or 2%% (default {DEFAULT_BUDGET_PERCENT:g}%%)",
+    )
     parser.add_argument(
         "--queue",
         type=_QUEUE,
@@ -95,8 +125,9 @@ def _add_store_arguments(parser: argparse.ArgumentParser) -> None:
         "--dedupe-window",
         type=_WINDOW,
         default=86_400.0,
-        metavar="S",
-        help="a diagnosed alert delivered again within this many seconds is not diagnosed again (default 86400, "
+        metavar="DURATION",
+        help="a diagnosed alert delivered again within this long (24h, 90m; a number is seconds) is not diagnosed "
+        "again (default 24h, "
         "longer than Alertmanager's default repeat_interval of 4 h)",
     )
     parser.add_argument(
@@ -111,7 +142,7 @@ def _add_store_arguments(parser: argparse.ArgumentParser) -> None:
         "--record-every",
         type=_RECORD,
         default=5.0,
-        metavar="S",
+        metavar="DURATION",
         help="the flight recorder's cadence: every memory cgroup and its processes sampled this often, the last"
         " hour kept, so that an OOM kill is explained by what grew before it (default 5)",
     )
@@ -132,7 +163,11 @@ def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         "--alertmanager-token-file", type=Path, metavar="F", help="bearer token for --alertmanager (behind a proxy)"
     )
     parser.add_argument(
-        "--poll", type=_POLL, default=15.0, metavar="S", help="seconds between pulls from --alertmanager (default 15)"
+        "--poll",
+        type=_POLL,
+        default=15.0,
+        metavar="DURATION",
+        help="time between pulls from --alertmanager (default 15s)",
     )
 
 
@@ -166,8 +201,9 @@ def _add_notify_arguments(parser: argparse.ArgumentParser) -> None:
         "--notify-backoff",
         type=_NOTIFY_BACKOFF,
         default=5.0,
-        metavar="S",
-        help="seconds before the second try, doubling after each failed one up to 600 (default 5)",
+        metavar="DURATION",
+        help="time before the second try (5s, 1m; a number is seconds), doubling after each failed one up to 10m "
+        "(default 5s)",
     )
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_rate
 
-from ..face import Context, Face, FactDef, Option, Plan, Section, Stack, Stacks, TracingCost, TrailItem
+from ..face import Context, Face, FactDef, Option, Plan, Section, Stack, Stacks, TracingCost, TrailItem, pid_only
 from .recording import Held
 from .result import JfrResult
 
@@ -310,6 +310,8 @@ def describe(r: JfrResult, top: int) -> list[str]:
 
 FACE = Face(
     name="jfr",
+    summary="a JVM's flight recording: the held objects' allocation stacks (one process)",
+    needs=pid_only("records one JVM: give -p PID"),
     run=run,
     result=JfrResult,
     describe=describe,
