@@ -23,8 +23,13 @@ from memdiag.probes.runtime import Frames
 from memdiag.rules.loader import load_playbook, shipped_playbooks
 from memdiag.rules.model import FrameClass
 
-# `fn+0x1a [module]`, or a Go frame from its function table: `main.handle (main.go:30, inlined) [orderd]`
-_FRAME = re.compile(r"^(?P<fn>.*?)(?:\+0x[0-9a-f]+| \([^()]*\)) \[(?P<mod>[^\]]+)\]$")
+# `fn+0x1a [module]`, with details where known: `fn+0x1a (GCC clone .isra.0) [module]`, a frame with its
+# file:line `fn (orderd.c:16, GCC clone .isra.0) [module]`, a Go frame `main.handle (main.go:30, inlined) [orderd]`
+_FRAME = re.compile(
+    r"^(?P<fn>.*?)(?:\+0x[0-9a-f]+(?: \((?P<more>[^()]*)\))?| \((?P<detail>[^()]*)\)) \[(?P<mod>[^\]]+)\]$"
+)
+_SOURCE = re.compile(r"^\S+:\d+$")  # a detail that is a file:line
+_CLONE_DETAIL = re.compile(r"^(?:GCC|LLVM) clone (?P<clone>\S+)$")
 _UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>.+)\])?$")  # the module may be bracketed itself: [[anon]]
 PASSED_OVER = ("allocator", "wrapper", "guessed-wrapper", "runtime")
 JIT_UNNAMED = "unnamed JIT-compiled code (no perf map)"
@@ -43,6 +48,8 @@ class Named:
     interpreter: bool  # the culprit is an interpreter function
     label: str | None = None  # the function, or the module of an unnamed one: what facts say
     python_caller: str | None = None  # a native culprit's first Python frame above it (ctypes)
+    source: str | None = None  # the culprit frame's file:line, where its frame says it
+    clone: str | None = None  # the compiler's clone suffix of the culprit's symbol (".isra.0")
 
 
 @functools.lru_cache(maxsize=1)
@@ -138,7 +145,8 @@ class Classes:
             label = f"{label}, called from {language} {caller}"
         elif interp and label:  # no program frame to name: say whose function it is, and what is missing
             label = f"{label} (the interpreter's own; the script calling it unread)"
-        return Named(kinds, index, function, guessed and index is not None, interp, label, caller)
+        source, clone = frame_details(frames[index]) if index is not None else (None, None)
+        return Named(kinds, index, function, guessed and index is not None, interp, label, caller, source, clone)
 
     def _caller(self, split: list[tuple[str | None, str | None]], index: int | None) -> tuple[str | None, str | None]:
         """(the first frame in the program's own language above a native culprit that is not passed
@@ -167,10 +175,29 @@ def _all_passed(kinds: list[str]) -> bool:
     return bool(kinds) and all(k in PASSED_OVER for k in kinds)
 
 
+def frame_details(frame: str) -> tuple[str | None, str | None]:
+    """(file:line, clone suffix) a native frame carries in its details, each None where it has none:
+    `process_order (orderd.c:16, GCC clone .isra.0) [orderd]` -> (`orderd.c:16`, `.isra.0`)."""
+    if language_of(split_frame(frame)[1]) is not None:
+        return None, None  # a runtime's own frame: its file:line is part of its function's name here
+    m = _FRAME.match(frame)
+    said = (m["detail"] or m["more"] or "") if m else ""
+    source = clone = None
+    for part in said.split(", ") if said else []:
+        c = _CLONE_DETAIL.match(part)
+        if c:
+            clone = c["clone"]
+        elif _SOURCE.match(part) and source is None:
+            source = part
+    return source, clone
+
+
 def split_frame(frame: str) -> tuple[str | None, str | None]:
     """(function, module) of a frame as the probes print it: `fn+0x1a [module]`, `fn (file.go:12)
-    [module]` (Go) or `[unknown] [module]`; a frame of a runtime's language, such as a Python frame
-    `handle_order (/srv/orders.py:42) [python]`, is (`handle_order (orders.py:42)`, `python`)."""
+    [module]` (Go; a native frame with its line, `fn (orderd.c:16) [module]`), either with more
+    details (`fn+0x1a (GCC clone .isra.0) [module]`: the function is `fn`) or `[unknown] [module]`;
+    a frame of a runtime's language, such as a Python frame `handle_order (/srv/orders.py:42)
+    [python]`, is (`handle_order (orders.py:42)`, `python`)."""
     for lang in languages():  # first: such a frame has the Go frame's shape too
         p = lang.pattern.match(frame)
         if p:

@@ -13,7 +13,7 @@ from memdiag.system.perfmap import PerfMap, perf_map_grew
 
 from .codefacts import remembered
 from .elf import elf_info
-from .frame import Frame
+from .frame import Frame, split_clone
 from .go.stacks import go_frames
 from .procmaps import AddressSpace
 from .unwind import StackSlice, frame_pointer_walk, unwind
@@ -61,7 +61,8 @@ class Symbolizer:
             self.failed += 1
             return Frame(address=address, module=mapping.path)
         sym, off = hit
-        return Frame(address=address, function=demangle(sym.name), offset=off, module=mapping.path)
+        name, clone = split_clone(sym.name)  # process_order.isra.0: GCC's copy of process_order
+        return Frame(address=address, function=demangle(name), offset=off, module=mapping.path, clone=clone)
 
     def _jit_frame(self, address: int) -> Frame | None:
         """Code a JIT generated, named by the runtime's perf map (Node under --perf-basic-prof);
