@@ -21,6 +21,7 @@ from elftools.elf.sections import SymbolTableSection
 from memdiag.system.elfread import open_elf, section_bytes, section_headers, segment_headers
 from memdiag.system.safefile import open_regular
 
+from .lines import DEBUG_ROOT, LineTable, NoLines, crc_matches, debuglink
 from .mapping import Mapping
 from .symtab import (
     EXPORTED,
@@ -36,8 +37,6 @@ from .symtab import (
     SymbolTable,
     symbol_rows,
 )
-
-DEBUG_ROOT = "/usr/lib/debug"
 
 # Bounds on what one module's parse costs memdiag beyond its symbol tables' (probes/symtab.py):
 # relocations past MAX_RELOCATIONS are not read (pyelftools parses one at ~20 us).
@@ -139,6 +138,7 @@ class ElfInfo:
         self._objects: SymbolTable | None = None
         self._allocated: list[tuple[int, int, str]] | None = None  # (start, end, name) of SHF_ALLOC sections
         self._build_id: str | None | bool = False  # False: not read yet
+        self._lines: LineTable | None | bool = False  # False: not looked for yet
 
     def close(self) -> None:
         """The file let go (a reader from passing_elf_info, once done with it)."""
@@ -192,6 +192,46 @@ class ElfInfo:
             return None
         path = os.path.join(DEBUG_ROOT, ".build-id", bid[:2], bid[2:] + ".debug")
         return elf_info(path) if os.path.exists(path) else None
+
+    def lines(self, module: str | None = None) -> LineTable | None:
+        """The module's DWARF line tables (probes/lines.py): its own, else its debug file's, found by
+        build id, else by its .gnu_debuglink under DEBUG_ROOT and the module's directory as the
+        process maps it (module: that path). Looked for once; None where there are none."""
+        if self._lines is False:
+            self._lines = None
+            self._lines = self._find_lines(module)
+        return self._lines  # type: ignore[return-value]
+
+    @_or(_none)
+    def _find_lines(self, module: str | None) -> LineTable | None:
+        for source in (self, self.debug_file(), self._linked_debug_file(module)):
+            if source is None:
+                continue
+            try:
+                return LineTable(source)
+            except NoLines as e:
+                if str(e) != "no DWARF line table":
+                    _note(self.path, f"no source lines ({source.path}: {e})")
+        return None
+
+    def _linked_debug_file(self, module: str | None) -> ElfInfo | None:
+        """The debug file its .gnu_debuglink names, in DEBUG_ROOT under the module's directory (or
+        DEBUG_ROOT itself), taken where its build id is the module's (or, without one, its CRC)."""
+        link = debuglink(self.elf)
+        if link is None or not module or not module.startswith("/"):
+            return None
+        name, crc = link
+        for folder in (os.path.normpath(DEBUG_ROOT + os.path.dirname(module)), DEBUG_ROOT):
+            path = os.path.join(folder, name)
+            if not path.startswith(DEBUG_ROOT + "/"):
+                continue  # the module's path is the target's: "/../.." leads nowhere here
+            debug = elf_info(path) if os.path.isfile(path) else None
+            if debug is None:
+                continue
+            mine = self.build_id()
+            if (mine and debug.build_id() == mine) or (not mine and crc_matches(path, crc)):
+                return debug
+        return None
 
     @_or(_none)
     def _load_symbols(self) -> None:

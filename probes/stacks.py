@@ -12,7 +12,7 @@ from pathlib import Path
 from memdiag.system.perfmap import PerfMap, perf_map_grew
 
 from .codefacts import remembered
-from .elf import elf_info
+from .elf import elf_info, note_module
 from .frame import Frame, split_clone
 from .go.stacks import go_frames
 from .procmaps import AddressSpace
@@ -63,6 +63,27 @@ class Symbolizer:
         sym, off = hit
         name, clone = split_clone(sym.name)  # process_order.isra.0: GCC's copy of process_order
         return Frame(address=address, function=demangle(name), offset=off, module=mapping.path, clone=clone)
+
+    def sourced(self, frame: Frame, leaf: bool) -> Frame:
+        """The frame with its file:line where its module (or its debug file) has a DWARF line table
+        for it. leaf: the address is where the code was (the stack's first frame); a caller's is
+        the return address, the instruction after the call, whose line may be the next one."""
+        if frame.function is None or frame.source is not None or frame.offset is None:
+            return frame  # unnamed, or named with its line already (Go), or no native frame
+        mapping = self.space.find(frame.address) if self.space else None
+        if mapping is None or not mapping.is_file:
+            return frame
+        elf = elf_info(self.space.file_path(mapping))
+        bias = elf.bias(mapping) if elf else None
+        table = elf.lines(mapping.path) if elf is not None and bias is not None else None
+        if table is None:
+            return frame
+        try:
+            at = table.source(frame.address - bias - (0 if leaf else 1))
+        except Exception as e:  # noqa: BLE001  (a hostile file's DWARF raises anything: no line, noted)
+            note_module(elf.path, f"no source lines ({type(e).__name__})")
+            return frame
+        return frame.model_copy(update={"source": f"{at[0]}:{at[1]}"}) if at else frame
 
     def _jit_frame(self, address: int) -> Frame | None:
         """Code a JIT generated, named by the runtime's perf map (Node under --perf-basic-prof);
@@ -190,6 +211,26 @@ def _while_executable(space: AddressSpace, addresses: list[int]) -> list[int]:
         if not _executable(space, a):
             break
         out.append(a)
+    return out
+
+
+def sourced(frames: list[str], native: list[Frame], space: AddressSpace | None) -> list[str]:
+    """A stack's frames (as the probe named them, a runtime's frames among them) with file:line added
+    to its native frames where a DWARF line table has it (Symbolizer.sourced). native: the stack's
+    native frames, leaf first. For the stacks a report shows only: each module's tables are read
+    when a frame of it is first looked up."""
+    if space is None or not native:
+        return frames
+    symbolizer = Symbolizer(space)
+    names = [str(f) for f in native]
+    out, j = [], 0
+    for text in frames:  # in order: a runtime's frames stand where the interpreter's native ones were
+        k = next((k for k in range(j, len(names)) if names[k] == text), None)
+        if k is None:
+            out.append(text)
+            continue
+        out.append(str(symbolizer.sourced(native[k], leaf=k == 0)))
+        j = k + 1
     return out
 
 
