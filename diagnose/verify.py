@@ -16,6 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
+from memdiag.probes.frame import split_clone
 from memdiag.system.processes import read_all_processes
 from memdiag.system.trends import LEVEL_OFF_RATIO, MIN_GROWTH_BYTES, growth_trend
 from memdiag.system.units import fmt_rate
@@ -104,8 +105,8 @@ def signature(frames: list[str], kinds: list[str]) -> tuple[str, ...]:
     for i, frame in enumerate(frames):
         if i < len(kinds) and kinds[i] in _PASSED_OVER and not names:
             continue
-        fn, _module = split_frame(frame)  # the function alone: no offset, file:line or clone suffix
-        names.append(fn or frame)
+        fn, _module = split_frame(frame)  # the function alone: no offset, file:line or clone detail
+        names.append(split_clone(fn)[0] if fn else frame)  # a report of before clones were folded too
         if len(names) == SIGNATURE_FRAMES:
             break
     return tuple(names)
