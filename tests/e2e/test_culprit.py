@@ -9,6 +9,7 @@ from pathlib import Path
 
 O2 = ["-O2", "-fomit-frame-pointer"]
 PYLIST = Path(__file__).resolve().parent.parent / "workloads" / "pylist.py"
+ORDERD = PYLIST.with_name("orderd.c")
 
 
 def _diagnose(memdiag, out: Path, pid: int) -> dict:
@@ -69,3 +70,23 @@ def test_a_python_target_is_named_by_its_python_frames(memdiag, root_required, t
     # the native frames still name the interpreter's functions, marked and passed over
     assert grown and any(f.startswith("PyByteArray_") for f in grown[0]["frames"])
     assert grown[0]["frame_kinds"].index("culprit") > grown[0]["frame_kinds"].index("interpreter")
+
+
+def test_a_gcc_clone_is_named_by_its_function_and_source_line(memdiag, workload, tmp_path):
+    """The issue's demo: a -O2 -g service whose leaking function GCC turned into a clone. The culprit
+    reads process_order at the line that leaks (the binary's DWARF), the clone kept as a detail;
+    the stacks show file:line beside their frames; the flame graph names the same function."""
+    w = workload("orderd", "1000", "5", flags=["-O2"])
+    rep = _diagnose(memdiag, tmp_path, w.pid)
+    leak = next(i for i, text in enumerate(ORDERD.read_text().splitlines(), 1) if "/* LEAK */" in text)
+    v = rep["verdict"]
+    assert v["kind"] == "leak", v["summary"]
+    c = v["culprit"]
+    assert (c["function"], c["source"]) == ("process_order", f"orderd.c:{leak}"), c["stack"]
+    assert c["clone"].startswith((".constprop.", ".isra.")), c
+    assert "leaks from process_order:" in v["summary"]
+    md = (tmp_path / "report.md").read_text()
+    assert f"function **`process_order`** at `orderd.c:{leak}` (GCC clone {c['clone']})" in md
+    assert f"`process_order (orderd.c:{leak}, GCC clone {c['clone']}) [orderd]`" in md  # in the stack
+    folded = (tmp_path / "growth.folded").read_text()
+    assert ";main;process_order;malloc " in folded and ".constprop" not in folded and ".isra" not in folded

@@ -2,6 +2,9 @@
 pointers (-O2 -fomit-frame-pointer) each call path through a wrapper keeps its own stack, unwound
 with .eh_frame, and the wrapper's code is read as forwarding (or not) from its instructions."""
 
+import re
+from pathlib import Path
+
 from kit import build
 from memdiag.diagnose.culprit import default_classes
 from memdiag.probes import forwarders, memleak
@@ -56,3 +59,28 @@ def test_a_garbage_frame_chain_neither_floods_the_maps_nor_merges_the_paths(work
     assert session.functions[:3] == ["malloc", "odd_alloc", "open_session"]
     assert session.reach.anchored_count <= 2 and 4.0 <= session.allocs / session.reach.leaked_count <= 6.0
     assert entry.reach.leaked_count == 0 and entry.reach.anchored_count == entry.outstanding_count > 500
+
+
+def _leak_line() -> int:
+    source = Path(__file__).resolve().parents[1] / "workloads" / "orderd.c"
+    return next(i for i, text in enumerate(source.read_text().splitlines(), 1) if "/* LEAK */" in text)
+
+
+def test_a_gcc_clone_is_named_by_its_function_at_its_source_line(workload):
+    """orderd at -O2 -g: GCC makes process_order a clone (process_order.constprop.0); the stack
+    names process_order, the clone as a detail, the line that leaks from the binary's DWARF, and
+    glibc's malloc its line from glibc's debug file (libc6-dbg, by build id)."""
+    w = workload("orderd", "1000", "5", flags=["-O2"])
+    r = memleak.run(Target.for_pid(w.pid), 4, series_interval=1.0)
+    assert r.status == "ok", r.reason
+    s = max(r.stacks, key=lambda s: s.outstanding_bytes)
+    n = default_classes().name(s.frames, s.forwards)
+    assert (n.function, n.source) == ("process_order", f"orderd.c:{_leak_line()}"), s.frames
+    assert n.clone is not None and n.clone.startswith((".constprop", ".isra")), s.frames
+    assert s.frames[n.index] == f"process_order (orderd.c:{_leak_line()}, GCC clone {n.clone}) [orderd]"
+    assert s.functions[: n.index + 2] == ["malloc", "process_order", "main"]
+    assert re.fullmatch(r"main \(orderd\.c:\d+\) \[orderd\]", s.frames[n.index + 1]), s.frames
+    if elf_info("/lib/x86_64-linux-gnu/libc.so.6").debug_file() is not None:
+        assert re.fullmatch(r"malloc \(malloc\.c:\d+\) \[libc\.so\.6\]", s.frames[0]), s.frames
+    # the flame graph's stacks name the function as the culprit does
+    assert any(line.startswith("_start;") and ";main;process_order;malloc " in line for line in r.folded), r.folded
