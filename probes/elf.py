@@ -107,6 +107,8 @@ def _none():
 
 
 ELF_MAGIC = b"\x7fELF"
+PAGE = os.sysconf("SC_PAGE_SIZE")
+PF_X = 0x1
 
 
 class NotElf(OSError):
@@ -146,7 +148,16 @@ class ElfInfo:
 
     # --- addresses --------------------------------------------------------------------------
     def bias(self, mapping: Mapping) -> int | None:
-        """Runtime address minus ELF virtual address, for a mapping of this file."""
+        """Runtime address minus ELF virtual address, for a mapping of this file. The kernel maps a
+        segment from its offset rounded down to a page: a mapping at that offset is that segment's
+        (lld and rustc lay segments out at offsets that are not page-aligned, 0x13b90 at vaddr
+        0x14b90, and the segment before covers the page too: read as that one's, every address of
+        the code was named 0x1000 off, no symbol or the wrong one), else the segment that holds it."""
+        starting = [s for s in self.loads if s["p_offset"] - s["p_offset"] % PAGE == mapping.offset]
+        if starting:
+            # two segments starting in one page: the one of the mapping's kind (code or not)
+            seg = next((s for s in starting if bool(s["p_flags"] & PF_X) == mapping.executable), starting[-1])
+            return mapping.start - (seg["p_vaddr"] - seg["p_offset"] % PAGE)
         for seg in self.loads:
             if seg["p_offset"] <= mapping.offset < seg["p_offset"] + max(seg["p_filesz"], 1):
                 vaddr = seg["p_vaddr"] + (mapping.offset - seg["p_offset"])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,10 +19,24 @@ from .go.stacks import go_frames
 from .procmaps import AddressSpace
 from .unwind import StackSlice, frame_pointer_walk, unwind
 
+# Rust's legacy mangling is the Itanium ABI's with a hash as the last component (`17h` and 16 hex
+# digits): read by a Rust demangler, it is the path without the hash (claims::settle_claim), where
+# a C++ demangler leaves the hash on (claims::settle_claim::h0123456789abcdef)
+_RUST_LEGACY = re.compile(r"^_ZN.*17h[0-9a-f]{16}E$")
+
 
 @functools.lru_cache(maxsize=65536)
 def demangle(name: str) -> str:
-    """C++ (Itanium ABI) names as people read them: OrderBook::record(long)."""
+    """Names as people read them: C++'s (Itanium ABI) OrderBook::record(long), Rust's (legacy
+    `_ZN...17h<hash>E` and v0 `_R...`) claims::settle_claim."""
+    if name.startswith("_R") or _RUST_LEGACY.match(name):
+        # here: a native module (rustc-demangle's algorithm, ~1.3 MiB resident), for Rust names only
+        import multi_demangle
+
+        try:
+            return multi_demangle.demangle_symbol(name) or name  # a name it cannot read comes back as it is
+        except Exception:  # noqa: BLE001  (the name is the binary's: whatever the demangler makes of it)
+            return name
     if not name.startswith("_Z"):
         return name
     import cxxfilt  # here: it maps libstdc++ and its demangler (0.85 MiB resident), for C++ names only

@@ -28,6 +28,7 @@ if [ "${1:-}" = "--test" ]; then
     packages+=(prometheus-alertmanager curl chromium strace podman runc graphite-carbon golang-go nodejs)
     packages+=(openjdk-17-jdk-headless libh2-java)
     packages+=(stress-ng)  # a busy host, for the signal tests that must hold under load
+    packages+=(rustc)  # Rust release binaries, for the names memdiag reads of them (tests/workloads/claims.rs)
 fi
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")

@@ -83,10 +83,13 @@ def swapped_bytes(pid: int) -> int:
 
 
 def build(name: str, extra_flags: list[str] | None = None) -> Path:
-    """Compile tests/workloads/NAME.c or NAME.cc, or the Go program tests/workloads/go/NAME (once
-    per source content and flags); the binary."""
+    """Compile tests/workloads/NAME.c or NAME.cc, the Rust program NAME.rs (a release build with
+    line tables: rustc -O -g), or the Go program tests/workloads/go/NAME (once per source content
+    and flags); the binary."""
     if (GO_SOURCES / name).is_dir():
         return build_go(name, extra_flags or [])
+    if (SOURCES / f"{name}.rs").exists():
+        return build_rust(name, extra_flags or [])
     src = SOURCES / f"{name}.c"
     compiler = "cc"
     if not src.exists():
@@ -108,6 +111,15 @@ def _made_once(out: Path, make: Callable[[Path], object]) -> Path:
         make(tmp)
         os.replace(tmp, out)
     return out
+
+
+def build_rust(name: str, flags: list[str]) -> Path:
+    """`rustc -O -g FLAGS` of tests/workloads/NAME.rs (Debian's rustc), once per source and flags."""
+    src = SOURCES / f"{name}.rs"
+    flags = ["-O", "-g", *flags]
+    digest = hashlib.sha256(src.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
+    out = BUILD / digest / name
+    return _made_once(out, lambda tmp: subprocess.run(["rustc", *flags, "-o", str(tmp), str(src)], check=True))
 
 
 def build_library(name: str) -> Path:

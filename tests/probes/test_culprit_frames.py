@@ -84,3 +84,20 @@ def test_a_gcc_clone_is_named_by_its_function_at_its_source_line(workload):
         assert re.fullmatch(r"malloc \(malloc\.c:\d+\) \[libc\.so\.6\]", s.frames[0]), s.frames
     # the flame graph's stacks name the function as the culprit does
     assert any(line.startswith("_start;") and ";main;process_order;malloc " in line for line in r.folded), r.folded
+
+
+def test_a_rust_release_binary_s_leak_is_named_by_its_rust_function(workload):
+    """claims, a Rust release binary (no frame pointers) leaking in settle_claim: unwound by its
+    .eh_frame and named in Rust's terms, in both manglings (legacy `_ZN...17h<hash>E`, v0 `_R...`).
+    Before, its code was looked up 0x1000 off (rustc's segments start mid-page: probes/elf.py
+    bias) and its stack read `malloc <- [unknown]`."""
+    for flags in ([], ["-C", "symbol-mangling-version=v0"]):
+        w = workload("claims", "1000", "5", flags=flags)
+        r = memleak.run(Target.for_pid(w.pid), 3, series_interval=1.0)
+        assert r.status == "ok", r.reason
+        s = max(r.stacks, key=lambda s: s.outstanding_bytes)
+        n = default_classes().name(s.frames, s.forwards)
+        assert n.function == "claims::settle_claim", (flags, s.frames)
+        assert s.functions[n.index + 1] == "claims::main", (flags, s.frames)
+        assert re.fullmatch(r"claims::settle_claim \(\w+\.rs:\d+\) \[claims\]", s.frames[n.index]), s.frames
+        w.stop()
