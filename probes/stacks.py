@@ -98,6 +98,8 @@ class Symbolizer:
         except Exception as e:  # noqa: BLE001  (a hostile file's DWARF raises anything: no line, noted)
             note_module(elf.path, f"no source lines ({type(e).__name__})")
             return frame
+        if table.note:
+            note_module(elf.path, f"source lines: {table.note}")  # a bound reached (said once)
         return frame.model_copy(update={"source": f"{at[0]}:{at[1]}"}) if at else frame
 
     def _jit_frame(self, address: int) -> Frame | None:

@@ -1,5 +1,6 @@
-"""Source lines of native frames from DWARF line tables (probes/lines.py), checked against an
-independent reader (LLVM's addr2line where installed, else binutils'), on a -g binary of the kit
+"""Source lines of native frames from DWARF line tables (probes/lines.py), in the function that holds
+the address (where a call was inlined there, that call's line), checked against an independent
+reader (LLVM's addr2line -i where installed, else binutils'), on a -g binary of the kit
 and on glibc through its debug file (libc6-dbg, found by build id); and the bounds that hold
 whatever a binary's DWARF claims (a compressed section claiming or unpacking past its bound)."""
 
@@ -32,14 +33,22 @@ def notes():
 
 
 def _addr2line(path: str, addresses: list[int]) -> list[tuple[str, str]]:
-    """(file's last component, line) of each address as an addr2line other than memdiag's says
-    ("??" where it has none). binutils' 2.40 names a DWARF 5 unit's own file for its headers' lines
-    (its file 1 read as file 0's): with it, only lines are compared."""
+    """(file's last component, line) of each address in the function that holds it, as an addr2line
+    other than memdiag's says (the last of its -i lines: where the function calls what was inlined
+    there; "??" where it has none). binutils' 2.40 names a DWARF 5 unit's own file for its headers'
+    lines (its file 1 read as file 0's): with it, only lines are compared."""
     tool = shutil.which("llvm-addr2line") or "addr2line"
-    out = subprocess.run([tool, "-e", path, *map(hex, addresses)], capture_output=True, text=True, check=True)
-    said = []
+    out = subprocess.run([tool, "-a", "-i", "-e", path, *map(hex, addresses)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    groups: list[list[str]] = []
     for text in out.stdout.splitlines():
-        where = text.split(" ")[0]
+        if text.startswith("0x"):
+            groups.append([])
+        elif text:
+            groups[-1].append(text)
+    said = []
+    for group in groups:
+        where = group[-1].split(" ")[0]
         file, _, line = where.rpartition(":")
         said.append(("??", "??") if file.startswith("??") or line in ("0", "?") else (file.rsplit("/", 1)[-1], line))
     return said
