@@ -33,6 +33,7 @@ _CLONE_DETAIL = re.compile(r"^(?:GCC|LLVM) clone (?P<clone>\S+)$")
 _UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>.+)\])?$")  # the module may be bracketed itself: [[anon]]
 PASSED_OVER = ("allocator", "wrapper", "guessed-wrapper", "runtime")
 JIT_UNNAMED = "unnamed JIT-compiled code (no perf map)"
+JIT_INTERPRETED = "a method the JVM's interpreter ran (not compiled yet: its perf map names no such method)"
 
 
 @dataclass(frozen=True)
@@ -122,7 +123,12 @@ class Classes:
         kinds: list[str] = []
         index, guessed = None, False
         split = [split_frame(f) for f in frames]
-        read_above = [any(language_of(m) for _f, m in split[i + 1 :]) for i in range(len(split))]
+        # the program's own frames above: its language's (Python's, read by a runtime's probe), or
+        # code a JIT compiled for it that is not the runtime's own (a JVM's perf map names
+        # Thumbnails.thumbnail(int) above libjvm.so's os::malloc; the JDK's classes are passed over)
+        own = [language_of(m) is not None or (fn is not None and _jit(m) and self.kind(fn, m) not in PASSED_OVER)
+               for fn, m in split]  # fmt: skip
+        read_above = [any(own[i + 1 :]) for i in range(len(split))]
         for i, (fn, mod) in enumerate(split):
             if index is not None:
                 kinds.append("caller")
@@ -138,6 +144,8 @@ class Classes:
         function, module = split[index] if index is not None else (None, None)
         interp = index is not None and kinds[index] == "interpreter"
         label = function or (f"an unnamed function in {module} (no symbol)" if module else None)
+        if function == "Interpreter" and _jit(module):
+            label = JIT_INTERPRETED
         if label is None and any(split_frame(f) == (None, "[anon]") for f in frames):
             label = JIT_UNNAMED  # past the runtime's frames, only code a JIT generated, no perf map naming it
         caller, language = self._caller(split, index) if language_of(module) is None else (None, None)
@@ -169,6 +177,14 @@ def _unnamed(module_kind: str | None, module: str | None) -> str | None:
     if module_kind == "interpreter" or not module or module.startswith("[") or language_of(module):
         return "unknown"
     return None
+
+
+_PERF_MAP = re.compile(r"^perf-\d+\.map$")
+
+
+def _jit(module: str | None) -> bool:
+    """The frame's code was generated at run time and named by the runtime's perf map."""
+    return module is not None and _PERF_MAP.match(module) is not None
 
 
 def _all_passed(kinds: list[str]) -> bool:

@@ -3,8 +3,11 @@ pointers (-O2 -fomit-frame-pointer) each call path through a wrapper keeps its o
 with .eh_frame, and the wrapper's code is read as forwarding (or not) from its instructions."""
 
 import re
+import time
 from pathlib import Path
 
+import pytest
+from jvmkit import have_jdk
 from kit import build
 from memdiag.diagnose.culprit import default_classes
 from memdiag.probes import forwarders, memleak
@@ -104,3 +107,20 @@ def test_a_rust_release_binary_s_leak_is_named_by_its_rust_function(workload):
         # the line in settle_claim that allocates (Box::new, inlined there: not alloc.rs's line)
         assert s.frames[n.index] == f"claims::settle_claim (claims.rs:{box}) [claims]", s.frames
         w.stop()
+
+
+@pytest.mark.skipif(not have_jdk(), reason="needs a JDK (scripts/setup.sh --test installs openjdk-17)")
+def test_a_jvm_s_off_heap_leak_is_named_by_the_java_method_that_allocates(java):
+    """Thumbnails keeps every direct buffer it renders (off the Java heap: os::malloc under
+    Unsafe.allocateMemory). Its stack runs from libjvm.so's frames through the JDK's, JIT-compiled
+    and named by the JVM's perf map (frame pointers kept in compiled code: -XX:+PreserveFramePointer),
+    to thumbnail: the program's method is the culprit, not os::malloc."""
+    w = java("Thumbnails", "500", jvm=["-Xmx256m", "-XX:MaxDirectMemorySize=2g", "-XX:+PreserveFramePointer"])
+    time.sleep(3)  # thumbnail compiled (C1 compiles a method called a few hundred times)
+    r = memleak.run(Target.for_pid(w.pid), 4, series_interval=1.0)
+    assert r.status == "ok", r.reason
+    s = max(r.stacks, key=lambda s: s.outstanding_bytes)
+    n = default_classes().name(s.frames, s.forwards)
+    assert n.function == "Thumbnails.thumbnail(int, int)", s.frames
+    assert s.functions[:2] == ["malloc", "os::malloc(unsigned long, MEMFLAGS)"], s.frames
+    assert n.kinds[1] == "interpreter" and "runtime" in n.kinds[: n.index], n.kinds
