@@ -208,7 +208,7 @@ class ElfInfo:
         """The module's DWARF line tables (probes/lines.py): its own, else its debug file's, found by
         build id, else by its .gnu_debuglink under DEBUG_ROOT and the module's directory as the
         process maps it (module: that path). Looked for once; None where there are none."""
-        if self._lines is False:
+        if self._lines is False or (self._lines is not None and self._lines.closed):
             self._lines = None
             self._lines = self._find_lines(module)
         return self._lines  # type: ignore[return-value]

@@ -16,7 +16,7 @@ from pydantic import Field
 from .cpython.frames import PyFrame, PythonStacks, mixed
 from .face import Namer, Stack, Stacks
 from .procmaps import AddressSpace
-from .stacks import Frame, Symbolizer, folded, recover, sourced
+from .stacks import Frame, Symbolizer, close_line_tables, folded, recover, sourced
 
 T = TypeVar("T")
 
@@ -181,6 +181,7 @@ class EventStacks:
             s.model_copy(update={"frames": sourced(s.frames, s.native, self.spaces.get(s.pid))}) if s.native else s
             for s in stacks[:top]
         ]  # their frames' file:line: DWARF line tables read for the stacks kept alone
+        close_line_tables()
         out = {"stacks": shown, "folded": folded_lines(stacks, weight), "lost": stack_losses(stats, failed)}
         if self.python is not None:
             out["python"] = self.python.reading() if self.python.targets or self.python.refused else None

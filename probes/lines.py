@@ -53,6 +53,7 @@ _SECTIONS = (
     ".debug_rnglists",
 )
 _HELD = [0]
+_OPEN: weakref.WeakSet = weakref.WeakSet()  # every table with its sections held (close_all)
 
 
 def _give_back(size: int) -> None:
@@ -121,7 +122,8 @@ class LineTable:
                 raise NoLines(f"over memdiag's bound on debug sections held ({MAX_HELD_BYTES >> 20} MiB)")
             sections[name] = DebugSectionDescriptor(io.BytesIO(data), name, hdr["sh_offset"], len(data), 0)
         _HELD[0] += held
-        weakref.finalize(self, _give_back, held)
+        self._give_back = weakref.finalize(self, _give_back, held)
+        _OPEN.add(self)
         config = DwarfConfig(little_endian=elf.little_endian, default_address_size=elf.elfclass // 8, machine_arch="")
         get = sections.get
         return DWARFInfo(
@@ -146,6 +148,17 @@ class LineTable:
             gnu_debugaltlink_sec=None,
             debug_types_sec=None,
         )
+
+    @property
+    def closed(self) -> bool:
+        return self._dwarf is None
+
+    def close(self) -> None:
+        """Its sections and what was decoded of them let go (glibc's: 8 MiB of sections, ~15 MiB of
+        memdiag's RSS while held); a module's table is read again where a frame of it is next asked."""
+        self._dwarf = self._aranges = self._units = None
+        self._programs, self._calls = {}, {}
+        self._give_back()
 
     def source(self, vaddr: int) -> tuple[str, int] | None:
         """(file name, line) of the code at vaddr (the file's own address) in the function that holds
@@ -286,6 +299,12 @@ class LineTable:
             lines.append(0 if s.end_sequence else min(s.line, 0xFFFFFFFF))
             files.append(file if 0 <= file < len(names) else 0xFFFFFFFF)
         return _Program(addresses, lines, files, names)
+
+
+def close_all() -> None:
+    """Every module's line tables let go: once the stacks a probe keeps have their lines."""
+    for table in list(_OPEN):
+        table.close()
 
 
 def _row_key(state, i: int) -> tuple:

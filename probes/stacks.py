@@ -231,6 +231,13 @@ def _while_executable(space: AddressSpace, addresses: list[int]) -> list[int]:
     return out
 
 
+def close_line_tables() -> None:
+    """The line tables read for the stacks a probe keeps let go, once they have their lines."""
+    from .lines import close_all
+
+    close_all()
+
+
 def sourced(frames: list[str], native: list[Frame], space: AddressSpace | None) -> list[str]:
     """A stack's frames (as the probe named them, a runtime's frames among them) with file:line added
     to its native frames where a DWARF line table has it (Symbolizer.sourced). native: the stack's

@@ -96,6 +96,10 @@ def test_glibc_s_lines_come_from_its_debug_file_found_by_build_id(notes):
     addresses = sorted(s.address + random.randrange(s.size) for s in functions)
     assert _compare(libc, LIBC, debug.path, addresses) > len(addresses) // 2
     assert first < 5.0, f"glibc's line table took {first:.2f} s to first answer"
+    assert lines._HELD[0] > 1 << 20  # its sections, unpacked
+    lines.close_all()  # what a probe does once its stacks have their lines
+    assert lines._HELD[0] == 0
+    assert libc.lines(LIBC).source(malloc.address)[0] == "malloc.c"  # read again where asked again
     assert not notes
 
 
