@@ -18,7 +18,7 @@ from elftools.common.exceptions import ELFError
 from elftools.dwarf.callframe import FDE, CallFrameInfo
 from elftools.dwarf.structs import DWARFStructs
 from elftools.elf.sections import SymbolTableSection
-from memdiag.system.elfread import open_elf, section_bytes, section_headers, segment_headers
+from memdiag.system.elfread import SectionWindow, open_elf, section_bytes, section_headers, segment_headers
 from memdiag.system.safefile import open_regular
 
 from .lines import DEBUG_ROOT, LineTable, NoLines, crc_matches, debuglink
@@ -392,7 +392,7 @@ class ElfInfo:
             eh = self.elf.get_section_by_name(".eh_frame")
             if eh is None or eh["sh_type"] == "SHT_NOBITS":
                 return
-            stream = _Window(self._file, eh["sh_offset"], eh["sh_size"])
+            stream = SectionWindow(self._file, eh["sh_offset"], eh["sh_size"])
             address, size = eh["sh_addr"], stream.size
             width = self.elf.elfclass // 8
             structs = DWARFStructs(little_endian=self.elf.little_endian, dwarf_format=32, address_size=width)
@@ -461,34 +461,6 @@ class ElfInfo:
             else:
                 break
         return row
-
-
-class _Window:
-    """A section of an open file as a stream of its own (offset 0 is the section's start, reads stop
-    at its end, or the file's): what pyelftools' CallFrameInfo reads, without the section in memory."""
-
-    def __init__(self, file, start: int, size: int):
-        file.seek(0, os.SEEK_END)
-        self._file, self._start = file, start
-        self.size = max(0, min(size, file.tell() - start))
-        self._at = 0
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._at, os.SEEK_END: self.size}[whence]
-        self._at = max(0, base + offset)
-        return self._at
-
-    def tell(self) -> int:
-        return self._at
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.size - self._at if n is None or n < 0 else min(n, max(0, self.size - self._at))
-        if n <= 0:
-            return b""
-        self._file.seek(self._start + self._at)
-        data = self._file.read(n)
-        self._at += len(data)
-        return data
 
 
 def _underscores(name: str) -> int:
