@@ -4,8 +4,6 @@ overhead section, findings, next steps, caveats. Every probe is read through its
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
-
 from memdiag.probes.face import Face, Plan, ProbeStatus, Section, percent_of_window
 from memdiag.probes.registry import REGISTRY
 from memdiag.probes.runtime import Frames
@@ -16,13 +14,7 @@ from .factset import probe_figures
 from .observe import Observation
 from .report import Finding, Overhead, Report, StackReport, TargetInfo, Window
 from .verdict import EngineResult
-
-
-def memdiag_version() -> str:
-    try:
-        return version("memdiag")
-    except PackageNotFoundError:
-        return "unknown"
+from .version import memdiag_version
 
 
 def target_info(target: Target, facts: dict | None = None) -> TargetInfo:
@@ -83,11 +75,12 @@ def _probe_rows(result: EngineResult, window_s: float) -> list[ProbeStatus]:
     return rows
 
 
-def _stacks(result: EngineResult, classes: Classes) -> tuple[list[StackReport], list[str]]:
+def _stacks(result: EngineResult, classes: Classes) -> tuple[list[StackReport], list[str], str | None]:
     """The stacks the report shows, allocation stacks first; the flame graph's folded lines from
-    the first probe that has any (memleak's outstanding bytes, else pages faulted in)."""
+    the first probe that has any (memleak's outstanding bytes, else pages faulted in), and its name."""
     out: list[StackReport] = []
     folded: list[str] = []
+    folded_probe: str | None = None
     for face in REGISTRY.stack_faces():
         r = result.results.get(face.name)
         shown = face.stacks.of(r) if r is not None and face.stacks is not None else []
@@ -99,7 +92,9 @@ def _stacks(result: EngineResult, classes: Classes) -> tuple[list[StackReport], 
                     probe=face.name,
                     frames=s.frames,
                     bytes=s.bytes,
+                    count=s.count,
                     series=s.series,
+                    series_s=s.series_s,
                     detail=s.detail,
                     reach=s.reach,
                     frame_kinds=classes.name(s.frames, s.forwards or None).kinds,
@@ -107,7 +102,8 @@ def _stacks(result: EngineResult, classes: Classes) -> tuple[list[StackReport], 
             )
         if not folded:
             folded = face.stacks.folded(r)  # type: ignore[union-attr]
-    return out, folded
+            folded_probe = face.name if folded else None
+    return out, folded, folded_probe
 
 
 def _ran(result: EngineResult) -> list[tuple[Face, object]]:
@@ -120,7 +116,7 @@ def assemble(result: EngineResult, budget_percent: float) -> Report:
     obs, tri = result.observation, result.triage
     window_s = max(obs.ended - obs.started, 1e-9)
     probes = _spent_rows(result.plans, window_s) + _probe_rows(result, window_s)
-    stacks, folded = _stacks(result, result.classes)
+    stacks, folded, folded_probe = _stacks(result, result.classes)
     ran = _ran(result)
     reasons = [p.reason for p in result.plans.values()]
     return Report(
@@ -150,6 +146,7 @@ def assemble(result: EngineResult, budget_percent: float) -> Report:
         stacks=stacks,
         sections=_runtime_sections(obs) + [s for face, r in ran for s in face.sections(r)],
         folded=folded,
+        folded_probe=folded_probe,
         counters=result.counters,
         cycles=result.cycles,
         interim=result.interim,

@@ -53,7 +53,7 @@ def watch(engine, sampler) -> None:
         end = min(start + engine.cycle_s, engine.duration)
         mark = engine.begin_cycle(end)
         engine.rounds(sampler)
-        with phase(f"counters (cycle {index + 1})"):
+        with phase(f"counters (cycle {index + 1})", holds=False):
             sampler.wait(max(0.0, end - engine.elapsed()), interrupted)
         obs = sampler.so_far()
         seen = record(index, start, engine.elapsed(), obs, engine.results, engine.classes)

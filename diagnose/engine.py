@@ -293,7 +293,7 @@ class Engine:
         threading.Thread(target=_warm_up, args=(self.target.kind,), daemon=True).start()
         span = self.cycle_s or self.duration
         first_look = min(span, max(FIRST_LOOK_MIN_S, FIRST_LOOK_SHARE * span))
-        with phase("counters (first look)"):
+        with phase("counters (first look)", holds=False):
             sampler.wait(first_look, interrupted)
         try:
             if self.cycle_s is None:
@@ -303,7 +303,7 @@ class Engine:
         except KeyboardInterrupt:  # a caller that did not catch signals (memdiag's CLI does)
             sampler.stop()
         rules_cut = interrupted()  # the signal came before the rules had asked for everything
-        with phase("counters (rest of the window)"):
+        with phase("counters (rest of the window)", holds=False):
             sampler.wait(None, interrupted)  # the counters cover the whole window, probes or not
         sampler.join()
         obs = sampler.so_far(closing=True)
@@ -330,7 +330,7 @@ class Engine:
             wait = min(self.look_every(), self.left() - MIN_PROBE_S - 1.0)
             if wait <= 0:
                 return
-            with phase("counters (looking again)"):
+            with phase("counters (looking again)", holds=False):
                 sampler.wait(wait, interrupted)
 
     # --- a long window's cycles (diagnose/cycles.py watches them; the state is the engine's) ------

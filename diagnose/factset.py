@@ -27,7 +27,7 @@ from .evidence import (
 from .ledgers import ledger_facts
 from .observe import Observation
 from .report import TARGET_SERIES, Counters
-from .triage import Triage, kills_during, limit_hits, memory_level, memory_shape, triage
+from .triage import Triage, kills_during, limit_hits, memory_level, memory_measure, memory_shape, triage
 
 
 def app_function(frames: list[str], forwards: list[bool] | None = None, classes: Classes | None = None) -> str | None:
@@ -72,6 +72,7 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         return f
     f.update(_system_facts(obs, counters))
     f["memory.level"] = memory_level(counters)
+    f["memory.measure"] = memory_measure(counters)
     f["memory.thp_collapses"] = thp_collapses(obs)
     f.update(_process_facts(obs, counters))
     f.update(_cgroup_facts(obs, counters))

@@ -9,7 +9,7 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-from memdiag.system.units import parse_quantity, parse_size
+from memdiag.system.units import parse_duration, parse_size
 
 
 def _shown(x: float) -> str:
@@ -31,7 +31,9 @@ def number(
     unit: str = "",
 ) -> Callable[[str], float]:
     """An argparse type: a finite number >= minimum (> minimum with above) and <= maximum.
-    integer: whole numbers only (returned as int). unit names what the number counts, for the message."""
+    integer: whole numbers only (returned as int). unit names what the number counts, for the
+    message; "seconds" and "milliseconds" also take a duration as operators type it ('90s', '5m',
+    '2h30m', '1d': system/units.parse_duration), "percent" a trailing '%' ('2%')."""
 
     def described() -> str:
         parts = []
@@ -40,13 +42,23 @@ def number(
         if maximum is not None:
             parts.append(f"at most {_shown(maximum)}")
         kind = "a whole number" if integer else "a finite number"
-        return kind + (" " + " and ".join(parts) if parts else "") + (f" {unit}" if unit else "")
+        examples = {
+            "seconds": " (or a duration: 90s, 5m, 2h30m, 1d)",
+            "milliseconds": " (or a duration: 250ms, 2s)",
+            "percent": " (e.g. 2 or 2%)",
+        }
+        return (
+            kind + (" " + " and ".join(parts) if parts else "") + (f" {unit}" if unit else "") + examples.get(unit, "")
+        )
 
     def parse(text: str) -> float:
+        written = text.strip()
+        if unit == "percent" and written.endswith("%"):
+            written = written[:-1].rstrip()
         try:
-            value: float = int(text, 10) if integer else float(text)
+            value: float = int(written, 10) if integer else float(written)
         except ValueError:  # also a whole number of more digits than Python converts (4300)
-            value = _seconds(text) if unit == "seconds" else None  # type: ignore[assignment]
+            value = _duration(written, unit)  # type: ignore[assignment]
             if value is None:
                 raise argparse.ArgumentTypeError(f"{_quoted(text)} is not {described()}") from None
         if not math.isfinite(value):
@@ -60,15 +72,16 @@ def number(
     return parse
 
 
-def _seconds(text: str) -> float | None:
-    """A duration with its unit ('90s', '30min', '6h', '1d'), in seconds; None when it is not one."""
-    try:
-        value, kind = parse_quantity(text)
-    except ValueError as e:
-        if "ambiguous" in str(e):  # '1m': a minute or a MiB; say so rather than "not a number"
-            raise argparse.ArgumentTypeError(str(e)) from None
+def _duration(text: str, unit: str) -> float | None:
+    """A duration with its units ('90s', '5m', '2h30m', '1d') in the option's unit (seconds or
+    milliseconds); None when the option takes no duration or the text is not one."""
+    scale = {"seconds": 1.0, "milliseconds": 1000.0}.get(unit)
+    if scale is None or len(text) > 64:
         return None
-    return value if kind == "seconds" else None  # type: ignore[return-value]
+    try:
+        return parse_duration(text) * scale
+    except ValueError:
+        return None
 
 
 def size(maximum: int) -> Callable[[str], int]:

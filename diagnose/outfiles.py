@@ -19,6 +19,7 @@ import errno
 import os
 import pwd
 import stat
+from collections.abc import Mapping
 from pathlib import Path
 
 from memdiag.system.cgroup import parse_mountinfo
@@ -41,7 +42,7 @@ class ReportFolder:
     def __init__(self, path: Path, fd: int):
         self.path, self.fd = path, fd
 
-    def write(self, files: dict[str, str]) -> None:
+    def write(self, files: Mapping[str, str | bytes]) -> None:
         """Each file replaced whole (a reader never sees half a file). OSError as the system says."""
         for name, text in files.items():
             _replace(self.fd, name, text)
@@ -103,14 +104,18 @@ def write_file(path: Path, text: str) -> None:
         os.close(dfd)
 
 
-def _replace(dfd: int, name: str, text: str) -> None:
+def _replace(dfd: int, name: str, text: str | bytes) -> None:
     tmp = f".{name}.tmp"
     with contextlib.suppress(FileNotFoundError):
         os.unlink(tmp, dir_fd=dfd)  # a leftover, or a planted link: the link goes, its target stays
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, FILE_MODE, dir_fd=dfd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
-            f.write(text)
+        if isinstance(text, bytes):  # a gzipped profile
+            with os.fdopen(fd, "wb") as f:
+                f.write(text)
+        else:
+            with os.fdopen(fd, "w", encoding="utf-8", errors="surrogateescape") as f:
+                f.write(text)
         os.rename(tmp, name, src_dir_fd=dfd, dst_dir_fd=dfd)
     except BaseException:
         with contextlib.suppress(OSError):

@@ -79,8 +79,10 @@ class StackReport(_Model):
     probe: str
     frames: list[str]
     bytes: int
+    count: int = 0  # what it counts, as its probe's Stacks.counted says: outstanding blocks, page faults ...
     detail: str  # "2,040 allocations outstanding, 0 frees" / "989 page faults" ...
     series: list[int] = []  # outstanding bytes over time (memleak)
+    series_s: list[float] = []  # when each was sampled: seconds since its probe attached (the probe's row says when)
     frame_kinds: list[str] = []  # as Culprit.frame_kinds: which frames were passed over when naming it
     reach: StackReach | None = None  # leaked / anchored at the reachability scan (memleak)
 
@@ -308,6 +310,7 @@ class Report(_Model):
     stacks: list[StackReport] = []
     sections: list[Section] = []  # the probes' own parts of the evidence ("Java heap")
     folded: list[str] = []  # memory-growth flame graph input (growth.folded)
+    folded_probe: str | None = None  # the probe whose stacks they are (its Stacks.folded_by: bytes or a count)
     counters: Counters
     verification: Verification | None = None  # memdiag verify: the earlier report's culprits now
     cycles: list[CycleRecord] = []  # a long window's cycles (empty: a window watched in one go)

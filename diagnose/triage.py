@@ -487,9 +487,26 @@ def memory_shape(counters: Counters) -> str:
     return "unknown"
 
 
+# The series memory.level reads, first found first, each with what a sentence calls it: for the
+# whole system it is MemAvailable, which a sentence must not pass off as the memory in use.
+LEVEL_SERIES = {
+    "process.rss": "RSS",
+    "cgroup.usage": "memory usage",
+    "system.mem_available": "available memory (MemAvailable)",
+}
+
+
+def _level_series(counters: Counters) -> str | None:
+    return next((name for name in LEVEL_SERIES if name in counters.trends), None)
+
+
 def memory_level(counters: Counters) -> int | None:
     """Where the target's memory ended: its RSS or usage, or MemAvailable for the whole system."""
-    for name in ("process.rss", "cgroup.usage", "system.mem_available"):
-        if name in counters.trends:
-            return counters.trends[name].last
-    return None
+    name = _level_series(counters)
+    return counters.trends[name].last if name is not None else None
+
+
+def memory_measure(counters: Counters) -> str | None:
+    """What memory.level is, in words: 'RSS', 'memory usage', 'available memory (MemAvailable)'."""
+    name = _level_series(counters)
+    return LEVEL_SERIES[name] if name is not None else None

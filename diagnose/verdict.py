@@ -73,7 +73,10 @@ def verdict_of(
 
 def culprit_of(kind: str, target: Target, tri: Triage, results: dict[str, ProbeResult], classes: Classes) -> Culprit:
     """Who: the OOM kill's victim, a cgroup's grower, else the target; and the stack the verdict
-    rests on, with its first frame worth reading."""
+    rests on, with its first frame worth reading. A healthy verdict names none: nothing is to blame
+    (a report once said "Culprit: PID 500" under "stable at 100 MiB")."""
+    if kind == "healthy":
+        return Culprit()
     base = Culprit(pid=target.pid, comm=target.comm, cgroup=target.cgroup.path if target.cgroup else None)
     if kind == "oom" and "oom" in tri.culprits:
         return tri.culprits["oom"]

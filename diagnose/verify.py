@@ -29,7 +29,7 @@ from .target import Target, cgroup_target, container_target, pid_target, with_co
 
 MAX_REPORT_BYTES = 64 << 20  # a day's window with every sample kept stays far below this
 GROWING = ("leak", "growth")
-# How a status reads for scripts: memdiag verify exits with it (0 fixed; README "Verify a fix").
+# How a status reads for scripts: memdiag verify exits with it (0 fixed; docs/verify.md).
 EXIT_CODES = {"fixed": 0, "still-leaking": 3, "new-growth": 4, "inconclusive": 5}
 _PASSED_OVER = {"allocator", "wrapper", "guessed-wrapper", "runtime", "unknown"}
 SIGNATURE_FRAMES = 4  # the culprit and its callers: enough to tell two paths into one function apart
@@ -284,6 +284,9 @@ def compare_scene(scene: dict, new: Report, incident: str, victim: str, found_by
             StackComparison(function=new_fn or fn, status=status, note=f"the new run's {new.verdict.kind} verdict")
         )
         said = f"it grows again ({new.verdict.kind}" + (f" in `{new_fn}`" if new_fn else "") + ")"
+    elif new.verdict.kind == "oom" and new.verdict.culprit.pid == new.target.pid and after is not None and after > 0:
+        # the restarted process climbed until the kernel killed it again: the same end, seen in its window
+        status, said = "still-leaking", "it grows again and was killed again at its limit"
     elif before and after is not None and window * before > 4 * MIN_GROWTH_BYTES and after < LEVEL_OFF_RATIO * before:
         status, said = "fixed", "it no longer grows at the pace that filled the limit"
     else:

@@ -311,10 +311,11 @@ def run_probe(run: Run, target: Target, duration: float) -> ProbeResult:
         except identity.TargetChanged as e:
             detach_all(bpf)
             return _not_the_target(run, target, started, e.change, "while the probe was attached: it was detached")
+        attached = clock.wall()
         window = _window(run, bpf, target, mode, pids, duration)
     finally:
         bpf.cleanup()
-    return _result(run, target, started, window)
+    return _result(run, target, started, window, attached)
 
 
 EXECD_DROPPED = (
@@ -364,7 +365,7 @@ def _window(run: Run, bpf: Program, target: Target, mode: int, pids: set[int], d
     return _Window(stop, elapsed, detach_s, execd, fields, cost)
 
 
-def _result(run: Run, target: Target, started: float, window: _Window) -> ProbeResult:
+def _result(run: Run, target: Target, started: float, window: _Window, attached: float) -> ProbeResult:
     """The run's result from how its window ended, with what the target's exit or exec left of it."""
     stop, fields = window.stop, window.fields
     if window.execd:
@@ -379,6 +380,7 @@ def _result(run: Run, target: Target, started: float, window: _Window) -> ProbeR
         method=fields.pop("method", run.method),
         target=target.describe(),
         started=started,
+        attached=attached,
         duration_s=window.elapsed,
         target_exited_at=stop.target_exited_at,
         target_execd_at=stop.target_execd_at,

@@ -92,6 +92,7 @@ def facts_of(r: BrkResult | None, _plan, name) -> dict:
 
 FACE = Face(
     name="brkstack",
+    summary="brk() heap growth by user stack, with the bytes each call added",
     run=plain(run),
     result=BrkResult,
     describe=describe,
@@ -100,5 +101,5 @@ FACE = Face(
         FactDef("brk.top_function", "string", "the function whose brk() calls grew the heap most"),
     ),
     facts_of=facts_of,
-    stacks=event_stacks("brk() calls"),
+    stacks=event_stacks("brk() calls", "brk_calls"),
 )

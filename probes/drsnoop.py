@@ -79,6 +79,7 @@ def facts_of(r: DrsnoopResult | None, _plan, _name) -> dict:
 
 FACE = Face(
     name="drsnoop",
+    summary="tasks that stopped to reclaim memory: how often, how long, how many pages",
     run=plain(run),
     result=DrsnoopResult,
     describe=describe,

@@ -38,6 +38,9 @@ from .symtab import (
     symbol_rows,
 )
 
+PAGE_MASK = ~(os.sysconf("SC_PAGE_SIZE") - 1)  # a segment is mapped from the page its offset falls in
+PF_X = 1  # a segment's flag: executable
+
 # Bounds on what one module's parse costs memdiag beyond its symbol tables' (probes/symtab.py):
 # relocations past MAX_RELOCATIONS are not read (pyelftools parses one at ~20 us).
 MAX_RELOCATIONS = 200_000
@@ -107,8 +110,6 @@ def _none():
 
 
 ELF_MAGIC = b"\x7fELF"
-PAGE = os.sysconf("SC_PAGE_SIZE")
-PF_X = 0x1
 
 
 class NotElf(OSError):
@@ -148,21 +149,21 @@ class ElfInfo:
 
     # --- addresses --------------------------------------------------------------------------
     def bias(self, mapping: Mapping) -> int | None:
-        """Runtime address minus ELF virtual address, for a mapping of this file. The kernel maps a
-        segment from its offset rounded down to a page: a mapping at that offset is that segment's
-        (lld and rustc lay segments out at offsets that are not page-aligned, 0x13b90 at vaddr
-        0x14b90, and the segment before covers the page too: read as that one's, every address of
-        the code was named 0x1000 off, no symbol or the wrong one), else the segment that holds it."""
-        starting = [s for s in self.loads if s["p_offset"] - s["p_offset"] % PAGE == mapping.offset]
-        if starting:
-            # two segments starting in one page: the one of the mapping's kind (code or not)
-            seg = next((s for s in starting if bool(s["p_flags"] & PF_X) == mapping.executable), starting[-1])
-            return mapping.start - (seg["p_vaddr"] - seg["p_offset"] % PAGE)
-        for seg in self.loads:
-            if seg["p_offset"] <= mapping.offset < seg["p_offset"] + max(seg["p_filesz"], 1):
-                vaddr = seg["p_vaddr"] + (mapping.offset - seg["p_offset"])
-                return mapping.start - vaddr
-        return None
+        """Runtime address minus ELF virtual address, for a mapping of this file."""
+        # The kernel maps each segment from the page its file offset falls in, and a page may hold
+        # the end of one segment and the start of the next (lld and rustc's linking pack them: a
+        # Rust binary's code starts 0x40 into the page the read-only data ends in). The mapping is
+        # the segment it was made for: the one of its permissions, else the later one.
+        found = [
+            seg
+            for seg in self.loads
+            if (seg["p_offset"] & PAGE_MASK) <= mapping.offset < seg["p_offset"] + max(seg["p_filesz"], 1)
+        ]
+        if not found:
+            return None
+        same = [seg for seg in found if bool(seg["p_flags"] & PF_X) == mapping.executable]
+        seg = (same or found)[-1]
+        return mapping.start - (seg["p_vaddr"] + (mapping.offset - seg["p_offset"]))
 
     def file_offset(self, vaddr: int) -> int | None:
         for seg in self.loads:

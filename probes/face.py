@@ -24,6 +24,10 @@ Nothing in diagnose/ or rules/ changes.
 The face, field by field (only `name` and `run` are required)
 ---------------------------------------------------------------
 name       the registry's name: what rules ask for and what the probe table's row is called.
+summary    one line saying what it observes, for `memdiag probe --help` and the man page.
+needs      needs(target kind, options) -> why `memdiag probe NAME` cannot run on a target of this kind
+           ("pid", "cgroup", "system") with these options (a usage error, exit 2), or None; pid_only(why)
+           for a probe of one process. In a diagnosis it returns "unavailable" with its reason instead.
 run        run(target, ctx) -> ProbeResult (a subclass: the probe's own typed result). ctx.seconds
            is how long it may observe; ctx.plan its own plan when it made one; ctx.budget the
            budget's ledger (allowance_ns: what is left of the target's time; `memdiag probe`: the
@@ -44,12 +48,14 @@ facts_of   facts_of(result | None, plan | None, name) -> {fact: value}: computed
 rows       rows(result | None, plan | None, RowContext) -> [ProbeStatus]: its rows of the probe
            table. Default: [ctx.row], the row every probe has, from the result's common fields (or
            "not-run" and why: the trail's reason, or its plan's when that did not go).
-stacks     Stacks(kind, shown, of, folded, culprit): its stacks as the one Stack type (frames in
+stacks     Stacks(kind, shown, of, folded, culprit, ...): its stacks as the one Stack type (frames in
            the probe's own language: native symbols, or Java methods with their lines; a frame not
            of the native "fn+0x1a [module]" form is matched whole against the playbook's wrappers).
            kind "allocations" (what is held: outstanding blocks, a heap's live objects) comes before
            "events" (page faults, calls) in the report and when the verdict's stack is chosen;
            culprit(result, verdict kind) picks the stack a verdict rests on (default: the heaviest).
+           space, counted and folded_by name its bytes and counts as pprof's sample types
+           (inuse_space/inuse_objects, space/faults ...) for the report's profile.pb.gz files.
 caveats    caveats(result) -> sentences for the report's Caveats.
 sections   sections(result) -> [Section]: report sections of its own ("Java heap"): a title, lines
            and an optional table, rendered in Markdown and HTML and kept in report.json.
@@ -111,6 +117,7 @@ class ProbeResult(Model):
     method: str = ""
     target: str = ""
     started: float = 0.0
+    attached: float | None = None  # the wall clock once everything was attached (its series count from it)
     duration_s: float = 0.0
     target_exited_at: float | None = None
     target_execd_at: float | None = None  # the target exec'd another program then (system/identity.py)
@@ -184,6 +191,7 @@ class Stack(_Frozen):
     pid: int | None = None
     detail: str = ""  # what it accounts for, in words: "989 page faults", "12 allocations outstanding ..."
     series: list[int] = []  # bytes over the probe's run, when sampled
+    series_s: list[float] = []  # when each was sampled: seconds since the probe attached
     reach: StackReach | None = None  # what still points at its blocks, when a scan said
 
 
@@ -199,6 +207,12 @@ class Stacks:
     folded: Callable[[Any], list[str]]  # its folded stacks ("frame;frame count"), the flame graph's input
     # the stack a verdict of this kind (leak, growth, ...) rests on; default: the heaviest, any kind
     culprit: Callable[[Any, str], Stack | None] | None = None
+    # what Stack.bytes and Stack.count are in pprof's terms, the sample types of its profile
+    # (diagnose/render/pprof.py), unit bytes and count: held at the end (inuse_space, inuse_objects)
+    # or what events asked for (space; faults, brk_calls); space None: its bytes are not measured
+    space: str | None = "space"
+    counted: str = "events"
+    folded_by: Literal["bytes", "count"] = "bytes"  # which of the two its folded lines weigh
 
     def culprit_of(self, result: Any, verdict_kind: str) -> Stack | None:
         if self.culprit is not None:
@@ -226,6 +240,8 @@ class ProbeStatus(_Frozen):
     reason: str
     method: str | None = None
     duration_s: float | None = None
+    started: float | None = None  # the wall clock when its run began (loading), None: not run
+    attached: float | None = None  # when everything was attached: it traced from then for duration_s
     events: int | None = None
     overhead_percent: float | None = None  # measured: what it cost the target over the window
     map_bytes: int | None = None  # kernel memory its BPF maps held
@@ -350,6 +366,8 @@ class Face:
 
     name: str
     run: Callable[[Target, Context], ProbeResult]
+    summary: str = ""
+    needs: Callable[[str, Mapping[str, Any]], str | None] = lambda _kind, _o: None
     result: type[ProbeResult] = ProbeResult
     describe: Callable[[Any, int], list[str]] = _none
     facts: tuple[FactDef, ...] = ()
@@ -380,6 +398,11 @@ class Face:
 
     def fact_names(self) -> set[str]:
         return {f.name for f in self.facts}
+
+
+def pid_only(why: str) -> Callable[[str, Mapping[str, Any]], str | None]:
+    """The face's needs for a probe of one process: why, for any other target."""
+    return lambda kind, _o: None if kind == "pid" else why
 
 
 def plain(run: Callable[[Target, float], ProbeResult]) -> Callable[[Target, Context], ProbeResult]:
@@ -428,6 +451,8 @@ def probe_row(
         reason=row_reason(r),
         method=r.method,
         duration_s=r.duration_s,
+        started=r.started or None,
+        attached=r.attached,
         events=r.cost.events,
         overhead_percent=overhead_percent(face, r, window_s),
         map_bytes=r.cost.map_bytes,

@@ -99,6 +99,7 @@ def facts_of(r: FaultsResult | None, _plan, name) -> dict:
 
 FACE = Face(
     name="faults",
+    summary="page faults by user stack: where resident memory grows, as pages touched",
     run=plain(run),
     result=FaultsResult,
     describe=describe,
@@ -109,5 +110,5 @@ FACE = Face(
         FactDef("faults.top_function", "string", "the application function of the heaviest fault stack"),
     ),
     facts_of=facts_of,
-    stacks=event_stacks("page faults"),
+    stacks=event_stacks("page faults", "faults", folded_by="count"),
 )

@@ -273,6 +273,7 @@ def stacks(r: FdResult) -> list[Stack]:
 
 FACE = Face(
     name="fdstack",
+    summary="descriptors holding kernel memory (sockets, pipes ...) by the stack that made them",
     run=plain(run),
     result=FdResult,
     describe=describe,
@@ -287,5 +288,13 @@ FACE = Face(
         FactDef("fdstack.top_outstanding", "number", "how many descriptors that stack left open"),
     ),
     facts_of=facts_of,
-    stacks=Stacks(kind="events", shown=3, of=stacks, folded=lambda r: r.folded),
+    stacks=Stacks(
+        kind="events",
+        shown=3,
+        of=stacks,
+        folded=lambda r: r.folded,
+        space=None,
+        counted="descriptors",
+        folded_by="count",
+    ),
 )

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from memdiag.system._parse import Model
 from memdiag.system.units import fmt_number
@@ -232,8 +232,9 @@ def heaviest_function(stacks: Iterable[StackGrowth], name: Namer) -> str | None:
     return max(totals, key=totals.get) if totals else None  # type: ignore[arg-type]
 
 
-def event_stacks(counted: str, shown: int = 3) -> Stacks:
-    """The face's stacks of a probe that counts events by stack (counted: "page faults", "brk() calls")."""
+def event_stacks(counted: str, sample: str, folded_by: Literal["bytes", "count"] = "bytes", shown: int = 3) -> Stacks:
+    """The face's stacks of a probe that counts events by stack (counted: "page faults", "brk() calls";
+    sample: their pprof sample type, "faults"; folded_by: what its folded lines weigh, as its run's fields)."""
 
     def of(r) -> list[Stack]:
         return [
@@ -248,4 +249,4 @@ def event_stacks(counted: str, shown: int = 3) -> Stacks:
             for s in r.stacks
         ]
 
-    return Stacks(kind="events", shown=shown, of=of, folded=lambda r: r.folded)
+    return Stacks(kind="events", shown=shown, of=of, folded=lambda r: r.folded, counted=sample, folded_by=folded_by)

@@ -318,6 +318,7 @@ def culprit(r: KmemResult, _verdict_kind: str) -> Stack | None:
 
 FACE = Face(
     name="kmemstack",
+    summary="kernel slab allocations the target left outstanding, by kernel and user stack",
     run=plain(run),
     result=KmemResult,
     describe=describe,
@@ -356,5 +357,13 @@ FACE = Face(
         ),
     ),  # fmt: skip
     facts_of=facts_of,
-    stacks=Stacks(kind="allocations", shown=3, of=stacks, folded=lambda r: r.folded, culprit=culprit),
+    stacks=Stacks(
+        kind="allocations",
+        shown=3,
+        of=stacks,
+        folded=lambda r: r.folded,
+        culprit=culprit,
+        space="inuse_space",
+        counted="inuse_objects",
+    ),
 )

@@ -104,6 +104,7 @@ def facts_of(r: MmapResult | None, _plan, name) -> dict:
 
 FACE = Face(
     name="mmapsnoop",
+    summary="mmap() calls by user stack with length and kind, munmap() per process",
     run=plain(run),
     result=MmapResult,
     describe=describe,
@@ -113,5 +114,5 @@ FACE = Face(
         FactDef("mmap.top_function", "string", "the function that mapped the most"),
     ),
     facts_of=facts_of,
-    stacks=event_stacks("mmap() calls"),
+    stacks=event_stacks("mmap() calls", "mmap_calls"),
 )

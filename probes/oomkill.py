@@ -389,4 +389,10 @@ def run(
     )
 
 
-FACE = Face(name="oomkill", run=plain(run), result=OomKillResult, describe=describe)
+FACE = Face(
+    name="oomkill",
+    summary="every OOM kill while it runs: victim, trigger, cgroup and its limit",
+    run=plain(run),
+    result=OomKillResult,
+    describe=describe,
+)

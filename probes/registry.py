@@ -74,6 +74,7 @@ class Variant:
 
     name: str
     of: str  # the probe it runs
+    summary: str = ""  # one line for `memdiag probe --help`
     options: tuple[tuple[str, object], ...] = ()  # ctx.options it sets for the probe
     needs_pid: str = ""  # why it needs one process (--pid), refused without; empty: it does not
     refuses: tuple[str, ...] = ()  # options of the probe it cannot run with (a refusal, as without --pid)
@@ -121,8 +122,9 @@ VARIANTS: tuple[Variant, ...] = (
     Variant(
         "reach",
         of="memleak",
+        summary="memleak, then a scan of the process's memory for what still points at each block (one process)",
         options=(("scan_reach", True),),
-        needs_pid="scans one process's memory: give --pid (user-space allocations)",
+        needs_pid="scans one process's memory: give -p PID (user-space allocations)",
         refuses=("kernel",),
     ),
 )
@@ -192,6 +194,11 @@ class Registry:
     def cli_names(self) -> list[str]:
         """What `memdiag probe` offers: every probe and every variant."""
         return sorted(self.names + tuple(v.name for v in self.variants))
+
+    def summaries(self) -> dict[str, str]:
+        """What `memdiag probe` offers, each with its one-line summary (the face's, or the variant's)."""
+        variants = {v.name: v.summary for v in self.variants}
+        return {name: variants[name] if name in variants else self.face(name).summary for name in self.cli_names()}
 
     def fact_defs(self) -> list[FactDef]:
         """The catalog entries of every probe's facts, in the engine's order, then every runtime's."""

@@ -224,6 +224,7 @@ def facts_of(r: SwapinResult | None, _plan, _name) -> dict:
 
 FACE = Face(
     name="swapin",
+    summary="swap-ins by process and cgroup, with the address ranges touched",
     run=plain(run),
     result=SwapinResult,
     describe=describe,

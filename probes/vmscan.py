@@ -105,4 +105,10 @@ def run(target: Target, duration: float) -> VmscanResult:
     )  # type: ignore[return-value]
 
 
-FACE = Face(name="vmscan", run=plain(run), result=VmscanResult, describe=describe)
+FACE = Face(
+    name="vmscan",
+    summary="page reclaim as latency: direct, memcg, slab shrinking and kswapd",
+    run=plain(run),
+    result=VmscanResult,
+    describe=describe,
+)

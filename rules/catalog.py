@@ -49,6 +49,11 @@ _DEFS = [
         "unknown: none ran)",
     ),
     ("memory.level", "bytes", "where that series ended (MemAvailable for the whole system)"),
+    (
+        "memory.measure",
+        "string",
+        "what memory.level is, for a sentence: RSS, memory usage, or available memory (MemAvailable)",
+    ),
     # memdiag verify: the earlier report a diagnosis follows up (absent in a plain diagnosis)
     ("verify.baseline_kind", "string", "memdiag verify: the earlier report's verdict (leak, growth, cache, ...)"),
     ("verify.baseline_function", "string", "memdiag verify: the function the earlier report's verdict named"),

@@ -22,17 +22,21 @@ packages=(bpfcc-tools python3-bpfcc python3-venv gcc g++ libc6-dev libc6-dbg mak
 # --test: what only the test suite needs (a real Alertmanager to send webhooks, a real browser,
 # a real container runtime: podman with runc, since crun refuses hybrid cgroup hosts; a real
 # Python daemon of the distribution, graphite-carbon, whose cache memdiag names in Python's terms;
-# the Go toolchain and Node that build and run the runtime tests' programs; a real JVM with its
+# the Go toolchain, Node and rustc (with LLVM's linker, as Rust links by default now) that build
+# and run the runtime tests' programs; a real JVM with its
 # javac, jfr tool and JNI headers for the Java workloads, and a Java server of Debian's, H2)
 if [ "${1:-}" = "--test" ]; then
-    packages+=(prometheus-alertmanager curl chromium strace podman runc graphite-carbon golang-go nodejs)
+    packages+=(prometheus-alertmanager curl chromium strace podman runc graphite-carbon golang-go nodejs lld)
     packages+=(openjdk-17-jdk-headless libh2-java)
     packages+=(stress-ng)  # a busy host, for the signal tests that must hold under load
-    packages+=(rustc)  # Rust release binaries, for the names memdiag reads of them (tests/workloads/claims.rs)
 fi
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")
 done
+# a Rust toolchain of the user's own (rustup's) serves; else Debian's
+if [ "${1:-}" = "--test" ] && ! command -v rustc >/dev/null; then
+    need+=(rustc)
+fi
 # --test: promtool checks the shipped alert rules (deploy/prometheus) against the real
 # process-exporter's series; both come with servers (and node-exporter) not wanted running.
 new_services=()
@@ -130,6 +134,10 @@ if [ ! -e "$stamp" ] || [ "$here/pyproject.toml" -nt "$stamp" ]; then
     touch "$stamp"
     say "installed memdiag into $venv"
 fi
+
+# --- man page and shell completion ------------------------------------------------------
+# generated from the parser (scripts/cli_docs.py), kept in docs/: `man memdiag`, tab completion
+"$here/scripts/install_cli_docs.sh"
 
 # --- BPF programs --------------------------------------------------------------------------
 # Compiled once per kernel (bcc's compiler peaks at 130-170 MiB); a diagnosis then loads cached

@@ -384,11 +384,19 @@ CGROUP_MAX_DEPTH = 16  # deepest folder walked; real layouts (Kubernetes' system
 def cgroup_folders(mount: Path):
     """(path inside the hierarchy) of every folder under a hierarchy's mount, the root excluded,
     at most CGROUP_MAX_DEPTH deep: the one walk of the cgroup tree (containers, pods, serve's ids)."""
-    base = str(mount)
-    for dirpath, dirnames, _files in os.walk(base):
-        rel = os.path.relpath(dirpath, base)
-        steps = [] if rel == "." else rel.split(os.sep)
-        if len(steps) >= CGROUP_MAX_DEPTH:
-            dirnames[:] = []
-        if steps:
-            yield "/" + "/".join(steps)
+    # scandir's entry types (cgroupfs gives them) and a stack of our own, not os.walk: every folder of
+    # a cgroup holds dozens of files, and serve's recorder walks the tree every round
+    base = str(mount).rstrip("/")
+    stack = [("", 0)]
+    while stack:
+        rel, depth = stack.pop()
+        if rel:
+            yield rel
+        if depth >= CGROUP_MAX_DEPTH:
+            continue
+        try:
+            with os.scandir(base + rel) as it:
+                below = [e.name for e in it if e.is_dir(follow_symlinks=False)]
+        except OSError:  # a folder gone mid-walk, or unreadable: its subtree is not walked
+            continue
+        stack.extend((f"{rel}/{name}", depth + 1) for name in reversed(below))

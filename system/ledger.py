@@ -256,15 +256,17 @@ def cgroup_ledger(cg: CgroupMemory) -> Ledger:
 FAMILIES = ("anon", "file", "shmem", "kernel")
 
 
+_CGROUP_SUMMED = frozenset(k for k, _label, in_sum in LINES["cgroup"] if in_sum and k != RESIDUAL)
+
+
 def cgroup_families(version: int, stat: dict[str, int], kmem: int | None = None) -> dict[str, int | None]:
     """The cgroup ledger's summed lines (the same values cgroup_ledger makes its lines of, without
     its models: the recorder reads hundreds of cgroups a round) as anon, file (page cache, less
     shmem), shmem and kernel (every kernel line, socket buffers and zswap); the residual stays out."""
     values = _v2_values(stat) if version == 2 else _v1_values(stat, kmem, None)
-    summed = {k for k, _label, in_sum in LINES["cgroup"] if in_sum and k != RESIDUAL}
     out: dict[str, int | None] = {"anon": None, "file": None, "shmem": None, "kernel": None}
     for key, value in values.items():
-        if key not in summed or value is None:
+        if key not in _CGROUP_SUMMED or value is None:
             continue
         family = key if key in ("anon", "shmem") else "file" if key.startswith("file_") else "kernel"
         out[family] = (out[family] or 0) + value

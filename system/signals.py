@@ -51,6 +51,8 @@ class Interruption:
         self.at: float | None = None  # time.monotonic() of the first signal
         self.count = 0
         self.phases: list[str] = []  # the main thread's phases, innermost last
+        self.holds: list[bool] = []  # whether each phase holds anything in the target (phase())
+        self.held = True  # whether the phases at the first signal held anything in the target
         self.installed = False
         self.noticed = threading.Event()  # the main thread saw the signal: a clean stop is under way
         self.released_at: float | None = None  # time.monotonic() when the target was let go (target_released)
@@ -71,6 +73,7 @@ class Interruption:
 
     def reset(self) -> None:
         self.signum = self.phase = self.at = self.released_at = None
+        self.held = True
         self.count = 0
         self.noticed.clear()
 
@@ -79,6 +82,7 @@ class Interruption:
         if self.signum is None:
             self.signum, self.at = signum, time.monotonic()
             self.phase = self.phases[-1] if self.phases else "starting"
+            self.held = any(self.holds) or not self.phases  # read by the Deadline once noticed
         elif self.count >= self.EXIT_NOW_AFTER:
             os._exit(128 + signum)
 
@@ -133,16 +137,20 @@ def signals_caught():
 
 
 @contextmanager
-def phase(name: str):
-    """Name what the main thread is doing, for a report to say where a signal interrupted it."""
+def phase(name: str, holds: bool = True):
+    """Name what the main thread is doing, for a report to say where a signal interrupted it.
+    holds=False: nothing of memdiag's is attached to or stopped in the target during it (reading
+    counters), so a stop that comes then has only its report left to write (Deadline)."""
     if not main_thread():
         yield
         return
     INTERRUPTION.phases.append(name)
+    INTERRUPTION.holds.append(holds)
     try:
         yield
     finally:
         INTERRUPTION.phases.pop()
+        INTERRUPTION.holds.pop()
 
 
 def target_released() -> None:
@@ -204,7 +212,7 @@ class Deadline:
             self._end(signum, f"it did not stop within {NOTICE_GRACE_S:g} s (blocked in a read or a loop)")
         self._until(lambda: False, lambda: self._stop_ends(first))
         if not self._done.is_set():
-            if self.interruption.released_at is None:
+            if self.interruption.released_at is None and self.interruption.held:
                 self._end(signum, f"its stop did not finish within {STOP_GRACE_S:g} s")
             self._end(signum, f"its report was not written within {WRITE_GRACE_S:g} s of the target's release")
 
@@ -212,6 +220,10 @@ class Deadline:
         """When a stop that began at first (monotonic) is ended: STOP_GRACE_S after the signal, or
         WRITE_GRACE_S after the target was released, whichever is later."""
         released = self.interruption.released_at
+        if released is None and not self.interruption.held:
+            # a signal while only counters were read (nothing attached or stopped): what is left of
+            # the stop is its report, which a slow machine (qemu's tcg, a loaded node) takes long for
+            released = first
         return max(first + STOP_GRACE_S, released + WRITE_GRACE_S if released is not None else first)
 
     def _next_signal(self, until: float | None, pending: bool = False) -> int | None:

@@ -142,6 +142,33 @@ def parse_quantity(value: object) -> tuple[float | str | bool, Kind]:
     raise ValueError(f"{value!r}: unknown unit {unit!r} (sizes: B KiB MiB GiB; rates: /s; %; durations: ms s min h d)")
 
 
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|min|m|h|d)")
+_DURATION_UNITS = {**_TIME, "m": 60.0}
+
+
+def parse_duration(text: str) -> float:
+    """A duration as an operator types it on the command line, in seconds: a plain number of
+    seconds ('30', '1.5') or one or more number-unit parts in the form of Go's, Prometheus's and
+    kubectl's ('90s', '5m', '2h30m', '1d', '500ms'; units ms s m min h d). On the command line a
+    duration option takes only durations, so 'm' is a minute there (it is refused in rules, where
+    a value may be a size too). Raises ValueError with the reason."""
+    value = text.strip()
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    pos, total = 0, 0.0
+    while pos < len(value):
+        m = _DURATION_PART.match(value, pos)
+        if m is None or (m.end() < len(value) and value[m.end()].isalpha()):
+            raise ValueError(f"{text!r} is not a duration (e.g. 90s, 5m, 2h30m, 1d; a plain number is seconds)")
+        total += float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+        pos = m.end()
+    if not value:
+        raise ValueError(f"{text!r} is not a duration (e.g. 90s, 5m, 2h30m, 1d; a plain number is seconds)")
+    return total
+
+
 def format_quantity(value: object, kind: Kind) -> str:
     if value is None:
         return "unknown"

@@ -158,7 +158,9 @@ def jvm_container(root_required):
     started = []
     with Image(jvm_image_programs()) as image:
 
-        def start(main: str, *args: str, jvm: tuple[str, ...] = (), memory: str | None = None):
+        def start(
+            main: str, *args: str, jvm: tuple[str, ...] = (), memory: str | None = None, restart: str | None = None
+        ):
             c = run_container(
                 image,
                 str(JAVA.resolve()),
@@ -169,7 +171,7 @@ def jvm_container(root_required):
                 *args,
                 memory=memory,
                 memory_swap=memory,
-                extra=jvm_mounts(build_java()),
+                extra=[*jvm_mounts(build_java()), *(["--restart", restart] if restart else [])],
             )
             started.append(c)
             return c

@@ -83,9 +83,8 @@ def swapped_bytes(pid: int) -> int:
 
 
 def build(name: str, extra_flags: list[str] | None = None) -> Path:
-    """Compile tests/workloads/NAME.c or NAME.cc, the Rust program NAME.rs (a release build with
-    line tables: rustc -O -g), or the Go program tests/workloads/go/NAME (once per source content
-    and flags); the binary."""
+    """Compile tests/workloads/NAME.c or NAME.cc, the Rust program NAME.rs (build_rust), or the Go
+    program tests/workloads/go/NAME (once per source content and flags); the binary."""
     if (GO_SOURCES / name).is_dir():
         return build_go(name, extra_flags or [])
     if (SOURCES / f"{name}.rs").exists():
@@ -114,12 +113,14 @@ def _made_once(out: Path, make: Callable[[Path], object]) -> Path:
 
 
 def build_rust(name: str, flags: list[str]) -> Path:
-    """`rustc -O -g FLAGS` of tests/workloads/NAME.rs (Debian's rustc), once per source and flags."""
+    """rustc -O of tests/workloads/NAME.rs (scripts/setup.sh --test installs rustc and lld): a release
+    build as Rust ships them, without frame pointers, its symbols kept, linked by LLVM's lld as
+    rustc >= 1.90 does by default (its code starts inside the page its read-only data ends in)."""
     src = SOURCES / f"{name}.rs"
-    flags = ["-O", "-g", *flags]
-    digest = hashlib.sha256(src.read_bytes() + " ".join(flags).encode()).hexdigest()[:12]
+    cmd = ["rustc", "-O", "--edition", "2021", "-C", "link-arg=-fuse-ld=lld", *flags]
+    digest = hashlib.sha256(src.read_bytes() + " ".join(cmd).encode()).hexdigest()[:12]
     out = BUILD / digest / name
-    return _made_once(out, lambda tmp: subprocess.run(["rustc", *flags, "-o", str(tmp), str(src)], check=True))
+    return _made_once(out, lambda tmp: subprocess.run([*cmd, "-o", str(tmp), str(src)], check=True))
 
 
 def build_library(name: str) -> Path:

@@ -15,6 +15,15 @@ from memdiag.probes.memleak.costs import CACHE, host_costs
 
 from ..errors import MemdiagError, PermissionNeeded
 
+SUMMARY = "compile the BPF programs for this kernel and measure uprobe costs (set-up runs it)"
+EPILOG = """\
+examples:
+  memdiag prepare
+  memdiag prepare --quiet        say nothing when everything is already done
+
+exit status:
+  0  compiled or already cached   1  the compiler failed or is unavailable"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quiet", action="store_true", help="say nothing when everything is already compiled")

@@ -1,10 +1,11 @@
-"""Run one probe alone: ``memdiag probe NAME [--pid N | --cgroup PATH] --duration S [--json]``."""
+"""Run one probe alone: `memdiag probe NAME [-p PID | --cgroup PATH] [-d DURATION] [-o json]`."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import sys
+import textwrap
 from pathlib import Path
 
 from memdiag.probes.base import ATTACHED
@@ -30,13 +31,59 @@ _KINDS = {
 }
 
 
+SUMMARY = "run one probe alone and print what it saw"
+
+
+def epilog() -> str:
+    """The probes, one line each from its face (probes/registry.py), then examples and exit codes."""
+    names = REGISTRY.summaries()
+    width = max(map(len, names))
+    probes = "\n".join(
+        textwrap.fill(summary, 79, initial_indent=f"  {name:<{width}}  ", subsequent_indent=" " * (width + 4))
+        for name, summary in names.items()
+    )
+    return f"""\
+probes:
+{probes}
+
+With no target a probe watches the whole system; one marked (one process) needs -p PID.
+
+examples:
+  memdiag probe memleak -p 1234 -d 30s
+  memdiag probe faults --cgroup /system.slice/app.service --top 5
+  memdiag probe oomkill -d 10m
+  memdiag probe memleak -p 1234 -o json | jq .status
+  memdiag probe faults -p 1234 --folded faults.folded
+
+exit status:
+  0  the probe ran (or said why it could not: its reason is printed)
+  1  a failure (no root, the probe failed)
+  2  bad usage (a probe that needs -p PID without one, a bad option)
+  130, 143  interrupted by SIGINT, SIGTERM (what it saw so far is printed)"""
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("name", choices=REGISTRY.cli_names(), help="the probe to run")
+    parser.add_argument("name", choices=REGISTRY.cli_names(), metavar="PROBE", help="the probe to run (listed below)")
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--pid", type=PID, help="trace this process")
+    group.add_argument("-p", "--pid", type=PID, help="trace this process")
     group.add_argument("--cgroup", metavar="PATH", help="trace the processes of this memory cgroup")
-    parser.add_argument("--duration", type=DURATION, default=10.0, metavar="S", help="seconds to trace (default 10)")
-    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument(
+        "-d",
+        "--duration",
+        type=DURATION,
+        default=10.0,
+        metavar="DURATION",
+        help="how long to trace: 30s, 5m; a plain number is seconds (default 10s)",
+    )
+    parser.add_argument(
+        "-o",
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        metavar="FORMAT",
+        help="text (default) or json: the result as JSON",
+    )
+    parser.add_argument("--json", dest="format", action="store_const", const="json", help="the same as -o json")
     parser.add_argument("--folded", type=Path, metavar="FILE", help="write folded stacks (flame graph input)")
     parser.add_argument("--top", type=ROWS, default=10, metavar="N", help="stacks or processes to show (default 10)")
     groups: dict[str, argparse._ArgumentGroup] = {}
@@ -76,16 +123,15 @@ def execute(args: argparse.Namespace) -> int:
     refused = face.refuse(options)
     if refused:
         raise UsageError(refused)
+    kind = "pid" if args.pid is not None else "cgroup" if args.cgroup is not None else "system"
+    variant = REGISTRY.variant(args.name)
+    if variant is not None and variant.needs_pid and (kind != "pid" or any(options.get(o) for o in variant.refuses)):
+        raise UsageError(f"probe {args.name} {variant.needs_pid}")
+    if (needs := face.needs(kind, options)) is not None:
+        raise UsageError(f"probe {args.name} {needs}")
     if os.geteuid() != 0:
         raise PermissionNeeded("BPF probes need root (CAP_BPF and CAP_PERFMON)")
     target = _target(args)
-    variant = REGISTRY.variant(args.name)
-    if (
-        variant is not None
-        and variant.needs_pid
-        and (target.kind != "pid" or any(options.get(o) for o in variant.refuses))
-    ):
-        raise UsageError(f"probe {args.name} {variant.needs_pid}")
     # one line once the probe is attached: a caller waits for it instead of guessing a load time
     ATTACHED.append(lambda _: print(f"memdiag probe {args.name}: attached", file=sys.stderr, flush=True))
     ctx = Context(
@@ -100,13 +146,13 @@ def execute(args: argparse.Namespace) -> int:
             write_file(args.folded, "".join(f"{line}\n" for line in lines))
         except OSError as e:
             raise UsageError(f"--folded {args.folded}: cannot write ({e.strerror or e})") from None
-    if args.json:
+    if args.format == "json":
         sys.stdout.write(json_text(result.model_dump_json(indent=2)) + "\n")
     else:
         sys.stdout.write(render_probe(result, top=args.top))
     elf = sys.modules.get("memdiag.probes.elf")  # modules with no symbols: a corrupt or hostile file
     for line in elf.take_notes() if elf is not None else []:
-        print(f"  symbols: {plain(line)}", file=sys.stderr if args.json else sys.stdout)
+        print(f"  symbols: {plain(line)}", file=sys.stderr if args.format == "json" else sys.stdout)
     if INTERRUPTION.caught:
         raise SignalInterrupted(
             INTERRUPTION.signum or 0, f"interrupted by {INTERRUPTION.signal_name} during {INTERRUPTION.phase}"

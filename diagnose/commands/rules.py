@@ -19,6 +19,19 @@ from memdiag.system.units import KIND_NAMES
 from ..errors import UsageError
 from ..render.text import plain
 
+SUMMARY = "check rule files, or list the loaded rules, facts or wrappers"
+EPILOG = """\
+examples:
+  memdiag rules check                the policy a diagnosis would load
+  memdiag rules check my-rules.yaml  lint one file, trusted or not
+  memdiag rules list                 every rule, where it is from, what it does
+  memdiag rules list --facts         every fact a rule may name, and its kind
+  memdiag rules list --wrappers      frames passed over when naming a culprit
+
+exit status:
+  0  the rules are valid (check), or were listed
+  2  a rule file is invalid or not trusted"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["check", "list"])

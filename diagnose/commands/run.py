@@ -1,5 +1,6 @@
-"""The main job: ``memdiag --pid N | --cgroup PATH | --container ID|NAME`` (or no target: the whole system) samples the
-counters over a window, writes report.md and report.json, prints the verdict and the path."""
+"""The main job: ``memdiag -p PID | --cgroup PATH | --container ID|NAME | --system`` samples the
+counters over a window, runs the probes they point at, writes the report folder (report.md,
+report.json ...), prints the verdict and the path (``-o json``: the report's JSON on stdout)."""
 
 from __future__ import annotations
 
@@ -26,18 +27,55 @@ from ..workflow import DEFAULT_BUDGET_PERCENT, DEFAULT_MAX_PAUSE_MS, diagnose, l
 
 NICENESS = 10
 
+# --exit-code: the exit status by verdict, for scripts (verify's own: 3 still leaking, 4 new
+# growth, 5 inconclusive; the same numbers mean the same here). A verdict not listed exits 0.
+VERDICT_EXIT_CODES = {"leak": 3, "growth": 4, "inconclusive": 5, "oom": 6, "pressure": 7}
+
+SUMMARY = "diagnose a process, cgroup, container or the whole system (the main job)"
+EXAMPLES = """\
+examples:
+  memdiag -p 1234              diagnose process 1234 for 30 s, report here
+  memdiag -p 1234 -d 5m        for five minutes (also 90s, 2h30m, 1d)
+  memdiag --container web      a container's memory cgroup (id, prefix or name)
+  memdiag --cgroup /system.slice/app.service
+  memdiag --system -d 1m       the whole system
+  memdiag -p 1234 -o json | jq .verdict.kind
+  memdiag -p 1234 --exit-code || echo "needs a look"
+  memdiag top                  live per-process memory view
+  memdiag probe --help         the probes that run alone"""
+EXIT_CODES_TEXT = f"""\
+exit status:
+  0    the diagnosis completed (whatever it found, unless --exit-code)
+  1    a failure (no permission, a report that could not be written)
+  2    bad usage (one line on stderr says what)
+  {", ".join(f"{code} {kind}" for kind, code in VERDICT_EXIT_CODES.items())}
+       with --exit-code, by verdict (healthy and cache: 0)
+  130  interrupted by SIGINT, 143 by SIGTERM (the partial report is written)"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_target_arguments(parser)
     parser.add_argument(
-        "--duration", type=DURATION, default=30.0, metavar="S", help="seconds to watch the counters (default 30)"
+        "-d",
+        "--duration",
+        type=DURATION,
+        default=30.0,
+        metavar="DURATION",
+        help="how long to watch: 90s, 5m, 2h30m, 1d; a plain number is seconds (default 30s)",
     )
     add_window_arguments(parser)
+    parser.add_argument(
+        "--exit-code",
+        action="store_true",
+        help="exit by verdict, for scripts: "
+        + ", ".join(f"{k} {c}" for k, c in VERDICT_EXIT_CODES.items())
+        + " (healthy and cache 0)",
+    )
 
 
 def add_target_arguments(parser: argparse.ArgumentParser, verb: str = "diagnose") -> None:
     group = parser.add_mutually_exclusive_group()
-    group.add_argument("--pid", type=PID, help=f"{verb} this process")
+    group.add_argument("-p", "--pid", type=PID, help=f"{verb} this process")
     group.add_argument(
         "--cgroup", metavar="PATH", help=f"{verb} this memory cgroup (a path in the hierarchy or under /sys/fs/cgroup)"
     )
@@ -47,6 +85,7 @@ def add_target_arguments(parser: argparse.ArgumentParser, verb: str = "diagnose"
         help=f"{verb} this container's memory cgroup: its full id, a unique id prefix (4 hex digits or more) or "
         "its name (names through podman, docker or crictl)",
     )
+    group.add_argument("--system", action="store_true", help=f"{verb} the whole system")
 
 
 def add_window_arguments(parser: argparse.ArgumentParser) -> None:
@@ -55,17 +94,17 @@ def add_window_arguments(parser: argparse.ArgumentParser) -> None:
         "--cycle",
         type=DURATION,
         default=None,
-        metavar="S",
-        help="watch the window in cycles of S, the probes run again in each and the report rewritten after "
-        "the first and then at most once a minute (default: a 24th of a window of 10 min or more, at least "
-        "1 min; none for a shorter one)",
+        metavar="DURATION",
+        help="watch the window in cycles of DURATION (e.g. 1h), the probes run again in each and the report "
+        "rewritten after the first and then at most once a minute (default: a 24th of a window of 10 min or "
+        "more, at least 1 min; none for a shorter one)",
     )
     parser.add_argument(
         "--interval",
         type=INTERVAL,
         default=None,
-        metavar="S",
-        help="seconds between samples (default: about 1, at least 10 samples)",
+        metavar="DURATION",
+        help="time between samples: 1s, 500ms; a plain number is seconds (default: about 1s, at least 10 samples)",
     )
     parser.add_argument(
         "--output",
@@ -76,26 +115,41 @@ def add_window_arguments(parser: argparse.ArgumentParser) -> None:
         "group/world-writable (default: a new timestamped folder here)",
     )
     parser.add_argument(
+        "-o",
+        "--format",
+        choices=("text", "json"),
+        default="text",
+        metavar="FORMAT",
+        help="text: the verdict line and the report's path (default); json: the report's JSON (report.json) on "
+        "stdout, the verdict and path on stderr",
+    )
+    parser.add_argument(
+        "--no-folder",
+        action="store_true",
+        help="write no report folder (with -o json: the JSON on stdout is the whole output)",
+    )
+    parser.add_argument(
         "--budget",
         type=PERCENT,
         default=DEFAULT_BUDGET_PERCENT,
         metavar="PERCENT",
-        help="how much the diagnosis may slow the target (default 2)",
+        help=f"how much the diagnosis may slow the target: 2 or 2%% (default {DEFAULT_BUDGET_PERCENT:g}%%)",
     )
     parser.add_argument(
         "--max-pause",
         type=MILLISECONDS,
         default=DEFAULT_MAX_PAUSE_MS,
         metavar="MS",
-        help=f"longest the reachability scan may stop the target, within the budget (default {DEFAULT_MAX_PAUSE_MS:g})",
+        help="longest the reachability scan may stop the target, within the budget: 250ms, 1s; a plain number is "
+        f"milliseconds (default {DEFAULT_MAX_PAUSE_MS:g})",
     )
     parser.add_argument("--quiet", action="store_true", help="print only the verdict and the report's path")
     add_playbook_option(parser)
 
 
 def chosen_target(args: argparse.Namespace) -> Target | None:
-    """The target the options name, None when they name none (the whole system, for a diagnosis)."""
-    if args.pid is None and args.cgroup is None and args.container is None:
+    """The target the options name, None when they name none."""
+    if args.pid is None and args.cgroup is None and args.container is None and not args.system:
         return None
     return _target(args)
 
@@ -124,8 +178,30 @@ def _target(args: argparse.Namespace) -> Target:
     return system_target()
 
 
-def output_folder(args: argparse.Namespace, target: Target) -> ReportFolder:
+class NoFolder:
+    """--no-folder: the report's files kept in memory, nothing written."""
+
+    path = None
+
+    def __init__(self) -> None:
+        self.files: dict[str, str] = {}
+
+    def write(self, files: dict[str, str]) -> None:
+        self.files = files
+
+    def __enter__(self) -> NoFolder:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        pass
+
+
+def output_folder(args: argparse.Namespace, target: Target) -> ReportFolder | NoFolder:
     """Create (and prove writable, and safe from other users) the report folder before the window."""
+    if args.no_folder:
+        if args.output is not None:
+            raise UsageError("--no-folder and --output: choose one")
+        return NoFolder()
     if args.output is not None:
         return open_report_folder(args.output, f"--output {args.output}")
     suffix = f"-pid{target.pid}" if target.pid else ""
@@ -136,14 +212,35 @@ def output_folder(args: argparse.Namespace, target: Target) -> ReportFolder:
 
 
 def execute(args: argparse.Namespace) -> int:
+    target = chosen_target(args)
+    if target is None:
+        raise UsageError("name a target: -p PID, --cgroup PATH, --container ID|NAME, or --system for the whole system")
     rules = rule_book(args)
-    target = _target(args)
     with output_folder(args, target) as folder:
         report = run_diagnosis(args, target, rules, folder)
-        print(f"{report.verdict.kind}: {plain(report.verdict.summary)}")
-        print(f"report: {plain(folder.path / 'report.md')}")
+        say_result(args, folder, report, f"{report.verdict.kind}: {plain(report.verdict.summary)}")
         raise_if_interrupted(folder)
+    if args.exit_code:
+        return VERDICT_EXIT_CODES.get(report.verdict.kind, 0)
     return 0
+
+
+def say_result(args: argparse.Namespace, folder: ReportFolder | NoFolder, report, line: str) -> None:
+    """The verdict line and where the report is, on stdout; with -o json the report's JSON is
+    stdout's whole content and the two lines go to stderr."""
+    where = f"report: {plain(folder.path / 'report.md')}" if folder.path is not None else "report: not written"
+    if args.format == "json":
+        from ..render.jsonout import render_json
+
+        text = folder.files["report.json"] if isinstance(folder, NoFolder) else render_json(report)
+        sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        if not args.quiet:
+            print(line, file=sys.stderr)
+            print(where, file=sys.stderr)
+        return
+    print(line)
+    if folder.path is not None:
+        print(where)
 
 
 def rule_book(args: argparse.Namespace):
@@ -159,8 +256,8 @@ def raise_if_interrupted(folder: ReportFolder) -> None:
     if INTERRUPTION.caught:
         raise SignalInterrupted(
             INTERRUPTION.signum or 0,
-            f"interrupted by {INTERRUPTION.signal_name} during {INTERRUPTION.phase}; "
-            f"partial report: {folder.path / 'report.md'}",
+            f"interrupted by {INTERRUPTION.signal_name} during {INTERRUPTION.phase}"
+            + (f"; partial report: {folder.path / 'report.md'}" if folder.path is not None else ""),
         )
 
 

@@ -9,7 +9,6 @@ import ipaddress
 import os
 import signal
 import socket
-import stat
 from pathlib import Path
 
 from ..errors import PermissionNeeded, SignalInterrupted, UsageError
@@ -30,6 +29,24 @@ _WINDOW = number(0, 365 * 86_400, above=True, unit="seconds")
 _ATTEMPTS = number(1, 100, integer=True)
 _RECORD = number(0.5, 600, unit="seconds")
 _POLL = number(1, 3600, unit="seconds")  # Alertmanager evaluates every few seconds: faster buys nothing
+
+
+SUMMARY = "long-running agent: turn alerts into diagnoses and record every OOM kill"
+EPILOG = """\
+Alerts arrive as webhooks (POST /alerts/alertmanager, /alerts/grafana, plain
+JSON on /diagnose) or are pulled from Alertmanager with --node and
+--alertmanager; GET /incidents lists the incidents.
+
+examples:
+  memdiag serve
+  memdiag serve --listen 0.0.0.0:9797 --token-file /etc/memdiag/token
+  memdiag serve --node "$(hostname)" --alertmanager http://alertmanager:9093
+  memdiag serve --notify /etc/memdiag/notify.yaml --public-url http://HOST:9797
+
+exit status:
+  0  stopped cleanly    1  a failure
+  2  bad usage (a bad option, a port in use, an unsafe data folder)
+  130, 143  stopped by SIGINT, SIGTERM (queued diagnoses resume at next start)"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -53,8 +70,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="DIR",
         help="incidents database and reports (default /var/lib/memdiag/serve)",
     )
-    parser.add_argument("--duration", type=_DURATION, default=30.0, metavar="S", help="window of each diagnosis")
-    parser.add_argument("--budget", type=PERCENT, default=DEFAULT_BUDGET_PERCENT, metavar="PERCENT")
+    parser.add_argument(
+        "--duration",
+        type=_DURATION,
+        default=30.0,
+        metavar="DURATION",
+        help="window of each diagnosis: 30s, 5m; a plain number is seconds (default 30s, at most 1h)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=PERCENT,
+        default=DEFAULT_BUDGET_PERCENT,
+        metavar="PERCENT",
+        help=f"how much each diagnosis may slow its target: 2 or 2%% (default {DEFAULT_BUDGET_PERCENT:g}%%)",
+    )
     parser.add_argument(
         "--queue",
         type=_QUEUE,
@@ -73,6 +102,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     _add_store_arguments(parser)
     _add_agent_arguments(parser)
+    _add_notify_arguments(parser)
     add_playbook_option(parser)
 
 
@@ -95,8 +125,9 @@ def _add_store_arguments(parser: argparse.ArgumentParser) -> None:
         "--dedupe-window",
         type=_WINDOW,
         default=86_400.0,
-        metavar="S",
-        help="a diagnosed alert delivered again within this many seconds is not diagnosed again (default 86400, "
+        metavar="DURATION",
+        help="a diagnosed alert delivered again within this long (24h, 90m; a number is seconds) is not diagnosed "
+        "again (default 24h, "
         "longer than Alertmanager's default repeat_interval of 4 h)",
     )
     parser.add_argument(
@@ -111,7 +142,7 @@ def _add_store_arguments(parser: argparse.ArgumentParser) -> None:
         "--record-every",
         type=_RECORD,
         default=5.0,
-        metavar="S",
+        metavar="DURATION",
         help="the flight recorder's cadence: every memory cgroup and its processes sampled this often, the last"
         " hour kept, so that an OOM kill is explained by what grew before it (default 5)",
     )
@@ -132,32 +163,69 @@ def _add_agent_arguments(parser: argparse.ArgumentParser) -> None:
         "--alertmanager-token-file", type=Path, metavar="F", help="bearer token for --alertmanager (behind a proxy)"
     )
     parser.add_argument(
-        "--poll", type=_POLL, default=15.0, metavar="S", help="seconds between pulls from --alertmanager (default 15)"
+        "--poll",
+        type=_POLL,
+        default=15.0,
+        metavar="DURATION",
+        help="time between pulls from --alertmanager (default 15s)",
     )
+
+
+_NOTIFY_ATTEMPTS = number(1, 20, integer=True)
+_NOTIFY_BACKOFF = number(0.1, 600, unit="seconds")
+
+
+def _add_notify_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--notify",
+        type=Path,
+        metavar="FILE",
+        help="post each diagnosed incident (verdict, culprit, link to its report) to the apprise URLs in FILE, "
+        "one a line or a YAML list (Slack, Teams, PagerDuty, email, a JSON webhook...); FILE is checked as "
+        "the token files are (docs/serve-notify.md)",
+    )
+    parser.add_argument(
+        "--public-url",
+        metavar="URL",
+        help="where people reach this server, for the report links notifications carry "
+        "(default http://ADDR:PORT of --listen)",
+    )
+    parser.add_argument(
+        "--notify-attempts",
+        type=_NOTIFY_ATTEMPTS,
+        default=6,
+        metavar="N",
+        help="tries per destination before its delivery is failed (default 6)",
+    )
+    parser.add_argument(
+        "--notify-backoff",
+        type=_NOTIFY_BACKOFF,
+        default=5.0,
+        metavar="DURATION",
+        help="time before the second try (5s, 1m; a number is seconds), doubling after each failed one up to 10m "
+        "(default 5s)",
+    )
+
+
+def _notify_options(args: argparse.Namespace) -> tuple[list, str] | None:
+    """(destinations, public URL) of --notify, each checked at start; None without it."""
+    if args.notify is None:
+        if args.public_url is not None:
+            raise UsageError("--public-url is the link notifications carry: it needs --notify")
+        return None
+    from ..serve.notify import check_public_url, load
+
+    public = check_public_url(args.public_url or f"http://{args.listen}")
+    return load(args.notify), public
 
 
 def _secret(path: Path | None, what: str) -> str | None:
     """A token or HMAC secret from a file only its owner (root or this user) can read or change."""
     if path is None:
         return None
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the start
-    except OSError as e:
-        raise UsageError(f"{what} {path}: cannot read ({e.strerror or e})") from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError(f"{what} {path}: not a regular file")
-        if st.st_uid not in (0, os.geteuid()):
-            raise UsageError(f"{what} {path}: owned by uid {st.st_uid}, not root or you: run chown root {path}")
-        if st.st_mode & 0o077:
-            mode = stat.S_IMODE(st.st_mode)
-            raise UsageError(f"{what} {path}: readable or writable by others (mode {mode:o}): run chmod 600 {path}")
-        raw = os.read(fd, MAX_SECRET + 1)
-    finally:
-        os.close(fd)
-    if len(raw) > MAX_SECRET:
-        raise UsageError(f"{what} {path}: longer than {MAX_SECRET} bytes")
+    from ..serve.security import read_owner_only
+
+    raw = read_owner_only(path, what, MAX_SECRET)
     value = raw.decode("ascii", "replace").strip()
     if not value:
         raise UsageError(f"{what} {path}: empty")
@@ -264,7 +332,7 @@ def _open_store(args: argparse.Namespace):
     return store
 
 
-def _worker(args: argparse.Namespace, store, metrics, rules):
+def _worker(args: argparse.Namespace, store, metrics, rules, notifier):
     from ..serve.worker import Worker
 
     def done(elapsed: float, report) -> None:
@@ -272,7 +340,29 @@ def _worker(args: argparse.Namespace, store, metrics, rules):
         if report.overhead.measured_percent is not None:
             metrics.overhead.set(report.overhead.measured_percent)
 
-    return Worker(store, args.duration, args.budget, rules, maxsize=args.queue, on_done=done)
+    return Worker(store, args.duration, args.budget, rules, maxsize=args.queue, on_done=done, notifier=notifier)
+
+
+def _notifier(args: argparse.Namespace, notify: tuple[list, str] | None, store, metrics):
+    """The notifier's thread, started with what the last stop left undelivered; None without --notify."""
+    if notify is None:
+        return None
+    from ..serve.notify import Notifier
+
+    destinations, public = notify
+    notifier = Notifier(
+        store,
+        destinations,
+        public,
+        attempts=args.notify_attempts,
+        backoff_s=args.notify_backoff,
+        on_outcome=lambda outcome: metrics.notifications.labels(outcome=outcome).inc(),
+    )
+    left = notifier.resume()
+    shown = ", ".join(d.shown for d in destinations)
+    again = f"; {left} undelivered by the last stop sent again" if left else ""
+    print(f"memdiag serve: notifying {shown} of each diagnosed incident (links to {public}){again}", flush=True)
+    return notifier.start()
 
 
 def _serve(app, listener: socket.socket) -> None:
@@ -308,6 +398,7 @@ def execute(args: argparse.Namespace) -> int:
     token = _secret(args.token_file, "--token-file")
     read_token = _secret(args.read_token_file, "--read-token-file")
     grafana_secret = _secret(args.grafana_secret_file, "--grafana-secret-file")
+    notify = _notify_options(args)
     if token is None and not _loopback(host):
         raise UsageError(f"--listen {args.listen}: refusing to listen off loopback without --token-file")
     if os.geteuid() != 0:
@@ -320,7 +411,7 @@ def execute(args: argparse.Namespace) -> int:
     os.umask(0o077)  # everything serve creates is the owner's only
     store = _open_store(args)
     metrics = Metrics(store)
-    worker = _worker(args, store, metrics, rules)
+    worker = _worker(args, store, metrics, rules, _notifier(args, notify, store, metrics))
     busy = lambda: worker.current is not None  # noqa: E731 (a fault sample waits for the diagnosis to end)
     recorder = None if args.no_recorder else Recorder(every_s=args.record_every, busy=busy).start()
     kills = KillIncidents(store, worker, metrics.oom_kills.inc, recorder=recorder)

@@ -21,10 +21,23 @@ from ..errors import SignalInterrupted
 from ..options import INTERVAL, ROWS
 from ..render.text import plain
 
+SUMMARY = "live per-process memory view (RSS split, swap, fault rates), sorted by RSS growth"
+EPILOG = """\
+examples:
+  memdiag top                    refresh every second until Ctrl-C
+  memdiag top --once -n 10       one table of the ten fastest-growing processes
+  memdiag top --interval 5s
+
+exit status:
+  0  --once printed its table      2  bad usage
+  130, 143  ended by SIGINT, SIGTERM (the usual end of the live view)"""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--once", action="store_true", help="print one table (after one interval) and exit")
-    parser.add_argument("--interval", type=INTERVAL, default=1.0, metavar="S", help="refresh every S seconds")
+    parser.add_argument(
+        "--interval", type=INTERVAL, default=1.0, metavar="DURATION", help="refresh every 2s, 500ms ... (default 1s)"
+    )
     parser.add_argument(
         "-n",
         "--lines",

@@ -1,4 +1,4 @@
-"""Verify a fix: ``memdiag verify --baseline DIR`` diagnoses the service an earlier report did again.
+"""Verify a fix: `memdiag verify --baseline DIR` diagnoses the service an earlier report did again.
 
 The service is found by what that report recorded (its container's name, command line, cgroup),
 since its pid changed with the restart, or named with --pid/--cgroup/--container; it is watched
@@ -22,7 +22,23 @@ from .run import (
     raise_if_interrupted,
     rule_book,
     run_diagnosis,
+    say_result,
 )
+
+SUMMARY = "diagnose a service again after a fix and compare with an earlier report"
+EPILOG = """\
+The service is found again by what the earlier report recorded (its
+container's name, command line, cgroup), since its pid changed with the
+restart; or name it with -p, --cgroup or --container.
+
+examples:
+  memdiag verify --baseline memdiag-20260101-120000-pid1234
+  memdiag verify --baseline old-report -p 4321 -d 10m
+
+exit status:
+  0  fixed              3  still leaking       4  new growth
+  5  inconclusive       1  a failure           2  bad usage
+  130, 143  interrupted by SIGINT, SIGTERM (the partial report is written)"""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,11 +47,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add_target_arguments(parser, verb="instead of finding the service again, verify")
     parser.add_argument(
+        "-d",
         "--duration",
         type=DURATION,
         default=None,
-        metavar="S",
-        help="seconds to watch (default: as long as the earlier report's window)",
+        metavar="DURATION",
+        help="how long to watch: 90s, 5m, 2h30m; a plain number is seconds (default: as long as the earlier "
+        "report's window)",
     )
     add_window_arguments(parser)
 
@@ -54,7 +72,6 @@ def execute(args: argparse.Namespace) -> int:
 
         report = run_diagnosis(args, target, rules, folder, finish=finish, given=baseline_facts(base))
         v = report.verification
-        print(f"{v.status}: {plain(v.summary)}")
-        print(f"report: {plain(folder.path / 'report.md')}")
+        say_result(args, folder, report, f"{v.status}: {plain(v.summary)}")
         raise_if_interrupted(folder)
     return EXIT_CODES[v.status]

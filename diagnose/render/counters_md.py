@@ -106,6 +106,20 @@ def _processes(report: Report) -> list[str]:
     return [f"### Processes ({scope})", ""] + table(head, cells) + [""]
 
 
+# Shapes no rate describes: a series that levelled off (a cache at its bound: once shown growing
+# 64.8 MiB/min, its average over the window) or rose and fell. Their figures are where it levelled
+# and between what it moved (first, last, the sentence of the finding); the rate stays in report.json.
+_NO_RATE_SHAPES = ("levelled", "sawtooth")
+
+
+def _trend_rate(tr) -> str:
+    if tr.rate_per_s is None:
+        return "–"
+    if tr.shape in _NO_RATE_SHAPES:
+        return f"– ({tr.shape})"
+    return fmt_rate(tr.rate_per_s)
+
+
 def _trends(report: Report) -> list[str]:
     trends = report.counters.trends
     if not trends:
@@ -119,7 +133,7 @@ def _trends(report: Report) -> list[str]:
                 fmt_bytes(tr.first),
                 fmt_bytes(tr.last),
                 fmt_bytes(tr.delta) if tr.delta is not None else "–",
-                fmt_rate(tr.rate_per_s) if tr.rate_per_s is not None else "–",
+                _trend_rate(tr),
                 tr.shape,
                 f"`{sparkline(values)}`" if values else "",
             ]

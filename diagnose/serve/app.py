@@ -99,6 +99,13 @@ class Metrics:
             ["reason"],
             registry=self.registry,
         )
+        self.notifications = Counter(
+            "memdiag_notifications",
+            "Verdicts sent to --notify destinations, by outcome (delivered; retried: failed, tried again later; "
+            "failed: failed on its last attempt)",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.store = store
 
     def render(self) -> bytes:
@@ -323,6 +330,7 @@ REPORT_FILES = {
     "md": ("report.md", "text/markdown"),
     "json": ("report.json", "application/json"),
     "html": ("report.html", "text/html"),
+    "pprof": ("profile.pb.gz", "application/octet-stream"),  # gzipped profile.proto: go tool pprof URL
 }
 
 
@@ -332,7 +340,15 @@ def _related(r) -> dict:
 
 
 def _report(store: Store, iid: str, item, fmt: str) -> Response:
-    """One of a done incident's report files (Refused 404 before it is done, 410 once it is gone)."""
+    """One of a done incident's report files (Refused 404 before it is done, 410 once it is gone);
+    a kill incident that ran no diagnosis has a page of its own: the flight recorder's scene."""
+    if fmt == "html" and item.report_dir is None and item.state == "recorded" and (item.alert or {}).get("scene"):
+        from memdiag.diagnose.render.html import render_scene_page  # the renderers load when used
+        from memdiag.diagnose.serve.scene import Scene
+
+        scene = Scene.model_validate(item.alert["scene"])
+        page = render_scene_page(f"memdiag: oom — incident {iid}", item.summary or "", scene)
+        return Response(page, media_type="text/html; charset=utf-8")
     if item.report_dir is None or item.state != "done":
         raise Refused(404, f"incident {iid} has no report ({item.state})")
     name, media = REPORT_FILES[fmt]
@@ -340,7 +356,7 @@ def _report(store: Store, iid: str, item, fmt: str) -> Response:
         raw = store.read_report(iid, name)
     except ReportGone as e:
         raise Refused(410, str(e)) from None
-    return Response(raw, media_type=f"{media}; charset=utf-8")
+    return Response(raw, media_type=media if fmt == "pprof" else f"{media}; charset=utf-8")
 
 
 class Api:
@@ -443,7 +459,7 @@ class Api:
         if fmt in REPORT_FILES:
             return _report(self.store, iid, item, fmt)
         if fmt is not None:
-            raise Refused(400, "format is md, json or html")
+            raise Refused(400, "format is md, json, html or pprof")
         related = [_related(r) for r in self.store.related(item)]  # its service's earlier incidents
         return JSONResponse({**item.model_dump(), "related": related})
 

@@ -18,7 +18,7 @@ import fcntl
 import os
 import shutil
 import stat
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from ..outfiles import kernel_filesystem, on_kernel_filesystem, unsafe_ancestors, unsafe_folder
@@ -159,7 +159,7 @@ class DataDir:
         finally:
             os.close(rfd)
 
-    def write_report(self, iid: str, files: dict[str, str]) -> int:
+    def write_report(self, iid: str, files: Mapping[str, str | bytes]) -> int:
         """reports/<iid>/<name> for each file, made anew; the bytes written. OSError on any failure,
         with nothing half-written left."""
         with self.reports() as rfd:
@@ -168,7 +168,7 @@ class DataDir:
                 os.mkdir(iid, 0o700, dir_fd=rfd)
                 ifd = os.open(iid, _DIR, dir_fd=rfd)
                 try:
-                    return sum(_write_new(ifd, name, text.encode()) for name, text in files.items())
+                    return sum(_write_new(ifd, name, _raw(text)) for name, text in files.items())
                 finally:
                     os.close(ifd)
             except OSError:
@@ -199,6 +199,11 @@ def _checked(given: Path) -> Path:
     if problem := unsafe_ancestors(path):
         raise UnsafeData(f"--data {given}: {problem}")
     return path
+
+
+def _raw(content: str | bytes) -> bytes:
+    """A report file's bytes: text as UTF-8, a profile as it is."""
+    return content if isinstance(content, bytes) else content.encode()
 
 
 def _write_new(dfd: int, name: str, raw: bytes) -> int:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -214,14 +215,12 @@ def _number(text: str | None) -> int | None:
     return int(text) if text.isdigit() else None
 
 
+_KEY_VALUE = re.compile(r"^(\S+) (\d+)$", re.MULTILINE)  # in C: hundreds of memory.stat files a round
+
+
 def _numbers(text: str | None) -> dict[str, int]:
     """`key value` lines (memory.stat) as a dict; a line of another form skipped."""
-    out: dict[str, int] = {}
-    for line in (text or "").splitlines():
-        key, _, value = line.partition(" ")
-        if value.isdigit():
-            out[key] = int(value)
-    return out
+    return {key: int(value) for key, value in _KEY_VALUE.findall(text or "")}
 
 
 def _procs(fs: str) -> list[int]:

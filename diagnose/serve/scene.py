@@ -66,6 +66,9 @@ class Scene(Model):
     fault_at: float | None = None
     shm_files: list[tuple[str, int, int]] = []  # (pattern, files, bytes) of the tmpfs it filled, where read
     text: str = ""
+    # the samples it rests on, for the incident's chart (report.html): seconds before the kill (<= 0)
+    usage_series: list[tuple[float, int | None, int | None]] = []  # (t, the cgroup's usage, its limit)
+    victim_series: list[tuple[float, int]] = []  # (t, the victim's RSS)
 
     @property
     def grew(self) -> bool:
@@ -153,6 +156,8 @@ def explain(
         host_oom=host_oom,
         climb_samples=len(points) - start,
         climb_every_s=round((last_t - first_t) / (len(points) - start - 1), 1) if len(points) - start > 1 else None,
+        usage_series=[(round(t - kill_t, 1), v.get("usage"), None if host_oom else v.get("limit")) for t, v in points],
+        victim_series=[(round(t - kill_t, 1), v["rss"]) for t, v in victim if t <= kill_t and v.get("rss") is not None],
     )
     scene = scene.model_copy(update={"unseen": _unseen(scene, kill_t, last_t)})
     scene = _parts(scene, first, last)

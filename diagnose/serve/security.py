@@ -1,13 +1,46 @@
 """Every request is hostile until shown otherwise: bearer token (constant-time), Grafana's HMAC
-signature, header values checked before use, and a limit on failed authentications per client."""
+signature, header values checked before use, and a limit on failed authentications per client.
+The files that hold serve's secrets (tokens, the HMAC secret, the --notify URLs) are read here too,
+under one set of rules."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import re
+import stat
 import threading
 import time
+from pathlib import Path
+
+from ..errors import UsageError
+
+
+def read_owner_only(path: Path, what: str, limit: int) -> bytes:
+    """The bytes of a file that holds a secret, checked on the descriptor it is read from: a regular
+    file owned by root or this user, which neither its group nor others may read or write, at most
+    `limit` bytes. UsageError (one line naming the option, the path and the fix) otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)  # a FIFO must not block the start
+    except OSError as e:
+        raise UsageError(f"{what} {path}: cannot read ({e.strerror or e})") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError(f"{what} {path}: not a regular file")
+        if st.st_uid not in (0, os.geteuid()):
+            raise UsageError(f"{what} {path}: owned by uid {st.st_uid}, not root or you: run chown root {path}")
+        if st.st_mode & 0o077:
+            mode = stat.S_IMODE(st.st_mode)
+            raise UsageError(f"{what} {path}: readable or writable by others (mode {mode:o}): run chmod 600 {path}")
+        raw = os.read(fd, limit + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > limit:
+        raise UsageError(f"{what} {path}: longer than {limit} bytes")
+    return raw
+
 
 # What a bearer token, a hex signature or a timestamp can be: printable ASCII, bounded. A header
 # outside this (non-ASCII, control bytes, 10 kB) is a failed authentication, never an exception.

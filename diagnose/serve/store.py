@@ -16,6 +16,7 @@ import sqlite3
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,11 +60,14 @@ _ADDED = {
     "service": "TEXT",  # what stays the same across restarts (cases.service_key)
     "baseline": "TEXT",  # the earlier incident this one's diagnosis follows up (verify)
     "verification": "TEXT",  # what that follow-up found: fixed, still-leaking, new-growth, inconclusive
+    "culprit": "TEXT",  # the verdict's culprit function, as the report names it
+    "notify": "TEXT",  # JSON: its delivery to the --notify destinations (notify.py), when serve notifies
 }
 _COLS = (
     "id, created, updated, source, state, target, alert, verdict_kind, summary, report_dir, error, duration_s, "
-    "attempts, previous, runtime, service, baseline, verification"
+    "attempts, previous, runtime, service, baseline, verification, culprit, notify"
 )
+_JSON_COLS = ("target", "alert", "notify")
 
 
 @dataclass(frozen=True)
@@ -99,6 +103,10 @@ class Incident(Model):
     service: str | None = None  # the service it concerns, across restarts (serve/cases.py)
     baseline: str | None = None  # the earlier incident its diagnosis followed up
     verification: str | None = None  # fixed, still-leaking, new-growth or inconclusive, against the baseline
+    culprit: str | None = None  # the function the verdict names (report.verdict.culprit.function)
+    # its verdict's delivery to --notify's destinations (notify.py): state (pending, retrying, delivered,
+    # failed), attempts, the last error, per destination (its URL redacted); None when serve did not notify
+    notify: dict[str, Any] | None = None
 
 
 class StorageFailing(Exception):
@@ -243,7 +251,8 @@ class Store:
                     self.dir.remove_report(iid)
                 self._write(
                     "UPDATE incidents SET state='queued', updated=?, previous=?, attempts=?, error=NULL, "
-                    "verdict_kind=NULL, summary=NULL, runtime=NULL, report_dir=NULL, report_bytes=0, duration_s=NULL "
+                    "verdict_kind=NULL, summary=NULL, runtime=NULL, report_dir=NULL, report_bytes=0, duration_s=NULL, "
+                    "culprit=NULL, notify=NULL "
                     "WHERE id=?",
                     (time.time(), before, 0 if fresh else attempts, iid),
                 )
@@ -339,12 +348,30 @@ class Store:
                 with contextlib.suppress(StorageFailing, OSError):
                     self._evict()
 
+    def note(self, iid: str, notify: dict) -> None:
+        """An incident's notification state (notify.py), its `updated` time left alone (the dedupe
+        window and eviction run from the diagnosis). Never raises: kept as settle keeps outcomes."""
+        with self._lock:
+            self._pending[iid] = {**self._pending.get(iid, {}), "notify": notify}
+            self._flush()
+
+    def unnotified(self) -> list[str]:
+        """Done incidents whose verdict a notifier has still to deliver (pending or retrying when
+        serve stopped), oldest first: the notifier takes them up again when serve starts."""
+        with self._lock:
+            rows = self._db.execute(
+                "SELECT id FROM incidents WHERE state='done' AND json_extract(notify, '$.state') "
+                "IN ('pending', 'retrying') ORDER BY updated"
+            ).fetchall()
+            return [r[0] for r in rows]
+
     def _flush(self) -> None:
         for iid in list(self._pending):
             fields = self._pending[iid]
             cols = ", ".join(f"{k}=?" for k in fields)
+            values = (json.dumps(v) if k in _JSON_COLS and v is not None else v for k, v in fields.items())
             try:
-                self._write(f"UPDATE incidents SET {cols} WHERE id=?", (*fields.values(), iid))  # noqa: S608
+                self._write(f"UPDATE incidents SET {cols} WHERE id=?", (*values, iid))  # noqa: S608
             except StorageFailing:
                 return
             del self._pending[iid]
@@ -356,7 +383,7 @@ class Store:
             self.failure = f"database: {e}"
             raise StorageFailing(self.failure) from None
 
-    def write_report(self, iid: str, files: dict[str, str]) -> tuple[str, int]:
+    def write_report(self, iid: str, files: Mapping[str, str | bytes]) -> tuple[str, int]:
         """Write reports/<id>/<name> without following any symlink (datadir.py); (folder, bytes). On
         any error nothing half-written is left and StorageFailing says why."""
         folder = self.reports / iid
@@ -475,6 +502,6 @@ class Store:
 
 def _incident(row) -> Incident:
     d = dict(zip(_COLS.split(", "), row, strict=True))
-    for k in ("target", "alert"):
+    for k in _JSON_COLS:
         d[k] = json.loads(d[k]) if d[k] else None
     return Incident(**d)

@@ -26,7 +26,7 @@ from ..target import Target, cgroup_target, pid_target, system_target, with_cont
 from ..verify import baseline_facts, compare_scene
 from .cases import follow_up, report_service, service_key, worth_following
 from .child import DEFAULT_RUNNER, ERROR, REPORT, Request
-from .scene import NO_GROWTH
+from .scene import NO_GROWTH, Scene
 from .store import Incident, ReportGone, StorageFailing, Store
 from .targets import BadLabel, NotOnHost, target_from_labels
 
@@ -92,6 +92,7 @@ class Worker:
         on_done: Callable[[float, object], None] | None = None,
         deadline: Callable[[float], float] = default_deadline,
         runner: str = DEFAULT_RUNNER,
+        notifier=None,
     ):
         self.store, self.duration, self.budget, self.rules = store, duration, budget, rules
         self.deadline, self.runner = deadline, runner  # the seconds a window's diagnosis may take; what it calls
@@ -100,6 +101,9 @@ class Worker:
         self._ready = threading.Condition()
         self.admission = threading.Lock()  # capacity check and queueing of one group, together
         self.on_done = on_done
+        # notify.Notifier when serve pushes verdicts out: told of each done incident, it delivers on
+        # a thread of its own, so a slow or failing destination never holds the next diagnosis
+        self.notifier = notifier
         self.current: tuple[str, float, float] | None = None  # (incident, monotonic start, window)
         for incident in store.resumed:  # cut off by a restart: their targets are looked up again
             self._queue.append((incident.id, None, None))
@@ -185,7 +189,7 @@ class Worker:
                 victim = (incident.alert or {}).get("victim_comm") or "the victim"
                 found = "the OOM watch, after a kill: whether what runs now grows the way the recorder saw before it"
                 report = report.model_copy(update={"verification": compare_scene(scene, report, iid, victim, found)})
-            folder, _ = self.store.write_report(iid, render_all(report))
+            folder, _ = self.store.write_report(iid, render_all(report, _recorded_scene(incident)))
         except DiagnosisKilled as e:  # what hung once likely hangs again: one retry at most
             spent = self._attempts_after_kill(incident.attempts if incident else 1)
             last = spent >= self.store.limits.max_attempts
@@ -214,7 +218,12 @@ class Worker:
             service=report_service(report),
             baseline=base[0].id if base else None,
             verification=v.status if v is not None else None,
+            culprit=report.verdict.culprit.function,
+            # in the same write as the outcome: a stop right after it still leaves the delivery to do
+            notify=self.notifier.pending() if self.notifier else None,
         )
+        if self.notifier:
+            self.notifier.finished(iid)
         if self.on_done:
             self.on_done(elapsed, report)
 
@@ -333,6 +342,18 @@ def _scene_of(incident: Incident | None) -> dict | None:
         return None
     scene = (incident.alert or {}).get("scene")
     return scene if isinstance(scene, dict) and scene.get("shape") not in (None, *NO_GROWTH) else None
+
+
+def _recorded_scene(incident: Incident | None) -> Scene | None:
+    """The flight recorder's scene of an OOM watch incident's kill as stored, for report.html's
+    chart of it (any shape: no growth before a kill is worth seeing too); None where it has none."""
+    raw = (incident.alert or {}).get("scene") if incident is not None and incident.source == "oomwatch" else None
+    if not isinstance(raw, dict):
+        return None
+    try:
+        return Scene.model_validate(raw)
+    except ValueError:  # a record stored by another version: the report is written without its chart
+        return None
 
 
 def _reason(e: Exception) -> str:

@@ -19,7 +19,7 @@ from memdiag.system.clock import wall
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_duration
 
-from ..face import Cost, Face, ProbeResult
+from ..face import Cost, Face, ProbeResult, pid_only
 from ..reader import reads_cost
 from . import view as goview
 
@@ -341,6 +341,8 @@ def _goroutines(proc: GoProcess, snaps: list[GoSnapshot]) -> tuple[list[Goroutin
 
 FACE = Face(
     name="goheap",
+    summary="a Go program's own heap profile and goroutines, read from outside (one process)",
+    needs=pid_only("reads one Go process: give -p PID"),
     run=lambda target, ctx: run(target, ctx.seconds, allowance_ns=ctx.budget.allowance_ns if ctx.budget else None),
     result=GoHeapResult,
     describe=goview.describe,

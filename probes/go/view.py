@@ -237,7 +237,16 @@ def _shown_first(r) -> list[Stack]:
 
 
 SHOWN = 3
-STACKS = Stacks(kind="allocations", shown=SHOWN, of=_shown_first, folded=folded, culprit=culprit)
+# in use at the last GC read, as the runtime's sampled profile estimates it
+STACKS = Stacks(
+    kind="allocations",
+    shown=SHOWN,
+    of=_shown_first,
+    folded=folded,
+    culprit=culprit,
+    space="inuse_space",
+    counted="inuse_objects",
+)
 
 
 # --- the report's sections -----------------------------------------------------------------------

@@ -26,7 +26,7 @@ from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_duration
 
 from ..base import Stop, run_for, stop_on_signals
-from ..face import Context, Face, FactDef, Plan, ProbeResult, Section, TracingCost, TrailItem, _Frozen
+from ..face import Context, Face, FactDef, Plan, ProbeResult, Section, TracingCost, TrailItem, _Frozen, pid_only
 from . import costs
 from .attach import LISTENER_STARTED, AttachRefused, Jvm, jcmd, listener_running
 from .recording import class_name
@@ -354,6 +354,8 @@ def describe(r: HistogramResult, top: int) -> list[str]:
 
 FACE = Face(
     name="histogram",
+    summary="a JVM's class histogram at its start and end: the classes that grew (one process)",
+    needs=pid_only("reads one JVM: give -p PID"),
     run=run,
     result=HistogramResult,
     describe=describe,

@@ -8,7 +8,7 @@ from __future__ import annotations
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_rate
 
-from ..face import Context, Face, FactDef, Option, Plan, Section, Stack, Stacks, TracingCost, TrailItem
+from ..face import Context, Face, FactDef, Option, Plan, Section, Stack, Stacks, TracingCost, TrailItem, pid_only
 from .recording import Held
 from .result import JfrResult
 
@@ -310,13 +310,25 @@ def describe(r: JfrResult, top: int) -> list[str]:
 
 FACE = Face(
     name="jfr",
+    summary="a JVM's flight recording: the held objects' allocation stacks (one process)",
+    needs=pid_only("records one JVM: give -p PID"),
     run=run,
     result=JfrResult,
     describe=describe,
     facts=FACTS,
     facts_of=facts_of,
     rows=rows,
-    stacks=Stacks(kind="allocations", shown=3, of=stacks, folded=_folded, culprit=_culprit),
+    # bytes: what the site's allocation samples stand for; count: its sampled objects still held
+    stacks=Stacks(
+        kind="allocations",
+        shown=3,
+        of=stacks,
+        folded=_folded,
+        culprit=_culprit,
+        space="alloc_space",
+        counted="held_samples",
+        folded_by="count",
+    ),
     caveats=caveats,
     sections=sections,
     trail=trail,

@@ -99,6 +99,12 @@ def _refuse(options: Mapping[str, Any]) -> str | None:
     return None
 
 
+def _needs(kind: str, options: Mapping[str, Any]) -> str | None:
+    if kind == "system" and not options.get("kernel"):
+        return "traces the user-space allocations of a process or cgroup: give -p PID or --cgroup PATH (or --kernel)"
+    return None
+
+
 OPTIONS = (
     Option("--sample-every", "count", "trace 1 in N allocations", default=1),
     Option("--min-size", "size", "ignore smaller allocations", default=0),
@@ -122,6 +128,8 @@ def _keep(older: MemleakResult, newer: MemleakResult) -> MemleakResult:
 
 FACE = Face(
     name="memleak",
+    summary="outstanding allocations by stack (--kernel: the kernel's slab allocations)",
+    needs=_needs,
     run=_run,
     result=MemleakResult,
     describe=describe,

@@ -46,7 +46,8 @@ FACTS = (
             "climbing, levelled, flat or shrinking: the leak stack's outstanding bytes", row="reach"),
     FactDef("reach.leak_rate", "bytes_per_s", "bytes the leak stack leaked per second of the probe", row="reach"),
     FactDef("reach.leak_share", "string",
-            "how often its allocations leak: '1 in 7 allocations', 'every allocation'", row="reach"),
+            "how often its allocations leak: '1 in 7 allocations', 'nearly every allocation (4 of 5)', "
+            "'every allocation' (none freed)", row="reach"),
     FactDef("reach.anchored_bytes", "bytes", "bytes of the heaviest stack the program still points at", row="reach"),
     FactDef("reach.anchored_ratio", "percent",
             "share of the heaviest stack's outstanding bytes still pointed at", row="reach"),
@@ -104,7 +105,6 @@ def reach_facts(ml: MemleakResult, name: Namer) -> dict:
         f.update({"reach.leaked_bytes": 0, "reach.leaked_count": 0, "reach.leaked_ratio": 0.0})
         return f
     r = leak.reach
-    one_in = leak.allocs / r.leaked_count if r.leaked_count else None
     f.update(
         {
             "reach.leaked_bytes": r.leaked_bytes,
@@ -114,7 +114,7 @@ def reach_facts(ml: MemleakResult, name: Namer) -> dict:
             "reach.leak_function": name(leak.frames, leak.forwards),
             "reach.leak_trend": _series_shape(ml.series_times, leak.series) if leak.series else None,
             "reach.leak_rate": (r.leaked_bytes / ml.duration_s) if ml.duration_s else None,
-            "reach.leak_share": share_words(one_in, leak.allocs),
+            "reach.leak_share": share_words(r.leaked_count, leak.allocs, leak.frees),
         }
     )
     return f
@@ -125,11 +125,20 @@ def _series_shape(times: list[float], series: list[int]) -> str:
     return growth_trend(list(zip(times, series, strict=False))).shape
 
 
-def share_words(one_in: float | None, allocs: int) -> str | None:
-    """'1 in 7 allocations', or 'every allocation': how often the stack's allocations leak."""
-    if one_in is None or not allocs:
+def share_words(leaked: int, allocs: int, freed: int) -> str | None:
+    """How often the stack's allocations leak, as the verdict says it ('... is never freed'):
+    '1 in 7 allocations'; 'nearly every allocation (4 of 5)' where fewer than one in 1.5 was freed;
+    'every allocation' only where none was. The leaked count is at most what was not freed: once
+    4 leaked of 5 rounded to "every allocation is never freed" beside a stack showing one free."""
+    if not leaked or not allocs:
         return None
-    return "every allocation" if round(one_in) <= 1 else f"1 in {round(one_in):,} allocations"
+    kept = max(1, min(leaked, allocs - max(freed, 0)))
+    if kept >= allocs:
+        return "every allocation"
+    one_in = allocs / kept
+    if one_in < 1.5:
+        return f"nearly every allocation ({kept:,} of {allocs:,})"
+    return f"1 in {round(one_in):,} allocations"
 
 
 def _entry(functions: list[str | None]) -> str | None:

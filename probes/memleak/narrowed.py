@@ -39,6 +39,7 @@ from ..face import (
     Stacks,
     TracingCost,
     TrailItem,
+    pid_only,
 )
 from ..growth import StackGrowth, folded_lines
 from .costs import Costs, host_costs
@@ -305,7 +306,9 @@ FACTS = (
     FactDef("sites.leaked_bytes", "bytes", "bytes of the leak stack nothing points at"),
     FactDef("sites.leaked_ratio", "percent", "share of the leak stack's still-allocated bytes nothing points at"),
     FactDef("sites.leak_function", "string", "the application function of the leak stack", figure=False),
-    FactDef("sites.leak_share", "string", "how often its calls leak: '1 in 7 allocations', 'every allocation'",
+    FactDef("sites.leak_share", "string",
+            "how often its calls leak: '1 in 7 allocations', 'nearly every allocation (4 of 5)', "
+            "'every allocation' (none freed)",
             figure=False),
     FactDef("sites.leak_rate", "bytes_per_s", "bytes the leak stack leaked per second traced"),
     FactDef("sites.anchored_ratio", "percent", "share of the heaviest stack's still-allocated bytes pointed at"),
@@ -377,7 +380,7 @@ def facts_of(r: SitesResult | None, _plan, name: Namer) -> dict:
         "sites.leaked_bytes": lr.leaked_bytes,
         "sites.leaked_ratio": 100 * lr.leaked_bytes / (lr.leaked_bytes + lr.anchored_bytes),
         "sites.leak_function": name(leak.frames, []),
-        "sites.leak_share": share_words(leak.calls / lr.leaked_count if lr.leaked_count else None, leak.calls),
+        "sites.leak_share": share_words(lr.leaked_count, leak.calls, leak.calls - leak.count),
         "sites.leak_rate": lr.leaked_bytes / r.duration_s if r.duration_s else None,
     }
 
@@ -410,6 +413,8 @@ STACKS = Stacks(
     of=lambda r: [_stack_of(s) for s in r.stacks],
     folded=lambda r: r.folded,
     culprit=_culprit,
+    space="inuse_space",
+    counted="inuse_objects",
 )
 
 
@@ -475,6 +480,8 @@ def _refuse(options: Mapping[str, Any]) -> str | None:
 
 FACE = Face(
     name="sites",
+    summary="one function's own calls to the allocator (--function NAME; one process)",
+    needs=pid_only("traces one process's calls: give -p PID"),
     run=_run,
     result=SitesResult,
     describe=describe,

@@ -14,7 +14,7 @@ from .result import LeakStack, MemleakResult
 SCAN_METHOD = "all threads stopped (ptrace), writable memory read and matched against memleak's blocks"
 
 
-def stack(s: LeakStack) -> Stack:
+def stack(s: LeakStack, series_s: list[float] | None = None) -> Stack:
     return Stack(
         frames=s.frames,
         functions=s.functions,
@@ -25,6 +25,7 @@ def stack(s: LeakStack) -> Stack:
         detail=f"{fmt_number(s.outstanding_count)} allocations outstanding, "
         f"{fmt_number(s.allocs)} allocs, {fmt_number(s.frees)} frees",
         series=s.series,
+        series_s=series_s[: len(s.series)] if series_s else [],
         reach=s.reach,
     )
 
@@ -34,18 +35,20 @@ def culprit(r: MemleakResult, verdict_kind: str) -> Stack | None:
     cache or growth otherwise on the heaviest stack; any other verdict on no allocation stack."""
     leak = r.leak_stack() if verdict_kind == "leak" else None
     if leak is not None:
-        return stack(leak)
+        return stack(leak, r.series_times)
     if verdict_kind in ("leak", "cache", "growth") and r.stacks:
-        return stack(r.stacks[0])
+        return stack(r.stacks[0], r.series_times)
     return None
 
 
 STACKS = Stacks(
     kind="allocations",
     shown=5,
-    of=lambda r: [stack(s) for s in r.stacks],
+    of=lambda r: [stack(s, r.series_times) for s in r.stacks],
     folded=lambda r: r.folded,
     culprit=culprit,
+    space="inuse_space",
+    counted="inuse_objects",
 )
 
 

@@ -18,7 +18,7 @@ from memdiag.system.perfmap import perf_map_path, perf_map_size
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_duration
 
-from ..face import Cost, Face, ProbeResult, plain
+from ..face import Cost, Face, ProbeResult, pid_only, plain
 from ..reader import reads_cost
 from ..registry import REGISTRY
 from . import view as nodeview
@@ -114,6 +114,8 @@ def run(target: Target, seconds: float, interval: float = INTERVAL_S, clock: Cal
 
 FACE = Face(
     name="nodeheap",
+    summary="a Node.js process's V8 heap against the memory outside it (one process)",
+    needs=pid_only("reads one Node.js process: give -p PID"),
     run=plain(run),
     result=NodeHeapResult,
     describe=nodeview.describe,

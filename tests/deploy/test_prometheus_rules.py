@@ -121,7 +121,7 @@ def _resident(metrics: str) -> dict[str, float]:
 
 
 def test_real_process_exporter_series_give_the_rule_a_pid(tmp_path):
-    """Debian's process-exporter, named "{{.Comm}}:{{.PID}}" as the README says, run on loopback:
+    """Debian's process-exporter, named "{{.Comm}}:{{.PID}}" as docs/serve.md says, run on loopback:
     the rule's own selector and label_replace regexes (read from the rules file) take the pid of a
     real process from its group name, and memdiag resolves that pid; a "{{.Comm}}" group gives none."""
     exporter = shutil.which("prometheus-process-exporter")

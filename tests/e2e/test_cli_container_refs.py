@@ -40,7 +40,7 @@ def test_bad_references_are_one_line_and_exit_2(memdiag, root_required, memcg):
     assert r.stderr.startswith("memdiag: --container memdiag-no-such-container: no such running container")
     assert a[:12] in r.stderr and b[:12] in r.stderr  # what is running is listed
     r = memdiag("--container", a, "--pid", "1")
-    _one_line_exit_2(r, "memdiag: argument --pid: not allowed with argument --container (see --help)")
+    _one_line_exit_2(r, "memdiag: argument -p/--pid: not allowed with argument --container (see --help)")
 
 
 def test_a_container_by_id_prefix_is_its_largest_process(memdiag, root_required, memcg, workload, tmp_path):

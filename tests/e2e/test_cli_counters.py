@@ -3,6 +3,7 @@ system, a target that exits, progress on a terminal, and the one-line errors for
 The full scenarios with probes are in test_scenarios.py."""
 
 import contextlib
+import json
 import os
 import re
 import signal
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 from figures import read_report
 from kit import MEMDIAG, build, wait_until
+from memdiag.diagnose.commands.run import VERDICT_EXIT_CODES
 
 MiB = 1 << 20
 
@@ -104,7 +106,7 @@ def test_oom_loop_in_a_cgroup_counts_kills_by_the_kernel_counter(memdiag, memcg,
 
 def test_system_target(memdiag, workload, tmp_path):
     workload("leak", "4096")
-    r = memdiag("--duration", "4", "--output", str(tmp_path))
+    r = memdiag("--system", "--duration", "4", "--output", str(tmp_path))
     _ok(r)
     rep = _report(tmp_path)
     assert rep["target"]["kind"] == "system" and rep["target"]["description"] == "the whole system"
@@ -134,14 +136,14 @@ def test_pid_that_exits_normally_during_the_window(workload, tmp_path):
     "args, code, message",
     [
         (["--pid", "4194304"], 2, "--pid 4194304: no such process"),  # pids are below pid_max, at most this
-        (["--pid", "-4"], 2, "argument --pid: '-4' is not a whole number at least 1"),
+        (["--pid", "-4"], 2, "argument -p/--pid: '-4' is not a whole number at least 1"),
         (["--pid", "2"], 2, "kernel thread"),
         (["--cgroup", "/no/such/cgroup"], 2, "is not a memory cgroup"),
         (["--cgroup", "/etc"], 2, "is not a memory cgroup"),
         (["--duration", "0"], 2, "--duration: '0' is not a finite number more than 0 and at most 86400 seconds"),
-        (["--duration", "nan"], 2, "argument --duration: 'nan' is not a finite number"),
-        (["--duration", "inf"], 2, "argument --duration: 'inf' is not a finite number"),
-        (["--duration", "-1"], 2, "argument --duration: '-1' is not a finite number more than 0"),
+        (["--duration", "nan"], 2, "argument -d/--duration: 'nan' is not a finite number"),
+        (["--duration", "inf"], 2, "argument -d/--duration: 'inf' is not a finite number"),
+        (["--duration", "-1"], 2, "argument -d/--duration: '-1' is not a finite number more than 0"),
         (["--interval", "1e-9"], 2, "argument --interval: '1e-9' is not a finite number at least 0.01 and at most"),
         (["--interval", "nan"], 2, "argument --interval: 'nan' is not a finite number"),
         (["--budget", "nan"], 2, "argument --budget: 'nan' is not a finite number more than 0 and at most 100"),
@@ -149,11 +151,11 @@ def test_pid_that_exits_normally_during_the_window(workload, tmp_path):
         (["--max-pause=-inf"], 2, "argument --max-pause: '-inf' is not a finite number at least 0"),
         (["top", "--interval", "nan"], 2, "argument --interval: 'nan' is not a finite number at least 0.01"),
         (["top", "--lines", "0"], 2, "argument -n/--lines: '0' is not a whole number at least 1"),
-        (["probe", "memleak", "--duration", "inf"], 2, "argument --duration: 'inf' is not a finite number"),
+        (["probe", "memleak", "--duration", "inf"], 2, "argument -d/--duration: 'inf' is not a finite number"),
         (["probe", "memleak", "--sample-every", "0"], 2, "argument --sample-every: '0' is not a whole number"),
         (["--pid", str(os.getpid()), "--output", "/etc/hostname/memdiag-cannot-write"], 2, "not a folder"),
         (["--pid", str(os.getpid()), "--output", "/proc/memdiag-cannot-write"], 2, "holds kernel objects, not files"),
-        (["--pid", "abc"], 2, "argument --pid: 'abc' is not a whole number at least 1"),
+        (["--pid", "abc"], 2, "argument -p/--pid: 'abc' is not a whole number at least 1"),
         (["--bogus"], 2, "unrecognized arguments"),
         # an option only as written: --budget was once taken for jfr's --budget-ms (10 ms, 0.067%)
         (["probe", "jfr", "--pid", str(os.getpid()), "--budget", "10"], 2, "unrecognized arguments: --budget 10"),
@@ -162,8 +164,8 @@ def test_pid_that_exits_normally_during_the_window(workload, tmp_path):
         (["--duration", "1e300"], 2, "--duration: '1e300' is not a finite number more than 0 and at most 86400"),
         (["--interval", "86401"], 2, "at least 0.01 and at most 86400 seconds"),
         (["--max-pause", "1e12"], 2, "--max-pause: '1e12' is not a finite number at least 0 and at most 86400000"),
-        (["--pid", "4194305"], 2, "argument --pid: '4194305' is not a whole number at least 1 and at most 4194304"),
-        (["--pid", "9" * 5000], 2, "argument --pid: '9999999999999999999999999999999999999999'... is not a whole"),
+        (["--pid", "4194305"], 2, "argument -p/--pid: '4194305' is not a whole number at least 1 and at most 4194304"),
+        (["--pid", "9" * 5000], 2, "argument -p/--pid: '9999999999999999999999999999999999999999'... is not a whole"),
         (["top", "--lines", "100001"], 2, "argument -n/--lines: '100001' is not a whole number at least 1 and at most"),
         (["probe", "memleak", "--duration", "1e300"], 2, "'1e300' is not a finite number more than 0 and at most"),
         (["probe", "memleak", "--top", "1e3"], 2, "argument --top: '1e3' is not a whole number"),
@@ -232,3 +234,29 @@ def test_progress_on_a_terminal(root_required, workload, tmp_path):
     assert r.returncode == 0
     assert "sampling counters" in r.stdout and "left" in r.stdout and "RSS" in r.stdout
     assert re.search(r"(leak|growth): .*PID \d+ \(leak\)", r.stdout)
+
+
+def test_json_on_stdout_is_the_report_and_exit_code_follows_the_verdict(workload, tmp_path):
+    """`memdiag -p PID -d 3s -o json --exit-code`: stdout is the report's JSON (what report.json
+    holds, the folder still written), the verdict line on stderr, the exit status the verdict's."""
+    w = workload("leak", "4096")
+    out = tmp_path / "report"
+    args = ["-p", str(w.pid), "-d", "3s", "-o", "json", "--exit-code", "--output", str(out)]
+    r = subprocess.run([MEMDIAG, *args], capture_output=True, text=True, timeout=120)
+    rep = json.loads(r.stdout)
+    kind = rep["verdict"]["kind"]
+    assert rep["target"]["pid"] == w.pid and rep["window"]["requested_s"] == 3
+    assert r.returncode == VERDICT_EXIT_CODES.get(kind, 0), r.stderr
+    assert json.loads((out / "report.json").read_text()) == rep
+    assert r.stderr.startswith(f"{kind}: ") and f"report: {out / 'report.md'}" in r.stderr
+
+
+def test_no_folder_writes_nothing_and_the_json_is_the_whole_output(workload, tmp_path):
+    w = workload("leak", "4096")
+    r = subprocess.run(
+        [MEMDIAG, "-p", str(w.pid), "-d", "2", "-o", "json", "--no-folder", "--quiet"],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["target"]["pid"] == w.pid and r.stderr == ""
+    assert list(tmp_path.iterdir()) == []

@@ -129,10 +129,11 @@ def test_links_planted_in_our_folder_are_replaced_not_followed(memdiag, root_req
     _plant(out, ".report.json.tmp", victim)
     _plant(out, "report.md", victim)
     _plant(out, "growth.svg", tmp_path / "missing")  # a dangling one is not created either
+    _plant(out, ".profile.pb.gz.tmp", victim)  # a profile is bytes, written the same way
     r = memdiag("--pid", str(w.pid), "--duration", "1", "--output", str(out), "--quiet")
     assert r.returncode == 0, r.stderr
     names = sorted(os.listdir(out))
-    assert names == ["growth.folded", "growth.svg", "report.html", "report.json", "report.md"]
+    assert names == ["growth.folded", "growth.svg", "profile.pb.gz", "report.html", "report.json", "report.md"]
     for name in names:
         st = (out / name).lstat()
         assert not (out / name).is_symlink() and st.st_mode & 0o777 == 0o600, name

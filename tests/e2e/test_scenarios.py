@@ -2,15 +2,18 @@
 budget: counters -> playbook -> probes -> verdict. Each asserts the verdict's kind and culprit."""
 
 import json
+import re
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from kit import swapped_bytes, wait_until
+from browser import HIGHLIGHTED, Browser
+from kit import GO_ENV, swapped_bytes, wait_until
 from memdiag.system import arch
 
 MiB = 1 << 20
-REPORT_FILES = {"report.md", "report.json", "report.html", "growth.svg", "growth.folded"}
+REPORT_FILES = {"report.md", "report.json", "report.html", "growth.svg", "growth.folded", "profile.pb.gz"}
 
 
 def _diagnose(memdiag, out: Path, *args: str) -> dict:
@@ -50,6 +53,30 @@ def test_leak(memdiag, workload, tmp_path):
     assert "leak_order_history" in (tmp_path / "growth.folded").read_text()
     svg = (tmp_path / "growth.svg").read_text()
     assert svg.startswith("<svg") and "leak_order_history" in svg
+    # the growth stacks as a pprof profile: Debian's go tool pprof puts the culprit on top, with the
+    # bytes the report's heaviest stack holds (malloc, the allocator's own frame, left out)
+    top = subprocess.run(["go", "tool", "pprof", "-top", str(tmp_path / "profile.pb.gz")], env=GO_ENV,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    rows = re.findall(r"^ *(\S+) +\S+% +\S+% +\S+ +\S+% +(.+)$", top.stdout, re.M)
+    assert "Type: inuse_space" in top.stdout and rows[0][1] == "leak_order_history", top.stdout + top.stderr
+    page = (tmp_path / "report.html").as_uri()
+    with Browser(tmp_path / "profile") as b:  # the page as a real browser runs it
+        b.open(page)
+        assert b.errors() == [] and b.requests() == [page]
+        assert b.eval("document.querySelector('#memory-chart canvas') !== null")
+        b.eval("memdiag.flame.search('leak_order_history')")
+        assert b.eval(HIGHLIGHTED) == ["leak_order_history"]
+
+
+def test_a_rust_release_binary_names_its_rust_function(memdiag, workload, tmp_path):
+    """A release build (no frame pointers; lld's layout, its code starting inside a page) keeps the
+    buffers of failed settlements in a Vec: unwound through .eh_frame, named from .symtab."""
+    w = workload("claims", "200")  # ~2 MiB/s kept
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "growth", v["summary"]  # held by the Vec: reachable, not leaked
+    assert "claims::settle_claim" in (v["culprit"]["function"] or ""), v["culprit"]
+    assert "claims::settle_claim" in v["summary"], v["summary"]
 
 
 def test_a_leak_that_starts_after_the_first_look_is_still_traced(memdiag, workload, tmp_path):

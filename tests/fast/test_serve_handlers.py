@@ -9,16 +9,20 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import subprocess
 import threading
 
 import pytest
+from kit import GO_ENV
+from memdiag.diagnose.render import render_all
 from memdiag.diagnose.serve.app import MAX_PAGE, Config, Metrics, create_app, oom_watch_state
 from memdiag.diagnose.serve.recorder import Recorder
 from memdiag.diagnose.serve.security import FailureLimiter
 from memdiag.diagnose.serve.store import Store
 from memdiag.diagnose.serve.worker import Job, admit_into
 from starlette.testclient import TestClient
+from unit.test_render import fixture_report  # the renderers' fixture report (tests/ is on the path)
 
 TOKEN, READ = "fast-token-9c2e", "fast-read-77a1"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -294,6 +298,23 @@ def test_incidents_are_paged_newest_first(serve, target):
         assert (r.status_code, r.json()) == (400, {"error": reason}), query
 
 
+def test_a_kill_recorded_without_a_diagnosis_has_a_page_of_its_scene(serve):
+    from memdiag.diagnose.serve.scene import explain
+
+    client, store, _ = serve()
+    t0, mib = 1_800_000_000.0, 1 << 20
+    cg = [(t0 + 5 * i, {"usage": (10 + 5 * i) * mib, "limit": 64 * mib, "anon": (9 + 5 * i) * mib}) for i in range(11)]
+    scene = explain(cg, [(t, {"rss": v["anon"]}) for t, v in cg], t0 + 52, 5.0, 64 * mib, victim_name="PID 7 (leak)")
+    record = {"victim_pid": 7, "scene": scene.model_dump()}
+    incident, _ = store.record("oomwatch", "recorded", None, record, "k1", summary="OOM killer killed PID 7 (leak)")
+    r = client.get(f"/incidents/{incident.id}?format=html", headers=AUTH)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/html"), r.text[:200]
+    assert "OOM killer killed PID 7 (leak)" in r.text and '<div id="scene-chart">' in r.text
+    assert scene.text.split(";")[0].replace("'", "&#x27;") in r.text
+    r = client.get(f"/incidents/{incident.id}?format=md", headers=AUTH)  # no report: only the page
+    assert r.status_code == 404
+
+
 def test_one_incident_and_its_missing_report(serve):
     client, store, _ = serve()
     incident, _ = store.record("oomwatch", "recorded", None, {"n": 1}, "k1", summary="kill 1")
@@ -302,7 +323,7 @@ def test_one_incident_and_its_missing_report(serve):
     r = client.get(f"/incidents/{incident.id}?format=md", headers=AUTH)
     assert (r.status_code, r.json()) == (404, {"error": f"incident {incident.id} has no report (recorded)"})
     r = client.get(f"/incidents/{incident.id}?format=pdf", headers=AUTH)
-    assert (r.status_code, r.json()) == (400, {"error": "format is md, json or html"})
+    assert (r.status_code, r.json()) == (400, {"error": "format is md, json, html or pprof"})
     assert client.get("/incidents/not-an-id", headers=AUTH).json() == {"error": "no such incident"}
     assert client.get("/incidents/0123abcd", headers=AUTH).status_code == 404
     assert client.get("/nowhere").json() == {"error": "Not Found"}
@@ -320,3 +341,21 @@ def test_grafana_needs_its_signature_when_a_secret_is_set(serve, target):
     assert r.status_code == 202 and r.json()["incidents"][0]["new"] is True
     assert [j.source for j in worker.queued] == ["grafana"]
     assert 'memdiag_alerts_received_total{source="grafana"} 1.0' in client.get("/metrics").text
+
+
+def test_a_done_incident_serves_its_report_as_a_pprof_profile(serve, tmp_path):
+    """format=pprof: the report's profile.pb.gz as it was written, bytes for go tool pprof."""
+    client, store, _ = serve()
+    incident, _ = store.record("alertmanager", "queued", None, {"n": 1}, "k1", summary="leak")
+    files = render_all(fixture_report().model_copy(update={"folded_probe": "memleak"}))
+    folder, _ = store.write_report(incident.id, files)
+    store.settle(incident.id, state="done", report_dir=folder)
+    r = client.get(f"/incidents/{incident.id}?format=pprof", headers=AUTH)
+    assert (r.status_code, r.headers["content-type"]) == (200, "application/octet-stream")
+    assert r.content == files["profile.pb.gz"]
+    (tmp_path / "served.pb.gz").write_bytes(r.content)
+    top = subprocess.run(
+        ["go", "tool", "pprof", "-top", str(tmp_path / "served.pb.gz")], env=GO_ENV, capture_output=True, text=True
+    )
+    assert re.search(r"^ +24MB +100% +100% +24MB +100% +Orders::add$", top.stdout, re.M), top.stdout + top.stderr
+    assert client.get(f"/incidents/{incident.id}?format=md", headers=AUTH).text == files["report.md"]

@@ -25,6 +25,12 @@ from memdiag.system.signals import INTERRUPTION, phase, target_released
 from memdiag.diagnose.errors import SignalInterrupted
 
 def blocked(args):
+    if sys.argv[1] == "counters-slow":  # only counters read: nothing of memdiag's held in the target
+        with phase("counters (first look)", holds=False):
+            print("ready", flush=True)
+            INTERRUPTION.wait(60)
+            time.sleep(signals.STOP_GRACE_S + 2)  # a slow machine's stop: past the stop grace
+            raise SignalInterrupted(INTERRUPTION.signum, "partial report: x")
     with phase("reading a planted file"):
         print("ready", flush=True)
         if sys.argv[1] == "fifo":
@@ -151,3 +157,13 @@ def test_a_stop_that_blocks_ends_at_the_stop_grace(tmp_path):
         "memdiag: interrupted by SIGTERM during reading a planted file; its stop did not finish within "
         f"{STOP_GRACE_S:g} s: ended without a report"
     ), err
+
+
+def test_a_stop_while_only_counters_are_read_is_given_the_write_grace(tmp_path):
+    """Nothing attached or stopped in the target (the lane's SIGTERM in a swapping process's first
+    look, under qemu): its slow stop writes the report, not ended at the stop grace."""
+    p = _start(tmp_path, "counters-slow")
+    took, err = _signal_and_time(p, signal.SIGTERM)
+    assert p.returncode == 143, err
+    assert STOP_GRACE_S + 2 <= took < STOP_GRACE_S + 4, took
+    assert err.strip() == "memdiag: partial report: x", err

@@ -46,4 +46,5 @@ def test_incident_pages_in_a_browser(server, workload, tmp_path):
     assert f"<td>{done['verdict_kind']}</td>" in listing
     report = dump_dom(srv.url + f"/incidents/{body['id']}?format=html", tmp_path / "p2")
     assert f"<h1>memdiag: {done['verdict_kind']} — PID {w.pid} (churn)</h1>" in report
-    assert "<table>" in report and "<h2>Probes</h2>" in report
+    assert "<table>" in report and '<h2 id="probes">Probes</h2>' in report
+    assert f'<section class="verdict k-{done["verdict_kind"]}" id="verdict">' in report

@@ -330,7 +330,7 @@ def test_a_probes_rows_stacks_and_sections_render_in_markdown_json_and_html(name
             assert f"`{s.frames[1]}`" in md and f"<code>{s.frames[1]}</code>" in html
             assert any(st["probe"] == name and st["frames"] == s.frames for st in data["stacks"])
         for sec in face.sections(result):
-            assert f"### {sec.title}" in md and f"<h3>{sec.title}</h3>" in html
+            assert f"### {sec.title}" in md and f">{sec.title}</h3>" in html
             assert sec.model_dump() in data["sections"]
         for caveat in face.caveats(result):
             assert caveat[:40] in md and caveat in data["caveats"]
@@ -442,7 +442,7 @@ def test_a_probe_added_as_one_module_and_one_registry_entry_drives_a_verdict(tmp
     assert v["culprit"]["function"] == "OrderService.retry(Order) line: 17"
     row = next(p for p in rep["probes"] if p["name"] == "fakeheap")
     assert row["status"] == "ok" and row["figures"] == {"fakeheap.in_use": 48 << 20}
-    assert "### Runtime heap" in md and "<h3>Runtime heap</h3>" in html and "| old | 48 MiB |" in md
+    assert "### Runtime heap" in md and '<h3 id="runtime-heap">Runtime heap</h3>' in html and "| old | 48 MiB |" in md
     assert any(t["name"] == "fakeheap" and t["kind"] == "probe" for t in rep["trail"])
     assert "`fakeheap.in_use` | 48.0 MiB" in md
 

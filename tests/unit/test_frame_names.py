@@ -1,7 +1,7 @@
 """How native frames are named (docs/symbols.md): a compiler's clone suffix folded into the function's
 name and kept as a detail, read back by the culprit and by verify's signatures; a clone GCC really
 makes, in a real binary, named so; a real Rust binary's names (legacy and v0 manglings) in Rust's
-terms, its code (a segment starting mid-page) read at its own addresses."""
+terms."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ from memdiag.diagnose.culprit import default_classes, frame_details, split_frame
 from memdiag.diagnose.verify import signature
 from memdiag.probes.elf import passing_elf_info
 from memdiag.probes.frame import Frame, split_clone
-from memdiag.probes.mapping import Mapping
 from memdiag.probes.stacks import demangle
 
 
@@ -99,27 +98,5 @@ def test_a_rust_binary_s_names_read_in_rust_terms(flags, mangled):
         assert not any(n.startswith(("_ZN", "_R")) for n in names if "claims" in n), sorted(names)[:20]
         if mangled == "_R":
             assert "std::rt::lang_start::<()>::{closure#0}" in names, sorted(n for n in names if "lang_start" in n)
-    finally:
-        elf.close()
-
-
-def test_a_code_mapping_of_a_segment_starting_mid_page_is_read_at_its_own_addresses():
-    """rustc (its linker) starts the code segment mid-page (file 0x13b90 at 0x14b90): the kernel maps
-    it from the page below, which the segment before covers too. The code's bias is its segment's:
-    a symbol's runtime address less it is the symbol's address (it was 0x1000 off)."""
-    path = str(build("claims", []))
-    elf = passing_elf_info(path)
-    try:
-        code = next(s for s in elf.loads if s["p_flags"] & 1)
-        if code["p_offset"] % 4096 == code["p_vaddr"] % 4096 and code["p_offset"] % 4096 == 0:
-            pytest.fail(f"this rustc laid the code out page-aligned ({code['p_offset']:#x}): nothing to test")
-        start = 0x55AB_D75A_6000  # where a process mapped it, as /proc/PID/maps said of claims once
-        at = code["p_offset"] - code["p_offset"] % 4096
-        mapping = Mapping(start=start, end=start + code["p_memsz"] + 4096, perms="r-xp", offset=at, path=path)
-        bias = elf.bias(mapping)
-        settle = next(s for s in elf.symbols() if "settle_claim" in s.name)
-        runtime = start + (settle.address - (code["p_vaddr"] - code["p_offset"] % 4096))
-        assert runtime - bias == settle.address
-        assert elf.lookup(runtime - bias)[0].name == settle.name
     finally:
         elf.close()

@@ -60,6 +60,12 @@ def test_wheel_layout(tmp_path):
         "probes/forwarders.py",
     ):
         assert f"memdiag/{module}" in names, module
+    # report.html's vendored scripts and styles, inlined at render time, with their licences
+    assets = ROOT / "diagnose" / "render" / "assets"
+    shipped = sorted(p.name for p in assets.iterdir())
+    assert {"uPlot.iife.min.js", "d3-flamegraph.min.js", "report.js", "uPlot.LICENSE", "d3.LICENSE"} <= set(shipped)
+    for name in shipped:
+        assert f"memdiag/diagnose/render/assets/{name}" in names, name
 
 
 def test_bpf_sources_load_from_the_installed_package():

@@ -189,7 +189,7 @@ def test_stable_is_a_rule_and_can_be_outranked(tmp_path):
     assert "summary.stable" not in facts and "summary.too_few" not in facts  # no verdict text from Python
     rule, kind, summary = _verdict(SHIPPED_RULES, facts)
     assert (rule, kind) == ("stable", "healthy")
-    assert summary == "memory of PID 500 (orderd) is stable at 100 MiB over 20 s; no pressure, no OOM kill"
+    assert summary == "RSS of PID 500 (orderd) is stable at 100 MiB over 20 s; no pressure, no OOM kill"
     # a site that calls every quiet window inconclusive: the floor above stable
     floor_first = _playbook(tmp_path, ("confidence: 0.1, priority: 0}", "confidence: 0.1, priority: 3}"))
     assert _verdict(floor_first, facts)[:2] == ("no-conclusion", "inconclusive")
@@ -318,3 +318,45 @@ def test_what_paying_for_pressure_means_is_a_yaml_edit(tmp_path):
     assert _verdict(strict, facts)[:2] == ("host-memory-pressure", "pressure")
     cold = {**facts, "pressure.target_swap": 0}
     assert _verdict(SHIPPED_RULES, cold)[:2] == ("host-memory-pressure", "pressure")
+
+
+def test_a_healthy_whole_system_says_its_level_is_memavailable():
+    """The whole system's level is MemAvailable (6 GiB of 8 here), not memory in use: once the
+    verdict read "memory of the whole system is stable at 22.9 GiB" of a host using 8 GiB."""
+    obs = _obs(FLAT)
+    snaps = [s.model_copy(update={"process": None}) for s in obs.snapshots]
+    system = obs.model_copy(
+        update={"target": Target(kind="system"), "snapshots": snaps, "processes_first": {}, "processes_last": {}}
+    )
+    counters = build_counters(system)
+    facts = counter_facts(system, counters, 2.0) | {"target.name": system.target.describe()}
+    facts |= triage(system, counters).facts
+    assert (facts["memory.level"], facts["memory.measure"]) == (6 * GiB, "available memory (MemAvailable)")
+    rule, kind, summary = _verdict(SHIPPED_RULES, facts)
+    assert (rule, kind) == ("stable", "healthy")
+    assert summary == (
+        "available memory (MemAvailable) of the whole system is stable at 6.0 GiB over 20 s; no pressure, no OOM kill"
+    )
+
+
+def test_a_healthy_verdict_names_no_culprit_and_its_report_has_no_culprit_line():
+    """A flat RSS concludes healthy: nothing is to blame, so no Culprit line (it once said
+    "Culprit: PID 500 (orderd)" under "stable at 100 MiB"); a climbing one still names the target."""
+    from memdiag.diagnose.culprit import default_classes
+    from memdiag.diagnose.render.markdown import _culprit_lines
+    from memdiag.diagnose.verdict import verdict_of
+
+    obs = _obs(FLAT)
+    counters = build_counters(obs)
+    tri = triage(obs, counters)
+    facts = counter_facts(obs, counters, 2.0) | {"target.name": obs.target.describe()} | tri.facts
+    _, verdict = verdict_of(run_rules(SHIPPED_RULES, facts), facts, obs.target, tri, {}, default_classes())
+    assert verdict.kind == "healthy" and verdict.culprit.pid is None and verdict.culprit.function is None
+    assert _culprit_lines(verdict.culprit) == []
+    climbing = _obs(CLIMBING)
+    counters = build_counters(climbing)
+    tri = triage(climbing, counters)
+    facts = counter_facts(climbing, counters, 2.0) | {"target.name": climbing.target.describe()} | tri.facts
+    _, verdict = verdict_of(run_rules(SHIPPED_RULES, facts), facts, climbing.target, tri, {}, default_classes())
+    assert verdict.kind == "growth" and (verdict.culprit.pid, verdict.culprit.comm) == (500, "orderd")
+    assert _culprit_lines(verdict.culprit) == ["- Culprit: PID 500 (orderd)"]

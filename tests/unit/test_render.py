@@ -381,3 +381,20 @@ def test_window_svg_without_cycles_says_so():
     from memdiag.diagnose.render.window import render_window
 
     assert "no cycles recorded" in render_window(fixture_report())
+
+
+def test_a_levelled_series_is_shown_without_a_rate():
+    """A cache that filled and levelled off is where it levelled, not a rate: its average over the
+    window (once shown as 64.8 MiB/min beside "levelled") reads as growth that is not happening."""
+    base = fixture_report()
+    t0 = base.counters.series["process.rss"][0][0]
+    levelled = [(t0 + t, 100 * MiB + min(t, 10) * 8 * MiB) for t in range(30)]  # 80 MiB in 10 s, then flat
+    trend = growth_trend(levelled)
+    assert trend.shape == "levelled" and trend.rate_per_s > 0  # the window's average: true, not the story
+    counters = base.counters.model_copy(update={"trends": {"process.rss": trend}, "series": {"process.rss": levelled}})
+    md = render_markdown(base.model_copy(update={"counters": counters}))
+    row = next(line for line in md.splitlines() if line.startswith("| process RSS |"))
+    assert row.split(" | ")[1:6] == ["100 MiB", "180 MiB", "80.0 MiB", "– (levelled)", "levelled"]
+    assert "MiB/min" not in row
+    json_trend = json.loads(render_json(base.model_copy(update={"counters": counters})))["counters"]["trends"]
+    assert json_trend["process.rss"]["rate_per_s"] == trend.rate_per_s  # the figure is kept where it is data

@@ -4,12 +4,14 @@ it shows control characters, and report.json keeps the same values."""
 
 from __future__ import annotations
 
+import gzip
 import json
 import re
 import sys
 import unicodedata
 
 from memdiag.diagnose.render import render_all
+from memdiag.diagnose.render.pprof_proto.profile_pb2 import Profile
 from memdiag.diagnose.render.probe_text import render_probe
 from memdiag.diagnose.render.text import FORMAT_CHARS, json_text, plain
 from memdiag.diagnose.report import Report
@@ -52,10 +54,15 @@ def test_every_report_file_shows_a_hostile_comm_argv_and_frame_escaped():
     )
     files = render_all(report)
     assert set(files) >= {"report.md", "report.json", "report.html", "growth.svg", "growth.folded"}
+    strings = {}
     for name, text in files.items():
         if name == "growth.folded":  # data for other tools, one stack a line, as recorded
             continue
+        if isinstance(text, bytes):  # a pprof profile: its strings
+            text = strings[name] = "\n".join(Profile.FromString(gzip.decompress(text)).string_table)
         assert _format_chars(text) == [], name
+    assert "order_alloc\\u202e" in strings["profile.pb.gz"]
+    assert "target: PID 123 (ok\\u202etxt.exe\\u2066x" in strings["profile.memleak.pb.gz"]
     assert "ok\\u202etxt.exe\\u2066x" in files["report.md"]
     assert "ok\\u202etxt.exe\\u2066x" in files["report.html"]
     assert "order_alloc\\u202e" in files["growth.svg"]

@@ -231,6 +231,39 @@ def test_playbook_leak_by_reachability_even_when_the_stack_frees_most():
     assert summary.startswith("PID 1 (x) leaks from process_order: 1 in 7 allocations is never freed")
 
 
+@pytest.mark.parametrize(
+    "leaked, allocs, frees, share",
+    [
+        (4, 5, 1, "nearly every allocation (4 of 5)"),  # once "every allocation" beside a stack showing a free
+        (5, 5, 0, "every allocation"),
+        (5, 5, 1, "nearly every allocation (4 of 5)"),  # no more leaked than was not freed
+        (300, 2100, 1800, "1 in 7 allocations"),
+        (0, 5, 5, None),
+    ],
+)
+def test_the_leak_share_says_every_allocation_only_when_none_was_freed(leaked, allocs, frees, share):
+    from memdiag.probes.memleak.facts import share_words
+
+    assert share_words(leaked, allocs, frees) == share
+    if share is None:
+        return
+    facts = {
+        **SCANNED,
+        "process.rss_shape": "climbing",
+        "memleak.top_trend": "climbing",
+        "reach.leaked_count": leaked,
+        "reach.leaked_bytes": leaked * 1024,
+        "reach.unreferenced_count": leaked,
+        "reach.leaked_ratio": 99.0,
+        "reach.leak_function": "process_order",
+        "reach.leak_share": share,
+        "reach.leak_rate": 1024.0,
+        "reach.anchored_ratio": 1.0,
+    }
+    summary = _winner(facts)[2]
+    assert summary.startswith(f"PID 1 (x) leaks from process_order: {share} is never freed and nothing points at it")
+
+
 def test_playbook_held_growth_and_held_cache_are_not_leaks():
     held = {
         **SCANNED,

@@ -36,6 +36,9 @@ def test_a_steady_climb_to_the_limit_is_told_by_its_parts_which_sum_to_its_growt
     assert s.unseen is None  # at its pace the climb reached the limit by the kill
     assert "PID 7 (leak)'s RSS 9.0 MiB -> 59.0 MiB, 100% of the cgroup's growth" in s.text
     assert "named leak_order_history (97% of the faults sampled)" in s.text
+    # the samples kept for the incident's chart, on a clock of seconds before the kill
+    assert s.usage_series[0] == (-52.0, 10 * MiB, LIMIT) and s.usage_series[-1] == (-2.0, 60 * MiB, LIMIT)
+    assert len(s.usage_series) == 11 and s.victim_series[-1] == (-2.0, 59 * MiB)
 
 
 def test_a_service_restarted_after_an_earlier_kill_climbs_from_its_restart():
@@ -62,6 +65,9 @@ def test_a_climb_made_in_one_interval_is_a_step_and_one_not_seen_is_said_unseen(
 
 
 def test_a_host_oom_is_not_told_as_the_cgroups_limit():
+    assert all(
+        lim is None for _t, _u, lim in explain(_cg([10, 20, 30]), [], T0 + 11, 5.0, None, host_oom=True).usage_series
+    )
     s = explain(_cg([10 + 5 * i for i in range(11)]), [], T0 + 52, 5.0, LIMIT, host_oom=True)
     assert s is not None and s.limit is None and s.host_oom
     assert s.text.startswith("the host ran out of memory (no cgroup limit hit); in the victim's cgroup, before")
