@@ -90,5 +90,7 @@ def test_a_gcc_clone_is_named_by_its_function_and_source_line(memdiag, workload,
     md = (tmp_path / "report.md").read_text()
     assert f"function **`process_order`** at `orderd.c:{leak}` (GCC clone {c['clone']})" in md
     assert f"`process_order (orderd.c:{leak}, GCC clone {c['clone']}) [orderd]`" in md  # in the stack
+    page = (tmp_path / "report.html").read_text()
+    assert f'<code id="culprit">process_order</code> at <code>orderd.c:{leak}</code> (GCC clone {c["clone"]})' in page
     folded = (tmp_path / "growth.folded").read_text()
     assert ";main;process_order;malloc " in folded and ".constprop" not in folded and ".isra" not in folded
