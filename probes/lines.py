@@ -106,7 +106,9 @@ class LineTable:
         self.note: str | None = None  # a bound reached (said once, in the module's notes)
 
     def _open(self, elf) -> DWARFInfo:
-        found = {name: hdr for _i, hdr, name in section_headers(elf) if name in _SECTIONS}
+        found = {  # a section with no bytes in the file (SHT_NOBITS, as a debug file's code is) is none
+            name: hdr for _i, hdr, name in section_headers(elf) if name in _SECTIONS and hdr["sh_type"] != "SHT_NOBITS"
+        }
         if ".debug_line" not in found or ".debug_info" not in found or ".debug_abbrev" not in found:
             raise NoLines("no DWARF line table")
         sections, held = {}, 0
