@@ -23,11 +23,17 @@ from memdiag.probes.runtime import Frames
 from memdiag.rules.loader import load_playbook, shipped_playbooks
 from memdiag.rules.model import FrameClass
 
-# `fn+0x1a [module]`, or a Go frame from its function table: `main.handle (main.go:30, inlined) [orderd]`
-_FRAME = re.compile(r"^(?P<fn>.*?)(?:\+0x[0-9a-f]+| \([^()]*\)) \[(?P<mod>[^\]]+)\]$")
+# `fn+0x1a [module]`, with details where known: `fn+0x1a (GCC clone .isra.0) [module]`, a frame with its
+# file:line `fn (orderd.c:16, GCC clone .isra.0) [module]`, a Go frame `main.handle (main.go:30, inlined) [orderd]`
+_FRAME = re.compile(
+    r"^(?P<fn>.*?)(?:\+0x[0-9a-f]+(?: \((?P<more>[^()]*)\))?| \((?P<detail>[^()]*)\)) \[(?P<mod>[^\]]+)\]$"
+)
+_SOURCE = re.compile(r"^\S+:\d+$")  # a detail that is a file:line
+_CLONE_DETAIL = re.compile(r"^(?:GCC|LLVM) clone (?P<clone>\S+)$")
 _UNKNOWN = re.compile(r"^\[unknown\](?: \[(?P<mod>.+)\])?$")  # the module may be bracketed itself: [[anon]]
 PASSED_OVER = ("allocator", "wrapper", "guessed-wrapper", "runtime")
 JIT_UNNAMED = "unnamed JIT-compiled code (no perf map)"
+JIT_INTERPRETED = "a method the JVM's interpreter ran (not compiled yet: its perf map names no such method)"
 
 
 @dataclass(frozen=True)
@@ -43,6 +49,8 @@ class Named:
     interpreter: bool  # the culprit is an interpreter function
     label: str | None = None  # the function, or the module of an unnamed one: what facts say
     python_caller: str | None = None  # a native culprit's first Python frame above it (ctypes)
+    source: str | None = None  # the culprit frame's file:line, where its frame says it
+    clone: str | None = None  # the compiler's clone suffix of the culprit's symbol (".isra.0")
 
 
 @functools.lru_cache(maxsize=1)
@@ -115,7 +123,12 @@ class Classes:
         kinds: list[str] = []
         index, guessed = None, False
         split = [split_frame(f) for f in frames]
-        read_above = [any(language_of(m) for _f, m in split[i + 1 :]) for i in range(len(split))]
+        # the program's own frames above: its language's (Python's, read by a runtime's probe), or
+        # code a JIT compiled for it that is not the runtime's own (a JVM's perf map names
+        # Thumbnails.thumbnail(int) above libjvm.so's os::malloc; the JDK's classes are passed over)
+        own = [language_of(m) is not None or (fn is not None and _jit(m) and self.kind(fn, m) not in PASSED_OVER)
+               for fn, m in split]  # fmt: skip
+        read_above = [any(own[i + 1 :]) for i in range(len(split))]
         for i, (fn, mod) in enumerate(split):
             if index is not None:
                 kinds.append("caller")
@@ -131,6 +144,8 @@ class Classes:
         function, module = split[index] if index is not None else (None, None)
         interp = index is not None and kinds[index] == "interpreter"
         label = function or (f"an unnamed function in {module} (no symbol)" if module else None)
+        if function == "Interpreter" and _jit(module):
+            label = JIT_INTERPRETED
         if label is None and any(split_frame(f) == (None, "[anon]") for f in frames):
             label = JIT_UNNAMED  # past the runtime's frames, only code a JIT generated, no perf map naming it
         caller, language = self._caller(split, index) if language_of(module) is None else (None, None)
@@ -138,7 +153,8 @@ class Classes:
             label = f"{label}, called from {language} {caller}"
         elif interp and label:  # no program frame to name: say whose function it is, and what is missing
             label = f"{label} (the interpreter's own; the script calling it unread)"
-        return Named(kinds, index, function, guessed and index is not None, interp, label, caller)
+        source, clone = frame_details(frames[index]) if index is not None else (None, None)
+        return Named(kinds, index, function, guessed and index is not None, interp, label, caller, source, clone)
 
     def _caller(self, split: list[tuple[str | None, str | None]], index: int | None) -> tuple[str | None, str | None]:
         """(the first frame in the program's own language above a native culprit that is not passed
@@ -163,14 +179,41 @@ def _unnamed(module_kind: str | None, module: str | None) -> str | None:
     return None
 
 
+_PERF_MAP = re.compile(r"^perf-\d+\.map$")
+
+
+def _jit(module: str | None) -> bool:
+    """The frame's code was generated at run time and named by the runtime's perf map."""
+    return module is not None and _PERF_MAP.match(module) is not None
+
+
 def _all_passed(kinds: list[str]) -> bool:
     return bool(kinds) and all(k in PASSED_OVER for k in kinds)
 
 
+def frame_details(frame: str) -> tuple[str | None, str | None]:
+    """(file:line, clone suffix) a native frame carries in its details, each None where it has none:
+    `process_order (orderd.c:16, GCC clone .isra.0) [orderd]` -> (`orderd.c:16`, `.isra.0`)."""
+    if language_of(split_frame(frame)[1]) is not None:
+        return None, None  # a runtime's own frame: its file:line is part of its function's name here
+    m = _FRAME.match(frame)
+    said = (m["detail"] or m["more"] or "") if m else ""
+    source = clone = None
+    for part in said.split(", ") if said else []:
+        c = _CLONE_DETAIL.match(part)
+        if c:
+            clone = c["clone"]
+        elif _SOURCE.match(part) and source is None:
+            source = part
+    return source, clone
+
+
 def split_frame(frame: str) -> tuple[str | None, str | None]:
     """(function, module) of a frame as the probes print it: `fn+0x1a [module]`, `fn (file.go:12)
-    [module]` (Go) or `[unknown] [module]`; a frame of a runtime's language, such as a Python frame
-    `handle_order (/srv/orders.py:42) [python]`, is (`handle_order (orders.py:42)`, `python`)."""
+    [module]` (Go; a native frame with its line, `fn (orderd.c:16) [module]`), either with more
+    details (`fn+0x1a (GCC clone .isra.0) [module]`: the function is `fn`) or `[unknown] [module]`;
+    a frame of a runtime's language, such as a Python frame `handle_order (/srv/orders.py:42)
+    [python]`, is (`handle_order (orders.py:42)`, `python`)."""
     for lang in languages():  # first: such a frame has the Go frame's shape too
         p = lang.pattern.match(frame)
         if p:

@@ -43,6 +43,8 @@ class Culprit(_Model):
     # the first frame a user should read (diagnose/culprit.py), and what every frame is: allocator,
     # wrapper, guessed-wrapper, runtime, unknown (passed over), culprit or interpreter (named), caller
     function: str | None = None
+    source: str | None = None  # the culprit frame's file:line (its DWARF line table's, Go's function table's)
+    clone: str | None = None  # the compiler's clone suffix of the function's symbol (".isra.0"), a detail
     frame_kinds: list[str] = []
     guessed: bool = False  # a wrapper was passed over from its code alone (not the playbook's list)
 

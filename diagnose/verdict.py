@@ -87,7 +87,14 @@ def culprit_of(kind: str, target: Target, tri: Triage, results: dict[str, ProbeR
         return base
     named = classes.name(stack.frames, stack.forwards or None)
     return base.model_copy(
-        update={"stack": stack.frames, "function": named.function, "frame_kinds": named.kinds, "guessed": named.guessed}
+        update={
+            "stack": stack.frames,
+            "function": named.function,
+            "source": named.source,
+            "clone": named.clone,
+            "frame_kinds": named.kinds,
+            "guessed": named.guessed,
+        }
     )
 
 

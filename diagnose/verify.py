@@ -13,15 +13,16 @@ new run's own verdict (the playbook's), its reachability scan and the trend of e
 
 from __future__ import annotations
 
-import re
 from pathlib import Path
 from typing import Literal
 
+from memdiag.probes.frame import split_clone
 from memdiag.system.processes import read_all_processes
 from memdiag.system.trends import LEVEL_OFF_RATIO, MIN_GROWTH_BYTES, growth_trend
 from memdiag.system.units import fmt_rate
 from pydantic import ValidationError
 
+from .culprit import split_frame
 from .errors import UsageError
 from .report import Report, StackComparison, StackReport, Verification
 from .target import Target, cgroup_target, container_target, pid_target, with_container
@@ -30,7 +31,6 @@ MAX_REPORT_BYTES = 64 << 20  # a day's window with every sample kept stays far b
 GROWING = ("leak", "growth")
 # How a status reads for scripts: memdiag verify exits with it (0 fixed; docs/verify.md).
 EXIT_CODES = {"fixed": 0, "still-leaking": 3, "new-growth": 4, "inconclusive": 5}
-_FRAME = re.compile(r"^(?P<fn>.+?)(?:\+0x[0-9a-f]+)?(?: \[[^\]]*\])?$")
 _PASSED_OVER = {"allocator", "wrapper", "guessed-wrapper", "runtime", "unknown"}
 SIGNATURE_FRAMES = 4  # the culprit and its callers: enough to tell two paths into one function apart
 
@@ -105,8 +105,8 @@ def signature(frames: list[str], kinds: list[str]) -> tuple[str, ...]:
     for i, frame in enumerate(frames):
         if i < len(kinds) and kinds[i] in _PASSED_OVER and not names:
             continue
-        m = _FRAME.match(frame)
-        names.append(m["fn"] if m else frame)
+        fn, _module = split_frame(frame)  # the function alone: no offset, file:line or clone detail
+        names.append(split_clone(fn)[0] if fn else frame)  # a report of before clones were folded too
         if len(names) == SIGNATURE_FRAMES:
             break
     return tuple(names)

@@ -18,9 +18,10 @@ from elftools.common.exceptions import ELFError
 from elftools.dwarf.callframe import FDE, CallFrameInfo
 from elftools.dwarf.structs import DWARFStructs
 from elftools.elf.sections import SymbolTableSection
-from memdiag.system.elfread import open_elf, section_bytes, section_headers, segment_headers
+from memdiag.system.elfread import SectionWindow, open_elf, section_bytes, section_headers, segment_headers
 from memdiag.system.safefile import open_regular
 
+from .lines import DEBUG_ROOT, LineTable, NoLines, crc_matches, debuglink
 from .mapping import Mapping
 from .symtab import (
     EXPORTED,
@@ -37,7 +38,6 @@ from .symtab import (
     symbol_rows,
 )
 
-DEBUG_ROOT = "/usr/lib/debug"
 PAGE_MASK = ~(os.sysconf("SC_PAGE_SIZE") - 1)  # a segment is mapped from the page its offset falls in
 PF_X = 1  # a segment's flag: executable
 
@@ -141,6 +141,7 @@ class ElfInfo:
         self._objects: SymbolTable | None = None
         self._allocated: list[tuple[int, int, str]] | None = None  # (start, end, name) of SHF_ALLOC sections
         self._build_id: str | None | bool = False  # False: not read yet
+        self._lines: LineTable | None | bool = False  # False: not looked for yet
 
     def close(self) -> None:
         """The file let go (a reader from passing_elf_info, once done with it)."""
@@ -203,6 +204,46 @@ class ElfInfo:
             return None
         path = os.path.join(DEBUG_ROOT, ".build-id", bid[:2], bid[2:] + ".debug")
         return elf_info(path) if os.path.exists(path) else None
+
+    def lines(self, module: str | None = None) -> LineTable | None:
+        """The module's DWARF line tables (probes/lines.py): its own, else its debug file's, found by
+        build id, else by its .gnu_debuglink under DEBUG_ROOT and the module's directory as the
+        process maps it (module: that path). Looked for once; None where there are none."""
+        if self._lines is False or (self._lines is not None and self._lines.closed):
+            self._lines = None
+            self._lines = self._find_lines(module)
+        return self._lines  # type: ignore[return-value]
+
+    @_or(_none)
+    def _find_lines(self, module: str | None) -> LineTable | None:
+        for source in (self, self.debug_file(), self._linked_debug_file(module)):
+            if source is None:
+                continue
+            try:
+                return LineTable(source)
+            except NoLines as e:
+                if str(e) != "no DWARF line table":
+                    _note(self.path, f"no source lines ({source.path}: {e})")
+        return None
+
+    def _linked_debug_file(self, module: str | None) -> ElfInfo | None:
+        """The debug file its .gnu_debuglink names, in DEBUG_ROOT under the module's directory (or
+        DEBUG_ROOT itself), taken where its build id is the module's (or, without one, its CRC)."""
+        link = debuglink(self.elf)
+        if link is None or not module or not module.startswith("/"):
+            return None
+        name, crc = link
+        for folder in (os.path.normpath(DEBUG_ROOT + os.path.dirname(module)), DEBUG_ROOT):
+            path = os.path.join(folder, name)
+            if not path.startswith(DEBUG_ROOT + "/"):
+                continue  # the module's path is the target's: "/../.." leads nowhere here
+            debug = elf_info(path) if os.path.isfile(path) else None
+            if debug is None:
+                continue
+            mine = self.build_id()
+            if (mine and debug.build_id() == mine) or (not mine and crc_matches(path, crc)):
+                return debug
+        return None
 
     @_or(_none)
     def _load_symbols(self) -> None:
@@ -352,7 +393,7 @@ class ElfInfo:
             eh = self.elf.get_section_by_name(".eh_frame")
             if eh is None or eh["sh_type"] == "SHT_NOBITS":
                 return
-            stream = _Window(self._file, eh["sh_offset"], eh["sh_size"])
+            stream = SectionWindow(self._file, eh["sh_offset"], eh["sh_size"])
             address, size = eh["sh_addr"], stream.size
             width = self.elf.elfclass // 8
             structs = DWARFStructs(little_endian=self.elf.little_endian, dwarf_format=32, address_size=width)
@@ -421,34 +462,6 @@ class ElfInfo:
             else:
                 break
         return row
-
-
-class _Window:
-    """A section of an open file as a stream of its own (offset 0 is the section's start, reads stop
-    at its end, or the file's): what pyelftools' CallFrameInfo reads, without the section in memory."""
-
-    def __init__(self, file, start: int, size: int):
-        file.seek(0, os.SEEK_END)
-        self._file, self._start = file, start
-        self.size = max(0, min(size, file.tell() - start))
-        self._at = 0
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._at, os.SEEK_END: self.size}[whence]
-        self._at = max(0, base + offset)
-        return self._at
-
-    def tell(self) -> int:
-        return self._at
-
-    def read(self, n: int = -1) -> bytes:
-        n = self.size - self._at if n is None or n < 0 else min(n, max(0, self.size - self._at))
-        if n <= 0:
-            return b""
-        self._file.seek(self._start + self._at)
-        data = self._file.read(n)
-        self._at += len(data)
-        return data
 
 
 def _underscores(name: str) -> int:

@@ -1,22 +1,53 @@
-"""One frame of a native stack as memdiag names it (`fn+0x1a [module]`, a Go frame with its
-file:line), apart from the symbolizer so that both it and Go's function-table reader use it."""
+"""One frame of a native stack as memdiag names it (`fn+0x1a [module]`, a frame with its
+file:line `fn (orderd.c:16) [module]`, a compiler's clone named by its function with the clone as
+a detail `fn+0x1a (GCC clone .isra.0) [module]`), apart from the symbolizer so that both it and
+Go's function-table reader use it. docs/symbols.md says how frames are named."""
 
 from __future__ import annotations
 
 import os
+import re
 
 from memdiag.system._parse import Model
 from pydantic import ConfigDict
+
+# The suffixes a compiler gives the copies it makes of a function, each `.word` or `.word.N`, in any
+# combination (`process_order.constprop.0.isra.0`, `.constprop.0.cold`): GCC's interprocedural
+# clones (isra: scalar replacement of aggregates, constprop: constant propagation, part: a split
+# part, cold: the unlikely part moved away, lto_priv: a static made unique at link time,
+# localalias, clone, specialize) and LLVM's (llvm.N: a local made global by ThinLTO, __uniq.N: a
+# static made unique). The source has only the function's own name: that is what is shown.
+_GCC_CLONES = "isra|constprop|part|cold|lto_priv|localalias|clone|specialize"
+_LLVM_CLONES = "llvm|__uniq"
+_CLONE = re.compile(rf"(?:\.(?:{_GCC_CLONES}|{_LLVM_CLONES})(?:\.\d+)?)+$")
+
+
+def split_clone(name: str) -> tuple[str, str | None]:
+    """(the function's own name, the clone suffix or None): `process_order.isra.0` ->
+    (`process_order`, `.isra.0`); a mangled name's suffix too (`_Z4takel.cold` -> `_Z4takel`)."""
+    m = _CLONE.search(name)
+    if m is None or m.start() == 0:
+        return name, None
+    return name[: m.start()], m.group()
+
+
+def clone_label(clone: str) -> str:
+    """How a frame says which copy it is: `GCC clone .isra.0`, `LLVM clone .llvm.1234`."""
+    compiler = "LLVM" if clone.startswith((".llvm", ".__uniq")) else "GCC"
+    return f"{compiler} clone {clone}"
 
 
 class Frame(Model):
     model_config = ConfigDict(frozen=True)
 
     address: int
-    function: str | None = None
-    offset: int | None = None
+    function: str | None = None  # the function's own name (demangled, without a clone's suffix)
+    offset: int | None = None  # from the start of the symbol (the clone's, for a clone)
     module: str | None = None
-    source: str | None = None  # a Go frame's file:line (its function table says it; inlined calls too)
+    # file:line: a Go frame's from its function table (inlined calls too), a native frame's from
+    # its DWARF line table (probes/lines.py); or what a JIT frame is ("JIT code")
+    source: str | None = None
+    clone: str | None = None  # the compiler's clone suffix of the symbol (".isra.0"), if any
 
     @property
     def known(self) -> bool:
@@ -26,6 +57,8 @@ class Frame(Model):
         mod = f" [{os.path.basename(self.module)}]" if self.module else ""
         if self.function is None:
             return f"[unknown]{mod}"
-        if self.source is not None:
-            return f"{self.function} ({self.source}){mod}"
-        return f"{self.function}+0x{self.offset:x}{mod}"
+        details = [d for d in (self.source, clone_label(self.clone) if self.clone else None) if d]
+        said = f" ({', '.join(details)})" if details else ""
+        if self.source is not None or self.offset is None:
+            return f"{self.function}{said}{mod}"
+        return f"{self.function}+0x{self.offset:x}{said}{mod}"

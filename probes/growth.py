@@ -16,7 +16,7 @@ from pydantic import Field
 from .cpython.frames import PyFrame, PythonStacks, mixed
 from .face import Namer, Stack, Stacks
 from .procmaps import AddressSpace
-from .stacks import Frame, Symbolizer, folded, recover
+from .stacks import Frame, Symbolizer, close_line_tables, folded, recover, sourced
 
 T = TypeVar("T")
 
@@ -34,6 +34,9 @@ class StackGrowth(Model):
     # the callers' keys of the raw stacks merged into it (RawStack.key), for the caller's own tables;
     # not part of the stack as the report shows it
     keys: list[tuple] = Field(default=[], exclude=True)
+    # its native frames as symbolized (leaf first), for their file:line once the stacks shown are
+    # known (stacks.sourced); not part of the result either
+    native: list[Frame] = Field(default=[], exclude=True)
 
 
 class Spaces:
@@ -127,7 +130,7 @@ def merge_stacks(raw: Iterable[RawStack], spaces: Spaces, group=None) -> tuple[l
             names, functions = mixed([str(f) for f in frames], [f.function for f in frames], r.python)
             unknown = sum(1 for f in frames if not f.known)
             one = StackGrowth(frames=names, functions=functions, count=r.count, bytes=r.bytes, pid=r.pid,
-                              method=s.method, unknown_frames=unknown, keys=[r.key])  # fmt: skip
+                              method=s.method, unknown_frames=unknown, keys=[r.key], native=frames)  # fmt: skip
             yield (r.pid, group(r.pid, names) if group else tuple(names)), one
 
     stacks = merge_groups(named(), _summed, lambda s: s.bytes)
@@ -137,7 +140,8 @@ def merge_stacks(raw: Iterable[RawStack], spaces: Spaces, group=None) -> tuple[l
 def _summed(m: StackGrowth, item: StackGrowth) -> StackGrowth:
     """Two stacks that name alike as one: counted together, the heavier's frames standing for it."""
     if item.bytes > m.bytes:
-        m = m.model_copy(update={"frames": item.frames, "functions": item.functions, "method": item.method})
+        update = {"frames": item.frames, "functions": item.functions, "method": item.method, "native": item.native}
+        m = m.model_copy(update=update)
     return m.model_copy(
         update={"count": m.count + item.count, "bytes": m.bytes + item.bytes, "keys": [*m.keys, *item.keys]}
     )
@@ -173,7 +177,12 @@ class EventStacks:
     def fields(self, stats: dict[str, int], stacks: list, failed: int, top: int, weight: str = "count") -> dict:
         """The fields every event-stack result has: its heaviest stacks, the flame graph's folded
         lines, what was lost, and (Python frames walked) what reading them took; the reader closed."""
-        out = {"stacks": stacks[:top], "folded": folded_lines(stacks, weight), "lost": stack_losses(stats, failed)}
+        shown = [
+            s.model_copy(update={"frames": sourced(s.frames, s.native, self.spaces.get(s.pid))}) if s.native else s
+            for s in stacks[:top]
+        ]  # their frames' file:line: DWARF line tables read for the stacks kept alone
+        close_line_tables()
+        out = {"stacks": shown, "folded": folded_lines(stacks, weight), "lost": stack_losses(stats, failed)}
         if self.python is not None:
             out["python"] = self.python.reading() if self.python.targets or self.python.refused else None
             self.python.close()

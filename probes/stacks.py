@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
@@ -12,16 +13,30 @@ from pathlib import Path
 from memdiag.system.perfmap import PerfMap, perf_map_grew
 
 from .codefacts import remembered
-from .elf import elf_info
-from .frame import Frame
+from .elf import elf_info, note_module
+from .frame import Frame, split_clone
 from .go.stacks import go_frames
 from .procmaps import AddressSpace
 from .unwind import StackSlice, frame_pointer_walk, unwind
 
+# Rust's legacy mangling is the Itanium ABI's with a hash as the last component (`17h` and 16 hex
+# digits): read by a Rust demangler, it is the path without the hash (claims::settle_claim), where
+# a C++ demangler leaves the hash on (claims::settle_claim::h0123456789abcdef)
+_RUST_LEGACY = re.compile(r"^_ZN.*17h[0-9a-f]{16}E$")
+
 
 @functools.lru_cache(maxsize=65536)
 def demangle(name: str) -> str:
-    """C++ (Itanium ABI) names as people read them: OrderBook::record(long)."""
+    """Names as people read them: C++'s (Itanium ABI) OrderBook::record(long), Rust's (legacy
+    `_ZN...17h<hash>E` and v0 `_R...`) claims::settle_claim."""
+    if name.startswith("_R") or _RUST_LEGACY.match(name):
+        # here: a native module (rustc-demangle's algorithm, ~1.3 MiB resident), for Rust names only
+        import multi_demangle
+
+        try:
+            return multi_demangle.demangle_symbol(name) or name  # a name it cannot read comes back as it is
+        except Exception:  # noqa: BLE001  (the name is the binary's: whatever the demangler makes of it)
+            return name
     if not name.startswith("_Z"):
         return name
     import cxxfilt  # here: it maps libstdc++ and its demangler (0.85 MiB resident), for C++ names only
@@ -61,7 +76,31 @@ class Symbolizer:
             self.failed += 1
             return Frame(address=address, module=mapping.path)
         sym, off = hit
-        return Frame(address=address, function=demangle(sym.name), offset=off, module=mapping.path)
+        name, clone = split_clone(sym.name)  # process_order.isra.0: GCC's copy of process_order
+        return Frame(address=address, function=demangle(name), offset=off, module=mapping.path, clone=clone)
+
+    def sourced(self, frame: Frame, leaf: bool) -> Frame:
+        """The frame with its file:line where its module (or its debug file) has a DWARF line table
+        for it. leaf: the address is where the code was (the stack's first frame); a caller's is
+        the return address, the instruction after the call, whose line may be the next one."""
+        if frame.function is None or frame.source is not None or frame.offset is None:
+            return frame  # unnamed, or named with its line already (Go), or no native frame
+        mapping = self.space.find(frame.address) if self.space else None
+        if mapping is None or not mapping.is_file:
+            return frame
+        elf = elf_info(self.space.file_path(mapping))
+        bias = elf.bias(mapping) if elf else None
+        table = elf.lines(mapping.path) if elf is not None and bias is not None else None
+        if table is None:
+            return frame
+        try:
+            at = table.source(frame.address - bias - (0 if leaf else 1))
+        except Exception as e:  # noqa: BLE001  (a hostile file's DWARF raises anything: no line, noted)
+            note_module(elf.path, f"no source lines ({type(e).__name__})")
+            return frame
+        if table.note:
+            note_module(elf.path, f"source lines: {table.note}")  # a bound reached (said once)
+        return frame.model_copy(update={"source": f"{at[0]}:{at[1]}"}) if at else frame
 
     def _jit_frame(self, address: int) -> Frame | None:
         """Code a JIT generated, named by the runtime's perf map (Node under --perf-basic-prof);
@@ -189,6 +228,33 @@ def _while_executable(space: AddressSpace, addresses: list[int]) -> list[int]:
         if not _executable(space, a):
             break
         out.append(a)
+    return out
+
+
+def close_line_tables() -> None:
+    """The line tables read for the stacks a probe keeps let go, once they have their lines."""
+    from .lines import close_all
+
+    close_all()
+
+
+def sourced(frames: list[str], native: list[Frame], space: AddressSpace | None) -> list[str]:
+    """A stack's frames (as the probe named them, a runtime's frames among them) with file:line added
+    to its native frames where a DWARF line table has it (Symbolizer.sourced). native: the stack's
+    native frames, leaf first. For the stacks a report shows only: each module's tables are read
+    when a frame of it is first looked up."""
+    if space is None or not native:
+        return frames
+    symbolizer = Symbolizer(space)
+    names = [str(f) for f in native]
+    out, j = [], 0
+    for text in frames:  # in order: a runtime's frames stand where the interpreter's native ones were
+        k = next((k for k in range(j, len(names)) if names[k] == text), None)
+        if k is None:
+            out.append(text)
+            continue
+        out.append(str(symbolizer.sourced(native[k], leaf=k == 0)))
+        j = k + 1
     return out
 
 

@@ -95,3 +95,32 @@ def _checked_section(elf: ELFFile, header):
         if claim > room:
             raise ELFError(f"{kind} section claims {claim} bytes in {room}")
     return ELFFile._make_section(elf, header)
+
+
+class SectionWindow:
+    """A section of an open file as a stream of its own (offset 0 is the section's start, reads stop
+    at its end, or the file's): what pyelftools reads (.eh_frame's call-frame rules, an uncompressed
+    section's DWARF), without the section in memory."""
+
+    def __init__(self, file, start: int, size: int):
+        file.seek(0, os.SEEK_END)
+        self._file, self._start = file, start
+        self.size = max(0, min(size, file.tell() - start))
+        self._at = 0
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        base = {os.SEEK_SET: 0, os.SEEK_CUR: self._at, os.SEEK_END: self.size}[whence]
+        self._at = max(0, base + offset)
+        return self._at
+
+    def tell(self) -> int:
+        return self._at
+
+    def read(self, n: int = -1) -> bytes:
+        n = self.size - self._at if n is None or n < 0 else min(n, max(0, self.size - self._at))
+        if n <= 0:
+            return b""
+        self._file.seek(self._start + self._at)
+        data = self._file.read(n)
+        self._at += len(data)
+        return data

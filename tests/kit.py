@@ -83,8 +83,8 @@ def swapped_bytes(pid: int) -> int:
 
 
 def build(name: str, extra_flags: list[str] | None = None) -> Path:
-    """Compile tests/workloads/NAME.c or NAME.cc, or the Go program tests/workloads/go/NAME (once
-    per source content and flags); the binary."""
+    """Compile tests/workloads/NAME.c or NAME.cc, the Rust program NAME.rs (build_rust), or the Go
+    program tests/workloads/go/NAME (once per source content and flags); the binary."""
     if (GO_SOURCES / name).is_dir():
         return build_go(name, extra_flags or [])
     if (SOURCES / f"{name}.rs").exists():

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from markdown_it import MarkdownIt
 from markdown_it.token import Token
+from memdiag.probes.frame import clone_label
 
 from ..report import TARGET_SERIES, Report, StackReport
 from .text import one_line
@@ -202,7 +203,11 @@ def _verdict(report: Report) -> str:
         who = f" in PID {cul.pid} ({e(one_line(cul.comm or ''))})" if cul.pid is not None else ""
         fn = cul.function or (cul.stack[0] if cul.stack else "")
         guess = " (a wrapper passed over from its code alone)" if cul.guessed else ""
-        lines.append(f'<p class="culprit">Culprit: <code id="culprit">{e(one_line(fn))}</code>{who}{guess}</p>')
+        at = f" at <code>{e(one_line(cul.source))}</code>" if cul.source and cul.function else ""
+        clone = f" ({e(clone_label(one_line(cul.clone)))})" if cul.clone and cul.function else ""
+        lines.append(
+            f'<p class="culprit">Culprit: <code id="culprit">{e(one_line(fn))}</code>{at}{clone}{who}{guess}</p>'
+        )
     lines.append(
         f'<p class="note">confidence {v.confidence:.0%}' + (f"; rule {e(one_line(v.rule))}" if v.rule else "") + "</p>"
     )

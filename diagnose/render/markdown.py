@@ -3,6 +3,7 @@ The evidence's counter tables are written by counters_md.py."""
 
 from __future__ import annotations
 
+from memdiag.probes.frame import clone_label
 from memdiag.rules.catalog import FACTS
 from memdiag.system.units import fmt_bytes, fmt_duration, fmt_number, fmt_rate, format_quantity
 
@@ -154,7 +155,9 @@ def _culprit_lines(culprit) -> list[str]:
     if culprit.cgroup:
         who.append(f"cgroup {code(culprit.cgroup)}")
     if culprit.function:
-        who.append(f"function **{code(culprit.function)}**")
+        at = f" at {code(culprit.source)}" if culprit.source else ""
+        clone = f" ({prose(clone_label(culprit.clone))})" if culprit.clone else ""
+        who.append(f"function **{code(culprit.function)}**{at}{clone}")
     if culprit.stack:
         who.append("stack " + _culprit_stack(culprit))
     lines = [f"- Culprit: {', '.join(who)}"] if who else []

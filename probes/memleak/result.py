@@ -5,9 +5,11 @@ from __future__ import annotations
 
 from memdiag.system._parse import Model
 from memdiag.system.units import fmt_bytes, fmt_duration
+from pydantic import Field
 
 from ..cpython.frames import PythonReading, reading_lines
 from ..face import ProbeResult, StackReach, TracingCost
+from ..frame import Frame
 from ..text import stack_lines
 from .reach import ReachScan
 
@@ -28,6 +30,9 @@ class LeakStack(Model):
     oldest_age_s: float | None = None
     series: list[int] = []  # outstanding bytes at each of MemleakResult.series_times
     reach: StackReach | None = None  # what still points at its blocks (the scan ran)
+    # its native frames as symbolized (leaf first), for their file:line once the stacks shown are
+    # known (stacks.sourced); not part of the result
+    native: list[Frame] = Field(default=[], exclude=True)
 
 
 class BigAlloc(Model):

@@ -106,7 +106,7 @@ def _kernel_frames(bpf, raw: list[RawStack]):
     for r in raw:
         frames = [bpf.ksym(a, show_offset=True).decode(errors="replace") for a in r.fp_stack]
         unknown = sum(1 for f in frames if f.startswith("[unknown]"))
-        yield r, frames, [f.split("+")[0] for f in frames], [], "kernel frame pointers / ORC", unknown
+        yield r, frames, [f.split("+")[0] for f in frames], [], "kernel frame pointers / ORC", unknown, []
 
 
 def _user_frames(raw: list[RawStack], spaces: Spaces):
@@ -115,7 +115,7 @@ def _user_frames(raw: list[RawStack], spaces: Spaces):
         forwards = [s.symbolizer.forwards(a) for a in s.addresses[:_FORWARD_DEPTH]]
         unknown = sum(1 for f in s.frames if not f.known)
         frames, functions = mixed([str(f) for f in s.frames], [f.function for f in s.frames], s.raw.python)
-        yield s.raw, frames, functions, forwards, s.method, unknown
+        yield s.raw, frames, functions, forwards, s.method, unknown, s.frames
 
 
 def _merge(m: LeakStack, item: LeakStack) -> LeakStack:
@@ -123,7 +123,8 @@ def _merge(m: LeakStack, item: LeakStack) -> LeakStack:
     Python call path) as one stack, the heavier's frames standing for it."""
     ages = [a for a in (m.oldest_age_s, item.oldest_age_s) if a is not None]
     if item.outstanding_bytes > m.outstanding_bytes:
-        m = m.model_copy(update={"frames": item.frames, "functions": item.functions, "forwards": item.forwards})
+        update = {"frames": item.frames, "functions": item.functions, "forwards": item.forwards, "native": item.native}
+        m = m.model_copy(update=update)
     return m.model_copy(
         update={
             "outstanding_bytes": m.outstanding_bytes + item.outstanding_bytes,
@@ -155,7 +156,7 @@ def leak_stacks(
     raw = _raw_stacks(bpf, kernel_mode, python)
     named = _kernel_frames(bpf, raw) if kernel_mode else _user_frames(raw, spaces)
 
-    def books(r: RawStack, frames, functions, forwards, method: str, unknown: int) -> tuple[tuple, LeakStack]:
+    def books(r: RawStack, frames, functions, forwards, method: str, unknown: int, native) -> tuple[tuple, LeakStack]:
         key, v = r.key, values[r.key]
         item = LeakStack(
             frames=frames,
@@ -173,6 +174,7 @@ def leak_stacks(
             oldest_age_s=(now_ns - oldest[key]) / 1e9 if key in oldest else None,
             series=series.get(key, []),
             reach=reached.get(key),
+            native=native,
         )
         return (r.pid, python.group(r.pid, frames, by_entry=True)), item
 

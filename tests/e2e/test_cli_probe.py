@@ -29,7 +29,7 @@ def test_probe_faults_text(memdiag, workload):
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
     assert out[0] == "faults: ok"
-    assert any("leak_order_history+0x" in line and "[leak]" in line for line in out)
+    assert any("leak_order_history (leak.c:" in line and "[leak]" in line for line in out), out
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import pytest
 from kit import MemoryCgroup, wait_until
+from memdiag.diagnose.culprit import split_frame
 
 MiB = 1 << 20
 
@@ -252,7 +253,7 @@ def test_redis_connections_held_by_clients_are_descriptors_from_its_accept_path(
     fig = fdstack["figures"]
     assert fig["fdstack.closed"] == 0 and fig["fdstack.outstanding"] == fig["fdstack.top_outstanding"] >= 100, fig
     stack = next(s for s in rep["stacks"] if s["probe"] == "fdstack")
-    functions = [f.split("+")[0] for f in stack["frames"]]
+    functions = [split_frame(f)[0] for f in stack["frames"]]
     assert functions[:3] == ["accept4", "anetTcpAccept", "acceptTcpHandler"], stack["frames"]
     assert stack["detail"].startswith(f"{int(fig['fdstack.top_outstanding'])} accepted descriptors still open")
     at_stack = _rule(rep, "descriptors-leak-at-stack")

@@ -2,6 +2,12 @@
 pointers (-O2 -fomit-frame-pointer) each call path through a wrapper keeps its own stack, unwound
 with .eh_frame, and the wrapper's code is read as forwarding (or not) from its instructions."""
 
+import re
+import time
+from pathlib import Path
+
+import pytest
+from jvmkit import have_jdk
 from kit import build
 from memdiag.diagnose.culprit import default_classes
 from memdiag.probes import forwarders, memleak
@@ -56,3 +62,64 @@ def test_a_garbage_frame_chain_neither_floods_the_maps_nor_merges_the_paths(work
     assert session.functions[:3] == ["malloc", "odd_alloc", "open_session"]
     assert session.reach.anchored_count <= 2 and 4.0 <= session.allocs / session.reach.leaked_count <= 6.0
     assert entry.reach.leaked_count == 0 and entry.reach.anchored_count == entry.outstanding_count > 500
+
+
+def _leak_line() -> int:
+    source = Path(__file__).resolve().parents[1] / "workloads" / "orderd.c"
+    return next(i for i, text in enumerate(source.read_text().splitlines(), 1) if "/* LEAK */" in text)
+
+
+def test_a_gcc_clone_is_named_by_its_function_at_its_source_line(workload):
+    """orderd at -O2 -g: GCC makes process_order a clone (process_order.constprop.0); the stack
+    names process_order, the clone as a detail, the line that leaks from the binary's DWARF, and
+    glibc's malloc its line from glibc's debug file (libc6-dbg, by build id)."""
+    w = workload("orderd", "1000", "5", flags=["-O2"])
+    r = memleak.run(Target.for_pid(w.pid), 4, series_interval=1.0)
+    assert r.status == "ok", r.reason
+    s = max(r.stacks, key=lambda s: s.outstanding_bytes)
+    n = default_classes().name(s.frames, s.forwards)
+    assert (n.function, n.source) == ("process_order", f"orderd.c:{_leak_line()}"), s.frames
+    assert n.clone is not None and n.clone.startswith((".constprop", ".isra")), s.frames
+    assert s.frames[n.index] == f"process_order (orderd.c:{_leak_line()}, GCC clone {n.clone}) [orderd]"
+    assert s.functions[: n.index + 2] == ["malloc", "process_order", "main"]
+    assert re.fullmatch(r"main \(orderd\.c:\d+\) \[orderd\]", s.frames[n.index + 1]), s.frames
+    if elf_info("/lib/x86_64-linux-gnu/libc.so.6").debug_file() is not None:
+        assert re.fullmatch(r"malloc \(malloc\.c:\d+\) \[libc\.so\.6\]", s.frames[0]), s.frames
+    # the flame graph's stacks name the function as the culprit does
+    assert any(line.startswith("_start;") and ";main;process_order;malloc " in line for line in r.folded), r.folded
+
+
+def test_a_rust_release_binary_s_leak_is_named_by_its_rust_function(workload):
+    """claims, a Rust release binary (no frame pointers) keeping buffers settle_claim allocates:
+    unwound by its .eh_frame and named in Rust's terms, in both manglings (legacy
+    `_ZN...17h<hash>E`, v0 `_R...`), at the line in settle_claim that allocates (built with -g)."""
+    source = Path(__file__).resolve().parents[1] / "workloads" / "claims.rs"
+    line = next(i for i, text in enumerate(source.read_text().splitlines(), 1) if "let buf = vec![" in text)
+    for flags in (["-g"], ["-g", "-C", "symbol-mangling-version=v0"]):
+        w = workload("claims", "200", flags=flags)
+        r = memleak.run(Target.for_pid(w.pid), 3, series_interval=1.0)
+        assert r.status == "ok", r.reason
+        s = max(r.stacks, key=lambda s: s.outstanding_bytes)
+        n = default_classes().name(s.frames, s.forwards)
+        assert n.function == "claims::settle_claim", (flags, s.frames)
+        assert s.functions[n.index + 1] == "claims::main", (flags, s.frames)
+        # the line in settle_claim that allocates (vec!, inlined there: not a line of alloc's)
+        assert s.frames[n.index] == f"claims::settle_claim (claims.rs:{line}) [claims]", s.frames
+        w.stop()
+
+
+@pytest.mark.skipif(not have_jdk(), reason="needs a JDK (scripts/setup.sh --test installs openjdk-17)")
+def test_a_jvm_s_off_heap_leak_is_named_by_the_java_method_that_allocates(java):
+    """Thumbnails keeps every direct buffer it renders (off the Java heap: os::malloc under
+    Unsafe.allocateMemory). Its stack runs from libjvm.so's frames through the JDK's, JIT-compiled
+    and named by the JVM's perf map (frame pointers kept in compiled code: -XX:+PreserveFramePointer),
+    to thumbnail: the program's method is the culprit, not os::malloc."""
+    w = java("Thumbnails", "500", jvm=["-Xmx256m", "-XX:MaxDirectMemorySize=2g", "-XX:+PreserveFramePointer"])
+    time.sleep(3)  # thumbnail compiled (C1 compiles a method called a few hundred times)
+    r = memleak.run(Target.for_pid(w.pid), 4, series_interval=1.0)
+    assert r.status == "ok", r.reason
+    s = max(r.stacks, key=lambda s: s.outstanding_bytes)
+    n = default_classes().name(s.frames, s.forwards)
+    assert n.function == "Thumbnails.thumbnail(int, int)", s.frames
+    assert s.functions[:2] == ["malloc", "os::malloc(unsigned long, MEMFLAGS)"], s.frames
+    assert n.kinds[1] == "interpreter" and "runtime" in n.kinds[: n.index], n.kinds

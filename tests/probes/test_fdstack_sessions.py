@@ -3,6 +3,7 @@ socket pair per failed handshake from handshake_fails() and closes every other o
 
 import os
 
+from memdiag.diagnose.culprit import split_frame
 from memdiag.probes import base, fdstack
 from memdiag.system.target import Target
 
@@ -39,7 +40,7 @@ def test_fdstack_names_the_function_that_leaves_socket_pairs_open(workload):
     churn = {s.kind: s for s in r.stacks if "notify_workers" in _functions(s)}
     assert set(churn) == {"pipe", "eventfd"} and all(s.outstanding <= 2 for s in churn.values())
     assert r.outstanding == sum(s.outstanding for s in r.stacks) and r.outstanding <= top.outstanding + 6
-    facts = fdstack.facts_of(r, None, lambda frames, _fw: next(f for f in frames if "libc" not in f).split("+")[0])
+    facts = fdstack.facts_of(r, None, lambda frames, _fw: split_frame(next(f for f in frames if "libc" not in f))[0])
     assert (facts["fdstack.top_function"], facts["fdstack.top_type"]) == ("handshake_fails", "socketpair")
     assert facts["fdstack.top_outstanding"] == top.outstanding
 

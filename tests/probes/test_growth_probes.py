@@ -27,6 +27,10 @@ def test_faults_name_the_leaking_function_through_glibc(workload):
     assert r.cost.events >= 1000 and r.lost["stack_errors"] == 0
     assert any("leak_order_history" in line for line in r.folded)
     assert all(line.rsplit(" ", 1)[1].isdigit() for line in r.folded)
+    # the stacks kept show where in leak.c (-g): pages fault in its malloc (line 10), at o->id = id (13)
+    # or in memset (14)
+    lined = {f for s in r.stacks for f in s.frames if f.startswith("leak_order_history")}
+    assert lined and lined <= {f"leak_order_history (leak.c:{n}) [leak]" for n in (10, 13, 14)}, lined
 
 
 def test_faults_in_cpp_name_the_method_behind_operator_new(workload):

@@ -85,6 +85,34 @@ def test_interpreter_frames_are_named_and_marked():
 PY = "[python3.11]"
 
 
+JVM = [
+    f"malloc (malloc.c:3281) {LIBC}",
+    "os::malloc(unsigned long, MEMFLAGS)+0x85 [libjvm.so]",
+    "Unsafe_AllocateMemory0+0x7c [libjvm.so]",
+    "jdk.internal.misc.Unsafe.allocateMemory0(long) (JIT code) [perf-4242.map]",
+    "jdk.internal.misc.Unsafe.allocateMemory(long) (JIT code) [perf-4242.map]",
+]
+
+
+def test_a_jvm_s_native_allocation_is_named_by_the_program_s_jit_compiled_method():
+    """The JVM's own frames (libjvm.so, the JDK's classes, HotSpot's stubs) are passed over where the
+    program's JIT-compiled method is above them; without one the JVM's frame is named, as before; a
+    method the interpreter runs is named as that, not blamed on its caller."""
+    above = ["Thumbnails.thumbnail(int, int) (JIT code) [perf-4242.map]", "StubRoutines (1) (JIT code) [perf-4242.map]"]
+    n = _name(JVM + above)
+    assert (n.function, n.index) == ("Thumbnails.thumbnail(int, int)", 5)
+    assert n.kinds == ["allocator", "interpreter", "interpreter", "runtime", "runtime", "culprit", "caller"]
+    # frame pointers lost in compiled code: only the JDK's frames above, the JVM's frame named
+    n = _name(JVM)
+    assert n.function == "os::malloc(unsigned long, MEMFLAGS)" and n.kinds[1] == "interpreter"
+    interpreted = [
+        "Interpreter (JIT code) [perf-4242.map]",
+        "Thumbnails.main(java.lang.String[]) (JIT code) [perf-4242.map]",
+    ]
+    n = _name(JVM + interpreted)
+    assert n.function == "Interpreter" and n.index == 5 and "interpreter ran" in n.label
+
+
 def test_with_the_python_frames_the_interpreter_is_passed_over_and_the_python_line_named():
     n = _name(
         [

@@ -12,6 +12,7 @@ NOT_AT_START = [
     "html.entities",  # the renderers
     "sqlite3",  # serve's store
     "cxxfilt",  # a C++ name (probes/stacks.py demangle)
+    "multi_demangle",  # a Rust name (probes/stacks.py demangle)
     "capstone",  # the disassembler: for a file whose code facts are not remembered (probes/codefacts.py)
     "_hashlib",  # OpenSSL's libcrypto: the cache keys take CPython's own SHA-256 (probes/compiler.py)
     "secrets",  # a JFR recording's token (imports hmac, hence libcrypto)
