@@ -221,7 +221,8 @@ def run_corpus(runs: int, names: list[str] | None, keep: Path | None) -> tuple[l
     if names:
         unknown = set(names) - {i["name"] for i in incidents}
         if unknown:
-            raise SystemExit(f"accuracy: no incident named {', '.join(sorted(unknown))}")
+            print(f"accuracy: no incident named {', '.join(sorted(unknown))}", file=sys.stderr)
+            raise SystemExit(2)
         incidents = [i for i in incidents if i["name"] in names]
     outcomes = []
     for run in range(runs):
