@@ -120,7 +120,7 @@ class Score:
     incidents: int
     per_kind: dict[str, dict] = field(default_factory=dict)  # kind: given, right, labelled, found, precision, recall
     right: int = 0  # runs whose kind is accepted
-    culprit_runs: int = 0  # runs of incidents with something to name
+    culprit_runs: int = 0  # runs of incidents with something to name (but a right "healthy")
     named: int = 0  # of those, the runs that named it
     stable: int = 0  # incidents whose runs all gave the same kind
     multi: int = 0  # incidents run more than once (stability means something)
@@ -151,7 +151,8 @@ def score(outcomes: list[Outcome]) -> Score:
             "recall": found / len(labelled) if labelled else None,
         }
     s.right = sum(correct(o) for o in outcomes)
-    with_culprit = [o for o in outcomes if o.label.has_culprit]
+    # a right "healthy" (a cache at its bound is flat too) has nothing to name: not counted
+    with_culprit = [o for o in outcomes if o.label.has_culprit and not (o.kind == "healthy" and correct(o))]
     s.culprit_runs, s.named = len(with_culprit), sum(o.named for o in with_culprit)
     s.seconds = [o.seconds for o in outcomes if o.kind != "none"]
     for name, runs in by_incident.items():
@@ -208,7 +209,8 @@ def render(s: Score, outcomes: list[Outcome], runs_each: int, when: str) -> list
         "",
         f"- Right kind: {_share(s.right, s.runs)} of runs.",
         f"- Culprit named (the label's function or resource, and its holder where one exists): "
-        f"{_share(s.named, s.culprit_runs)} of the runs of incidents with one to name.",
+        f"{_share(s.named, s.culprit_runs)} of the runs of incidents with one to name (a right healthy verdict "
+        "excepted: it has nothing to name).",
         f"- Stable (the same kind in every run): {_share(s.stable, s.multi)} of incidents"
         + (" (one run each: not measured)." if not s.multi else "."),
         f"- Negatives called a leak: {', '.join(s.negatives_called_leak) or 'none'}.",
