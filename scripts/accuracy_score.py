@@ -15,6 +15,7 @@ import yaml
 
 KINDS = ("leak", "cache", "growth", "pressure", "oom", "healthy", "inconclusive")
 POSITIVE = ("leak", "growth", "pressure", "oom")  # something is wrong; the rest are negatives
+TITLE = "## 11. Accuracy on a labelled corpus"
 CORPUS = Path(__file__).resolve().parent.parent / "bench" / "accuracy" / "corpus.yaml"
 
 
@@ -192,7 +193,7 @@ def render(s: Score, outcomes: list[Outcome], runs_each: int, when: str) -> list
         accepted = "/".join(label.accepted)
         miss_rows.append(f"| {name} | {accepted} | {given} | {rule or '–'} |")
     lines = [
-        "## 11. Accuracy on a labelled corpus",
+        TITLE,
         "",
         f"Measured {when}. The corpus of bench/accuracy/corpus.yaml ({s.incidents} incidents: programs written "
         "for it in C, C++, Rust, Python, Java, Go and Node under glibc, jemalloc, tcmalloc and mimalloc, "

@@ -33,6 +33,7 @@ from memdiag.system import arch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from accuracy_score import TITLE as ACCURACY_TITLE  # noqa: E402
 from bench_accuracy import accuracy_section as corpus_section  # noqa: E402
 from bench_common import BCC_ENV, RUNS, MiB, Watch, median_range  # noqa: E402
 from bench_hours import LONG_TITLE, long_section, loop_section  # noqa: E402
@@ -495,6 +496,10 @@ def main() -> int:
     sections += jvm_section(RUNS)
     sections += nonheap_section(RUNS)
     sections += recorder_section()
+    if ACCURACY_TITLE in old:  # over an hour: kept from its own run (--only accuracy), not run again here
+        at = old.index(ACCURACY_TITLE)
+        end = old.find("\n## ", at + len(ACCURACY_TITLE))
+        sections += [""] + old[at : end if end >= 0 else len(old)].rstrip("\n").splitlines() + [""]
     cpu = next(
         (
             line.split(":", 1)[1].strip()
