@@ -8,7 +8,10 @@ cost of the probes on this host, (4) accuracy and time to verdict on the end-to-
 (6) the alert loop's latency, exporter -> Prometheus -> Alertmanager -> memdiag serve -> verdict
 (`--only loop`, or `./scripts/bench.sh loop`: that alone), (7) a long window (`--only long`: hours, so only alone),
 (8) JVM targets: the flight recording's cost on the target and the JVM scenarios' verdicts
-(scripts/bench_jvm.py; `--only jvm`).
+(scripts/bench_jvm.py; `--only jvm`), (9) non-heap probes' cost (`--only nonheap`), (10) serve's flight
+recorder (`--only recorder`), (11) accuracy on the labelled corpus of bench/accuracy (scripts/bench_accuracy.py;
+`--only accuracy [--runs N] [--incident NAME]...`: over an hour at 3 runs, so only alone; a subset or fewer
+runs prints its table and leaves BENCHMARKS.md as it is). Section 4's scenarios alone: `--only scenarios`.
 Numbers are medians of RUNS runs with min-max. No test asserts any of them."""
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ from memdiag.system import arch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+from accuracy_score import TITLE as ACCURACY_TITLE  # noqa: E402
+from bench_accuracy import accuracy_section as corpus_section  # noqa: E402
 from bench_common import BCC_ENV, RUNS, MiB, Watch, median_range  # noqa: E402
 from bench_hours import LONG_TITLE, long_section, loop_section  # noqa: E402
 from bench_jvm import jvm_section  # noqa: E402
@@ -456,17 +461,21 @@ def main() -> int:
         "slowdown": (lambda: slowdown_section()[0], "1"),
         "own": (lambda: cost_section(own_results()), "2"),
         "costs": (per_event_section, "3"),
-        "accuracy": (accuracy_section, "4"),
+        "scenarios": (accuracy_section, "4"),
         "loop": (loop_section, "6"),
         "long": (long_section, "7"),
         "jvm": (lambda: jvm_section(RUNS), "8"),
         "nonheap": (lambda: nonheap_section(RUNS), "9"),
         "recorder": (recorder_section, "10"),
     }
-    if len(sys.argv) == 3 and sys.argv[1] == "--only" and sys.argv[2] in only:  # one section, not twenty minutes
+    if sys.argv[1:3] == ["--only", "accuracy"]:  # the labelled corpus: its own options, its own section
+        only["accuracy"] = (lambda: corpus_section(sys.argv[3:]), "11")
+    if len(sys.argv) >= 3 and sys.argv[1] == "--only" and sys.argv[2] in only:  # one section, not twenty minutes
         make, number = only[sys.argv[2]]
         path = ROOT / "BENCHMARKS.md"
         body = make()
+        if body is None:  # a partial corpus run: printed, BENCHMARKS.md left as it is
+            return 0
         text = path.read_text()
         if not text.count(body[0]):  # a section renamed: replace the old one of the same number
             old = next((line for line in text.splitlines() if line.startswith(f"## {number}. ")), None)
@@ -487,6 +496,10 @@ def main() -> int:
     sections += jvm_section(RUNS)
     sections += nonheap_section(RUNS)
     sections += recorder_section()
+    if ACCURACY_TITLE in old:  # over an hour: kept from its own run (--only accuracy), not run again here
+        at = old.index(ACCURACY_TITLE)
+        end = old.find("\n## ", at + len(ACCURACY_TITLE))
+        sections += [""] + old[at : end if end >= 0 else len(old)].rstrip("\n").splitlines() + [""]
     cpu = next(
         (
             line.split(":", 1)[1].strip()

@@ -1,0 +1,3 @@
+module memdiag.bench/accuracy
+
+go 1.19
