@@ -85,7 +85,7 @@ def test_readme_gives_the_setup_and_the_test_command_ci_runs():
 
 def test_readme_answers_the_three_questions_in_its_first_screenful():
     screen = "\n".join(README.read_text().splitlines()[:50])
-    assert "memdiag --pid" in screen  # how to diagnose a PID
+    assert re.search(r"memdiag (-p|--pid) \d+", screen)  # how to diagnose a PID
     assert "| `leak` |" in screen and "| `inconclusive` |" in screen  # what the verdict words mean
     assert "[below](#hook-it-to-alertmanager)" in screen  # how to hook it to Alertmanager: one link
     assert "hook-it-to-alertmanager" in anchors(README)
