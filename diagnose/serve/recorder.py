@@ -57,6 +57,10 @@ from .scene import Point, Scene, explain
 EVERY_S = 5.0
 FINE_POINTS = 180  # the last quarter of an hour at 5 s
 COARSE_EVERY_S = 60.0
+# A cgroup whose usage has not moved by a byte since the last round (most of a host's are idle) keeps
+# the split and limit its memory.stat said then, read again at least this often (a limit changed on
+# an idle cgroup is seen within it): memory.stat is most of what a round costs the kernel and us
+STAT_AGAIN_S = 30.0
 COARSE_POINTS = 61  # the hour, a point a minute (its last ones overlap the fine ring's)
 HORIZON_S = 3600.0
 MAX_CGROUPS = 2000
@@ -187,6 +191,7 @@ class CgroupSeries(Series):
         self.shm_files: list[tuple[str, int, int]] = []
         self.shm_walked: float | None = None
         self.sampled_at: float | None = None  # the last fault sample of a process of it
+        self.stat_at: float | None = None  # when its memory.stat was last read (STAT_AGAIN_S)
 
 
 def _int64(x: int | None) -> int:
@@ -308,8 +313,10 @@ class Recorder:
                 break
             fs = self.root + folder.rstrip("/")
             path = fs_text(folder)  # the key and what is shown: a name that is no UTF-8, escaped
+            with self._lock:
+                series = self.cgroups.get(path)
             try:
-                values = self._cgroup_values(fs, path)
+                values = self._cgroup_values(fs, path, series, t)
             except (OSError, ValueError, OverflowError):
                 failed += 1
                 continue
@@ -317,9 +324,9 @@ class Recorder:
                 continue
             seen_cg.add(path)
             with self._lock:
-                series = self.cgroups.get(path)
                 if series is None:
                     series = self.cgroups[path] = CgroupSeries(path)
+                    series.stat_at = t
                 series.ended = None
                 series.push(t, values)
             if path == "/":
@@ -344,11 +351,17 @@ class Recorder:
         self.last_tick_s = time.thread_time() - cpu0
         self.cpu_s += self.last_tick_s
 
-    def _cgroup_values(self, fs: str, path: str) -> dict[str, int | None] | None:
+    def _cgroup_values(self, fs: str, path: str, known: CgroupSeries | None, t: float) -> dict[str, int | None] | None:
         v1 = self.version == 1
         usage = _number(_read(fs + ("/memory.usage_in_bytes" if v1 else "/memory.current"), 64))
         if usage is None:  # the root of v2 has no memory.current: its usage is the host's
             return None
+        last = known.last() if known is not None and known.ended is None else None
+        fresh = known is not None and known.stat_at is not None and t - known.stat_at < STAT_AGAIN_S
+        if last is not None and last["usage"] == usage and fresh:
+            return last  # not a byte moved: its split and limit as read last (STAT_AGAIN_S)
+        if known is not None:
+            known.stat_at = t
         stat = _numbers(_read(fs + "/memory.stat", 1 << 16))
         kmem = _number(_read(fs + "/memory.kmem.usage_in_bytes", 64)) if v1 else None
         if path == "/":

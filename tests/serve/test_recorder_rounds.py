@@ -8,7 +8,7 @@ import time
 
 from jvmkit import JavaWorkload
 from kit import wait_until
-from memdiag.diagnose.serve.recorder import HORIZON_S, Recorder
+from memdiag.diagnose.serve.recorder import HORIZON_S, STAT_AGAIN_S, Recorder
 
 MiB = 1 << 20
 
@@ -48,6 +48,23 @@ def test_a_climbing_process_and_its_cgroup_are_kept_and_an_ended_one_dropped_aft
     clock.now += HORIZON_S + 1
     rec.tick()
     assert w.pid not in [p["pid"] for p in rec.lookback(cg.path)["processes"]]  # type: ignore[index]
+
+
+def test_an_idle_cgroups_memory_stat_is_read_again_only_now_and_then(memcg):
+    """Not a byte of usage moved: the split and limit are kept from the last read of memory.stat
+    (most of a round's cost) until STAT_AGAIN_S has passed; a limit changed meanwhile is seen then."""
+    cg = memcg(64 * MiB)
+    clock = Clock()
+    rec = Recorder(faults=False, wall=clock)
+    rec.tick()
+    v1 = cg.fs_path / "memory.limit_in_bytes"
+    (v1 if v1.exists() else cg.fs_path / "memory.max").write_text(str(32 * MiB))
+    clock.now += 5
+    rec.tick()
+    clock.now += STAT_AGAIN_S
+    rec.tick()
+    limits = [p[2] for p in rec.lookback(cg.path)["points"]]  # type: ignore[index]
+    assert limits == [64 * MiB, 64 * MiB, 32 * MiB], limits
 
 
 def test_a_jvms_heap_counters_are_read_beside_its_rss(memcg):
