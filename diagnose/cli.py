@@ -154,7 +154,10 @@ def main(argv: list[str] | None = None) -> int:
             print(bare_usage(), file=sys.stderr)
             return 2
         code = _execute(build_parser().parse_args(argv))
-        sys.stdout.flush()  # a closed pipe is seen here, not at the interpreter's exit
+        try:
+            sys.stdout.flush()  # a closed pipe is seen here, not at the interpreter's exit
+        except BrokenPipeError:  # the reader had what it wanted; the command's status still holds
+            _drop_stdout()
         return code
     except _BadUsage as e:
         _say(str(e), prefix="")

@@ -68,6 +68,20 @@ def _give_back(size: int) -> None:
     _HELD[0] -= size
 
 
+
+def _children(die) -> list:
+    """A debug entry's children, in the file's order: at most MAX_DIES, and none past one that does
+    not lie after the one before it (pyelftools follows a child's DW_AT_sibling link wherever it
+    points: a link pointing back, in a hostile file, repeats the same entries for ever)."""
+    out = []
+    last = die.offset
+    for child in die.iter_children():
+        if child.offset <= last or len(out) >= MAX_DIES:
+            break
+        last = child.offset
+        out.append(child)
+    return out
+
 class NoLines(Exception):
     """Why a module has no line table memdiag can read (its note)."""
 
@@ -196,10 +210,13 @@ class LineTable:
         first = 0 if cu.header["version"] >= 5 else 1
         before = len(cu._dielist)
         try:
-            dies = list(top.iter_children())
+            dies = _children(top)
+            seen = 0
             while dies:
                 die = dies.pop()
-                if len(cu._dielist) > MAX_DIES or self._dies + len(cu._dielist) - before > MAX_MODULE_DIES:
+                seen += 1
+                over = seen > MAX_DIES or len(cu._dielist) > MAX_DIES
+                if over or self._dies + len(cu._dielist) - before > MAX_MODULE_DIES:
                     self.note = (
                         f"inlined calls looked for in {MAX_DIES:,} entries of a unit's debug info, "
                         f"{MAX_MODULE_DIES:,} of a module's: past them a frame's line may be the inlined code's"
@@ -211,7 +228,7 @@ class LineTable:
                 if die.tag in _CODE and not self._holds(die, cu, base, vaddr):
                     continue  # another function, or a block or inlined call elsewhere in this one
                 if die.has_children and die.tag not in _LEAVES:
-                    dies += list(die.iter_children())
+                    dies += _children(die)
             return None
         finally:
             self._dies += len(cu._dielist) - before

@@ -25,8 +25,21 @@ from .unwind import StackSlice, frame_pointer_walk, unwind
 _RUST_LEGACY = re.compile(r"^_ZN.*17h[0-9a-f]{16}E$")
 
 
+# a demangled name is cut here: a 159-byte Rust v0 symbol's back-references expand to a million
+# characters, and every reader of a frame (the culprit's, the renderers') then pays for them
+MAX_DEMANGLED = 4096
+
+
+def _cut(name: str) -> str:
+    return name if len(name) <= MAX_DEMANGLED else name[:MAX_DEMANGLED] + "…"
+
+
 @functools.lru_cache(maxsize=65536)
 def demangle(name: str) -> str:
+    return _cut(_demangle(name))
+
+
+def _demangle(name: str) -> str:
     """Names as people read them: C++'s (Itanium ABI) OrderBook::record(long), Rust's (legacy
     `_ZN...17h<hash>E` and v0 `_R...`) claims::settle_claim."""
     if name.startswith("_R") or _RUST_LEGACY.match(name):

@@ -298,8 +298,8 @@ def _rows(tokens: list[Token]) -> list[tuple[int, int]]:
 def _fold_table(md: MarkdownIt, tokens: list[Token], env: dict) -> str:
     """One table; where it is a counters' table (first and last columns), its rows that are zero
     throughout are folded into a <details> below it (the whole table when all are)."""
-    header = [t.content.strip() for t in tokens[: next(i for i, t in enumerate(tokens) if t.type == "tbody_open")]
-              if t.type == "inline"]  # fmt: skip
+    body = next((i for i, t in enumerate(tokens) if t.type == "tbody_open"), len(tokens))  # none: no rows
+    header = [t.content.strip() for t in tokens[:body] if t.type == "inline"]
     rows = _rows(tokens)
     if not rows or not {"first", "last"} <= set(header):
         return md.renderer.render(tokens, md.options, env)

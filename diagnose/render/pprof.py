@@ -31,8 +31,9 @@ INT64_MAX = (1 << 63) - 1
 # a frame with its source: `main.handle (main.go:30, inlined) [orderd]`, `handle_order (/srv/orders.py:42) [python]`
 _SURROGATE = re.compile("[\ud800-\udfff]")  # no character of UTF-8: a byte that was not UTF-8, kept as one
 _PROBE_NAME = re.compile(r"[a-z0-9_]{1,64}")
-_JAVA = re.compile(r"^(?P<fn>.+?) line: (?P<line>\d+)$")  # a Java method and its line (probes/jvm/recording.py)
-_SOURCE = re.compile(r"^(?P<fn>.+?) \((?P<file>[^()]+?):(?P<line>\d+)(?:, [^()]*)?\) \[(?P<mod>[^\]]+)\]$")
+_JAVA = re.compile(r"^(?P<fn>.+?) line: (?P<line>\d{1,9})$")  # a Java method and its line (probes/jvm/recording.py)
+# a line has at most 9 digits (a file's name is the binary's: `x.go:` and 5,000 digits is no line)
+_SOURCE = re.compile(r"^(?P<fn>.+?) \((?P<file>[^()]+?):(?P<line>\d{1,9})(?:, [^()]*)?\) \[(?P<mod>[^\]]+)\]$")
 
 
 def render_pprof(report: Report) -> dict[str, bytes]:

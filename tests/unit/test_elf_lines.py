@@ -159,3 +159,34 @@ def test_a_debuglink_leading_out_of_the_debug_folder_is_not_followed(tmp_path, n
     forget()
     elf = elf_info(str(stripped))
     assert elf.lines("/srv/../../orderd") is None  # DEBUG_ROOT/srv/../.. is outside it
+
+
+def test_a_sibling_link_pointing_back_does_not_loop(tmp_path):
+    """A subprogram's DW_AT_sibling pointing at itself (a hostile binary's): pyelftools follows it
+    wherever it points, the same entry for ever; the walk stops there, the line still read."""
+    from elftools.elf.elffile import ELFFile
+
+    src = build("orderd", ["-O2"])
+    path = tmp_path / "orderd"
+    data = bytearray(src.read_bytes())
+    with open(src, "rb") as f:
+        elf = ELFFile(f)
+        base = elf.get_section_by_name(".debug_info")["sh_offset"]
+        patched = False
+        for cu in elf.get_dwarf_info().iter_CUs():
+            for die in cu.iter_DIEs():
+                link = die.attributes.get("DW_AT_sibling")
+                if die.tag == "DW_TAG_subprogram" and link is not None and link.form == "DW_FORM_ref4":
+                    struct.pack_into("<I", data, base + link.offset, die.offset - cu.cu_offset)
+                    patched = True
+                    break
+            if patched:
+                break
+    assert patched
+    path.write_bytes(bytes(data))
+    e = elf_info(str(path))
+    t = time.monotonic()
+    where = e.lines(str(path)).source(e.symbol_named("main").address + 8)
+    assert time.monotonic() - t < 5.0
+    assert where is not None and where[0] == "orderd.c", where
+    forget()

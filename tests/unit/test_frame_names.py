@@ -100,3 +100,16 @@ def test_a_rust_binary_s_names_read_in_rust_terms(flags, mangled):
             assert "std::rt::lang_start::<()>::{closure#0}" in names, sorted(n for n in names if "lang_start" in n)
     finally:
         elf.close()
+
+
+def test_a_rust_name_that_demangles_to_a_million_characters_is_cut():
+    """179 bytes of nested v0 back-references (a hostile binary's symbol) demangle to 1,000,020
+    characters; every reader of the frame would pay for them (split_frame's patterns, the reports)."""
+    bomb = (
+        "_RINvC1a1fThhETB7_B7_ETBb_Bb_ETBj_Bj_ETBr_Br_ETBz_Bz_ETBH_BH_ETBP_BP_ETBX_BX_ETB15_B15_ET"
+        "B1d_B1d_ETB1n_B1n_ETB1x_B1x_ETB1H_B1H_ETB1R_B1R_ETB21_B21_ETB2b_B2b_ETB2l_B2l_ETB2v_B2v_EE"
+    )
+    name = demangle(bomb)
+    assert len(name) <= 4097 and name.endswith("…"), len(name)
+    fn, mod = split_frame(f"{name}+0x10 [claims]")
+    assert mod == "claims" and fn is not None

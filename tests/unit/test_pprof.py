@@ -172,3 +172,12 @@ def test_a_probe_name_that_is_no_plain_word_names_no_file():
     odd = report.stacks[0].model_copy(update={"probe": "../../etc/x"})
     files = render_pprof(report.model_copy(update={"stacks": [odd, *report.stacks]}))
     assert sorted(files) == ["profile.faults.pb.gz", "profile.jfr.pb.gz", "profile.memleak.pb.gz", "profile.pb.gz"]
+
+
+def test_a_line_of_thousands_of_digits_is_no_line():
+    """A file name is the binary's: `x.go:` and 5,000 digits is no line (int() refuses past 4,300)."""
+    from memdiag.diagnose.render.pprof import _frame
+
+    fn, file, line, mod = _frame("main.f (x.go:" + "9" * 5000 + ") [prog]")
+    assert line is None and mod == "prog"
+    assert _frame("main.f (x.go:12) [prog]") == ("main.f", "x.go", 12, "prog")

@@ -208,3 +208,10 @@ def test_a_counters_table_folds_its_zero_rows_and_others_are_whole():
     assert "<td>rss</td>" in shown and "<td>swap</td>" not in shown
     assert "<summary>2 row(s) zero throughout</summary>" in folded and "<td>psi</td>" in folded
     assert "<td>0 s</td>" in folded.split("</details>")[1]  # a table of no counters is not folded
+
+
+def test_a_table_with_a_header_and_no_rows_renders():
+    """A section whose table has no rows (a JVM histogram where no class grew: the target's to
+    arrange) is rendered, not a StopIteration that lost every file of the report."""
+    body, _toc, _title = render_body("## Classes\n\n| class | first | last |\n|---|---|---|\n")
+    assert "<table>" in body and "class" in body
