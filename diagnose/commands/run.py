@@ -147,11 +147,13 @@ def add_window_arguments(parser: argparse.ArgumentParser) -> None:
     add_playbook_option(parser)
 
 
+def names_a_target(args: argparse.Namespace) -> bool:
+    return args.pid is not None or args.cgroup is not None or args.container is not None or args.system
+
+
 def chosen_target(args: argparse.Namespace) -> Target | None:
     """The target the options name, None when they name none."""
-    if args.pid is None and args.cgroup is None and args.container is None and not args.system:
-        return None
-    return _target(args)
+    return _target(args) if names_a_target(args) else None
 
 
 def _target(args: argparse.Namespace) -> Target:
@@ -212,10 +214,10 @@ def output_folder(args: argparse.Namespace, target: Target) -> ReportFolder | No
 
 
 def execute(args: argparse.Namespace) -> int:
-    target = chosen_target(args)
-    if target is None:
+    if not names_a_target(args):
         raise UsageError("name a target: -p PID, --cgroup PATH, --container ID|NAME, or --system for the whole system")
-    rules = rule_book(args)
+    rules = rule_book(args)  # a bad rule file is bad usage: said before the target is touched
+    target = _target(args)
     with output_folder(args, target) as folder:
         report = run_diagnosis(args, target, rules, folder)
         say_result(args, folder, report, f"{report.verdict.kind}: {plain(report.verdict.summary)}")
