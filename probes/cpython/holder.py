@@ -40,7 +40,9 @@ from .layout import (
 from .memory import Memory
 from .target import PythonProcess
 
-MAX_ITEMS = 1 << 20  # items of one container read (8 MiB of pointers)
+MAX_ITEMS = 1 << 20  # items of one container indexed (8 MiB of pointers)
+MAX_READ_ITEMS = 4 << 20  # items of one container read, a sample of MAX_ITEMS of them kept (32 MiB)
+MAX_ARRAY = 1 << 40  # a container's item array as a range: its length is the target's to claim
 MAX_DESCEND = 10_000  # a global container's items looked into for containers of their own
 INDEX_SECONDS = 3.0  # the index of globals stops after this much of memdiag's CPU (the target runs on)
 INDEX_BYTES = 32 << 20  # and after reading this much of the target's memory
@@ -289,10 +291,14 @@ class Holders:
             n = mem.i64(obj + lay.ob_size) or 0
             # a list's items are an array of their own; a tuple's follow its header
             array = (mem.u64(obj + lay.list_items) or 0) if flags & TPFLAGS_LIST_SUBCLASS else obj + lay.tuple_items
-            if not 0 < n <= MAX_ITEMS or not array:
+            if n <= 0 or not array:
                 return none
-            self._arrays.append((array, array + 8 * n, g))
-            words = self._words(array, n)
+            self._arrays.append((array, array + 8 * min(n, MAX_ARRAY), g))  # a word inside it names it
+            # a longer container is read up to MAX_READ_ITEMS and kept a sample of MAX_ITEMS of them
+            # (a service's list of millions named nothing before): an arena of small objects holds
+            # thousands of them, so every k-th item still names the arenas it lies in
+            read = min(n, MAX_READ_ITEMS)
+            words = self._words(array, read)[:: -(-read // MAX_ITEMS)]
             return words[words != 0]
         if flags & TPFLAGS_DICT_SUBCLASS:
             pairs = self._dict_words(obj)

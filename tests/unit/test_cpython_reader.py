@@ -208,3 +208,33 @@ def test_a_class_attribute_and_a_global_of_code_exec_ran_are_named_as_holders():
     finally:
         proc.kill()
         proc.wait()
+
+
+BIG = """
+import sys
+seen = [(f"req-{i}", i / 7) for i in range(1_200_000)]  # more items than one container's index keeps
+print(id(seen), id(seen[-1]), flush=True)
+sys.stdin.read()
+"""
+
+
+def test_a_list_of_more_items_than_the_index_keeps_still_names_its_objects():
+    """A service's list of millions: indexed by a sample of its items (before: not at all, and every
+    arena of its objects named nothing), its item array kept as a range whole."""
+    from memdiag.probes.cpython import holder
+
+    assert holder.MAX_ITEMS < 1_200_000
+    proc = subprocess.Popen([PYTHON, "-c", BIG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        listed, last = (int(x) for x in proc.stdout.readline().split())
+        with Memory(proc.pid) as mem:
+            found, why = locate(proc.pid, AddressSpace.of(proc.pid), mem)
+            assert found is not None, why
+            holders = Holders(found, mem)
+            arena = last & ~((1 << 20) - 1)  # the 1 MiB arena the newest tuple lies in (pymalloc's)
+            assert holders.name(0, arena, 1 << 20) == "`__main__.seen` (a list)"
+            items = mem.u64(listed + found.layout.list_items)
+            assert holders.name(items + 8 * 1_199_999, items) == "`__main__.seen` (a list)"  # its last slot
+    finally:
+        proc.kill()
+        proc.wait()
