@@ -68,7 +68,6 @@ def _give_back(size: int) -> None:
     _HELD[0] -= size
 
 
-
 def _children(die) -> list:
     """A debug entry's children, in the file's order: at most MAX_DIES, and none past one that does
     not lie after the one before it (pyelftools follows a child's DW_AT_sibling link wherever it
@@ -81,6 +80,7 @@ def _children(die) -> list:
         last = child.offset
         out.append(child)
     return out
+
 
 class NoLines(Exception):
     """Why a module has no line table memdiag can read (its note)."""
