@@ -121,6 +121,19 @@ enum kmem_stat {
 	KMEM_ST_REUSED, /* an address tracked was allocated again without a free seen: the old one dropped */
 	KMEM_ST_COUNT
 };
+/* shmwriter: creations of shared memory seen (tmpfs files, memfds, System V segments), the traced
+ * unlinks of files it recorded, what sampling their stacks lost, and those its table had no room for */
+enum shmw_stat {
+	SHMW_ST_CREATED,
+	SHMW_ST_REMOVED,
+	SHMW_ST_STACK_ERRORS,
+	SHMW_ST_SAMPLES_DROPPED,
+	SHMW_ST_KEYS_DROPPED,
+	SHMW_ST_MADE_DROPPED, /* creations the table of what was made had no room for */
+	SHMW_ST_COUNT
+};
+/* shmwriter: what a creation made (probes/shmwriter.py mirrors it as KINDS) */
+enum shmw_kind { SHMW_KIND_FILE, SHMW_KIND_MEMFD, SHMW_KIND_SYSV, SHMW_KIND_COUNT };
 /* swapin, drsnoop: the events seen, and those a full table dropped */
 enum table_stat { TABLE_ST_EVENTS, TABLE_ST_TABLE_FULL, TABLE_ST_COUNT };
 /* oomkill */
@@ -177,6 +190,42 @@ struct kmem_obj {
 	struct kmem_key key;
 	u64 bytes;
 	u64 ts; /* bpf_ktime_get_ns() at its allocation (CLOCK_MONOTONIC) */
+};
+
+/* --- shmwriter (bpf/shmwriter.c, read by probes/shmwriter.py) -------------------------------------
+ * One stack key, as the other event-stack probes key it, and the kind of thing it made. */
+#define SHMW_PATH 160 /* bytes of a created path kept, its NUL included: a longer one is cut, never matched */
+struct shmw_key {
+	u32 tgid;
+	s32 stack_id; /* user stack (BPF_F_USER_STACK), < 0: not walked */
+	u64 ip;
+	u64 at_sp;
+	u32 kind; /* enum shmw_kind */
+	u32 pad;
+};
+
+struct shmw_books {
+	u64 created;
+	u64 removed; /* files it made that the same process unlinked while traced */
+};
+
+/* One thing made, by what names it: a file by its path as the call gave it (id 0), a memfd by its
+ * descriptor and name, a System V segment by its shmid (path empty). */
+struct shmw_id {
+	u32 tgid;
+	u32 kind;
+	s64 id;
+	char path[SHMW_PATH];
+};
+
+struct shmw_made {
+	struct shmw_key key;
+	u64 ts;      /* bpf_ktime_get_ns() at its creation (CLOCK_MONOTONIC) */
+	s64 dirfd;   /* a file's openat directory (AT_FDCWD -100: the working directory) */
+	u64 ipc_key; /* a System V segment's key */
+	u64 size;    /* a System V segment's size as asked */
+	u32 path_len; /* bytes bpf_probe_read_user_str copied, the NUL included; SHMW_PATH: maybe cut */
+	u32 pad;
 };
 
 /* x86-64 only (memdiag/system/arch.py refuses other machines before anything is compiled): the

@@ -109,6 +109,13 @@ def _function(text: str) -> str:
     return name
 
 
+def _pattern(text: str) -> str:
+    """An argparse type: a place shared memory is made in, as memdiag names it (/dev/shm/job-*.spool)."""
+    if not text or len(text) > 4096 or "\0" in text:
+        raise argparse.ArgumentTypeError(f"{_quoted(text)} is not a place's pattern (e.g. /dev/shm/job-*.spool)")
+    return text
+
+
 # Bounds. A diagnosis or a probe watches for at most a day (serve's diagnoses for at most an hour);
 # a pid is at most the kernel's PID_MAX_LIMIT (4M); memleak's sampling draws a 32-bit random number
 # (bpf_get_prandom_u32() % N); no allocation is bigger than the largest user address space of a
@@ -129,6 +136,7 @@ ROWS = number(1, MAX_ROWS, integer=True)  # lines or stacks to show
 SAMPLE_EVERY = number(1, MAX_SAMPLE_EVERY, integer=True)
 SIZE = size(MAX_BYTES)
 FUNCTION = _function
+PATTERN = _pattern
 
 
 def add_playbook_option(parser: argparse.ArgumentParser) -> None:

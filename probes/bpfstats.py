@@ -8,6 +8,8 @@ from __future__ import annotations
 STACK = ("events", "stack_errors", "samples_dropped", "keys_dropped", "python_stacks_dropped")
 # enum fd_stat: fdstack
 FD = ("created", "closed", "stack_errors", "samples_dropped", "keys_dropped", "fds_dropped")
+# enum shmw_stat: shmwriter
+SHMW = ("created", "removed", "stack_errors", "samples_dropped", "keys_dropped", "made_dropped")
 # enum kmem_stat: kmemstack
 KMEM = ("allocs", "frees", "stack_errors", "kstack_errors", "samples_dropped", "keys_dropped", "objs_dropped",
         "reused")  # fmt: skip
@@ -37,6 +39,7 @@ SITES = ("hits", "null", "stack_errors", "blocks_dropped", "samples_dropped", "c
 ENUMS = {
     "stack_stat": STACK,
     "fd_stat": FD,
+    "shmw_stat": SHMW,
     "kmem_stat": KMEM,
     "table_stat": TABLE,
     "oom_stat": OOM,

@@ -342,7 +342,7 @@ class Option:
     """One argument of `memdiag probe NAME` of the probe's own: --flag VALUE into ctx.options[dest]."""
 
     flag: str
-    kind: Literal["count", "size", "milliseconds", "flag", "function"]
+    kind: Literal["count", "size", "milliseconds", "flag", "function", "pattern"]
     help: str
     default: Any = None
     group: str = ""  # the heading it is listed under (default: the probe's name)

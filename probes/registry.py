@@ -103,6 +103,8 @@ PROBES: tuple[ProbeSpec, ...] = (
     ProbeSpec("mmapsnoop", _defaults, host_wide=True),
     # descriptors (sockets, pipes, eventfds ...) by the stack that created them, and which stay open
     ProbeSpec("fdstack", _defaults, host_wide=True),
+    # tmpfs files, memfds and System V segments still there, by the stack that made them
+    ProbeSpec("shmwriter", _defaults, host_wide=True),
     # kernel slab allocations the target's calls left outstanding, by kernel and user stack
     ProbeSpec("kmemstack", _defaults, host_wide=True),
     # one function's own calls to the allocator, where tracing them all is over the budget

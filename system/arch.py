@@ -60,6 +60,13 @@ SYSCALLS = {
         "signalfd": 282,
         "signalfd4": 289,
         "close": 3,
+        # the calls that make shared memory shmwriter follows, and the unlinks that remove files
+        "open": 2,
+        "openat": 257,
+        "creat": 85,
+        "shmget": 29,
+        "unlink": 87,
+        "unlinkat": 263,
     },
     "aarch64": {"bpf": 280, "perf_event_open": 241, "setresuid": 147, "setresgid": 149, "openat2": 437},
 }
@@ -68,6 +75,8 @@ RAW_SYSCALLS = ("brk", "mmap", "munmap")  # passed to BPF as NR_BRK, NR_MMAP, NR
 FD_SYSCALLS = ("socket", "socketpair", "accept", "accept4", "pipe", "pipe2", "eventfd", "eventfd2", "epoll_create",
                "epoll_create1", "inotify_init", "inotify_init1", "memfd_create", "timerfd_create", "signalfd",
                "signalfd4", "close")  # fmt: skip
+# shmwriter's: the calls that create files, memfds and System V segments, and unlink (NR_OPENAT, ...)
+SHM_SYSCALLS = ("open", "openat", "openat2", "creat", "memfd_create", "shmget", "unlink", "unlinkat")
 
 
 class RegLayout(NamedTuple):

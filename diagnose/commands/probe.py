@@ -15,7 +15,7 @@ from memdiag.system.signals import INTERRUPTION, phase, target_released
 from memdiag.system.target import Target
 
 from ..errors import PermissionNeeded, SignalInterrupted, UsageError
-from ..options import DURATION, FUNCTION, MILLISECONDS, PID, ROWS, SAMPLE_EVERY, SIZE
+from ..options import DURATION, FUNCTION, MILLISECONDS, PATTERN, PID, ROWS, SAMPLE_EVERY, SIZE
 from ..outfiles import write_file
 from ..render.probe_text import render_probe
 from ..render.text import json_text, plain
@@ -28,6 +28,7 @@ _KINDS = {
     "size": (SIZE, "SIZE"),
     "milliseconds": (MILLISECONDS, "MS"),
     "function": (FUNCTION, "NAME"),
+    "pattern": (PATTERN, "PATTERN"),
 }
 
 

@@ -79,6 +79,12 @@ def test_tmpfs_spool_is_named(memdiag, workload, tmp_path, shm_dir):
     assert v["kind"] == "growth" and v["rule"] == "tmpfs-files-accumulate", v["summary"]
     assert f"the files named /dev/shm/{shm_dir.name}/job-*.spool number" in v["summary"]
     assert f"PID {w.pid} (spooler)" in v["summary"]
+    # the maker, from the trace of the files' creation: no process's RSS holds a file written and closed
+    found = next(f["summary"] for f in rep["findings"] if f["id"] == "tmpfs-files-writer")
+    assert found.startswith(f"PID {w.pid} (spooler) makes them: of the ") and found.endswith(" in spool_job"), found
+    made = re.search(r"files named (\S+) there when the trace ended, ([\d,]+) were created", found)
+    assert made and made[1] == f"/dev/shm/{shm_dir.name}/job-*.spool" and int(made[2].replace(",", "")) > 0, found
+    assert v["culprit"]["function"] == "spool_job" and v["culprit"]["pid"] == w.pid
     shm = next(m for m in rep["counters"]["shm"] if m["mount_point"] == "/dev/shm")
     pattern = next(p for p in shm["patterns"] if p[0] == f"{shm_dir.name}/job-*.spool")
     on_disk = len(list(shm_dir.iterdir()))

@@ -1,0 +1,522 @@
+"""shmwriter: who makes the shared memory that accumulates. A file written to tmpfs (/dev/shm, a
+container's /tmp) and closed is in no process's RSS, nor is a System V segment once detached, nor a
+memfd's pages once its maker only holds the descriptor: the counters name the mount, the pattern and
+the bytes, not the process and the code that left them. This probe traces their creation (open,
+openat, openat2 and creat with O_CREAT; memfd_create; shmget with IPC_CREAT or IPC_PRIVATE) by the
+user stack that made each, with the path, descriptor or shmid that names it, and forgets a file the
+same process unlinks. At the end it keeps what is still there: a file still on a tmpfs mount of the
+target's (looked up inside its root, no link followed), a memfd still open in its maker, a segment
+still in /proc/sysvipc/shm; and groups them by where they are (the mount and file name pattern, as
+system/tmpfs.py names them; a memfd's name; a segment's key), each with the stacks that made them:
+"created 240 of the 262 /dev/shm/job-*.spool files there at its end: PID 812 (spooler) in spool_job".
+
+Raw syscall tracepoints (bpf/shmwriter.c), as fdstack; host-wide, the target filtered inside."""
+
+from __future__ import annotations
+
+import os
+import stat
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from memdiag.system import arch
+from memdiag.system._parse import Model, fs_text, read_text
+from memdiag.system.cgroup import parse_mountinfo
+from memdiag.system.fds import fd_links
+from memdiag.system.safefile import open_dir_in, open_root
+from memdiag.system.sysvshm import ShmSegment, read_sysv_shm
+from memdiag.system.tmpfs import MAX_ENTRIES, SHMEM_FSTYPES, name_pattern
+from memdiag.system.units import fmt_bytes, fmt_number
+
+from . import bpfstats, kernel
+from .base import Run, run_probe
+from .face import Face, FactDef, Option, ProbeResult, Stack, Stacks
+from .growth import EventStacks, RawStack, StackGrowth
+from .text import stack_lines
+
+METHOD = "raw tracepoint sys_exit (open/openat/creat with O_CREAT, memfd_create, shmget, unlink), user stacks"
+MAX_MADE = 16_384  # things made and not unlinked that its table holds (the program's MAX_MADE)
+PATH_BYTES = 160  # SHMW_PATH of bpf/memdiag.h: a path this long (its NUL included) may be cut
+AT_FDCWD = -100
+TOP_PLACES = 8
+# enum shmw_kind of bpf/memdiag.h, in its order (tests/unit/test_shmwriter.py checks that they agree)
+KINDS = ("file", "memfd", "sysv")
+NOT_TRACED = (
+    "shmwriter sees what was made while it ran, by open, openat, openat2 and creat with O_CREAT, memfd_create "
+    "and shmget; not files made before it started, by rename or link, by mkstemp's kin through O_TMPFILE, nor "
+    "a file another process writes into; a file opened with O_CREAT that existed already counts as made by "
+    "that call; a memfd only mapped after its descriptor was closed counts as gone"
+)
+
+
+class Made(Model):
+    """One thing the table holds at the end: what the target made and did not unlink, as traced."""
+
+    kind: str  # KINDS
+    pid: int
+    key: tuple  # its stack key in the program's books
+    path: str = ""  # a file's path (absolute, as its maker sees its root) or a memfd's name; "" for a segment
+    id: int = 0  # a memfd's descriptor, a segment's shmid
+    ipc_key: int = 0
+    size: int = 0
+    cut: bool = False  # its path was longer than the program keeps: never matched
+
+
+class There(Model):
+    """What is still there of one thing made: where it is (its pattern, name or key) and its bytes."""
+
+    where: str
+    bytes: int
+    mount: str | None = None  # a file's tmpfs mount point
+
+
+class WriterStack(StackGrowth):
+    """One making stack of one kind (count: its things still there at the end; bytes: theirs)."""
+
+    kind: str
+    comm: str = ""
+    created: int
+    removed: int  # files it made that the same process unlinked while traced
+    remaining: int
+    where: str = ""  # where most of its remaining things are
+
+
+class Place(Model):
+    """Where made things are still there at the end: a tmpfs file pattern, a memfd name, a segment key."""
+
+    where: str
+    kind: str
+    mount: str | None = None
+    remaining: int  # made while traced and still there
+    bytes: int
+    there: int | None = None  # files of the pattern on the mount at the end, made while traced or not
+    pid: int | None = None  # the process of the stack that made most of them
+    comm: str = ""
+    frames: list[str] = []  # that stack
+    stack_remaining: int = 0  # how many of them that stack made
+
+
+class WriterResult(ProbeResult):
+    stacks: list[WriterStack] = []
+    folded: list[str] = []
+    places: list[Place] = []
+    pattern: str | None = None  # the place the diagnosis asked about (a pattern that grew)
+    created: int = 0
+    removed: int = 0
+    remaining: int = 0
+    remaining_bytes: int = 0
+    unmatched: int = 0  # made, not unlinked while traced, and gone at the end (or not on tmpfs)
+    cut: int = 0  # paths longer than the program keeps: not matched
+    made_dropped: int = 0
+
+
+def requirements() -> list[kernel.Availability]:
+    return [kernel.raw_syscall_tracepoints()]
+
+
+def build_options() -> dict[str, int | str]:
+    """The syscall numbers the program compares the raw tracepoint's calls with, and its table's room."""
+    return {**arch.syscall_defines(names=arch.SHM_SYSCALLS), "MAX_MADE": MAX_MADE}
+
+
+# --- what is still there -----------------------------------------------------------------------
+
+
+def tmpfs_mount(path: str, mounts: Iterable[tuple[str, str]]) -> str | None:
+    """The mount point a path lies on when that mount is tmpfs (mounts: (mount point, fstype) of the
+    maker's mount table; the longest prefix decides), else None."""
+    best, fstype = "", ""
+    for point, kind in mounts:
+        base = point.rstrip("/") + "/"
+        if (path == point or path.startswith(base)) and len(point) > len(best):
+            best, fstype = point, kind
+    return best if best and fstype in SHMEM_FSTYPES else None
+
+
+def file_place(path: str, mount: str) -> str:
+    """A file's place as system/tmpfs.py names a pattern: the mount, the folders, the name's pattern."""
+    rel = path[len(mount.rstrip("/")) :].lstrip("/")
+    folder, _, name = rel.rpartition("/")
+    return f"{mount.rstrip('/')}/" + fs_text((folder + "/" if folder else "") + name_pattern(name))
+
+
+def match(made: Iterable[Made], there: Callable[[Made], There | None]) -> tuple[dict[tuple, list[There]], int]:
+    """The things made that are still there, by stack key (there(m): where it is and its bytes, or
+    None: gone, cut, or not shared memory), and how many were not."""
+    out: dict[tuple, list[There]] = {}
+    gone = 0
+    for m in made:
+        t = None if m.cut else there(m)
+        if t is None:
+            gone += 1
+            continue
+        out.setdefault(m.key, []).append(t)
+    return out, gone
+
+
+class Looker:
+    """What is still there, looked up once per process: its mount table, its root, its descriptors;
+    the host's System V segments once. Paths are the target's: resolved inside its root, no link
+    followed at the leaf, and only on a tmpfs mount of its own table."""
+
+    def __init__(self, same: Callable[[int], bool] | None, proc: Path = Path("/proc")):
+        self.same, self.proc = same, proc
+        self.mounts: dict[int, list[tuple[str, str]]] = {}
+        self.fds: dict[int, dict[int, str]] = {}
+        self.segments: dict[int, ShmSegment] | None = None
+
+    def _mounts(self, pid: int) -> list[tuple[str, str]]:
+        if pid not in self.mounts:
+            text = read_text(self.proc / str(pid) / "mountinfo", 1 << 20)
+            self.mounts[pid] = [(m.mount_point, m.fstype) for m in parse_mountinfo(text or "")]
+        return self.mounts[pid]
+
+    def _resolved(self, m: Made) -> str | None:
+        return m.path if m.path.startswith("/") else None  # relative paths: see resolve_relative
+
+    def __call__(self, m: Made) -> There | None:
+        if self.same is not None and not self.same(m.pid):
+            return None
+        if m.kind == "file":
+            return self._file(m)
+        if m.kind == "memfd":
+            return self._memfd(m)
+        return self._segment(m)
+
+    def _file(self, m: Made) -> There | None:
+        path = self._resolved(m)
+        mount = tmpfs_mount(path, self._mounts(m.pid)) if path else None
+        if path is None or mount is None:
+            return None
+        folder, _, name = path.rpartition("/")
+        try:
+            root = open_root(self.proc / str(m.pid) / "root")
+        except OSError:
+            return None
+        try:
+            fd = open_dir_in(root, folder or "/")
+            try:
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+            finally:
+                os.close(fd)
+        except OSError:
+            return None
+        finally:
+            os.close(root)
+        if not stat.S_ISREG(st.st_mode):
+            return None
+        return There(where=file_place(path, mount), bytes=st.st_blocks * 512, mount=mount)
+
+    def _memfd(self, m: Made) -> There | None:
+        if m.pid not in self.fds:
+            links = fd_links(m.pid, self.proc)
+            self.fds[m.pid] = {int(fd): link for fd, link in (links[0] if links else [])}
+        link = self.fds[m.pid].get(m.id)
+        if link is None or not link.startswith(f"/memfd:{fs_text(m.path)}"):
+            return None  # closed, or the number is another file's now
+        try:
+            held = os.stat(f"{self.proc}/{m.pid}/fd/{m.id}").st_blocks * 512
+        except OSError:
+            return None
+        return There(where="memfd:" + fs_text(name_pattern(m.path)), bytes=held)
+
+    def _segment(self, m: Made) -> There | None:
+        if self.segments is None:
+            self.segments = {g.shmid: g for g in read_sysv_shm(self.proc) or []}
+        g = self.segments.get(m.id)
+        if g is None or g.cpid != m.pid:
+            return None  # removed, or its id is another's segment now
+        key = "IPC_PRIVATE" if g.key == 0 else f"key {g.key:#x}"
+        return There(where=f"System V {key}", bytes=g.rss if g.rss is not None else g.size)
+
+
+def resolve_relative(m: Made, proc: Path = Path("/proc")) -> Made:
+    """A file named relative to a folder (its working directory, or openat's directory descriptor)
+    made absolute by that folder as the process names it at the end (readlink, never followed): an
+    estimate, as the process may have changed folder since."""
+    if m.kind != "file" or m.path.startswith("/") or m.cut:
+        return m
+    link = "cwd" if m.id == AT_FDCWD else f"fd/{m.id}"
+    try:
+        base = os.readlink(proc / str(m.pid) / link)
+    except OSError:
+        return m
+    if not base.startswith("/") or base.endswith(" (deleted)"):
+        return m
+    return m.model_copy(update={"path": base.rstrip("/") + "/" + m.path})
+
+
+def files_there(pid: int, place: str, proc: Path = Path("/proc")) -> int | None:
+    """How many regular files of a place's pattern are in its folder at the end (bounded: MAX_ENTRIES
+    names listed), inside the maker's root; None when the folder cannot be read."""
+    folder, _, pattern = place.rpartition("/")
+    try:
+        root = open_root(proc / str(pid) / "root")
+    except OSError:
+        return None
+    try:
+        fd = open_dir_in(root, folder or "/")
+    except OSError:
+        return None
+    finally:
+        os.close(root)
+    n = 0
+    try:
+        with os.scandir(fd) as entries:
+            for i, e in enumerate(entries):
+                if i >= MAX_ENTRIES:
+                    break
+                if e.is_file(follow_symlinks=False) and fs_text(name_pattern(e.name)) == pattern:
+                    n += 1
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return n
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+def _key(k) -> tuple:
+    return (k.tgid, k.stack_id, k.ip, k.at_sp, k.kind)
+
+
+def made_of(bpf) -> list[Made]:
+    """The program's table of things made and not unlinked."""
+    out = []
+    for mid, v in bpf["made"].items():
+        kind = KINDS[mid.kind] if mid.kind < len(KINDS) else "file"
+        raw = bytes(bytearray(mid.path)).split(b"\0", 1)[0]
+        out.append(
+            Made(kind=kind, pid=mid.tgid, key=_key(v.key), path=os.fsdecode(raw),
+                 id=v.dirfd if kind == "file" else mid.id, ipc_key=v.ipc_key, size=v.size,
+                 cut=v.path_len >= PATH_BYTES)
+        )  # fmt: skip
+    return out
+
+
+def _comm(pid: int) -> str:
+    return fs_text((read_text(Path(f"/proc/{pid}/comm"), 64) or "").strip())
+
+
+@dataclass
+class Books:
+    created: int = 0
+    removed: int = 0
+
+
+def places_of(stacks: list[WriterStack], by_key: dict[tuple, list[There]], pattern: str | None) -> list[Place]:
+    """Where the things still there are, most first, each with the stack that made most of them;
+    the pattern asked about first whatever its size."""
+    groups: dict[str, dict] = {}
+    for s in stacks:
+        for k in s.keys:
+            for t in by_key.get(k, []):
+                g = groups.setdefault(t.where, {"kind": s.kind, "mount": t.mount, "n": 0, "b": 0, "by": {}})
+                g["n"] += 1
+                g["b"] += t.bytes
+                g["by"][id(s)] = (g["by"].get(id(s), (0, s))[0] + 1, s)
+    out = []
+    for where, g in groups.items():
+        n, top = max(g["by"].values(), key=lambda x: x[0])
+        out.append(
+            Place(where=where, kind=g["kind"], mount=g["mount"], remaining=g["n"], bytes=g["b"], pid=top.pid,
+                  comm=top.comm, frames=top.frames, stack_remaining=n)
+        )  # fmt: skip
+    out.sort(key=lambda p: (p.where == pattern, p.remaining, p.bytes), reverse=True)
+    return out[:TOP_PLACES]
+
+
+def run(target, duration: float, pattern: str | None = None, top: int = 50) -> WriterResult:
+    ev = EventStacks()
+
+    def collect(bpf, _elapsed: float) -> dict:
+        stats = bpfstats.read(bpf, bpfstats.SHMW)
+        books = {_key(k): Books(v.created, v.removed) for k, v in bpf["counts"].items()}
+        made = [resolve_relative(m) for m in made_of(bpf)]
+        by_key, gone = match(made, Looker(ev.spaces.same))
+        raw: list[RawStack] = []
+        for key, r in ev.raw(bpf, lambda v: v.created, lambda _v: 0):
+            held = by_key.get(_key(key), [])
+            raw.append(r.model_copy(update={"key": _key(key), "count": len(held), "bytes": sum(t.bytes for t in held)}))
+        by_kind: dict[int, list[RawStack]] = {}
+        for r in raw:
+            by_kind.setdefault(r.key[4], []).append(r)
+        stacks: list[WriterStack] = []
+        failed = 0
+        comms: dict[int, str] = {}
+        for kind, rs in by_kind.items():
+            merged, f = ev.merge(rs)
+            failed += f
+            for s in merged:
+                b = [books.get(k, Books()) for k in s.keys]
+                held = [t for k in s.keys for t in by_key.get(k, [])]
+                wheres: dict[str, int] = {}
+                for t in held:
+                    wheres[t.where] = wheres.get(t.where, 0) + 1
+                comm = comms.setdefault(s.pid, _comm(s.pid))
+                stacks.append(
+                    WriterStack(**(s.model_dump() | {"keys": s.keys}), kind=KINDS[kind] if kind < len(KINDS) else "file",
+                                comm=comm, created=sum(x.created for x in b), removed=sum(x.removed for x in b),
+                                remaining=len(held), where=max(wheres, key=wheres.get) if wheres else "")  # type: ignore[arg-type]
+                )  # fmt: skip
+        stacks.sort(key=lambda s: (s.remaining, s.bytes, s.created), reverse=True)
+        places = places_of(stacks, by_key, pattern)
+        places = [
+            p.model_copy(update={"there": files_there(p.pid, p.where)}) if p.kind == "file" and p.pid else p
+            for p in places
+        ]
+        fields = ev.fields(stats, stacks, failed, top, weight="remaining")
+        fields["lost"] = {**fields["lost"], "made_dropped": stats["made_dropped"]}
+        return {
+            "events": stats["created"] + stats["removed"],
+            "places": places,
+            "pattern": pattern,
+            "created": stats["created"],
+            "removed": stats["removed"],
+            "remaining": sum(s.remaining for s in stacks),
+            "remaining_bytes": sum(s.bytes for s in stacks),
+            "unmatched": gone,
+            "cut": sum(1 for m in made if m.cut),
+            "made_dropped": stats["made_dropped"],
+            **fields,
+        }
+
+    spec = Run("shmwriter", WriterResult, requirements(), build_options(), collect, METHOD, spaces=ev.spaces)
+    return run_probe(spec, target, duration)  # type: ignore[return-value]
+
+
+# --- the face --------------------------------------------------------------------------------------
+
+
+def asked(r: WriterResult) -> Place | None:
+    """The place the facts speak for: the pattern the diagnosis asked about (None: nothing of it was
+    made while traced), else the one with the most things still there."""
+    if r.pattern is not None:
+        return next((p for p in r.places if p.where == r.pattern), None)
+    return r.places[0] if r.places else None
+
+
+def _place_line(p: Place) -> str:
+    of = f" of the {fmt_number(p.there)} there at the end" if p.there is not None else ""
+    return (
+        f"{p.where}: {fmt_number(p.remaining)}{of} made while traced and still there ({fmt_bytes(p.bytes)}); "
+        f"PID {p.pid} ({p.comm}) made {fmt_number(p.stack_remaining)} of them at one stack"
+    )
+
+
+def describe(r: WriterResult, top: int) -> list[str]:
+    lines = [
+        f"  made: {r.created:,}, unlinked while traced: {r.removed:,}, still there at the end: {r.remaining:,} "
+        f"({fmt_bytes(r.remaining_bytes)})"
+    ]
+    lines += [f"    {_place_line(p)}" for p in r.places]
+    for s in r.stacks[:top]:
+        lines.append(
+            f"  {s.remaining:,} {s.kind} still there ({s.created:,} made, {s.removed:,} unlinked) "
+            f"PID {s.pid} ({s.comm}) via {s.method}:"
+        )
+        lines += stack_lines(s.frames)
+    return lines
+
+
+def caveats(r: WriterResult) -> list[str]:
+    out = [NOT_TRACED + "."]
+    if r.unmatched:
+        out.append(
+            f"{fmt_number(r.unmatched)} things made and not unlinked while traced were gone at the end, "
+            "or not on a tmpfs mount (unlinked by another process or by a call not traced, a memfd closed, "
+            "a segment removed): not counted as still there."
+        )
+    if r.cut:
+        out.append(f"{fmt_number(r.cut)} paths were longer than the {PATH_BYTES - 1} bytes it keeps: not matched.")
+    if r.made_dropped:
+        out.append(
+            f"{fmt_number(r.made_dropped)} creations came once its table was full ({MAX_MADE:,}): counted as "
+            "made, never as still there."
+        )
+    return out
+
+
+def facts_of(r: WriterResult | None, _plan, name) -> dict:
+    if r is None or r.status not in ("ok", "partial"):
+        return {}
+    p = asked(r)
+    f: dict = {
+        "shmwriter.created": r.created,
+        "shmwriter.remaining": r.remaining,
+        "shmwriter.remaining_bytes": r.remaining_bytes,
+        "shmwriter.top_remaining": p.remaining if p is not None else 0,
+    }
+    if p is not None:
+        f.update(
+            {
+                "shmwriter.top_where": p.where,
+                "shmwriter.top_kind": p.kind,
+                "shmwriter.top_bytes": p.bytes,
+                "shmwriter.top_there": p.there,
+                "shmwriter.top_process": f"PID {p.pid} ({p.comm})" if p.pid is not None else None,
+                "shmwriter.top_function": name(p.frames, []) if p.frames else None,
+                "shmwriter.top_stack_remaining": p.stack_remaining,
+            }
+        )
+    return f
+
+
+def stacks(r: WriterResult) -> list[Stack]:
+    """The stacks whose things are still there, most first."""
+    return [
+        Stack(
+            frames=s.frames,
+            functions=s.functions,
+            bytes=s.bytes,
+            count=s.remaining,
+            pid=s.pid,
+            detail=f"{fmt_number(s.remaining)} {s.kind}s it made still there ({fmt_bytes(s.bytes)}"
+            + (f", most {s.where}" if s.where else "")
+            + f"), {fmt_number(s.created)} made, {fmt_number(s.removed)} unlinked",
+        )
+        for s in r.stacks
+        if s.remaining > 0
+    ]
+
+
+def _run(target, ctx) -> WriterResult:
+    return run(target, ctx.seconds, pattern=ctx.options.get("pattern"), top=ctx.options.get("top", 50))
+
+
+FACE = Face(
+    name="shmwriter",
+    summary="tmpfs files, memfds and System V segments still there, by the process and stack that made them",
+    run=_run,
+    result=WriterResult,
+    describe=describe,
+    caveats=caveats,
+    options=(Option("--pattern", "pattern", "the place to name the maker of: a tmpfs pattern (/dev/shm/job-*.spool)"),),
+    facts=(
+        FactDef("shmwriter.created", "number", "tmpfs files, memfds and System V segments made during the probe"),
+        FactDef("shmwriter.remaining", "number", "of those, how many were still there at its end"),
+        FactDef("shmwriter.remaining_bytes", "bytes", "the memory those still there hold"),
+        FactDef("shmwriter.top_where", "string", "where they are: the tmpfs pattern asked about, a memfd name, a key"),
+        FactDef("shmwriter.top_kind", "string", "what is there: file, memfd or sysv"),
+        FactDef("shmwriter.top_remaining", "number", "how many made during the probe are still there"),
+        FactDef("shmwriter.top_bytes", "bytes", "the memory they hold"),
+        FactDef("shmwriter.top_there", "number", "files of that pattern on the mount at the end, made then or before"),
+        FactDef("shmwriter.top_process", "string", "the process whose stack made most of them: PID 812 (spooler)"),
+        FactDef("shmwriter.top_function", "string", "the function of the stack that made most of them"),
+        FactDef("shmwriter.top_stack_remaining", "number", "how many of them that stack made"),
+    ),
+    facts_of=facts_of,
+    stacks=Stacks(
+        kind="events",
+        shown=3,
+        of=stacks,
+        folded=lambda r: r.folded,
+        space=None,
+        counted="files",
+        folded_by="count",
+    ),  # fmt: skip
+)
