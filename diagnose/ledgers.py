@@ -269,6 +269,47 @@ def _shm_facts(shm: list[ShmFiles], host: LedgerReport | None) -> dict:
     return f
 
 
+def _makers(obs: Observation) -> set[int] | None:
+    """The processes whose segments are the target's: the pid's, the cgroup's at any sample (None:
+    the whole system's, every segment)."""
+    t = obs.target
+    if t.kind == "system":
+        return None
+    if t.kind == "pid":
+        return {t.pid} if t.pid is not None else set()
+    return {pid for snap in obs.snapshots if snap.cgroup is not None for pid in snap.cgroup.procs}
+
+
+def _sysv_facts(obs: Observation) -> dict:
+    """System V segments the target's processes created during the window and did not remove: each
+    lives, attached or not, until IPC_RMID; their creator is the kernel's shm_cpid."""
+    if obs.sysv_first is None or obs.sysv_last is None:
+        return {}
+    makers = _makers(obs)
+    before = {(g.shmid, g.cpid) for g in obs.sysv_first}
+    new = [g for g in obs.sysv_last if (g.shmid, g.cpid) not in before and (makers is None or g.cpid in makers)]
+    f: dict = {"sysv.new_segments": len(new), "sysv.new_bytes": sum(g.size for g in new)}
+    if new:
+        by: dict[int, list[ShmSegment]] = {}
+        for g in new:
+            by.setdefault(g.cpid, []).append(g)
+        cpid, mine = max(by.items(), key=lambda kv: (len(kv[1]), sum(g.size for g in kv[1])))
+        big = max(mine, key=lambda g: g.size)
+        f.update(
+            {
+                "sysv.segments": len(obs.sysv_last),
+                "sysv.top_creator": str(cpid),
+                "sysv.top_creator_segments": len(mine),
+                "sysv.top_creator_bytes": sum(g.size for g in mine),
+                "sysv.top_creator_unattached": sum(1 for g in mine if g.nattch == 0),
+                "sysv.top_key": "IPC_PRIVATE" if big.key == 0 else f"{big.key:#x}",
+                "sysv.top_size": big.size,
+                "sysv.top_shmid": str(big.shmid),
+            }
+        )
+    return f
+
+
 def ledger_facts(ledgers: list[LedgerReport], shm: list[ShmFiles], obs: Observation) -> dict:
     """The facts of the ledgers (catalogued by ledger_fact_defs)."""
     f: dict = {}
@@ -280,6 +321,7 @@ def ledger_facts(ledgers: list[LedgerReport], shm: list[ShmFiles], obs: Observat
             if pte is not None and pte.growth is not None and rss and rss > 0:
                 f["ledger.process.page_tables_per_rss_growth"] = 100.0 * pte.growth / rss
     f.update(_shm_facts(shm, next((led for led in ledgers if led.scope == "host"), None)))
+    f.update(_sysv_facts(obs))
     if obs.sockets_last is not None:
         f["sockets.count"], f["sockets.peer_gone"] = obs.sockets_last.sockets, obs.sockets_last.peer_gone
     return f

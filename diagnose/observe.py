@@ -58,7 +58,8 @@ class Observation(Model):
     shm_last: list[ShmMount] | None = None  # ... and at the end
     sockets_first: SocketMemory | None = None  # a process target's sockets at the start (system/sockdiag.py)
     sockets_last: SocketMemory | None = None
-    sysv_last: list[ShmSegment] | None = None  # System V shared memory segments at the end
+    sysv_first: list[ShmSegment] | None = None  # System V shared memory segments at the start
+    sysv_last: list[ShmSegment] | None = None  # ... and at the end
     memfds_last: list[tuple[str, int]] | None = None  # a process target's memfds at the end (name, bytes)
     smaps_last: dict[str, list[tuple[str, int]]] | None = None  # its RSS by mapping at the end (system/smaps.py)
     processes_first: dict[int, ProcessMemory] = {}
@@ -125,6 +126,7 @@ class Sampler:
         self.slab_first: list[SlabCache] | None = None
         self.shm_first: list[ShmMount] | None = None
         self.sockets_first: SocketMemory | None = None
+        self.sysv_first: list[ShmSegment] | None = None
         self.started = clock.wall()
         self.exited_at: float | None = None
         self.change: identity.Change | None = None
@@ -162,6 +164,7 @@ class Sampler:
         self.slab_first = read_slabinfo(self.proc_root)
         self.shm_first = self._shm()
         self.sockets_first = self._sockets()
+        self.sysv_first = read_sysv_shm(self.proc_root)  # one small file: its segments at the start
         try:
             while True:
                 try:
@@ -248,6 +251,7 @@ class Sampler:
             shm_last=self._shm() if self.snapshots else None,
             sockets_first=self.sockets_first,
             sockets_last=self._sockets() if self.snapshots else None,
+            sysv_first=self.sysv_first,
             sysv_last=read_sysv_shm(root) if closing and self.snapshots else None,
             memfds_last=self._of_target(lambda pid: read_memfds(pid, root)) if closing and self.snapshots else None,
             smaps_last=self._of_target(lambda pid: read_smaps_split(pid, root)) if closing and self.snapshots else None,

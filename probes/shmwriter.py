@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import stat
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,7 +31,7 @@ from memdiag.system.units import fmt_bytes, fmt_number
 
 from . import bpfstats, kernel
 from .base import Run, run_probe
-from .face import Face, FactDef, Option, ProbeResult, Stack, Stacks
+from .face import Face, FactDef, Option, ProbeResult, Section, Stack, Stacks
 from .growth import EventStacks, RawStack, StackGrowth
 from .text import stack_lines
 
@@ -43,6 +42,7 @@ AT_FDCWD = -100
 TOP_PLACES = 8
 # enum shmw_kind of bpf/memdiag.h, in its order (tests/unit/test_shmwriter.py checks that they agree)
 KINDS = ("file", "memfd", "sysv")
+NOUNS = {"file": "files", "memfd": "memfds", "sysv": "System V segments"}
 NOT_TRACED = (
     "shmwriter sees what was made while it ran, by open, openat, openat2 and creat with O_CREAT, memfd_create "
     "and shmget; not files made before it started, by rename or link, by mkstemp's kin through O_TMPFILE, nor "
@@ -330,6 +330,24 @@ def places_of(stacks: list[WriterStack], by_key: dict[tuple, list[There]], patte
     return out[:TOP_PLACES]
 
 
+def writer_stack(s: StackGrowth, kind: str, comm: str, books: dict, by_key: dict[tuple, list[There]]) -> WriterStack:
+    """One merged stack with its keys' books summed and what it made still there."""
+    b = [books.get(k, Books()) for k in s.keys]
+    held = [t for k in s.keys for t in by_key.get(k, [])]
+    wheres: dict[str, int] = {}
+    for t in held:
+        wheres[t.where] = wheres.get(t.where, 0) + 1
+    return WriterStack(
+        **(s.model_dump() | {"keys": s.keys}),
+        kind=kind,
+        comm=comm,
+        created=sum(x.created for x in b),
+        removed=sum(x.removed for x in b),
+        remaining=len(held),
+        where=max(wheres, key=lambda w: wheres[w]) if wheres else "",
+    )
+
+
 def run(target, duration: float, pattern: str | None = None, top: int = 50) -> WriterResult:
     ev = EventStacks()
 
@@ -352,17 +370,8 @@ def run(target, duration: float, pattern: str | None = None, top: int = 50) -> W
             merged, f = ev.merge(rs)
             failed += f
             for s in merged:
-                b = [books.get(k, Books()) for k in s.keys]
-                held = [t for k in s.keys for t in by_key.get(k, [])]
-                wheres: dict[str, int] = {}
-                for t in held:
-                    wheres[t.where] = wheres.get(t.where, 0) + 1
                 comm = comms.setdefault(s.pid, _comm(s.pid))
-                stacks.append(
-                    WriterStack(**(s.model_dump() | {"keys": s.keys}), kind=KINDS[kind] if kind < len(KINDS) else "file",
-                                comm=comm, created=sum(x.created for x in b), removed=sum(x.removed for x in b),
-                                remaining=len(held), where=max(wheres, key=wheres.get) if wheres else "")  # type: ignore[arg-type]
-                )  # fmt: skip
+                stacks.append(writer_stack(s, KINDS[kind] if kind < len(KINDS) else "file", comm, books, by_key))
         stacks.sort(key=lambda s: (s.remaining, s.bytes, s.created), reverse=True)
         places = places_of(stacks, by_key, pattern)
         places = [
@@ -451,6 +460,14 @@ def facts_of(r: WriterResult | None, _plan, name) -> dict:
         "shmwriter.remaining_bytes": r.remaining_bytes,
         "shmwriter.top_remaining": p.remaining if p is not None else 0,
     }
+    for kind in ("memfd", "sysv"):  # the stack leaving most of each kind, whatever the place asked about
+        s = next((s for s in r.stacks if s.kind == kind and s.remaining > 0), None)
+        f[f"shmwriter.{kind}_remaining"] = sum(x.remaining for x in r.stacks if x.kind == kind)
+        if s is not None:
+            f[f"shmwriter.{kind}_function"] = name(s.frames, [])
+            f[f"shmwriter.{kind}_stack_remaining"] = s.remaining
+            f[f"shmwriter.{kind}_stack_bytes"] = s.bytes
+            f[f"shmwriter.{kind}_process"] = f"PID {s.pid} ({s.comm})"
     if p is not None:
         f.update(
             {
@@ -475,12 +492,39 @@ def stacks(r: WriterResult) -> list[Stack]:
             bytes=s.bytes,
             count=s.remaining,
             pid=s.pid,
-            detail=f"{fmt_number(s.remaining)} {s.kind}s it made still there ({fmt_bytes(s.bytes)}"
-            + (f", most {s.where}" if s.where else "")
-            + f"), {fmt_number(s.created)} made, {fmt_number(s.removed)} unlinked",
+            detail=f"{fmt_number(s.remaining)} {NOUNS.get(s.kind, s.kind)} it made still there ({fmt_bytes(s.bytes)}), "
+            f"{fmt_number(s.created)} made, {fmt_number(s.removed)} unlinked",
         )
         for s in r.stacks
         if s.remaining > 0
+    ]
+
+
+def sections(r: WriterResult) -> list[Section]:
+    """Where what it saw made is still there, each place with the process that made most of it."""
+    if not r.places:
+        return []
+    rows = [
+        [p.where, p.kind, fmt_number(p.remaining), "" if p.there is None else fmt_number(p.there), fmt_bytes(p.bytes),
+         f"PID {p.pid} ({p.comm})", fmt_number(p.stack_remaining)]
+        for p in r.places
+    ]  # fmt: skip
+    return [
+        Section(
+            probe="shmwriter",
+            title="Shared memory made and still there",
+            lines=[f"Made while traced ({r.duration_s:.0f} s) and still there at its end, by place."],
+            header=[
+                "place",
+                "kind",
+                "made, still there",
+                "there at the end",
+                "bytes",
+                "maker",
+                "of them at its top stack",
+            ],
+            rows=rows,
+        )
     ]
 
 
@@ -495,6 +539,7 @@ FACE = Face(
     result=WriterResult,
     describe=describe,
     caveats=caveats,
+    sections=sections,
     options=(Option("--pattern", "pattern", "the place to name the maker of: a tmpfs pattern (/dev/shm/job-*.spool)"),),
     facts=(
         FactDef("shmwriter.created", "number", "tmpfs files, memfds and System V segments made during the probe"),
@@ -508,6 +553,18 @@ FACE = Face(
         FactDef("shmwriter.top_process", "string", "the process whose stack made most of them: PID 812 (spooler)"),
         FactDef("shmwriter.top_function", "string", "the function of the stack that made most of them"),
         FactDef("shmwriter.top_stack_remaining", "number", "how many of them that stack made"),
+        FactDef("shmwriter.memfd_remaining", "number", "memfds made during the probe and still there at its end"),
+        FactDef("shmwriter.memfd_function", "string", "the function of the stack that left most of them"),
+        FactDef("shmwriter.memfd_stack_remaining", "number", "how many that stack left"),
+        FactDef("shmwriter.memfd_stack_bytes", "bytes", "the memory they hold"),
+        FactDef("shmwriter.memfd_process", "string", "the process of that stack: PID 812 (render)"),
+        FactDef(
+            "shmwriter.sysv_remaining", "number", "System V segments made during the probe and still there at its end"
+        ),
+        FactDef("shmwriter.sysv_function", "string", "the function of the stack that left most of them"),
+        FactDef("shmwriter.sysv_stack_remaining", "number", "how many that stack left"),
+        FactDef("shmwriter.sysv_stack_bytes", "bytes", "the memory they hold"),
+        FactDef("shmwriter.sysv_process", "string", "the process of that stack: PID 812 (render)"),
     ),
     facts_of=facts_of,
     stacks=Stacks(

@@ -357,5 +357,15 @@ def ledger_fact_defs() -> list[tuple[str, str, str]]:
         ("shm.top_pattern_files_growth", "number", "change of that pattern's file count over the window"),
         ("shm.top_pattern_bytes", "bytes", "memory those files hold at the window's end"),
         ("shm.top_pattern_growth", "bytes", "change of that memory over the window"),
+        ("sysv.new_segments", "number", "System V segments the target's processes created in the window, still there"),
+        ("sysv.new_bytes", "bytes", "their sizes, summed"),
+        ("sysv.segments", "number", "System V segments on the host (memdiag's IPC namespace) at the window's end"),
+        ("sysv.top_creator", "string", "the pid (shm_cpid) that created most of those new segments"),
+        ("sysv.top_creator_segments", "number", "how many of them it created"),
+        ("sysv.top_creator_bytes", "bytes", "their sizes, summed"),
+        ("sysv.top_creator_unattached", "number", "of them, segments no process attaches (nattch 0)"),
+        ("sysv.top_key", "string", "the key of its largest new segment (0x...; IPC_PRIVATE)"),
+        ("sysv.top_size", "bytes", "that segment's size"),
+        ("sysv.top_shmid", "string", "that segment's shmid, as ipcs and ipcrm take it"),
     ]
     return out

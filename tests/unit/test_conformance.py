@@ -45,6 +45,7 @@ from memdiag.probes.mmapsnoop import MapStack, MmapResult
 from memdiag.probes.node.heap import NodeHeapResult
 from memdiag.probes.oomkill import OomEvent, OomKillResult
 from memdiag.probes.registry import REGISTRY
+from memdiag.probes.shmwriter import Place, WriterResult, WriterStack
 from memdiag.probes.swapin import ProcessSwapins, SwapinResult
 from memdiag.probes.vmscan import ReclaimLatency, VmscanResult
 from memdiag.rules.catalog import facts as catalog
@@ -193,6 +194,21 @@ EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
                           stacks=[FdStack(kind="socketpair", created=100, closed=0, outstanding=100, oldest_age_s=4.9,
                                           **_growth(100, 0))],
                           folded=["main;grow_orders;socketpair 100"]), None)],
+    "shmwriter": [(WriterResult(name="shmwriter", status="ok", duration_s=8.0, created=400, removed=200,
+                                remaining=200, remaining_bytes=200 * 65536, pattern="/dev/shm/job-*.spool",
+                                places=[Place(where="/dev/shm/job-*.spool", kind="file", mount="/dev/shm",
+                                              remaining=200, bytes=200 * 65536, there=262, pid=PID, comm="orderd",
+                                              frames=_growth(1, 0)["frames"], stack_remaining=200)],
+                                stacks=[WriterStack(kind="file", comm="orderd", created=400, removed=200,
+                                                    remaining=200, where="/dev/shm/job-*.spool",
+                                                    **_growth(200, 200 * 65536)),
+                                        WriterStack(kind="memfd", comm="orderd", created=40, removed=0,
+                                                    remaining=20, where="memfd:frame-*", **_growth(20, 20 * 65536)),
+                                        WriterStack(kind="sysv", comm="orderd", created=40, removed=0,
+                                                    remaining=20, where="System V IPC_PRIVATE",
+                                                    **_growth(20, 20 * 65536))],
+                                folded=["main;grow_orders;open64 200"]), None),
+                   (WriterResult(name="shmwriter", status="ok", duration_s=8.0, pattern="/dev/shm/x-*"), None)],
     "kmemstack": [(KmemResult(name="kmemstack", status="ok", duration_s=5.0, allocs=19800, frees=9800,
                               outstanding=10000, outstanding_bytes=1920000,
                               by_cache=[CacheTotal(cache="dentry", allocs=10000, frees=0, outstanding=10000,
