@@ -6,7 +6,7 @@ from memdiag.system.cgroup import memcg_matches
 from memdiag.system.kmsg import OomKill
 from memdiag.system.trends import Trend, counter_rate, growth_trend
 
-from .ledgers import build_ledgers, build_oom_ledger, build_shm
+from .ledgers import build_ledgers, build_oom_ledger, build_shm, new_segments
 from .observe import Observation
 from .report import TARGET_SERIES, CounterRow, Counters, ProcessRow, SlabGrowth
 
@@ -365,5 +365,6 @@ def build_counters(obs: Observation) -> Counters:
         swap_devices=[d.model_dump() for d in obs.swaps or []],
         ledgers=build_ledgers(obs),
         shm=build_shm(obs),
+        sysv=new_segments(obs),
         oom_ledger=build_oom_ledger(kills),
     )

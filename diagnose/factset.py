@@ -76,7 +76,7 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
     f["memory.thp_collapses"] = thp_collapses(obs)
     f.update(_process_facts(obs, counters))
     f.update(_cgroup_facts(obs, counters))
-    f.update(ledger_facts(counters.ledgers, counters.shm, obs))
+    f.update(ledger_facts(counters.ledgers, counters.shm, obs, counters.sysv))
     if counters.slab_top:
         top = counters.slab_top[0]
         f["slab.top_cache"], f["slab.top_cache_growth"] = top.name, top.last_bytes - top.first_bytes

@@ -280,14 +280,21 @@ def _makers(obs: Observation) -> set[int] | None:
     return {pid for snap in obs.snapshots if snap.cgroup is not None for pid in snap.cgroup.procs}
 
 
-def _sysv_facts(obs: Observation) -> dict:
-    """System V segments the target's processes created during the window and did not remove: each
-    lives, attached or not, until IPC_RMID; their creator is the kernel's shm_cpid."""
+def new_segments(obs: Observation) -> list[ShmSegment]:
+    """System V segments the target's processes created during the window and did not remove, largest
+    first: each lives, attached or not, until IPC_RMID; their creator is the kernel's shm_cpid."""
     if obs.sysv_first is None or obs.sysv_last is None:
-        return {}
+        return []
     makers = _makers(obs)
     before = {(g.shmid, g.cpid) for g in obs.sysv_first}
     new = [g for g in obs.sysv_last if (g.shmid, g.cpid) not in before and (makers is None or g.cpid in makers)]
+    return sorted(new, key=lambda g: -g.size)
+
+
+def _sysv_facts(obs: Observation, new: list[ShmSegment]) -> dict:
+    """The facts of the segments the target made in the window (new_segments)."""
+    if obs.sysv_first is None or obs.sysv_last is None:
+        return {}
     f: dict = {"sysv.new_segments": len(new), "sysv.new_bytes": sum(g.size for g in new)}
     if new:
         by: dict[int, list[ShmSegment]] = {}
@@ -310,7 +317,7 @@ def _sysv_facts(obs: Observation) -> dict:
     return f
 
 
-def ledger_facts(ledgers: list[LedgerReport], shm: list[ShmFiles], obs: Observation) -> dict:
+def ledger_facts(ledgers: list[LedgerReport], shm: list[ShmFiles], obs: Observation, sysv: list[ShmSegment]) -> dict:
     """The facts of the ledgers (catalogued by ledger_fact_defs)."""
     f: dict = {}
     for led in ledgers:
@@ -321,7 +328,7 @@ def ledger_facts(ledgers: list[LedgerReport], shm: list[ShmFiles], obs: Observat
             if pte is not None and pte.growth is not None and rss and rss > 0:
                 f["ledger.process.page_tables_per_rss_growth"] = 100.0 * pte.growth / rss
     f.update(_shm_facts(shm, next((led for led in ledgers if led.scope == "host"), None)))
-    f.update(_sysv_facts(obs))
+    f.update(_sysv_facts(obs, sysv))
     if obs.sockets_last is not None:
         f["sockets.count"], f["sockets.peer_gone"] = obs.sockets_last.sockets, obs.sockets_last.peer_gone
     return f

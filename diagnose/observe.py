@@ -252,7 +252,7 @@ class Sampler:
             sockets_first=self.sockets_first,
             sockets_last=self._sockets() if self.snapshots else None,
             sysv_first=self.sysv_first,
-            sysv_last=read_sysv_shm(root) if closing and self.snapshots else None,
+            sysv_last=read_sysv_shm(root) if self.snapshots else None,  # one small file: the rules see it mid-window
             memfds_last=self._of_target(lambda pid: read_memfds(pid, root)) if closing and self.snapshots else None,
             smaps_last=self._of_target(lambda pid: read_smaps_split(pid, root)) if closing and self.snapshots else None,
             processes_first=dict(self.processes_first),

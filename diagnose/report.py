@@ -11,6 +11,7 @@ from memdiag.probes.registry import REGISTRY
 from memdiag.system._parse import Model
 from memdiag.system.container import ContainerInfo, PodInfo
 from memdiag.system.kmsg import OomKill
+from memdiag.system.sysvshm import ShmSegment
 from memdiag.system.trends import Trend
 from pydantic import ConfigDict, Field, model_validator
 
@@ -223,6 +224,7 @@ class Counters(_Model):
     swap_devices: list[dict[str, Any]] = []
     ledgers: list[LedgerReport] = []  # the target's, its cgroup's and the host's (diagnose/ledgers.py)
     shm: list[ShmFiles] = []  # tmpfs mounts the target sees, largest first
+    sysv: list[ShmSegment] = []  # System V segments the target's processes created in the window, still there
     oom_ledger: LedgerReport | None = None  # the OOM cgroup's usage at its latest kill, as the kernel reported it
 
     @model_validator(mode="before")

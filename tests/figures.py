@@ -170,6 +170,11 @@ def _ledger_pools(p: Pools, c: dict) -> None:
             p.add("bytes", m["used_last"] - m["used_first"])
         for _pat, _f0, _f1, b0, b1 in m["patterns"]:
             p.add("bytes", b0, b1, b1 - b0)
+    by_creator: dict[int, int] = {}
+    for g in c.get("sysv", []):
+        p.add("bytes", g["size"], g.get("rss"))
+        by_creator[g["cpid"]] = by_creator.get(g["cpid"], 0) + g["size"]
+    p.add("bytes", *by_creator.values())  # a creator's segments, summed
 
 
 def _stack_pools(p: Pools, rep: dict) -> None:

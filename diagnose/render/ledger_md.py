@@ -101,6 +101,20 @@ def _shm(report: Report) -> list[str]:
     return ["### Shared memory in tmpfs", ""] + table(head, rows) + [""]
 
 
+def _sysv(report: Report) -> list[str]:
+    """The System V segments the target made in the window and left: no process's RSS counts them
+    once detached."""
+    if not report.counters.sysv:
+        return []
+    rows = [
+        [str(g.shmid), "IPC_PRIVATE" if g.key == 0 else f"{g.key:#x}", fmt_bytes(g.size),
+         fmt_bytes(g.rss) if g.rss is not None else "–", str(g.cpid), str(g.nattch)]
+        for g in report.counters.sysv
+    ]  # fmt: skip
+    head = ["shmid", "key", "size", "resident", "creator (PID)", "attached"]
+    return ["### System V segments made in the window, still there", ""] + table(head, rows) + [""]
+
+
 def ledger_evidence(report: Report) -> list[str]:
     """The ledgers, then the tmpfs mounts."""
     out: list[str] = []
@@ -108,7 +122,7 @@ def ledger_evidence(report: Report) -> list[str]:
         out += _one(led)
     if report.counters.oom_ledger is not None:
         out += _at_kill(report.counters.oom_ledger)
-    return out + _shm(report)
+    return out + _shm(report) + _sysv(report)
 
 
 def _at_kill(led: LedgerReport) -> list[str]:

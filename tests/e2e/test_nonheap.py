@@ -187,3 +187,46 @@ def test_an_oom_kill_names_the_ledger_line_that_filled_the_cgroup(workload, memc
     assert re.search(r"at the kill its usage [\d.]+ MiB = shared memory \(tmpfs, shm\)", v["summary"]), v["summary"]
     top = _largest(at_kill)
     assert top["key"] == "shmem" and top["last"] > 0.8 * at_kill["total_last"]
+
+
+@pytest.fixture
+def sysv_cleanup():
+    """Remove the System V segments the processes handed to it created, even on failure."""
+    import ctypes
+
+    makers: list[int] = []
+    yield makers.append
+    libc = ctypes.CDLL(None, use_errno=True)
+    lines = Path("/proc/sysvipc/shm").read_text().splitlines()
+    cols = lines[0].split()
+    for line in lines[1:]:
+        row = dict(zip(cols, line.split(), strict=False))
+        if int(row["cpid"]) in makers:
+            libc.shmctl(int(row["shmid"]), 0, None)  # IPC_RMID
+
+
+def test_sysv_segments_that_stay_are_named(memdiag, workload, tmp_path, sysv_cleanup):
+    w = workload("sysvleak", "20", "262144", "2")
+    sysv_cleanup(w.pid)
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "growth" and v["rule"] == "sysv-segments-accumulate", v["summary"]
+    made = re.search(r"PID (\d+) created ([\d,]+) segments over the window that are still there", v["summary"])
+    assert made and int(made[1]) == w.pid and int(made[2].replace(",", "")) > 1, v["summary"]
+    assert "key IPC_PRIVATE, 256 KiB" in v["summary"], v["summary"]
+    found = next(f["summary"] for f in rep["findings"] if f["id"] == "sysv-segments-maker")
+    assert found.startswith(f"PID {w.pid} (sysvleak) makes them") and found.endswith("came from publish_frame"), found
+    assert v["culprit"]["function"] == "publish_frame" and v["culprit"]["pid"] == w.pid
+
+
+def test_memfds_that_stay_open_are_named(memdiag, workload, tmp_path):
+    w = workload("memfdleak", "20", "262144", "2")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v = rep["verdict"]
+    assert v["kind"] == "leak" and v["rule"] == "memfds-accumulate", v["summary"]
+    assert f"PID {w.pid} (memfdleak) leaks memfds: render_frame created " in v["summary"], v["summary"]
+    kept = re.search(r"render_frame created ([\d,]+) that were still open when the trace ended, holding (\S+ \S+)", v["summary"])
+    assert kept and int(kept[1].replace(",", "")) > 1 and kept[2] != "0 B", v["summary"]
+    assert v["culprit"]["function"] == "render_frame" and v["culprit"]["pid"] == w.pid
+    memfds = _row(_ledger(rep, "process"), "memfds")
+    assert memfds["last"] >= int(kept[1].replace(",", "")) * 262144  # the ledger's line holds at least those
