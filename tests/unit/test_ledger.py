@@ -7,7 +7,7 @@ from pathlib import Path
 
 from memdiag.diagnose.culprit import default_classes
 from memdiag.diagnose.factset import window_facts
-from memdiag.diagnose.ledgers import build_ledgers, shares_meaningful
+from memdiag.diagnose.ledgers import build_ledgers, new_segments, shares_meaningful
 from memdiag.diagnose.observe import Observation
 from memdiag.diagnose.snapshot import Snapshot
 from memdiag.system.cgroup import CgroupMemory
@@ -25,7 +25,7 @@ from memdiag.system.meminfo import parse_meminfo
 from memdiag.system.process import ProcessMemory, parse_process
 from memdiag.system.smaps import split_smaps
 from memdiag.system.sockdiag import SocketMemory
-from memdiag.system.sysvshm import parse_sysvipc_shm
+from memdiag.system.sysvshm import ShmSegment, parse_sysvipc_shm
 from memdiag.system.target import Target
 from memdiag.system.tmpfs import FilePattern, ShmMount, name_pattern
 from memdiag.system.vmstat import VmStat
@@ -190,8 +190,28 @@ def _observation(cgroup_version: int) -> Observation:
         target=Target(kind="pid", pid=7, comm="w", cmdline=["w"]), requested_s=3, started=0, ended=2,
         snapshots=[snap(t) for t in range(3)], shm_first=[mount(MiB, 1)], shm_last=[mount(3 * MiB, 3)],
         sockets_first=SocketMemory(sockets=10, buffers=KiB), sockets_last=SocketMemory(sockets=12, buffers=2 * KiB),
-        memfds_last=[("memfd:cache", MiB)],
+        memfds_last=[("memfd:cache", MiB)], sysv_first=[SEGMENTS[0]], sysv_last=SEGMENTS,
     )  # fmt: skip
+
+
+def _segment(shmid: int, cpid: int, size: int, key: int = 0, nattch: int = 0) -> ShmSegment:
+    return ShmSegment(key=key, shmid=shmid, size=size, cpid=cpid, lpid=cpid, nattch=nattch, uid=0, rss=size)
+
+
+# one the target made before the window, two it made in it (one attached), one another process made
+SEGMENTS = [_segment(1, 7, 4 * MiB), _segment(2, 7, MiB), _segment(3, 7, 2 * MiB, 0x2A, 1), _segment(4, 9, 8 * MiB)]
+
+
+def test_the_segments_the_target_made_in_the_window_are_named_by_creator():
+    obs = _observation(2)
+    assert [g.shmid for g in new_segments(obs)] == [3, 2]  # largest first; not shmid 1 (before), not 4 (another's)
+    facts, counters, _t = window_facts(obs, obs.target, 2.0, None, {}, {}, {}, default_classes())
+    assert [g.shmid for g in counters.sysv] == [3, 2]
+    assert (facts["sysv.new_segments"], facts["sysv.top_creator"], facts["sysv.top_creator_segments"]) == (2, "7", 2)
+    assert (facts["sysv.top_creator_bytes"], facts["sysv.top_creator_unattached"]) == (3 * MiB, 1)
+    assert (facts["sysv.top_key"], facts["sysv.top_size"], facts["sysv.top_shmid"]) == ("0x2a", 2 * MiB, "3")
+    whole = obs.model_copy(update={"target": Target(kind="system")})
+    assert [g.shmid for g in new_segments(whole)] == [4, 3, 2]  # the whole system's: every creator's
 
 
 def test_every_ledger_fact_the_catalog_lists_is_produced():
