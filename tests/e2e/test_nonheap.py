@@ -72,13 +72,15 @@ def test_descriptor_leak_names_the_code(memdiag, workload, tmp_path):
     assert "Ledger: the process's RSS" in (tmp_path / "report.html").read_text()
 
 
-def test_tmpfs_spool_is_named(memdiag, workload, tmp_path, shm_dir):
-    w = workload("spooler", str(shm_dir), "50", "65536", "2")
-    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+@pytest.mark.parametrize("target", ["pid", "cgroup"])
+def test_tmpfs_spool_is_named(memdiag, workload, memcg, tmp_path, shm_dir, target):
+    cg = memcg(None)
+    w = workload("spooler", str(shm_dir), "50", "65536", "2", cgroup=cg)
+    rep = _diagnose(memdiag, tmp_path, *(("--pid", str(w.pid)) if target == "pid" else ("--cgroup", cg.path)))
     v = rep["verdict"]
     assert v["kind"] == "growth" and v["rule"] == "tmpfs-files-accumulate", v["summary"]
     assert f"the files named /dev/shm/{shm_dir.name}/job-*.spool number" in v["summary"]
-    assert f"PID {w.pid} (spooler)" in v["summary"]
+    assert target == "cgroup" or f"PID {w.pid} (spooler)" in v["summary"]
     # the maker, from the trace of the files' creation: no process's RSS holds a file written and closed
     found = next(f["summary"] for f in rep["findings"] if f["id"] == "tmpfs-files-writer")
     assert found.startswith(f"PID {w.pid} (spooler) makes them: of the ") and found.endswith(" in spool_job"), found
