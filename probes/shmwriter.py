@@ -567,13 +567,14 @@ FACE = Face(
         FactDef("shmwriter.sysv_process", "string", "the process of that stack: PID 812 (render)"),
     ),
     facts_of=facts_of,
+    # what is held at the end, as kmemstack's outstanding objects: bytes and things still there
     stacks=Stacks(
-        kind="events",
+        kind="allocations",
         shown=3,
         of=stacks,
         folded=lambda r: r.folded,
-        space=None,
-        counted="files",
+        space="inuse_space",
+        counted="inuse_objects",
         folded_by="count",
     ),  # fmt: skip
 )

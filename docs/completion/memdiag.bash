@@ -8,7 +8,7 @@
 _shtab_memdiag_subparsers=(top probe rules serve prepare verify)
 
 _shtab_memdiag_top_option_strings=(-h --help --once --interval -n --lines)
-_shtab_memdiag_probe_option_strings=(-h --help -p --pid --cgroup -d --duration -o --format --json --folded --top --sample-every --min-size --max-size --snoop --kernel --max-pause --function --budget-ms)
+_shtab_memdiag_probe_option_strings=(-h --help -p --pid --cgroup -d --duration -o --format --json --folded --top --sample-every --min-size --max-size --snoop --kernel --max-pause --pattern --function --budget-ms)
 _shtab_memdiag_rules_option_strings=(-h --help --facts --wrappers)
 _shtab_memdiag_serve_option_strings=(-h --help --listen --token-file --read-token-file --data --duration --budget --queue --grafana-secret-file --grafana-timestamp-header --max-incidents --max-report-mb --dedupe-window --max-attempts --no-oom-watch --record-every --no-recorder --node --alertmanager --alertmanager-token-file --poll --notify --public-url --notify-attempts --notify-backoff --playbook)
 _shtab_memdiag_prepare_option_strings=(-h --help --quiet)
@@ -30,7 +30,7 @@ _shtab_memdiag_verify___playbook_COMPGEN=_shtab_compgen_files
 _shtab_memdiag___output_COMPGEN=_shtab_compgen_dirs
 _shtab_memdiag___playbook_COMPGEN=_shtab_compgen_files
 
-_shtab_memdiag_probe_pos_0_choices=(brkstack drsnoop faults fdstack goheap histogram jfr kmemstack memleak mmapsnoop nodeheap oomkill reach sites swapin vmscan)
+_shtab_memdiag_probe_pos_0_choices=(brkstack drsnoop faults fdstack goheap histogram jfr kmemstack memleak mmapsnoop nodeheap oomkill reach shmwriter sites swapin vmscan)
 _shtab_memdiag_probe__o_choices=(text json)
 _shtab_memdiag_probe___format_choices=(text json)
 _shtab_memdiag_rules_pos_0_choices=(check list)
