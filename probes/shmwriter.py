@@ -40,6 +40,7 @@ MAX_MADE = 16_384  # things made and not unlinked that its table holds (the prog
 PATH_BYTES = 160  # SHMW_PATH of bpf/memdiag.h: a path this long (its NUL included) may be cut
 AT_FDCWD = -100
 TOP_PLACES = 8
+OPEN_FOLDERS = 64  # folders' descriptors kept open while the files made are looked up
 # enum shmw_kind of bpf/memdiag.h, in its order (tests/unit/test_shmwriter.py checks that they agree)
 KINDS = ("file", "memfd", "sysv")
 NOUNS = {"file": "files", "memfd": "memfds", "sysv": "System V segments"}
@@ -166,15 +167,13 @@ class Looker:
         self.mounts: dict[int, list[tuple[str, str]]] = {}
         self.fds: dict[int, dict[int, str]] = {}
         self.segments: dict[int, ShmSegment] | None = None
+        self.folders: dict[tuple[int, str], int | None] = {}
 
     def _mounts(self, pid: int) -> list[tuple[str, str]]:
         if pid not in self.mounts:
             text = read_text(self.proc / str(pid) / "mountinfo", 1 << 20)
             self.mounts[pid] = [(m.mount_point, m.fstype) for m in parse_mountinfo(text or "")]
         return self.mounts[pid]
-
-    def _resolved(self, m: Made) -> str | None:
-        return m.path if m.path.startswith("/") else None  # relative paths: see resolve_relative
 
     def __call__(self, m: Made) -> There | None:
         if self.same is not None and not self.same(m.pid):
@@ -185,29 +184,53 @@ class Looker:
             return self._memfd(m)
         return self._segment(m)
 
-    def _file(self, m: Made) -> There | None:
-        path = self._resolved(m)
-        mount = tmpfs_mount(path, self._mounts(m.pid)) if path else None
-        if path is None or mount is None:
-            return None
-        folder, _, name = path.rpartition("/")
+    def _folder(self, pid: int, folder: str) -> int | None:
+        """A descriptor of the folder inside the process's root, kept for the next file in it (at
+        most OPEN_FOLDERS kept: a spool's files share one)."""
+        if (pid, folder) in self.folders:
+            return self.folders[(pid, folder)]
         try:
-            root = open_root(self.proc / str(m.pid) / "root")
+            root = open_root(self.proc / str(pid) / "root")
         except OSError:
             return None
         try:
             fd = open_dir_in(root, folder or "/")
-            try:
-                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
-            finally:
-                os.close(fd)
         except OSError:
-            return None
+            fd = None
         finally:
             os.close(root)
-        if not stat.S_ISREG(st.st_mode):
+        if len(self.folders) >= OPEN_FOLDERS:
+            self.close()
+        self.folders[(pid, folder)] = fd
+        return fd
+
+    def __enter__(self) -> Looker:
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for fd in self.folders.values():
+            if fd is not None:
+                os.close(fd)
+        self.folders.clear()
+
+    def _file(self, m: Made) -> There | None:
+        if not m.path.startswith("/"):  # not made absolute (resolve_relative): where it is is not known
             return None
-        return There(where=file_place(path, mount), bytes=st.st_blocks * 512, mount=mount)
+        mount = tmpfs_mount(m.path, self._mounts(m.pid))
+        if mount is None:
+            return None
+        folder, _, name = m.path.rpartition("/")
+        fd = self._folder(m.pid, folder)
+        try:
+            st = os.stat(name, dir_fd=fd, follow_symlinks=False) if fd is not None and name else None
+        except OSError:
+            return None
+        if st is None or not stat.S_ISREG(st.st_mode):
+            return None
+        return There(where=file_place(m.path, mount), bytes=st.st_blocks * 512, mount=mount)
 
     def _memfd(self, m: Made) -> There | None:
         if m.pid not in self.fds:
@@ -355,7 +378,8 @@ def run(target, duration: float, pattern: str | None = None, top: int = 50) -> W
         stats = bpfstats.read(bpf, bpfstats.SHMW)
         books = {_key(k): Books(v.created, v.removed) for k, v in bpf["counts"].items()}
         made = [resolve_relative(m) for m in made_of(bpf)]
-        by_key, gone = match(made, Looker(ev.spaces.same))
+        with Looker(ev.spaces.same) as look:
+            by_key, gone = match(made, look)
         raw: list[RawStack] = []
         for key, r in ev.raw(bpf, lambda v: v.created, lambda _v: 0):
             held = by_key.get(_key(key), [])

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from memdiag.probes import shmwriter
-from memdiag.probes.shmwriter import KINDS, Looker, Made, file_place, match, tmpfs_mount
+from memdiag.probes.shmwriter import KINDS, Looker, Made, There, file_place, match, tmpfs_mount
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -41,6 +41,11 @@ def test_the_mount_is_the_longest_tmpfs_prefix():
     assert file_place("/dev/shm/a/job-17.spool", "/dev/shm") == "/dev/shm/a/job-*.spool"
 
 
+def _match(made: list[Made]) -> tuple[dict[tuple, list[There]], int]:
+    with Looker(None) as look:
+        return match(made, look)
+
+
 def test_only_what_is_still_on_tmpfs_is_matched(folders):
     shm, disk = folders
     me = os.getpid()
@@ -56,7 +61,7 @@ def test_only_what_is_still_on_tmpfs_is_matched(folders):
         Made(kind="file", pid=me, key=("b",), path=str(on_disk)),
         Made(kind="file", pid=me, key=("b",), path=str(kept[0]), cut=True),
     ]
-    by_key, unmatched = match(made, Looker(None))
+    by_key, unmatched = _match(made)
     assert set(by_key) == {("a",)} and unmatched == 3
     there = by_key[("a",)]
     assert [t.where for t in there] == [f"/dev/shm/{shm.name}/job-*.spool"] * 3
@@ -69,7 +74,7 @@ def test_a_link_planted_in_place_of_a_file_is_not_followed(folders):
     (disk / "big").write_bytes(b"x" * 65536)
     (shm / "job-1.spool").symlink_to(disk / "big")
     made = [Made(kind="file", pid=os.getpid(), key=("a",), path=str(shm / "job-1.spool"))]
-    assert match(made, Looker(None)) == ({}, 1)
+    assert _match(made) == ({}, 1)
 
 
 def test_a_memfd_is_there_while_its_descriptor_is_open():
@@ -77,8 +82,8 @@ def test_a_memfd_is_there_while_its_descriptor_is_open():
     os.write(fd, b"x" * 16384)
     made = Made(kind="memfd", pid=os.getpid(), key=("m",), path="frame-12", id=fd)
     try:
-        by_key, _ = match([made], Looker(None))
+        by_key, _ = _match([made])
         assert [t.where for t in by_key[("m",)]] == ["memfd:frame-*"] and by_key[("m",)][0].bytes >= 16384
     finally:
         os.close(fd)
-    assert match([made], Looker(None)) == ({}, 1)  # closed: gone
+    assert _match([made]) == ({}, 1)  # closed: gone
