@@ -441,6 +441,11 @@ def _place_line(p: Place) -> str:
     )
 
 
+def _unlinked(s: WriterStack) -> str:
+    """A file stack's unlinks traced; memfds are closed and segments removed by calls not traced."""
+    return f", {s.removed:,} unlinked while traced" if s.kind == "file" else ""
+
+
 def describe(r: WriterResult, top: int) -> list[str]:
     lines = [
         f"  made: {r.created:,}, unlinked while traced: {r.removed:,}, still there at the end: {r.remaining:,} "
@@ -449,7 +454,7 @@ def describe(r: WriterResult, top: int) -> list[str]:
     lines += [f"    {_place_line(p)}" for p in r.places]
     for s in r.stacks[:top]:
         lines.append(
-            f"  {s.remaining:,} {s.kind} still there ({s.created:,} made, {s.removed:,} unlinked) "
+            f"  {s.remaining:,} {NOUNS.get(s.kind, s.kind)} still there (of {s.created:,} made{_unlinked(s)}) "
             f"PID {s.pid} ({s.comm}) via {s.method}:"
         )
         lines += stack_lines(s.frames)
@@ -517,7 +522,7 @@ def stacks(r: WriterResult) -> list[Stack]:
             count=s.remaining,
             pid=s.pid,
             detail=f"{fmt_number(s.remaining)} {NOUNS.get(s.kind, s.kind)} it made still there ({fmt_bytes(s.bytes)}), "
-            f"{fmt_number(s.created)} made, {fmt_number(s.removed)} unlinked",
+            f"of {fmt_number(s.created)} made{_unlinked(s)}",
         )
         for s in r.stacks
         if s.remaining > 0
