@@ -187,6 +187,21 @@ def test_the_chart_draws_a_stack_only_on_the_windows_clock():
     assert drawn[0] == (9.5, 0.0) and drawn[-1] == (21.5, 24 * (1 << 20))
 
 
+def test_a_series_sample_that_is_no_finite_number_is_left_out_not_the_page():
+    report = fixture_report()
+    counters = report.counters.model_copy(
+        update={
+            "labels": {"jvm.heap": "Java heap"},
+            "series": {**report.counters.series, "jvm.heap": [(0.0, 1.0), (1.0, float("nan")), (2.0, float("inf"))]},
+        }
+    )
+    chart, notes = chart_data(report.model_copy(update={"counters": counters}))
+    heap = next(s for s in chart["series"] if s["label"] == "Java heap")
+    assert [v for v in heap["values"] if v is not None] == [1.0]
+    assert "Java heap: 2 sample(s) not a finite number: not drawn" in notes
+    json_for_script(chart)  # raised ValueError (allow_nan=False) before: the page was lost
+
+
 def test_the_flame_graphs_tree_sums_each_frame():
     tree = flame_data(["a;b;c 10", "a;b 5", "a;d 7", "x 0", "garbage"])
     assert tree["value"] == 22 and tree["stacks"] == 3
