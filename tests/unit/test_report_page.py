@@ -8,6 +8,7 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 from browser import HIGHLIGHTED, Browser
 from memdiag.diagnose.render import render_all
 from memdiag.diagnose.render.html import chart_data, flame_data, json_for_script, render_body
@@ -230,3 +231,15 @@ def test_a_table_with_a_header_and_no_rows_renders():
     arrange) is rendered, not a StopIteration that lost every file of the report."""
     body, _toc, _title = render_body("## Classes\n\n| class | first | last |\n|---|---|---|\n")
     assert "<table>" in body and "class" in body
+
+
+def test_a_recorded_scene_that_cannot_be_read_is_a_404_line_not_a_500():
+    """An incident stored by another version of serve: its scene no longer validates."""
+    from types import SimpleNamespace
+
+    from memdiag.diagnose.serve.app import Refused, _report
+
+    item = SimpleNamespace(report_dir=None, state="recorded", alert={"scene": {"shape": 7, "points": "x"}}, summary="")
+    with pytest.raises(Refused) as e:
+        _report(None, "abc", item, "html")
+    assert e.value.status == 404 and "recorded scene cannot be read" in e.value.reason
