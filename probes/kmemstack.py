@@ -24,7 +24,7 @@ from memdiag.system._parse import Model
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_number
 
-from . import bpfstats, kernel
+from . import bpfstats, hostwide, kernel
 from .base import Run, run_probe
 from .face import Face, FactDef, ProbeResult, Stack, Stacks, plain
 from .growth import EventStacks, RawStack, StackGrowth
@@ -48,6 +48,28 @@ ALLOCATOR = (
     "get_page_from_freelist", "allocate_slab", "new_slab", "alloc_slab_page", "alloc_slab_obj_exts",
     "bpf_trace_run*", "perf_trace_*", "trace_event_raw_event_*",
 )  # fmt: skip
+
+
+# Priced before it attaches (probes/hostwide.py): its programs run for every slab allocation and free
+# of the host. Priors, where `memdiag prepare` did not measure this host: the figures above (~50 ns
+# per allocation of another process, ~70 per kfree, ~210 per kmem_cache_free), and ~2.5 us more per
+# allocation of the target (BENCHMARKS.md section 9: 1,285 ns per traced event, an allocation and
+# its free about one each).
+PRICING = hostwide.Pricing(
+    probe="kmemstack",
+    tracepoints=tuple(f"kmem:{tp}" for tp in TRACEPOINTS),
+    programs={f"kmem:{tp}": (f"tracepoint__kmem__{tp}",) for tp in TRACEPOINTS},
+    priors_ns={
+        "tracepoint__kmem__kmem_cache_alloc": 50.0,
+        "tracepoint__kmem__kmalloc": 50.0,
+        "tracepoint__kmem__kmem_cache_free": 210.0,
+        "tracepoint__kmem__kfree": 70.0,
+    },
+    recorded=("kmem:kmem_cache_alloc", "kmem:kmalloc"),
+    recorded_ns=2500.0,
+    recorded_what="slab allocations",
+    event_what="slab allocations and frees",
+)
 
 
 class KmemStack(StackGrowth):
@@ -274,11 +296,12 @@ def top_stack(r: KmemResult) -> KmemStack | None:
     return next((s for s in r.stacks if s.count > 0), None)
 
 
-def facts_of(r: KmemResult | None, _plan, name) -> dict:
+def facts_of(r: KmemResult | None, plan, name) -> dict:
+    priced = dict(plan.facts) if isinstance(plan, hostwide.HostWidePlan) else {}
     if r is None or r.status not in ("ok", "partial"):
-        return {}
+        return priced
     top = top_stack(r)
-    return {
+    return priced | {
         "kmemstack.outstanding_bytes": r.outstanding_bytes,
         "kmemstack.outstanding_count": r.outstanding,
         "kmemstack.outstanding_rate": r.outstanding_bytes / r.duration_s if r.duration_s > 0 else None,
@@ -355,8 +378,11 @@ FACE = Face(
             "whether that stack's objects are charged to the target's memory cgroup",
             figure=False,
         ),
+        *PRICING.facts(),
     ),  # fmt: skip
     facts_of=facts_of,
+    plan=lambda target, ctx: hostwide.plan(PRICING, target, ctx),
+    planning=f"counting the host's slab allocations and frees on every CPU for {hostwide.COUNT_S:g} s",
     stacks=Stacks(
         kind="allocations",
         shown=3,
