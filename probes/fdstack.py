@@ -23,7 +23,7 @@ from memdiag.system.units import fmt_number
 
 from . import bpfstats, hostwide, kernel
 from .base import Run, run_probe
-from .face import Face, FactDef, ProbeResult, Stack, Stacks, plain
+from .face import Face, FactDef, ProbeResult, Stack, Stacks
 from .growth import EventStacks, RawStack, StackGrowth
 from .text import stack_lines
 
@@ -299,7 +299,7 @@ def stacks(r: FdResult) -> list[Stack]:
 FACE = Face(
     name="fdstack",
     summary="descriptors holding kernel memory (sockets, pipes ...) by the stack that made them",
-    run=plain(run),
+    run=lambda target, ctx: run(target, hostwide.run_seconds(ctx)),
     result=FdResult,
     describe=describe,
     caveats=caveats,

@@ -36,7 +36,8 @@ from .face import Budget, Context, FactDef, Plan
 from .tpcount import TracepointCount
 
 CACHE = Path("/var/lib/memdiag/hostwide-costs.json")
-SCHEMA = 1
+SCHEMA = 2  # a cache of an older layout is measured again
+MIN_TRACE_S = 2.0  # the shortest trace a shortened plan runs: a leak at a few a second shows in it
 COUNT_S = 0.5  # how long the tracepoints are counted: slab frees come in RCU batches, a quarter second is lumpy
 PRIORS_SAID = "priors from BENCHMARKS.md section 9 (`memdiag prepare` has not measured them on this host)"
 MEASURED_SAID = "measured on this host by `memdiag prepare`"
@@ -72,8 +73,9 @@ class Pricing:
             FactDef(
                 self.fact("plan"),
                 "string",
-                f"{self.probe}'s plan before it attaches: full (within the budget), over-budget or unknown "
-                "(its tracepoints could not be counted): it runs only when full",
+                f"{self.probe}'s plan before it attaches: full (within the budget), shortened (run for the "
+                "seconds the budget pays for), over-budget or unknown (its tracepoints could not be counted): "
+                "it runs when full or shortened",
                 figure=False,
             ),
             FactDef(
@@ -96,6 +98,7 @@ class HostCosts(Model):
     schema_version: int = SCHEMA
     host: str
     program_ns: dict[str, float]  # BPF function name -> ns per run
+    recorded_ns: dict[str, float] = {}  # probe -> what recording one of the target's events adds
     runs: dict[str, int] = {}  # how many runs each figure is of
 
 
@@ -107,6 +110,7 @@ class HostWidePlan(Plan):
     ns_per_s: float | None = None  # the programs' run time per second while attached
     attached_percent: float | None = None  # share of one CPU while attached
     costs_from: str = ""  # measured, or priors
+    seconds: float | None = None  # shortened: how long the budget pays for it to run
 
 
 # --- this host's costs -------------------------------------------------------------------------
@@ -149,39 +153,70 @@ def _slab(n: int) -> None:
         os.close(w)
 
 
-def _measure_one(module, make: Callable[[int], None], n: int) -> dict[str, tuple[int, int]]:
+def _run_stats(module, make: Callable[[int], None], n: int, target: bool) -> tuple[dict[str, tuple[int, int]], int]:
     """Each program's (runs, run ns) while this process makes n of its events, the programs loaded
-    as a diagnosis loads them with no target in their map: every event filtered out."""
-    from .base import bpf_stats, load, program_stats
+    as a diagnosis loads them: with no target in their map (every event filtered out), or with this
+    process as the target, armed (its events recorded). And how many allocations it recorded."""
+    from . import bpfstats
+    from .base import _control, bpf_stats, load, program_stats, set_targets
 
     bpf = load(module.__name__.rsplit(".", 1)[-1], {"TARGET_MODE": 1, **module.build_options()})
     try:
+        if target:
+            set_targets(bpf, {os.getpid()})
+            _control(bpf, 1)
         with bpf_stats():
             before = program_stats(bpf) or {}
             make(n)
             after = program_stats(bpf) or {}
+        allocs = bpfstats.read(bpf, bpfstats.KMEM)["allocs"] if module.__name__.endswith("kmemstack") else 0
     finally:
         bpf.cleanup()
-    return {k: (c - before.get(k, (0, 0))[0], ns - before.get(k, (0, 0))[1]) for k, (c, ns) in after.items()}
+    runs = {k: (c - before.get(k, (0, 0))[0], ns - before.get(k, (0, 0))[1]) for k, (c, ns) in after.items()}
+    return runs, allocs
+
+
+def _recorded_ns(runs: dict[str, tuple[int, int]], filtered: dict[str, float], recorded: int) -> float | None:
+    """What recording one event adds: the programs' run time with this process the target, less
+    what their runs would have cost filtered out, per event recorded."""
+    if recorded <= 0 or any(k not in filtered for k in runs):
+        return None
+    extra = sum(ns for _c, ns in runs.values()) - sum(c * filtered[k] for k, (c, _ns) in runs.items())
+    return max(0.0, extra / recorded)
 
 
 def measure(path: Path = CACHE) -> HostCosts | None:
     """Measure and keep this host's costs (`memdiag prepare`); None where the programs cannot load
-    or the kernel keeps no run time."""
+    or the kernel keeps no run time. fdstack: getppid() calls, filtered; pipe(), close() and close()
+    recorded (three calls each time). kmemstack: a pipe made and closed (its files, inode and ring),
+    filtered, then recorded (per allocation recorded, with the free of each)."""
     from . import fdstack, kmemstack
     from .base import ProbeUnavailable
     from .compiler import CompileError
 
     stats: dict[str, tuple[int, int]] = {}
+    recorded: dict[str, float] = {}
     try:
-        stats.update(_measure_one(fdstack, _syscalls, 100_000))
-        stats.update(_measure_one(kmemstack, _slab, 20_000))
+        fd_filtered, _ = _run_stats(fdstack, _syscalls, 100_000, target=False)
+        kmem_filtered, _ = _run_stats(kmemstack, _slab, 20_000, target=False)
+        stats = {**fd_filtered, **kmem_filtered}
+        per_run = {k: ns / c for k, (c, ns) in stats.items() if c > 0}
+        fd_rec, _ = _run_stats(fdstack, _slab, 5_000, target=True)
+        kmem_rec, allocs = _run_stats(kmemstack, _slab, 5_000, target=True)
     except (ProbeUnavailable, CompileError, OSError):
         return None
-    per_run = {k: ns / c for k, (c, ns) in stats.items() if c > 0}
     if not per_run:
         return None
-    costs = HostCosts(host=_host_key(), program_ns=per_run, runs={k: c for k, (c, _ns) in stats.items()})
+    for probe, runs, events in (("fdstack", fd_rec, 3 * 5_000), ("kmemstack", kmem_rec, allocs)):
+        ns = _recorded_ns(runs, per_run, events)
+        if ns is not None:
+            recorded[probe] = ns
+    costs = HostCosts(
+        host=_host_key(),
+        program_ns=per_run,
+        recorded_ns=recorded,
+        runs={k: c for k, (c, _ns) in stats.items()},
+    )
     with contextlib.suppress(OSError):
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp")
@@ -200,11 +235,12 @@ def _percent(ns: float, window_s: float) -> float:
 def decision(p: Pricing, state: str, reason: str, price: float | None = None, **fields) -> HostWidePlan:
     """A plan with its facts filled in (price: its estimated share of the window)."""
     facts: dict = {p.fact("plan"): state, p.fact("price_percent"): price}
-    if state != "full":
+    go = state in ("full", "shortened")
+    if not go:
         facts[p.fact("not_run")] = reason
-    of = f"{p.probe} on the host's CPUs" + ("" if state == "full" else ", not attached")
+    of = f"{p.probe} on the host's CPUs" + ("" if go else ", not attached")
     return HostWidePlan(
-        go=state == "full", state=state, reason=reason, facts=facts, estimated_percent=price, estimate_of=of, **fields
+        go=go, state=state, reason=reason, facts=facts, estimated_percent=price, estimate_of=of, **fields
     )
 
 
@@ -223,7 +259,10 @@ def price(
     host_ns = sum(host_per_s[tp] * per_event[tp] for tp in p.tracepoints)
     per_s = counted.host_per_s if whole_host else counted.target_per_s
     target_per_s = sum(per_s(tp) for tp in p.recorded)
-    target_ns = target_per_s * p.recorded_ns
+    recorded_ns = measured.recorded_ns.get(p.probe) if measured is not None else None
+    recorded_from = MEASURED_SAID if recorded_ns is not None else TARGET_SAID
+    recorded_ns = recorded_ns if recorded_ns is not None else p.recorded_ns
+    target_ns = target_per_s * recorded_ns
     ns_per_s = host_ns + target_ns
     run_ns = ns_per_s * ctx.seconds
     projected = _percent(run_ns + budget.spent_ns, budget.window_s)
@@ -239,7 +278,7 @@ def price(
         refused = f", every {', '.join(counted.unfiltered)} (its filter refused)" if counted.unfiltered else ""
         threads = f"{counted.threads} thread{'' if counted.threads == 1 else 's'} counted"
         whose = f"the target's {p.recorded_what} ({threads}{left}{refused})"
-    what += f", and {whose} {target_per_s:,.0f}/s x {p.recorded_ns:,.0f} ns to record each ({TARGET_SAID})"
+    what += f", and {whose} {target_per_s:,.0f}/s x {recorded_ns:,.0f} ns to record each ({recorded_from})"
     attached = _percent(ns_per_s, 1.0)
     what += (
         f" = {attached:.2f}% of one CPU while attached, paid by every process of the host whose calls run its "
@@ -256,7 +295,28 @@ def price(
     }
     if projected <= budget.percent:
         return decision(p, "full", f"{what} <= budget {budget.percent:g}%", projected, **fields)
-    return decision(p, "over-budget", f"{what} > budget {budget.percent:g}%: not attached", projected, **fields)
+    # what the budget pays for: a shorter trace names the code as well (outstanding objects and
+    # descriptors are counted from the attach), where it is long enough to see some made
+    fits = int((budget.allowance_ns / ns_per_s if ns_per_s > 0 else 0.0) * 10) / 10
+    if fits >= MIN_TRACE_S:
+        shorter = _percent(ns_per_s * fits + budget.spent_ns, budget.window_s)
+        said = (
+            f"{what} > budget {budget.percent:g}%; the budget pays for {fits:g} s of it: traced for those "
+            f"({shorter:.2f}% of the window)"
+        )
+        return decision(p, "shortened", said, shorter, seconds=fits, **fields)
+    said = f"{what} > budget {budget.percent:g}%"
+    if fits > 0:
+        said += f"; the budget pays for {fits:g} s of it, under the {MIN_TRACE_S:g} s a trace needs"
+    return decision(p, "over-budget", f"{said}: not attached", projected, **fields)
+
+
+def run_seconds(ctx: Context) -> float:
+    """How long the probe runs: what it is given, or less where its plan shortened it."""
+    plan = ctx.plan
+    if isinstance(plan, HostWidePlan) and plan.seconds is not None:
+        return min(ctx.seconds, plan.seconds)
+    return ctx.seconds
 
 
 def plan(

@@ -26,7 +26,7 @@ from memdiag.system.units import fmt_bytes, fmt_number
 
 from . import bpfstats, hostwide, kernel
 from .base import Run, run_probe
-from .face import Face, FactDef, ProbeResult, Stack, Stacks, plain
+from .face import Face, FactDef, ProbeResult, Stack, Stacks
 from .growth import EventStacks, RawStack, StackGrowth
 from .stacks import Frame, folded
 from .text import stack_lines
@@ -342,7 +342,7 @@ def culprit(r: KmemResult, _verdict_kind: str) -> Stack | None:
 FACE = Face(
     name="kmemstack",
     summary="kernel slab allocations the target left outstanding, by kernel and user stack",
-    run=plain(run),
+    run=lambda target, ctx: run(target, hostwide.run_seconds(ctx)),
     result=KmemResult,
     describe=describe,
     caveats=caveats,

@@ -56,6 +56,7 @@ def execute(args: argparse.Namespace) -> int:
         print("the host-wide probes' costs could not be measured: fdstack and kmemstack are priced with priors")
     elif fresh_wide or not args.quiet:
         said = ", ".join(f"{k} {v:,.0f} ns" for k, v in sorted(wide.program_ns.items()))
+        said += "".join(f"; {k} recording one of the target's {v:,.0f} ns more" for k, v in wide.recorded_ns.items())
         print(
             f"host-wide probes' cost per event: {said} ({'measured now' if fresh_wide else 'already measured'}, "
             f"{hostwide.CACHE})"
