@@ -7,7 +7,10 @@ with descriptors still open name the code, as memleak's outstanding allocations 
 Raw syscall tracepoints (bpf/fdstack.c): a creating call's return records each descriptor under
 its stack, close() forgets it. At the end every descriptor still recorded is looked up in
 /proc/PID/fd: one gone (closed at exit, by close_range, dup2 or exec's close-on-exec, none of them
-traced) or now of another kind is counted as closed untraced, never as open."""
+traced) or now of another kind is counted as closed untraced, never as open.
+
+Its programs run for every syscall of the host: a diagnosis prices it before it attaches (PRICING,
+probes/hostwide.py), the host's syscalls counted for half a second with no program attached."""
 
 from __future__ import annotations
 

@@ -14,7 +14,9 @@ the host, and its row reports their BPF run time (host_wide). Measured on 6.18 h
 slab allocations and frees a second from the host's other work, kernel.bpf_stats_enabled): ~50 ns
 per allocation of another process (the tgid filter), ~70 ns per kfree and ~210 ns per
 kmem_cache_free (the outstanding table's lookup, most of them RCU batches), ~2.5 us per allocation
-of the target (both stacks walked, the object recorded): ~5% of one CPU on that host."""
+of the target (both stacks walked, the object recorded): ~5% of one CPU on that host. So a diagnosis
+prices it before it attaches (PRICING, probes/hostwide.py): the kmem tracepoints counted for half a
+second with no program attached, times this host's cost per event."""
 
 from __future__ import annotations
 

@@ -15,7 +15,7 @@ from memdiag.probes.memleak.costs import CACHE, host_costs
 
 from ..errors import MemdiagError, PermissionNeeded
 
-SUMMARY = "compile the BPF programs for this kernel and measure uprobe and host-wide probe costs (set-up runs it)"
+SUMMARY = "compile the BPF programs for this kernel and measure uprobe costs (set-up runs it)"
 EPILOG = """\
 examples:
   memdiag prepare

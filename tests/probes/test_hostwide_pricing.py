@@ -60,3 +60,16 @@ def test_a_tiny_budget_prices_it_out_before_anything_is_attached(workload, tmp_p
     assert whole.go and whole.state == "full", whole.reason
     if pricing is kmemstack.PRICING:  # the target's own allocations are priced as recorded
         assert whole.target_per_s >= 0.7 * 2 * RATE, whole.reason
+
+
+def test_prepare_measures_what_each_program_costs_per_event_here(tmp_path):
+    costs = hostwide.measure(tmp_path / "hostwide-costs.json")
+    assert costs is not None
+    programs = {f for p in (fdstack.PRICING, kmemstack.PRICING) for fs in p.programs.values() for f in fs}
+    assert set(costs.program_ns) == programs and all(ns > 0 for ns in costs.program_ns.values()), costs
+    assert all(costs.runs[f] > 0 for f in programs)
+    # recording one of the target's events walks its stacks and keeps its books: more than a filter
+    assert costs.recorded_ns["fdstack"] > costs.program_ns["raw_tracepoint__sys_exit"]
+    assert costs.recorded_ns["kmemstack"] > costs.program_ns["tracepoint__kmem__kmem_cache_alloc"]
+    # kept for the plans: the same figures read back (this host's key)
+    assert hostwide.cached_costs(tmp_path / "hostwide-costs.json") == costs
