@@ -8,14 +8,17 @@ fire now, counted for half a second by counting perf events on the tracepoints t
 plus the target's own events that the programs record (a stack walk, a table update) times what
 recording one adds. Over the time the probe would run, as a share of the window, against the
 budget: a share of one CPU's time over the window, as the probe table reports a host-wide probe's
-BPF run time (probes/face.py overhead_percent) and the Overhead section sums it.
+BPF run time (probes/face.py overhead_percent) and the Overhead section sums it. Within it the probe
+runs for its time; over it, for the seconds the budget pays for (MIN_TRACE_S at least, as memleak's
+shortened trace); less, not at all, and its facts (`NAME.plan`, `.price_percent`, `.not_run`) say
+so to the rules.
 
-What one filtered event costs each program is measured on this host by `memdiag prepare`
-(measure(): the programs loaded with an empty targets map while this process makes the calls, the
-kernel's BPF statistics giving their run time per run), kept in /var/lib/memdiag/hostwide-costs.json
-per kernel, CPU and program text. A diagnosis never attaches them to measure (that is what it is
-pricing): where prepare did not measure, it prices with the priors below and says so. What
-recording one of the target's events adds is a prior (BENCHMARKS.md section 9) either way."""
+What one filtered event costs each program, and what recording one of the target's adds, are
+measured on this host by `memdiag prepare` (measure(): the programs loaded with an empty targets
+map, then with this process as the target, while it makes the calls; the kernel's BPF statistics
+give their run time), kept in /var/lib/memdiag/hostwide-costs.json per kernel, CPU and program
+text. A diagnosis never attaches them to measure (that is what it is pricing): where prepare did not
+measure, it prices with each probe's priors (BENCHMARKS.md section 9) and says so."""
 
 from __future__ import annotations
 
