@@ -1,0 +1,82 @@
+"""A process's anonymous memory split by who holds it, on real processes: glibc's malloc holding
+most of its heap free after the program freed it (tests/workloads/fragment.c), and a real JVM
+whose Java heap is a part of it. The parts and the residual add up to the anonymous memory read
+with them; the allocator's figures are read from its own bookkeeping in the target's memory."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from jvmkit import have_jdk, wait_warmed_up
+from kit import wait_until
+from memdiag.diagnose.ledgers import anon_split_facts, build_ledgers
+from memdiag.diagnose.observe import Sampler
+from memdiag.diagnose.target import pid_target
+from memdiag.probes.registry import REGISTRY
+from memdiag.system.ledger import AnonSplit
+
+MiB = 1 << 20
+
+
+def _split(pid: int, runtime=None) -> AnonSplit:
+    """A short window of the process, closed as the engine closes it: its ledger's split."""
+    sampler = Sampler(pid_target(pid), duration=0.5, interval=0.1, runtime=runtime)
+    sampler.run()
+    (process, *_rest) = build_ledgers(sampler.so_far(closing=True))
+    assert process.scope == "process" and process.anon_split is not None
+    split = process.anon_split
+    assert split.total and sum(p.bytes for p in split.parts) + split.residual == split.total
+    return split
+
+
+def test_what_malloc_holds_free_after_the_program_freed_it_is_its_free_chunks(workload):
+    w = workload("fragment")
+    words = w.proc.stdout.readline().decode().split()
+    assert words[0] == "freed"
+    freed, kept = int(words[1]), int(words[2])
+    split = _split(w.pid)
+    free, in_use = split.value("allocator_free"), split.value("allocator_in_use")
+    assert free is not None and in_use is not None, split.unread
+    # every block freed is on malloc's bins (headers and the main thread's cache add a little)
+    assert freed <= free <= freed + MiB, (free, freed)
+    # the blocks kept, with their headers and what the C library allocated for itself
+    assert kept <= in_use <= kept + MiB, (in_use, kept)
+    assert split.residual is not None and 0 <= split.residual < free  # the rest: stacks, libraries' data
+    facts = anon_split_facts(split)
+    assert facts["ledger.process.anon_allocator_free"] == free
+    assert facts["ledger.process.anon_allocator_free_share"] > 50  # three of every four blocks freed
+
+
+def test_a_process_without_glibc_malloc_has_no_allocator_part_and_says_so(workload):
+    """A static Go program links no glibc: the allocator's parts are absent, not zero, and said."""
+    w = workload("goleak", "100")
+    split = _split(w.pid)
+    assert not [p for p in split.parts if p.key.startswith("allocator_")]
+    assert any(u.startswith("glibc malloc: not read") for u in split.unread)
+    assert split.residual == split.total  # all of it unattributed
+    assert "ledger.process.anon_allocator_free" not in anon_split_facts(split)
+
+
+@pytest.mark.skipif(not have_jdk(), reason="needs a JDK (scripts/setup.sh --test installs openjdk-17)")
+def test_a_jvms_java_heap_is_a_part_of_its_anonymous_memory(java):
+    w = java("LruCache", "1000", "4000", jvm=["-Xmx256m"])
+    wait_warmed_up(w.pid)
+    face = REGISTRY.runtime(REGISTRY.recognise(w.pid).name)
+    assert face is not None and face.name == "jvm"
+
+    def cache_full() -> bool:  # its 4,000 values of 16 KiB in the heap (the JVM's own counter of it)
+        sample = face.sample(w.pid, Path("/proc"))
+        return sample.counters is not None and sample.counters.heap_used >= 64 * MiB
+
+    wait_until(cache_full, "the cache's 64 MiB in the Java heap")
+    split = _split(w.pid, face)
+    parts = {p.key: p for p in split.parts}
+    heap = parts["runtime_heap"]
+    # the cache's values are on the Java heap, resident, and the heap is below the anonymous memory
+    assert 64 * MiB <= heap.bytes < split.total
+    assert heap.source == "the JVM's counters and its mappings" and not heap.estimate
+    assert {"runtime_code", "runtime_stacks"} <= set(parts)
+    assert parts["runtime_code"].bytes > 0 and parts["runtime_stacks"].bytes > 0
+    # the JVM's own malloc (its C++ objects, the JIT's arenas) is read beside it
+    assert "allocator_in_use" in parts and parts["allocator_in_use"].bytes > 0
