@@ -290,8 +290,7 @@ def anon_split_facts(split: L.AnonSplit | None) -> dict:
     if "allocator_free" in keys:
         free = split.value("allocator_free") or 0
         f["ledger.process.anon_allocator_free"] = free
-        held = free + (split.value("allocator_top") or 0)
-        f["ledger.process.anon_allocator_free_share"] = _share(held, split.total)
+        f["ledger.process.anon_allocator_free_share"] = _share(free, split.total)
     if "allocator_in_use" in keys:
         f["ledger.process.anon_allocator_in_use"] = split.value("allocator_in_use")
     runtime = [p.bytes for p in split.parts if p.key.startswith("runtime_")]

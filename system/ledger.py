@@ -393,7 +393,7 @@ def ledger_fact_defs() -> list[tuple[str, str, str]]:
         (
             "ledger.process.anon_allocator_free_share",
             "percent",
-            "those free chunks and its heaps' unused tops, resident, as a share of the anonymous memory read with them",
+            "those free chunks as a share of the anonymous memory read with them",
         ),
         ("ledger.process.anon_allocator_in_use", "bytes", "blocks the native allocator has handed out (estimate, end)"),
         ("ledger.process.anon_runtime", "bytes", "anonymous memory the runtime's own figures account for (end)"),

@@ -5,6 +5,7 @@ with them; the allocator's figures are read from its own bookkeeping in the targ
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,22 @@ def test_a_jvms_java_heap_is_a_part_of_its_anonymous_memory(java):
     assert parts["runtime_code"].bytes > 0 and parts["runtime_stacks"].bytes > 0
     # the JVM's own malloc (its C++ objects, the JIT's arenas) is read beside it
     assert "allocator_in_use" in parts and parts["allocator_in_use"].bytes > 0
+
+
+def test_the_report_splits_the_anonymous_memory_and_says_what_the_allocator_holds_free(memdiag, workload, tmp_path):
+    """`memdiag --pid` on the same heap: every format carries the split, its figures those of its
+    tables (the fixture checks them), and the playbook's finding says the RSS is free chunks."""
+    w = workload("fragment")
+    freed = int(w.proc.stdout.readline().decode().split()[1])
+    r = memdiag("--pid", str(w.pid), "--duration", "2", "--output", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "report.json").read_text())
+    split = rep["counters"]["ledgers"][0]["anon_split"]
+    free = next(p["bytes"] for p in split["parts"] if p["key"] == "allocator_free")
+    assert freed <= free <= freed + MiB
+    finding = next(f for f in rep["findings"] if f["id"] == "allocator-holds-free")
+    assert "is free chunks its allocator holds" in finding["summary"]
+    md = (tmp_path / "report.md").read_text()
+    assert "#### Its anonymous memory by who holds it" in md and "| anonymous memory no reader attributes |" in md
+    assert "The detail column was read as the window closed" in md
+    assert "anonymous memory no reader attributes" in (tmp_path / "report.html").read_text()
