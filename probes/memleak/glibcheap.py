@@ -307,8 +307,8 @@ def _walk(mem: Memory, head: int, found: set[int], mangled: bool) -> bool:
 # The target runs on: a list may change under the walk (a link followed into a chunk handed out
 # since); the figures are estimates, bounded in chunks and time, and a walk cut short is said.
 SYSTEM_MEM_AFTER_FASTBINS = NEXT_AFTER_FASTBINS + 24
-MAX_FREE_CHUNKS = 50_000  # chunks followed on all lists of all arenas at most
-MAX_WALK_SECONDS = 0.05
+MAX_FREE_CHUNKS = 20_000  # chunks followed on all lists of all arenas at most (~2 us each)
+MAX_WALK_SECONDS = 0.02  # of CPU, once a window; the target is not stopped (its mmap lock read-taken a chunk at a time)
 PAGE = 4096
 PM_PRESENT, PM_SWAPPED = 1 << 63, 1 << 62
 
@@ -333,12 +333,15 @@ class ArenaStats:
 
 
 class _Budget:
+    """Chunks and CPU time (this thread's, system calls included) a walk may spend: the reader's own
+    cost, not the wall clock, so that a walk on a loaded host is not cut short by waiting for a CPU."""
+
     def __init__(self, chunks: int, seconds: float):
-        self.chunks, self.until = chunks, time.monotonic() + seconds
+        self.chunks, self.until = chunks, time.thread_time() + seconds
 
     def spend(self) -> bool:
         self.chunks -= 1
-        return self.chunks >= 0 and (self.chunks % 256 or time.monotonic() < self.until)
+        return self.chunks >= 0 and (self.chunks % 256 or time.thread_time() < self.until)
 
 
 def _chunk_size(mem: Memory, chunk: int) -> int | None:
@@ -349,12 +352,13 @@ def _chunk_size(mem: Memory, chunk: int) -> int | None:
     return size if MIN_CHUNK <= size <= MAX_CHUNK and size % 16 == 0 else None
 
 
-def _bins_free(mem: Memory, bins_at: int, budget: _Budget) -> tuple[int, int] | None:
-    """Bytes and count of the chunks on an arena's bins (unsorted, small, large); None: cut short
-    (a link that leads to no chunk, or the budget spent)."""
+def _bins_free(mem: Memory, bins_at: int, budget: _Budget) -> tuple[int, int, bool]:
+    """Bytes and count of the chunks on an arena's bins (unsorted, small, large), and whether every
+    list was followed to its end (False: a link that leads to no chunk, or the budget spent: what
+    was counted until then is a lower bound)."""
     words = mem.read(bins_at, NBINS_WORDS * 8)
     if words is None:
-        return None
+        return 0, 0, False
     heads = struct.unpack(f"<{NBINS_WORDS}Q", words)
     total = count = 0
     for b in range(NBINS_WORDS // 2):
@@ -362,37 +366,37 @@ def _bins_free(mem: Memory, bins_at: int, budget: _Budget) -> tuple[int, int] | 
         chunk = heads[2 * b]
         while chunk != own:
             if not chunk or chunk % 16 or not budget.spend():
-                return None
+                return total, count, False
             got = mem.read(chunk + 8, 16)  # size, fd
             if got is None:
-                return None
+                return total, count, False
             raw, fd = struct.unpack("<QQ", got)
             size = raw & ~SIZE_BITS
             if not MIN_CHUNK <= size <= MAX_CHUNK or size % 16:
-                return None
+                return total, count, False
             total, count, chunk = total + size, count + 1, fd
-    return total, count
+    return total, count, True
 
 
-def _fastbins_free(mem: Memory, fastbins_at: int, mangled: bool, budget: _Budget) -> tuple[int, int] | None:
+def _fastbins_free(mem: Memory, fastbins_at: int, mangled: bool, budget: _Budget) -> tuple[int, int, bool]:
     heads = mem.read(fastbins_at, NFASTBINS * 8)
     if heads is None:
-        return None
+        return 0, 0, False
     total = count = 0
     for chunk in struct.unpack(f"<{NFASTBINS}Q", heads):
         while chunk:
             if chunk % 16 or not budget.spend():
-                return None
+                return total, count, False
             got = mem.read(chunk + 8, 16)
             if got is None:
-                return None
+                return total, count, False
             raw, stored = struct.unpack("<QQ", got)
             size = raw & ~SIZE_BITS
             if not MIN_CHUNK <= size <= FASTBIN_MAX_CHUNK:
-                return None
+                return total, count, False
             total, count = total + size, count + 1
             chunk = ((chunk + HEADER) >> 12) ^ stored if mangled else stored
-    return total, count
+    return total, count, True
 
 
 def _tcache_free(mem: Memory, heap: Mapping) -> tuple[int, int]:
@@ -468,14 +472,11 @@ def read_arena_stats(pid: int) -> ArenaStats | None:
                 top += size
                 held = _resident(pid, top_chunk, top_chunk + size)
                 top_resident += held if held is not None else size
-            for walked in (
+            for walked, found, ok in (
                 _bins_free(mem, arena + BINS_AFTER_FASTBINS, budget),
                 _fastbins_free(mem, arena, minor >= MANGLED_SINCE, budget),
             ):
-                if walked is None:
-                    complete = False
-                else:
-                    free, chunks = free + walked[0], chunks + walked[1]
+                free, chunks, complete = free + walked, chunks + found, complete and ok
             nxt = mem.word(arena + NEXT_AFTER_FASTBINS)
             if nxt is None:
                 complete = False

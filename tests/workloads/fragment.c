@@ -1,14 +1,14 @@
-/* A heap glibc's malloc holds mostly free: COUNT blocks of 64 KiB (under the mmap threshold: all in
- * the brk heap) written, then three of every four freed; the kept ones stop the freed from merging
- * into the top, so the allocator keeps them on its bins. Prints "freed BYTES KEPT_BYTES" (bytes asked)
- * and sleeps. usage: fragment [COUNT] */
+/* A heap glibc's malloc holds mostly free: COUNT blocks of BLOCK bytes (64 KiB by default: under
+ * the mmap threshold, all in the brk heap) written, then three of every four freed; the kept ones
+ * stop the freed from merging into the top, so the allocator keeps them on its bins (each run of
+ * three merged into one free chunk). Prints "freed BYTES KEPT_BYTES" (bytes asked) and sleeps.
+ * usage: fragment [COUNT] [BLOCK] */
 #include "common.h"
-
-#define BLOCK (64 << 10)
 
 int main(int argc, char **argv)
 {
 	long count = arg_long(argc, argv, 1, 1600); /* 100 MiB by default */
+	long BLOCK = arg_long(argc, argv, 2, 64 << 10);
 	void **blocks = calloc(count, sizeof(void *));
 	long freed = 0, kept = 0;
 
