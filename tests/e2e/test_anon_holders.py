@@ -14,6 +14,7 @@ from kit import wait_until
 from memdiag.diagnose.ledgers import anon_split_facts, build_ledgers
 from memdiag.diagnose.observe import Sampler
 from memdiag.diagnose.target import pid_target
+from memdiag.probes.memleak import glibcheap
 from memdiag.probes.registry import REGISTRY
 from memdiag.system.ledger import AnonSplit
 
@@ -100,3 +101,17 @@ def test_the_report_splits_the_anonymous_memory_and_says_what_the_allocator_hold
     assert "#### Its anonymous memory by who holds it" in md and "| anonymous memory no reader attributes |" in md
     assert "The detail column was read as the window closed" in md
     assert "anonymous memory no reader attributes" in (tmp_path / "report.html").read_text()
+
+
+def test_a_walk_past_its_bound_is_a_lower_bound_and_leaves_in_use_unknown(workload):
+    """Ten times more free chunks than the walk follows: what it counted is kept and said to be a
+    lower bound, and blocks in use (its arenas less what is free) is not said rather than guessed."""
+    blocks = glibcheap.MAX_FREE_CHUNKS * 10 * 4 // 3  # three of every four freed, each run one chunk
+    w = workload("fragment", str(blocks), "256")
+    freed = int(w.proc.stdout.readline().decode().split()[1])
+    parts, unread = glibcheap.anon_parts(w.pid)
+    by = {p.key: p for p in parts}
+    assert "allocator_in_use" not in by
+    assert any("blocks in use not said" in u for u in unread)
+    free = by["allocator_free"]
+    assert "at least" in free.label and 0 < free.bytes < freed
