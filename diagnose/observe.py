@@ -239,12 +239,14 @@ class Sampler:
         parts: list[AnonPart] = []
         unread: list[str] = []
         face = self.runtime
-        if face is not None and face.sample is not None:
-            sample = face.sample(pid, root)
-            said = face.resident([(time.monotonic(), sample)]) if sample is not None else []
+        if face is not None and face.resident is None:
+            unread.append(f"{face.display}: its own figures are not read for this split")
+        elif face is not None and face.resident is not None:
+            sample = face.sample(pid, root) if face.sample is not None else None
+            said = face.resident([(time.monotonic(), sample)] if sample is not None else [], pid)
             parts += said
             if not said:
-                unread.append(f"{face.display}: no part from its own figures")
+                unread.append(f"{face.display}: its own figures could not be read")
         got, missed = REGISTRY.allocator_parts(pid)
         parts += got
         unread += missed

@@ -68,7 +68,7 @@ _FACTS = [
 ]
 
 
-def jvm_resident(samples: Samples) -> list[AnonPart]:
+def jvm_resident(samples: Samples, _pid: int) -> list[AnonPart]:
     """The anonymous parts of the latest sample's RSS split (system/jvm.py split_memory): its file
     pages and the rest it cannot name are left to the residual. Metaspace is what the JVM has
     committed, an estimate of what is resident."""

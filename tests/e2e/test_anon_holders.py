@@ -50,14 +50,34 @@ def test_what_malloc_holds_free_after_the_program_freed_it_is_its_free_chunks(wo
     assert facts["ledger.process.anon_allocator_free_share"] > 50  # three of every four blocks freed
 
 
-def test_a_process_without_glibc_malloc_has_no_allocator_part_and_says_so(workload):
-    """A static Go program links no glibc: the allocator's parts are absent, not zero, and said."""
+def test_a_go_program_has_its_heap_from_its_pacer_and_no_allocator_part(workload):
+    """A static Go program links no glibc: the allocator's parts are absent, not zero, and said;
+    its heap is said by the runtime's own GC pacer, read from its memory."""
     w = workload("goleak", "100")
-    split = _split(w.pid)
+    split = _split(w.pid)  # without its runtime's face: nothing but the residual
     assert not [p for p in split.parts if p.key.startswith("allocator_")]
     assert any(u.startswith("glibc malloc: not read") for u in split.unread)
     assert split.residual == split.total  # all of it unattributed
     assert "ledger.process.anon_allocator_free" not in anon_split_facts(split)
+    face = REGISTRY.runtime(REGISTRY.recognise(w.pid).name)
+    assert face is not None and face.name == "go"
+    split = _split(w.pid, face)
+    heap = next(p for p in split.parts if p.key == "runtime_heap")
+    assert heap.source == "Go's GC pacer (runtime.gcController)" and heap.estimate
+    assert 0 < heap.bytes <= split.total
+    assert anon_split_facts(split)["ledger.process.anon_runtime"] >= heap.bytes
+
+
+def test_a_node_programs_v8_heap_is_a_part_of_its_anonymous_memory(workload):
+    w = workload("nodeheap")
+    face = REGISTRY.runtime(REGISTRY.recognise(w.pid).name)
+    assert face is not None and face.name == "node"
+    said = json.loads(w.proc.stdout.readline())  # process.memoryUsage(), before the split: it keeps every object
+    split = _split(w.pid, face)
+    heap = next(p for p in split.parts if p.key == "runtime_heap")
+    assert heap.source == "V8's mappings (smaps)" and 0 < heap.bytes < split.total
+    assert heap.bytes >= said["heapUsed"]  # the objects V8 holds are in pages it touched
+    assert "allocator_in_use" in {p.key for p in split.parts}  # node's own malloc, beside it
 
 
 @pytest.mark.skipif(not have_jdk(), reason="needs a JDK (scripts/setup.sh --test installs openjdk-17)")

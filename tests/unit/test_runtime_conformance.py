@@ -73,20 +73,22 @@ def test_a_runtime_yields_exactly_the_facts_it_declares(name):
 def test_a_runtime_says_only_anonymous_parts_under_its_own_keys(name):
     """resident(): parts of the process's anonymous memory named runtime_*, none twice, none negative."""
     face = REGISTRY.runtime(name)
-    for samples, _pid in EXAMPLES[name]:
-        parts = face.resident(samples)
+    if face.resident is None:
+        return
+    for samples, pid in EXAMPLES[name]:
+        parts = face.resident(samples, pid)
         keys = [p.key for p in parts]
         assert all(k.startswith("runtime_") for k in keys) and len(set(keys)) == len(keys)
         assert all(p.bytes >= 0 for p in parts)
 
 
 def test_the_jvm_says_its_heap_metaspace_code_and_stacks_and_not_its_files():
-    parts = {p.key: p for p in REGISTRY.runtime("jvm").resident(_jvm_samples())}
+    parts = {p.key: p for p in REGISTRY.runtime("jvm").resident(_jvm_samples(), 7)}
     assert {k: p.bytes for k, p in parts.items()} == {
         "runtime_heap": 59 * MiB, "runtime_metaspace": 8 * MiB, "runtime_code": 2 * MiB, "runtime_stacks": MiB,
     }  # fmt: skip
     assert parts["runtime_metaspace"].estimate and not parts["runtime_heap"].estimate  # committed, not resident
-    assert REGISTRY.runtime("jvm").resident([(0.0, JvmSample(missing="-XX:-UsePerfData"))]) == []
+    assert REGISTRY.runtime("jvm").resident([(0.0, JvmSample(missing="-XX:-UsePerfData"))], 7) == []
 
 
 def test_the_check_fails_for_a_runtime_that_declares_a_fact_it_never_yields():
@@ -141,7 +143,7 @@ RUNTIME = RuntimeFace(
     series=lambda s, t0: {"toyrt.heap": [(t - t0, float(x.heap)) for t, x in s]},
     labels={"toyrt.heap": "ToyRT heap"},
     sections=lambda s: [Section(probe="counters", title="Toy heap", lines=[f"{len(s)} samples read"])],
-    resident=lambda s: [AnonPart(key="runtime_arena", label="toy arena, resident", bytes=4096, source="ToyRT")],
+    resident=lambda s, pid: [AnonPart(key="runtime_arena", label="toy arena, resident", bytes=4096, source="ToyRT")],
 )
 '''
 
