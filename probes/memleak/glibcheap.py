@@ -500,13 +500,27 @@ def read_arena_stats(pid: int) -> ArenaStats | None:
 SOURCE = "glibc malloc's arenas (read from its memory)"
 
 
+def _other_allocators(pid: int) -> list[str]:
+    """Allocator libraries other than glibc's mapped in the process (by file name): where one serves
+    malloc, what it holds is none of glibc's arenas."""
+    from ..allocator import KNOWN_ALLOCATORS
+
+    maps = read_maps(pid) or ()
+    names = {m.path.rsplit("/", 1)[-1] for m in maps if m.is_file}
+    return sorted(n for n in names if any(k in n for k in KNOWN_ALLOCATORS))
+
+
 def anon_parts(pid: int) -> tuple[list[AnonPart], list[str]]:
     """The process's anonymous memory glibc's malloc holds, as parts of its ledger's split, and
     what was not read (said, never a zero). The caller checks the process's identity around it."""
+    others = [f"{n} is mapped: what it allocates is not read (in the residual)" for n in _other_allocators(pid)]
     stats = read_arena_stats(pid)
     if stats is None:
-        return [], ["glibc malloc: not read (no glibc 2.27 or later, no brk heap, or its main_arena not found)"]
-    unread = ["glibc malloc: blocks of 128 KiB and more it mmaps on their own are not read (in the residual)"]
+        return [], [
+            "glibc malloc: not read (no glibc 2.27 or later, no brk heap, or its main_arena not found)",
+            *others,
+        ]
+    unread = ["glibc malloc: blocks of 128 KiB and more it mmaps on their own are not read (in the residual)", *others]
     parts = []
     if stats.in_use is not None:
         label = f"malloc: blocks in use ({stats.arenas} arena(s) less free chunks and tops)"

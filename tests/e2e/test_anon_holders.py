@@ -135,3 +135,18 @@ def test_a_walk_past_its_bound_is_a_lower_bound_and_leaves_in_use_unknown(worklo
     assert any("blocks in use not said" in u for u in unread)
     free = by["allocator_free"]
     assert "at least" in free.label and 0 < free.bytes < freed
+
+
+JEMALLOC = Path("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2")
+
+
+@pytest.mark.skipif(not JEMALLOC.exists(), reason="needs libjemalloc2 (scripts/setup.sh --test installs it)")
+def test_a_program_on_jemalloc_has_its_heap_unread_and_named(workload):
+    """glibc's arenas hold none of what jemalloc serves: its free blocks are not said to be glibc's,
+    and the split names jemalloc as not read, its memory left in the residual."""
+    w = workload("fragment", env={"LD_PRELOAD": str(JEMALLOC)})
+    freed = int(w.proc.stdout.readline().decode().split()[1])
+    parts, unread = glibcheap.anon_parts(w.pid)
+    glibc_free = next((p.bytes for p in parts if p.key == "allocator_free"), 0)
+    assert glibc_free < freed // 10  # what glibc itself holds: the loader's and stdio's few blocks
+    assert any(u.startswith("libjemalloc.so.2 is mapped") for u in unread), unread
