@@ -23,7 +23,7 @@ def anon_section(runs: int) -> list[str]:
         f"Measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. Target: `fragment BLOCKS SIZE` "
         "(that many blocks written, three of every four freed: each run of three merged into one free "
         "chunk the allocator keeps). One read: `glibcheap.read_arena_stats` (the libc banner, main_arena "
-        f"found in libc's data, every list followed, the top's pages in pagemap); bound "
+        f"found in libc's data, every list followed, the top's pages in pagemap, mp_ found); bound "
         f"{glibcheap.MAX_FREE_CHUNKS:,} chunks and {glibcheap.MAX_WALK_SECONDS * 1000:.0f} ms of the reader's CPU.",
         "",
         "| target | free chunks followed | free bytes found / freed | walk complete | time of one read |",

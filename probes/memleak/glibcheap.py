@@ -36,6 +36,7 @@ from enum import Enum
 
 from memdiag.system import identity
 from memdiag.system.ledger import AnonPart
+from memdiag.system.units import fmt_bytes
 
 from ..mapping import Mapping, parse_maps, read_maps
 
@@ -307,6 +308,7 @@ def _walk(mem: Memory, head: int, found: set[int], mangled: bool) -> bool:
 # The target runs on: a list may change under the walk (a link followed into a chunk handed out
 # since); the figures are estimates, bounded in chunks and time, and a walk cut short is said.
 SYSTEM_MEM_AFTER_FASTBINS = NEXT_AFTER_FASTBINS + 24
+HP_FLAGS_SINCE = 35  # malloc_par gained thp_pagesize, hp_pagesize and hp_flags
 MAX_FREE_CHUNKS = 20_000  # chunks followed on all lists of all arenas at most (~2 us each)
 MAX_WALK_SECONDS = 0.02  # of CPU, once a window; the target is not stopped (its mmap lock read-taken a chunk at a time)
 PAGE = 4096
@@ -325,6 +327,8 @@ class ArenaStats:
     top_resident: int  # ... of which resident or swapped (pagemap): a top's pages may never have been touched
     complete: bool  # every list followed to its end within the bounds (else free is a lower bound)
     free_chunks: int  # free chunks counted
+    mmapped: int | None = None  # blocks it mmapped on their own (mp_.mmapped_mem: mapped, not all resident)
+    n_mmaps: int | None = None  # how many (mp_.n_mmaps); None: mp_ not found
 
     @property
     def in_use(self) -> int | None:
@@ -435,6 +439,30 @@ def _resident(pid: int, start: int, end: int) -> int | None:
     return min(end - start, pages * PAGE)
 
 
+def _mmapped(mem: Memory, mappings: tuple[Mapping, ...], heap: Mapping, minor: int) -> tuple[int, int] | None:
+    """mp_'s mmapped_mem and n_mmaps, found in libc's writable data by its shape: sbrk_base (the
+    [heap]'s start) follows mmapped_mem and max_mmapped_mem, with tcache_bins (at most 64) and
+    tcache_count (at most 65,535) after it (2.26 on); before them the ints n_mmaps, n_mmaps_max,
+    max_n_mmaps, no_dyn_threshold (2.35 on: after hp_flags, the five padded to three words)."""
+    ints_at = -5 * 8 + 4 if minor >= HP_FLAGS_SINCE else -4 * 8  # n_mmaps, from sbrk_base's word
+    for m in mappings:
+        if "w" not in m.perms or not _is_libc(m):
+            continue
+        data = mem.read(m.start, m.end - m.start)
+        if data is None:
+            continue
+        words = struct.unpack(f"<{len(data) // 8}Q", data[: len(data) // 8 * 8])
+        for i in range(4, len(words) - 4):
+            if words[i] != heap.start:
+                continue
+            mapped, peak, bins, count = words[i - 2], words[i - 1], words[i + 1], words[i + 3]
+            n_mmaps, most, max_n = struct.unpack_from("<iii", data, i * 8 + ints_at)
+            shaped = mapped <= peak and mapped % PAGE == 0 and 0 < bins <= TCACHE_BINS and count <= 0xFFFF
+            if shaped and 0 <= n_mmaps <= max_n and most > 0 and (n_mmaps == 0) == (mapped == 0):
+                return mapped, n_mmaps
+    return None
+
+
 def read_arena_stats(pid: int) -> ArenaStats | None:
     """glibc malloc's arenas in the process now; None: not glibc (2.27+), or main_arena not found.
     The caller checks the process is the same one before and after (system/identity.py)."""
@@ -485,6 +513,7 @@ def read_arena_stats(pid: int) -> ArenaStats | None:
                 break
             arena = nxt + FASTBINS_AT
         cached, n = _tcache_free(mem, heap)
+        mmapped = _mmapped(mem, mappings, heap, minor)
     return ArenaStats(
         minor=minor,
         arenas=arenas,
@@ -494,6 +523,8 @@ def read_arena_stats(pid: int) -> ArenaStats | None:
         top_resident=top_resident,
         complete=complete,
         free_chunks=chunks + n,
+        mmapped=mmapped[0] if mmapped is not None else None,
+        n_mmaps=mmapped[1] if mmapped is not None else None,
     )
 
 
@@ -520,7 +551,14 @@ def anon_parts(pid: int) -> tuple[list[AnonPart], list[str]]:
             "glibc malloc: not read (no glibc 2.27 or later, no brk heap, or its main_arena not found)",
             *others,
         ]
-    unread = ["glibc malloc: blocks of 128 KiB and more it mmaps on their own are not read (in the residual)", *others]
+    if stats.mmapped is not None:
+        big = (
+            f"glibc malloc: {stats.n_mmaps} block(s) of 128 KiB and more it mmapped on their own, "
+            f"{fmt_bytes(stats.mmapped)} mapped (mp_): their resident part is in the residual"
+        )
+    else:
+        big = "glibc malloc: blocks of 128 KiB and more it mmaps on their own are not read (in the residual)"
+    unread = [big, *others]
     parts = []
     if stats.in_use is not None:
         label = f"malloc: blocks in use ({stats.arenas} arena(s) less free chunks and tops)"

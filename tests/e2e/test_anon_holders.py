@@ -150,3 +150,17 @@ def test_a_program_on_jemalloc_has_its_heap_unread_and_named(workload):
     glibc_free = next((p.bytes for p in parts if p.key == "allocator_free"), 0)
     assert glibc_free < freed // 10  # what glibc itself holds: the loader's and stdio's few blocks
     assert any(u.startswith("libjemalloc.so.2 is mapped") for u in unread), unread
+
+
+def test_the_blocks_malloc_mmapped_on_their_own_are_counted_from_its_parameters(workload):
+    """tests/workloads/chunks.c keeps one block of 300,000 bytes (over the mmap threshold: a mapping
+    of its own) and frees another (unmapped): mp_ says one block, its pages mapped."""
+    w = workload("chunks")
+    for line in w.proc.stdout:
+        if line.split() == [b"done"]:
+            break
+    stats = glibcheap.read_arena_stats(w.pid)
+    assert stats is not None and stats.n_mmaps == 1
+    assert 300_000 <= stats.mmapped <= 300_000 + 2 * 4096  # the block, its header, to the page
+    _parts, unread = glibcheap.anon_parts(w.pid)
+    assert any(u.startswith("glibc malloc: 1 block(s) of 128 KiB and more it mmapped") for u in unread), unread
