@@ -13,7 +13,12 @@ Three totals, each from the kernel's own counters:
 - the host's MemTotal: anon + page cache + shmem + swap cache + slab + kernel stacks + page tables +
   vmalloc + percpu + huge pages + zswap + free.
 A line the source cannot give is None (unknown, not zero) and is named in `unknown`; the residual is
-then the total less the lines that are known, and says so."""
+then the total less the lines that are known, and says so.
+
+A process's anonymous memory is also split by who holds it (AnonSplit): parts its readers give (a
+runtime's own figures, the native allocator's bookkeeping: their AnonPart each) and the residual,
+anonymous memory no reader attributes, all against the RssAnon read with them; a reader that did
+not say is named, never a zero."""
 
 from __future__ import annotations
 
