@@ -70,6 +70,13 @@ def _ledger(obs: Observation, scope: L.Scope, parts: dict[str, list[tuple[str, i
         label = next(lab for k, lab, _s in L.LINES["process"] if k == "memfds")
         held = sum(n for _name, n in obs.memfds_last)
         rows.append(LedgerRow(key="memfds", label=label, summed=False, last=held, parts=parts.get("memfds", [])))
+    detail_at, totals, split = None, {}, None
+    if scope == "process" and obs.closing is not None:  # the detail's own moment and totals
+        c = obs.closing
+        detail_at = c.t - t0
+        at_end = L.process_ledger(c.process)
+        totals = {"total": at_end.total, **{x.key: x.bytes for x in at_end.lines if x.key != L.RESIDUAL}}
+        split = L.anon_split(c.process.rss_anon, c.anon_parts, c.anon_unread, detail_at, c.anon_after)
     return LedgerReport(
         scope=scope,
         subject=_subject(obs, scope),
@@ -80,6 +87,9 @@ def _ledger(obs: Observation, scope: L.Scope, parts: dict[str, list[tuple[str, i
         counts_first=first.counts,
         counts_last=last.counts,
         unknown=last.unknown,
+        detail_at_s=detail_at,
+        detail_totals=totals,
+        anon_split=split,
     )
 
 
@@ -317,6 +327,29 @@ def _sysv_facts(obs: Observation, new: list[ShmSegment]) -> dict:
     return f
 
 
+def anon_split_facts(split: L.AnonSplit | None) -> dict:
+    """The facts of the anonymous memory's split by holder: what the allocator holds free, in use,
+    what the runtime's figures account for, what no reader attributes; a share of the anonymous
+    memory read with them. A part no reader gave is left out (unknown), never zero."""
+    if split is None:
+        return {}
+    f: dict = {}
+    keys = {p.key for p in split.parts}
+    if "allocator_free" in keys:
+        free = split.value("allocator_free") or 0
+        f["ledger.process.anon_allocator_free"] = free
+        f["ledger.process.anon_allocator_free_share"] = _share(free, split.total)
+    if "allocator_in_use" in keys:
+        f["ledger.process.anon_allocator_in_use"] = split.value("allocator_in_use")
+    runtime = [p.bytes for p in split.parts if p.key.startswith("runtime_")]
+    if runtime:
+        f["ledger.process.anon_runtime"] = sum(runtime)
+    if split.residual is not None:
+        f["ledger.process.anon_unattributed"] = split.residual
+        f["ledger.process.anon_unattributed_share"] = _share(split.residual, split.total)
+    return f
+
+
 def ledger_facts(ledgers: list[LedgerReport], shm: list[ShmFiles], obs: Observation, sysv: list[ShmSegment]) -> dict:
     """The facts of the ledgers (catalogued by ledger_fact_defs)."""
     f: dict = {}
@@ -324,6 +357,7 @@ def ledger_facts(ledgers: list[LedgerReport], shm: list[ShmFiles], obs: Observat
         f.update(_scope_facts(led))
         if led.scope == "process":
             f.update(_fd_facts(led, obs))
+            f.update(anon_split_facts(led.anon_split))
             pte, rss = led.row("page_tables"), led.total_growth
             if pte is not None and pte.growth is not None and rss and rss > 0:
                 f["ledger.process.page_tables_per_rss_growth"] = 100.0 * pte.growth / rss

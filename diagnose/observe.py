@@ -18,7 +18,8 @@ from memdiag.system._parse import Model
 from memdiag.system.cgroup import CgroupMemory
 from memdiag.system.fds import read_memfds
 from memdiag.system.kmsg import OomKill, read_oom_kills
-from memdiag.system.process import ProcessMemory
+from memdiag.system.ledger import AnonPart
+from memdiag.system.process import ProcessGone, ProcessMemory, read_process
 from memdiag.system.processes import read_all_processes
 from memdiag.system.slab import SlabCache, read_slabinfo
 from memdiag.system.smaps import read_smaps_split
@@ -32,6 +33,20 @@ from pydantic import ConfigDict
 from .snapshot import Snapshot, TargetExited, read_target_cgroup, take_snapshot
 
 T = TypeVar("T")
+
+
+class ClosingRead(Model):
+    """A process target's memory read once as the window closed, together with what is read only
+    then (its mappings, its runtime's and allocator's figures): the totals those details add up to,
+    at the moment they were read, which is not the last sample's."""
+
+    model_config = ConfigDict(frozen=True)
+
+    t: float  # monotonic seconds, before the details were read
+    process: ProcessMemory  # its status then: the totals the details are of
+    anon_after: int | None = None  # RssAnon once more after them: how much it moved while they were read
+    anon_parts: list[AnonPart] = []  # its anonymous memory by who holds it (runtime, allocator)
+    anon_unread: list[str] = []  # the sources of that split that did not say, and why
 
 
 class Observation(Model):
@@ -62,6 +77,7 @@ class Observation(Model):
     sysv_last: list[ShmSegment] | None = None  # ... and at the end
     memfds_last: list[tuple[str, int]] | None = None  # a process target's memfds at the end (name, bytes)
     smaps_last: dict[str, list[tuple[str, int]]] | None = None  # its RSS by mapping at the end (system/smaps.py)
+    closing: ClosingRead | None = None  # a process target's memory as the window closed, read with the detail
     processes_first: dict[int, ProcessMemory] = {}
     processes_last: dict[int, ProcessMemory] = {}
     memdiag_pid: int | None = None  # the diagnosing process: it and its children are never in a list of suspects
@@ -213,6 +229,36 @@ class Sampler:
         out = read(t.pid)
         return out if t.changed() is None else None
 
+    def _closing(self, pid: int) -> tuple[ClosingRead, dict[str, list[tuple[str, int]]] | None] | None:
+        """The process's status, then its mappings' split and its anonymous memory by holder (its
+        runtime's own figures, read once more now; its native allocator's), then RssAnon again."""
+        root = self.proc_root
+        t = time.monotonic()
+        try:
+            process = read_process(pid, root)
+        except ProcessGone:
+            return None
+        smaps = read_smaps_split(pid, root)
+        parts: list[AnonPart] = []
+        unread: list[str] = []
+        face = self.runtime
+        if face is not None and face.resident is None:
+            unread.append(f"{face.display}: its own figures are not read for this split")
+        elif face is not None and face.resident is not None:
+            sample = face.sample(pid, root) if face.sample is not None else None
+            said = face.resident([(time.monotonic(), sample)] if sample is not None else [], pid)
+            parts += said
+            if not said:
+                unread.append(f"{face.display}: its own figures could not be read")
+        got, missed = REGISTRY.allocator_parts(pid)
+        parts += got
+        unread += missed
+        try:
+            after = read_process(pid, root).rss_anon
+        except ProcessGone:
+            return None
+        return ClosingRead(t=t, process=process, anon_after=after, anon_parts=parts, anon_unread=unread), smaps
+
     def _shm(self) -> list[ShmMount] | None:
         """The tmpfs mounts as the target sees them (a process's own mount table: a container's /dev/shm
         is its own), walked for their files; the host's for a cgroup or the system."""
@@ -229,6 +275,7 @@ class Sampler:
         closing: the window's last look, which also reads what only the report shows and no rule
         reads (the process's mappings, its memfds, System V segments): once, not at every round."""
         root = self.proc_root
+        closing_read = self._of_target(self._closing) if closing and self.snapshots else None
         return Observation(
             target=self.target,
             runtime=self.runtime.name if self.runtime else None,
@@ -254,7 +301,8 @@ class Sampler:
             sysv_first=self.sysv_first,
             sysv_last=read_sysv_shm(root) if self.snapshots else None,  # one small file: the rules see it mid-window
             memfds_last=self._of_target(lambda pid: read_memfds(pid, root)) if closing and self.snapshots else None,
-            smaps_last=self._of_target(lambda pid: read_smaps_split(pid, root)) if closing and self.snapshots else None,
+            smaps_last=closing_read[1] if closing_read is not None else None,
+            closing=closing_read[0] if closing_read is not None else None,
             processes_first=dict(self.processes_first),
             processes_last=read_all_processes(root) if self.snapshots else {},
             memdiag_pid=os.getpid(),

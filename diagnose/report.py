@@ -11,6 +11,7 @@ from memdiag.probes.registry import REGISTRY
 from memdiag.system._parse import Model
 from memdiag.system.container import ContainerInfo, PodInfo
 from memdiag.system.kmsg import OomKill
+from memdiag.system.ledger import AnonSplit
 from memdiag.system.sysvshm import ShmSegment
 from memdiag.system.trends import Trend
 from pydantic import ConfigDict, Field, model_validator
@@ -156,6 +157,11 @@ class LedgerReport(_Model):
     counts_first: dict[str, int] = {}  # descriptors by type (a process)
     counts_last: dict[str, int] = {}
     unknown: list[str] = []  # lines its source does not give (v1's kernel memory by kind)
+    # the rows' detail (parts) is read once as the window closes, after the last sample: when
+    # (seconds into the window) and the lines' own values then ("total" and line keys)
+    detail_at_s: float | None = None
+    detail_totals: dict[str, int | None] = {}
+    anon_split: AnonSplit | None = None  # a process's anonymous memory by who holds it, read with the detail
 
     @property
     def total_growth(self) -> int | None:

@@ -284,8 +284,15 @@ def compare_scene(scene: dict, new: Report, incident: str, victim: str, found_by
             StackComparison(function=new_fn or fn, status=status, note=f"the new run's {new.verdict.kind} verdict")
         )
         said = f"it grows again ({new.verdict.kind}" + (f" in `{new_fn}`" if new_fn else "") + ")"
-    elif new.verdict.kind == "oom" and new.verdict.culprit.pid == new.target.pid and after is not None and after > 0:
-        # the restarted process climbed until the kernel killed it again: the same end, seen in its window
+    elif (
+        new.verdict.kind == "oom"
+        and new.target.pid is not None
+        and new.verdict.culprit.pid == new.target.pid
+        and after is not None
+        and after * window >= MIN_GROWTH_BYTES
+    ):
+        # the restarted process climbed until the kernel killed it again: the same end, seen in its
+        # window (a growth under the trend code's floor is no climb; a target of no pid is no process)
         status, said = "still-leaking", "it grows again and was killed again at its limit"
     elif before and after is not None and window * before > 4 * MIN_GROWTH_BYTES and after < LEVEL_OFF_RATIO * before:
         status, said = "fixed", "it no longer grows at the pace that filled the limit"

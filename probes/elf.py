@@ -147,6 +147,12 @@ class ElfInfo:
         """The file let go (a reader from passing_elf_info, once done with it)."""
         self._file.close()
 
+    @property
+    def identity(self) -> tuple[int, int]:
+        """(device, inode) of the very file read: another reader opens it expecting these."""
+        st = os.fstat(self._file.fileno())
+        return st.st_dev, st.st_ino
+
     # --- addresses --------------------------------------------------------------------------
     def bias(self, mapping: Mapping) -> int | None:
         """Runtime address minus ELF virtual address, for a mapping of this file."""

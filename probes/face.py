@@ -442,9 +442,9 @@ def probe_row(
 ) -> ProbeStatus:
     """The row of a probe from its result's common fields, or why it did not run (its plan's
     reason when the plan did not go, else not_run: the trail's)."""
-    if r is None:
+    if r is None:  # what its plan gave the rules stands in its row (its price, when it priced itself out)
         why = f"not attached: {plan.reason}" if plan is not None and not plan.go else not_run
-        return ProbeStatus(name=face.name, status="not-run", reason=why)
+        return ProbeStatus(name=face.name, status="not-run", reason=why, figures=figures.get(face.name, {}))
     return ProbeStatus(
         name=face.name,
         status=r.status,

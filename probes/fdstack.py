@@ -7,7 +7,10 @@ with descriptors still open name the code, as memleak's outstanding allocations 
 Raw syscall tracepoints (bpf/fdstack.c): a creating call's return records each descriptor under
 its stack, close() forgets it. At the end every descriptor still recorded is looked up in
 /proc/PID/fd: one gone (closed at exit, by close_range, dup2 or exec's close-on-exec, none of them
-traced) or now of another kind is counted as closed untraced, never as open."""
+traced) or now of another kind is counted as closed untraced, never as open.
+
+Its programs run for every syscall of the host: a diagnosis prices it before it attaches (PRICING,
+probes/hostwide.py), the host's syscalls counted for half a second with no program attached."""
 
 from __future__ import annotations
 
@@ -21,9 +24,9 @@ from memdiag.system._parse import Model
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_number
 
-from . import bpfstats, kernel
+from . import bpfstats, hostwide, kernel
 from .base import Run, run_probe
-from .face import Face, FactDef, ProbeResult, Stack, Stacks, plain
+from .face import Face, FactDef, ProbeResult, Stack, Stacks
 from .growth import EventStacks, RawStack, StackGrowth
 from .text import stack_lines
 
@@ -45,6 +48,30 @@ NOT_TRACED = (
     "it started, nor copies made by dup/dup2/dup3/fcntl(F_DUPFD), descriptors received over a socket "
     "(SCM_RIGHTS), files opened by open/openat, or pidfd_open, userfaultfd, perf_event_open, fanotify_init "
     "and io_uring_setup"
+)
+
+
+def _target_filter() -> dict[str, str]:
+    """The target's count of raw_syscalls:sys_enter kept to the calls the programs record (an ftrace
+    filter on the syscall's number); none off x86-64, where every call of the target is counted."""
+    numbers = sorted(set(arch.syscall_defines(names=arch.FD_SYSCALLS).values()))
+    return {"raw_syscalls:sys_enter": " || ".join(f"id == {n}" for n in numbers)} if numbers else {}
+
+
+# Priced before it attaches (probes/hostwide.py): both programs run for every syscall of the host.
+# Priors, where `memdiag prepare` did not measure this host: BENCHMARKS.md section 9's idle run,
+# 110 ns per program run (the host's own syscalls, filtered out), and 355 ns more per descriptor
+# the target's calls create or close (its stack walked, its books kept).
+PRICING = hostwide.Pricing(
+    probe="fdstack",
+    tracepoints=("raw_syscalls:sys_enter",),
+    programs={"raw_syscalls:sys_enter": ("raw_tracepoint__sys_enter", "raw_tracepoint__sys_exit")},
+    priors_ns={"raw_tracepoint__sys_enter": 110.0, "raw_tracepoint__sys_exit": 110.0},
+    recorded=("raw_syscalls:sys_enter",),
+    recorded_ns=355.0,
+    recorded_what="descriptor-creating calls and closes",
+    event_what="syscalls (each runs its sys_enter and sys_exit programs)",
+    filters=_target_filter,
 )
 
 
@@ -239,11 +266,12 @@ def top_stack(r: FdResult) -> FdStack | None:
     return next((s for s in r.stacks if s.outstanding > 0), None)
 
 
-def facts_of(r: FdResult | None, _plan, name) -> dict:
+def facts_of(r: FdResult | None, plan, name) -> dict:
+    priced = dict(plan.facts) if isinstance(plan, hostwide.HostWidePlan) else {}
     if r is None or r.status not in ("ok", "partial"):
-        return {}
+        return priced
     top = top_stack(r)
-    return {
+    return priced | {
         "fdstack.created": r.created,
         "fdstack.closed": r.closed,
         "fdstack.outstanding": r.outstanding,
@@ -274,7 +302,7 @@ def stacks(r: FdResult) -> list[Stack]:
 FACE = Face(
     name="fdstack",
     summary="descriptors holding kernel memory (sockets, pipes ...) by the stack that made them",
-    run=plain(run),
+    run=lambda target, ctx: run(target, hostwide.run_seconds(ctx)),
     result=FdResult,
     describe=describe,
     caveats=caveats,
@@ -286,8 +314,11 @@ FACE = Face(
         FactDef("fdstack.top_function", "string", "the function of the stack with the most descriptors still open"),
         FactDef("fdstack.top_type", "string", "what that stack's descriptors are: socket, socketpair, pipe, ..."),
         FactDef("fdstack.top_outstanding", "number", "how many descriptors that stack left open"),
+        *PRICING.facts(),
     ),
     facts_of=facts_of,
+    plan=lambda target, ctx: hostwide.plan(PRICING, target, ctx),
+    planning=f"counting the host's syscalls on every CPU for {hostwide.COUNT_S:g} s",
     stacks=Stacks(
         kind="events",
         shown=3,

@@ -16,7 +16,7 @@ from pydantic import Field
 from .cpython.frames import PyFrame, PythonStacks, mixed
 from .face import Namer, Stack, Stacks
 from .procmaps import AddressSpace
-from .stacks import Frame, Symbolizer, close_line_tables, folded, recover, sourced
+from .stacks import Frame, Symbolizer, folded, recover, sourced
 
 T = TypeVar("T")
 
@@ -177,11 +177,9 @@ class EventStacks:
     def fields(self, stats: dict[str, int], stacks: list, failed: int, top: int, weight: str = "count") -> dict:
         """The fields every event-stack result has: its heaviest stacks, the flame graph's folded
         lines, what was lost, and (Python frames walked) what reading them took; the reader closed."""
-        shown = [
-            s.model_copy(update={"frames": sourced(s.frames, s.native, self.spaces.get(s.pid))}) if s.native else s
-            for s in stacks[:top]
-        ]  # their frames' file:line: DWARF line tables read for the stacks kept alone
-        close_line_tables()
+        kept = stacks[:top]  # their frames' file:line: DWARF line tables read for the stacks kept alone
+        lined = sourced([(s.frames, s.native, self.spaces.get(s.pid)) for s in kept])
+        shown = [s.model_copy(update={"frames": f}) if s.native else s for s, f in zip(kept, lined, strict=True)]
         out = {"stacks": shown, "folded": folded_lines(stacks, weight), "lost": stack_losses(stats, failed)}
         if self.python is not None:
             out["python"] = self.python.reading() if self.python.targets or self.python.refused else None

@@ -14,7 +14,9 @@ the host, and its row reports their BPF run time (host_wide). Measured on 6.18 h
 slab allocations and frees a second from the host's other work, kernel.bpf_stats_enabled): ~50 ns
 per allocation of another process (the tgid filter), ~70 ns per kfree and ~210 ns per
 kmem_cache_free (the outstanding table's lookup, most of them RCU batches), ~2.5 us per allocation
-of the target (both stacks walked, the object recorded): ~5% of one CPU on that host."""
+of the target (both stacks walked, the object recorded): ~5% of one CPU on that host. So a diagnosis
+prices it before it attaches (PRICING, probes/hostwide.py): the kmem tracepoints counted for half a
+second with no program attached, times this host's cost per event."""
 
 from __future__ import annotations
 
@@ -24,9 +26,9 @@ from memdiag.system._parse import Model
 from memdiag.system.target import Target
 from memdiag.system.units import fmt_bytes, fmt_number
 
-from . import bpfstats, kernel
+from . import bpfstats, hostwide, kernel
 from .base import Run, run_probe
-from .face import Face, FactDef, ProbeResult, Stack, Stacks, plain
+from .face import Face, FactDef, ProbeResult, Stack, Stacks
 from .growth import EventStacks, RawStack, StackGrowth
 from .stacks import Frame, folded
 from .text import stack_lines
@@ -48,6 +50,28 @@ ALLOCATOR = (
     "get_page_from_freelist", "allocate_slab", "new_slab", "alloc_slab_page", "alloc_slab_obj_exts",
     "bpf_trace_run*", "perf_trace_*", "trace_event_raw_event_*",
 )  # fmt: skip
+
+
+# Priced before it attaches (probes/hostwide.py): its programs run for every slab allocation and free
+# of the host. Priors, where `memdiag prepare` did not measure this host: the figures above (~50 ns
+# per allocation of another process, ~70 per kfree, ~210 per kmem_cache_free), and ~2.5 us more per
+# allocation of the target (BENCHMARKS.md section 9: 1,285 ns per traced event, an allocation and
+# its free about one each).
+PRICING = hostwide.Pricing(
+    probe="kmemstack",
+    tracepoints=tuple(f"kmem:{tp}" for tp in TRACEPOINTS),
+    programs={f"kmem:{tp}": (f"tracepoint__kmem__{tp}",) for tp in TRACEPOINTS},
+    priors_ns={
+        "tracepoint__kmem__kmem_cache_alloc": 50.0,
+        "tracepoint__kmem__kmalloc": 50.0,
+        "tracepoint__kmem__kmem_cache_free": 210.0,
+        "tracepoint__kmem__kfree": 70.0,
+    },
+    recorded=("kmem:kmem_cache_alloc", "kmem:kmalloc"),
+    recorded_ns=2500.0,
+    recorded_what="slab allocations",
+    event_what="slab allocations and frees",
+)
 
 
 class KmemStack(StackGrowth):
@@ -274,11 +298,12 @@ def top_stack(r: KmemResult) -> KmemStack | None:
     return next((s for s in r.stacks if s.count > 0), None)
 
 
-def facts_of(r: KmemResult | None, _plan, name) -> dict:
+def facts_of(r: KmemResult | None, plan, name) -> dict:
+    priced = dict(plan.facts) if isinstance(plan, hostwide.HostWidePlan) else {}
     if r is None or r.status not in ("ok", "partial"):
-        return {}
+        return priced
     top = top_stack(r)
-    return {
+    return priced | {
         "kmemstack.outstanding_bytes": r.outstanding_bytes,
         "kmemstack.outstanding_count": r.outstanding,
         "kmemstack.outstanding_rate": r.outstanding_bytes / r.duration_s if r.duration_s > 0 else None,
@@ -319,7 +344,7 @@ def culprit(r: KmemResult, _verdict_kind: str) -> Stack | None:
 FACE = Face(
     name="kmemstack",
     summary="kernel slab allocations the target left outstanding, by kernel and user stack",
-    run=plain(run),
+    run=lambda target, ctx: run(target, hostwide.run_seconds(ctx)),
     result=KmemResult,
     describe=describe,
     caveats=caveats,
@@ -355,8 +380,11 @@ FACE = Face(
             "whether that stack's objects are charged to the target's memory cgroup",
             figure=False,
         ),
+        *PRICING.facts(),
     ),  # fmt: skip
     facts_of=facts_of,
+    plan=lambda target, ctx: hostwide.plan(PRICING, target, ctx),
+    planning=f"counting the host's slab allocations and frees on every CPU for {hostwide.COUNT_S:g} s",
     stacks=Stacks(
         kind="allocations",
         shown=3,

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 from memdiag.system._parse import read_text
+from memdiag.system.ledger import AnonPart
 from memdiag.system.runtime import Runtime, effective_ids_of, executable_mappings
 
 from .face import Face, FactDef
@@ -153,6 +154,10 @@ RUNTIMES: tuple[RuntimeSpec, ...] = (
     RuntimeSpec("jvm"),
     RuntimeSpec("go"),
 )
+# Readers of a native allocator's own bookkeeping in the target's memory: each module's
+# anon_parts(pid) -> ([AnonPart], [what it did not read]) gives the parts of the process's anonymous
+# memory the allocator holds (in use, free, unused top); the process ledger's split asks each.
+ALLOCATOR_READERS: tuple[str, ...] = ("memdiag.probes.memleak.glibcheap",)
 # Compiled ahead of time but not a probe of its own: the rate count that prices memleak.
 HELPERS: tuple[ProbeSpec, ...] = (ProbeSpec("ratecount", _no_options, module="memdiag.probes.memleak.ratecount"),)
 
@@ -237,6 +242,17 @@ class Registry:
                 if found is not None:
                     return found
         return next((r for f in faces if f.maps is None and (r := f.recognise(seen)) is not None), None)
+
+    def allocator_parts(self, pid: int) -> tuple[list[AnonPart], list[str]]:
+        """What the native allocators' readers say of the process's anonymous memory, and what they
+        did not read."""
+        parts: list[AnonPart] = []
+        unread: list[str] = []
+        for module in ALLOCATOR_READERS:
+            got, missed = importlib.import_module(module).anon_parts(pid)
+            parts += got
+            unread += missed
+        return parts, unread
 
     def retired_facts(self) -> dict[str, str]:
         """Facts a probe yielded once -> what decides now (a rule naming one is told)."""

@@ -51,6 +51,13 @@ series     series(Samples, t0) -> {name: [(seconds from t0, value)]}: series of 
            target's memory, for the Trends table and the window chart.
 labels     {row or series name: how the report names it}: "heap_max": "Java heap maximum (-Xmx)";
            a row or series without one is shown by its name.
+resident   resident(Samples, pid) -> [AnonPart]: what of the process's anonymous memory (RssAnon)
+           its own figures account for (system/ledger.py AnonPart: key runtime_*, label, bytes,
+           estimate), asked once as the window closes, with a sample() read then (Samples of one,
+           or none without sample): a JVM's Java heap, metaspace, JIT code, thread stacks from its
+           sample; Go's heap spans from its GC pacer, V8's heap from smaps, read then by the pid.
+           Only anonymous memory (its files' pages are not), none counted twice; empty: it could
+           not say (the report names it). None (the field): it has no figures for this split.
 sections   sections(Samples) -> [Section]: report sections of its own ("Java heap").
 frames     Frames: how its probes print a frame of the program's own language among native ones
            (`handle_order (/srv/orders.py:42) [python]`), so that a culprit is named in that language
@@ -67,6 +74,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from memdiag.system.ledger import AnonPart
 from memdiag.system.runtime import Runtime
 
 from .face import FactDef, Section, _Frozen
@@ -138,6 +146,7 @@ class RuntimeFace:
     series: Callable[[Samples, float], dict[str, list[tuple[float, float]]]] = _no_facts
     labels: Mapping[str, str] = field(default_factory=dict)
     sections: Callable[[Samples], list[Section]] = _nothing
+    resident: Callable[[Samples, int], list[AnonPart]] | None = None
     frames: Frames | None = None
     perf_map: str = ""
     mark: Callable[[int], Any] | None = None

@@ -92,28 +92,22 @@ class Symbolizer:
         name, clone = split_clone(sym.name)  # process_order.isra.0: GCC's copy of process_order
         return Frame(address=address, function=demangle(name), offset=off, module=mapping.path, clone=clone)
 
-    def sourced(self, frame: Frame, leaf: bool) -> Frame:
-        """The frame with its file:line where its module (or its debug file) has a DWARF line table
-        for it. leaf: the address is where the code was (the stack's first frame); a caller's is
-        the return address, the instruction after the call, whose line may be the next one."""
+    def line_request(self, frame: Frame, leaf: bool) -> tuple[str, str, tuple[int, int], int] | None:
+        """What to ask of the line reader (probes/linechild.py) for this frame's file:line: the
+        file, the module as mapped, its identity and the ELF address, or None where it has no
+        line to look up. leaf: the address is where the code was (the stack's first frame); a
+        caller's is the return address, the instruction after the call, whose line may be the
+        next one."""
         if frame.function is None or frame.source is not None or frame.offset is None:
-            return frame  # unnamed, or named with its line already (Go), or no native frame
+            return None  # unnamed, or named with its line already (Go), or no native frame
         mapping = self.space.find(frame.address) if self.space else None
         if mapping is None or not mapping.is_file:
-            return frame
+            return None
         elf = elf_info(self.space.file_path(mapping))
         bias = elf.bias(mapping) if elf else None
-        table = elf.lines(mapping.path) if elf is not None and bias is not None else None
-        if table is None:
-            return frame
-        try:
-            at = table.source(frame.address - bias - (0 if leaf else 1))
-        except Exception as e:  # noqa: BLE001  (a hostile file's DWARF raises anything: no line, noted)
-            note_module(elf.path, f"no source lines ({type(e).__name__})")
-            return frame
-        if table.note:
-            note_module(elf.path, f"source lines: {table.note}")  # a bound reached (said once)
-        return frame.model_copy(update={"source": f"{at[0]}:{at[1]}"}) if at else frame
+        if elf is None or bias is None:
+            return None
+        return elf.path, mapping.path, elf.identity, frame.address - bias - (0 if leaf else 1)
 
     def _jit_frame(self, address: int) -> Frame | None:
         """Code a JIT generated, named by the runtime's perf map (Node under --perf-basic-prof);
@@ -244,30 +238,48 @@ def _while_executable(space: AddressSpace, addresses: list[int]) -> list[int]:
     return out
 
 
-def close_line_tables() -> None:
-    """The line tables read for the stacks a probe keeps let go, once they have their lines."""
-    from .lines import close_all
+def sourced(stacks: list[tuple[list[str], list[Frame], AddressSpace | None]]) -> list[list[str]]:
+    """Each stack's frames (as the probe named them, a runtime's frames among them) with file:line
+    added to its native frames where a DWARF line table has it. A stack: (its frames, its native
+    frames leaf first, its process's address space). For the stacks a report shows only; the
+    lines are read in a process of memdiag's own under a memory and a time limit
+    (probes/linechild.py), one for them all."""
+    from .linechild import Request, lookup
 
-    close_all()
-
-
-def sourced(frames: list[str], native: list[Frame], space: AddressSpace | None) -> list[str]:
-    """A stack's frames (as the probe named them, a runtime's frames among them) with file:line added
-    to its native frames where a DWARF line table has it (Symbolizer.sourced). native: the stack's
-    native frames, leaf first. For the stacks a report shows only: each module's tables are read
-    when a frame of it is first looked up."""
-    if space is None or not native:
-        return frames
-    symbolizer = Symbolizer(space)
-    names = [str(f) for f in native]
-    out, j = [], 0
-    for text in frames:  # in order: a runtime's frames stand where the interpreter's native ones were
-        k = next((k for k in range(j, len(names)) if names[k] == text), None)
-        if k is None:
-            out.append(text)
+    asks: dict[tuple[str, str, tuple[int, int]], dict[int, None]] = {}  # module -> its addresses, in order
+    places: list[tuple[int, int, Frame, tuple, int]] = []  # (stack, frame position, frame, module, address)
+    for n, (frames, native, space) in enumerate(stacks):
+        if space is None or not native:
             continue
-        out.append(str(symbolizer.sourced(native[k], leaf=k == 0)))
-        j = k + 1
+        symbolizer = Symbolizer(space)
+        names = [str(f) for f in native]
+        j = 0
+        for pos, text in enumerate(frames):  # in order: a runtime's frames stand where the interpreter's were
+            k = next((k for k in range(j, len(names)) if names[k] == text), None)
+            if k is None:
+                continue
+            j = k + 1
+            want = symbolizer.line_request(native[k], leaf=k == 0)
+            if want is None:
+                continue
+            module, address = want[:3], want[3]
+            asks.setdefault(module, {})[address] = None
+            places.append((n, pos, native[k], module, address))
+    out = [list(frames) for frames, _native, _space in stacks]
+    if not asks:
+        return out
+    order = list(asks)
+    answers = lookup([Request(m[0], m[1], m[2], tuple(asks[m])) for m in order])
+    found: dict[tuple, dict[int, tuple[str, int] | None]] = {}
+    for m, answer in zip(order, answers, strict=True):
+        if answer.note:
+            note_module(m[0], answer.note)
+        if answer.lines is not None:
+            found[m] = dict(zip(asks[m], answer.lines, strict=True))
+    for n, pos, frame, module, address in places:
+        at = found.get(module, {}).get(address)
+        if at:
+            out[n][pos] = str(frame.model_copy(update={"source": f"{at[0]}:{at[1]}"}))
     return out
 
 

@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
 from accuracy_score import TITLE as ACCURACY_TITLE  # noqa: E402
 from bench_accuracy import accuracy_section as corpus_section  # noqa: E402
+from bench_anon import anon_section  # noqa: E402
 from bench_common import BCC_ENV, RUNS, MiB, Watch, median_range  # noqa: E402
 from bench_hours import LONG_TITLE, long_section, loop_section  # noqa: E402
 from bench_jvm import jvm_section  # noqa: E402
@@ -467,6 +468,7 @@ def main() -> int:
         "jvm": (lambda: jvm_section(RUNS), "8"),
         "nonheap": (lambda: nonheap_section(RUNS), "9"),
         "recorder": (recorder_section, "10"),
+        "anon": (lambda: anon_section(RUNS), "12"),
     }
     if sys.argv[1:3] == ["--only", "accuracy"]:  # the labelled corpus: its own options, its own section
         only["accuracy"] = (lambda: corpus_section(sys.argv[3:]), "11")
@@ -496,6 +498,7 @@ def main() -> int:
     sections += jvm_section(RUNS)
     sections += nonheap_section(RUNS)
     sections += recorder_section()
+    sections += anon_section(RUNS)
     if ACCURACY_TITLE in old:  # over an hour: kept from its own run (--only accuracy), not run again here
         at = old.index(ACCURACY_TITLE)
         end = old.find("\n## ", at + len(ACCURACY_TITLE))

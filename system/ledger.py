@@ -13,7 +13,12 @@ Three totals, each from the kernel's own counters:
 - the host's MemTotal: anon + page cache + shmem + swap cache + slab + kernel stacks + page tables +
   vmalloc + percpu + huge pages + zswap + free.
 A line the source cannot give is None (unknown, not zero) and is named in `unknown`; the residual is
-then the total less the lines that are known, and says so."""
+then the total less the lines that are known, and says so.
+
+A process's anonymous memory is also split by who holds it (AnonSplit): parts its readers give (a
+runtime's own figures, the native allocator's bookkeeping: their AnonPart each) and the residual,
+anonymous memory no reader attributes, all against the RssAnon read with them; a reader that did
+not say is named, never a zero."""
 
 from __future__ import annotations
 
@@ -310,6 +315,51 @@ def process_ledger(
     return _build("process", p.rss, values, parts, frozenset({"kernel_stacks"}), fds)
 
 
+class AnonPart(Fact):
+    """One holder of a process's anonymous memory: a runtime's heap, the allocator's free chunks."""
+
+    key: str  # what a fact calls it: allocator_in_use, allocator_free, allocator_top, runtime_*
+    label: str  # as the report reads it
+    bytes: int
+    estimate: bool = False
+    source: str = ""  # who said it: "glibc malloc's arenas", "the JVM's own counters"
+
+
+class AnonSplit(Fact):
+    """A process's anonymous memory (RssAnon) at one reading, split by who holds it: the parts the
+    readers that apply said, and the residual, anonymous memory no reader attributes. The parts and
+    the total were read together (at_s, seconds into the window), so that they add up; a reader that
+    did not apply or failed gives no part and is named in `unread`, never a zero."""
+
+    total: int | None  # RssAnon read with the parts
+    at_s: float | None = None  # seconds from the window's first sample
+    parts: list[AnonPart] = []
+    residual: int | None = None  # total less the parts (negative: the estimates overcount)
+    unread: list[str] = []  # sources that did not say, and why: "glibc malloc: main_arena not found"
+    moved: int | None = None  # how much RssAnon changed while the parts were read (read again after)
+
+    def value(self, key: str) -> int | None:
+        return next((p.bytes for p in self.parts if p.key == key), None)
+
+
+ANON_RESIDUAL_LABEL = "anonymous memory no reader attributes"
+
+
+def anon_split(
+    total: int | None,
+    parts: list[AnonPart],
+    unread: list[str],
+    at_s: float | None = None,
+    after: int | None = None,
+) -> AnonSplit:
+    """The split of `total`, its residual computed: total less the parts (None where total is);
+    after: RssAnon read again once the parts were."""
+    known = sum(p.bytes for p in parts)
+    residual = total - known if total is not None else None
+    moved = after - total if after is not None and total is not None else None
+    return AnonSplit(total=total, at_s=at_s, parts=parts, residual=residual, unread=unread, moved=moved)
+
+
 def ledger_fact_defs() -> list[tuple[str, str, str]]:
     """(name, kind, meaning) of every fact ledger_facts may give: the catalog's entries for them."""
     out = []
@@ -344,6 +394,20 @@ def ledger_fact_defs() -> list[tuple[str, str, str]]:
         ("ledger.process.fds_top_type", "string", "the descriptor type whose count grew most (socket, pipe, ...)"),
         ("ledger.process.fds_top_type_count", "number", "descriptors of that type at the window's end"),
         ("ledger.process.fds_top_type_growth", "number", "change of that type's count over the window"),
+        ("ledger.process.anon_allocator_free", "bytes", "free chunks the native allocator holds (estimate, end)"),
+        (
+            "ledger.process.anon_allocator_free_share",
+            "percent",
+            "those free chunks as a share of the anonymous memory read with them",
+        ),
+        ("ledger.process.anon_allocator_in_use", "bytes", "blocks the native allocator has handed out (estimate, end)"),
+        ("ledger.process.anon_runtime", "bytes", "anonymous memory the runtime's own figures account for (end)"),
+        ("ledger.process.anon_unattributed", "bytes", "anonymous memory no reader attributes (the split's residual)"),
+        (
+            "ledger.process.anon_unattributed_share",
+            "percent",
+            "that residual as a share of the anonymous memory read with the split",
+        ),
         ("shm.top_mount", "string", "the tmpfs mount whose use grew most over the window"),
         ("shm.top_mount_used", "bytes", "what that mount holds at the window's end"),
         ("shm.top_mount_growth", "bytes", "change of that mount's use over the window"),

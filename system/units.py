@@ -142,7 +142,10 @@ def parse_quantity(value: object) -> tuple[float | str | bool, Kind]:
     raise ValueError(f"{value!r}: unknown unit {unit!r} (sizes: B KiB MiB GiB; rates: /s; %; durations: ms s min h d)")
 
 
-_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|min|m|h|d)")
+# ASCII digits only: Python's \d and float() take any script's digits ('٣٠s'), which no operator
+# types and no log or alert carries as a duration
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)(ms|s|min|m|h|d)", re.ASCII)
+_PLAIN_SECONDS = re.compile(r"\d+(?:\.\d+)?", re.ASCII)
 _DURATION_UNITS = {**_TIME, "m": 60.0}
 
 
@@ -153,10 +156,8 @@ def parse_duration(text: str) -> float:
     duration option takes only durations, so 'm' is a minute there (it is refused in rules, where
     a value may be a size too). Raises ValueError with the reason."""
     value = text.strip()
-    try:
+    if _PLAIN_SECONDS.fullmatch(value):  # not float(): it takes 'nan', 'inf', '-5' and '1e3'
         return float(value)
-    except ValueError:
-        pass
     pos, total = 0, 0.0
     while pos < len(value):
         m = _DURATION_PART.match(value, pos)

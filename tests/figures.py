@@ -164,6 +164,14 @@ def _ledger_pools(p: Pools, c: dict) -> None:
         pte, rss = rows.get("page_tables"), growth
         if led["scope"] == "process" and pte and pte.get("first") is not None and rss:
             p.add("percent", 100 * (pte["last"] - pte["first"]) / rss)
+    for led in c.get("ledgers", []):  # a process's anonymous memory by who holds it, with its residual
+        split = led.get("anon_split")
+        if split:
+            total = split.get("total")
+            values = [part["bytes"] for part in split["parts"]] + [split.get("residual")]
+            p.add("bytes", total, split.get("moved"), *values)
+            p.add("percent", *(100 * v / total for v in values if v is not None and total))
+            p.add("bytes", *(v for k, v in led.get("detail_totals", {}).items()))
     for m in c.get("shm", []):
         p.add("bytes", m.get("used_first"), m["used_last"])
         if m.get("used_first") is not None:

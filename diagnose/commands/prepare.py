@@ -1,5 +1,5 @@
 """Compile memdiag's BPF programs for this kernel ahead of time, and measure this host's uprobe trap
-costs (set-up runs this).
+costs and what the host-wide probes (fdstack, kmemstack) cost per event of the host (set-up runs this).
 
 A diagnosis then loads cached bytecode and never starts a compiler on a machine short of memory, and
 prices allocation tracing from figures measured while the machine was as quiet as its set-up: measured
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from memdiag.probes import compiler, prepare
+from memdiag.probes import compiler, hostwide, prepare
 from memdiag.probes.memleak.costs import CACHE, host_costs
 
 from ..errors import MemdiagError, PermissionNeeded
@@ -47,5 +47,18 @@ def execute(args: argparse.Namespace) -> int:
         print(
             f"this host's uprobe trap costs: {costs.emulated_ns:,.0f} ns emulated, {costs.stepped_ns:,.0f} ns "
             f"single-stepped ({'measured now' if measured else 'already measured'}, {CACHE})"
+        )
+    # what fdstack's and kmemstack's programs cost per event of the host: their plans price them with it
+    wide = hostwide.cached_costs()
+    fresh_wide = wide is None
+    wide = wide or hostwide.measure()
+    if wide is None:
+        print("the host-wide probes' costs could not be measured: fdstack and kmemstack are priced with priors")
+    elif fresh_wide or not args.quiet:
+        said = ", ".join(f"{k} {v:,.0f} ns" for k, v in sorted(wide.program_ns.items()))
+        said += "".join(f"; {k} recording one of the target's {v:,.0f} ns more" for k, v in wide.recorded_ns.items())
+        print(
+            f"host-wide probes' cost per event: {said} ({'measured now' if fresh_wide else 'already measured'}, "
+            f"{hostwide.CACHE})"
         )
     return 0

@@ -16,6 +16,7 @@ import base64
 import hashlib
 import html
 import json
+import math
 import re
 from functools import cache
 from pathlib import Path
@@ -117,8 +118,15 @@ def chart_data(report: Report) -> tuple[dict | None, list[str]]:
     series = []
     for label, kind, pts in lines:
         values: list[float | None] = [None] * len(xs)
+        dropped = 0
         for t, v in pts:
-            values[at[round(t, 3)]] = v
+            # a runtime's series is read from the target's memory: a NaN or an infinity there is
+            # no point to draw, and JSON has no word for it (the page would be lost)
+            finite = math.isfinite(v)
+            values[at[round(t, 3)]] = v if finite else None
+            dropped += not finite
+        if dropped:
+            notes.append(f"{label}: {dropped} sample(s) not a finite number: not drawn")
         series.append({"label": label, "kind": kind, "values": values})
     return {"x": xs, "series": series}, notes
 

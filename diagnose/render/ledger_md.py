@@ -5,6 +5,7 @@ stacks); the process's descriptors by type; the tmpfs mounts and the files that 
 
 from __future__ import annotations
 
+from memdiag.system.ledger import ANON_RESIDUAL_LABEL
 from memdiag.system.units import fmt_bytes
 
 from ..ledgers import fmt_signed, shares_meaningful
@@ -66,7 +67,63 @@ def _one(led: LedgerReport) -> list[str]:
     lines = _heading("###", f"Ledger: {_HEADS[led.scope]}", led) + table(head, rows) + [""]
     if led.unknown:
         lines += [f"Not said by this kernel's counters (unknown, not zero): {', '.join(led.unknown)}.", ""]
-    return lines + _descriptors(led)
+    return lines + _detail_moment(led) + _anon_split(led) + _descriptors(led)
+
+
+def _detail_moment(led: LedgerReport) -> list[str]:
+    """When the detail column was read (once, as the window closed, after the last sample) and the
+    lines' values then: what its parts add up to, not the `last` column's."""
+    if led.detail_at_s is None:
+        return []
+    t = led.detail_totals
+    said = [f"{led.total_label} {fmt_bytes(t.get('total'))}"]
+    said += [f"{r.label} {fmt_bytes(t[r.key])}" for r in led.rows if r.key in t and r.key != "total"]
+    return [
+        f"The detail column was read as the window closed, {led.detail_at_s:.1f} s into it (after the last sample); "
+        f"the lines were then: {', '.join(said)}.",
+        "",
+    ]
+
+
+def _anon_split(led: LedgerReport) -> list[str]:
+    """The anonymous memory by who holds it: each part with its source, the residual, what was not read."""
+    s = led.anon_split
+    if s is None:
+        return []
+
+    def share(n: int | None) -> str:
+        return f"{100 * n / s.total:.0f}%" if n is not None and s.total else ""
+
+    rows = [
+        [
+            p.label + (" (estimate)" if p.estimate and "estimate" not in p.label else ""),
+            fmt_bytes(p.bytes),
+            share(p.bytes),
+            p.source,
+        ]
+        for p in sorted(s.parts, key=lambda p: -p.bytes)
+    ]
+    rows.append(
+        [
+            ANON_RESIDUAL_LABEL,
+            fmt_bytes(s.residual) if s.residual is not None else "unknown",
+            share(s.residual),
+            "the rest",
+        ]
+    )
+    rows.append(
+        ["= anonymous memory (the sum)", fmt_bytes(s.total), "100%" if s.total else "", "RssAnon, read with the parts"]
+    )
+    at = f", {s.at_s:.1f} s into the window" if s.at_s is not None else ""
+    moved = f" RssAnon moved by {fmt_signed(s.moved)} while they were read." if s.moved else ""
+    lines = _heading("####", "Its anonymous memory by who holds it", led)
+    lines += [f"Read once as the window closed{at}, with the process's anonymous memory then.{moved}", ""]
+    lines += table(["part", "bytes", "share", "source"], rows) + [""]
+    if s.residual is not None and s.residual < 0:
+        lines += ["The parts exceed the anonymous memory: their estimates overcount by the residual.", ""]
+    if s.unread:
+        lines += ["Not read (in the residual, unknown rather than zero): " + "; ".join(s.unread) + ".", ""]
+    return lines
 
 
 def _descriptors(led: LedgerReport) -> list[str]:

@@ -346,7 +346,10 @@ def _report(store: Store, iid: str, item, fmt: str) -> Response:
         from memdiag.diagnose.render.html import render_scene_page  # the renderers load when used
         from memdiag.diagnose.serve.scene import Scene
 
-        scene = Scene.model_validate(item.alert["scene"])
+        try:
+            scene = Scene.model_validate(item.alert["scene"])
+        except ValueError:  # a record stored by another version: said in one line, not a 500
+            raise Refused(404, f"incident {iid} has no report and its recorded scene cannot be read") from None
         page = render_scene_page(f"memdiag: oom — incident {iid}", item.summary or "", scene)
         return Response(page, media_type="text/html; charset=utf-8")
     if item.report_dir is None or item.state != "done":

@@ -222,6 +222,10 @@ class GoProcess:
             pacer=self._pacer(), rss_anon=read_rss_anon(self.pid, self.proc_root),
         )  # fmt: skip
 
+    def pacer(self) -> PacerCounts | None:
+        """The GC pacer's counts now; None: not located (a stripped binary) or unreadable."""
+        return self._pacer()
+
     def _pacer(self) -> PacerCounts | None:
         P = self.layout.pacer
         if P is None or self.pacer_at is None:

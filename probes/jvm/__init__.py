@@ -5,10 +5,11 @@ recording of its memory events (jfr.py), read with a jfr tool of the host's that
 from __future__ import annotations
 
 from memdiag.system.jvm import read_jvm_sample
+from memdiag.system.ledger import AnonPart
 from memdiag.system.runtime import Runtime, is_jvm_module, jvm_version
 
 from ..face import FactDef
-from ..runtime import RuntimeFace, Seen
+from ..runtime import RuntimeFace, Samples, Seen
 from .counters import jvm_facts, jvm_rows, jvm_sections, jvm_series
 
 
@@ -66,12 +67,31 @@ _FACTS = [
     ("jvm.heap_growth_share", "percent", "share of the RSS growth that is inside the Java heap (when the RSS grew)"),
 ]
 
+
+def jvm_resident(samples: Samples, _pid: int) -> list[AnonPart]:
+    """The anonymous parts of the latest sample's RSS split (system/jvm.py split_memory): its file
+    pages and the rest it cannot name are left to the residual. Metaspace is what the JVM has
+    committed, an estimate of what is resident."""
+    last = next((s for _t, s in reversed(samples) if s is not None and s.memory is not None), None)
+    if last is None:
+        return []
+    m, src = last.memory, "the JVM's counters and its mappings"
+    parts = [
+        ("runtime_heap", "Java heap, resident", m.heap, False),
+        ("runtime_metaspace", "metaspace, committed (estimate)", m.metaspace, True),
+        ("runtime_code", "JIT-compiled code (code cache), resident", m.code, False),
+        ("runtime_stacks", f"thread stacks ({m.stack_count} found), resident", m.stacks, False),
+    ]
+    return [AnonPart(key=k, label=lab, bytes=b, estimate=e, source=src) for k, lab, b, e in parts if b is not None]
+
+
 RUNTIME = RuntimeFace(
     name="jvm",
     display="JVM",
     maps=is_jvm_module,
     recognise=_recognise,
     sample=read_jvm_sample,
+    resident=jvm_resident,
     facts=tuple(FactDef(name, kind, help) for name, kind, help in _FACTS),  # type: ignore[arg-type]
     facts_of=jvm_facts,
     rows=jvm_rows,

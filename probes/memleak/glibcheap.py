@@ -30,12 +30,15 @@ from __future__ import annotations
 import os
 import re
 import struct
+import time
 from dataclasses import dataclass
 from enum import Enum
 
 from memdiag.system import identity
+from memdiag.system.ledger import AnonPart
+from memdiag.system.units import fmt_bytes
 
-from ..mapping import Mapping, parse_maps
+from ..mapping import Mapping, parse_maps, read_maps
 
 PREV_INUSE, IS_MMAPPED, NON_MAIN_ARENA = 1, 2, 4
 SIZE_BITS = PREV_INUSE | IS_MMAPPED | NON_MAIN_ARENA
@@ -295,3 +298,279 @@ def _walk(mem: Memory, head: int, found: set[int], mangled: bool) -> bool:
         chunk = (link_at >> 12) ^ stored if mangled else stored
         steps += 1
     return steps < MAX_FASTBIN_WALK
+
+
+# --- What the allocator holds: its arenas' memory, their free chunks and tops (the process ledger's
+# anonymous memory "by who holds it"). main_arena found as above; each arena's malloc_state read
+# (2.27+): after `next` come next_free, attached_threads, system_mem (what the arena took from the
+# system) and max_system_mem. Every bin (a doubly linked list through each free chunk's fd, ending
+# at the bin's own header) and fastbin is followed, each free chunk's size read from its header.
+# The target runs on: a list may change under the walk (a link followed into a chunk handed out
+# since); the figures are estimates, bounded in chunks and time, and a walk cut short is said.
+SYSTEM_MEM_AFTER_FASTBINS = NEXT_AFTER_FASTBINS + 24
+HP_FLAGS_SINCE = 35  # malloc_par gained thp_pagesize, hp_pagesize and hp_flags
+MAX_FREE_CHUNKS = 20_000  # chunks followed on all lists of all arenas at most (~2 us each)
+MAX_WALK_SECONDS = 0.02  # of CPU, once a window; the target is not stopped (its mmap lock read-taken a chunk at a time)
+PAGE = 4096
+PM_PRESENT, PM_SWAPPED = 1 << 63, 1 << 62
+
+
+@dataclass(frozen=True)
+class ArenaStats:
+    """glibc malloc's own bookkeeping, read from the target's memory now (bytes)."""
+
+    minor: int  # glibc 2.minor
+    arenas: int  # arenas read (main_arena and the list after it)
+    system: int  # what the arenas took from the system (system_mem, summed): their brk heap and heaps
+    free: int  # free chunks on their bins and fastbins, and in the main thread's tcache
+    top: int  # their top chunks (the unused end of each heap) ...
+    top_resident: int  # ... of which resident or swapped (pagemap): a top's pages may never have been touched
+    complete: bool  # every list followed to its end within the bounds (else free is a lower bound)
+    free_chunks: int  # free chunks counted
+    mmapped: int | None = None  # blocks it mmapped on their own (mp_.mmapped_mem: mapped, not all resident)
+    n_mmaps: int | None = None  # how many (mp_.n_mmaps); None: mp_ not found
+
+    @property
+    def in_use(self) -> int | None:
+        """Blocks handed out (estimate: system less free and top); None where free is a lower bound."""
+        return max(0, self.system - self.free - self.top) if self.complete else None
+
+
+class _Budget:
+    """Chunks and CPU time (this thread's, system calls included) a walk may spend: the reader's own
+    cost, not the wall clock, so that a walk on a loaded host is not cut short by waiting for a CPU."""
+
+    def __init__(self, chunks: int, seconds: float):
+        self.chunks, self.until = chunks, time.thread_time() + seconds
+
+    def spend(self) -> bool:
+        self.chunks -= 1
+        return self.chunks >= 0 and (self.chunks % 256 or time.thread_time() < self.until)
+
+
+def _chunk_size(mem: Memory, chunk: int) -> int | None:
+    raw = mem.word(chunk + 8)
+    if raw is None:
+        return None
+    size = raw & ~SIZE_BITS
+    return size if MIN_CHUNK <= size <= MAX_CHUNK and size % 16 == 0 else None
+
+
+def _bins_free(mem: Memory, bins_at: int, budget: _Budget) -> tuple[int, int, bool]:
+    """Bytes and count of the chunks on an arena's bins (unsorted, small, large), and whether every
+    list was followed to its end (False: a link that leads to no chunk, or the budget spent: what
+    was counted until then is a lower bound)."""
+    words = mem.read(bins_at, NBINS_WORDS * 8)
+    if words is None:
+        return 0, 0, False
+    heads = struct.unpack(f"<{NBINS_WORDS}Q", words)
+    total = count = 0
+    for b in range(NBINS_WORDS // 2):
+        own = bins_at + 16 * b - 16  # the bin read as a chunk: its fd at own + 16
+        chunk = heads[2 * b]
+        while chunk != own:
+            if not chunk or chunk % 16 or not budget.spend():
+                return total, count, False
+            got = mem.read(chunk + 8, 16)  # size, fd
+            if got is None:
+                return total, count, False
+            raw, fd = struct.unpack("<QQ", got)
+            size = raw & ~SIZE_BITS
+            if not MIN_CHUNK <= size <= MAX_CHUNK or size % 16:
+                return total, count, False
+            total, count, chunk = total + size, count + 1, fd
+    return total, count, True
+
+
+def _fastbins_free(mem: Memory, fastbins_at: int, mangled: bool, budget: _Budget) -> tuple[int, int, bool]:
+    heads = mem.read(fastbins_at, NFASTBINS * 8)
+    if heads is None:
+        return 0, 0, False
+    total = count = 0
+    for chunk in struct.unpack(f"<{NFASTBINS}Q", heads):
+        while chunk:
+            if chunk % 16 or not budget.spend():
+                return total, count, False
+            got = mem.read(chunk + 8, 16)
+            if got is None:
+                return total, count, False
+            raw, stored = struct.unpack("<QQ", got)
+            size = raw & ~SIZE_BITS
+            if not MIN_CHUNK <= size <= FASTBIN_MAX_CHUNK:
+                return total, count, False
+            total, count = total + size, count + 1
+            chunk = ((chunk + HEADER) >> 12) ^ stored if mangled else stored
+    return total, count, True
+
+
+def _tcache_free(mem: Memory, heap: Mapping) -> tuple[int, int]:
+    """The main thread's tcache: its counts by bin (chunk sizes 32, 48, ...); other threads' caches
+    are not found here (their chunks count as in use)."""
+    raw = mem.word(heap.start + 8)
+    if raw is None or (raw & ~SIZE_BITS) not in TCACHE_STRUCT_SIZES:
+        return 0, 0
+    width = TCACHE_STRUCT_SIZES[raw & ~SIZE_BITS]
+    got = mem.read(heap.start + HEADER, TCACHE_BINS * width)
+    if got is None:
+        return 0, 0
+    counts = struct.unpack(f"<{TCACHE_BINS}{'H' if width == 2 else 'B'}", got)
+    return sum(n * (MIN_CHUNK + 16 * i) for i, n in enumerate(counts)), sum(counts)
+
+
+def _resident(pid: int, start: int, end: int) -> int | None:
+    """Bytes of [start, end) resident or swapped, from /proc/PID/pagemap (8 bytes a page, bounded
+    by the range: a top chunk is at most its heap)."""
+    first, last = start // PAGE, (end + PAGE - 1) // PAGE
+    if last <= first or last - first > (1 << 22):  # 16 GiB of pages: no top is
+        return None
+    try:
+        fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        got = os.pread(fd, (last - first) * 8, first * 8)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    entries = struct.unpack(f"<{len(got) // 8}Q", got[: len(got) // 8 * 8])
+    pages = sum(1 for e in entries if e & (PM_PRESENT | PM_SWAPPED))
+    # the first and last page are shared with what lies beside the top: counted in proportion
+    return min(end - start, pages * PAGE)
+
+
+def _mmapped(mem: Memory, mappings: tuple[Mapping, ...], heap: Mapping, minor: int) -> tuple[int, int] | None:
+    """mp_'s mmapped_mem and n_mmaps, found in libc's writable data by its shape: sbrk_base (the
+    [heap]'s start) follows mmapped_mem and max_mmapped_mem, with tcache_bins (at most 64) and
+    tcache_count (at most 65,535) after it (2.26 on); before them the ints n_mmaps, n_mmaps_max,
+    max_n_mmaps, no_dyn_threshold (2.35 on: after hp_flags, the five padded to three words)."""
+    ints_at = -5 * 8 + 4 if minor >= HP_FLAGS_SINCE else -4 * 8  # n_mmaps, from sbrk_base's word
+    for m in mappings:
+        if "w" not in m.perms or not _is_libc(m):
+            continue
+        data = mem.read(m.start, m.end - m.start)
+        if data is None:
+            continue
+        words = struct.unpack(f"<{len(data) // 8}Q", data[: len(data) // 8 * 8])
+        for i in range(4, len(words) - 4):
+            if words[i] != heap.start:
+                continue
+            mapped, peak, bins, count = words[i - 2], words[i - 1], words[i + 1], words[i + 3]
+            n_mmaps, most, max_n = struct.unpack_from("<iii", data, i * 8 + ints_at)
+            shaped = mapped <= peak and mapped % PAGE == 0 and 0 < bins <= TCACHE_BINS and count <= 0xFFFF
+            if shaped and 0 <= n_mmaps <= max_n and most > 0 and (n_mmaps == 0) == (mapped == 0):
+                return mapped, n_mmaps
+    return None
+
+
+def read_arena_stats(pid: int) -> ArenaStats | None:
+    """glibc malloc's arenas in the process now; None: not glibc (2.27+), or main_arena not found.
+    The caller checks the process is the same one before and after (system/identity.py)."""
+    maps = read_maps(pid)
+    if maps is None:
+        return None
+    mappings = tuple(maps)
+    minor = glibc_minor(pid, mappings)
+    heap = next((m for m in mappings if m.path == "[heap]"), None)
+    if minor is None or minor < MIN_MINOR or heap is None:
+        return None
+    try:
+        mem = Memory(pid)
+    except OSError:
+        return None
+    with mem:
+        fastbins_at = _main_arena(mem, mappings, heap)
+        if fastbins_at is None:
+            return None
+        budget = _Budget(MAX_FREE_CHUNKS, MAX_WALK_SECONDS)
+        system = free = top = top_resident = chunks = arenas = 0
+        complete = True
+        arena = fastbins_at
+        while arenas < MAX_ARENAS:
+            arenas += 1
+            state = mem.read(arena + TOP_AFTER_FASTBINS, 8)
+            sys_mem = mem.word(arena + SYSTEM_MEM_AFTER_FASTBINS)
+            if state is None or sys_mem is None:
+                complete = False
+                break
+            system += sys_mem
+            top_chunk = struct.unpack("<Q", state)[0]
+            size = _chunk_size(mem, top_chunk) if top_chunk else None
+            if size is not None:
+                top += size
+                held = _resident(pid, top_chunk, top_chunk + size)
+                top_resident += held if held is not None else size
+            for walked, found, ok in (
+                _bins_free(mem, arena + BINS_AFTER_FASTBINS, budget),
+                _fastbins_free(mem, arena, minor >= MANGLED_SINCE, budget),
+            ):
+                free, chunks, complete = free + walked, chunks + found, complete and ok
+            nxt = mem.word(arena + NEXT_AFTER_FASTBINS)
+            if nxt is None:
+                complete = False
+                break
+            if not nxt or nxt + FASTBINS_AT == fastbins_at:
+                break
+            arena = nxt + FASTBINS_AT
+        cached, n = _tcache_free(mem, heap)
+        mmapped = _mmapped(mem, mappings, heap, minor)
+    return ArenaStats(
+        minor=minor,
+        arenas=arenas,
+        system=system,
+        free=free + cached,
+        top=top,
+        top_resident=top_resident,
+        complete=complete,
+        free_chunks=chunks + n,
+        mmapped=mmapped[0] if mmapped is not None else None,
+        n_mmaps=mmapped[1] if mmapped is not None else None,
+    )
+
+
+SOURCE = "glibc malloc's arenas (read from its memory)"
+
+
+def _other_allocators(pid: int) -> list[str]:
+    """Allocator libraries other than glibc's mapped in the process (by file name): where one serves
+    malloc, what it holds is none of glibc's arenas."""
+    from ..allocator import KNOWN_ALLOCATORS
+
+    maps = read_maps(pid) or ()
+    names = {m.path.rsplit("/", 1)[-1] for m in maps if m.is_file}
+    return sorted(n for n in names if any(k in n for k in KNOWN_ALLOCATORS))
+
+
+def anon_parts(pid: int) -> tuple[list[AnonPart], list[str]]:
+    """The process's anonymous memory glibc's malloc holds, as parts of its ledger's split, and
+    what was not read (said, never a zero). The caller checks the process's identity around it."""
+    others = [f"{n} is mapped: what it allocates is not read (in the residual)" for n in _other_allocators(pid)]
+    stats = read_arena_stats(pid)
+    if stats is None:
+        return [], [
+            "glibc malloc: not read (no glibc 2.27 or later, no brk heap, or its main_arena not found)",
+            *others,
+        ]
+    if stats.mmapped is not None:
+        big = (
+            f"glibc malloc: {stats.n_mmaps} block(s) of 128 KiB and more it mmapped on their own, "
+            f"{fmt_bytes(stats.mmapped)} mapped (mp_): their resident part is in the residual"
+        )
+    else:
+        big = "glibc malloc: blocks of 128 KiB and more it mmaps on their own are not read (in the residual)"
+    unread = [big, *others]
+    parts = []
+    if stats.in_use is not None:
+        label = f"malloc: blocks in use ({stats.arenas} arena(s) less free chunks and tops)"
+        parts.append(AnonPart(key="allocator_in_use", label=label, bytes=stats.in_use, estimate=True, source=SOURCE))
+    else:
+        unread.append("glibc malloc: blocks in use not said (its free lists' walk was cut short)")
+    held = "free chunks it holds (bins, fastbins, the main thread's cache)"
+    if not stats.complete:
+        held += ", at least: the walk was cut short"
+    parts.append(
+        AnonPart(key="allocator_free", label=f"malloc: {held}", bytes=stats.free, estimate=True, source=SOURCE)
+    )
+    top = "malloc: the unused top of its heaps, resident"
+    parts.append(AnonPart(key="allocator_top", label=top, bytes=stats.top_resident, estimate=True, source=SOURCE))
+    return parts, unread

@@ -27,7 +27,7 @@ from ..base import Run, run_probe
 from ..cpython.frames import PythonStacks
 from ..face import TracingCost
 from ..growth import Spaces
-from ..stacks import Frame, close_line_tables, folded, sourced
+from ..stacks import Frame, folded, sourced
 from .costs import Costs
 from .meter import CHECK_S, Meter, check_s, detach_seconds
 from .options import build_options, requirements
@@ -365,11 +365,11 @@ class _Session:
             bpf, kernel_mode, self.spaces, self.series, self.python, oldest, now_ns, scanned.get("per_key", {})
         )
         # the stacks kept: their frames' file:line (DWARF line tables read for these alone)
+        shown = stacks[: self.top]
+        lined = sourced([(s.frames, s.native, self.spaces.get(s.pid)) for s in shown])
         stacks = [
-            s.model_copy(update={"frames": sourced(s.frames, s.native, self.spaces.get(s.pid))}) if s.native else s
-            for s in stacks[: self.top]
+            s.model_copy(update={"frames": frames}) if s.native else s for s, frames in zip(shown, lined, strict=True)
         ] + stacks[self.top :]
-        close_line_tables()
         bigs = [big_alloc(bpf, b, self.spaces, kernel_mode) for b in self.big if b is not None][:200]
         lost = {k: v for k, v in stats.items() if k not in ("allocs", "frees", "sampled_out", "nested")}
         lost["symbol_lookups_failed"] = sum(s.unknown_frames for s in stacks)

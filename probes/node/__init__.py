@@ -3,9 +3,10 @@ sections)."""
 
 from __future__ import annotations
 
+from memdiag.system.ledger import AnonPart
 from memdiag.system.runtime import Runtime, is_node_module, node_versions
 
-from ..runtime import RuntimeFace, Seen
+from ..runtime import RuntimeFace, Samples, Seen
 
 
 def _recognise(seen: Seen) -> Runtime | None:
@@ -16,6 +17,27 @@ def _recognise(seen: Seen) -> Runtime | None:
     return Runtime(name="node", label="Node.js", version=node, module=seen.path, detail=f"V8 {v8}" if v8 else None)
 
 
+def _resident(_samples: Samples, pid: int) -> list[AnonPart]:
+    """V8's heap and generated code, resident, from smaps as V8 lays them out (system/v8memory.py):
+    its anonymous mappings below 64 TiB, and its code range. Array buffers' contents are malloc'd
+    (the allocator's parts, or the residual)."""
+    from memdiag.system.v8memory import read_v8_memory
+
+    m = read_v8_memory(pid)
+    if m is None:
+        return []
+    src = "V8's mappings (smaps)"
+    return [
+        AnonPart(key="runtime_heap", label="V8 heap, resident", bytes=m.v8_resident, source=src),
+        AnonPart(key="runtime_code", label="V8 generated code, resident", bytes=m.jit_resident, source=src),
+    ]
+
+
 RUNTIME = RuntimeFace(
-    name="node", display="Node.js", maps=is_node_module, recognise=_recognise, perf_map="node --perf-basic-prof"
+    name="node",
+    display="Node.js",
+    maps=is_node_module,
+    recognise=_recognise,
+    perf_map="node --perf-basic-prof",
+    resident=_resident,
 )

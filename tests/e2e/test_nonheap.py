@@ -149,6 +149,44 @@ def test_slab_the_target_makes_grow(memdiag, workload, memcg, tmp_path):
     assert kernel["last"] - kernel["first"] > 0.9 * (led["total_last"] - led["total_first"])
 
 
+def _priced_out(rep: dict, probe: str, rule: str) -> None:
+    """The probe priced before it attached, over a budget too small for the host's traffic: not run,
+    its price in the trail, the table and the finding of the rule that says so."""
+    budget = next(t for t in rep["trail"] if t["kind"] == "budget" and t["name"] == probe)
+    assert budget["state"] == "over-budget", budget
+    assert "counted on every CPU" in budget["reason"] and "> budget 0.001%" in budget["reason"], budget["reason"]
+    assert "not by the target alone" in budget["reason"]
+    assert not any(t["kind"] == "probe" and t["name"] == probe and t["state"] == "ok" for t in rep["trail"])
+    row = next(p for p in rep["probes"] if p["name"] == probe)
+    assert row["status"] == "not-run" and "> budget 0.001%" in row["reason"], row
+    finding = next(f for f in rep["findings"] if f["id"] == rule)
+    assert f"{probe} was not attached, priced before attaching at" in finding["summary"], finding
+    assert row["figures"][f"{probe}.price_percent"] > 0.001
+
+
+def test_descriptors_priced_out_leave_the_growth_verdict_and_say_why(memdiag, workload, tmp_path):
+    w = workload("fdleak", "50", "5")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid), "--budget", "0.001%")
+    v = rep["verdict"]
+    assert v["kind"] == "growth" and v["rule"] == "descriptors-accumulate", v["summary"]
+    assert f"PID {w.pid} (fdleak)'s open descriptors only climb" in v["summary"]
+    _priced_out(rep, "fdstack", "descriptors-not-traced")
+
+
+def test_slab_priced_out_leaves_the_growth_verdict_and_says_why(memdiag, workload, memcg, tmp_path):
+    cg = memcg(None)
+    lookups = Path("/var/tmp") / f"memdiag-test-{uuid.uuid4().hex[:8]}"
+    lookups.mkdir()
+    try:
+        w = workload("lookups", str(lookups), "20000", cgroup=cg)
+        rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid), "--budget", "0.001%")
+    finally:
+        lookups.rmdir()
+    v = rep["verdict"]
+    assert v["kind"] == "growth" and v["rule"] == "slab-charged-to-target", v["summary"]
+    _priced_out(rep, "kmemstack", "slab-not-traced")
+
+
 def test_page_tables_that_grow_with_sparse_touches(memdiag, workload, tmp_path):
     w = workload("sparse", "1000", "64")
     rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))

@@ -45,6 +45,13 @@ def test_what_is_not_a_duration_is_refused_with_examples(text):
         DURATION(text)
 
 
+@pytest.mark.parametrize("text", ["nan", "inf", "-5", "1e3", "\u0663\u0660", "\u0663s"])
+def test_a_duration_is_ascii_digits_and_units_only(text):
+    # float() takes these; a caller without its own range check got NaN, a negative or 'Arabic' 30
+    with pytest.raises(ValueError, match="is not a duration"):
+        parse_duration(text)
+
+
 def test_a_duration_over_a_day_or_of_nothing_is_out_of_range():
     for text in ("1d1s", "25h", "0s", "0"):
         with pytest.raises(Exception, match="more than 0 and at most 86400 seconds"):

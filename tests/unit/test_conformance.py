@@ -28,14 +28,17 @@ from memdiag.probes.brkstack import BrkResult
 from memdiag.probes.drsnoop import DrsnoopResult, ProcessReclaim
 from memdiag.probes.face import Plan, ProbeResult, StackReach, TracingCost
 from memdiag.probes.faults import FaultsResult
+from memdiag.probes.fdstack import PRICING as FD_PRICING
 from memdiag.probes.fdstack import FdResult, FdStack, FdTotal
 from memdiag.probes.go.heap import GoHeapResult, GoroutineGroup, GoStack
 from memdiag.probes.growth import StackGrowth
+from memdiag.probes.hostwide import decision as wide_decision
 from memdiag.probes.jvm.histogram import ClassGrowth, HistogramPlan, HistogramResult
 from memdiag.probes.jvm.plan import JfrPlan
 from memdiag.probes.jvm.plan import _over_budget as jfr_over_budget
 from memdiag.probes.jvm.probe import JfrResult
 from memdiag.probes.jvm.recording import Allocating, Held, JavaFrame
+from memdiag.probes.kmemstack import PRICING as KMEM_PRICING
 from memdiag.probes.kmemstack import CacheTotal, KmemResult, KmemStack
 from memdiag.probes.memleak import LeakStack, MemleakResult
 from memdiag.probes.memleak.narrowed import SitesResult, SiteStack
@@ -177,6 +180,12 @@ NODEHEAP = NodeHeapResult(
     perf_map="/tmp/perf-500.map", perf_map_bytes=120_000, read_seconds=0.02, duration_s=6.0,
 )  # fmt: skip
 
+PRICED_OUT = "the host's syscalls ... = 3.10% of one CPU while attached ... > budget 2%: not attached"
+FD_PLAN = wide_decision(FD_PRICING, "full", "the host's syscalls ... <= budget 2%", 0.4)
+FD_OVER = wide_decision(FD_PRICING, "over-budget", PRICED_OUT, 2.6)
+KMEM_PLAN = wide_decision(KMEM_PRICING, "full", "the host's slab allocations and frees ... <= budget 2%", 0.3)
+KMEM_OVER = wide_decision(KMEM_PRICING, "over-budget", PRICED_OUT, 2.4)
+
 # (result, plan) examples of every probe: together they yield every fact the probe declares.
 EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
     "faults": [(FaultsResult(name="faults", status="ok", stacks=[StackGrowth(**_growth(989, 989 * 4096))],
@@ -193,7 +202,8 @@ EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
                           by_kind=[FdTotal(kind="socketpair", created=496, closed=396, outstanding=100)],
                           stacks=[FdStack(kind="socketpair", created=100, closed=0, outstanding=100, oldest_age_s=4.9,
                                           **_growth(100, 0))],
-                          folded=["main;grow_orders;socketpair 100"]), None)],
+                          folded=["main;grow_orders;socketpair 100"]), FD_PLAN),
+                (FdResult(name="fdstack", status="unavailable", reason=PRICED_OUT), FD_OVER)],
     "shmwriter": [(WriterResult(name="shmwriter", status="ok", duration_s=8.0, created=400, removed=200,
                                 remaining=200, remaining_bytes=200 * 65536, pattern="/dev/shm/job-*.spool",
                                 places=[Place(where="/dev/shm/job-*.spool", kind="file", mount="/dev/shm",
@@ -216,7 +226,8 @@ EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
                               stacks=[KmemStack(kernel_frames=KERNEL_FRAMES, kernel_functions=KERNEL_FUNCTIONS,
                                                 cache="dentry", allocs=10000, frees=0, alloc_bytes=1920000,
                                                 accounted=10000, **_growth(10000, 1920000))],
-                              folded=["main;grow_orders;malloc;d_alloc_parallel;__d_alloc 1920000"]), None)],
+                              folded=["main;grow_orders;malloc;d_alloc_parallel;__d_alloc 1920000"]), KMEM_PLAN),
+                  (KmemResult(name="kmemstack", status="unavailable", reason=PRICED_OUT), KMEM_OVER)],
     "oomkill": [(OomKillResult(name="oomkill", status="ok", kills=[OOM]), None)],
     "swapin": [(SwapinResult(name="swapin", status="ok", duration_s=4.0,
                              processes=[ProcessSwapins(pid=PID, comm="orderd", swapins=640)]), None)],

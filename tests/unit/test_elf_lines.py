@@ -23,15 +23,6 @@ from memdiag.probes.elf import elf_info, forget
 LIBC = "/lib/x86_64-linux-gnu/libc.so.6"
 
 
-@pytest.fixture
-def notes():
-    forget()
-    elfmod.NOTES.clear()
-    yield elfmod.NOTES
-    forget()
-    elfmod.NOTES.clear()
-
-
 def _addr2line(path: str, addresses: list[int]) -> list[tuple[str, str]]:
     """(file's last component, line) of each address in the function that holds it, as an addr2line
     other than memdiag's says (the last of its -i lines: where the function calls what was inlined

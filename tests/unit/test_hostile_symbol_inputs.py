@@ -13,11 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 from elfgen import FUNC_BYTES, TEXT_AT, debug_at, shared_object
 from memdiag.probes import elf as elfmod
 from memdiag.probes import symtab
-from memdiag.probes.elf import elf_info, forget, passing_elf_info
+from memdiag.probes.elf import elf_info, passing_elf_info
 from memdiag.probes.mapping import MAX_CODE_MAPPINGS, MAX_DATA_MAPPINGS, parse_maps
 from memdiag.system import perfmap
 from memdiag.system.perfmap import MAX_LINES, MAX_NAME, read_perf_map
@@ -137,15 +136,6 @@ def _noise_over_section_headers(data: bytearray, seed: int) -> bytearray:
     for i in range(shoff, min(len(data), shoff + entsize * count)):
         data[i] = noise.randrange(256)
     return data
-
-
-@pytest.fixture
-def notes():
-    forget()
-    elfmod.NOTES.clear()
-    yield elfmod.NOTES
-    forget()
-    elfmod.NOTES.clear()
 
 
 def test_a_library_with_random_section_headers_has_no_symbols_and_says_so(tmp_path, notes):

@@ -7,14 +7,16 @@ from pathlib import Path
 
 from memdiag.diagnose.culprit import default_classes
 from memdiag.diagnose.factset import window_facts
-from memdiag.diagnose.ledgers import build_ledgers, new_segments, shares_meaningful
-from memdiag.diagnose.observe import Observation
+from memdiag.diagnose.ledgers import anon_split_facts, build_ledgers, new_segments, shares_meaningful
+from memdiag.diagnose.observe import ClosingRead, Observation
 from memdiag.diagnose.snapshot import Snapshot
 from memdiag.system.cgroup import CgroupMemory
 from memdiag.system.fds import fd_type, read_memfds
 from memdiag.system.kmsg import parse_kmsg_line, parse_kmsg_records
 from memdiag.system.ledger import (
     KERNEL_STACK_BYTES,
+    AnonPart,
+    anon_split,
     cgroup_ledger,
     host_ledger,
     ledger_fact_defs,
@@ -191,6 +193,7 @@ def _observation(cgroup_version: int) -> Observation:
         snapshots=[snap(t) for t in range(3)], shm_first=[mount(MiB, 1)], shm_last=[mount(3 * MiB, 3)],
         sockets_first=SocketMemory(sockets=10, buffers=KiB), sockets_last=SocketMemory(sockets=12, buffers=2 * KiB),
         memfds_last=[("memfd:cache", MiB)], sysv_first=[SEGMENTS[0]], sysv_last=SEGMENTS,
+        closing=_closing(),
     )  # fmt: skip
 
 
@@ -212,6 +215,53 @@ def test_the_segments_the_target_made_in_the_window_are_named_by_creator():
     assert (facts["sysv.top_key"], facts["sysv.top_size"], facts["sysv.top_shmid"]) == ("0x2a", 2 * MiB, "3")
     whole = obs.model_copy(update={"target": Target(kind="system")})
     assert [g.shmid for g in new_segments(whole)] == [4, 3, 2]  # the whole system's: every creator's
+
+
+def _closing() -> ClosingRead:
+    """The process as the window closed: 12 MiB anonymous, of which a runtime's heap 4 MiB and the
+    allocator's blocks in use 3 MiB, free chunks 2 MiB and unused top 1 MiB."""
+    proc = ProcessMemory(
+        pid=7, comm="w", cmdline=["w"], rss=15 * MiB, rss_anon=12 * MiB, rss_file=MiB, rss_shmem=2 * MiB
+    )
+    parts = [
+        AnonPart(key="runtime_heap", label="heap", bytes=4 * MiB),
+        AnonPart(key="allocator_in_use", label="in use", bytes=3 * MiB, estimate=True),
+        AnonPart(key="allocator_free", label="free chunks", bytes=2 * MiB, estimate=True),
+        AnonPart(key="allocator_top", label="top", bytes=MiB, estimate=True),
+    ]
+    return ClosingRead(
+        t=2.5, process=proc, anon_after=12 * MiB + 4096, anon_parts=parts, anon_unread=["mmapped: not read"]
+    )
+
+
+def test_anonymous_memory_by_holder_adds_up_with_its_residual():
+    split = build_ledgers(_observation(2))[0].anon_split
+    assert split is not None and split.total == 12 * MiB and split.at_s == 2.5 and split.moved == 4096
+    assert sum(p.bytes for p in split.parts) + split.residual == split.total  # parts + residual = anon
+    assert split.residual == 2 * MiB and split.unread == ["mmapped: not read"]
+    facts = anon_split_facts(split)
+    assert facts["ledger.process.anon_allocator_free"] == 2 * MiB
+    assert facts["ledger.process.anon_allocator_free_share"] == 100 * 2 / 12  # free chunks: 2 of 12 MiB
+    assert facts["ledger.process.anon_runtime"] == 4 * MiB
+    assert facts["ledger.process.anon_unattributed_share"] == 100 * 2 / 12
+
+
+def test_a_holder_no_reader_said_is_unknown_not_zero():
+    split = anon_split(10 * MiB, [], ["glibc malloc: not read"])
+    assert split.residual == 10 * MiB  # all of it unattributed, said so
+    facts = anon_split_facts(split)
+    assert "ledger.process.anon_allocator_free" not in facts and "ledger.process.anon_runtime" not in facts
+    assert facts["ledger.process.anon_unattributed"] == 10 * MiB
+    unknown = anon_split(None, [AnonPart(key="allocator_free", label="free", bytes=MiB)], [])
+    assert unknown.residual is None  # no total read: no residual, not the parts' negative
+    assert "ledger.process.anon_unattributed" not in anon_split_facts(unknown)
+
+
+def test_the_detail_carries_its_own_moment_and_totals():
+    led = build_ledgers(_observation(2))[0]
+    assert led.total_last == 14 * MiB  # the last sample's RSS ...
+    assert led.detail_at_s == 2.5 and led.detail_totals["total"] == 15 * MiB  # ... and the detail's own
+    assert led.detail_totals["anon"] == 12 * MiB
 
 
 def test_every_ledger_fact_the_catalog_lists_is_produced():

@@ -8,6 +8,7 @@ import os
 import re
 from pathlib import Path
 
+import pytest
 from browser import HIGHLIGHTED, Browser
 from memdiag.diagnose.render import render_all
 from memdiag.diagnose.render.html import chart_data, flame_data, json_for_script, render_body
@@ -187,6 +188,21 @@ def test_the_chart_draws_a_stack_only_on_the_windows_clock():
     assert drawn[0] == (9.5, 0.0) and drawn[-1] == (21.5, 24 * (1 << 20))
 
 
+def test_a_series_sample_that_is_no_finite_number_is_left_out_not_the_page():
+    report = fixture_report()
+    counters = report.counters.model_copy(
+        update={
+            "labels": {"jvm.heap": "Java heap"},
+            "series": {**report.counters.series, "jvm.heap": [(0.0, 1.0), (1.0, float("nan")), (2.0, float("inf"))]},
+        }
+    )
+    chart, notes = chart_data(report.model_copy(update={"counters": counters}))
+    heap = next(s for s in chart["series"] if s["label"] == "Java heap")
+    assert [v for v in heap["values"] if v is not None] == [1.0]
+    assert "Java heap: 2 sample(s) not a finite number: not drawn" in notes
+    json_for_script(chart)  # raised ValueError (allow_nan=False) before: the page was lost
+
+
 def test_the_flame_graphs_tree_sums_each_frame():
     tree = flame_data(["a;b;c 10", "a;b 5", "a;d 7", "x 0", "garbage"])
     assert tree["value"] == 22 and tree["stacks"] == 3
@@ -215,3 +231,15 @@ def test_a_table_with_a_header_and_no_rows_renders():
     arrange) is rendered, not a StopIteration that lost every file of the report."""
     body, _toc, _title = render_body("## Classes\n\n| class | first | last |\n|---|---|---|\n")
     assert "<table>" in body and "class" in body
+
+
+def test_a_recorded_scene_that_cannot_be_read_is_a_404_line_not_a_500():
+    """An incident stored by another version of serve: its scene no longer validates."""
+    from types import SimpleNamespace
+
+    from memdiag.diagnose.serve.app import Refused, _report
+
+    item = SimpleNamespace(report_dir=None, state="recorded", alert={"scene": {"shape": 7, "points": "x"}}, summary="")
+    with pytest.raises(Refused) as e:
+        _report(None, "abc", item, "html")
+    assert e.value.status == 404 and "recorded scene cannot be read" in e.value.reason

@@ -69,6 +69,28 @@ def test_a_runtime_yields_exactly_the_facts_it_declares(name):
         assert known[fact.name] == fact, fact.name  # the catalog's entry is the face's own
 
 
+@pytest.mark.parametrize("name", REGISTRY.runtime_names())
+def test_a_runtime_says_only_anonymous_parts_under_its_own_keys(name):
+    """resident(): parts of the process's anonymous memory named runtime_*, none twice, none negative."""
+    face = REGISTRY.runtime(name)
+    if face.resident is None:
+        return
+    for samples, pid in EXAMPLES[name]:
+        parts = face.resident(samples, pid)
+        keys = [p.key for p in parts]
+        assert all(k.startswith("runtime_") for k in keys) and len(set(keys)) == len(keys)
+        assert all(p.bytes >= 0 for p in parts)
+
+
+def test_the_jvm_says_its_heap_metaspace_code_and_stacks_and_not_its_files():
+    parts = {p.key: p for p in REGISTRY.runtime("jvm").resident(_jvm_samples(), 7)}
+    assert {k: p.bytes for k, p in parts.items()} == {
+        "runtime_heap": 59 * MiB, "runtime_metaspace": 8 * MiB, "runtime_code": 2 * MiB, "runtime_stacks": MiB,
+    }  # fmt: skip
+    assert parts["runtime_metaspace"].estimate and not parts["runtime_heap"].estimate  # committed, not resident
+    assert REGISTRY.runtime("jvm").resident([(0.0, JvmSample(missing="-XX:-UsePerfData"))], 7) == []
+
+
 def test_the_check_fails_for_a_runtime_that_declares_a_fact_it_never_yields():
     bad = RuntimeFace(
         name="bad", display="Bad", facts=(FactDef("bad.heap", "bytes", "its heap"), FactDef("bad.gc", "number", "")),
@@ -90,6 +112,7 @@ from pathlib import Path
 
 from memdiag.probes.face import FactDef, Section
 from memdiag.probes.runtime import RuntimeFace, RuntimeRow
+from memdiag.system.ledger import AnonPart
 from memdiag.system._parse import Fact
 from memdiag.system.runtime import Runtime
 
@@ -120,6 +143,7 @@ RUNTIME = RuntimeFace(
     series=lambda s, t0: {"toyrt.heap": [(t - t0, float(x.heap)) for t, x in s]},
     labels={"toyrt.heap": "ToyRT heap"},
     sections=lambda s: [Section(probe="counters", title="Toy heap", lines=[f"{len(s)} samples read"])],
+    resident=lambda s, pid: [AnonPart(key="runtime_arena", label="toy arena, resident", bytes=4096, source="ToyRT")],
 )
 '''
 
@@ -156,7 +180,9 @@ from memdiag.system.target import Target
 rules = load_playbooks(shipped_playbooks() + [Path({rules!r})], trusted=False)
 target = Target.for_pid({pid}, "toyvm")
 engine = Engine(rules, target, 1.0, 2.0)
-obs = Sampler(target, 1.0, 0.1, runtime=registry.REGISTRY.runtime(engine.runtime.name)).run()
+sampler = Sampler(target, 1.0, 0.1, runtime=registry.REGISTRY.runtime(engine.runtime.name))
+sampler.run()
+obs = sampler.so_far(closing=True)
 facts, _c, _t = engine.facts_of(obs)
 report = assemble(engine.finish(obs, False), 2.0)
 files = render_all(report)
@@ -197,6 +223,12 @@ def test_a_runtime_added_as_one_package_and_one_list_entry_reaches_a_verdict_and
     assert "### ToyRT counters" in md and "| ToyRT heap |" in md and "### Toy heap" in md
     assert "ToyRT counters" in html and "ToyRT heap" in html and "Toy heap" in html
     assert any(s["title"] == "Toy heap" for s in rep["sections"])
+    # its part of the process's anonymous memory, in the split by holder, summing with the residual
+    split = counters["ledgers"][0]["anon_split"]
+    (toy,) = [p for p in split["parts"] if p["key"] == "runtime_arena"]
+    assert toy["bytes"] == 4096 and toy["source"] == "ToyRT"
+    assert sum(p["bytes"] for p in split["parts"]) + split["residual"] == split["total"]
+    assert "| toy arena, resident | 4.0 KiB |" in md and "toy arena, resident" in html
 
 
 def test_the_runtime_list_is_the_one_place_recognition_reads(tmp_path):

@@ -30,6 +30,21 @@ def test_another_process_killed_is_not_the_restarted_one_killed_again():
     assert v.status != "still-leaking" and "killed again" not in v.summary, v.summary
 
 
+def test_a_kill_of_no_pid_in_a_target_of_no_pid_is_not_killed_again():
+    report = _after("oom", None)
+    report = report.model_copy(update={"target": report.target.model_copy(update={"pid": None})})
+    v = _compare(report)  # None == None: a cgroup's kill whose victim is unknown said nothing of the process
+    assert v.status != "still-leaking" and "killed again" not in v.summary, v.summary
+
+
+def test_a_killed_process_whose_rss_barely_moved_is_not_killed_again_while_climbing():
+    report = _after("oom", 123)
+    trend = report.counters.trends["process.rss"].model_copy(update={"rate_per_s": 16.0})  # 16 B/s
+    counters = report.counters.model_copy(update={"trends": {**report.counters.trends, "process.rss": trend}})
+    v = _compare(report.model_copy(update={"counters": counters}))
+    assert v.status != "still-leaking", v.summary
+
+
 def test_growing_again_is_still_leaking_and_a_flat_window_is_not():
     assert _compare(_after("growth", 123)).status == "still-leaking"
     assert _compare(_after("healthy", None)).status != "still-leaking"
