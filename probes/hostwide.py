@@ -1,4 +1,4 @@
-"""The plan() of a host-wide probe (fdstack, kmemstack): priced before it attaches, against the budget.
+"""The plan() of a host-wide probe (fdstack, kmemstack, shmwriter): priced before it attaches, against the budget.
 
 Their programs run for every event of their tracepoints on the host (every syscall's entry and exit;
 every slab allocation and free) and filter the target inside, so what they cost falls on whichever

@@ -29,7 +29,7 @@ from memdiag.system.sysvshm import ShmSegment, read_sysv_shm
 from memdiag.system.tmpfs import MAX_ENTRIES, SHMEM_FSTYPES, name_pattern
 from memdiag.system.units import fmt_bytes, fmt_number
 
-from . import bpfstats, kernel
+from . import bpfstats, hostwide, kernel
 from .base import Run, run_probe
 from .face import Face, FactDef, Option, ProbeResult, Section, Stack, Stacks
 from .growth import EventStacks, RawStack, StackGrowth
@@ -111,6 +111,32 @@ class WriterResult(ProbeResult):
     unmatched: int = 0  # made, not unlinked while traced, and gone at the end (or not on tmpfs)
     cut: int = 0  # paths longer than the program keeps: not matched
     made_dropped: int = 0
+
+
+def _target_filter() -> dict[str, str]:
+    """The target's count of raw_syscalls:sys_enter kept to the calls the program records (an ftrace
+    filter on the syscall's number); none off x86-64, where every call of the target is counted."""
+    numbers = sorted(set(arch.syscall_defines(names=arch.SHM_SYSCALLS).values()))
+    return {"raw_syscalls:sys_enter": " || ".join(f"id == {n}" for n in numbers)} if numbers else {}
+
+
+# Priced before it attaches (probes/hostwide.py), as fdstack: its program runs for every syscall's exit
+# on the host (counted at the entry: one exit each). What a filtered run costs is fdstack's sys_exit
+# program's, measured by `memdiag prepare` under the same BPF function name (the same tracepoint and
+# the same early return on the syscall's number), else BENCHMARKS.md section 9's 110 ns; what
+# recording one of the target's calls adds is fdstack's 355 ns (a stack walked, books kept) until
+# section 9 measures shmwriter's own (its rows are in scripts/bench_nonheap.py, not yet run).
+PRICING = hostwide.Pricing(
+    probe="shmwriter",
+    tracepoints=("raw_syscalls:sys_enter",),
+    programs={"raw_syscalls:sys_enter": ("raw_tracepoint__sys_exit",)},
+    priors_ns={"raw_tracepoint__sys_exit": 110.0},
+    recorded=("raw_syscalls:sys_enter",),
+    recorded_ns=355.0,
+    recorded_what="file creations, unlinks, memfd_create and shmget calls",
+    event_what="syscalls (each runs its sys_exit program)",
+    filters=_target_filter,
+)
 
 
 def requirements() -> list[kernel.Availability]:
@@ -479,11 +505,12 @@ def caveats(r: WriterResult) -> list[str]:
     return out
 
 
-def facts_of(r: WriterResult | None, _plan, name) -> dict:
+def facts_of(r: WriterResult | None, plan, name) -> dict:
+    priced = dict(plan.facts) if isinstance(plan, hostwide.HostWidePlan) else {}
     if r is None or r.status not in ("ok", "partial"):
-        return {}
+        return priced
     p = asked(r)
-    f: dict = {
+    f: dict = priced | {
         "shmwriter.created": r.created,
         "shmwriter.remaining": r.remaining,
         "shmwriter.remaining_bytes": r.remaining_bytes,
@@ -558,7 +585,8 @@ def sections(r: WriterResult) -> list[Section]:
 
 
 def _run(target, ctx) -> WriterResult:
-    return run(target, ctx.seconds, pattern=ctx.options.get("pattern"), top=ctx.options.get("top", 50))
+    seconds = hostwide.run_seconds(ctx)  # shortened where its plan said the budget pays for less
+    return run(target, seconds, pattern=ctx.options.get("pattern"), top=ctx.options.get("top", 50))
 
 
 FACE = Face(
@@ -569,6 +597,8 @@ FACE = Face(
     describe=describe,
     caveats=caveats,
     sections=sections,
+    plan=lambda target, ctx: hostwide.plan(PRICING, target, ctx),
+    planning=f"counting the host's syscalls on every CPU for {hostwide.COUNT_S:g} s",
     options=(Option("--pattern", "pattern", "the place to name the maker of: a tmpfs pattern (/dev/shm/job-*.spool)"),),
     facts=(
         FactDef("shmwriter.created", "number", "tmpfs files, memfds and System V segments made during the probe"),
@@ -582,6 +612,7 @@ FACE = Face(
         FactDef("shmwriter.top_process", "string", "the process whose stack made most of them: PID 812 (spooler)"),
         FactDef("shmwriter.top_function", "string", "the function of the stack that made most of them"),
         FactDef("shmwriter.top_stack_remaining", "number", "how many of them that stack made"),
+        *PRICING.facts(),
         FactDef("shmwriter.memfd_remaining", "number", "memfds made during the probe and still there at its end"),
         FactDef("shmwriter.memfd_function", "string", "the function of the stack that left most of them"),
         FactDef("shmwriter.memfd_stack_remaining", "number", "how many that stack left"),

@@ -48,6 +48,7 @@ from memdiag.probes.mmapsnoop import MapStack, MmapResult
 from memdiag.probes.node.heap import NodeHeapResult
 from memdiag.probes.oomkill import OomEvent, OomKillResult
 from memdiag.probes.registry import REGISTRY
+from memdiag.probes.shmwriter import PRICING as SHM_PRICING
 from memdiag.probes.shmwriter import Place, WriterResult, WriterStack
 from memdiag.probes.swapin import ProcessSwapins, SwapinResult
 from memdiag.probes.vmscan import ReclaimLatency, VmscanResult
@@ -185,6 +186,8 @@ FD_PLAN = wide_decision(FD_PRICING, "full", "the host's syscalls ... <= budget 2
 FD_OVER = wide_decision(FD_PRICING, "over-budget", PRICED_OUT, 2.6)
 KMEM_PLAN = wide_decision(KMEM_PRICING, "full", "the host's slab allocations and frees ... <= budget 2%", 0.3)
 KMEM_OVER = wide_decision(KMEM_PRICING, "over-budget", PRICED_OUT, 2.4)
+SHM_PLAN = wide_decision(SHM_PRICING, "full", "the host's syscalls ... <= budget 2%", 0.2)
+SHM_OVER = wide_decision(SHM_PRICING, "over-budget", PRICED_OUT, 2.2)
 
 # (result, plan) examples of every probe: together they yield every fact the probe declares.
 EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
@@ -217,8 +220,9 @@ EXAMPLES: dict[str, list[tuple[ProbeResult, Plan | None]]] = {
                                         WriterStack(kind="sysv", comm="orderd", created=40, removed=0,
                                                     remaining=20, where="System V IPC_PRIVATE",
                                                     **_growth(20, 20 * 65536))],
-                                folded=["main;grow_orders;open64 200"]), None),
-                   (WriterResult(name="shmwriter", status="ok", duration_s=8.0, pattern="/dev/shm/x-*"), None)],
+                                folded=["main;grow_orders;open64 200"]), SHM_PLAN),
+                   (WriterResult(name="shmwriter", status="ok", duration_s=8.0, pattern="/dev/shm/x-*"), None),
+                   (WriterResult(name="shmwriter", status="unavailable", reason=PRICED_OUT), SHM_OVER)],
     "kmemstack": [(KmemResult(name="kmemstack", status="ok", duration_s=5.0, allocs=19800, frees=9800,
                               outstanding=10000, outstanding_bytes=1920000,
                               by_cache=[CacheTotal(cache="dentry", allocs=10000, frees=0, outstanding=10000,
