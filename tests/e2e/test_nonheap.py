@@ -73,7 +73,9 @@ def test_descriptor_leak_names_the_code(memdiag, workload, tmp_path):
 
 
 @pytest.mark.parametrize("target", ["pid", "cgroup"])
-def test_tmpfs_spool_is_named(memdiag, workload, memcg, tmp_path, shm_dir, target):
+# shm_dir before workload: the spooler is stopped before its folder is removed (a file it made
+# during the removal would leave the folder behind)
+def test_tmpfs_spool_is_named(memdiag, shm_dir, workload, memcg, tmp_path, target):
     cg = memcg(None)
     w = workload("spooler", str(shm_dir), "50", "65536", "2", cgroup=cg)
     rep = _diagnose(memdiag, tmp_path, *(("--pid", str(w.pid)) if target == "pid" else ("--cgroup", cg.path)))

@@ -34,8 +34,9 @@ def segments_removed():
             libc.shmctl(int(row["shmid"]), 0, None)  # IPC_RMID
 
 
+# shm_dir before workload, here and below: the spooler is stopped before its folder is removed
 @pytest.mark.parametrize("target", ["pid", "cgroup"])
-def test_the_spool_files_still_there_are_named_by_their_maker(workload, memcg, shm_dir, target):
+def test_the_spool_files_still_there_are_named_by_their_maker(shm_dir, workload, memcg, target):
     cg = memcg(None)
     w = workload("spooler", str(shm_dir), "50", "16384", "2", cgroup=cg)
     where = f"/dev/shm/{shm_dir.name}/job-*.spool"
@@ -56,7 +57,7 @@ def test_the_spool_files_still_there_are_named_by_their_maker(workload, memcg, s
     assert facts["shmwriter.top_where"] == where and facts["shmwriter.top_there"] == place.there
 
 
-def test_a_pattern_asked_about_that_nothing_made_names_no_one(workload, shm_dir):
+def test_a_pattern_asked_about_that_nothing_made_names_no_one(shm_dir, workload):
     w = workload("spooler", str(shm_dir), "50", "16384", "2")
     r = shmwriter.run(Target.for_pid(w.pid), 2, pattern=f"/dev/shm/{shm_dir.name}/other-*.tmp")
     facts = shmwriter.facts_of(r, None, _name)
