@@ -266,7 +266,9 @@ def _shm_facts(shm: list[ShmFiles], host: LedgerReport | None) -> dict:
     if shmem is not None and shmem.growth and shmem.growth > 0:  # how much of the host's Shmem growth it is
         f["shm.top_mount_share"] = 100.0 * growth / shmem.growth
     if m.patterns:
-        pat, files0, files1, bytes0, bytes1 = max(m.patterns, key=lambda p: (p[4] - p[3], p[4]))
+        # files that accumulate first: one file that swells and shrinks (a neighbour's buffer) is
+        # not what the mount's new files are, whatever its size at the window's end
+        pat, files0, files1, bytes0, bytes1 = max(m.patterns, key=lambda p: (p[2] > p[1], p[4] - p[3], p[4]))
         f.update(
             {
                 "shm.top_pattern": f"{m.mount_point.rstrip('/')}/{pat}",

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 import time
 import uuid
 from pathlib import Path
@@ -94,6 +95,46 @@ def test_tmpfs_spool_is_named(memdiag, shm_dir, workload, memcg, tmp_path, targe
     on_disk = len(list(shm_dir.iterdir()))
     assert pattern[2] > pattern[1] and pattern[2] <= on_disk  # counted at the end; more failed since
     _sums(_ledger(rep, "host"))
+
+
+def test_a_tmpfs_spool_beside_a_neighbour_whose_shmem_comes_and_goes(
+    memdiag, shm_dir, workload, memcg, tmp_path
+):
+    """The host's Shmem is everyone's: a neighbour filling and emptying a 48 MiB file in the same
+    mount every second makes it a sawtooth while the spool fills. The spool's cgroup holds it alone:
+    its own shmem line climbs, and the spool is named (healthy before: the host's line decided)."""
+    noise = shm_dir / "buffer"
+    neighbour = subprocess.Popen(
+        [sys.executable, "-c", NEIGHBOUR, str(noise)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
+    try:
+        cg = memcg(None)
+        w = workload("spooler", str(shm_dir), "50", "65536", "2", cgroup=cg)
+        rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    finally:
+        neighbour.kill()
+        neighbour.wait()
+    v = rep["verdict"]
+    assert v["kind"] == "growth" and v["rule"] == "tmpfs-files-accumulate", v["summary"]
+    assert f"the files named /dev/shm/{shm_dir.name}/job-*.spool number" in v["summary"]
+    host = _row(_ledger(rep, "host"), "shmem")
+    cgroup = _row(_ledger(rep, "cgroup"), "shmem")
+    assert cgroup["shape"] == "climbing" and host["shape"] != "climbing", (host["shape"], cgroup["shape"])
+
+
+# fills a file of the same tmpfs to 48 MiB and empties it, once a second
+NEIGHBOUR = """
+import os, sys, time
+with open(sys.argv[1], "wb") as f:
+    while True:
+        for _ in range(48):
+            f.write(b"x" * (1 << 20))
+        f.flush()
+        time.sleep(0.5)
+        f.seek(0)
+        f.truncate()
+        time.sleep(0.5)
+"""
 
 
 @pytest.mark.parametrize("target", ["pid", "cgroup"])
