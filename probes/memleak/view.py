@@ -37,16 +37,16 @@ def stack(s: LeakStack, series_s: list[float] | None = None) -> Stack:
 
 def culprit(r: MemleakResult, verdict_kind: str) -> Stack | None:
     """A leak rests on the stack whose blocks nothing points at, as the leak rule read it; a leak,
-    cache or growth otherwise on the heaviest stack (unless that is a CPython target's arenas); any
-    other verdict on no allocation stack."""
+    cache or growth otherwise on the heaviest stack (a CPython target's arenas: a sample, which an
+    event stack outranks); any other verdict on no allocation stack."""
     leak = r.leak_stack() if verdict_kind == "leak" else None
     if leak is not None:
         return stack(leak, r.series_times)
     if verdict_kind in ("leak", "cache", "growth") and r.stacks:
-        if r.stacks[0].arenas and verdict_kind != "leak":
-            return None  # a CPython target's arenas: the line that mapped one is not the one filling
-            # them; the stacks that count pages as they are touched (faults) name it where they ran
-        return stack(r.stacks[0], r.series_times)
+        top = stack(r.stacks[0], r.series_times)
+        # a CPython target's arenas: the line that mapped the most is not the one filling them; the
+        # stacks that count pages as they are touched (faults) name it where they ran
+        return top.model_copy(update={"sampled": True}) if r.stacks[0].arenas else top
     return None
 
 

@@ -74,6 +74,9 @@ def test_a_node_v8_heap_that_climbs_is_growth_whatever_its_page_mappings_did():
     assert rule == "node-v8-heap-grows", summary
     assert "growth in V8's heap" in summary and "unknown" not in summary
     assert "Which JavaScript function keeps them is not named" in summary
+    # V8's pages climbing while traced are no holder either: "unknown keeps adding blocks" named none
+    rule, summary = _winner({**facts, "memleak.top_trend": "climbing"})
+    assert rule == "node-v8-heap-grows", summary
     # memory outside V8's heap is most of the growth: not this rule's to say
     rule, _ = _winner({**facts, "node.outside_share": 80.0})
     assert rule != "node-v8-heap-grows"
