@@ -1,11 +1,12 @@
 """Node: V8's heap against the memory outside it (heap.py, its face; view.py: its facts, rows and
-sections)."""
+sections), and V8's heap over the whole window (window.py: read with every sample)."""
 
 from __future__ import annotations
 
 from memdiag.system.runtime import Runtime, is_node_module, node_versions
 
 from ..runtime import RuntimeFace, Seen
+from .window import FACTS as WINDOW_FACTS
 
 
 def _recognise(seen: Seen) -> Runtime | None:
@@ -16,6 +17,33 @@ def _recognise(seen: Seen) -> Runtime | None:
     return Runtime(name="node", label="Node.js", version=node, module=seen.path, detail=f"V8 {v8}" if v8 else None)
 
 
+def _sample(pid: int, proc_root):
+    from .window import read_sample
+
+    return read_sample(pid, proc_root)
+
+
+def _facts_of(samples, pid):
+    from .window import facts_of
+
+    return facts_of(samples, pid)
+
+
+def _series(samples, t0):
+    from .window import series
+
+    return series(samples, t0)
+
+
 RUNTIME = RuntimeFace(
-    name="node", display="Node.js", maps=is_node_module, recognise=_recognise, perf_map="node --perf-basic-prof"
+    name="node",
+    display="Node.js",
+    maps=is_node_module,
+    recognise=_recognise,
+    sample=_sample,
+    facts=WINDOW_FACTS,
+    facts_of=_facts_of,
+    series=_series,
+    labels={"v8_heap": "V8's heap, committed (maps)"},
+    perf_map="node --perf-basic-prof",
 )

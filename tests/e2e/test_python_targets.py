@@ -30,8 +30,8 @@ def _line(workload: str, text: str) -> int:
     return lines[0]
 
 
-def _diagnose(memdiag, out: Path, pid: int) -> dict:
-    r = memdiag("--pid", str(pid), *WINDOW, "--output", str(out), timeout=240)
+def _diagnose(memdiag, out: Path, pid: int, window: list[str] = WINDOW) -> dict:
+    r = memdiag("--pid", str(pid), *window, "--output", str(out), timeout=240)
     assert r.returncode == 0, r.stderr
     return json.loads((out / "report.json").read_text())
 
@@ -106,9 +106,10 @@ def test_arenas_mapped_by_a_kept_counter_are_growth_named_by_the_line_that_fills
     """pymalloc's arenas are mapped by whichever line found the last one full (here often the
     caller's `seq += 1`, 32 bytes a request, against log_entry's ~400): memleak's arenas are one
     stack whose trend is the interpreter's, and page faults name the line that fills them. Before,
-    one line's arenas levelled while the other's climbed: "cache: main holds 6.0 MiB"."""
+    one line's arenas levelled while the other's climbed: "cache: main holds 6.0 MiB". The default
+    window of 30 s: the faults follow memleak's 12 s and its scan."""
     w = workload("pyjournal", "4000")
-    rep = _diagnose(memdiag, tmp_path, w.pid)
+    rep = _diagnose(memdiag, tmp_path, w.pid, ["--duration", "30"])
     v = rep["verdict"]
     line = _line("pyjournal.py", "journal[seq] = {")
     assert v["kind"] == "growth", v["summary"]
@@ -119,6 +120,7 @@ def test_arenas_mapped_by_a_kept_counter_are_growth_named_by_the_line_that_fills
     if reach["status"] == "ok":  # a scan that covered the heap names the global
         assert v["rule"] == "python-arenas-held", v["summary"]
         assert "`__main__.journal` (a dict)" in v["summary"], v["summary"]
+        assert not v["culprit"]["stack"][0].startswith("mmap")  # the page faults' stack, not an arena's
     _no_python_tool_advice(rep)
 
 

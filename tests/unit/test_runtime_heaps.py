@@ -66,6 +66,10 @@ def test_a_node_v8_heap_that_climbs_is_growth_whatever_its_page_mappings_did():
         "node.v8_heap_trend": "climbing",
         "node.v8_heap_growth": 6 * MiB,
         "node.v8_heap": 15 * MiB,
+        "node.v8_heap_floor_trend": "climbing",
+        "node.v8_heap_floor_steady": True,
+        "node.v8_heap_floor_growth": 9 * MiB,
+        "node.v8_heap_committed": 18 * MiB,
         "node.native_trend": "flat",
         "node.outside_share": 1.3,
         "node.perf_map": False,
@@ -80,6 +84,53 @@ def test_a_node_v8_heap_that_climbs_is_growth_whatever_its_page_mappings_did():
     # memory outside V8's heap is most of the growth: not this rule's to say
     rule, _ = _winner({**facts, "node.outside_share": 80.0})
     assert rule != "node-v8-heap-grows"
-    # V8's heap read flat: the young generation's pages at their bound are what they look like
-    rule, _ = _winner({**facts, "node.v8_heap_trend": "flat", "node.v8_heap_growth": 0})
+    # V8's heap stepped up once (its young generation sized up), not in each half of the window:
+    # the young generation's pages at their bound are what they look like
+    rule, _ = _winner({**facts, "node.v8_heap_floor_steady": False})
     assert rule == "cache-held"
+
+
+def test_the_arenas_line_gives_way_to_the_page_faults_line_as_the_culprit():
+    """The verdict's stack: memleak's arenas stand for every line that mapped one (their frames a
+    sample, the line that mapped the most), so the page faults' stack names the culprit where it
+    ran; where it did not, the arenas' stack still does."""
+    from memdiag.diagnose.verdict import stack_for
+    from memdiag.probes.faults import FaultsResult
+    from memdiag.probes.growth import StackGrowth
+    from memdiag.probes.memleak.result import LeakStack, MemleakResult
+
+    arena = ["mmap64+0x0 [libc.so.6]", "PyObject_Malloc+0xab [python3.11]", "main (/srv/app.py:22) [python]"]
+    arenas = LeakStack(frames=arena, functions=["mmap64", "PyObject_Malloc", "main (app.py:22)"], pid=7,
+                       method="fp", outstanding_bytes=11 * MiB, outstanding_count=11, allocs=11, frees=0,
+                       alloc_bytes=11 * MiB, freed_bytes=0, arenas=True)  # fmt: skip
+    memleak = MemleakResult(name="memleak", status="ok", stacks=[arenas])
+    fault = ["_PyObject_Malloc+0x1 [python3.11]", "record_event (/srv/app.py:12) [python]"]
+    faults = FaultsResult(name="faults", status="ok", stacks=[
+        StackGrowth(frames=fault, functions=["_PyObject_Malloc", "record_event (app.py:12)"], count=949,
+                    bytes=949 * 4096, pid=7, method="eh_frame")])  # fmt: skip
+    assert stack_for("growth", {"memleak": memleak, "faults": faults}).frames == fault
+    assert stack_for("growth", {"memleak": memleak}).frames == arena
+    # one line's own stack is no sample: it stays the culprit before any event stack
+    own = arenas.model_copy(update={"arenas": False})
+    assert (
+        stack_for("growth", {"memleak": memleak.model_copy(update={"stacks": [own]}), "faults": faults}).frames == arena
+    )
+
+
+def test_v8s_heap_floor_over_the_window_keeps_what_collections_left_and_tells_a_step_from_retention():
+    """V8's committed heap rises and falls (large objects' pages unmapped at the next collection):
+    the floor is what it kept from each sample on; steady where it grew in each half of the window."""
+    from memdiag.probes.node.window import V8HeapSample, facts_of
+
+    def samples(values):
+        return [(float(t), V8HeapSample(mapped=v * MiB)) for t, v in enumerate(values)]
+
+    # a Map's backing store copied as it grows: spikes over a climbing old generation
+    kept = facts_of(samples([10, 14, 11, 12, 16, 13, 14, 18, 15, 16, 20, 17]), 7)
+    assert kept["node.v8_heap_floor_trend"] == "climbing" and kept["node.v8_heap_floor_steady"] is True
+    assert kept["node.v8_heap_floor_growth"] == 7 * MiB and kept["node.v8_heap_committed"] == 17 * MiB
+    # a churn whose young generation V8 sized up once, at the window's end
+    step = facts_of(samples([20] * 9 + [36, 52, 52]), 7)
+    assert step["node.v8_heap_floor_steady"] is False
+    # and once at its start
+    assert facts_of(samples([10, 26, 42] + [42] * 9), 7)["node.v8_heap_floor_steady"] is False
