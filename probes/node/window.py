@@ -10,12 +10,16 @@ within a window whatever the program keeps; what every later collection still le
 climbs where the old generation does, that is where the program keeps what it allocated. Five reads
 of smaps over 8 s (nodeheap) called a Map of closures that grew 1 MB/s "levelled". V8 sizes its
 young generation up in a few large steps (to 16 MiB a semispace), once, as a program's allocation
-rate asks: a JSON churn's committed heap stepped up 32 MiB in the last 3 s of a window. So the floor
-is also asked to have grown in each half of the window (node.v8_heap_floor_steady): retention keeps
-adding old-generation pages, a step is once."""
+rate asks: a JSON churn's committed heap stepped up 32 MiB in the last 3 s of a window. So what the
+playbook reads is whether the floor grew in each third of the window (node.v8_heap_floor_steady):
+retention keeps adding old-generation pages, a step is once, and a bounded structure stops. (Its
+shape, node.v8_heap_floor_trend, can read "levelled" for a heap that kept growing: a collection that
+compacts the old generation near the window's end lowers the floor of every sample before it; the
+kit's Map of closures read so once.)"""
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 from memdiag.system._parse import Fact
@@ -34,8 +38,8 @@ FACTS = (
             "the shape of that floor over the window: climbing (the old generation keeps what the program "
             "allocates), levelled, flat"),
     FactDef("node.v8_heap_floor_steady", "bool",
-            "that floor grew in each half of the window (a heap that keeps what it allocates), not in one "
-            "step (V8 sizing its young generation up)", figure=False),
+            "that floor grew in each third of the window (a heap that keeps what it allocates), not in a "
+            "step (V8 sizing its young generation up) nor only while a bounded structure filled", figure=False),
 )  # fmt: skip
 
 
@@ -72,9 +76,9 @@ def facts_of(samples, _pid: int | None) -> dict:
         low = floor([v for _, v in points])
         f["node.v8_heap_floor_growth"] = low[-1] - low[0]
         f["node.v8_heap_floor_trend"] = growth_trend([(t, v) for (t, _), v in zip(points, low, strict=True)]).shape
-        middle = (points[0][0] + points[-1][0]) / 2
-        half = next(i for i, (t, _) in enumerate(points) if t >= middle)
-        f["node.v8_heap_floor_steady"] = min(low[half] - low[0], low[-1] - low[half]) > MIN_GROWTH_BYTES
+        t0, span = points[0][0], points[-1][0] - points[0][0]
+        cuts = [0, *(next(i for i, (t, _) in enumerate(points) if t >= t0 + k * span / 3) for k in (1, 2)), -1]
+        f["node.v8_heap_floor_steady"] = all(low[b] - low[a] > MIN_GROWTH_BYTES for a, b in itertools.pairwise(cuts))
     return f
 
 

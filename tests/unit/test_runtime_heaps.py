@@ -119,7 +119,7 @@ def test_the_arenas_line_gives_way_to_the_page_faults_line_as_the_culprit():
 
 def test_v8s_heap_floor_over_the_window_keeps_what_collections_left_and_tells_a_step_from_retention():
     """V8's committed heap rises and falls (large objects' pages unmapped at the next collection):
-    the floor is what it kept from each sample on; steady where it grew in each half of the window."""
+    the floor is what it kept from each sample on; steady where it grew in each third of the window."""
     from memdiag.probes.node.window import V8HeapSample, facts_of
 
     def samples(values):
@@ -132,5 +132,10 @@ def test_v8s_heap_floor_over_the_window_keeps_what_collections_left_and_tells_a_
     # a churn whose young generation V8 sized up once, at the window's end
     step = facts_of(samples([20] * 9 + [36, 52, 52]), 7)
     assert step["node.v8_heap_floor_steady"] is False
-    # and once at its start
+    # and once at its start; a structure that filled over two thirds of it and stopped
     assert facts_of(samples([10, 26, 42] + [42] * 9), 7)["node.v8_heap_floor_steady"] is False
+    assert facts_of(samples([10, 12, 14, 16, 18, 20, 22, 24] + [24] * 4), 7)["node.v8_heap_floor_steady"] is False
+    # a collection compacting the old generation near the end lowers the floor before it: its shape may
+    # read levelled, yet it grew in each third
+    compacted = facts_of(samples([10, 12, 14, 16, 18, 20, 22, 24, 26, 21, 22, 23]), 7)
+    assert compacted["node.v8_heap_floor_steady"] is True
