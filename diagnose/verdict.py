@@ -100,14 +100,17 @@ def culprit_of(kind: str, target: Target, tri: Triage, results: dict[str, ProbeR
 
 def stack_for(kind: str, results: dict[str, ProbeResult]) -> Stack | None:
     """The stack the verdict rests on: allocation stacks before event stacks, each probe's own
-    choice for this kind of verdict (memleak: the stack nothing points at, for a leak)."""
+    choice for this kind of verdict (memleak: the stack nothing points at, for a leak); a stack
+    whose frames only sample the paths it stands for (Stack.sampled) gives way to the next probe's."""
+    sampled = None
     for face in REGISTRY.stack_faces():
         r = results.get(face.name)
         if r is not None and face.stacks is not None:
             stack = face.stacks.culprit_of(r, kind)
-            if stack is not None:
+            if stack is not None and not stack.sampled:
                 return stack
-    return None
+            sampled = sampled or stack
+    return sampled
 
 
 def rule_steps(outcomes: list[tuple[Rule, Outcome]], at_s: float) -> list[TrailItem]:

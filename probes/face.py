@@ -193,6 +193,10 @@ class Stack(_Frozen):
     series: list[int] = []  # bytes over the probe's run, when sampled
     series_s: list[float] = []  # when each was sampled: seconds since the probe attached
     reach: StackReach | None = None  # what still points at its blocks, when a scan said
+    # its frames stand for several call paths merged, chosen by a count that samples them unfairly
+    # (a CPython target's arenas: the line that mapped the most): a culprit only where no probe's
+    # stack that counts by bytes (an event stack: the page faults first touching them) ran
+    sampled: bool = False
 
 
 @dataclass(frozen=True)

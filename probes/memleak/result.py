@@ -30,6 +30,9 @@ class LeakStack(Model):
     oldest_age_s: float | None = None
     series: list[int] = []  # outstanding bytes at each of MemleakResult.series_times
     reach: StackReach | None = None  # what still points at its blocks (the scan ran)
+    # a CPython target's pymalloc arenas, mapped by several Python lines (cpython/frames.py ARENAS):
+    # its frames are those of the line that mapped the most, which is not the line that fills them
+    arenas: bool = False
     # its native frames as symbolized (leaf first), for their file:line once the stacks shown are
     # known (stacks.sourced); not part of the result
     native: list[Frame] = Field(default=[], exclude=True)

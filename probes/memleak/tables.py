@@ -176,7 +176,10 @@ def leak_stacks(
             reach=reached.get(key),
             native=native,
         )
-        return (r.pid, python.group(r.pid, frames, by_entry=True)), item
+        group = python.group(r.pid, frames, by_entry=True)
+        if python.is_arenas(group):
+            item = item.model_copy(update={"arenas": True})
+        return (r.pid, group), item
 
     return merge_groups((books(*n) for n in named), _merge, lambda s: s.outstanding_bytes)
 

@@ -23,7 +23,12 @@ def stack(s: LeakStack, series_s: list[float] | None = None) -> Stack:
         count=s.outstanding_count,
         pid=s.pid,
         detail=f"{fmt_number(s.outstanding_count)} allocations outstanding, "
-        f"{fmt_number(s.allocs)} allocs, {fmt_number(s.frees)} frees",
+        f"{fmt_number(s.allocs)} allocs, {fmt_number(s.frees)} frees"
+        + (
+            "; pymalloc's arenas, whichever Python line mapped them (shown: the line that mapped the most)"
+            if s.arenas
+            else ""
+        ),
         series=s.series,
         series_s=series_s[: len(s.series)] if series_s else [],
         reach=s.reach,
@@ -32,12 +37,16 @@ def stack(s: LeakStack, series_s: list[float] | None = None) -> Stack:
 
 def culprit(r: MemleakResult, verdict_kind: str) -> Stack | None:
     """A leak rests on the stack whose blocks nothing points at, as the leak rule read it; a leak,
-    cache or growth otherwise on the heaviest stack; any other verdict on no allocation stack."""
+    cache or growth otherwise on the heaviest stack (a CPython target's arenas: a sample, which an
+    event stack outranks); any other verdict on no allocation stack."""
     leak = r.leak_stack() if verdict_kind == "leak" else None
     if leak is not None:
         return stack(leak, r.series_times)
     if verdict_kind in ("leak", "cache", "growth") and r.stacks:
-        return stack(r.stacks[0], r.series_times)
+        top = stack(r.stacks[0], r.series_times)
+        # a CPython target's arenas: the line that mapped the most is not the one filling them; the
+        # stacks that count pages as they are touched (faults) name it where they ran
+        return top.model_copy(update={"sampled": True}) if r.stacks[0].arenas else top
     return None
 
 

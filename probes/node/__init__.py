@@ -1,5 +1,5 @@
 """Node: V8's heap against the memory outside it (heap.py, its face; view.py: its facts, rows and
-sections)."""
+sections), and V8's heap over the whole window (window.py: read with every sample)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from memdiag.system.ledger import AnonPart
 from memdiag.system.runtime import Runtime, is_node_module, node_versions
 
 from ..runtime import RuntimeFace, Samples, Seen
+from .window import FACTS as WINDOW_FACTS
 
 
 def _recognise(seen: Seen) -> Runtime | None:
@@ -33,11 +34,34 @@ def _resident(_samples: Samples, pid: int) -> list[AnonPart]:
     ]
 
 
+def _sample(pid: int, proc_root):
+    from .window import read_sample
+
+    return read_sample(pid, proc_root)
+
+
+def _facts_of(samples, pid):
+    from .window import facts_of
+
+    return facts_of(samples, pid)
+
+
+def _series(samples, t0):
+    from .window import series
+
+    return series(samples, t0)
+
+
 RUNTIME = RuntimeFace(
     name="node",
     display="Node.js",
     maps=is_node_module,
     recognise=_recognise,
+    sample=_sample,
+    facts=WINDOW_FACTS,
+    facts_of=_facts_of,
+    series=_series,
+    labels={"v8_heap": "V8's heap, committed (maps)"},
     perf_map="node --perf-basic-prof",
     resident=_resident,
 )

@@ -91,3 +91,28 @@ def test_memdiag_probe_says_what_was_read_of_which_process():
     assert lines[0] == "  python: PID 5: CPython 3.11.2 (python3.11, layout from its table)"
     assert lines[1] == "  python: PID 6: not read: unsupported version 3.10"
     assert lines[2].startswith("    4 stacks with Python frames; 26 reads (1.6 KiB) of its memory in")
+
+
+def test_pymalloc_arenas_mapped_by_any_python_line_are_one_stack_for_memleak():
+    """An arena is mapped by whichever line found the last one full, no sample of the lines that
+    fill it: memleak's arenas are one stack (their trend the interpreter's), page faults' stay apart
+    by line, and a thread's stack (mapped by the C library's pthread_create) is no arena."""
+    from memdiag.probes.cpython import frames as module
+
+    class _Proc:
+        module = "/usr/bin/python3.11"
+
+    stacks = PythonStacks()
+    stacks.targets[7] = module._Target(proc=_Proc(), memory=None, codes=None)  # type: ignore[arg-type]
+    counter = ["mmap64+0x0 [libc.so.6]", "[unknown] [python3.11]", "PyObject_Malloc+0xab [python3.11]",
+               "main (/srv/app.py:22) [python]", "<module> (/srv/app.py:26) [python]"]  # fmt: skip
+    keeper = ["mmap64+0x0 [libc.so.6]", "[unknown] [python3.11]", "_PyObject_GC_New+0x17c [python3.11]",
+              "record (/srv/app.py:12) [python]", "main (/srv/app.py:21) [python]"]  # fmt: skip
+    one = stacks.group(7, counter, by_entry=True)
+    assert one == stacks.group(7, keeper, by_entry=True) and PythonStacks.is_arenas(one)
+    assert stacks.group(7, counter) != stacks.group(7, keeper)  # page faults name each line apart
+    thread = ["mmap64+0x0 [libc.so.6]", "pthread_create+0x1 [libc.so.6]", "[unknown] [python3.11]",
+              "start (/usr/lib/python3.11/threading.py:957) [python stdlib]"]  # fmt: skip
+    assert not PythonStacks.is_arenas(stacks.group(7, thread, by_entry=True))
+    malloc = ["malloc+0x0 [libc.so.6]", "[unknown] [python3.11]", "record (/srv/app.py:12) [python]"]
+    assert not PythonStacks.is_arenas(stacks.group(7, malloc, by_entry=True))

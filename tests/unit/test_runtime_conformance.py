@@ -14,6 +14,7 @@ import sys
 
 import pytest
 from memdiag.probes.face import FactDef
+from memdiag.probes.node.window import V8HeapSample
 from memdiag.probes.registry import REGISTRY
 from memdiag.probes.runtime import RuntimeFace, Samples
 from memdiag.rules.catalog import facts as catalog
@@ -38,7 +39,7 @@ def _jvm_samples() -> Samples:
 # CPython face reads the interpreter's frames of a live process: this one, which runs CPython.
 EXAMPLES: dict[str, list[tuple[Samples, int | None]]] = {
     "cpython": [([], os.getpid())],
-    "node": [([], os.getpid())],
+    "node": [([], os.getpid()), ([(float(t), V8HeapSample(mapped=(8 + t) * MiB)) for t in range(6)], 7)],
     "jvm": [([], 7), (_jvm_samples(), 7), ([(0.0, JvmSample(missing="-XX:-UsePerfData"))], 7)],
     "go": [([], os.getpid())],
 }
