@@ -97,9 +97,7 @@ def test_tmpfs_spool_is_named(memdiag, shm_dir, workload, memcg, tmp_path, targe
     _sums(_ledger(rep, "host"))
 
 
-def test_a_tmpfs_spool_beside_a_neighbour_whose_shmem_comes_and_goes(
-    memdiag, shm_dir, workload, memcg, tmp_path
-):
+def test_a_tmpfs_spool_beside_a_neighbour_whose_shmem_comes_and_goes(memdiag, shm_dir, workload, memcg, tmp_path):
     """The host's Shmem is everyone's: a neighbour filling and emptying a 48 MiB file in the same
     mount every second makes it a sawtooth while the spool fills. The spool's cgroup holds it alone:
     its own shmem line climbs, and the spool is named (healthy before: the host's line decided)."""

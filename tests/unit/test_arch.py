@@ -12,9 +12,10 @@ BPF = Path(__file__).resolve().parents[2] / "bpf"
 
 def test_every_syscall_number_the_programs_filter_on_comes_from_python():
     used = {m for path in BPF.glob("*.c") for m in re.findall(r"\bNR_[A-Z0-9_]+\b", path.read_text())}
-    fd_calls = {f"NR_{name.upper()}" for name in arch.FD_SYSCALLS}
+    fd_calls = {f"NR_{name.upper()}" for name in (*arch.FD_SYSCALLS, *arch.SHM_SYSCALLS)}
     assert used == {"NR_BRK", "NR_MMAP", "NR_MUNMAP"} | fd_calls
-    assert used <= set(arch.syscall_defines("x86_64")) | set(arch.syscall_defines("x86_64", arch.FD_SYSCALLS))
+    defined = set(arch.syscall_defines("x86_64")) | set(arch.syscall_defines("x86_64", arch.FD_SYSCALLS))
+    assert used <= defined | set(arch.syscall_defines("x86_64", arch.SHM_SYSCALLS))
     numbers = {"NR_BRK": 12, "NR_MMAP": 9, "NR_MUNMAP": 11}
     assert brkstack.build_options() == numbers and mmapsnoop.build_options() == {**numbers, "PY_FRAMES": 1}
     fd = fdstack.build_options()
