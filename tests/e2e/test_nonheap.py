@@ -120,6 +120,22 @@ def test_a_tmpfs_spool_beside_a_neighbour_whose_shmem_comes_and_goes(memdiag, sh
     assert cgroup["shape"] == "climbing" and host["shape"] != "climbing", (host["shape"], cgroup["shape"])
 
 
+def test_a_neighbour_s_spool_is_not_the_target_s(memdiag, shm_dir, workload, memcg, tmp_path):
+    """An idle process sharing its cgroup with a spooler: the mount grows and the trace of its files'
+    creation runs, but the target made none of them: no tmpfs verdict on it (it was growth before)."""
+    cg = memcg(None)
+    workload("spooler", str(shm_dir), "50", "65536", "2", cgroup=cg)
+    quiet = workload("idle", cgroup=cg)
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(quiet.pid))
+    v = rep["verdict"]
+    assert v["rule"] != "tmpfs-files-accumulate" and v["kind"] == "healthy", v["summary"]
+    grow = next(t for t in rep["trail"] if t["kind"] == "rule" and t["name"] == "tmpfs-files-grow")
+    assert grow["state"] == "fired"  # the mount's growth was seen, and its maker looked for
+    writer = next(p for p in rep["probes"] if p["name"] == "shmwriter")
+    assert writer["status"] == "ok", writer
+    assert not any(f["id"] == "tmpfs-files-writer" for f in rep["findings"])
+
+
 # fills a file of the same tmpfs to 48 MiB and empties it, once a second
 NEIGHBOUR = """
 import os, sys, time
