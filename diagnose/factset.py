@@ -11,7 +11,7 @@ from memdiag.probes.registry import REGISTRY
 from memdiag.probes.runtime import Samples
 from memdiag.system.runtime import Runtime
 from memdiag.system.target import Target
-from memdiag.system.trends import counter_rate, growth_trend
+from memdiag.system.trends import Trend, counter_rate, growth_trend
 
 from .culprit import Classes, default_classes
 from .evidence import (
@@ -173,7 +173,25 @@ def _cgroup_facts(obs: Observation, counters: Counters) -> dict:
     if usage is not None:
         f["cgroup.usage_rate"] = usage.recent_rate_per_s if usage.shape == "climbing" else usage.rate_per_s
         f["cgroup.usage_shape"] = usage.shape
+    f.update(_grower_facts(obs, counters, usage))
     return f
+
+
+def _grower_facts(obs: Observation, counters: Counters, usage: Trend | None) -> dict:
+    """A cgroup target's process that grew most (the report's process table, as its culprit is
+    chosen) and its share of the cgroup's growth: where one process grew the cgroup, the probes that
+    trace one process (allocations, the reachability scan) can be run on it."""
+    if obs.target.kind != "cgroup" or not counters.processes:
+        return {}
+    top = max(counters.processes, key=lambda r: (r.growth, r.rss_last or 0))
+    if top.rss_first is None or top.growth <= 0:
+        return {}  # started during the window, or nothing grew: no grower to name
+    grew = usage.delta if usage is not None else None
+    return {
+        "cgroup.top_grower_pid": str(top.pid),
+        "cgroup.top_grower_growth": top.growth,
+        "cgroup.top_grower_share": 100.0 * top.growth / grew if grew is not None and grew > 0 else None,
+    }
 
 
 def _refaults(obs: Observation) -> dict:

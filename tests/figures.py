@@ -206,6 +206,11 @@ def _derived_pools(p: Pools, rep: dict, rows: dict) -> None:
         headroom.append(max(0, limit - usage))
     if avail is not None:
         headroom.append(avail)
+    usage = rep["counters"]["trends"].get("cgroup.usage") or {}
+    if (usage.get("delta") or 0) > 0:  # a process's share of its cgroup's growth (the process table's)
+        for r in rep["counters"].get("processes", []):
+            if r.get("rss_first") is not None and r.get("rss_last") is not None:
+                p.add("percent", 100 * (r["rss_last"] - r["rss_first"]) / usage["delta"])
     for tr in rep["counters"]["trends"].values():
         rate = abs(tr.get("rate_per_s") or 0)
         if rate > 0:

@@ -177,6 +177,26 @@ def test_mappings_nothing_points_at_are_a_leak(memdiag, workload, tmp_path):
     assert _trail(rep, "budget", "memleak")[0]["state"] == "full"
 
 
+def test_a_cgroups_process_that_leaks_is_traced_and_its_leak_is_a_leak(memdiag, workload, memcg, tmp_path):
+    """A cgroup of a supervisor and three shards, one of which drops records on its merge path:
+    allocation tracing is per process, so it is aimed at the process that grew the cgroup, and the
+    scan finds its blocks unreachable (before: only page faults traced over the cgroup, "growth")."""
+    cg = memcg(None)
+    workload("shards", "3", "2000", "3", cgroup=cg)
+    wait_until(lambda: len(cg.pids()) == 4, "the supervisor and its three shards in the cgroup")
+    merging = [p for p in cg.pids() if Path(f"/proc/{p}/comm").read_text().strip() == "shard-merge"]
+    assert len(merging) == 1
+    rep = _diagnose(memdiag, tmp_path, "--cgroup", cg.path)
+    v = rep["verdict"]
+    assert v["kind"] == "leak", v["summary"]
+    assert "apply_update" in v["summary"] and v["culprit"]["function"] == "apply_update", v["culprit"]
+    assert v["culprit"]["pid"] == merging[0] and v["culprit"]["comm"] == "shard-merge"
+    ran = _trail(rep, "probe", "memleak")[0]
+    assert ran["state"] == "ok" and f"on PID {merging[0]} (shard-merge)" in ran["reason"], ran
+    assert any(t["state"] == "fired" for t in _trail(rep, "rule", "cgroup-grower-traced"))
+    assert rep["stacks"][0]["reach"]["leaked_count"] > 100
+
+
 def test_oom_kill_in_a_limited_cgroup(memdiag, workload, memcg, tmp_path):
     cg = memcg(64 * MiB, swap=False)
     w = workload("hog", "512", "4", "300", cgroup=cg)  # reaches the limit after ~5 s
