@@ -27,7 +27,16 @@ from .evidence import (
 from .ledgers import ledger_facts
 from .observe import Observation
 from .report import TARGET_SERIES, Counters
-from .triage import Triage, kills_during, limit_hits, memory_level, memory_measure, memory_shape, triage
+from .triage import (
+    Triage,
+    kills_during,
+    limit_hits,
+    memory_base,
+    memory_level,
+    memory_measure,
+    memory_shape,
+    triage,
+)
 
 
 def app_function(frames: list[str], forwards: list[bool] | None = None, classes: Classes | None = None) -> str | None:
@@ -63,6 +72,7 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         "window.seconds": window_seconds(obs),
         "window.samples": len(obs.snapshots),
         "memory.shape": memory_shape(counters),
+        "memory.sawtooth_base": memory_base(counters),
         # before any sample too: the fallback rules (too few samples, exited early) ask for them
         "oom.kills": len(counters.oom_kills),
         "oom.kills_in_window": kills_during(obs, counters),

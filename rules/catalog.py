@@ -48,6 +48,13 @@ _DEFS = [
         "the target's own memory series over the run that traced its allocations (climbing, levelled, flat, ...; "
         "unknown: none ran)",
     ),
+    (
+        "memory.sawtooth_base",
+        "string",
+        "a sawtooth's base: level (after each fall it came back to within 256 KiB of its lowest earlier trough, "
+        "and no peak rose over the earlier ones by more), rising, or unknown (no sawtooth, or under two falls "
+        "it rose again from)",
+    ),
     ("memory.level", "bytes", "where that series ended (MemAvailable for the whole system)"),
     (
         "memory.measure",

@@ -7,7 +7,10 @@ growing only when its growth stands out of the series' own noise (twice the resi
 around the fitted line) and exceeds a floor of a few pages, so allocator jitter is not growth.
 "Levelled" needs a level end (the last samples within the floor of each other): a series still
 moving at its end is not level for "0 s". One that fell and grew again (a process OOM-killed and
-restarted, a cgroup emptied and refilled) is a sawtooth, whatever its ends say."""
+restarted, a cgroup emptied and refilled) is a sawtooth, whatever its ends say. A sawtooth's troughs
+(where each fall ended) and peaks (where each began) say whether it is bounded: troughs that come
+back to the same base, under peaks that do not rise, are memory taken and given back (a batch, a
+GC cycle); troughs that rise are growth in steps with partial frees."""
 
 from __future__ import annotations
 
@@ -24,6 +27,9 @@ MIN_GROWTH_BYTES = 256 * 1024
 LEVEL_OFF_RATIO = 0.25
 
 Shape = Literal["climbing", "levelled", "sawtooth", "flat", "shrinking", "unknown"]
+# a sawtooth's base: "level" (its troughs came back within the floor of the lowest earlier one and
+# no peak rose above the earlier ones), "rising" (they did not); None: no sawtooth, or one fall only
+Base = Literal["level", "rising"]
 
 
 class Trend(Model):
@@ -41,6 +47,9 @@ class Trend(Model):
     recent_seconds: float | None = None  # how long that latest third is
     peak_rate_per_s: float | None = None  # fastest slope over any third of the window
     levelled_for_s: float | None = None  # how long the end of the series has stayed level
+    troughs: list[float] | None = None  # a sawtooth's: the low each fall reached, in order
+    peaks: list[float] | None = None  # a sawtooth's: the high each fall began from, in order
+    base: Base | None = None  # whether a sawtooth's troughs and peaks stayed put (two falls or more)
 
 
 def slope(points: list[tuple[float, float]]) -> float:
@@ -105,7 +114,8 @@ def growth_trend(points: list[tuple[float, float]], floor: float = MIN_GROWTH_BY
     if climbing and values[-1] >= max(values) - floor:  # climbing to new highs, whatever fell on the way
         return Trend(shape="climbing", **base)
     if _fell_and_rose(values, floor):  # climbing again below an earlier peak: a kill or a flush between
-        return Trend(shape="sawtooth", **base)
+        peaks, troughs = _falls(values, floor)
+        return Trend(shape="sawtooth", peaks=peaks, troughs=troughs, base=_base(peaks, troughs, floor), **base)
     if climbing:
         return Trend(shape="climbing", **base)
     if delta > floor:
@@ -130,6 +140,37 @@ def _fell_and_rose(values: list[float], floor: float) -> bool:
         else:
             low = min(low, v)
     return False
+
+
+def _falls(values: list[float], floor: float) -> tuple[list[float], list[float]]:
+    """Each fall of more than the floor that the series rose again from (more than the floor): the
+    peak it began from and the trough it reached."""
+    peaks: list[float] = []
+    troughs: list[float] = []
+    peak, low, falling = values[0], values[0], False
+    for v in values[1:]:
+        if not falling:
+            peak = max(peak, v)
+            if peak - v > floor:
+                falling, low = True, v
+        elif v - low > floor:  # rose again: that fall is over
+            peaks.append(peak)
+            troughs.append(low)
+            falling, peak = False, v
+        else:
+            low = min(low, v)
+    return peaks, troughs  # a fall the series ended in is left out: its low may not be its trough
+
+
+def _base(peaks: list[float], troughs: list[float], floor: float) -> Base | None:
+    """Level: the last trough within the floor of the lowest earlier one and the last peak not above
+    the earlier ones by more than it (memory given back to the same base, up to the same high);
+    rising otherwise (a step that partial frees leave behind). One fall says nothing of a base."""
+    if len(troughs) < 2:
+        return None
+    if troughs[-1] - min(troughs[:-1]) > floor or peaks[-1] - max(peaks[:-1]) > floor:
+        return "rising"
+    return "level"
 
 
 def _level_duration(points: list[tuple[float, float]], floor: float) -> float:

@@ -117,6 +117,7 @@ def table_pools(rep: dict) -> Pools:
             p.add("counts_all", r.get("first"), r.get("last"), _delta(r))
     for tr in c["trends"].values():
         p.add("bytes", tr.get("first"), tr.get("last"), tr.get("low"), tr.get("peak"), tr.get("delta"))
+        p.add("bytes", *(tr.get("troughs") or []), *(tr.get("peaks") or []))  # a sawtooth's falls
         p.add("rate", tr.get("rate_per_s"))
         p.add("recent", tr.get("recent_rate_per_s"))
         p.add("recent_seconds", tr.get("recent_seconds"))

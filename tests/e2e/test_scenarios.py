@@ -158,6 +158,31 @@ def test_churn_is_healthy(memdiag, workload, tmp_path):
     assert not [p for p in rep["probes"] if p["status"] != "not-run"]  # nothing to escalate to
 
 
+def test_waves_that_give_back_all_they_take_are_healthy(memdiag, workload, tmp_path):
+    """32 MiB taken and given back every 5 s: a sawtooth whose troughs come back to the same base,
+    healthy with its troughs and peaks said (before: inconclusive, "no one rate describes it")."""
+    w = workload("waves", "5", "32", "0")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v, tr = rep["verdict"], rep["counters"]["trends"]["process.rss"]
+    assert v["kind"] == "healthy", v["summary"]
+    assert any(t["state"] == "fired" for t in _trail(rep, "rule", "sawtooth-level"))
+    assert tr["shape"] == "sawtooth" and tr["base"] == "level" and len(tr["troughs"]) >= 2, tr
+    assert min(tr["peaks"]) - max(tr["troughs"]) > 24 * MiB, tr  # each wave seen, each given back
+    assert "troughs of" in v["summary"] and "from peaks of" in v["summary"]
+
+
+def test_waves_that_leave_a_step_behind_are_not_called_bounded(memdiag, workload, tmp_path):
+    """The same waves, each leaving 8 of its 32 MiB mapped: troughs that rise are growth in steps,
+    never a sawtooth's level base (healthy or cache)."""
+    w = workload("waves", "5", "32", "4")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v, tr = rep["verdict"], rep["counters"]["trends"]["process.rss"]
+    assert v["kind"] not in ("healthy", "cache"), v["summary"]
+    assert not any(t["state"] == "fired" for t in _trail(rep, "rule", "sawtooth-level"))
+    assert tr["shape"] == "climbing" or tr["base"] == "rising", tr
+    assert tr["last"] - tr["first"] > 16 * MiB, tr  # the steps left behind
+
+
 def test_heap_growth_by_brk(memdiag, workload, tmp_path):
     w = workload("mapper", "256", "0")
     rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))

@@ -76,3 +76,53 @@ def test_still_moving_at_the_end_is_not_levelled_for_zero_seconds():
 def test_a_plateau_says_how_long_it_has_been_level():
     tr = growth_trend([(t, 8 * MiB * min(t, 20)) for t in range(31)])
     assert tr.shape == "levelled" and tr.levelled_for_s == 10
+
+
+def _waves(period, take, left_behind=0.0, base=8 * MiB, seconds=31, noise=None):
+    """A wave every `period` s: `take` bytes over the first half of it, given back at its end but
+    for `left_behind` of each (a step that stays)."""
+    n = noise or (lambda: 0.0)
+    points, kept = [], 0.0
+    for t in range(seconds):
+        phase = t % period
+        if t and phase == 0:
+            kept += left_behind
+        up = take * min(1.0, (phase + 1) / (period / 2)) if phase < period - 1 else 0.0
+        points.append((t, base + kept + up + n()))
+    return points
+
+
+def test_a_sawtooth_back_to_the_same_base_is_level_with_its_troughs_and_peaks():
+    tr = growth_trend(_waves(6, 40 * MiB, noise=_noise(3)))
+    assert tr.shape == "sawtooth" and tr.base == "level"
+    assert len(tr.troughs) >= 3 and len(tr.peaks) == len(tr.troughs)
+    assert all(abs(v - 8 * MiB) < 256 * 1024 for v in tr.troughs)
+    assert all(abs(v - 48 * MiB) < 256 * 1024 for v in tr.peaks)
+
+
+def test_a_step_left_behind_by_each_wave_is_a_rising_base():
+    """Partial frees: each wave gives back all but 4 MiB, so the troughs rise: never level."""
+    tr = growth_trend(_waves(6, 40 * MiB, left_behind=4 * MiB, noise=_noise(4)))
+    assert tr.shape in ("sawtooth", "climbing")
+    assert tr.shape == "climbing" or tr.base == "rising", tr
+    small = growth_trend(_waves(6, 40 * MiB, left_behind=512 * 1024))  # 0.5 MiB a wave: over the floor
+    assert small.shape == "climbing" or small.base == "rising", small
+
+
+def test_peaks_that_rise_over_a_level_base_are_no_bound():
+    points = [(t, 8 * MiB + (4 + t // 6 * 8) * MiB * (t % 6 < 3)) for t in range(30)]
+    tr = growth_trend(points)
+    assert tr.shape == "sawtooth" and tr.base == "rising", tr
+
+
+def test_one_fall_says_nothing_of_a_base():
+    points = [(t, (8 + min(t, 10) * 3) * MiB if t < 12 else (8 + (t - 12)) * MiB) for t in range(20)]
+    tr = growth_trend(points)
+    assert tr.shape == "sawtooth" and tr.base is None and len(tr.troughs) == 1
+
+
+def test_a_fall_the_series_ends_in_is_no_trough():
+    """Its low may not be the trough yet (the series ended while it fell): left out."""
+    points = _waves(6, 40 * MiB)[:-1] + [(30, 30 * MiB)]
+    tr = growth_trend(points)
+    assert all(v < 9 * MiB for v in tr.troughs), tr.troughs
