@@ -51,9 +51,9 @@ _DEFS = [
     (
         "memory.sawtooth_base",
         "string",
-        "a sawtooth's base: level (after each fall it came back to within 256 KiB of its lowest earlier trough, "
-        "and no peak rose over the earlier ones by more), rising, or unknown (no sawtooth, or under two falls "
-        "it rose again from)",
+        "a sawtooth's base: level (its troughs did not rise out of their own noise, and neither its last trough "
+        "nor its last peak stands over 256 KiB above the earlier ones), rising, or unknown (no sawtooth, or under "
+        "two falls it rose again from)",
     ),
     ("memory.level", "bytes", "where that series ended (MemAvailable for the whole system)"),
     (

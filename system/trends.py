@@ -10,7 +10,7 @@ moving at its end is not level for "0 s". One that fell and grew again (a proces
 restarted, a cgroup emptied and refilled) is a sawtooth, whatever its ends say. A sawtooth's troughs
 (where each fall ended) and peaks (where each began) say whether it is bounded: troughs that come
 back to the same base, under peaks that do not rise, are memory taken and given back (a batch, a
-GC cycle); troughs that rise are growth in steps with partial frees."""
+GC cycle); troughs that rise out of their own noise are growth in steps with partial frees."""
 
 from __future__ import annotations
 
@@ -114,8 +114,9 @@ def growth_trend(points: list[tuple[float, float]], floor: float = MIN_GROWTH_BY
     if climbing and values[-1] >= max(values) - floor:  # climbing to new highs, whatever fell on the way
         return Trend(shape="climbing", **base)
     if _fell_and_rose(values, floor):  # climbing again below an earlier peak: a kill or a flush between
-        peaks, troughs = _falls(values, floor)
-        return Trend(shape="sawtooth", peaks=peaks, troughs=troughs, base=_base(peaks, troughs, floor), **base)
+        peaks, troughs = _falls(points, floor)
+        shape = _base(peaks, troughs, floor)
+        return Trend(shape="sawtooth", peaks=[v for _, v in peaks], troughs=[v for _, v in troughs], base=shape, **base)
     if climbing:
         return Trend(shape="climbing", **base)
     if delta > floor:
@@ -142,35 +143,44 @@ def _fell_and_rose(values: list[float], floor: float) -> bool:
     return False
 
 
-def _falls(values: list[float], floor: float) -> tuple[list[float], list[float]]:
+Point = tuple[float, float]
+
+
+def _falls(points: list[Point], floor: float) -> tuple[list[Point], list[Point]]:
     """Each fall of more than the floor that the series rose again from (more than the floor): the
-    peak it began from and the trough it reached."""
-    peaks: list[float] = []
-    troughs: list[float] = []
-    peak, low, falling = values[0], values[0], False
-    for v in values[1:]:
+    peak it began from and the trough it reached, as (t, value)."""
+    peaks: list[Point] = []
+    troughs: list[Point] = []
+    peak, low, falling = points[0], points[0], False
+    for p in points[1:]:
         if not falling:
-            peak = max(peak, v)
-            if peak - v > floor:
-                falling, low = True, v
-        elif v - low > floor:  # rose again: that fall is over
+            peak = max(peak, p, key=lambda q: q[1])
+            if peak[1] - p[1] > floor:
+                falling, low = True, p
+        elif p[1] - low[1] > floor:  # rose again: that fall is over
             peaks.append(peak)
             troughs.append(low)
-            falling, peak = False, v
-        else:
-            low = min(low, v)
+            falling, peak = False, p
+        elif p[1] < low[1]:
+            low = p
     return peaks, troughs  # a fall the series ended in is left out: its low may not be its trough
 
 
-def _base(peaks: list[float], troughs: list[float], floor: float) -> Base | None:
-    """Level: the last trough within the floor of the lowest earlier one and the last peak not above
-    the earlier ones by more than it (memory given back to the same base, up to the same high);
-    rising otherwise (a step that partial frees leave behind). One fall says nothing of a base."""
+def _base(peaks: list[Point], troughs: list[Point], floor: float) -> Base | None:
+    """Rising where the troughs grow out of their own noise (as a series climbs: their rise over the
+    falls above twice their residual spread and the floor), or the last trough or peak stands more
+    than the floor above every earlier one (a step that partial frees leave behind, a high that
+    keeps rising); level otherwise: memory given back to the same base, up to the same high. One
+    fall says nothing of a base."""
     if len(troughs) < 2:
         return None
-    if troughs[-1] - min(troughs[:-1]) > floor or peaks[-1] - max(peaks[:-1]) > floor:
+    if _grows(troughs, floor) or _above_earlier(troughs, floor) or _above_earlier(peaks, floor):
         return "rising"
     return "level"
+
+
+def _above_earlier(points: list[Point], floor: float) -> bool:
+    return points[-1][1] - max(v for _, v in points[:-1]) > floor
 
 
 def _level_duration(points: list[tuple[float, float]], floor: float) -> float:

@@ -126,3 +126,17 @@ def test_a_fall_the_series_ends_in_is_no_trough():
     points = _waves(6, 40 * MiB)[:-1] + [(30, 30 * MiB)]
     tr = growth_trend(points)
     assert all(v < 9 * MiB for v in tr.troughs), tr.troughs
+
+
+def test_troughs_that_jitter_around_one_base_are_level():
+    """A collector's troughs land anywhere within half a MiB of one base: no rise out of their noise,
+    none a new high base, so level (a last trough 0.5 MiB over the lowest is jitter, not a step)."""
+    troughs = [6.0, 6.6, 5.9, 6.5, 5.95, 6.4]
+    points, t = [], 0
+    for low in troughs:
+        points += [(t, 7 * MiB), (t + 1, 7 * MiB), (t + 2, low * MiB)]
+        t += 3
+    points.append((t, 7 * MiB))
+    tr = growth_trend(points)
+    assert tr.shape == "sawtooth" and tr.base == "level", tr
+    assert [round(v / MiB, 2) for v in tr.troughs] == troughs
