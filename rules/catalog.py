@@ -51,7 +51,7 @@ _DEFS = [
     (
         "memory.sawtooth_base",
         "string",
-        "a sawtooth's base: level (its troughs did not rise out of their own noise, and neither its last trough "
+        "a sawtooth's base: level (its troughs did not rise out of their scatter, and neither its last trough "
         "nor its last peak stands over 256 KiB above the earlier ones), rising, or unknown (no sawtooth, or under "
         "two falls it rose again from)",
     ),

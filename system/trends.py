@@ -167,16 +167,35 @@ def _falls(points: list[Point], floor: float) -> tuple[list[Point], list[Point]]
 
 
 def _base(peaks: list[Point], troughs: list[Point], floor: float) -> Base | None:
-    """Rising where the troughs grow out of their own noise (as a series climbs: their rise over the
-    falls above twice their residual spread and the floor), or the last trough or peak stands more
-    than the floor above every earlier one (a step that partial frees leave behind, a high that
-    keeps rising); level otherwise: memory given back to the same base, up to the same high. One
-    fall says nothing of a base."""
+    """Rising where the troughs rise (by more than the floor, with a slope that stands out of their
+    own scatter) or the last trough or peak stands more than the floor above every earlier one (a
+    step that partial frees leave behind, a high that keeps rising); level otherwise: memory given
+    back to the same base, up to the same high. One fall says nothing of a base."""
     if len(troughs) < 2:
         return None
-    if _grows(troughs, floor) or _above_earlier(troughs, floor) or _above_earlier(peaks, floor):
+    if _rises(troughs, floor) or _above_earlier(troughs, floor) or _above_earlier(peaks, floor):
         return "rising"
     return "level"
+
+
+# Student's t at 95% (two-sided) by degrees of freedom: troughs are few (one a fall), too few for
+# twice their residual spread to stand for their noise as it does for a series read every second
+# (three troughs of a Go program's RSS jittering by 0.8 MiB around one base passed it as rising)
+T95 = {1: 12.71, 2: 4.30, 3: 3.18, 4: 2.78, 5: 2.57, 6: 2.45, 7: 2.36, 8: 2.31, 9: 2.26, 10: 2.23}
+
+
+def _rises(points: list[Point], floor: float) -> bool:
+    """The least-squares rise over the points is over the floor and its slope is told from zero at
+    95% confidence (its t statistic over Student's t): a trend, not scatter."""
+    n = len(points)
+    if n < 3:
+        return False
+    k = slope(points)
+    if k * (points[-1][0] - points[0][0]) <= floor:
+        return False
+    mt = sum(t for t, _ in points) / n
+    spread = _residual_spread(points) / math.sqrt(sum((t - mt) ** 2 for t, _ in points))
+    return spread == 0 or k / spread > T95.get(n - 2, 2.0)
 
 
 def _above_earlier(points: list[Point], floor: float) -> bool:

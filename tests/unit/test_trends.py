@@ -140,3 +140,28 @@ def test_troughs_that_jitter_around_one_base_are_level():
     tr = growth_trend(points)
     assert tr.shape == "sawtooth" and tr.base == "level", tr
     assert [round(v / MiB, 2) for v in tr.troughs] == troughs
+
+
+def _falls_to(troughs, peak=7 * MiB):
+    points, t = [], 0
+    for low in troughs:
+        points += [(t, peak), (t + 1, peak), (t + 2, low)]
+        t += 3
+    return [*points, (t, peak)]
+
+
+def test_three_scattered_troughs_are_no_trend():
+    """Three troughs, one low (5.77, 6.55, 6.36 MiB): their least-squares rise is 0.6 MiB, but three
+    points scattered so tell no slope from zero, and none is a new high base."""
+    tr = growth_trend(_falls_to([5.77 * MiB, 6.55 * MiB, 6.36 * MiB]))
+    assert tr.shape == "sawtooth" and tr.base == "level", tr
+
+
+def test_troughs_rising_steadily_through_their_scatter_are_rising():
+    """0.3 MiB a fall, with 0.1 MiB of scatter: each step under the last one's reach, the trend
+    plain (the same troughs without the rise are level)."""
+    scatter = [0.1, -0.1, 0.05, -0.05, 0.1, -0.1]
+    rising = growth_trend(_falls_to([(6 + 0.3 * i + e) * MiB for i, e in enumerate(scatter)], peak=12 * MiB))
+    assert rising.shape == "sawtooth" and rising.base == "rising", rising
+    level = growth_trend(_falls_to([(6 + e) * MiB for e in scatter], peak=12 * MiB))
+    assert level.shape == "sawtooth" and level.base == "level", level
