@@ -116,6 +116,7 @@ class Engine:
         # per probe, the process of a cgroup target it runs on where its rule named one (`process:`)
         self.aimed: dict[str, Target] = {}
         self.aimed_by: dict[str, str] = {}  # the fact that named it
+        self.unaimed: set[str] = set()  # probes whose named process could not be aimed at (said once)
         self.aimed_cpu: dict[int, tuple[float, float]] = {}  # (CPU seconds, clock) of each when aimed at
 
     def _runtime_mark(self) -> object:
@@ -182,9 +183,10 @@ class Engine:
                     continue
                 if p.process and fresh and p.name not in self.aimed:
                     why = self._aim(p.name, str(facts[p.process]), p.process)
-                    if why is not None:
-                        self.decided.add(p.name)
-                        self._not_run(p.name, f"asked by {r.id} for {p.process} = {facts[p.process]}, but {why}")
+                    if why is not None:  # not decided: another rule may still ask for it on the target
+                        if p.name not in self.unaimed:
+                            self.unaimed.add(p.name)
+                            self._not_run(p.name, f"asked by {r.id} for {p.process} = {facts[p.process]}, but {why}")
                         continue
                 self.options.setdefault(p.name, {k: facts[fact] for k, fact in p.given.items()})
                 requests.append((p.name, p.seconds, r.id))
@@ -205,7 +207,7 @@ class Engine:
         except ValueError:
             return "that is no process id"
         if pid not in self.target.pids():
-            return f"PID {pid} is no longer in {self.target.describe()}"
+            return f"PID {pid} is not in {self.target.describe()} (now)"
         try:
             aimed = pid_target(pid)
         except UsageError as e:
@@ -388,7 +390,7 @@ class Engine:
         in it, the budget's ledger starts afresh. Returns where its steps begin in the trail."""
         self.cycle_end = end_s
         self.decided, self.results, self.spent_ns, self.options = set(), {}, 0.0, {}
-        self.aimed, self.aimed_by, self.aimed_cpu = {}, {}, {}
+        self.aimed, self.aimed_by, self.aimed_cpu, self.unaimed = {}, {}, {}, set()
         return len(self.trail)
 
     def end_cycle(self, record: CycleRecord, trail: list[TrailItem]) -> None:
