@@ -51,8 +51,8 @@ _DEFS = [
     (
         "memory.sawtooth_base",
         "string",
-        "a sawtooth's base: level (its troughs did not rise out of their scatter, and neither its last trough "
-        "nor its last peak stands over 256 KiB above the earlier ones), rising, or unknown (no sawtooth, or under "
+        "a sawtooth's base: level (its troughs and its peaks did not rise out of their scatter, and its last "
+        "trough stands no more than 256 KiB above the earlier ones), rising, or unknown (no sawtooth, or under "
         "two falls it rose again from)",
     ),
     ("memory.level", "bytes", "where that series ended (MemAvailable for the whole system)"),

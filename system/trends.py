@@ -168,12 +168,15 @@ def _falls(points: list[Point], floor: float) -> tuple[list[Point], list[Point]]
 
 def _base(peaks: list[Point], troughs: list[Point], floor: float) -> Base | None:
     """Rising where the troughs rise (by more than the floor, with a slope that stands out of their
-    own scatter) or the last trough or peak stands more than the floor above every earlier one (a
-    step that partial frees leave behind, a high that keeps rising); level otherwise: memory given
-    back to the same base, up to the same high. One fall says nothing of a base."""
+    own scatter) or the last trough stands more than the floor above every earlier one (a step that
+    partial frees leave behind), or the peaks rise so (a high that keeps rising); level otherwise:
+    memory given back to the same base, up to the same high. A peak is only where a sample caught
+    the rise (a batch of a second or two is read anywhere on its way up: 13.6, 17.6 then 49.6 MiB of
+    one 48 MiB batch), so no single peak above the earlier ones says it rose. One fall says nothing
+    of a base."""
     if len(troughs) < 2:
         return None
-    if _rises(troughs, floor) or _above_earlier(troughs, floor) or _above_earlier(peaks, floor):
+    if _rises(troughs, floor) or _above_earlier(troughs, floor) or _rises(peaks, floor):
         return "rising"
     return "level"
 

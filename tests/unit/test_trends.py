@@ -165,3 +165,11 @@ def test_troughs_rising_steadily_through_their_scatter_are_rising():
     assert rising.shape == "sawtooth" and rising.base == "rising", rising
     level = growth_trend(_falls_to([(6 + e) * MiB for e in scatter], peak=12 * MiB))
     assert level.shape == "sawtooth" and level.base == "level", level
+
+
+def test_a_batch_caught_at_any_height_on_its_way_up_is_still_level():
+    """A short batch is read wherever a sample lands on its rise (17.6, 13.6 then 49.6 MiB of the
+    same 48 MiB batch): peaks scattered so are no rise, the troughs are level."""
+    series = [1.6] * 6 + [17.6] + [1.7] * 7 + [13.6] + [1.7] * 7 + [13.6, 49.6] + [1.7] * 6 + [13.6]
+    tr = growth_trend([(t, v * MiB) for t, v in enumerate(series)])
+    assert tr.shape == "sawtooth" and tr.base == "level", tr
