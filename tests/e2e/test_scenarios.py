@@ -208,16 +208,20 @@ def test_a_cgroups_process_that_leaks_is_traced_and_its_leak_is_a_leak(memdiag, 
     scan finds its blocks unreachable (before: only page faults traced over the cgroup, "growth")."""
     cg = memcg(None)
     workload("shards", "3", "2000", "3", cgroup=cg)
-    wait_until(lambda: len(cg.pids()) == 4, "the supervisor and its three shards in the cgroup")
-    merging = [p for p in cg.pids() if Path(f"/proc/{p}/comm").read_text().strip() == "shard-merge"]
-    assert len(merging) == 1
+
+    def merging() -> list[int]:  # each shard names itself after its fork: wait for the names
+        return [p for p in cg.pids() if Path(f"/proc/{p}/comm").read_text().strip() == "shard-merge"]
+
+    wait_until(lambda: len(cg.pids()) == 4 and merging(), "the supervisor and its three shards, named")
+    leaky = merging()
+    assert len(leaky) == 1
     rep = _diagnose(memdiag, tmp_path, "--cgroup", cg.path)
     v = rep["verdict"]
     assert v["kind"] == "leak", v["summary"]
     assert "apply_update" in v["summary"] and v["culprit"]["function"] == "apply_update", v["culprit"]
-    assert v["culprit"]["pid"] == merging[0] and v["culprit"]["comm"] == "shard-merge"
+    assert v["culprit"]["pid"] == leaky[0] and v["culprit"]["comm"] == "shard-merge"
     ran = _trail(rep, "probe", "memleak")[0]
-    assert ran["state"] == "ok" and f"on PID {merging[0]} (shard-merge)" in ran["reason"], ran
+    assert ran["state"] == "ok" and f"on PID {leaky[0]} (shard-merge)" in ran["reason"], ran
     assert any(t["state"] == "fired" for t in _trail(rep, "rule", "cgroup-grower-traced"))
     assert rep["stacks"][0]["reach"]["leaked_count"] > 100
 
