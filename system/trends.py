@@ -111,7 +111,10 @@ def growth_trend(points: list[tuple[float, float]], floor: float = MIN_GROWTH_BY
     if spread <= floor:
         return Trend(shape="flat", levelled_for_s=seconds, **base)
     climbing = _grows(recent, floor) and recent_rate >= LEVEL_OFF_RATIO * peak_rate
-    if climbing and values[-1] >= max(values) - floor:  # climbing to new highs, whatever fell on the way
+    # climbing to new highs, whatever fell on the way: higher than anything before the latest third
+    # (a Go heap rising back from a GC to the peak it reached before, 6.8 to 6.8 MiB, is no new high)
+    new_high = max(values[-third:]) - max(values[:-third] or values[:1]) > floor
+    if climbing and values[-1] >= max(values) - floor and new_high:
         return Trend(shape="climbing", **base)
     if _fell_and_rose(values, floor):  # climbing again below an earlier peak: a kill or a flush between
         peaks, troughs = _falls(points, floor)

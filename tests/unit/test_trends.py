@@ -173,3 +173,13 @@ def test_a_batch_caught_at_any_height_on_its_way_up_is_still_level():
     series = [1.6] * 6 + [17.6] + [1.7] * 7 + [13.6] + [1.7] * 7 + [13.6, 49.6] + [1.7] * 6 + [13.6]
     tr = growth_trend([(t, v * MiB) for t, v in enumerate(series)])
     assert tr.shape == "sawtooth" and tr.base == "level", tr
+
+
+def test_rising_back_to_an_earlier_peak_after_a_fall_is_no_climb():
+    """A collector's heap: it falls 1 MiB and rises back to the peak it reached before, the window
+    ending at that peak: the latest third rises out of its noise, but to no new high (6.8 to 6.8 MiB
+    over the window): a sawtooth, level, not "still climbing"."""
+    series = [6.8, 6.5, 5.7, 6.6, 6.6, 6.5, 6.6, 6.7, 6.6, 6.8, 6.5, 6.4, 6.4, 6.5, 6.7, 6.9, 5.7, 5.7]
+    series += [6.2, 6.7, 6.8, 5.8, 6.5, 6.6, 6.8, 6.5, 6.8, 6.9, 6.9, 6.9, 6.8]
+    tr = growth_trend([(t, v * MiB) for t, v in enumerate(series)])
+    assert tr.shape == "sawtooth" and tr.base == "level", tr
