@@ -32,10 +32,12 @@ from memdiag.system.target import Target
 
 from . import cycles
 from .culprit import Classes, default_classes
+from .errors import UsageError
 from .factset import window_facts
 from .observe import Observation, Sampler
 from .report import Counters, CycleRecord
 from .snapshot import Snapshot
+from .target import pid_target
 from .triage import Triage
 from .verdict import EngineResult, interruption, partial_verdict, rule_steps, verdict_of
 
@@ -99,7 +101,7 @@ class Engine:
         self.plans: dict[str, Plan] = {}
         self.clock, self.started = clock, clock()
         self.run_probe = runner or self._run_probe
-        self.plan_probe = planner or (lambda name, ctx: REGISTRY.face(name).plan(self.target, ctx))  # type: ignore[misc]
+        self.plan_probe = planner or (lambda name, ctx: REGISTRY.face(name).plan(self.aim(name), ctx))  # type: ignore[misc]
         self.facts: dict = {}  # what the rules last ran on
         self.outcomes: list[tuple[Rule, Outcome]] = []
         self.decided: set[str] = set()  # probes planned, run or refused: once per diagnosis
@@ -111,6 +113,11 @@ class Engine:
         self.records: list = []  # diagnose.cycles.CycleRecord, one per cycle watched
         self.kept: dict[str, ProbeResult] = {}  # per probe, the run that speaks for the window so far
         self.options: dict[str, dict] = {}  # per probe, its options as its rule gave them from facts
+        # per probe, the process of a cgroup target it runs on where its rule named one (`process:`)
+        self.aimed: dict[str, Target] = {}
+        self.aimed_by: dict[str, str] = {}  # the fact that named it
+        self.unaimed: set[str] = set()  # probes whose named process could not be aimed at (said once)
+        self.aimed_cpu: dict[int, tuple[float, float]] = {}  # (CPU seconds, clock) of each when aimed at
 
     def _runtime_mark(self) -> object:
         """The runtime's counters at the window's start, for its probes' rates before (its face's mark)."""
@@ -138,6 +145,11 @@ class Engine:
         if self.cpu_start is not None and self.target.pid is not None and self.elapsed() > 1.0:
             now = cpu_seconds(self.target.pid)
             rate = (now - self.cpu_start) / self.elapsed() if now is not None else None
+        aimed = self.aimed.get(name) if name else None
+        if aimed is not None and aimed.pid in self.aimed_cpu:  # a cgroup's process: its rate since it was aimed at
+            cpu0, at = self.aimed_cpu[aimed.pid]
+            now = cpu_seconds(aimed.pid)
+            rate = (now - cpu0) / (self.clock() - at) if now is not None and self.clock() - at > 1.0 else None
         return Context(
             seconds=seconds,
             budget=Budget(self.budget, self._budget_window(), self.spent_ns),
@@ -161,20 +173,55 @@ class Engine:
         requests = []
         for r, o in self.outcomes:
             for p in r.then.probes if o.state == "fired" else []:
-                missing = [fact for fact in p.given.values() if facts.get(fact) is None]
+                given = [*p.given.values(), *([p.process] if p.process else [])]
+                missing = [fact for fact in given if facts.get(fact) is None]
+                fresh = p.name not in self.decided and p.name not in self.results
                 if missing:
-                    if p.name not in self.decided and p.name not in self.results:
+                    if fresh:
                         self.decided.add(p.name)
                         self._not_run(p.name, f"asked by {r.id}, but {', '.join(missing)} is unknown")
                     continue
+                if p.process and fresh and p.name not in self.aimed:
+                    why = self._aim(p.name, str(facts[p.process]), p.process)
+                    if why is not None:  # not decided: another rule may still ask for it on the target
+                        if p.name not in self.unaimed:
+                            self.unaimed.add(p.name)
+                            self._not_run(p.name, f"asked by {r.id} for {p.process} = {facts[p.process]}, but {why}")
+                        continue
                 self.options.setdefault(p.name, {k: facts[fact] for k, fact in p.given.items()})
                 requests.append((p.name, p.seconds, r.id))
         return requests
 
+    def aim(self, name: str) -> Target:
+        """What probe `name` runs on: the target, or the process of its cgroup its rule named."""
+        return self.aimed.get(name, self.target)
+
+    def _aim(self, name: str, pid_text: str, fact: str) -> str | None:
+        """Aim probe `name` at one process of a cgroup target, resolved and held as a pid target is
+        (system/identity.py): its allocations are priced and traced, its memory scanned, as
+        `--pid` would. None when aimed; else why not (not a process of the cgroup, gone)."""
+        if self.target.kind != "cgroup":
+            return "the target is no cgroup"
+        try:
+            pid = int(pid_text)
+        except ValueError:
+            return "that is no process id"
+        if pid not in self.target.pids():
+            return f"PID {pid} is not in {self.target.describe()} (now)"
+        try:
+            aimed = pid_target(pid)
+        except UsageError as e:
+            return str(e)
+        self.aimed[name], self.aimed_by[name] = aimed, fact
+        cpu = cpu_seconds(pid)
+        if cpu is not None:
+            self.aimed_cpu[pid] = (cpu, self.clock())
+        return None
+
     # --- probes ------------------------------------------------------------------------------
     def _run_probe(self, name: str, ctx: Context) -> ProbeResult:
         self.on_step(f"probe {name} for {ctx.seconds:.0f} s")
-        return REGISTRY.face(name).run(self.target, ctx)
+        return REGISTRY.face(name).run(self.aim(name), ctx)
 
     def run_requests(self, requests: list[Request]) -> None:
         """Run each requested probe once, in order, sharing the time left."""
@@ -234,9 +281,8 @@ class Engine:
             instead = f"in its place the playbook runs {', '.join(names)}" if names else "nothing runs in its place"
             plan = plan.model_copy(update={"reason": f"{plan.reason}; {instead}"})
         self.plans[name] = plan
-        self.trail.append(
-            TrailItem(kind="budget", name=name, state=plan.state, reason=plan.reason, at_s=self.elapsed())
-        )
+        reason = f"{self._on(name).removeprefix(' ')}: {plan.reason}" if name in self.aimed else plan.reason
+        self.trail.append(TrailItem(kind="budget", name=name, state=plan.state, reason=reason, at_s=self.elapsed()))
         return plan.go
 
     def _instead(self, plan: Plan) -> list[tuple[str, float | None]]:
@@ -251,7 +297,7 @@ class Engine:
     def _record(self, name: str, rule: str, result: ProbeResult) -> None:
         """A probe's result kept, with a line in the trail, and the steps of its own after it."""
         self.results[name] = result
-        why = f"asked by {rule}; {result.status}" + (f": {result.reason}" if result.reason else "")
+        why = f"asked by {rule}{self._on(name)}; {result.status}" + (f": {result.reason}" if result.reason else "")
         if result.backed_off:
             why += "; detached early: its measured cost went over the budget"
         at = self.elapsed()
@@ -260,6 +306,11 @@ class Engine:
         self.trail += [
             TrailItem(kind="probe", name=name, state="no-symbols", reason=line, at_s=at) for line in _symbol_notes()
         ]
+
+    def _on(self, name: str) -> str:
+        """Where a probe aimed at one process of the cgroup ran, as its trail line says it."""
+        aimed = self.aimed.get(name)
+        return f" on {aimed.describe()} of {self.target.describe()}, named by {self.aimed_by[name]}" if aimed else ""
 
     def _not_run(self, name: str, reason: str) -> None:
         self.trail.append(TrailItem(kind="probe", name=name, state="not-run", at_s=self.elapsed(), reason=reason))
@@ -275,7 +326,7 @@ class Engine:
         """A process target that exited or exec'd is neither priced nor probed: whatever holds its
         pid now is not it (system/identity.py). In the trail as not run, with what happened. The
         target as resolved (diagnose/target.py holds it): one made up (a test's) is not asked."""
-        change = identity.changed(self.target, hold_now=False)
+        change = identity.changed(self.aim(name), hold_now=False)
         if change is None:
             return False
         self._not_run(name, f"asked by {rule}, but {change.describe()}")
@@ -339,6 +390,7 @@ class Engine:
         in it, the budget's ledger starts afresh. Returns where its steps begin in the trail."""
         self.cycle_end = end_s
         self.decided, self.results, self.spent_ns, self.options = set(), {}, 0.0, {}
+        self.aimed, self.aimed_by, self.aimed_cpu, self.unaimed = {}, {}, {}, set()
         return len(self.trail)
 
     def end_cycle(self, record: CycleRecord, trail: list[TrailItem]) -> None:

@@ -11,7 +11,7 @@ from memdiag.probes.registry import REGISTRY
 from memdiag.probes.runtime import Samples
 from memdiag.system.runtime import Runtime
 from memdiag.system.target import Target
-from memdiag.system.trends import counter_rate, growth_trend
+from memdiag.system.trends import Trend, counter_rate, growth_trend
 
 from .culprit import Classes, default_classes
 from .evidence import (
@@ -27,7 +27,16 @@ from .evidence import (
 from .ledgers import ledger_facts
 from .observe import Observation
 from .report import TARGET_SERIES, Counters
-from .triage import Triage, kills_during, limit_hits, memory_level, memory_measure, memory_shape, triage
+from .triage import (
+    Triage,
+    kills_during,
+    limit_hits,
+    memory_base,
+    memory_level,
+    memory_measure,
+    memory_shape,
+    triage,
+)
 
 
 def app_function(frames: list[str], forwards: list[bool] | None = None, classes: Classes | None = None) -> str | None:
@@ -63,6 +72,7 @@ def counter_facts(obs: Observation, counters: Counters, budget_percent: float) -
         "window.seconds": window_seconds(obs),
         "window.samples": len(obs.snapshots),
         "memory.shape": memory_shape(counters),
+        "memory.sawtooth_base": memory_base(counters),
         # before any sample too: the fallback rules (too few samples, exited early) ask for them
         "oom.kills": len(counters.oom_kills),
         "oom.kills_in_window": kills_during(obs, counters),
@@ -173,7 +183,25 @@ def _cgroup_facts(obs: Observation, counters: Counters) -> dict:
     if usage is not None:
         f["cgroup.usage_rate"] = usage.recent_rate_per_s if usage.shape == "climbing" else usage.rate_per_s
         f["cgroup.usage_shape"] = usage.shape
+    f.update(_grower_facts(obs, counters, usage))
     return f
+
+
+def _grower_facts(obs: Observation, counters: Counters, usage: Trend | None) -> dict:
+    """A cgroup target's process that grew most (the report's process table, as its culprit is
+    chosen) and its share of the cgroup's growth: where one process grew the cgroup, the probes that
+    trace one process (allocations, the reachability scan) can be run on it."""
+    if obs.target.kind != "cgroup" or not counters.processes:
+        return {}
+    top = max(counters.processes, key=lambda r: (r.growth, r.rss_last or 0))
+    if top.rss_first is None or top.growth <= 0:
+        return {}  # started during the window, or nothing grew: no grower to name
+    grew = usage.delta if usage is not None else None
+    return {
+        "cgroup.top_grower_pid": str(top.pid),
+        "cgroup.top_grower_growth": top.growth,
+        "cgroup.top_grower_share": 100.0 * top.growth / grew if grew is not None and grew > 0 else None,
+    }
 
 
 def _refaults(obs: Observation) -> dict:

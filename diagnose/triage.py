@@ -287,6 +287,20 @@ class _Growth:
         self.finding: str | None = None  # the id of the finding that states the summary
 
 
+def _falls_text(peaks: list[float], troughs: list[float]) -> str:
+    """A sawtooth's falls as the evidence of its base: each trough and peak, in order (the first
+    three and the last where there are more)."""
+
+    def some(values: list[float]) -> str:
+        shown = values if len(values) <= 4 else [*values[:3], values[-1]]
+        text = [fmt_bytes(v) for v in shown]
+        return ", ".join(text[:-1] + (["…", text[-1]] if len(values) > 4 else text[-1:]))
+
+    n = len(troughs)
+    falls = f"it fell {n} time{'s' if n > 1 else ''} and rose again"
+    return f"{falls}, to troughs of {some(troughs)} from peaks of {some(peaks)}"
+
+
 def kills_during(obs: Observation, counters: Counters) -> int:
     """OOM kills of the target during the window: its cgroup's counter, or the kernel log's records
     where they say more (the counter's last sample can precede a kill that ended the target: its
@@ -339,7 +353,9 @@ def _growth(obs: Observation, counters: Counters, growth: tuple[str, Trend]) -> 
         summary = (
             f"{what} of {who} rose and fell over {fmt_duration(tr.seconds)}, between {fmt_bytes(tr.low)} and "
             f"{fmt_bytes(tr.peak)} ({fmt_bytes(tr.last)} at the end)"
-        )  # why no rate describes it is the playbook's: sawtooth
+        )  # why no rate describes it is the playbook's: sawtooth; whether it is bounded, sawtooth-level's
+        if tr.troughs and tr.peaks:
+            summary += f"; {_falls_text(tr.peaks, tr.troughs)}"
         return _said(out, "sawtooth", summary, "growth-sawtooth", evidence)
     if tr.shape == "shrinking":
         out.findings.append(
@@ -485,6 +501,14 @@ def memory_shape(counters: Counters) -> str:
         if name in counters.trends:
             return counters.trends[name].shape
     return "unknown"
+
+
+def memory_base(counters: Counters) -> str | None:
+    """Whether the target's own memory, a sawtooth, came back to the same base (system/trends.py)."""
+    for name in TARGET_SERIES:
+        if name in counters.trends:
+            return counters.trends[name].base
+    return None
 
 
 # The series memory.level reads, first found first, each with what a sentence calls it: for the

@@ -48,6 +48,13 @@ _DEFS = [
         "the target's own memory series over the run that traced its allocations (climbing, levelled, flat, ...; "
         "unknown: none ran)",
     ),
+    (
+        "memory.sawtooth_base",
+        "string",
+        "a sawtooth's base: level (its troughs and its peaks did not rise out of their scatter, and its last "
+        "trough stands no more than 256 KiB above the earlier ones), rising, or unknown (no sawtooth, or under "
+        "two falls it rose again from)",
+    ),
     ("memory.level", "bytes", "where that series ended (MemAvailable for the whole system)"),
     (
         "memory.measure",
@@ -152,6 +159,18 @@ _DEFS = [
     ("cgroup.refaults", "number", "file pages of the cgroup refaulted in the window (workingset_refault_file)"),
     ("cgroup.refault_rate", "per_s", "those refaults per second: the file-backed working set no longer fits"),
     ("cgroup.processes", "number", "processes in the target's cgroup at the window's end (memdiag's own aside)"),
+    (
+        "cgroup.top_grower_pid",
+        "string",
+        "a cgroup target's process whose RSS grew most over the window (its process table), as commands take it",
+    ),
+    ("cgroup.top_grower_growth", "bytes", "how much that process's RSS grew over the window"),
+    (
+        "cgroup.top_grower_share",
+        "percent",
+        "that process's RSS growth as a share of the cgroup's usage growth over the window (unknown where the "
+        "usage did not grow)",
+    ),
     ("slab.top_cache", "string", "the slab cache that grew most over the window (/proc/slabinfo)"),
     ("slab.top_cache_growth", "bytes", "how much that cache grew"),
     # the budget

@@ -150,9 +150,14 @@ class ProbeRequest(_Strict):
     # its own options (probes/face.py Option), each given by a fact: {function: faults.top_function};
     # a fact unknown when the rule fires leaves the probe not run, and the trail says which
     given: dict[str, str] = {}
+    # a fact naming one process of a cgroup target (cgroup.top_grower_pid): the probe is priced and
+    # run on that process instead of the cgroup, as on a pid target; unknown: not run, as for given
+    process: str | None = None
 
     @model_validator(mode="after")
     def _given(self) -> ProbeRequest:
+        if self.process is not None:
+            known_fact(self.process)
         options = {o.dest for o in REGISTRY.face(self.name).options}
         for option, fact in self.given.items():
             if option not in options:

@@ -117,6 +117,7 @@ def table_pools(rep: dict) -> Pools:
             p.add("counts_all", r.get("first"), r.get("last"), _delta(r))
     for tr in c["trends"].values():
         p.add("bytes", tr.get("first"), tr.get("last"), tr.get("low"), tr.get("peak"), tr.get("delta"))
+        p.add("bytes", *(tr.get("troughs") or []), *(tr.get("peaks") or []))  # a sawtooth's falls
         p.add("rate", tr.get("rate_per_s"))
         p.add("recent", tr.get("recent_rate_per_s"))
         p.add("recent_seconds", tr.get("recent_seconds"))
@@ -219,6 +220,11 @@ def _derived_pools(p: Pools, rep: dict, rows: dict) -> None:
         headroom.append(max(0, limit - usage))
     if avail is not None:
         headroom.append(avail)
+    usage = rep["counters"]["trends"].get("cgroup.usage") or {}
+    if (usage.get("delta") or 0) > 0:  # a process's share of its cgroup's growth (the process table's)
+        for r in rep["counters"].get("processes", []):
+            if r.get("rss_first") is not None and r.get("rss_last") is not None:
+                p.add("percent", 100 * (r["rss_last"] - r["rss_first"]) / usage["delta"])
     for tr in rep["counters"]["trends"].values():
         rate = abs(tr.get("rate_per_s") or 0)
         if rate > 0:

@@ -134,7 +134,7 @@ def _trends(report: Report) -> list[str]:
                 fmt_bytes(tr.last),
                 fmt_bytes(tr.delta) if tr.delta is not None else "–",
                 _trend_rate(tr),
-                tr.shape,
+                f"{tr.shape} ({tr.base} base)" if tr.base else tr.shape,
                 f"`{sparkline(values)}`" if values else "",
             ]
         )

@@ -158,6 +158,31 @@ def test_churn_is_healthy(memdiag, workload, tmp_path):
     assert not [p for p in rep["probes"] if p["status"] != "not-run"]  # nothing to escalate to
 
 
+def test_waves_that_give_back_all_they_take_are_healthy(memdiag, workload, tmp_path):
+    """32 MiB taken and given back every 5 s: a sawtooth whose troughs come back to the same base,
+    healthy with its troughs and peaks said (before: inconclusive, "no one rate describes it")."""
+    w = workload("waves", "5", "32", "0")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v, tr = rep["verdict"], rep["counters"]["trends"]["process.rss"]
+    assert v["kind"] == "healthy", v["summary"]
+    assert any(t["state"] == "fired" for t in _trail(rep, "rule", "sawtooth-level"))
+    assert tr["shape"] == "sawtooth" and tr["base"] == "level" and len(tr["troughs"]) >= 2, tr
+    assert min(tr["peaks"]) - max(tr["troughs"]) > 24 * MiB, tr  # each wave seen, each given back
+    assert "troughs of" in v["summary"] and "from peaks of" in v["summary"]
+
+
+def test_waves_that_leave_a_step_behind_are_not_called_bounded(memdiag, workload, tmp_path):
+    """The same waves, each leaving 8 of its 32 MiB mapped: troughs that rise are growth in steps,
+    never a sawtooth's level base (healthy or cache)."""
+    w = workload("waves", "5", "32", "4")
+    rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
+    v, tr = rep["verdict"], rep["counters"]["trends"]["process.rss"]
+    assert v["kind"] not in ("healthy", "cache"), v["summary"]
+    assert not any(t["state"] == "fired" for t in _trail(rep, "rule", "sawtooth-level"))
+    assert tr["shape"] == "climbing" or tr["base"] == "rising", tr
+    assert tr["last"] - tr["first"] > 16 * MiB, tr  # the steps left behind
+
+
 def test_heap_growth_by_brk(memdiag, workload, tmp_path):
     w = workload("mapper", "256", "0")
     rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
@@ -175,6 +200,30 @@ def test_mappings_nothing_points_at_are_a_leak(memdiag, workload, tmp_path):
     assert v["kind"] == "leak", v["summary"]
     assert "map_buffers" in v["summary"] and "nothing points at it" in v["summary"]
     assert _trail(rep, "budget", "memleak")[0]["state"] == "full"
+
+
+def test_a_cgroups_process_that_leaks_is_traced_and_its_leak_is_a_leak(memdiag, workload, memcg, tmp_path):
+    """A cgroup of a supervisor and three shards, one of which drops records on its merge path:
+    allocation tracing is per process, so it is aimed at the process that grew the cgroup, and the
+    scan finds its blocks unreachable (before: only page faults traced over the cgroup, "growth")."""
+    cg = memcg(None)
+    workload("shards", "3", "2000", "3", cgroup=cg)
+
+    def merging() -> list[int]:  # each shard names itself after its fork: wait for the names
+        return [p for p in cg.pids() if Path(f"/proc/{p}/comm").read_text().strip() == "shard-merge"]
+
+    wait_until(lambda: len(cg.pids()) == 4 and merging(), "the supervisor and its three shards, named")
+    leaky = merging()
+    assert len(leaky) == 1
+    rep = _diagnose(memdiag, tmp_path, "--cgroup", cg.path)
+    v = rep["verdict"]
+    assert v["kind"] == "leak", v["summary"]
+    assert "apply_update" in v["summary"] and v["culprit"]["function"] == "apply_update", v["culprit"]
+    assert v["culprit"]["pid"] == leaky[0] and v["culprit"]["comm"] == "shard-merge"
+    ran = _trail(rep, "probe", "memleak")[0]
+    assert ran["state"] == "ok" and f"on PID {leaky[0]} (shard-merge)" in ran["reason"], ran
+    assert any(t["state"] == "fired" for t in _trail(rep, "rule", "cgroup-grower-traced"))
+    assert rep["stacks"][0]["reach"]["leaked_count"] > 100
 
 
 def test_oom_kill_in_a_limited_cgroup(memdiag, workload, memcg, tmp_path):

@@ -360,3 +360,40 @@ def test_a_trace_as_short_as_the_shortest_burst_is_checked_before_it_ends():
 
     assert check_s(MIN_BURST_S) < MIN_BURST_S and MIN_BURST_S / check_s(MIN_BURST_S) >= 4
     assert check_s(MIN_TRACE_S) == CHECK_S  # a trend's trace keeps the usual tick
+
+
+def test_a_probe_asked_for_a_process_of_a_cgroup_target_runs_on_that_process():
+    """cgroup-grower-traced names the process that grew the cgroup: memleak is priced and run on it,
+    held as a --pid target is (this test's own process, in its own memory cgroup); a process not in
+    the cgroup is refused, the trail saying why, and memleak is then asked for the cgroup itself as
+    before (rss-climbing: priced, and refused for a cgroup, what runs in its place runs)."""
+    import os
+
+    from memdiag.system.cgroup import locate_memory_cgroup
+
+    here = locate_memory_cgroup(os.getpid())
+    if here is None:
+        pytest.skip("no memory controller mounted")
+    fake, aimed_at = FakeProbes(), []
+
+    def planner(name: str, ctx: Context) -> MemleakPlan:
+        aimed_at.append(e.aim(name))
+        return decision("full", "priced")
+
+    e = Engine(load_rules(), Target.for_cgroup(here), 30.0, 2.0, clock=fake.clock, runner=fake.run, planner=planner)
+    grown = {"target.kind": "cgroup", "cgroup.usage_shape": "climbing", "cgroup.top_grower_share": 90.0}
+    requests = e.evaluate({**grown, "cgroup.top_grower_pid": str(os.getpid())})
+    assert ("memleak", 12.0, "cgroup-grower-traced") in requests
+    e.run_requests(requests)
+    assert [t.pid for t in aimed_at] == [os.getpid()] and aimed_at[0].start_ticks is not None
+    ran = [r for r in trail(e, "probe") if r[0] == "memleak"]
+    assert ran and f"on PID {os.getpid()} " in ran[0][2] and "named by cgroup.top_grower_pid" in ran[0][2], ran
+    other = Engine(load_rules(), Target.for_cgroup(here), 30.0, 2.0, clock=fake.clock, runner=fake.run)
+    outside = 1 if 1 not in other.target.pids() else None
+    if outside is None:
+        pytest.skip("pid 1 shares this test's memory cgroup")
+    asked = other.evaluate({**grown, "cgroup.top_grower_pid": "1"})
+    assert [r for r in asked if r[0] == "memleak"] == [("memleak", 12.0, "rss-climbing")]
+    assert "memleak" not in other.aimed
+    refused = [r for r in trail(other, "probe") if r[0] == "memleak"]
+    assert refused and refused[0][1] == "not-run" and "PID 1 is not in" in refused[0][2], refused

@@ -82,6 +82,17 @@ def test_a_probe_is_given_its_options_only_from_known_facts(tmp_path):
     assert len(errs) == 1 and "unknown fact `faults.top_fn`; did you mean `faults.top_function`?" in errs[0], errs
 
 
+def test_a_probe_is_aimed_at_a_process_only_by_a_known_fact(tmp_path):
+    """`process` names the fact that gives the process of a cgroup target a probe runs on: checked
+    against the catalog at load like `given`."""
+    rule = "rules:\n  - id: p\n    when: target.kind == cgroup\n    then:\n"
+    rule += "      probes: [{name: memleak, process: %s}]\n"
+    ok = load_file(_file(tmp_path, rule % "cgroup.top_grower_pid"))
+    assert ok[0].then.probes[0].process == "cgroup.top_grower_pid"
+    errs = _errors(tmp_path, rule % "cgroup.top_grower")
+    assert len(errs) == 1 and "unknown fact `cgroup.top_grower`" in errs[0], errs
+
+
 def test_unit_mismatch_unknown_key_missing_then(tmp_path):
     errs = _errors(tmp_path, "rules:\n  - id: b\n    when: process.rss > 5%\n    thne: {finding: x}\n")
     text = "\n".join(errs)

@@ -83,14 +83,17 @@ def test_v2_readers_read_what_the_kernels_files_say(memcg, workload):
 def test_a_leak_in_a_limited_v2_cgroup_diagnosed_by_cgroup(memdiag, memcg, workload, tmp_path):
     cg = memcg(512 * MiB)
     w = workload("leak", "1024", cgroup=cg)
-    rep = diagnose(memdiag, tmp_path, "--cgroup", cg.path, "--duration", "90", "--budget", BUDGET)
+    rep = diagnose(
+        memdiag, tmp_path, "--cgroup", cg.path, "--duration", "90", "--budget", BUDGET, "--max-pause", MAX_PAUSE_MS
+    )
     v = rep["verdict"]
     # memleak attaches to one process, never to a cgroup (probes/memleak/plan.py: NOT_PER_PROCESS): by
-    # cgroup, brk and page faults name the growing function (the lane's first boot: growth, from
-    # leak_order_history's brk); the leak verdict is --pid's, the next test
-    assert v["kind"] == "growth", v["summary"]
+    # cgroup it is aimed at the process that grew it (cgroup-grower-traced), and the leak is --pid's
+    # (the lane's first boot, before: growth, from leak_order_history's brk)
+    assert v["kind"] == "leak", (v["summary"], trail(rep, "scan", "reach"), trail(rep, "budget", "memleak"))
     assert "leak_order_history" in v["summary"]
-    assert trail(rep, "budget", "memleak")[0]["state"] == "fallback"
+    budget = trail(rep, "budget", "memleak")[0]
+    assert budget["state"] == "full" and f"on PID {w.pid} (leak)" in budget["reason"], budget
     assert v["culprit"]["cgroup"] == cg.path and v["culprit"]["pid"] == w.pid
     assert row(rep, "cgroup", "effective_limit")["last"] == 512 * MiB
     assert rep["counters"]["trends"]["cgroup.usage"]["shape"] == "climbing"
