@@ -41,6 +41,7 @@ from ...procmaps import AddressSpace, parse_maps
 from ...stacks import Symbolizer
 from . import allocmeta
 from .anchors import label, runtime_label
+from .boost import scan_priority
 from .graph import reachability, stack_figures
 from .match import scan_memory
 from .model import ANCHOR_KIND, Blocks, ReachScan, ScanAborted, merged
@@ -81,7 +82,8 @@ def scan(
         if change is not None:
             raise ScanAborted(f"{change.describe()}: the scan stopped and concluded nothing")
 
-    est = _priced(pid, read_blocks, allowed_ms, same)
+    with scan_priority(pid):  # priced at the priority it will run at (boost.py)
+        est = _priced(pid, read_blocks, allowed_ms, same)
     if isinstance(est, ReachScan):
         return est, {}
     info = dict(planned_bytes=est.planned_bytes, priced_ms=est.ms, allowed_ms=allowed_ms)
@@ -193,7 +195,8 @@ def _stop_and_scan(
             )
 
     try:
-        with stopped(pid, allowed_ms, same=same, times=times) as threads:
+        with scan_priority(pid) as priority, stopped(pid, allowed_ms, same=same, times=times) as threads:
+            box["priority"] = priority
             blocks = read_blocks(True)
             if not len(blocks.starts):
                 box["empty"] = True
@@ -282,6 +285,7 @@ def _classify(box: dict, info: dict, namer=None) -> tuple[ReachScan, dict[int, S
             speed_bytes_per_s=found.scanned / scan_s if scan_s > 0 else None,
             allocator_metadata_bytes=box["meta"].bytes,
             allocator_metadata=box["meta"].what,
+            priority=box.get("priority", ""),
             **info,
         ),
         per_group,

@@ -82,6 +82,7 @@ class ReachScan(Model):
     allocator_metadata_bytes: int = 0  # the allocator's own records, neither read nor roots (allocmeta)
     allocator_metadata: str = ""  # what they were
     speed_bytes_per_s: float | None = None  # measured in this scan
+    priority: str = ""  # what memdiag's scan ran at while the target was stopped (boost.py)
     buffer_bytes: int = CHUNK
     consistency: str = CONSISTENCY
     roots: str = ROOTS
@@ -110,7 +111,7 @@ class ReachScan(Model):
             f"{fmt_mib(self.scanned_bytes)} of writable memory in {self.regions} mappings{speed}{swapped}; "
             f"{self.threads} thread(s), "
             f"{self.blocks:,} outstanding blocks checked, {self.references:,} references between them{meta}; "
-            f"{self.consistency}"
+            f"{self.consistency}" + (f"; memdiag's scan at {self.priority}" if self.priority else "")
         )
 
 
