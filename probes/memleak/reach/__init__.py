@@ -39,12 +39,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from ...face import StackReach
 from ...procmaps import AddressSpace, parse_maps
 from ...stacks import Symbolizer
-from . import allocmeta
+from . import allocmeta, untraced
 from .anchors import label, runtime_label
 from .boost import scan_priority
 from .graph import reachability, stack_figures
 from .match import scan_memory
-from .model import ANCHOR_KIND, Blocks, ReachScan, ScanAborted, merged
+from .model import ANCHOR_KIND, TIER_NONE, TIER_UNTRACKED, Blocks, ReachScan, ScanAborted, merged
 from .pause import MAX_SCAN_MAPPINGS, Price, price
 from .regions import readable_regions
 from .stop import alive, check_stoppable, stopped
@@ -210,13 +210,42 @@ def _stop_and_scan(
             regions = allocmeta.carve(regions, meta)
             box["meta"] = meta
             t_scan = time.monotonic()
-            found = scan_memory(pid, blocks, regions, threads, stop_check, pymalloc=bool(runtime_modules))
+            links = None
+            if allocator == "glibc" and not runtime_modules:  # a runtime's heap names its own holders
+                blocks, links = _with_untraced(pid, blocks, maps, lambda: stop_check(0))
+                box["untraced"] = int(links.sum()) if links is not None else 0
+            found = scan_memory(
+                pid, blocks, regions, threads, stop_check, pymalloc=bool(runtime_modules), untraced=links
+            )
+            box["links"] = links
             scan_s = time.monotonic() - t_scan
         box.update(threads=threads, blocks=blocks, space=space, regions=regions, found=found, scan_s=scan_s)
     except Exception as e:  # handed to the caller's thread; the stop ends with this thread either way
         box["error"] = e
     finally:
         box["paused_ms"] = _paused_ms(times, t0)
+
+
+def _with_untraced(pid: int, blocks: Blocks, maps, tick) -> tuple[Blocks, object]:
+    """The blocks with the chunks glibc handed out before memleak attached (untraced.py) among them,
+    group -1, sorted; and a bool per block marking those (None: none found)."""
+    import numpy as np
+
+    fd = identity.open_mem(pid, os.O_RDONLY)
+    try:
+        chunks = untraced.find(fd, list(maps), blocks.starts, tick)
+    finally:
+        os.close(fd)
+    if not len(chunks):
+        return blocks, None
+    ends = blocks.ends if blocks.ends is not None else blocks.starts + blocks.sizes
+    both = Blocks(
+        np.concatenate((blocks.starts, chunks.starts)),
+        np.concatenate((blocks.sizes, chunks.ends - chunks.starts)),
+        np.concatenate((blocks.groups, np.full(len(chunks), -1, dtype=blocks.groups.dtype))),
+        np.concatenate((ends, chunks.ends)),
+    ).sort()
+    return both, both.groups < 0
 
 
 def _paused_ms(times: dict, t0: float) -> float:
@@ -258,11 +287,16 @@ def _classify(box: dict, info: dict, namer=None) -> tuple[ReachScan, dict[int, S
     import numpy as np
 
     blocks, found, threads, space, regions = box["blocks"], box["found"], box["threads"], box["space"], box["regions"]
-    anchored, seed_of, referenced = reachability(len(blocks.starts), found)
+    links = box.get("links")
+    late = links if links is not None and found.graph else None
+    anchored, seed_of, referenced = reachability(len(blocks.starts), found, late)
+    traced = blocks.groups >= 0
+    if late is not None:
+        _late_roots(found, blocks, regions, seed_of, anchored & traced, late)
     by_tid = {t.tid: t for t in threads}
     symbolizer = Symbolizer(space)
     labels = {}
-    for seed in np.unique(seed_of[anchored]).tolist():
+    for seed in np.unique(seed_of[anchored & traced]).tolist():
         try:
             labels[seed] = runtime_label(seed, found, blocks, namer) or label(
                 seed, found, regions, by_tid, space, symbolizer
@@ -280,8 +314,10 @@ def _classify(box: dict, info: dict, namer=None) -> tuple[ReachScan, dict[int, S
             unreadable_bytes=found.unreadable,
             regions=len(regions),
             threads=len(threads),
-            blocks=len(blocks.starts),
+            blocks=int(traced.sum()),
             references=found.edge_count,
+            untraced_chunks=box.get("untraced", 0),
+            untraced_as_roots=not found.graph,
             speed_bytes_per_s=found.scanned / scan_s if scan_s > 0 else None,
             allocator_metadata_bytes=box["meta"].bytes,
             allocator_metadata=box["meta"].what,
@@ -290,3 +326,21 @@ def _classify(box: dict, info: dict, namer=None) -> tuple[ReachScan, dict[int, S
         ),
         per_group,
     )
+
+
+def _late_roots(found, blocks, regions, seed_of, held, late) -> None:
+    """The untraced chunks that anchor traced blocks from the second walk (no root reaches them):
+    roots of memory memdiag did not see allocated, at their own first byte, for their label."""
+    import bisect
+
+    import numpy as np
+
+    starts = [r.start for r in regions]
+    for seed in np.unique(seed_of[held]).tolist():
+        if not late[seed] or found.root_tier[seed] != TIER_NONE:
+            continue
+        at = int(blocks.starts[seed])
+        i = bisect.bisect_right(starts, at) - 1
+        found.root_tier[seed] = TIER_UNTRACKED
+        found.root_addr[seed] = at
+        found.root_region[seed] = max(i, 0)

@@ -11,8 +11,11 @@ from .match import Found
 from .model import TIER_NONE, Blocks
 
 
-def reachability(n: int, found: Found) -> tuple:
-    """(anchored bool per block, seed block per anchored block, referenced-by-a-block per block)."""
+def reachability(n: int, found: Found, late=None) -> tuple:
+    """(anchored bool per block, seed block per anchored block, referenced-by-a-block per block).
+    late (a bool per block, or None): blocks that are roots only for what no other root reaches, in
+    a second walk once the first is done: the chunks memleak did not trace (untraced.py) are links
+    of paths from the roots first, and potentially live memory (roots) after."""
     import numpy as np
 
     edges = np.concatenate(found.edges) if found.edges else np.zeros((0, 2), dtype=np.int32)
@@ -32,13 +35,18 @@ def reachability(n: int, found: Found) -> tuple:
     seeds = np.flatnonzero(found.root_tier != TIER_NONE)
     seeds = seeds[np.argsort(found.root_tier[seeds], kind="stable")]
     seed_of[seeds] = seeds
-    queue = deque(seeds.tolist())
-    while queue:
-        b = queue.popleft()
-        for d in dst_list[first_list[b] : first_list[b + 1]]:
-            if seed_of[d] < 0:
-                seed_of[d] = seed_of[b]
-                queue.append(d)
+    for wave in (seeds, None if late is None else np.flatnonzero(late)):
+        if wave is None:
+            break
+        wave = wave[seed_of[wave] < 0] if wave is not seeds else wave
+        seed_of[wave] = wave
+        queue = deque(wave.tolist())
+        while queue:
+            b = queue.popleft()
+            for d in dst_list[first_list[b] : first_list[b + 1]]:
+                if seed_of[d] < 0:
+                    seed_of[d] = seed_of[b]
+                    queue.append(d)
     return seed_of >= 0, seed_of, referenced
 
 
@@ -48,6 +56,8 @@ def stack_figures(blocks: Blocks, anchored, seed_of, referenced, labels: dict[in
     out: dict[int, StackReach] = {}
     sizes = blocks.sizes.astype(np.int64)
     for g in np.unique(blocks.groups).tolist():
+        if g < 0:  # a chunk memleak did not trace (untraced.py): a link, no stack's
+            continue
         mine = blocks.groups == g
         held = mine & anchored
         lost = mine & ~anchored

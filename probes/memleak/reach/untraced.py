@@ -1,0 +1,131 @@
+"""Blocks glibc handed out before memleak attached, by their own chunk headers: the links of a path
+from a root to the blocks memleak saw allocated.
+
+A holder's structure is often older than the trace: a global std::unordered_map's bucket array
+and the nodes of its first entries, a tree's upper nodes, a list's head. Scanned as plain memory
+memdiag did not see allocated, every word of them was a root, so each block they point at was
+"held by memory memdiag did not see allocated ([heap])" and the global that holds the whole was
+never named. Walked as blocks, they are links: `g_catalog` in .bss points at its bucket array, the
+array at the nodes, the nodes at the products.
+
+glibc (x86-64) keeps a 16-byte header before every chunk (glibcheap.py): the previous chunk's size
+and the chunk's own, whose low three bits are flags. The main arena's chunks tile the [heap] from
+its first byte to the top chunk, so walking the sizes from its start finds every chunk, in use or
+free; a header that does not fit (a size under 32, not a multiple of 16, past the heap's end) ends
+the walk, and the rest of the heap stays plain memory (as it was: potentially live, conservative).
+A chunk of its own mapping (IS_MMAPPED, 128 KiB and up by default) begins its anonymous mapping with
+prev_size 0 and a size of whole pages that ends inside it; adjacent ones share one mapping and are
+walked alike. Arenas of other threads (heaps of their own, 64 MiB-aligned) are not walked: their
+memory stays plain memory, as before.
+
+A chunk's extent, as a block, runs from its user pointer to the next chunk's size word (its last
+word is the next chunk's prev_size while it is in use). Chunks memleak traced are left out (they
+are blocks already). The walk is bounded: at most MAX_CHUNKS chunks, and the scan's own clock
+(tick, between windows) stops it at the pause allowed."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from ...procmaps import Mapping
+
+HEADER = 16
+MIN_CHUNK = 32
+SIZE_BITS = 7
+IS_MMAPPED = 2
+PAGE = 4096
+MAX_CHUNKS = 1 << 20  # chunks walked at most (16 MiB of arrays): past it the rest stays plain memory
+WINDOW = 1 << 20  # bytes of the heap read at a time for the walk
+
+
+@dataclass
+class Untraced:
+    """The chunks found: user start and end (numpy uint64, sorted), and how the walk went."""
+
+    starts: object
+    ends: object
+    heap_bytes: int = 0  # bytes of [heap] the walk covered
+    complete: bool = True  # every chunk of the [heap] walked (no bad header, no bound reached)
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+
+def find(pid_mem: int, mappings: list[Mapping], traced_starts, tick: Callable[[], None] = lambda: None) -> Untraced:
+    """The chunks of the [heap] and of anonymous mappings that begin with an mmapped chunk, less
+    those starting at a traced block (traced_starts: sorted numpy uint64 user pointers)."""
+    import numpy as np
+
+    starts: list[int] = []
+    ends: list[int] = []
+    heap_bytes, complete = 0, True
+    for m in mappings:
+        if "r" not in m.perms or "w" not in m.perms or m.is_file:
+            continue
+        if m.path == "[heap]":
+            walked, whole = _walk_heap(pid_mem, m, starts, ends, tick)
+            heap_bytes += walked
+            complete = complete and whole
+        elif not m.path:
+            _walk_mmapped(pid_mem, m, starts, ends)
+        if len(starts) >= MAX_CHUNKS:
+            complete = False
+            break
+    s = np.array(starts, dtype=np.uint64)
+    e = np.array(ends, dtype=np.uint64)
+    if len(traced_starts) and len(s):
+        # a traced block is a block already; a chunk with one inside it (the walk misled) is left out
+        at = np.searchsorted(traced_starts, s)
+        nxt = traced_starts[np.minimum(at, len(traced_starts) - 1)]
+        traced = (at < len(traced_starts)) & (nxt < e)
+        s, e = s[~traced], e[~traced]
+    order = s.argsort(kind="stable")
+    return Untraced(s[order], e[order], heap_bytes, complete)
+
+
+def _walk_heap(fd: int, m: Mapping, starts: list[int], ends: list[int], tick) -> tuple[int, bool]:
+    """Walk the main arena's chunks from the [heap]'s first byte; (bytes walked, whether to the end)."""
+    chunk, buf_at, words = m.start, 0, None
+    while chunk + HEADER <= m.end:
+        if len(starts) >= MAX_CHUNKS:
+            return chunk - m.start, False
+        if words is None or chunk + HEADER > buf_at + len(words) * 8:
+            tick()
+            try:
+                raw = os.pread(fd, min(WINDOW, m.end - chunk), chunk)
+            except OSError:
+                return chunk - m.start, False
+            if len(raw) < HEADER:
+                return chunk - m.start, False
+            buf_at, words = chunk, memoryview(raw[: len(raw) // 8 * 8]).cast("Q")
+        raw_size = words[(chunk + 8 - buf_at) // 8]
+        size = raw_size & ~SIZE_BITS
+        if raw_size & IS_MMAPPED or size < MIN_CHUNK or size % 16 or chunk + size > m.end:
+            return chunk - m.start, False
+        starts.append(chunk + HEADER)
+        ends.append(min(chunk + size + 8, m.end))
+        chunk += size
+    return m.end - m.start, True
+
+
+def _walk_mmapped(fd: int, m: Mapping, starts: list[int], ends: list[int]) -> None:
+    """The mmapped chunks that tile an anonymous mapping from its start, if it begins with one."""
+    chunk = m.start
+    while chunk + HEADER <= m.end and len(starts) < MAX_CHUNKS:
+        try:
+            raw = os.pread(fd, HEADER, chunk)
+        except OSError:
+            return
+        if len(raw) != HEADER:
+            return
+        prev, size = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
+        if prev or not size & IS_MMAPPED or size & 1:
+            return
+        size &= ~SIZE_BITS
+        if size < PAGE or size % PAGE or chunk + size > m.end:
+            return
+        starts.append(chunk + HEADER)
+        ends.append(chunk + size)
+        chunk += size
