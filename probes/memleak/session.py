@@ -284,7 +284,8 @@ class _Session:
                 blocks = outstanding_blocks(bpf, self.target.pid, [], False)
                 if self.info["allocator"] == "glibc":
                     blocks = blocks.glibc_bounded()
-                est = price(self.target.pid, blocks, (time.monotonic() - t) * 1000, self.reach_allowed_ms)
+                links = self.info["allocator"] == "glibc" and not self.python.own_modules(self.target.pid)
+                est = price(self.target.pid, blocks, (time.monotonic() - t) * 1000, self.reach_allowed_ms, links)
         self.repriced_at = elapsed
         if est is None or est.ms is None:
             return

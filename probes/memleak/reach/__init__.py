@@ -82,8 +82,9 @@ def scan(
         if change is not None:
             raise ScanAborted(f"{change.describe()}: the scan stopped and concluded nothing")
 
+    links = allocator == "glibc" and not runtime_modules  # a runtime's heap names its own holders
     with scan_priority(pid):  # priced at the priority it will run at (boost.py)
-        est = _priced(pid, read_blocks, allowed_ms, same)
+        est = _priced(pid, read_blocks, allowed_ms, same, links)
     if isinstance(est, ReachScan):
         return est, {}
     info = dict(planned_bytes=est.planned_bytes, priced_ms=est.ms, allowed_ms=allowed_ms)
@@ -109,14 +110,19 @@ def scan(
 
 
 def _priced(
-    pid: int, read_blocks: Callable[[bool], Blocks], allowed_ms: float | None, same: Callable[[], None]
+    pid: int,
+    read_blocks: Callable[[bool], Blocks],
+    allowed_ms: float | None,
+    same: Callable[[], None],
+    links: bool = False,
 ) -> Price | ReachScan:
-    """The scan priced while the target runs (its blocks read once, timed), or the result saying why not."""
+    """The scan priced while the target runs (its blocks read once, timed), or the result saying why
+    not; links: glibc's chunks allocated before the trace will be walked and followed (untraced.py)."""
     try:
         same()
         t = time.monotonic()
         ahead = read_blocks(False)
-        est = price(pid, ahead, (time.monotonic() - t) * 1000, allowed_ms)
+        est = price(pid, ahead, (time.monotonic() - t) * 1000, allowed_ms, links)
         same()  # what the price read (maps, page map, a sample of memory) was the target's
     except ScanAborted as e:
         return ReachScan(status="failed", reason=str(e))
@@ -211,8 +217,8 @@ def _stop_and_scan(
             box["meta"] = meta
             t_scan = time.monotonic()
             links = None
-            if allocator == "glibc" and not runtime_modules:  # a runtime's heap names its own holders
-                blocks, links = _with_untraced(pid, blocks, maps, lambda: stop_check(0))
+            if est.links:
+                blocks, links = untraced.linked(pid, blocks, maps, lambda: stop_check(0))
                 box["untraced"] = int(links.sum()) if links is not None else 0
             found = scan_memory(
                 pid, blocks, regions, threads, stop_check, pymalloc=bool(runtime_modules), untraced=links
@@ -224,28 +230,6 @@ def _stop_and_scan(
         box["error"] = e
     finally:
         box["paused_ms"] = _paused_ms(times, t0)
-
-
-def _with_untraced(pid: int, blocks: Blocks, maps, tick) -> tuple[Blocks, object]:
-    """The blocks with the chunks glibc handed out before memleak attached (untraced.py) among them,
-    group -1, sorted; and a bool per block marking those (None: none found)."""
-    import numpy as np
-
-    fd = identity.open_mem(pid, os.O_RDONLY)
-    try:
-        chunks = untraced.find(fd, list(maps), blocks.starts, tick)
-    finally:
-        os.close(fd)
-    if not len(chunks):
-        return blocks, None
-    ends = blocks.ends if blocks.ends is not None else blocks.starts + blocks.sizes
-    both = Blocks(
-        np.concatenate((blocks.starts, chunks.starts)),
-        np.concatenate((blocks.sizes, chunks.ends - chunks.starts)),
-        np.concatenate((blocks.groups, np.full(len(chunks), -1, dtype=blocks.groups.dtype))),
-        np.concatenate((ends, chunks.ends)),
-    ).sort()
-    return both, both.groups < 0
 
 
 def _paused_ms(times: dict, t0: float) -> float:

@@ -129,3 +129,34 @@ def _walk_mmapped(fd: int, m: Mapping, starts: list[int], ends: list[int]) -> No
         starts.append(chunk + HEADER)
         ends.append(chunk + size)
         chunk += size
+
+
+def joined(blocks, chunks: Untraced):
+    """The blocks with the untraced chunks among them (group -1), sorted; and a bool per block marking
+    those (None when there are none: the blocks as they were)."""
+    import numpy as np
+
+    from .model import Blocks
+
+    if not len(chunks):
+        return blocks, None
+    ends = blocks.ends if blocks.ends is not None else blocks.starts + blocks.sizes
+    both = Blocks(
+        np.concatenate((blocks.starts, chunks.starts)),
+        np.concatenate((blocks.sizes, chunks.ends - chunks.starts)),
+        np.concatenate((blocks.groups, np.full(len(chunks), -1, dtype=blocks.groups.dtype))),
+        np.concatenate((ends, chunks.ends)),
+    ).sort()
+    return both, both.groups < 0
+
+
+def linked(pid: int, blocks, mappings, tick: Callable[[], None] = lambda: None):
+    """joined() for the chunks of pid's heap found now (its memory read through /proc/PID/mem)."""
+    from memdiag.system import identity
+
+    fd = identity.open_mem(pid, os.O_RDONLY)
+    try:
+        chunks = find(fd, list(mappings), blocks.sort().starts, tick)
+    finally:
+        os.close(fd)
+    return joined(blocks, chunks)
