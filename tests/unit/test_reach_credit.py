@@ -54,3 +54,16 @@ def test_untraced_chunks_are_links_from_the_roots_first_and_roots_only_for_what_
     # without the late wave chunk 3 would be a root like any (what the scan did before): nearer to 2
     anchored, seed_of, _ = reachability(6, _found([S, N, N, TIER_UNTRACKED, N, N], [(0, 1), (1, 2), (3, 4), (3, 2)]))
     assert seed_of.tolist() == [0, 0, 3, 3, 3, -1]
+
+
+def test_a_free_chunk_is_no_link_from_the_roots_only_potentially_live_after():
+    # The thread's tcache (0, from TLS) points at free chunk 1, whose stale word points at traced block
+    # 2; an untraced chunk in use (3, reached from a global: 4's holder) points at 5. 2 is the free
+    # chunk's (second wave), not the tcache's; 5 the global's.
+    N, S, T = TIER_NONE, TIER_STATIC, 1  # 1: TIER_TLS
+    late = np.array([True, True, False, True, False, False])
+    free = np.array([False, True, False, False, False, False])
+    found = _found([T, N, N, N, S, N], [(0, 1), (1, 2), (4, 3), (3, 5)])
+    anchored, seed_of, _ = reachability(6, found, late, free)
+    assert anchored.all()
+    assert seed_of.tolist() == [0, 1, 1, 4, 4, 4]

@@ -218,7 +218,7 @@ def _stop_and_scan(
             t_scan = time.monotonic()
             links = None
             if est.links:
-                blocks, links = untraced.linked(pid, blocks, maps, lambda: stop_check(0))
+                blocks, links, box["free"] = untraced.linked(pid, blocks, maps, lambda: stop_check(0))
                 box["untraced"] = int(links.sum()) if links is not None else 0
             found = scan_memory(
                 pid, blocks, regions, threads, stop_check, pymalloc=bool(runtime_modules), untraced=links
@@ -273,7 +273,8 @@ def _classify(box: dict, info: dict, namer=None) -> tuple[ReachScan, dict[int, S
     blocks, found, threads, space, regions = box["blocks"], box["found"], box["threads"], box["space"], box["regions"]
     links = box.get("links")
     late = links if links is not None and found.graph else None
-    anchored, seed_of, referenced = reachability(len(blocks.starts), found, late)
+    free = box.get("free") if late is not None else None
+    anchored, seed_of, referenced = reachability(len(blocks.starts), found, late, free)
     traced = blocks.groups >= 0
     if late is not None:
         _late_roots(found, blocks, regions, seed_of, anchored & traced, late)

@@ -11,11 +11,13 @@ from .match import Found
 from .model import TIER_NONE, Blocks
 
 
-def reachability(n: int, found: Found, late=None) -> tuple:
+def reachability(n: int, found: Found, late=None, blocked=None) -> tuple:
     """(anchored bool per block, seed block per anchored block, referenced-by-a-block per block).
     late (a bool per block, or None): blocks that are roots only for what no other root reaches, in
     a second walk once the first is done: the chunks memleak did not trace (untraced.py) are links
-    of paths from the roots first, and potentially live memory (roots) after."""
+    of paths from the roots first, and potentially live memory (roots) after. blocked (a bool per
+    block, or None): late blocks the first walk neither starts from nor enters (free chunks: their
+    words are stale, and the allocator's caches point at them)."""
     import numpy as np
 
     edges = np.concatenate(found.edges) if found.edges else np.zeros((0, 2), dtype=np.int32)
@@ -34,11 +36,17 @@ def reachability(n: int, found: Found, late=None) -> tuple:
     # held by the one stack word that reaches the head of the engine's list of all array buffers.
     seeds = np.flatnonzero(found.root_tier != TIER_NONE)
     seeds = seeds[np.argsort(found.root_tier[seeds], kind="stable")]
-    seed_of[seeds] = seeds
+    if blocked is not None:
+        seeds = seeds[~blocked[seeds]]
+    # a blocked block looks reached to the first walk (never entered), then is unmarked for the second
+    seed_of[blocked if blocked is not None else []] = n
     for wave in (seeds, None if late is None else np.flatnonzero(late)):
         if wave is None:
             break
-        wave = wave[seed_of[wave] < 0] if wave is not seeds else wave
+        if wave is not seeds:
+            if blocked is not None:
+                seed_of[blocked & (seed_of == n)] = -1
+            wave = wave[seed_of[wave] < 0]
         seed_of[wave] = wave
         queue = deque(wave.tolist())
         while queue:
@@ -47,6 +55,8 @@ def reachability(n: int, found: Found, late=None) -> tuple:
                 if seed_of[d] < 0:
                     seed_of[d] = seed_of[b]
                     queue.append(d)
+    if blocked is not None:
+        seed_of[seed_of == n] = -1  # blocked and never reached (no late wave)
     return seed_of >= 0, seed_of, referenced
 
 

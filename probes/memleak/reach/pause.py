@@ -120,11 +120,18 @@ def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None, link
     sampled = blocks
     if links:  # walked while the target runs: a torn header ends the walk early, an estimate
         t0 = time.monotonic()
+
+        def walk_tick() -> None:
+            if limit_ms is not None and (time.monotonic() - t0) * 1000 > limit_ms:
+                raise ScanAborted("walking glibc's chunks took longer than the pause left")
+
         try:
-            sampled, _links = untraced.linked(pid, blocks, space.mappings)
+            sampled, _links, _free = untraced.linked(pid, blocks, space.mappings, walk_tick)
+            fixed += (time.monotonic() - t0) * 1000
+        except ScanAborted:  # not walked under the stop either: its words are roots, as before
+            links = False
         except OSError:
             return None
-        fixed += (time.monotonic() - t0) * 1000
     speed = _sampled_speed(pid, sampled, runs, max(CHUNK, planned // SAMPLE_CHUNKS))
     if speed is False:
         return None

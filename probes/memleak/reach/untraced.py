@@ -18,9 +18,14 @@ prev_size 0 and a size of whole pages that ends inside it; adjacent ones share o
 walked alike. Arenas of other threads (heaps of their own, 64 MiB-aligned) are not walked: their
 memory stays plain memory, as before.
 
-A chunk's extent, as a block, runs from its user pointer to the next chunk's size word (its last
-word is the next chunk's prev_size while it is in use). Chunks memleak traced are left out (they
-are blocks already). The walk is bounded: at most MAX_CHUNKS chunks, and the scan's own clock
+A chunk's words, as a block's, run from its user pointer to the next chunk's size word (its last
+word is the next chunk's prev_size while it is in use); a pointer counts as into it up to its chunk's
+end, so the allocator's own links to the next chunk's header (bins, top) are into nothing. Chunks
+memleak traced are left out (they are blocks already). A free chunk (the next chunk's PREV_INUSE
+clear: bins and the top; a tcache entry, by its key word; a fastbin's, on its list: glibcheap.py)
+holds stale words and the allocator's own caches point at it (the tcache's entries, from the
+thread's `tcache` variable): it is no link from the roots, only potentially live in the second wave.
+The walk is bounded: at most MAX_CHUNKS chunks, and the scan's own clock
 (tick, between windows) stops it at the pause allowed."""
 
 from __future__ import annotations
@@ -45,7 +50,9 @@ class Untraced:
     """The chunks found: user start and end (numpy uint64, sorted), and how the walk went."""
 
     starts: object
-    ends: object
+    ends: object  # where a pointer stops counting as into it: the chunk's end
+    owned: object = None  # where its words end: the next chunk's size word
+    free: object = None  # numpy bool: a free chunk (no link from the roots)
     heap_bytes: int = 0  # bytes of [heap] the walk covered
     complete: bool = True  # every chunk of the [heap] walked (no bad header, no bound reached)
 
@@ -53,45 +60,74 @@ class Untraced:
         return len(self.starts)
 
 
-def find(pid_mem: int, mappings: list[Mapping], traced_starts, tick: Callable[[], None] = lambda: None) -> Untraced:
+def find(
+    pid_mem: int,
+    mappings: list[Mapping],
+    traced_starts,
+    tick: Callable[[], None] = lambda: None,
+    tcache_key: int | None = None,
+    fastbin_free: frozenset[int] = frozenset(),
+) -> Untraced:
     """The chunks of the [heap] and of anonymous mappings that begin with an mmapped chunk, less
-    those starting at a traced block (traced_starts: sorted numpy uint64 user pointers)."""
+    those starting at a traced block (traced_starts: sorted numpy uint64 user pointers). tcache_key
+    and fastbin_free (glibcheap.read_heap): what tells a cached free chunk from one in use."""
     import numpy as np
 
     starts: list[int] = []
-    ends: list[int] = []
-    heap_bytes, complete = 0, True
+    sizes: list[int] = []  # each chunk's size word as read (flags included)
+    keys: list[int] = []  # each chunk's second user word (a tcache entry's key)
+    heap_bytes, complete, top = 0, True, set()
     for m in mappings:
         if "r" not in m.perms or "w" not in m.perms or m.is_file:
             continue
         if m.path == "[heap]":
-            walked, whole = _walk_heap(pid_mem, m, starts, ends, tick)
+            walked, whole = _walk_heap(pid_mem, m, starts, sizes, keys, tick)
             heap_bytes += walked
             complete = complete and whole
+            if whole and starts:
+                top.add(starts[-1])
         elif not m.path:
-            _walk_mmapped(pid_mem, m, starts, ends)
+            _walk_mmapped(pid_mem, m, starts, sizes, keys)
         if len(starts) >= MAX_CHUNKS:
             complete = False
             break
     s = np.array(starts, dtype=np.uint64)
-    e = np.array(ends, dtype=np.uint64)
+    raw = np.array(sizes, dtype=np.uint64)
+    size = raw & ~np.uint64(SIZE_BITS)
+    e = s - np.uint64(HEADER) + size
+    owned = np.minimum(e + np.uint64(8), np.array([_end_of(mappings, a) for a in starts], dtype=np.uint64))
+    free = np.zeros(len(s), dtype=bool)
+    if len(s):
+        # the next chunk's PREV_INUSE clear: free (binned); only where the next is the one walked next
+        nxt_prev_inuse = np.concatenate((raw[1:] & np.uint64(1), [np.uint64(1)])).astype(bool)
+        follows = np.concatenate((s[1:] == e[:-1] + np.uint64(HEADER), [False]))
+        free |= follows & ~nxt_prev_inuse & ((raw & np.uint64(IS_MMAPPED)) == 0)
+        free |= np.isin(s, np.array(sorted(top), dtype=np.uint64))
+        if tcache_key is not None:
+            free |= np.array(keys, dtype=np.uint64) == np.uint64(tcache_key)
+        if fastbin_free:
+            free |= np.isin(s - np.uint64(HEADER), np.array(sorted(fastbin_free), dtype=np.uint64))
     if len(traced_starts) and len(s):
         # a traced block is a block already; a chunk with one inside it (the walk misled) is left out
         at = np.searchsorted(traced_starts, s)
         nxt = traced_starts[np.minimum(at, len(traced_starts) - 1)]
-        traced = (at < len(traced_starts)) & (nxt < e)
-        s, e = s[~traced], e[~traced]
+        traced = (at < len(traced_starts)) & (nxt < owned)
+        s, e, owned, free = s[~traced], e[~traced], owned[~traced], free[~traced]
     order = s.argsort(kind="stable")
-    return Untraced(s[order], e[order], heap_bytes, complete)
+    return Untraced(s[order], e[order], owned[order], free[order], heap_bytes, complete)
 
 
-def _walk_heap(fd: int, m: Mapping, starts: list[int], ends: list[int], tick) -> tuple[int, bool]:
+def _end_of(mappings: list[Mapping], address: int) -> int:
+    return next((m.end for m in mappings if m.start <= address < m.end), address)
+
+
+def _walk_heap(fd: int, m: Mapping, starts: list[int], sizes: list[int], keys: list[int], tick) -> tuple[int, bool]:
     """Walk the main arena's chunks from the [heap]'s first byte; (bytes walked, whether to the end)."""
     chunk, buf_at, words = m.start, 0, None
     while chunk + HEADER <= m.end:
         if len(starts) >= MAX_CHUNKS:
             return chunk - m.start, False
-        if words is None or chunk + HEADER > buf_at + len(words) * 8:
+        if words is None or chunk + MIN_CHUNK > buf_at + len(words) * 8:
             tick()
             try:
                 raw = os.pread(fd, min(WINDOW, m.end - chunk), chunk)
@@ -100,17 +136,19 @@ def _walk_heap(fd: int, m: Mapping, starts: list[int], ends: list[int], tick) ->
             if len(raw) < HEADER:
                 return chunk - m.start, False
             buf_at, words = chunk, memoryview(raw[: len(raw) // 8 * 8]).cast("Q")
-        raw_size = words[(chunk + 8 - buf_at) // 8]
+        at = (chunk - buf_at) // 8
+        raw_size = words[at + 1]
         size = raw_size & ~SIZE_BITS
         if raw_size & IS_MMAPPED or size < MIN_CHUNK or size % 16 or chunk + size > m.end:
             return chunk - m.start, False
         starts.append(chunk + HEADER)
-        ends.append(min(chunk + size + 8, m.end))
+        sizes.append(raw_size)
+        keys.append(words[at + 3] if at + 3 < len(words) else 0)
         chunk += size
     return m.end - m.start, True
 
 
-def _walk_mmapped(fd: int, m: Mapping, starts: list[int], ends: list[int]) -> None:
+def _walk_mmapped(fd: int, m: Mapping, starts: list[int], sizes: list[int], keys: list[int]) -> None:
     """The mmapped chunks that tile an anonymous mapping from its start, if it begins with one."""
     chunk = m.start
     while chunk + HEADER <= m.end and len(starts) < MAX_CHUNKS:
@@ -123,40 +161,58 @@ def _walk_mmapped(fd: int, m: Mapping, starts: list[int], ends: list[int]) -> No
         prev, size = int.from_bytes(raw[:8], "little"), int.from_bytes(raw[8:], "little")
         if prev or not size & IS_MMAPPED or size & 1:
             return
-        size &= ~SIZE_BITS
-        if size < PAGE or size % PAGE or chunk + size > m.end:
+        if (size & ~SIZE_BITS) < PAGE or (size & ~SIZE_BITS) % PAGE or chunk + (size & ~SIZE_BITS) > m.end:
             return
         starts.append(chunk + HEADER)
-        ends.append(chunk + size)
-        chunk += size
+        sizes.append(size)
+        keys.append(0)
+        chunk += size & ~SIZE_BITS
 
 
 def joined(blocks, chunks: Untraced):
-    """The blocks with the untraced chunks among them (group -1), sorted; and a bool per block marking
-    those (None when there are none: the blocks as they were)."""
+    """The blocks with the untraced chunks among them (group -1, or -2 when free), sorted; a bool per
+    block marking those and one marking the free ones (None, None when there are none: the blocks as
+    they were)."""
     import numpy as np
 
     from .model import Blocks
 
     if not len(chunks):
-        return blocks, None
+        return blocks, None, None
     ends = blocks.ends if blocks.ends is not None else blocks.starts + blocks.sizes
+    # group -1 for a chunk in use, -2 for a free one
+    kind = np.where(chunks.free, -2, -1).astype(blocks.groups.dtype)
     both = Blocks(
         np.concatenate((blocks.starts, chunks.starts)),
-        np.concatenate((blocks.sizes, chunks.ends - chunks.starts)),
-        np.concatenate((blocks.groups, np.full(len(chunks), -1, dtype=blocks.groups.dtype))),
+        np.concatenate((blocks.sizes, chunks.owned - chunks.starts)),
+        np.concatenate((blocks.groups, kind)),
         np.concatenate((ends, chunks.ends)),
     ).sort()
-    return both, both.groups < 0
+    return both, both.groups < 0, both.groups == -2
 
 
 def linked(pid: int, blocks, mappings, tick: Callable[[], None] = lambda: None):
     """joined() for the chunks of pid's heap found now (its memory read through /proc/PID/mem)."""
     from memdiag.system import identity
 
+    from .. import glibcheap
+
+    mappings = list(mappings)
+    try:
+        with glibcheap.Memory(pid) as mem:
+            heap = glibcheap.heap_of(mem, tuple(mappings))
+    except OSError:
+        heap = None
     fd = identity.open_mem(pid, os.O_RDONLY)
     try:
-        chunks = find(fd, list(mappings), blocks.sort().starts, tick)
+        chunks = find(
+            fd,
+            mappings,
+            blocks.sort().starts,
+            tick,
+            heap.tcache_key if heap is not None else None,
+            (heap.fastbin_free or frozenset()) if heap is not None else frozenset(),
+        )
     finally:
         os.close(fd)
     return joined(blocks, chunks)
