@@ -170,7 +170,10 @@ def run_once(incident: dict, out_dir: Path) -> Outcome:
         env = None
         allocator = incident.get("allocator", "glibc")
         if allocator != "glibc":
-            env = {"LD_PRELOAD": arch.library(ALLOCATORS[allocator])}
+            library = arch.library(ALLOCATORS[allocator])
+            if not os.path.exists(library):  # the loader would warn and run the program on glibc's malloc
+                raise SystemExit(f"accuracy: {incident['name']} needs {library} (scripts/setup.sh --test installs it)")
+            env = {"LD_PRELOAD": library}
         if "command" in incident:
             argv = _fill(incident["command"], subst)
             ready = incident["ready"].format(**subst)

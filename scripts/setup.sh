@@ -29,6 +29,7 @@ if [ "${1:-}" = "--test" ]; then
     packages+=(prometheus-alertmanager curl chromium strace podman runc graphite-carbon golang-go nodejs lld)
     packages+=(openjdk-17-jdk-headless libh2-java)
     packages+=(stress-ng)  # a busy host, for the signal tests that must hold under load
+    packages+=(libtcmalloc-minimal4 libmimalloc2.0)  # the accuracy corpus's preloaded allocators
 fi
 for pkg in "${packages[@]}"; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q "install ok installed" || need+=("$pkg")

@@ -117,7 +117,11 @@ class Heap:
 
 def read_heap(mem: Memory, maps_text: str) -> Heap:
     """The tcache key and the fastbins' free chunks of the process mem reads, its maps as read with it."""
-    mappings = tuple(parse_maps(maps_text))
+    return heap_of(mem, tuple(parse_maps(maps_text)))
+
+
+def heap_of(mem: Memory, mappings: tuple[Mapping, ...]) -> Heap:
+    """read_heap() for mappings already parsed."""
     minor = glibc_minor(mem.pid, mappings)
     heap = next((m for m in mappings if m.path == "[heap]"), None)
     if minor is None or minor < MIN_MINOR or heap is None:

@@ -39,11 +39,12 @@ os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
 from ...face import StackReach
 from ...procmaps import AddressSpace, parse_maps
 from ...stacks import Symbolizer
-from . import allocmeta
+from . import allocmeta, untraced
 from .anchors import label, runtime_label
+from .boost import scan_priority
 from .graph import reachability, stack_figures
 from .match import scan_memory
-from .model import ANCHOR_KIND, Blocks, ReachScan, ScanAborted, merged
+from .model import ANCHOR_KIND, TIER_NONE, TIER_UNTRACKED, Blocks, ReachScan, ScanAborted, merged
 from .pause import MAX_SCAN_MAPPINGS, Price, price
 from .regions import readable_regions
 from .stop import alive, check_stoppable, stopped
@@ -81,7 +82,9 @@ def scan(
         if change is not None:
             raise ScanAborted(f"{change.describe()}: the scan stopped and concluded nothing")
 
-    est = _priced(pid, read_blocks, allowed_ms, same)
+    links = allocator == "glibc" and not runtime_modules  # a runtime's heap names its own holders
+    with scan_priority(pid):  # priced at the priority it will run at (boost.py)
+        est = _priced(pid, read_blocks, allowed_ms, same, links)
     if isinstance(est, ReachScan):
         return est, {}
     info = dict(planned_bytes=est.planned_bytes, priced_ms=est.ms, allowed_ms=allowed_ms)
@@ -107,14 +110,19 @@ def scan(
 
 
 def _priced(
-    pid: int, read_blocks: Callable[[bool], Blocks], allowed_ms: float | None, same: Callable[[], None]
+    pid: int,
+    read_blocks: Callable[[bool], Blocks],
+    allowed_ms: float | None,
+    same: Callable[[], None],
+    links: bool = False,
 ) -> Price | ReachScan:
-    """The scan priced while the target runs (its blocks read once, timed), or the result saying why not."""
+    """The scan priced while the target runs (its blocks read once, timed), or the result saying why
+    not; links: glibc's chunks allocated before the trace will be walked and followed (untraced.py)."""
     try:
         same()
         t = time.monotonic()
         ahead = read_blocks(False)
-        est = price(pid, ahead, (time.monotonic() - t) * 1000, allowed_ms)
+        est = price(pid, ahead, (time.monotonic() - t) * 1000, allowed_ms, links)
         same()  # what the price read (maps, page map, a sample of memory) was the target's
     except ScanAborted as e:
         return ReachScan(status="failed", reason=str(e))
@@ -193,7 +201,8 @@ def _stop_and_scan(
             )
 
     try:
-        with stopped(pid, allowed_ms, same=same, times=times) as threads:
+        with scan_priority(pid) as priority, stopped(pid, allowed_ms, same=same, times=times) as threads:
+            box["priority"] = priority
             blocks = read_blocks(True)
             if not len(blocks.starts):
                 box["empty"] = True
@@ -207,7 +216,14 @@ def _stop_and_scan(
             regions = allocmeta.carve(regions, meta)
             box["meta"] = meta
             t_scan = time.monotonic()
-            found = scan_memory(pid, blocks, regions, threads, stop_check, pymalloc=bool(runtime_modules))
+            links = None
+            if est.links:
+                blocks, links, box["free"] = untraced.linked(pid, blocks, maps, lambda: stop_check(0))
+                box["untraced"] = int(links.sum()) if links is not None else 0
+            found = scan_memory(
+                pid, blocks, regions, threads, stop_check, pymalloc=bool(runtime_modules), untraced=links
+            )
+            box["links"] = links
             scan_s = time.monotonic() - t_scan
         box.update(threads=threads, blocks=blocks, space=space, regions=regions, found=found, scan_s=scan_s)
     except Exception as e:  # handed to the caller's thread; the stop ends with this thread either way
@@ -255,11 +271,17 @@ def _classify(box: dict, info: dict, namer=None) -> tuple[ReachScan, dict[int, S
     import numpy as np
 
     blocks, found, threads, space, regions = box["blocks"], box["found"], box["threads"], box["space"], box["regions"]
-    anchored, seed_of, referenced = reachability(len(blocks.starts), found)
+    links = box.get("links")
+    late = links if links is not None and found.graph else None
+    free = box.get("free") if late is not None else None
+    anchored, seed_of, referenced = reachability(len(blocks.starts), found, late, free)
+    traced = blocks.groups >= 0
+    if late is not None:
+        _late_roots(found, blocks, regions, seed_of, anchored & traced, late)
     by_tid = {t.tid: t for t in threads}
     symbolizer = Symbolizer(space)
     labels = {}
-    for seed in np.unique(seed_of[anchored]).tolist():
+    for seed in np.unique(seed_of[anchored & traced]).tolist():
         try:
             labels[seed] = runtime_label(seed, found, blocks, namer) or label(
                 seed, found, regions, by_tid, space, symbolizer
@@ -277,12 +299,33 @@ def _classify(box: dict, info: dict, namer=None) -> tuple[ReachScan, dict[int, S
             unreadable_bytes=found.unreadable,
             regions=len(regions),
             threads=len(threads),
-            blocks=len(blocks.starts),
+            blocks=int(traced.sum()),
             references=found.edge_count,
+            untraced_chunks=box.get("untraced", 0),
+            untraced_as_roots=not found.graph,
             speed_bytes_per_s=found.scanned / scan_s if scan_s > 0 else None,
             allocator_metadata_bytes=box["meta"].bytes,
             allocator_metadata=box["meta"].what,
+            priority=box.get("priority", ""),
             **info,
         ),
         per_group,
     )
+
+
+def _late_roots(found, blocks, regions, seed_of, held, late) -> None:
+    """The untraced chunks that anchor traced blocks from the second walk (no root reaches them):
+    roots of memory memdiag did not see allocated, at their own first byte, for their label."""
+    import bisect
+
+    import numpy as np
+
+    starts = [r.start for r in regions]
+    for seed in np.unique(seed_of[held]).tolist():
+        if not late[seed] or found.root_tier[seed] != TIER_NONE:
+            continue
+        at = int(blocks.starts[seed])
+        i = bisect.bisect_right(starts, at) - 1
+        found.root_tier[seed] = TIER_UNTRACKED
+        found.root_addr[seed] = at
+        found.root_region[seed] = max(i, 0)

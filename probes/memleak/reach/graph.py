@@ -11,8 +11,13 @@ from .match import Found
 from .model import TIER_NONE, Blocks
 
 
-def reachability(n: int, found: Found) -> tuple:
-    """(anchored bool per block, seed block per anchored block, referenced-by-a-block per block)."""
+def reachability(n: int, found: Found, late=None, blocked=None) -> tuple:
+    """(anchored bool per block, seed block per anchored block, referenced-by-a-block per block).
+    late (a bool per block, or None): blocks that are roots only for what no other root reaches, in
+    a second walk once the first is done: the chunks memleak did not trace (untraced.py) are links
+    of paths from the roots first, and potentially live memory (roots) after. blocked (a bool per
+    block, or None): late blocks the first walk neither starts from nor enters (free chunks: their
+    words are stale, and the allocator's caches point at them)."""
     import numpy as np
 
     edges = np.concatenate(found.edges) if found.edges else np.zeros((0, 2), dtype=np.int32)
@@ -31,14 +36,27 @@ def reachability(n: int, found: Found) -> tuple:
     # held by the one stack word that reaches the head of the engine's list of all array buffers.
     seeds = np.flatnonzero(found.root_tier != TIER_NONE)
     seeds = seeds[np.argsort(found.root_tier[seeds], kind="stable")]
-    seed_of[seeds] = seeds
-    queue = deque(seeds.tolist())
-    while queue:
-        b = queue.popleft()
-        for d in dst_list[first_list[b] : first_list[b + 1]]:
-            if seed_of[d] < 0:
-                seed_of[d] = seed_of[b]
-                queue.append(d)
+    if blocked is not None:
+        seeds = seeds[~blocked[seeds]]
+    # a blocked block looks reached to the first walk (never entered), then is unmarked for the second
+    seed_of[blocked if blocked is not None else []] = n
+    for wave in (seeds, None if late is None else np.flatnonzero(late)):
+        if wave is None:
+            break
+        if wave is not seeds:
+            if blocked is not None:
+                seed_of[blocked & (seed_of == n)] = -1
+            wave = wave[seed_of[wave] < 0]
+        seed_of[wave] = wave
+        queue = deque(wave.tolist())
+        while queue:
+            b = queue.popleft()
+            for d in dst_list[first_list[b] : first_list[b + 1]]:
+                if seed_of[d] < 0:
+                    seed_of[d] = seed_of[b]
+                    queue.append(d)
+    if blocked is not None:
+        seed_of[seed_of == n] = -1  # blocked and never reached (no late wave)
     return seed_of >= 0, seed_of, referenced
 
 
@@ -48,6 +66,8 @@ def stack_figures(blocks: Blocks, anchored, seed_of, referenced, labels: dict[in
     out: dict[int, StackReach] = {}
     sizes = blocks.sizes.astype(np.int64)
     for g in np.unique(blocks.groups).tolist():
+        if g < 0:  # a chunk memleak did not trace (untraced.py): a link, no stack's
+            continue
         mine = blocks.groups == g
         held = mine & anchored
         lost = mine & ~anchored

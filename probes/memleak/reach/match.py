@@ -16,6 +16,9 @@ from .regions import Region, present_runs
 from .stop import Thread
 
 MAX_EDGES = 4_000_000  # block-to-block references kept (8 bytes each); past it the scan gives up
+# references from chunks handed out before memleak attached (untraced.py) kept at most: past it they
+# are dropped and every word of those chunks counts as a root again (as before they were walked)
+MAX_UNTRACED_EDGES = 4_000_000
 
 
 @dataclass
@@ -28,6 +31,10 @@ class Found:
     root_tid: object  # numpy int64 per block: the thread whose register it was
     edges: list = field(default_factory=list)  # numpy (src block, dst block) int32 pairs per chunk
     edge_count: int = 0
+    untraced_edges: int = 0  # of them, from chunks memleak did not trace (not in edge_count)
+    graph: bool = True  # the untraced chunks' references all kept (else their words are roots)
+    loose_addr: object = None  # numpy uint64 per block: a word inside an untraced chunk pointing at it
+    loose_region: object = None  # numpy int32 per block: that word's region
     scanned: int = 0
     swapped: int = 0
     unreadable: int = 0
@@ -43,17 +50,42 @@ class Found:
         self.root_region[dst] = region
         self.root_tid[dst] = tid
 
+    def loose(self, dst, addrs, region: int) -> None:
+        """Blocks dst pointed at from inside untraced chunks: roots, should those chunks' references be dropped."""
+        first = self.loose_addr[dst] == 0
+        self.loose_addr[dst[first]] = addrs[first]
+        self.loose_region[dst[first]] = region
+
+    def as_roots(self, untraced) -> None:
+        """The untraced chunks' references dropped: every word in them that points at a block is a
+        root of memory memdiag did not see allocated, as it was before they were walked."""
+        import numpy as np
+
+        src_ok = [e[~untraced[e[:, 0]]] for e in self.edges]
+        self.edges = src_ok
+        hit = np.flatnonzero(self.loose_addr != 0)
+        for region in np.unique(self.loose_region[hit]).tolist():
+            dst = hit[self.loose_region[hit] == region]
+            self.credit(dst, TIER_UNTRACKED, self.loose_addr[dst], region)
+
 
 class Matcher:
     """Finds, in a buffer of words, those that point into a block: a subtraction and one compare
     over the whole buffer (numpy), then a binary search for the few that fall in the blocks' span."""
 
-    def __init__(self, blocks: Blocks, pymalloc: bool = False):
+    def __init__(self, blocks: Blocks, pymalloc: bool = False, untraced=None):
         import numpy as np
+
+        self.untraced = untraced  # numpy bool per block: a chunk memleak did not trace (untraced.py), or None
 
         self.np = np
         self.starts = blocks.starts
         self.ends = blocks.ends if blocks.ends is not None else blocks.starts + blocks.sizes
+        # a word is a block's up to the size it was asked for: glibc's last usable word of a 24-byte
+        # block is the next chunk's prev_size, outside where a pointer counts as into it (glibc_bounded),
+        # yet the program's own (a std::unordered_map node's value: every product was "held" by it as
+        # a root of memory memdiag did not see allocated)
+        self.owner_ends = np.maximum(self.ends, blocks.starts + blocks.sizes)
         self.lo = np.uint64(int(blocks.starts[0]))
         self.span = np.uint64(int(self.ends.max()) - int(blocks.starts[0]))
         self.tmp = np.empty(CHUNK // 8, dtype=np.uint64)
@@ -82,7 +114,7 @@ class Matcher:
         """The block that holds each address, or -1."""
         np = self.np
         idx = np.searchsorted(self.starts, addresses, side="right") - 1
-        inside = (idx >= 0) & (addresses < self.ends[np.maximum(idx, 0)])
+        inside = (idx >= 0) & (addresses < self.owner_ends[np.maximum(idx, 0)])
         return np.where(inside, idx, -1)
 
 
@@ -108,8 +140,16 @@ def _read(mem: int, buf, at: int, size: int, found: Found) -> int:
 
 
 def scan_memory(
-    pid: int, blocks: Blocks, regions: list[Region], threads: list[Thread], stop_check, pymalloc: bool = False
+    pid: int,
+    blocks: Blocks,
+    regions: list[Region],
+    threads: list[Thread],
+    stop_check,
+    pymalloc: bool = False,
+    untraced=None,
 ) -> Found:
+    """What the memory says about blocks; untraced (a bool per block) marks the chunks memleak did
+    not trace, whose words are references (kept up to MAX_UNTRACED_EDGES) rather than roots."""
     import numpy as np
 
     n = len(blocks.starts)
@@ -118,8 +158,10 @@ def scan_memory(
         root_addr=np.zeros(n, dtype=np.uint64),
         root_region=np.full(n, -1, dtype=np.int32),
         root_tid=np.zeros(n, dtype=np.int64),
+        loose_addr=np.zeros(n, dtype=np.uint64),
+        loose_region=np.full(n, -1, dtype=np.int32),
     )
-    match = Matcher(blocks, pymalloc)
+    match = Matcher(blocks, pymalloc, untraced)
     for t in threads:
         words = np.frombuffer(t.regs[: len(t.regs) // 8 * 8], dtype=np.uint64)
         _pos, dst = match.hits(words)
@@ -161,6 +203,12 @@ def _match_chunk(found: Found, match: Matcher, r: Region, ri: int, at: int, word
     # a stack or static data is a root even inside a tracked mapping (a thread stack mmap()ed after
     # memleak attached)
     inside = (src >= 0) if r.tier == TIER_UNTRACKED else np.zeros(len(src), dtype=bool)
+    if match.untraced is not None and inside.any():
+        via = inside & match.untraced[np.maximum(src, 0)]  # words of a chunk memleak did not trace
+        if via.any():
+            found.loose(dst[via], src_addr[via], ri)
+            if not found.graph:  # its references dropped (MAX_UNTRACED_EDGES): its words are roots
+                inside = inside & ~via
     found.credit(dst[~inside], r.tier, src_addr[~inside], ri)
     # block-to-block references, each pair once: a block pointing into itself anchors nothing
     # (graph.py), and CPython's objects point at one another inside one pymalloc arena for most of
@@ -171,6 +219,11 @@ def _match_chunk(found: Found, match: Matcher, r: Region, ri: int, at: int, word
         keys = np.unique((src[other].astype(np.int64) << 32) | dst[other].astype(np.int64))
         pairs = np.stack(((keys >> 32).astype(np.int32), (keys & 0xFFFFFFFF).astype(np.int32)), axis=1)
         found.edges.append(pairs)
-        found.edge_count += len(pairs)
+        from_untraced = int(match.untraced[pairs[:, 0]].sum()) if match.untraced is not None else 0
+        found.untraced_edges += from_untraced
+        found.edge_count += len(pairs) - from_untraced
+        if found.untraced_edges > MAX_UNTRACED_EDGES and found.graph:
+            found.graph = False
+            found.as_roots(match.untraced)
         if found.edge_count > MAX_EDGES:
             raise ScanAborted(f"more than {MAX_EDGES:,} references between tracked blocks")

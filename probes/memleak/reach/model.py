@@ -35,7 +35,9 @@ ANCHOR_KIND = {
 ROOTS = (
     "registers and stacks (from the stack pointer up) of every thread, modules' .data/.bss, and all other "
     "readable writable memory outside the tracked blocks (heap allocated before memleak attached or held "
-    "free by the allocator counts as live: a leak can be missed, never invented) but the allocator's own "
+    "free by the allocator counts as live: a leak can be missed, never invented; under glibc, chunks allocated "
+    "before memleak attached are first followed as links from the other roots, which names a global through "
+    "them) but the allocator's own "
     "records of its extents where memdiag recognises them (jemalloc's base blocks, CPython's arena records); "
     "an interpreter's own static data only where no other root holds a block"
 )
@@ -82,6 +84,9 @@ class ReachScan(Model):
     allocator_metadata_bytes: int = 0  # the allocator's own records, neither read nor roots (allocmeta)
     allocator_metadata: str = ""  # what they were
     speed_bytes_per_s: float | None = None  # measured in this scan
+    priority: str = ""  # what memdiag's scan ran at while the target was stopped (boost.py)
+    untraced_chunks: int = 0  # chunks glibc handed out before memleak attached, walked as links (untraced.py)
+    untraced_as_roots: bool = False  # their references past MAX_UNTRACED_EDGES: their words counted as roots
     buffer_bytes: int = CHUNK
     consistency: str = CONSISTENCY
     roots: str = ROOTS
@@ -105,12 +110,18 @@ class ReachScan(Model):
             if self.allocator_metadata_bytes
             else ""
         )
+        if self.untraced_chunks:
+            meta += f"; {self.untraced_chunks:,} chunks glibc handed out before memleak attached " + (
+                "were found, their words counted as roots (too many references to follow)"
+                if self.untraced_as_roots
+                else "followed as links from the roots"
+            )
         return (
             f"ran {at}paused the target {self.paused_ms:.1f} ms ({priced}{allowed}) to read "
             f"{fmt_mib(self.scanned_bytes)} of writable memory in {self.regions} mappings{speed}{swapped}; "
             f"{self.threads} thread(s), "
             f"{self.blocks:,} outstanding blocks checked, {self.references:,} references between them{meta}; "
-            f"{self.consistency}"
+            f"{self.consistency}" + (f"; memdiag's scan at {self.priority}" if self.priority else "")
         )
 
 

@@ -15,6 +15,7 @@ from memdiag.system.units import fmt_duration, fmt_mib
 
 from ...mapping import MAX_CODE_MAPPINGS, MAX_DATA_MAPPINGS
 from ...procmaps import AddressSpace
+from . import untraced
 from .match import Matcher
 from .model import CHUNK, PAGE, Blocks, ScanAborted
 from .regions import present_runs, readable_regions, static_tls_bytes
@@ -61,6 +62,7 @@ class Price:
     blocks: int
     tls_bytes: int
     refused: str | None = None  # why the scan must not run whatever it costs
+    links: bool = False  # glibc's chunks allocated before the trace walked and followed (untraced.py)
 
     @property
     def ms(self) -> float | None:
@@ -83,11 +85,13 @@ def too_many_mappings(maps) -> str | None:
     )
 
 
-def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None) -> Price | None:
+def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None, links: bool = False) -> Price | None:
     """What a scan of pid would pause it, estimated while it runs: the resident bytes of its
     writable mappings (pagemap) over the speed of matching a sample of them (up to SAMPLE_CHUNKS
     chunks spread over the whole) against its current blocks; swapped bytes at swap speed; plus
-    the fixed part, the page-map walk timed here included (it is done again during the stop). The
+    the fixed part, the page-map walk timed here included (it is done again during the stop); links:
+    the walk of glibc's chunks allocated before the trace timed too, and the sample matched against
+    them as well (their references are followed, untraced.py: a pointer-dense heap's scan slows). The
     sample sees the target's own pointer density: a pointer-dense heap matches several times slower
     than a sparse one (measured: 0.3 GiB/s on redis, 2 GiB/s on a heap of strings)."""
     space = AddressSpace.of(pid)
@@ -113,10 +117,25 @@ def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None) -> P
         return Price(planned, swapped, None, fixed, len(blocks.starts), tls_bytes, refused=too_long)
     fixed += (time.monotonic() - t0) * 1000
     refused = _swap_refusal(pid, swapped)
-    speed = _sampled_speed(pid, blocks, runs, max(CHUNK, planned // SAMPLE_CHUNKS))
+    sampled = blocks
+    if links:  # walked while the target runs: a torn header ends the walk early, an estimate
+        t0 = time.monotonic()
+
+        def walk_tick() -> None:
+            if limit_ms is not None and (time.monotonic() - t0) * 1000 > limit_ms:
+                raise ScanAborted("walking glibc's chunks took longer than the pause left")
+
+        try:
+            sampled, _links, _free = untraced.linked(pid, blocks, space.mappings, walk_tick)
+            fixed += (time.monotonic() - t0) * 1000
+        except ScanAborted:  # not walked under the stop either: its words are roots, as before
+            links = False
+        except OSError:
+            return None
+    speed = _sampled_speed(pid, sampled, runs, max(CHUNK, planned // SAMPLE_CHUNKS))
     if speed is False:
         return None
-    return Price(planned, swapped, speed or None, fixed, len(blocks.starts), tls_bytes, refused)
+    return Price(planned, swapped, speed or None, fixed, len(blocks.starts), tls_bytes, refused, links)
 
 
 def _walk(pid: int, space: AddressSpace, limit_ms: float | None) -> tuple[list[tuple[int, int]], int, str | None]:
