@@ -11,6 +11,8 @@ import math
 import re
 from typing import Literal
 
+from .visible import one_line
+
 
 def fmt_bytes(n: float | None) -> str:
     if n is None:
@@ -185,7 +187,7 @@ def format_quantity(value: object, kind: Kind) -> str:
         return fmt_duration(value)  # type: ignore[arg-type]
     if kind == "number":
         return fmt_number(value)  # type: ignore[arg-type]
-    return str(value)
+    return one_line(str(value))  # a string fact may be a target's file or process name: one line
 
 
 def parse_size(text: str) -> int:

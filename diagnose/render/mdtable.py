@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 
-from .text import prose
+from .text import one_line, prose
 
 
 def utc(ts: float | None) -> str:
@@ -16,5 +16,6 @@ def utc(ts: float | None) -> str:
 
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
     out = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    out += ["| " + " | ".join(prose(cell).replace("|", "\\|") for cell in row) + " |" for row in rows]
+    # one_line: a cell may quote a target's file or process name, and a newline would end the row
+    out += ["| " + " | ".join(prose(one_line(cell)).replace("|", "\\|") for cell in row) + " |" for row in rows]
     return out

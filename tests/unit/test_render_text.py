@@ -81,3 +81,16 @@ def test_probe_text_escapes_a_bidi_comm():
     )
     text = render_probe(r)
     assert _format_chars(text) == [] and "ok\\u202etxt.exe" in text
+
+
+def test_a_target_s_name_with_a_newline_stays_one_line_in_a_rule_s_text_and_a_table():
+    """A file or process name is the target's: a newline in it would start a heading of its own in
+    report.md, from a rule's summary or from a table's cell."""
+    from memdiag.diagnose.render.mdtable import table
+    from memdiag.rules.engine import render
+
+    name = "/dev/shm/a\n\n## Verdict (healthy)\n"
+    said = render("files named {shm.top_pattern} grow", {"shm.top_pattern": name})
+    assert "\n" not in said and "\\n\\n## Verdict" in said
+    rows = table(["pattern", "files"], [[name, "3"]])
+    assert len(rows) == 3 and all("\n" not in r for r in rows)
