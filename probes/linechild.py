@@ -63,22 +63,29 @@ def lookup(requests: list[Request], deadline_s: float = DEADLINE_S, memory: int 
         left = end - time.monotonic()
         if left <= 0:
             for i in todo:
-                out[i] = Answer(None, f"no source lines (memdiag's {deadline_s:g} s for looking them up ran out)")
+                out[i] = Answer(None, f"no source lines (memdiag's {deadline_s:g} s for looking lines up ran out before it)")
             break
-        got, why = _child([requests[i] for i in todo], left, memory)
+        got, why, spent = _child([requests[i] for i in todo], left, memory)
         for i, answer in zip(todo, got, strict=False):
             out[i] = answer
         if len(got) == len(todo):
             break
         failed = todo[len(got)]  # the module the child was reading when it ended
         out[failed] = Answer(None, f"no source lines ({why})")
-        _FAILED[requests[failed].ident] = why
+        # not read again by this memdiag: a module that broke its reader, or had at least half of the
+        # time for itself (one the time ran out on after others took it is only not read this time)
+        if why != TIMED_OUT or spent >= deadline_s / 2:
+            _FAILED[requests[failed].ident] = why
         todo = todo[len(got) + 1 :]
     return [a if a is not None else Answer(None) for a in out]
 
 
-def _child(requests: list[Request], timeout: float, memory: int) -> tuple[list[Answer], str]:
-    """The answers one child gave before it ended, and why it ended early (when it did)."""
+TIMED_OUT = "its DWARF took more than memdiag's time for looking lines up"
+
+
+def _child(requests: list[Request], timeout: float, memory: int) -> tuple[list[Answer], str, float]:
+    """The answers one child gave before it ended, why it ended early (when it did), and the
+    seconds it spent on the module it did not answer."""
     body = json.dumps(
         {
             "modules": [
@@ -99,6 +106,7 @@ def _child(requests: list[Request], timeout: float, memory: int) -> tuple[list[A
     )
     answers: list[Answer] = []
     why = "its reader ended"
+    since = time.monotonic()  # when the module being read began: the child's start, then each answer
     try:
         assert proc.stdin is not None and proc.stdout is not None
         try:
@@ -113,7 +121,7 @@ def _child(requests: list[Request], timeout: float, memory: int) -> tuple[list[A
             while len(answers) < len(requests):
                 left = end - time.monotonic()
                 if left <= 0 or not sel.select(left):
-                    why = f"its DWARF took more than memdiag's {timeout:.0f} s"
+                    why = TIMED_OUT
                     break
                 chunk = os.read(proc.stdout.fileno(), 1 << 16)
                 if not chunk:
@@ -124,6 +132,7 @@ def _child(requests: list[Request], timeout: float, memory: int) -> tuple[list[A
                 while b"\n" in buf and len(answers) < len(requests):
                     line, buf = buf.split(b"\n", 1)
                     answers.append(_answer(line, requests[len(answers)]))
+                    since = time.monotonic()
                 if len(buf) > MAX_ANSWER:
                     why = "its reader's answer was over memdiag's bound"
                     break
@@ -132,7 +141,7 @@ def _child(requests: list[Request], timeout: float, memory: int) -> tuple[list[A
             proc.kill()
         proc.wait()
         proc.stdout.close()  # type: ignore[union-attr]
-    return answers, why
+    return answers, why, time.monotonic() - since
 
 
 def _ended(code: int) -> str:
