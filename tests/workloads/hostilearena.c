@@ -4,7 +4,9 @@
  * (glibc 2.27+, x86-64: top at 0x60, next at 0x870).
  *   loop: B's next points at B, so the arena list never comes back to main_arena;
  *   top: B's top points at a fake chunk claiming 1 TiB, at the start of an 8 MiB mapping;
- *   libc FILE: FILE (named libc.so.*, of any size) mapped whole, private and writable.
+ *   libc FILE: FILE (named libc.so.*, of any size) mapped whole, private and writable;
+ *   tiles: 64 MiB of anonymous memory tiled with fake one-page mmapped chunks' headers (prev_size
+ *   0, size 4096 | IS_MMAPPED), printed as "tiles ADDR" before the arena line.
  * Prints "ready PID", then "arena ADDR" (B's malloc_state) and sleeps; the thread stays alive.
  * usage: hostilearena MODE [FILE] */
 #include "common.h"
@@ -59,6 +61,14 @@ int main(int argc, char **argv)
 		if (mmap(NULL, st.st_size, PROT_READ | PROT_WRITE, MAP_PRIVATE, fd, 0) == MAP_FAILED)
 			return 1;
 		close(fd);
+	} else if (!strcmp(mode, "tiles")) {
+		unsigned long size = 64UL << 20;
+		unsigned char *tiles = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (tiles == MAP_FAILED)
+			return 1;
+		for (unsigned long at = 0; at < size; at += 4096)
+			((unsigned long *)(tiles + at))[1] = 4096 | 2;
+		printf("tiles %lu\n", (unsigned long)tiles);
 	} else {
 		return 2;
 	}
