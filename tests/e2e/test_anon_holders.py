@@ -238,3 +238,20 @@ def test_free_chunks_count_only_their_resident_pages(workload):
     assert free is not None and free <= split.total, (free, split.total)
     assert free >= count * 3 // 4 * touch  # the pages the program wrote before freeing them
     assert split.residual is not None and split.residual >= 0
+
+
+def test_a_reader_that_fails_is_one_line_not_a_lost_report(workload, monkeypatch):
+    """Whatever the target's memory makes the reader raise (here a MemoryError, as a read of a huge
+    mapping once did), the split says "not read" with why, in one line, and the window closes."""
+    w = workload("fragment")
+    w.proc.stdout.readline()
+
+    def fails(pid: int):
+        raise MemoryError("a hostile mapping")
+
+    monkeypatch.setattr(glibcheap, "read_arena_stats", fails)
+    split = _split(w.pid)
+    assert not [p for p in split.parts if p.key.startswith("allocator_")]
+    said = [u for u in split.unread if "not read" in u and "MemoryError: a hostile mapping" in u]
+    assert len(said) == 1 and "\n" not in said[0], split.unread
+    assert split.residual == split.total
