@@ -249,7 +249,10 @@ class Registry:
         parts: list[AnonPart] = []
         unread: list[str] = []
         for module in ALLOCATOR_READERS:
-            got, missed = importlib.import_module(module).anon_parts(pid)
+            try:
+                got, missed = importlib.import_module(module).anon_parts(pid)
+            except Exception as e:  # a reader of the target's memory fails in one line, the report goes on
+                got, missed = [], [f"{module.rsplit('.', 1)[-1]}: not read ({type(e).__name__}: {e})"]
             parts += got
             unread += missed
         return parts, unread

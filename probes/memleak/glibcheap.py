@@ -27,6 +27,7 @@ block's, memory unreadable) or a small chunk's fastbins were not found, the answ
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import struct
@@ -65,6 +66,8 @@ KEY_SINCE = 29  # tcache entries have a key word at all
 MAX_ARENAS = 1024  # 8 per core by default: a list longer than this is not one
 MAX_FASTBIN_WALK = 100_000  # chunks per fastbin list followed at most
 MAX_LIBC_BYTES = 16 << 20  # glibc's libc.so.6 is ~2 MiB; its banner is never read past this
+MAX_LIBC_DATA = 1 << 20  # libc's writable data is tens of KiB: a writable "libc" mapping larger is not read
+MAX_LIBC_DATA_MAPPINGS = 8  # libc's own are two or three (.data, .got, relro)
 
 
 class State(str, Enum):
@@ -209,19 +212,32 @@ def _tcache_key(mem: Memory, heap: Mapping) -> int | None:
     return keys.pop() if len(keys) == 1 else None
 
 
-def _main_arena(mem: Memory, mappings: tuple[Mapping, ...], heap: Mapping) -> int | None:
-    """main_arena's fastbins' address, found in libc's writable data, or None."""
+def _libc_data(mem: Memory, mappings: tuple[Mapping, ...]):
+    """(mapping, its bytes, its words) of each writable mapping named as libc's, bounded: one of more
+    than MAX_LIBC_DATA (a target's own file named libc.so.x, of any size) is never read, and at most
+    MAX_LIBC_DATA_MAPPINGS are."""
+    seen = 0
     for m in mappings:
-        if "w" not in m.perms or not _is_libc(m):
+        if "w" not in m.perms or not _is_libc(m) or m.end - m.start > MAX_LIBC_DATA:
             continue
+        seen += 1
+        if seen > MAX_LIBC_DATA_MAPPINGS:
+            return
         data = mem.read(m.start, m.end - m.start)
-        if data is None:
-            continue
-        words = struct.unpack(f"<{len(data) // 8}Q", data[: len(data) // 8 * 8])
+        if data is not None:
+            yield m, data, memoryview(data[: len(data) // 8 * 8]).cast("Q")
+
+
+def _main_arena(mem: Memory, mappings: tuple[Mapping, ...], heap: Mapping, budget: _Budget | None = None) -> int | None:
+    """main_arena's fastbins' address, found in libc's writable data, or None (also where the
+    budget, if given, is spent: each candidate looked at is a read of the target's)."""
+    for m, _data, words in _libc_data(mem, mappings):
         for i in range(len(words) - 1):
             top = words[i]
             if not heap.start <= top < heap.end or top % 16:
                 continue
+            if budget is not None and not budget.spend():
+                return None
             # top's chunk ends the [heap] (the brk end), and the bins follow it: the unsorted bin's
             # pair, when empty, points 16 bytes before itself; a full bin's into the heap
             size = mem.word(top + 8)
@@ -234,7 +250,7 @@ def _main_arena(mem: Memory, mappings: tuple[Mapping, ...], heap: Mapping) -> in
     return None
 
 
-def _bins_look_right(words: tuple[int, ...], first: int, bins_at: int, heap: Mapping) -> bool:
+def _bins_look_right(words, first: int, bins_at: int, heap: Mapping) -> bool:
     empty = 0
     for b in range(NBINS_WORDS // 2):
         at = first + 2 * b
@@ -314,9 +330,8 @@ def _walk(mem: Memory, head: int, found: set[int], mangled: bool) -> bool:
 SYSTEM_MEM_AFTER_FASTBINS = NEXT_AFTER_FASTBINS + 24
 HP_FLAGS_SINCE = 35  # malloc_par gained thp_pagesize, hp_pagesize and hp_flags
 MAX_FREE_CHUNKS = 20_000  # chunks followed on all lists of all arenas at most (~2 us each)
-MAX_WALK_SECONDS = 0.02  # of CPU, once a window; the target is not stopped (its mmap lock read-taken a chunk at a time)
+MAX_WALK_SECONDS = 0.05  # of CPU, once a window, its heaps' page map included (~9 ms a GiB); the target runs on
 PAGE = 4096
-PM_PRESENT, PM_SWAPPED = 1 << 63, 1 << 62
 
 
 @dataclass(frozen=True)
@@ -326,18 +341,24 @@ class ArenaStats:
     minor: int  # glibc 2.minor
     arenas: int  # arenas read (main_arena and the list after it)
     system: int  # what the arenas took from the system (system_mem, summed): their brk heap and heaps
-    free: int  # free chunks on their bins and fastbins, and in the main thread's tcache
+    free: (
+        int  # free chunks on their bins and fastbins, and in the main thread's tcache: their pages resident or swapped
+    )
     top: int  # their top chunks (the unused end of each heap) ...
-    top_resident: int  # ... of which resident or swapped (pagemap): a top's pages may never have been touched
+    top_resident: int  # ... of which resident (pagemap): a top's pages may never have been touched
     complete: bool  # every list followed to its end within the bounds (else free is a lower bound)
     free_chunks: int  # free chunks counted
     mmapped: int | None = None  # blocks it mmapped on their own (mp_.mmapped_mem: mapped, not all resident)
     n_mmaps: int | None = None  # how many (mp_.n_mmaps); None: mp_ not found
+    resident: int | None = None  # the arenas' heaps' pages resident (pagemap); None: not read
 
     @property
     def in_use(self) -> int | None:
-        """Blocks handed out (estimate: system less free and top); None where free is a lower bound."""
-        return max(0, self.system - self.free - self.top) if self.complete else None
+        """Blocks handed out, resident (estimate: the heaps' resident pages less the free chunks' and
+        the tops'); None where free is a lower bound or the heaps' pages were not read."""
+        if not self.complete or self.resident is None:
+            return None
+        return max(0, self.resident - self.free - self.top_resident)
 
 
 class _Budget:
@@ -360,10 +381,11 @@ def _chunk_size(mem: Memory, chunk: int) -> int | None:
     return size if MIN_CHUNK <= size <= MAX_CHUNK and size % 16 == 0 else None
 
 
-def _bins_free(mem: Memory, bins_at: int, budget: _Budget) -> tuple[int, int, bool]:
-    """Bytes and count of the chunks on an arena's bins (unsorted, small, large), and whether every
-    list was followed to its end (False: a link that leads to no chunk, or the budget spent: what
-    was counted until then is a lower bound)."""
+def _bins_free(mem: Memory, bins_at: int, budget: _Budget, pagemap: _PageMap | None = None) -> tuple[int, int, bool]:
+    """Resident bytes and count of the chunks on an arena's bins (unsorted, small, large: a chunk of
+    two pages or more counted by its pages resident, _free_resident), and whether every list was
+    followed to its end (False: a link that leads to no chunk, a page map not read, or the budget
+    spent: what was counted until then is a lower bound)."""
     words = mem.read(bins_at, NBINS_WORDS * 8)
     if words is None:
         return 0, 0, False
@@ -382,7 +404,10 @@ def _bins_free(mem: Memory, bins_at: int, budget: _Budget) -> tuple[int, int, bo
             size = raw & ~SIZE_BITS
             if not MIN_CHUNK <= size <= MAX_CHUNK or size % 16:
                 return total, count, False
-            total, count, chunk = total + size, count + 1, fd
+            held = _free_resident(pagemap, chunk, size, budget)
+            if held is None:
+                return total, count, False
+            total, count, chunk = total + held, count + 1, fd
     return total, count, True
 
 
@@ -421,50 +446,163 @@ def _tcache_free(mem: Memory, heap: Mapping) -> tuple[int, int]:
     return sum(n * (MIN_CHUNK + 16 * i) for i, n in enumerate(counts)), sum(counts)
 
 
-def _resident(pid: int, start: int, end: int) -> int | None:
-    """Bytes of [start, end) resident or swapped, from /proc/PID/pagemap (8 bytes a page, bounded
-    by the range: a top chunk is at most its heap)."""
+PAGEMAP_WINDOW = 1 << 13  # pages of pagemap read at a time (64 KiB of entries, 32 MiB of memory)
+# an entry's last byte with bit 63 set: present. Swapped pages (bit 62) are not counted: the split is
+# of RssAnon, which has none of them
+_PRESENT_TOP = bytes(b for b in range(256) if b & 0x80)
+
+
+MAX_KEPT_PAGES = 1 << 22  # pages of heaps whose pagemap is kept for the free chunks' counts (4 MiB: 16 GiB)
+
+
+class _PageMap:
+    """The process's pagemap, open, and what was read of it kept where asked (one byte a page: its
+    entry's last): a heap's pages read once serve its top and every free chunk in it, where a pread
+    per chunk cost ~25 us (a 1 GiB heap's 4,000 free chunks were past the walk's CPU budget)."""
+
+    def __init__(self, fd: int):
+        self.fd, self.kept, self.kept_pages = fd, [], 0
+
+    def counted(self, first: int, last: int) -> int | None:
+        """Present pages in [first, last) from what was kept, or None: not kept."""
+        for at, tops in self.kept:
+            if at <= first and last <= at + len(tops):
+                window = tops[first - at : last - at]
+                return len(window) - len(window.translate(None, _PRESENT_TOP))
+        return None
+
+
+def _resident(pagemap: _PageMap | None, start: int, end: int, budget: _Budget, keep: bool = False) -> int | None:
+    """Bytes of [start, end) resident, from the process's pagemap (8 bytes a page), read a
+    window at a time, each window charged to the budget (or counted from what was kept: keep, for a
+    heap); None: not read (no pagemap, or the budget spent). The first and last page, shared with what
+    lies beside, count in proportion."""
+    if pagemap is None:
+        return None
     first, last = start // PAGE, (end + PAGE - 1) // PAGE
-    if last <= first or last - first > (1 << 22):  # 16 GiB of pages: no top is
-        return None
-    try:
-        fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        got = os.pread(fd, (last - first) * 8, first * 8)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    entries = struct.unpack(f"<{len(got) // 8}Q", got[: len(got) // 8 * 8])
-    pages = sum(1 for e in entries if e & (PM_PRESENT | PM_SWAPPED))
-    # the first and last page are shared with what lies beside the top: counted in proportion
+    pages = pagemap.counted(first, last)
+    if pages is not None:
+        return min(end - start, pages * PAGE)
+    keep = keep and pagemap.kept_pages + (last - first) <= MAX_KEPT_PAGES
+    pages, kept = 0, []
+    for at in range(first, last, PAGEMAP_WINDOW):
+        if not budget.spend():
+            return None
+        n = min(PAGEMAP_WINDOW, last - at)
+        try:
+            got = os.pread(pagemap.fd, n * 8, at * 8)
+        except OSError:
+            return None
+        if len(got) != n * 8:
+            return None
+        tops = got[7::8]  # counted in C: the entries whose last byte has bit 63 set
+        pages += len(tops) - len(tops.translate(None, _PRESENT_TOP))
+        if keep:
+            kept.append(tops)
+    if keep:
+        pagemap.kept.append((first, b"".join(kept)))
+        pagemap.kept_pages += last - first
     return min(end - start, pages * PAGE)
 
 
-def _mmapped(mem: Memory, mappings: tuple[Mapping, ...], heap: Mapping, minor: int) -> tuple[int, int] | None:
+def _free_resident(pagemap: _PageMap | None, chunk: int, size: int, budget: _Budget) -> int | None:
+    """A free chunk's resident bytes: the whole pages inside it as pagemap says (malloc_trim and the
+    kernel may have dropped them, and a block freed may never have had them touched), the rest of it
+    (its header, the parts of pages shared with its neighbours) by size. A chunk of under two pages:
+    its size. None: not read."""
+    inner_start = (chunk + HEADER + 32 + PAGE - 1) // PAGE * PAGE  # its header and links are written
+    inner_end = (chunk + size) // PAGE * PAGE
+    if inner_end - inner_start < PAGE or size < 2 * PAGE:
+        return size
+    held = _resident(pagemap, inner_start, inner_end, budget)
+    return None if held is None else size - (inner_end - inner_start) + held
+
+
+def _mmapped(
+    mem: Memory, mappings: tuple[Mapping, ...], heap: Mapping, minor: int, budget: _Budget
+) -> tuple[int, int] | None:
     """mp_'s mmapped_mem and n_mmaps, found in libc's writable data by its shape: sbrk_base (the
     [heap]'s start) follows mmapped_mem and max_mmapped_mem, with tcache_bins (at most 64) and
     tcache_count (at most 65,535) after it (2.26 on); before them the ints n_mmaps, n_mmaps_max,
     max_n_mmaps, no_dyn_threshold (2.35 on: after hp_flags, the five padded to three words)."""
     ints_at = -5 * 8 + 4 if minor >= HP_FLAGS_SINCE else -4 * 8  # n_mmaps, from sbrk_base's word
-    for m in mappings:
-        if "w" not in m.perms or not _is_libc(m):
-            continue
-        data = mem.read(m.start, m.end - m.start)
-        if data is None:
-            continue
-        words = struct.unpack(f"<{len(data) // 8}Q", data[: len(data) // 8 * 8])
+    for _m, data, words in _libc_data(mem, mappings):
         for i in range(4, len(words) - 4):
             if words[i] != heap.start:
                 continue
+            if not budget.spend():
+                return None
             mapped, peak, bins, count = words[i - 2], words[i - 1], words[i + 1], words[i + 3]
             n_mmaps, most, max_n = struct.unpack_from("<iii", data, i * 8 + ints_at)
             shaped = mapped <= peak and mapped % PAGE == 0 and 0 < bins <= TCACHE_BINS and count <= 0xFFFF
             if shaped and 0 <= n_mmaps <= max_n and most > 0 and (n_mmaps == 0) == (mapped == 0):
                 return mapped, n_mmaps
     return None
+
+
+HEAP_MAX = 64 << 20  # a thread arena's heap (HEAP_MAX_SIZE, 64-bit): its top lies within one
+
+
+@contextlib.contextmanager
+def _pagemap(pid: int):
+    """The process's pagemap, open for the read (None: not readable: no page is then counted resident)."""
+    try:
+        fd = os.open(f"/proc/{pid}/pagemap", os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        yield None
+        return
+    try:
+        yield _PageMap(fd)
+    finally:
+        os.close(fd)
+
+
+def _top_fits(mappings: tuple[Mapping, ...], heap: Mapping, top: int, size: int, main: bool) -> bool:
+    """A top chunk lies in its heap: main_arena's ends the [heap]; another arena's lies within one
+    mapping and one heap of HEAP_MAX (a hostile or torn pointer is not followed into the address space)."""
+    if main:
+        return heap.start <= top and top + size == heap.end
+    m = next((m for m in mappings if m.start <= top < m.end), None)
+    return m is not None and top + size <= m.end and size <= HEAP_MAX
+
+
+MAX_HEAPS = 4096  # heaps of one thread arena followed at most (HEAP_MAX each: 256 GiB)
+
+
+def _heaps_resident(
+    mem: Memory,
+    pagemap: _PageMap | None,
+    mappings: tuple[Mapping, ...],
+    heap: Mapping,
+    arena: int,
+    top: int,
+    main: bool,
+    budget: _Budget,
+) -> int | None:
+    """The resident bytes of an arena's heaps: main_arena's the [heap]; another's its heaps of HEAP_MAX,
+    from the one its top lies in back through each heap_info's prev (ar_ptr, prev, size: each heap's
+    ar_ptr this arena, within one mapping, each once). None: not read (a heap not found, the budget)."""
+    if main:
+        return _resident(pagemap, heap.start, heap.end, budget, keep=True)
+    if not top:
+        return None
+    total, at, seen = 0, top & ~(HEAP_MAX - 1), set()
+    while at:
+        if at in seen or len(seen) >= MAX_HEAPS or not budget.spend():
+            return None
+        seen.add(at)
+        got = mem.read(at, 24)
+        if got is None:
+            return None
+        owner, prev, size = struct.unpack("<QQQ", got)
+        m = next((m for m in mappings if m.start <= at < m.end), None)
+        if owner != arena or m is None or size > HEAP_MAX or at + size > m.end:
+            return None
+        held = _resident(pagemap, at, at + size, budget, keep=True)
+        if held is None:
+            return None
+        total, at = total + held, prev
+    return total
 
 
 def read_arena_stats(pid: int) -> ArenaStats | None:
@@ -482,15 +620,20 @@ def read_arena_stats(pid: int) -> ArenaStats | None:
         mem = Memory(pid)
     except OSError:
         return None
-    with mem:
-        fastbins_at = _main_arena(mem, mappings, heap)
+    budget = _Budget(MAX_FREE_CHUNKS, MAX_WALK_SECONDS)
+    with mem, _pagemap(pid) as pagemap:
+        fastbins_at = _main_arena(mem, mappings, heap, budget)
         if fastbins_at is None:
             return None
-        budget = _Budget(MAX_FREE_CHUNKS, MAX_WALK_SECONDS)
         system = free = top = top_resident = chunks = arenas = 0
+        resident: int | None = 0
         complete = True
-        arena = fastbins_at
-        while arenas < MAX_ARENAS:
+        arena, seen = fastbins_at, set()
+        while True:
+            if arena in seen or len(seen) >= MAX_ARENAS or not budget.spend():
+                complete = False  # a list that does not come back to main_arena (a loop), or too long
+                break
+            seen.add(arena)
             arenas += 1
             state = mem.read(arena + TOP_AFTER_FASTBINS, 8)
             sys_mem = mem.word(arena + SYSTEM_MEM_AFTER_FASTBINS)
@@ -500,12 +643,22 @@ def read_arena_stats(pid: int) -> ArenaStats | None:
             system += sys_mem
             top_chunk = struct.unpack("<Q", state)[0]
             size = _chunk_size(mem, top_chunk) if top_chunk else None
-            if size is not None:
+            main = arena == fastbins_at
+            fits = size is not None and _top_fits(mappings, heap, top_chunk, size, main)
+            held = _heaps_resident(
+                mem, pagemap, mappings, heap, arena - FASTBINS_AT, top_chunk if fits else 0, main, budget
+            )
+            resident = None if held is None or resident is None else resident + held
+            if fits:
                 top += size
-                held = _resident(pid, top_chunk, top_chunk + size)
-                top_resident += held if held is not None else size
+                held = _resident(pagemap, top_chunk, top_chunk + size, budget)
+                if held is None:
+                    complete = False  # its pages not read: none of it counted resident
+                top_resident += held or 0
+            elif top_chunk:
+                complete = False  # a top that is no chunk within its heap: not counted
             for walked, found, ok in (
-                _bins_free(mem, arena + BINS_AFTER_FASTBINS, budget),
+                _bins_free(mem, arena + BINS_AFTER_FASTBINS, budget, pagemap),
                 _fastbins_free(mem, arena, minor >= MANGLED_SINCE, budget),
             ):
                 free, chunks, complete = free + walked, chunks + found, complete and ok
@@ -517,7 +670,7 @@ def read_arena_stats(pid: int) -> ArenaStats | None:
                 break
             arena = nxt + FASTBINS_AT
         cached, n = _tcache_free(mem, heap)
-        mmapped = _mmapped(mem, mappings, heap, minor)
+        mmapped = _mmapped(mem, mappings, heap, minor, budget)
     return ArenaStats(
         minor=minor,
         arenas=arenas,
@@ -529,6 +682,7 @@ def read_arena_stats(pid: int) -> ArenaStats | None:
         free_chunks=chunks + n,
         mmapped=mmapped[0] if mmapped is not None else None,
         n_mmaps=mmapped[1] if mmapped is not None else None,
+        resident=resident,
     )
 
 
@@ -549,7 +703,10 @@ def anon_parts(pid: int) -> tuple[list[AnonPart], list[str]]:
     """The process's anonymous memory glibc's malloc holds, as parts of its ledger's split, and
     what was not read (said, never a zero). The caller checks the process's identity around it."""
     others = [f"{n} is mapped: what it allocates is not read (in the residual)" for n in _other_allocators(pid)]
-    stats = read_arena_stats(pid)
+    try:
+        stats = read_arena_stats(pid)
+    except (OSError, MemoryError, ValueError, OverflowError, struct.error) as e:  # one line, never a lost report
+        return [], [f"glibc malloc: not read ({type(e).__name__}: {e})", *others]
     if stats is None:
         return [], [
             "glibc malloc: not read (no glibc 2.27 or later, no brk heap, or its main_arena not found)",
@@ -565,11 +722,11 @@ def anon_parts(pid: int) -> tuple[list[AnonPart], list[str]]:
     unread = [big, *others]
     parts = []
     if stats.in_use is not None:
-        label = f"malloc: blocks in use ({stats.arenas} arena(s) less free chunks and tops)"
+        label = f"malloc: blocks in use, resident ({stats.arenas} arena(s)' heaps less free chunks and tops)"
         parts.append(AnonPart(key="allocator_in_use", label=label, bytes=stats.in_use, estimate=True, source=SOURCE))
     else:
         unread.append("glibc malloc: blocks in use not said (its free lists' walk was cut short)")
-    held = "free chunks it holds (bins, fastbins, the main thread's cache)"
+    held = "free chunks it holds, resident (bins, fastbins, the main thread's cache)"
     if not stats.complete:
         held += ", at least: the walk was cut short"
     parts.append(

@@ -33,7 +33,6 @@ from .meter import CHECK_S, Meter, check_s, detach_seconds
 from .options import build_options, requirements
 from .reach import Blocks, ReachScan, price, scan
 from .reach.anchors import v8_namer
-from .reach.boost import scan_priority
 from .result import MemleakResult
 from .tables import BigAllocEvent, big_alloc, key_tuple, leak_stacks, outstanding_blocks, sample_series
 
@@ -275,17 +274,19 @@ class _Session:
         # where it paused 24-26 ms, and memleak detached at 2.3 s of a 12 s trace. Priced warm.
         if self.repriced_at is None:
             self.planned_kept_ns = self.scan_kept_ns
-        # at the priority the scan will run at (reach/boost.py): a niced look on a busy host priced the
-        # scan over --max-pause, kept nothing for it, and the trace spent the pause before its first byte;
-        # the page-map walk bounded by --max-pause as the scan's own is (past it no scan runs anyway)
-        with scan_priority(self.target.pid):
-            for _warm_then_priced in range(2 if self.repriced_at is None else 1):
-                t = time.monotonic()
-                blocks = outstanding_blocks(bpf, self.target.pid, [], False)
-                if self.info["allocator"] == "glibc":
-                    blocks = blocks.glibc_bounded()
-                links = self.info["allocator"] == "glibc" and not self.python.own_modules(self.target.pid)
-                est = price(self.target.pid, blocks, (time.monotonic() - t) * 1000, self.reach_allowed_ms, links)
+        # at memdiag's own priority, timed by this thread's CPU time (the scan's, under the stop, runs at
+        # real-time priority: reach/boost.py): a niced look on a busy host timed by the wall clock
+        # priced the scan over --max-pause, kept nothing for it, and the trace spent the pause before
+        # its first byte; real time here would let the target's outstanding blocks (the table read)
+        # preempt every task of the host once a second. The page-map walk bounded by --max-pause as
+        # the scan's own is (past it no scan runs anyway)
+        for _warm_then_priced in range(2 if self.repriced_at is None else 1):
+            t = time.thread_time()
+            blocks = outstanding_blocks(bpf, self.target.pid, [], False)
+            if self.info["allocator"] == "glibc":
+                blocks = blocks.glibc_bounded()
+            links = self.info["allocator"] == "glibc" and not self.python.own_modules(self.target.pid)
+            est = price(self.target.pid, blocks, (time.thread_time() - t) * 1000, self.reach_allowed_ms, links)
         self.repriced_at = elapsed
         if est is None or est.ms is None:
             return

@@ -6,6 +6,8 @@ with them; the allocator's figures are read from its own bookkeeping in the targ
 from __future__ import annotations
 
 import json
+import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -19,6 +21,7 @@ from memdiag.probes.registry import REGISTRY
 from memdiag.system.ledger import AnonSplit
 
 MiB = 1 << 20
+HEAP_MAX = 64 * MiB  # a glibc thread arena's heap (HEAP_MAX_SIZE, x86-64)
 
 
 def _split(pid: int, runtime=None) -> AnonSplit:
@@ -164,3 +167,91 @@ def test_the_blocks_malloc_mmapped_on_their_own_are_counted_from_its_parameters(
     assert 300_000 <= stats.mmapped <= 300_000 + 2 * 4096  # the block, its header, to the page
     _parts, unread = glibcheap.anon_parts(w.pid)
     assert any(u.startswith("glibc malloc: 1 block(s) of 128 KiB and more it mmapped") for u in unread), unread
+
+
+def _arena(w) -> int:
+    """B's address as tests/workloads/hostilearena.c prints it once it has rewritten it."""
+    words = w.proc.stdout.readline().decode().split()
+    assert words[0] == "arena", words
+    return int(words[1])
+
+
+def test_an_arena_list_that_loops_is_walked_once_per_arena(workload):
+    """A thread's arena whose `next` points at itself (the list never comes back to main_arena): each
+    arena is read once, the loop is said (in use not guessed), and no figure is counted twice."""
+    w = workload("hostilearena", "loop")
+    _arena(w)
+    stats = glibcheap.read_arena_stats(w.pid)
+    assert stats is not None and stats.arenas == 2  # main_arena and the thread's, each once
+    assert not stats.complete and stats.in_use is None
+    # what both arenas took from the system: the [heap] and the thread's one heap (HEAP_MAX at most)
+    heap = next(m for m in glibcheap.read_maps(w.pid) if m.path == "[heap]")
+    assert stats.system <= heap.end - heap.start + HEAP_MAX
+    assert stats.top <= stats.system
+
+
+def test_a_top_chunk_outside_its_heap_is_not_counted(workload):
+    """A thread arena's top pointed at a fake chunk claiming 1 TiB: it lies in no heap, so neither
+    its size nor its pages are counted, and the figures are said to be incomplete."""
+    w = workload("hostilearena", "top")
+    _arena(w)
+    stats = glibcheap.read_arena_stats(w.pid)
+    assert stats is not None and stats.arenas == 2
+    assert stats.top < HEAP_MAX + (1 << 30) and stats.top_resident <= stats.top
+    assert not stats.complete
+
+
+def _read_bytes() -> int:
+    """What this process has read by system calls so far (/proc/self/io's rchar)."""
+    line = next(x for x in Path("/proc/self/io").read_text().splitlines() if x.startswith("rchar:"))
+    return int(line.split()[1])
+
+
+def test_a_large_writable_mapping_named_libc_is_not_read_whole(workload, tmp_path):
+    """The target maps a 64 MiB file of its own named libc.so.99 (a copy of libc, grown), writable:
+    the reader never reads it whole (before: twice, and unpacked to 8 Mi words each time), and still
+    finds main_arena in the real libc's data."""
+    libc = next(Path(m.path) for m in glibcheap.read_maps(os.getpid()) if glibcheap._is_libc(m) and m.is_file)
+    fake = tmp_path / "libc.so.99"
+    shutil.copyfile(libc, fake)
+    os.truncate(fake, 64 * MiB)
+    w = workload("hostilearena", "libc", str(fake))
+    _arena(w)
+    assert any(m.path == str(fake) and "w" in m.perms for m in glibcheap.read_maps(w.pid))
+    before = _read_bytes()
+    stats = glibcheap.read_arena_stats(w.pid)
+    read = _read_bytes() - before
+    assert read < 24 * MiB, read  # the libc banner's bounded read (16 MiB at most) and small reads
+    assert stats is not None and stats.arenas >= 1 and stats.system > 0
+
+
+def test_free_chunks_count_only_their_resident_pages(workload):
+    """1,600 blocks of 100 KiB with only their first 4 KiB written, three of four freed: the free
+    chunks span ~117 MiB of the heap but hold a few MiB of resident memory, and that is what the
+    split counts (before: their size, several times the anonymous memory)."""
+    count, block, touch = 1600, 100 << 10, 4096
+    w = workload("fragment", str(count), str(block), str(touch))
+    freed = int(w.proc.stdout.readline().decode().split()[1])
+    assert freed == count * 3 // 4 * block
+    split = _split(w.pid)
+    free = split.value("allocator_free")
+    assert free is not None and free <= split.total, (free, split.total)
+    assert free >= count * 3 // 4 * touch  # the pages the program wrote before freeing them
+    assert split.residual is not None and split.residual >= 0
+
+
+def test_a_reader_that_fails_is_one_line_not_a_lost_report(workload, monkeypatch):
+    """Whatever the target's memory makes the reader raise (here a MemoryError, as a read of a huge
+    mapping once did), the split says "not read" with why, in one line, and the window closes."""
+    w = workload("fragment")
+    w.proc.stdout.readline()
+
+    def fails(pid: int):
+        raise MemoryError("a hostile mapping")
+
+    monkeypatch.setattr(glibcheap, "read_arena_stats", fails)
+    split = _split(w.pid)
+    assert not [p for p in split.parts if p.key.startswith("allocator_")]
+    said = [u for u in split.unread if "not read" in u and "MemoryError: a hostile mapping" in u]
+    assert len(said) == 1 and "\n" not in said[0], split.unread
+    assert split.residual == split.total

@@ -5,6 +5,7 @@ register, another thread's stack, a list being rewritten) is ever called leaked.
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 from memdiag.probes import memleak
 from memdiag.probes.memleak import reach
@@ -305,3 +306,68 @@ def test_a_global_map_is_named_through_nodes_allocated_before_the_trace(workload
         assert s.reach.anchor == "`g_index` in prebuilt's .bss", (s.functions[:3], s.reach)
         assert s.reach.anchor_kind == "static" and s.reach.anchor_bytes * 10 >= s.outstanding_bytes * 9, s.reach
     assert r.reach_scan.untraced_chunks > 4000 and "followed as links from the roots" in r.reach_scan.describe()
+
+
+def test_the_price_runs_at_memdiags_own_priority_and_only_the_stop_at_real_time(workload):
+    """The work of pricing is the target's to set (its outstanding blocks: the leak itself): done at
+    real-time priority while the target runs, it preempted every task of the host. Priced at the
+    thread's own policy (SCHED_OTHER), then real time only while the target is stopped."""
+    import os
+
+    w = workload("leak", "100")
+    heap = next(m for m in _maps(w.pid) if m[2] == "[heap]")
+    policies = {}
+
+    def read_blocks(final: bool):
+        policies[final] = os.sched_getscheduler(0)
+        start = np.array([heap[0] + 4096], dtype=np.uint64)
+        return reach.Blocks(start, np.array([64], dtype=np.uint64), np.array([0], dtype=np.int64))
+
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+    scan, _groups = reach.scan(w.pid, read_blocks, 1000.0)
+    assert scan.status == "ran", scan
+    assert policies == {False: os.SCHED_OTHER, True: os.SCHED_FIFO}, policies
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER  # restored after the stop
+
+
+def _maps(pid: int) -> list[tuple[int, int, str]]:
+    out = []
+    for line in Path(f"/proc/{pid}/maps").read_text().splitlines():
+        parts = line.split()
+        lo, hi = (int(x, 16) for x in parts[0].split("-"))
+        out.append((lo, hi, parts[5] if len(parts) > 5 else ""))
+    return out
+
+
+def test_the_walk_of_mmapped_chunks_looks_at_the_clock(workload):
+    """64 MiB tiled with fake one-page mmapped chunks' headers: 16 Ki preads, walked with the clock
+    looked at every TICK_CHUNKS, so the scan's own tick stops it at the pause allowed (before: never
+    looked at, past --max-pause)."""
+    import os
+
+    from memdiag.probes.memleak.reach import untraced
+    from memdiag.probes.memleak.reach.model import ScanAborted
+    from memdiag.probes.procmaps import parse_maps
+    from memdiag.system import identity
+
+    w = workload("hostilearena", "tiles")
+    words = w.proc.stdout.readline().decode().split()
+    assert words[0] == "tiles"
+    at = int(words[1])
+    tiled = [m for m in parse_maps(Path(f"/proc/{w.pid}/maps").read_text()) if m.start == at]
+    assert len(tiled) == 1 and not tiled[0].path
+    looks = []
+
+    def tick() -> None:
+        looks.append(1)
+        if len(looks) > 2:
+            raise ScanAborted("the pause allowed")
+
+    fd = identity.open_mem(w.pid, os.O_RDONLY)
+    try:
+        with pytest.raises(ScanAborted):
+            untraced.find(fd, tiled, np.zeros(0, dtype=np.uint64), tick)
+        found = untraced.find(fd, tiled, np.zeros(0, dtype=np.uint64))  # with no clock: every tile
+    finally:
+        os.close(fd)
+    assert len(found) == (64 << 20) // 4096

@@ -83,8 +83,10 @@ def scan(
             raise ScanAborted(f"{change.describe()}: the scan stopped and concluded nothing")
 
     links = allocator == "glibc" and not runtime_modules  # a runtime's heap names its own holders
-    with scan_priority(pid):  # priced at the priority it will run at (boost.py)
-        est = _priced(pid, read_blocks, allowed_ms, same, links)
+    # priced at memdiag's own priority while the target runs: how much work the price does is the
+    # target's to set (its outstanding blocks), so it never preempts the host's tasks; it is timed by
+    # this thread's CPU time, which waiting for a CPU on a busy host does not inflate (boost.py)
+    est = _priced(pid, read_blocks, allowed_ms, same, links)
     if isinstance(est, ReachScan):
         return est, {}
     info = dict(planned_bytes=est.planned_bytes, priced_ms=est.ms, allowed_ms=allowed_ms)
@@ -120,9 +122,9 @@ def _priced(
     not; links: glibc's chunks allocated before the trace will be walked and followed (untraced.py)."""
     try:
         same()
-        t = time.monotonic()
+        t = time.thread_time()
         ahead = read_blocks(False)
-        est = price(pid, ahead, (time.monotonic() - t) * 1000, allowed_ms, links)
+        est = price(pid, ahead, (time.thread_time() - t) * 1000, allowed_ms, links)
         same()  # what the price read (maps, page map, a sample of memory) was the target's
     except ScanAborted as e:
         return ReachScan(status="failed", reason=str(e))

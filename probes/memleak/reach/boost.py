@@ -9,9 +9,12 @@ before the pause allowed ran out: the scan concluded nothing and the verdict fli
 growth from run to run. Nice alone cannot fix that: with autogroups (a session each) or a cgroup's CPU
 weight, a thread's niceness only ranks it within its own group.
 
-So the thread that prices the scan, stops the target and reads its memory runs as SCHED_FIFO at the
-lowest real-time priority for the duration, then returns to what it was: the pause the target pays is
-the scan's own work, as priced, whatever else the host runs. It stays bounded: the scan gives up at
+So the thread that stops the target and reads its memory runs as SCHED_FIFO at the lowest real-time
+priority for the duration of the stop, then returns to what it was: the pause the target pays is the
+scan's own work, as priced, whatever else the host runs. The pricing, while the target runs, stays at
+memdiag's own priority (its work is set by the target: its outstanding blocks, the leak itself; at
+real time it would preempt every task of the host), and is timed by the pricing thread's CPU time,
+which the waits for a CPU on a busy host do not inflate (pause.py). It stays bounded: the scan gives up at
 the pause allowed (--max-pause at most, checked between 512 KiB chunks), its holder process (which
 inherits the policy when spawned, so its seize and release are prompt too) resumes the target at its
 own deadline, and the kernel's real-time throttling (sched_rt_runtime_us) leaves other tasks their

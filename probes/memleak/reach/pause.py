@@ -1,7 +1,10 @@
 """Pricing the pause before the target is stopped, on the target itself: the resident bytes of its
 writable mappings over the speed of matching a sample of them against its blocks, swapped bytes at
 swap speed, and the fixed part; and refusing a scan whose reading back of swap could push the target
-into the OOM killer."""
+into the OOM killer. Every time here is the pricing thread's own CPU time (time.thread_time, system
+calls included): the price runs at memdiag's own (niced) priority while the target runs, and the scan
+it stands for runs at real-time priority under the stop (boost.py), so the work, not the waits for a
+CPU on a busy host, is what is priced."""
 
 from __future__ import annotations
 
@@ -104,7 +107,7 @@ def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None, link
     too_many = too_many_mappings(space.mappings)
     if too_many is not None:
         return Price(0, 0, None, fixed, len(blocks.starts), tls_bytes, refused=too_many)
-    t0 = time.monotonic()
+    t0 = time.thread_time()
     runs, swapped, too_long = _walk(pid, space, limit_ms)
     planned = sum(hi - lo for lo, hi in runs)
     if too_long is not None:
@@ -115,19 +118,19 @@ def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None, link
             planned = resident
             too_long += f"; ~{fmt_mib(resident)} of anonymous memory resident to scan (its RssAnon, an estimate)"
         return Price(planned, swapped, None, fixed, len(blocks.starts), tls_bytes, refused=too_long)
-    fixed += (time.monotonic() - t0) * 1000
+    fixed += (time.thread_time() - t0) * 1000
     refused = _swap_refusal(pid, swapped)
     sampled = blocks
     if links:  # walked while the target runs: a torn header ends the walk early, an estimate
-        t0 = time.monotonic()
+        t0 = time.thread_time()
 
         def walk_tick() -> None:
-            if limit_ms is not None and (time.monotonic() - t0) * 1000 > limit_ms:
+            if limit_ms is not None and (time.thread_time() - t0) * 1000 > limit_ms:
                 raise ScanAborted("walking glibc's chunks took longer than the pause left")
 
         try:
             sampled, _links, _free = untraced.linked(pid, blocks, space.mappings, walk_tick)
-            fixed += (time.monotonic() - t0) * 1000
+            fixed += (time.thread_time() - t0) * 1000
         except ScanAborted:  # not walked under the stop either: its words are roots, as before
             links = False
         except OSError:
@@ -141,10 +144,10 @@ def price(pid: int, blocks: Blocks, read_ms: float, limit_ms: float | None, link
 def _walk(pid: int, space: AddressSpace, limit_ms: float | None) -> tuple[list[tuple[int, int]], int, str | None]:
     """The resident or swapped stretches of the writable mappings, the bytes in swap, and why the
     walk stopped short (it took longer than the pause left), from the page map."""
-    t0 = time.monotonic()
+    t0 = time.thread_time()
 
     def walk_tick() -> None:
-        if limit_ms is not None and (time.monotonic() - t0) * 1000 > limit_ms:
+        if limit_ms is not None and (time.thread_time() - t0) * 1000 > limit_ms:
             # the pause the budget leaves can be well under a millisecond (memleak spent the rest)
             left = fmt_duration(limit_ms / 1000) if limit_ms > 0 else "none"
             raise ScanAborted(
@@ -184,7 +187,7 @@ def _sampled_speed(pid: int, blocks: Blocks, runs: list[tuple[int, int]], stride
     try:
         for lo, hi in runs:
             for at in range(lo + (-offset) % stride, hi, stride):
-                t = time.perf_counter()
+                t = time.thread_time()
                 try:
                     got = os.preadv(mem, [memoryview(buf).cast("B")[: min(CHUNK, hi - at)]], at)
                 except OSError:
@@ -192,7 +195,7 @@ def _sampled_speed(pid: int, blocks: Blocks, runs: list[tuple[int, int]], stride
                 pos, _dst = match.hits(buf[: got // 8])
                 if pos.size:
                     match.owner(np.uint64(at) + pos.astype(np.uint64) * np.uint64(8))
-                seconds += time.perf_counter() - t
+                seconds += time.thread_time() - t
                 sampled += got
             offset += hi - lo
     finally:

@@ -44,6 +44,7 @@ IS_MMAPPED = 2
 PAGE = 4096
 MAX_CHUNKS = 1 << 20  # chunks walked at most (16 MiB of arrays): past it the rest stays plain memory
 WINDOW = 1 << 20  # bytes of the heap read at a time for the walk
+TICK_CHUNKS = 1024  # mmapped chunks' headers read between two looks at the clock (~1 ms of preads)
 
 
 @dataclass
@@ -87,7 +88,7 @@ def find(
             if whole and starts:
                 top.add(starts[-1])
         elif not m.path:
-            _walk_mmapped(pid_mem, m, starts, sizes, keys)
+            _walk_mmapped(pid_mem, m, starts, sizes, keys, tick)
         if len(starts) >= MAX_CHUNKS:
             complete = False
             break
@@ -154,10 +155,15 @@ def _walk_heap(fd: int, m: Mapping, starts: array, sizes: array, keys: array, ti
     return m.end - m.start, True
 
 
-def _walk_mmapped(fd: int, m: Mapping, starts: array, sizes: array, keys: array) -> None:
-    """The mmapped chunks that tile an anonymous mapping from its start, if it begins with one."""
-    chunk = m.start
+def _walk_mmapped(fd: int, m: Mapping, starts: array, sizes: array, keys: array, tick=lambda: None) -> None:
+    """The mmapped chunks that tile an anonymous mapping from its start, if it begins with one; the
+    clock (tick) checked every TICK_CHUNKS headers, as the [heap]'s walk checks it every window: a
+    mapping the target tiled with one-page fake headers is a pread each."""
+    chunk, walked = m.start, 0
     while chunk + HEADER <= m.end and len(starts) < MAX_CHUNKS:
+        if walked % TICK_CHUNKS == 0:
+            tick()
+        walked += 1
         try:
             raw = os.pread(fd, HEADER, chunk)
         except OSError:
