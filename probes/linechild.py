@@ -63,7 +63,8 @@ def lookup(requests: list[Request], deadline_s: float = DEADLINE_S, memory: int 
         left = end - time.monotonic()
         if left <= 0:
             for i in todo:
-                out[i] = Answer(None, f"no source lines (memdiag's {deadline_s:g} s for looking lines up ran out before it)")
+                why = f"memdiag's {deadline_s:g} s for looking lines up ran out before it"
+                out[i] = Answer(None, f"no source lines ({why})")
             break
         got, why, spent = _child([requests[i] for i in todo], left, memory)
         for i, answer in zip(todo, got, strict=False):
