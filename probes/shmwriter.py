@@ -16,15 +16,16 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from memdiag.system import arch
 from memdiag.system._parse import Model, fs_text, read_text
-from memdiag.system.cgroup import parse_mountinfo
+from memdiag.system.cgroup import on_fuse, parse_mountinfo
 from memdiag.system.fds import fd_links
-from memdiag.system.safefile import open_dir_in, open_root
+from memdiag.system.safefile import open_dir_in, open_on_mount, open_root, stat_fd
 from memdiag.system.sysvshm import ShmSegment, read_sysv_shm
 from memdiag.system.tmpfs import MAX_ENTRIES, SHMEM_FSTYPES, name_pattern
 from memdiag.system.units import fmt_bytes, fmt_number
@@ -47,8 +48,10 @@ NOUNS = {"file": "files", "memfd": "memfds", "sysv": "System V segments"}
 NOT_TRACED = (
     "shmwriter sees what was made while it ran, by open, openat, openat2 and creat with O_CREAT, memfd_create "
     "and shmget; not files made before it started, by rename or link, by mkstemp's kin through O_TMPFILE, nor "
-    "a file another process writes into; a file opened with O_CREAT that existed already counts as made by "
-    "that call; a memfd only mapped after its descriptor was closed counts as gone"
+    "a file another process writes into; a file opened with O_CREAT that existed already is not counted as made "
+    "(its birth time, before the trace began, tells it; a file made by another process during the trace and "
+    "then opened with O_CREAT by the target still counts as the target's); a memfd only mapped after its "
+    "descriptor was closed counts as gone"
 )
 
 
@@ -185,20 +188,29 @@ def match(made: Iterable[Made], there: Callable[[Made], There | None]) -> tuple[
 
 class Looker:
     """What is still there, looked up once per process: its mount table, its root, its descriptors;
-    the host's System V segments once. Paths are the target's: resolved inside its root, no link
-    followed at the leaf, and only on a tmpfs mount of its own table."""
+    the host's System V segments once. A file's path is the target's: its tmpfs mount (the longest
+    mount point of the maker's table that holds it; none under or through a FUSE mount) is opened
+    inside the maker's root, and the rest below that mount alone (system/safefile.open_on_mount: no
+    link followed, `..` never above the mount, no other filesystem entered), the leaf on the mount's
+    device. since (ns since the epoch): a file born before it, one the trace saw opened with O_CREAT
+    but that was there already, is not one it made."""
 
-    def __init__(self, same: Callable[[int], bool] | None, proc: Path = Path("/proc")):
-        self.same, self.proc = same, proc
-        self.mounts: dict[int, list[tuple[str, str]]] = {}
+    def __init__(self, same: Callable[[int], bool] | None, proc: Path = Path("/proc"), since: int | None = None):
+        self.same, self.proc, self.since = same, proc, since
+        self.mounts: dict[int, list] = {}
         self.fds: dict[int, dict[int, str]] = {}
         self.segments: dict[int, ShmSegment] | None = None
+        self.tops: dict[tuple[int, str], tuple[int, int] | None] = {}  # (pid, mount) -> (fd, st_dev)
         self.folders: dict[tuple[int, str], int | None] = {}
+        self._shm_dev: int | None = None
 
-    def _mounts(self, pid: int) -> list[tuple[str, str]]:
+    def _mounts(self, pid: int) -> list:
         if pid not in self.mounts:
-            text = read_text(self.proc / str(pid) / "mountinfo", 1 << 20)
-            self.mounts[pid] = [(m.mount_point, m.fstype) for m in parse_mountinfo(text or "")]
+            try:
+                text = read_text(self.proc / str(pid) / "mountinfo", 1 << 20)
+            except OSError:
+                text = None
+            self.mounts[pid] = parse_mountinfo(text or "")
         return self.mounts[pid]
 
     def __call__(self, m: Made) -> There | None:
@@ -210,25 +222,55 @@ class Looker:
             return self._memfd(m)
         return self._segment(m)
 
-    def _folder(self, pid: int, folder: str) -> int | None:
-        """A descriptor of the folder inside the process's root, kept for the next file in it (at
-        most OPEN_FOLDERS kept: a spool's files share one)."""
-        if (pid, folder) in self.folders:
-            return self.folders[(pid, folder)]
-        try:
-            root = open_root(self.proc / str(pid) / "root")
-        except OSError:
+    def mount_of(self, pid: int, path: str) -> str | None:
+        """The tmpfs mount a path of the process lies on, None: not tmpfs, or a FUSE mount at, above
+        or below it (never looked through)."""
+        table = self._mounts(pid)
+        mount = tmpfs_mount(path, [(t.mount_point, t.fstype) for t in table])
+        if mount is None or on_fuse(table, mount):
             return None
-        try:
-            fd = open_dir_in(root, folder or "/")
-        except OSError:
-            fd = None
-        finally:
-            os.close(root)
-        if len(self.folders) >= OPEN_FOLDERS:
-            self.close()
-        self.folders[(pid, folder)] = fd
-        return fd
+        return mount
+
+    def _top(self, pid: int, mount: str) -> tuple[int, int] | None:
+        """The mount point opened inside the process's root, with its device."""
+        if (pid, mount) not in self.tops:
+            got = None
+            try:
+                root = open_root(self.proc / str(pid) / "root")
+            except OSError:
+                root = None
+            if root is not None:
+                try:
+                    fd = open_dir_in(root, mount)
+                    got = (fd, os.fstat(fd).st_dev)
+                except OSError:
+                    got = None
+                finally:
+                    os.close(root)
+            if len(self.tops) >= OPEN_FOLDERS:
+                self.close()
+            self.tops[(pid, mount)] = got
+        return self.tops[(pid, mount)]
+
+    def folder(self, pid: int, mount: str, folder: str) -> tuple[int, int] | None:
+        """A descriptor of a folder on the mount, below it alone, with the mount's device; kept for
+        the next file in it (at most OPEN_FOLDERS kept: a spool's files share one)."""
+        top = self._top(pid, mount)
+        if top is None:
+            return None
+        rel = folder[len(mount.rstrip("/")) :].strip("/")
+        if not rel:
+            return top
+        if (pid, folder) not in self.folders:
+            try:
+                fd = open_on_mount(top[0], rel, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                fd = None
+            if len(self.folders) >= OPEN_FOLDERS:
+                self._close_folders()
+            self.folders[(pid, folder)] = fd
+        fd = self.folders[(pid, folder)]
+        return None if fd is None else (fd, top[1])
 
     def __enter__(self) -> Looker:
         return self
@@ -236,27 +278,58 @@ class Looker:
     def __exit__(self, *_exc) -> None:
         self.close()
 
-    def close(self) -> None:
+    def _close_folders(self) -> None:
         for fd in self.folders.values():
             if fd is not None:
                 os.close(fd)
         self.folders.clear()
 
+    def close(self) -> None:
+        self._close_folders()
+        for got in self.tops.values():
+            if got is not None:
+                os.close(got[0])
+        self.tops.clear()
+
     def _file(self, m: Made) -> There | None:
         if not m.path.startswith("/"):  # not made absolute (resolve_relative): where it is is not known
             return None
-        mount = tmpfs_mount(m.path, self._mounts(m.pid))
+        mount = self.mount_of(m.pid, m.path)
         if mount is None:
             return None
         folder, _, name = m.path.rpartition("/")
-        fd = self._folder(m.pid, folder)
+        where = self.folder(m.pid, mount, folder or "/")
+        if where is None or not name:
+            return None
         try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False) if fd is not None and name else None
+            fd = open_on_mount(where[0], name)  # O_PATH, the leaf no link
         except OSError:
             return None
-        if st is None or not stat.S_ISREG(st.st_mode):
+        try:
+            st = stat_fd(fd)
+        except OSError:
             return None
-        return There(where=file_place(m.path, mount), bytes=st.st_blocks * 512, mount=mount)
+        finally:
+            os.close(fd)
+        if st.dev != where[1] or not stat.S_ISREG(st.mode):
+            return None
+        if self.since is not None and (st.born_ns is None or st.born_ns < self.since):
+            return None  # there before the trace began (opened with O_CREAT, not made), or no birth time to tell
+        return There(where=file_place(m.path, mount), bytes=st.blocks * 512, mount=mount)
+
+    def shm_dev(self) -> int | None:
+        """The device of the kernel's internal shmem mount, where every memfd lives (one of memdiag's
+        own, made and closed)."""
+        if self._shm_dev is None:
+            try:
+                fd = os.memfd_create("memdiag-dev", os.MFD_CLOEXEC)
+            except OSError:
+                return None
+            try:
+                self._shm_dev = os.fstat(fd).st_dev
+            finally:
+                os.close(fd)
+        return self._shm_dev
 
     def _memfd(self, m: Made) -> There | None:
         if m.pid not in self.fds:
@@ -265,11 +338,21 @@ class Looker:
         link = self.fds[m.pid].get(m.id)
         if link is None or not link.startswith(f"/memfd:{fs_text(m.path)}"):
             return None  # closed, or the number is another file's now
+        # the link's text is no proof (a FUSE file may be named /memfd:...): the descriptor is opened
+        # O_PATH (no open of the file) and stat'ed from cache, and must be on the memfds' own mount
         try:
-            held = os.stat(f"{self.proc}/{m.pid}/fd/{m.id}").st_blocks * 512
+            fd = os.open(f"{self.proc}/{m.pid}/fd/{m.id}", os.O_PATH | os.O_CLOEXEC)
         except OSError:
             return None
-        return There(where="memfd:" + fs_text(name_pattern(m.path)), bytes=held)
+        try:
+            st = stat_fd(fd)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if st.dev != self.shm_dev() or not stat.S_ISREG(st.mode):
+            return None
+        return There(where="memfd:" + fs_text(name_pattern(m.path)), bytes=st.blocks * 512)
 
     def _segment(self, m: Made) -> There | None:
         if self.segments is None:
@@ -279,6 +362,32 @@ class Looker:
             return None  # removed, or its id is another's segment now
         key = "IPC_PRIVATE" if g.key == 0 else f"key {g.key:#x}"
         return There(where=f"System V {key}", bytes=g.rss if g.rss is not None else g.size)
+
+    def files_there(self, pid: int, place: str) -> int | None:
+        """How many regular files of a place's pattern are in its folder at the end (bounded:
+        MAX_ENTRIES names listed), on its mount alone; None when the folder cannot be read."""
+        folder, _, pattern = place.rpartition("/")
+        mount = self.mount_of(pid, folder + "/")
+        where = self.folder(pid, mount, folder or "/") if mount is not None else None
+        if where is None:
+            return None
+        n = 0
+        try:
+            with os.scandir(where[0]) as entries:  # a duplicate of the folder's descriptor
+                for i, e in enumerate(entries):
+                    if i >= MAX_ENTRIES:
+                        break
+                    if e.is_file(follow_symlinks=False) and fs_text(name_pattern(e.name)) == pattern:
+                        n += 1
+        except OSError:
+            return None
+        return n
+
+
+def realtime_coarse() -> int:
+    """The wall clock as the kernel stamps a file's birth (the coarse clock, a tick behind the fine
+    one: a file born after this reads as born after it)."""
+    return time.clock_gettime_ns(getattr(time, "CLOCK_REALTIME_COARSE", 5))
 
 
 def resolve_relative(m: Made, proc: Path = Path("/proc")) -> Made:
@@ -295,35 +404,6 @@ def resolve_relative(m: Made, proc: Path = Path("/proc")) -> Made:
     if not base.startswith("/") or base.endswith(" (deleted)"):
         return m
     return m.model_copy(update={"path": base.rstrip("/") + "/" + m.path})
-
-
-def files_there(pid: int, place: str, proc: Path = Path("/proc")) -> int | None:
-    """How many regular files of a place's pattern are in its folder at the end (bounded: MAX_ENTRIES
-    names listed), inside the maker's root; None when the folder cannot be read."""
-    folder, _, pattern = place.rpartition("/")
-    try:
-        root = open_root(proc / str(pid) / "root")
-    except OSError:
-        return None
-    try:
-        fd = open_dir_in(root, folder or "/")
-    except OSError:
-        return None
-    finally:
-        os.close(root)
-    n = 0
-    try:
-        with os.scandir(fd) as entries:
-            for i, e in enumerate(entries):
-                if i >= MAX_ENTRIES:
-                    break
-                if e.is_file(follow_symlinks=False) and fs_text(name_pattern(e.name)) == pattern:
-                    n += 1
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return n
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -399,12 +479,18 @@ def writer_stack(s: StackGrowth, kind: str, comm: str, books: dict, by_key: dict
 
 def run(target, duration: float, pattern: str | None = None, top: int = 50) -> WriterResult:
     ev = EventStacks()
+    since: list[int] = []  # the wall clock (ns) once the program ran: a file born before is not one it made
+
+    def attached(_bpf, _pids) -> None:
+        if not since:
+            since.append(realtime_coarse())
 
     def collect(bpf, _elapsed: float) -> dict:
         stats = bpfstats.read(bpf, bpfstats.SHMW)
         books = {_key(k): Books(v.created, v.removed) for k, v in bpf["counts"].items()}
         made = [resolve_relative(m) for m in made_of(bpf)]
-        with Looker(ev.spaces.same) as look:
+        look = Looker(ev.spaces.same, since=since[0] if since else None)
+        with look:  # closed after each use, opened again for files_there
             by_key, gone = match(made, look)
         raw: list[RawStack] = []
         for key, r in ev.raw(bpf, lambda v: v.created, lambda _v: 0):
@@ -424,10 +510,11 @@ def run(target, duration: float, pattern: str | None = None, top: int = 50) -> W
                 stacks.append(writer_stack(s, KINDS[kind] if kind < len(KINDS) else "file", comm, books, by_key))
         stacks.sort(key=lambda s: (s.remaining, s.bytes, s.created), reverse=True)
         places = places_of(stacks, by_key, pattern)
-        places = [
-            p.model_copy(update={"there": files_there(p.pid, p.where)}) if p.kind == "file" and p.pid else p
-            for p in places
-        ]
+        with look:
+            places = [
+                p.model_copy(update={"there": look.files_there(p.pid, p.where)}) if p.kind == "file" and p.pid else p
+                for p in places
+            ]
         fields = ev.fields(stats, stacks, failed, top, weight="remaining")
         fields["lost"] = {**fields["lost"], "made_dropped": stats["made_dropped"]}
         return {
@@ -444,7 +531,8 @@ def run(target, duration: float, pattern: str | None = None, top: int = 50) -> W
             **fields,
         }
 
-    spec = Run("shmwriter", WriterResult, requirements(), build_options(), collect, METHOD, spaces=ev.spaces)
+    spec = Run("shmwriter", WriterResult, requirements(), build_options(), collect, METHOD, spaces=ev.spaces,
+               attach=attached)  # fmt: skip
     return run_probe(spec, target, duration)  # type: ignore[return-value]
 
 
