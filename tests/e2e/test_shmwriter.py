@@ -1,12 +1,14 @@
-"""`memdiag probe shmwriter` on the real kernel: what its program keys a made file by (its path with
-the folder a relative path is relative to) and what is counted as still there (a file there before
-the trace, opened again with O_CREAT, is not one the target made)."""
+"""Shared memory's makers on the real kernel. `memdiag probe shmwriter`: what its program keys a made
+file by (its path with the folder a relative path is relative to) and what is counted as still there
+(a file there before the trace, opened again with O_CREAT, is not one the target made). A diagnosis
+of a target in an IPC namespace of its own says its System V segments are not read."""
 
 import json
+import os
 import subprocess
 import sys
 
-from kit import wait_for_line
+from kit import wait_for_line, wait_until
 
 # Every 0.1 s: job-N.spool made by the same relative name in two folders through their
 # descriptors, and tmp-N.part made in both and unlinked from the first; then the file old.spool,
@@ -62,3 +64,23 @@ def test_a_relative_name_in_two_folders_is_two_files(memdiag, shm_dir, tmp_path)
     assert abs(places.get(parts, 0) - places[b]) <= 1, places  # the second folder's parts stay
     assert f"{shm_dir}/a/tmp-*.part" not in places, places  # the first's were unlinked
     assert f"{shm_dir}/a/old.spool" not in places, places  # there before the trace: opened, not made
+
+
+def test_a_target_in_its_own_ipc_namespace_is_said_unread(memdiag, tmp_path):
+    """/proc/sysvipc/shm is memdiag's IPC namespace's: a target in its own (a container's) has its
+    segments unread, and the report says so in one line (before: nothing said, none shown)."""
+    p = subprocess.Popen(["unshare", "--ipc", "sleep", "120"])
+    try:
+        wait_until(lambda: os.readlink(f"/proc/{p.pid}/ns/ipc") != os.readlink("/proc/self/ns/ipc"), "unshare")
+        r = memdiag("--pid", str(p.pid), "--duration", "4", "--output", str(tmp_path), timeout=240)
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 0, r.stderr
+    rep = json.loads((tmp_path / "report.json").read_text())
+    found = next(f["summary"] for f in rep["findings"] if f["id"] == "sysv-segments-not-read")
+    assert (
+        found
+        == "its IPC namespace is not memdiag's: System V segments not read (1 of its processes at the window's end)"
+    )
+    assert "System V segments not read" in (tmp_path / "report.md").read_text()
