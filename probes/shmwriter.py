@@ -5,7 +5,8 @@ the bytes, not the process and the code that left them. This probe traces their 
 openat, openat2 and creat with O_CREAT; memfd_create; shmget with IPC_CREAT or IPC_PRIVATE) by the
 user stack that made each, with the path, descriptor or shmid that names it, and forgets a file the
 same process unlinks. At the end it keeps what is still there: a file still on a tmpfs mount of the
-target's (looked up inside its root, no link followed), a memfd still open in its maker, a segment
+maker's, born while traced (looked up in the view the maker had while traced, below the mount alone,
+no link followed), a memfd still open in its maker, a segment
 still in /proc/sysvipc/shm; and groups them by where they are (the mount and file name pattern, as
 system/tmpfs.py names them; a memfd's name; a segment's key), each with the stacks that made them:
 "created 240 of the 262 /dev/shm/job-*.spool files there at its end: PID 812 (spooler) in spool_job".
@@ -186,6 +187,83 @@ def match(made: Iterable[Made], there: Callable[[Made], There | None]) -> tuple[
     return out, gone
 
 
+MAX_VIEWS = 64  # makers' views of the filesystem kept (a mount namespace and root each, not a pid each)
+
+
+@dataclass
+class View:
+    """One maker's view of the filesystem: a descriptor of its root and its mount table."""
+
+    root: int
+    mounts: list
+
+
+class Views:
+    """Each maker's view, taken when the probe is aimed at it (while it runs): its mount namespace,
+    an O_PATH descriptor of its root, its mount table; kept by (namespace, root), not by pid, so a
+    maker that exited is still looked up where it made its files, and a pid reused since is never
+    read for it (its start time is kept: a process with another is not it)."""
+
+    def __init__(self, proc: Path = Path("/proc")):
+        self.proc = proc
+        self.views: dict[tuple, View] = {}
+        self.by_pid: dict[int, tuple[int | None, tuple]] = {}  # pid -> (its start, its view's key)
+
+    def _start(self, pid: int) -> int | None:
+        text = read_text(self.proc / str(pid) / "stat", 4096)
+        rest = (text or "")[(text or "").rfind(")") + 2 :].split()
+        return int(rest[19]) if len(rest) > 19 and rest[19].isdigit() else None  # field 22 of proc(5)
+
+    def see(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            if pid not in self.by_pid and len(self.views) < MAX_VIEWS:
+                self._see(pid)
+
+    def _see(self, pid: int) -> None:
+        start = self._start(pid)
+        try:
+            ns = os.readlink(self.proc / str(pid) / "ns" / "mnt")
+            root = open_root(self.proc / str(pid) / "root")
+        except OSError:
+            return
+        st = os.fstat(root)
+        key = (ns, st.st_dev, st.st_ino)
+        if key in self.views:
+            os.close(root)
+        else:
+            try:
+                text = read_text(self.proc / str(pid) / "mountinfo", 1 << 20)
+            except OSError:
+                text = None
+            if text is None:
+                os.close(root)
+                return
+            self.views[key] = View(root, parse_mountinfo(text))
+        if start is not None and self._start(pid) == start:  # still the process whose view was read
+            self.by_pid[pid] = (start, key)
+
+    def of(self, pid: int) -> View | None:
+        """The view a maker had; None for a process never seen (nor seeable now)."""
+        if pid not in self.by_pid:
+            self.see([pid])
+        seen = self.by_pid.get(pid)
+        return self.views.get(seen[1]) if seen is not None else None
+
+    def same(self, pid: int) -> bool:
+        """Whether pid is still the process seen (its /proc may be read for it: descriptors, folder);
+        a process never seen (a whole-system trace aims at none) is seen now, as it is."""
+        if pid not in self.by_pid:
+            self.see([pid])
+        seen = self.by_pid.get(pid)
+        return seen is not None and seen[0] is not None and self._start(pid) == seen[0]
+
+    def close(self) -> None:
+        for v in self.views.values():
+            os.close(v.root)
+        self.views.clear()
+        self.by_pid.clear()
+
+
 class Looker:
     """What is still there, looked up once per process: its mount table, its root, its descriptors;
     the host's System V segments once. A file's path is the target's: its tmpfs mount (the longest
@@ -195,9 +273,16 @@ class Looker:
     device. since (ns since the epoch): a file born before it, one the trace saw opened with O_CREAT
     but that was there already, is not one it made."""
 
-    def __init__(self, same: Callable[[int], bool] | None, proc: Path = Path("/proc"), since: int | None = None):
+    def __init__(
+        self,
+        same: Callable[[int], bool] | None,
+        proc: Path = Path("/proc"),
+        since: int | None = None,
+        views: Views | None = None,
+    ):
         self.same, self.proc, self.since = same, proc, since
-        self.mounts: dict[int, list] = {}
+        self.views = views if views is not None else Views(proc)
+        self._own_views = views is None
         self.fds: dict[int, dict[int, str]] = {}
         self.segments: dict[int, ShmSegment] | None = None
         self.tops: dict[tuple[int, str], tuple[int, int] | None] = {}  # (pid, mount) -> (fd, st_dev)
@@ -205,13 +290,8 @@ class Looker:
         self._shm_dev: int | None = None
 
     def _mounts(self, pid: int) -> list:
-        if pid not in self.mounts:
-            try:
-                text = read_text(self.proc / str(pid) / "mountinfo", 1 << 20)
-            except OSError:
-                text = None
-            self.mounts[pid] = parse_mountinfo(text or "")
-        return self.mounts[pid]
+        view = self.views.of(pid)
+        return view.mounts if view is not None else []
 
     def __call__(self, m: Made) -> There | None:
         if self.same is not None and not self.same(m.pid):
@@ -235,18 +315,13 @@ class Looker:
         """The mount point opened inside the process's root, with its device."""
         if (pid, mount) not in self.tops:
             got = None
-            try:
-                root = open_root(self.proc / str(pid) / "root")
-            except OSError:
-                root = None
-            if root is not None:
+            view = self.views.of(pid)
+            if view is not None:
                 try:
-                    fd = open_dir_in(root, mount)
+                    fd = open_dir_in(view.root, mount)
                     got = (fd, os.fstat(fd).st_dev)
                 except OSError:
                     got = None
-                finally:
-                    os.close(root)
             if len(self.tops) >= OPEN_FOLDERS:
                 self.close()
             self.tops[(pid, mount)] = got
@@ -277,6 +352,8 @@ class Looker:
 
     def __exit__(self, *_exc) -> None:
         self.close()
+        if self._own_views:
+            self.views.close()
 
     def _close_folders(self) -> None:
         for fd in self.folders.values():
@@ -332,6 +409,8 @@ class Looker:
         return self._shm_dev
 
     def _memfd(self, m: Made) -> There | None:
+        if not self.views.same(m.pid):
+            return None  # exited (its memfds closed with it), or its pid another's now
         if m.pid not in self.fds:
             links = fd_links(m.pid, self.proc)
             self.fds[m.pid] = {int(fd): link for fd, link in (links[0] if links else [])}
@@ -390,12 +469,12 @@ def realtime_coarse() -> int:
     return time.clock_gettime_ns(getattr(time, "CLOCK_REALTIME_COARSE", 5))
 
 
-def resolve_relative(m: Made, proc: Path = Path("/proc")) -> Made:
+def resolve_relative(m: Made, proc: Path = Path("/proc"), same: Callable[[int], bool] | None = None) -> Made:
     """A file named relative to a folder (its working directory, or openat's directory descriptor)
     made absolute by that folder as the process names it at the end (readlink, never followed): an
     estimate, as the process may have changed folder since."""
-    if m.kind != "file" or m.path.startswith("/") or m.cut:
-        return m
+    if m.kind != "file" or m.path.startswith("/") or m.cut or (same is not None and not same(m.pid)):
+        return m  # absolute already, or its maker gone (or its pid another's): its folders are not known
     link = "cwd" if m.id == AT_FDCWD else f"fd/{m.id}"
     try:
         base = os.readlink(proc / str(m.pid) / link)
@@ -481,15 +560,18 @@ def run(target, duration: float, pattern: str | None = None, top: int = 50) -> W
     ev = EventStacks()
     since: list[int] = []  # the wall clock (ns) once the program ran: a file born before is not one it made
 
-    def attached(_bpf, _pids) -> None:
+    views = Views()
+
+    def attached(_bpf, pids) -> None:
         if not since:
             since.append(realtime_coarse())
+        views.see(pids)  # each maker's view of the filesystem while it runs
 
     def collect(bpf, _elapsed: float) -> dict:
         stats = bpfstats.read(bpf, bpfstats.SHMW)
         books = {_key(k): Books(v.created, v.removed) for k, v in bpf["counts"].items()}
-        made = [resolve_relative(m) for m in made_of(bpf)]
-        look = Looker(ev.spaces.same, since=since[0] if since else None)
+        made = [resolve_relative(m, same=views.same) for m in made_of(bpf)]
+        look = Looker(ev.spaces.same, since=since[0] if since else None, views=views)
         with look:  # closed after each use, opened again for files_there
             by_key, gone = match(made, look)
         raw: list[RawStack] = []
@@ -533,7 +615,10 @@ def run(target, duration: float, pattern: str | None = None, top: int = 50) -> W
 
     spec = Run("shmwriter", WriterResult, requirements(), build_options(), collect, METHOD, spaces=ev.spaces,
                attach=attached)  # fmt: skip
-    return run_probe(spec, target, duration)  # type: ignore[return-value]
+    try:
+        return run_probe(spec, target, duration)  # type: ignore[return-value]
+    finally:
+        views.close()
 
 
 # --- the face --------------------------------------------------------------------------------------

@@ -84,3 +84,43 @@ def test_a_target_in_its_own_ipc_namespace_is_said_unread(memdiag, tmp_path):
         == "its IPC namespace is not memdiag's: System V segments not read (1 of its processes at the window's end)"
     )
     assert "System V segments not read" in (tmp_path / "report.md").read_text()
+
+
+# A job process forked every 0.2 s lives 0.8 s (long enough for the probe to be aimed at it: a cgroup
+# target's new processes are aimed twice a second), makes one spool file and exits.
+JOBS = """
+import os, sys, time
+n = 0
+while True:
+    if os.fork() == 0:
+        time.sleep(0.8)
+        fd = os.open(os.path.join(sys.argv[1], f"job-{n}.spool"), os.O_CREAT | os.O_WRONLY, 0o600)
+        os.write(fd, b"x" * 4096)
+        os._exit(0)
+    n += 1
+    time.sleep(0.2)
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                break
+        except ChildProcessError:
+            break
+"""
+
+
+def test_files_made_by_jobs_that_exited_are_still_matched(memdiag, shm_dir, memcg):
+    """The makers of a cgroup's spool are short-lived jobs, all gone when the trace ends: their files
+    are looked up in the view each had while it ran (before: through their /proc, gone, so every
+    file counted as gone and none still there)."""
+    cg = memcg(None)
+    p = subprocess.Popen([sys.executable, "-c", JOBS, str(shm_dir)], stdout=subprocess.DEVNULL)
+    try:
+        cg.procs_file.write_text(str(p.pid))
+        r = memdiag("probe", "shmwriter", "--cgroup", cg.path, "--duration", "4", "--json")
+    finally:
+        p.kill()
+        p.wait()
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    places = _places(data)
+    assert places.get(f"{shm_dir}/job-*.spool", 0) > 3, (places, data["unmatched"])
