@@ -187,6 +187,8 @@ def match(made: Iterable[Made], there: Callable[[Made], There | None]) -> tuple[
     return out, gone
 
 
+MOUNTINFO_BYTES = 1 << 20  # a longer mount table is not read: no view, nothing of that maker looked up
+MAX_MAKERS = 65_536  # processes whose view is remembered (a pid and two numbers each)
 MAX_VIEWS = 64  # makers' views of the filesystem kept (a mount namespace and root each, not a pid each)
 
 
@@ -216,7 +218,7 @@ class Views:
 
     def see(self, pids: Iterable[int]) -> None:
         for pid in pids:
-            if pid not in self.by_pid and len(self.views) < MAX_VIEWS:
+            if pid not in self.by_pid and len(self.by_pid) < MAX_MAKERS:
                 self._see(pid)
 
     def _see(self, pid: int) -> None:
@@ -226,16 +228,22 @@ class Views:
             root = open_root(self.proc / str(pid) / "root")
         except OSError:
             return
-        st = os.fstat(root)
-        key = (ns, st.st_dev, st.st_ino)
-        if key in self.views:
+        try:
+            st = stat_fd(root)  # from cache: a root on FUSE (fuse-overlayfs) is not asked
+        except OSError:
             os.close(root)
+            return
+        key = (ns, st.dev, st.ino)
+        if key in self.views or len(self.views) >= MAX_VIEWS:
+            os.close(root)
+            if key not in self.views:
+                return
         else:
             try:
-                text = read_text(self.proc / str(pid) / "mountinfo", 1 << 20)
+                text = read_text(self.proc / str(pid) / "mountinfo", MOUNTINFO_BYTES + 1)
             except OSError:
                 text = None
-            if text is None:
+            if text is None or len(text) > MOUNTINFO_BYTES:  # cut: a FUSE mount past the cut would go unseen
                 os.close(root)
                 return
             self.views[key] = View(root, parse_mountinfo(text))
