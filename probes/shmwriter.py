@@ -673,8 +673,9 @@ def caveats(r: WriterResult) -> list[str]:
     if r.unmatched:
         out.append(
             f"{fmt_number(r.unmatched)} things made and not unlinked while traced were gone at the end, "
-            "or not on a tmpfs mount (unlinked by another process or by a call not traced, a memfd closed, "
-            "a segment removed): not counted as still there."
+            "not on a tmpfs mount, or there before the trace began (opened with O_CREAT, not made: its birth "
+            "time) (unlinked by another process or by a call not traced, a memfd closed, a segment removed): "
+            "not counted as still there."
         )
     if r.cut:
         out.append(f"{fmt_number(r.cut)} paths were longer than the {PATH_BYTES - 1} bytes it keeps: not matched.")
