@@ -209,8 +209,9 @@ struct shmw_books {
 	u64 removed; /* files it made that the same process unlinked while traced */
 };
 
-/* One thing made, by what names it: a file by its path as the call gave it (id 0), a memfd by its
- * descriptor and name, a System V segment by its shmid (path empty). */
+/* One thing made, by what names it: a file by its path as the call gave it and, for a relative
+ * path, the directory descriptor it is relative to (id; 0 for an absolute path, -100 the working
+ * directory), a memfd by its descriptor and name, a System V segment by its shmid (path empty). */
 struct shmw_id {
 	u32 tgid;
 	u32 kind;

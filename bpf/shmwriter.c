@@ -36,6 +36,16 @@ static __always_inline int read_path(struct shmw_id *id, u64 ptr)
 	return n > 0 ? n : 0;
 }
 
+#define AT_FDCWD_NR -100 /* AT_FDCWD (uapi/linux/fcntl.h) */
+
+/* What a file's path is relative to, as part of its key: nothing (0) for an absolute path, else the
+ * directory descriptor the call named (AT_FDCWD: the working directory), so that "data" made in
+ * two folders are two files, and an unlink of "x" forgets the "x" of its own folder only. */
+static __always_inline s64 folder_of(struct shmw_id *id, s64 dirfd)
+{
+	return id->path[0] == '/' ? 0 : dirfd;
+}
+
 /* A file the process unlinked: forgotten, and counted as removed for the stack that made it. */
 static __always_inline int unlinked(struct shmw_id *id)
 {
@@ -84,9 +94,11 @@ RAW_TRACEPOINT_PROBE(sys_exit)
 	switch (nr) {
 	case NR_UNLINK:
 		read_path(id, a1);
+		id->id = folder_of(id, AT_FDCWD_NR);
 		return unlinked(id);
 	case NR_UNLINKAT:
 		read_path(id, a2);
+		id->id = folder_of(id, (s32)a1);
 		return unlinked(id);
 	case NR_CREAT:
 		path = a1;
@@ -131,6 +143,8 @@ RAW_TRACEPOINT_PROBE(sys_exit)
 		m.path_len = read_path(id, path);
 	else
 		__builtin_memset(id->path, 0, sizeof(id->path));
+	if (id->kind == SHMW_KIND_FILE)
+		id->id = folder_of(id, m.dirfd);
 	stats.increment(SHMW_ST_CREATED);
 	struct stack_sample *s = scratch.lookup(&zero);
 	if (!s)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from memdiag.system import ledger as L
 from memdiag.system.slab import SlabCache
-from memdiag.system.sysvshm import ShmSegment
+from memdiag.system.sysvshm import ShmSegment, resident
 from memdiag.system.tmpfs import ShmMount
 from memdiag.system.trends import growth_trend
 from memdiag.system.units import fmt_bytes
@@ -307,7 +307,9 @@ def _sysv_facts(obs: Observation, new: list[ShmSegment]) -> dict:
     """The facts of the segments the target made in the window (new_segments)."""
     if obs.sysv_first is None or obs.sysv_last is None:
         return {}
-    f: dict = {"sysv.new_segments": len(new), "sysv.new_bytes": sum(g.size for g in new)}
+    f: dict = {"sysv.new_segments": len(new), "sysv.new_bytes": sum(resident(g) for g in new)}
+    if obs.sysv_unread is not None:
+        f["sysv.unread_processes"] = obs.sysv_unread
     if new:
         by: dict[int, list[ShmSegment]] = {}
         for g in new:
@@ -319,13 +321,20 @@ def _sysv_facts(obs: Observation, new: list[ShmSegment]) -> dict:
                 "sysv.segments": len(obs.sysv_last),
                 "sysv.top_creator": str(cpid),
                 "sysv.top_creator_segments": len(mine),
-                "sysv.top_creator_bytes": sum(g.size for g in mine),
+                "sysv.top_creator_bytes": sum(resident(g) for g in mine),
+                # where the kernel prints no rss column, the figure is their size: said in the text
+                "sysv.top_creator_held": "resident" if all(g.rss is not None for g in mine) else "in size",
                 "sysv.top_creator_unattached": sum(1 for g in mine if g.nattch == 0),
                 "sysv.top_key": "IPC_PRIVATE" if big.key == 0 else f"{big.key:#x}",
                 "sysv.top_size": big.size,
                 "sysv.top_shmid": str(big.shmid),
             }
         )
+        # made in both halves of the window and still there: growth over the window, not a count
+        half = (obs.started + obs.ended) / 2
+        if all(g.ctime is not None for g in mine):
+            f["sysv.top_creator_early"] = sum(1 for g in mine if g.ctime < half)
+            f["sysv.top_creator_late"] = sum(1 for g in mine if g.ctime >= half)
     return f
 
 

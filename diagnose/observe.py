@@ -25,7 +25,7 @@ from memdiag.system.slab import SlabCache, read_slabinfo
 from memdiag.system.smaps import read_smaps_split
 from memdiag.system.sockdiag import SocketMemory, read_socket_memory
 from memdiag.system.swaps import SwapDevice, read_swaps
-from memdiag.system.sysvshm import ShmSegment, read_sysv_shm
+from memdiag.system.sysvshm import ShmSegment, read_ipc_namespace, read_sysv_shm
 from memdiag.system.target import Target
 from memdiag.system.tmpfs import ShmMount, read_shm_mounts
 from pydantic import ConfigDict
@@ -75,6 +75,9 @@ class Observation(Model):
     sockets_last: SocketMemory | None = None
     sysv_first: list[ShmSegment] | None = None  # System V shared memory segments at the start
     sysv_last: list[ShmSegment] | None = None  # ... and at the end
+    # the target's processes whose IPC namespace is not memdiag's (their segments are not in sysv_*),
+    # of those read at the end; None: not read
+    sysv_unread: int | None = None
     memfds_last: list[tuple[str, int]] | None = None  # a process target's memfds at the end (name, bytes)
     smaps_last: dict[str, list[tuple[str, int]]] | None = None  # its RSS by mapping at the end (system/smaps.py)
     closing: ClosingRead | None = None  # a process target's memory as the window closed, read with the detail
@@ -220,6 +223,17 @@ class Sampler:
         self.thinned_before_s = older[-1].t - self.snapshots[0].t
         self.snapshots = kept + self.snapshots[half:]
 
+    def _ipc_unread(self, root: Path) -> int | None:
+        """How many of the target's processes at the last sample are in an IPC namespace not memdiag's."""
+        mine = read_ipc_namespace("self", root)
+        t = self.target
+        if mine is None or t.kind == "system":
+            return None
+        last = self.snapshots[-1]
+        pids = [t.pid] if t.kind == "pid" else list(last.cgroup.procs) if last.cgroup is not None else []
+        spaces = [read_ipc_namespace(pid, root) for pid in pids if pid is not None]
+        return sum(1 for ns in spaces if ns is not None and ns != mine)
+
     def _of_target(self, read: Callable[[int], T]) -> T | None:
         """read(pid) of a process target, kept only if the process is still the one diagnosed before
         and after it (not exited, exec'd or replaced by another with its pid); None otherwise."""
@@ -300,6 +314,7 @@ class Sampler:
             sockets_last=self._sockets() if self.snapshots else None,
             sysv_first=self.sysv_first,
             sysv_last=read_sysv_shm(root) if self.snapshots else None,  # one small file: the rules see it mid-window
+            sysv_unread=self._ipc_unread(root) if self.snapshots else None,
             memfds_last=self._of_target(lambda pid: read_memfds(pid, root)) if closing and self.snapshots else None,
             smaps_last=closing_read[1] if closing_read is not None else None,
             closing=closing_read[0] if closing_read is not None else None,

@@ -5,7 +5,8 @@ the bytes, not the process and the code that left them. This probe traces their 
 openat, openat2 and creat with O_CREAT; memfd_create; shmget with IPC_CREAT or IPC_PRIVATE) by the
 user stack that made each, with the path, descriptor or shmid that names it, and forgets a file the
 same process unlinks. At the end it keeps what is still there: a file still on a tmpfs mount of the
-target's (looked up inside its root, no link followed), a memfd still open in its maker, a segment
+maker's, born while traced (looked up in the view the maker had while traced, below the mount alone,
+no link followed), a memfd still open in its maker, a segment
 still in /proc/sysvipc/shm; and groups them by where they are (the mount and file name pattern, as
 system/tmpfs.py names them; a memfd's name; a segment's key), each with the stacks that made them:
 "created 240 of the 262 /dev/shm/job-*.spool files there at its end: PID 812 (spooler) in spool_job".
@@ -16,15 +17,16 @@ from __future__ import annotations
 
 import os
 import stat
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from memdiag.system import arch
 from memdiag.system._parse import Model, fs_text, read_text
-from memdiag.system.cgroup import parse_mountinfo
+from memdiag.system.cgroup import on_fuse, parse_mountinfo
 from memdiag.system.fds import fd_links
-from memdiag.system.safefile import open_dir_in, open_root
+from memdiag.system.safefile import open_dir_in, open_on_mount, open_root, stat_fd
 from memdiag.system.sysvshm import ShmSegment, read_sysv_shm
 from memdiag.system.tmpfs import MAX_ENTRIES, SHMEM_FSTYPES, name_pattern
 from memdiag.system.units import fmt_bytes, fmt_number
@@ -47,8 +49,10 @@ NOUNS = {"file": "files", "memfd": "memfds", "sysv": "System V segments"}
 NOT_TRACED = (
     "shmwriter sees what was made while it ran, by open, openat, openat2 and creat with O_CREAT, memfd_create "
     "and shmget; not files made before it started, by rename or link, by mkstemp's kin through O_TMPFILE, nor "
-    "a file another process writes into; a file opened with O_CREAT that existed already counts as made by "
-    "that call; a memfd only mapped after its descriptor was closed counts as gone"
+    "a file another process writes into; a file opened with O_CREAT that existed already is not counted as made "
+    "(its birth time, before the trace began, tells it; a file made by another process during the trace and "
+    "then opened with O_CREAT by the target still counts as the target's); a memfd only mapped after its "
+    "descriptor was closed counts as gone"
 )
 
 
@@ -183,23 +187,119 @@ def match(made: Iterable[Made], there: Callable[[Made], There | None]) -> tuple[
     return out, gone
 
 
+MOUNTINFO_BYTES = 1 << 20  # a longer mount table is not read: no view, nothing of that maker looked up
+MAX_MAKERS = 65_536  # processes whose view is remembered (a pid and two numbers each)
+MAX_VIEWS = 64  # makers' views of the filesystem kept (a mount namespace and root each, not a pid each)
+
+
+@dataclass
+class View:
+    """One maker's view of the filesystem: a descriptor of its root and its mount table."""
+
+    root: int
+    mounts: list
+
+
+class Views:
+    """Each maker's view, taken when the probe is aimed at it (while it runs): its mount namespace,
+    an O_PATH descriptor of its root, its mount table; kept by (namespace, root), not by pid, so a
+    maker that exited is still looked up where it made its files, and a pid reused since is never
+    read for it (its start time is kept: a process with another is not it)."""
+
+    def __init__(self, proc: Path = Path("/proc")):
+        self.proc = proc
+        self.views: dict[tuple, View] = {}
+        self.by_pid: dict[int, tuple[int | None, tuple]] = {}  # pid -> (its start, its view's key)
+
+    def _start(self, pid: int) -> int | None:
+        text = read_text(self.proc / str(pid) / "stat", 4096)
+        rest = (text or "")[(text or "").rfind(")") + 2 :].split()
+        return int(rest[19]) if len(rest) > 19 and rest[19].isdigit() else None  # field 22 of proc(5)
+
+    def see(self, pids: Iterable[int]) -> None:
+        for pid in pids:
+            if pid not in self.by_pid and len(self.by_pid) < MAX_MAKERS:
+                self._see(pid)
+
+    def _see(self, pid: int) -> None:
+        start = self._start(pid)
+        try:
+            ns = os.readlink(self.proc / str(pid) / "ns" / "mnt")
+            root = open_root(self.proc / str(pid) / "root")
+        except OSError:
+            return
+        try:
+            st = stat_fd(root)  # from cache: a root on FUSE (fuse-overlayfs) is not asked
+        except OSError:
+            os.close(root)
+            return
+        key = (ns, st.dev, st.ino)
+        if key in self.views or len(self.views) >= MAX_VIEWS:
+            os.close(root)
+            if key not in self.views:
+                return
+        else:
+            try:
+                text = read_text(self.proc / str(pid) / "mountinfo", MOUNTINFO_BYTES + 1)
+            except OSError:
+                text = None
+            if text is None or len(text) > MOUNTINFO_BYTES:  # cut: a FUSE mount past the cut would go unseen
+                os.close(root)
+                return
+            self.views[key] = View(root, parse_mountinfo(text))
+        if start is not None and self._start(pid) == start:  # still the process whose view was read
+            self.by_pid[pid] = (start, key)
+
+    def of(self, pid: int) -> View | None:
+        """The view a maker had; None for a process never seen (nor seeable now)."""
+        if pid not in self.by_pid:
+            self.see([pid])
+        seen = self.by_pid.get(pid)
+        return self.views.get(seen[1]) if seen is not None else None
+
+    def same(self, pid: int) -> bool:
+        """Whether pid is still the process seen (its /proc may be read for it: descriptors, folder);
+        a process never seen (a whole-system trace aims at none) is seen now, as it is."""
+        if pid not in self.by_pid:
+            self.see([pid])
+        seen = self.by_pid.get(pid)
+        return seen is not None and seen[0] is not None and self._start(pid) == seen[0]
+
+    def close(self) -> None:
+        for v in self.views.values():
+            os.close(v.root)
+        self.views.clear()
+        self.by_pid.clear()
+
+
 class Looker:
     """What is still there, looked up once per process: its mount table, its root, its descriptors;
-    the host's System V segments once. Paths are the target's: resolved inside its root, no link
-    followed at the leaf, and only on a tmpfs mount of its own table."""
+    the host's System V segments once. A file's path is the target's: its tmpfs mount (the longest
+    mount point of the maker's table that holds it; none under or through a FUSE mount) is opened
+    inside the maker's root, and the rest below that mount alone (system/safefile.open_on_mount: no
+    link followed, `..` never above the mount, no other filesystem entered), the leaf on the mount's
+    device. since (ns since the epoch): a file born before it, one the trace saw opened with O_CREAT
+    but that was there already, is not one it made."""
 
-    def __init__(self, same: Callable[[int], bool] | None, proc: Path = Path("/proc")):
-        self.same, self.proc = same, proc
-        self.mounts: dict[int, list[tuple[str, str]]] = {}
+    def __init__(
+        self,
+        same: Callable[[int], bool] | None,
+        proc: Path = Path("/proc"),
+        since: int | None = None,
+        views: Views | None = None,
+    ):
+        self.same, self.proc, self.since = same, proc, since
+        self.views = views if views is not None else Views(proc)
+        self._own_views = views is None
         self.fds: dict[int, dict[int, str]] = {}
         self.segments: dict[int, ShmSegment] | None = None
+        self.tops: dict[tuple[int, str], tuple[int, int] | None] = {}  # (pid, mount) -> (fd, st_dev)
         self.folders: dict[tuple[int, str], int | None] = {}
+        self._shm_dev: int | None = None
 
-    def _mounts(self, pid: int) -> list[tuple[str, str]]:
-        if pid not in self.mounts:
-            text = read_text(self.proc / str(pid) / "mountinfo", 1 << 20)
-            self.mounts[pid] = [(m.mount_point, m.fstype) for m in parse_mountinfo(text or "")]
-        return self.mounts[pid]
+    def _mounts(self, pid: int) -> list:
+        view = self.views.of(pid)
+        return view.mounts if view is not None else []
 
     def __call__(self, m: Made) -> There | None:
         if self.same is not None and not self.same(m.pid):
@@ -210,66 +310,136 @@ class Looker:
             return self._memfd(m)
         return self._segment(m)
 
-    def _folder(self, pid: int, folder: str) -> int | None:
-        """A descriptor of the folder inside the process's root, kept for the next file in it (at
-        most OPEN_FOLDERS kept: a spool's files share one)."""
-        if (pid, folder) in self.folders:
-            return self.folders[(pid, folder)]
-        try:
-            root = open_root(self.proc / str(pid) / "root")
-        except OSError:
+    def mount_of(self, pid: int, path: str) -> str | None:
+        """The tmpfs mount a path of the process lies on, None: not tmpfs, or a FUSE mount at, above
+        or below it (never looked through)."""
+        table = self._mounts(pid)
+        mount = tmpfs_mount(path, [(t.mount_point, t.fstype) for t in table])
+        if mount is None or on_fuse(table, mount):
             return None
-        try:
-            fd = open_dir_in(root, folder or "/")
-        except OSError:
-            fd = None
-        finally:
-            os.close(root)
-        if len(self.folders) >= OPEN_FOLDERS:
-            self.close()
-        self.folders[(pid, folder)] = fd
-        return fd
+        return mount
+
+    def _top(self, pid: int, mount: str) -> tuple[int, int] | None:
+        """The mount point opened inside the process's root, with its device."""
+        if (pid, mount) not in self.tops:
+            got = None
+            view = self.views.of(pid)
+            if view is not None:
+                try:
+                    fd = open_dir_in(view.root, mount)
+                    got = (fd, os.fstat(fd).st_dev)
+                except OSError:
+                    got = None
+            if len(self.tops) >= OPEN_FOLDERS:
+                self.close()
+            self.tops[(pid, mount)] = got
+        return self.tops[(pid, mount)]
+
+    def folder(self, pid: int, mount: str, folder: str) -> tuple[int, int] | None:
+        """A descriptor of a folder on the mount, below it alone, with the mount's device; kept for
+        the next file in it (at most OPEN_FOLDERS kept: a spool's files share one)."""
+        top = self._top(pid, mount)
+        if top is None:
+            return None
+        rel = folder[len(mount.rstrip("/")) :].strip("/")
+        if not rel:
+            return top
+        if (pid, folder) not in self.folders:
+            try:
+                fd = open_on_mount(top[0], rel, os.O_RDONLY | os.O_DIRECTORY)
+            except OSError:
+                fd = None
+            if len(self.folders) >= OPEN_FOLDERS:
+                self._close_folders()
+            self.folders[(pid, folder)] = fd
+        fd = self.folders[(pid, folder)]
+        return None if fd is None else (fd, top[1])
 
     def __enter__(self) -> Looker:
         return self
 
     def __exit__(self, *_exc) -> None:
         self.close()
+        if self._own_views:
+            self.views.close()
 
-    def close(self) -> None:
+    def _close_folders(self) -> None:
         for fd in self.folders.values():
             if fd is not None:
                 os.close(fd)
         self.folders.clear()
 
+    def close(self) -> None:
+        self._close_folders()
+        for got in self.tops.values():
+            if got is not None:
+                os.close(got[0])
+        self.tops.clear()
+
     def _file(self, m: Made) -> There | None:
         if not m.path.startswith("/"):  # not made absolute (resolve_relative): where it is is not known
             return None
-        mount = tmpfs_mount(m.path, self._mounts(m.pid))
+        mount = self.mount_of(m.pid, m.path)
         if mount is None:
             return None
         folder, _, name = m.path.rpartition("/")
-        fd = self._folder(m.pid, folder)
+        where = self.folder(m.pid, mount, folder or "/")
+        if where is None or not name:
+            return None
         try:
-            st = os.stat(name, dir_fd=fd, follow_symlinks=False) if fd is not None and name else None
+            fd = open_on_mount(where[0], name)  # O_PATH, the leaf no link
         except OSError:
             return None
-        if st is None or not stat.S_ISREG(st.st_mode):
+        try:
+            st = stat_fd(fd)
+        except OSError:
             return None
-        return There(where=file_place(m.path, mount), bytes=st.st_blocks * 512, mount=mount)
+        finally:
+            os.close(fd)
+        if st.dev != where[1] or not stat.S_ISREG(st.mode):
+            return None
+        if self.since is not None and (st.born_ns is None or st.born_ns < self.since):
+            return None  # there before the trace began (opened with O_CREAT, not made), or no birth time to tell
+        return There(where=file_place(m.path, mount), bytes=st.blocks * 512, mount=mount)
+
+    def shm_dev(self) -> int | None:
+        """The device of the kernel's internal shmem mount, where every memfd lives (one of memdiag's
+        own, made and closed)."""
+        if self._shm_dev is None:
+            try:
+                fd = os.memfd_create("memdiag-dev", os.MFD_CLOEXEC)
+            except OSError:
+                return None
+            try:
+                self._shm_dev = os.fstat(fd).st_dev
+            finally:
+                os.close(fd)
+        return self._shm_dev
 
     def _memfd(self, m: Made) -> There | None:
+        if not self.views.same(m.pid):
+            return None  # exited (its memfds closed with it), or its pid another's now
         if m.pid not in self.fds:
             links = fd_links(m.pid, self.proc)
             self.fds[m.pid] = {int(fd): link for fd, link in (links[0] if links else [])}
         link = self.fds[m.pid].get(m.id)
         if link is None or not link.startswith(f"/memfd:{fs_text(m.path)}"):
             return None  # closed, or the number is another file's now
+        # the link's text is no proof (a FUSE file may be named /memfd:...): the descriptor is opened
+        # O_PATH (no open of the file) and stat'ed from cache, and must be on the memfds' own mount
         try:
-            held = os.stat(f"{self.proc}/{m.pid}/fd/{m.id}").st_blocks * 512
+            fd = os.open(f"{self.proc}/{m.pid}/fd/{m.id}", os.O_PATH | os.O_CLOEXEC)
         except OSError:
             return None
-        return There(where="memfd:" + fs_text(name_pattern(m.path)), bytes=held)
+        try:
+            st = stat_fd(fd)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if st.dev != self.shm_dev() or not stat.S_ISREG(st.mode):
+            return None
+        return There(where="memfd:" + fs_text(name_pattern(m.path)), bytes=st.blocks * 512)
 
     def _segment(self, m: Made) -> There | None:
         if self.segments is None:
@@ -280,13 +450,39 @@ class Looker:
         key = "IPC_PRIVATE" if g.key == 0 else f"key {g.key:#x}"
         return There(where=f"System V {key}", bytes=g.rss if g.rss is not None else g.size)
 
+    def files_there(self, pid: int, place: str) -> int | None:
+        """How many regular files of a place's pattern are in its folder at the end (bounded:
+        MAX_ENTRIES names listed), on its mount alone; None when the folder cannot be read."""
+        folder, _, pattern = place.rpartition("/")
+        mount = self.mount_of(pid, folder + "/")
+        where = self.folder(pid, mount, folder or "/") if mount is not None else None
+        if where is None:
+            return None
+        n = 0
+        try:
+            with os.scandir(where[0]) as entries:  # a duplicate of the folder's descriptor
+                for i, e in enumerate(entries):
+                    if i >= MAX_ENTRIES:
+                        break
+                    if e.is_file(follow_symlinks=False) and fs_text(name_pattern(e.name)) == pattern:
+                        n += 1
+        except OSError:
+            return None
+        return n
 
-def resolve_relative(m: Made, proc: Path = Path("/proc")) -> Made:
+
+def realtime_coarse() -> int:
+    """The wall clock as the kernel stamps a file's birth (the coarse clock, a tick behind the fine
+    one: a file born after this reads as born after it)."""
+    return time.clock_gettime_ns(getattr(time, "CLOCK_REALTIME_COARSE", 5))
+
+
+def resolve_relative(m: Made, proc: Path = Path("/proc"), same: Callable[[int], bool] | None = None) -> Made:
     """A file named relative to a folder (its working directory, or openat's directory descriptor)
     made absolute by that folder as the process names it at the end (readlink, never followed): an
     estimate, as the process may have changed folder since."""
-    if m.kind != "file" or m.path.startswith("/") or m.cut:
-        return m
+    if m.kind != "file" or m.path.startswith("/") or m.cut or (same is not None and not same(m.pid)):
+        return m  # absolute already, or its maker gone (or its pid another's): its folders are not known
     link = "cwd" if m.id == AT_FDCWD else f"fd/{m.id}"
     try:
         base = os.readlink(proc / str(m.pid) / link)
@@ -295,35 +491,6 @@ def resolve_relative(m: Made, proc: Path = Path("/proc")) -> Made:
     if not base.startswith("/") or base.endswith(" (deleted)"):
         return m
     return m.model_copy(update={"path": base.rstrip("/") + "/" + m.path})
-
-
-def files_there(pid: int, place: str, proc: Path = Path("/proc")) -> int | None:
-    """How many regular files of a place's pattern are in its folder at the end (bounded: MAX_ENTRIES
-    names listed), inside the maker's root; None when the folder cannot be read."""
-    folder, _, pattern = place.rpartition("/")
-    try:
-        root = open_root(proc / str(pid) / "root")
-    except OSError:
-        return None
-    try:
-        fd = open_dir_in(root, folder or "/")
-    except OSError:
-        return None
-    finally:
-        os.close(root)
-    n = 0
-    try:
-        with os.scandir(fd) as entries:
-            for i, e in enumerate(entries):
-                if i >= MAX_ENTRIES:
-                    break
-                if e.is_file(follow_symlinks=False) and fs_text(name_pattern(e.name)) == pattern:
-                    n += 1
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-    return n
 
 
 # --- the run -------------------------------------------------------------------------------------
@@ -399,12 +566,21 @@ def writer_stack(s: StackGrowth, kind: str, comm: str, books: dict, by_key: dict
 
 def run(target, duration: float, pattern: str | None = None, top: int = 50) -> WriterResult:
     ev = EventStacks()
+    since: list[int] = []  # the wall clock (ns) once the program ran: a file born before is not one it made
+
+    views = Views()
+
+    def attached(_bpf, pids) -> None:
+        if not since:
+            since.append(realtime_coarse())
+        views.see(pids)  # each maker's view of the filesystem while it runs
 
     def collect(bpf, _elapsed: float) -> dict:
         stats = bpfstats.read(bpf, bpfstats.SHMW)
         books = {_key(k): Books(v.created, v.removed) for k, v in bpf["counts"].items()}
-        made = [resolve_relative(m) for m in made_of(bpf)]
-        with Looker(ev.spaces.same) as look:
+        made = [resolve_relative(m, same=views.same) for m in made_of(bpf)]
+        look = Looker(ev.spaces.same, since=since[0] if since else None, views=views)
+        with look:  # closed after each use, opened again for files_there
             by_key, gone = match(made, look)
         raw: list[RawStack] = []
         for key, r in ev.raw(bpf, lambda v: v.created, lambda _v: 0):
@@ -424,10 +600,11 @@ def run(target, duration: float, pattern: str | None = None, top: int = 50) -> W
                 stacks.append(writer_stack(s, KINDS[kind] if kind < len(KINDS) else "file", comm, books, by_key))
         stacks.sort(key=lambda s: (s.remaining, s.bytes, s.created), reverse=True)
         places = places_of(stacks, by_key, pattern)
-        places = [
-            p.model_copy(update={"there": files_there(p.pid, p.where)}) if p.kind == "file" and p.pid else p
-            for p in places
-        ]
+        with look:
+            places = [
+                p.model_copy(update={"there": look.files_there(p.pid, p.where)}) if p.kind == "file" and p.pid else p
+                for p in places
+            ]
         fields = ev.fields(stats, stacks, failed, top, weight="remaining")
         fields["lost"] = {**fields["lost"], "made_dropped": stats["made_dropped"]}
         return {
@@ -444,8 +621,12 @@ def run(target, duration: float, pattern: str | None = None, top: int = 50) -> W
             **fields,
         }
 
-    spec = Run("shmwriter", WriterResult, requirements(), build_options(), collect, METHOD, spaces=ev.spaces)
-    return run_probe(spec, target, duration)  # type: ignore[return-value]
+    spec = Run("shmwriter", WriterResult, requirements(), build_options(), collect, METHOD, spaces=ev.spaces,
+               attach=attached)  # fmt: skip
+    try:
+        return run_probe(spec, target, duration)  # type: ignore[return-value]
+    finally:
+        views.close()
 
 
 # --- the face --------------------------------------------------------------------------------------
@@ -492,8 +673,9 @@ def caveats(r: WriterResult) -> list[str]:
     if r.unmatched:
         out.append(
             f"{fmt_number(r.unmatched)} things made and not unlinked while traced were gone at the end, "
-            "or not on a tmpfs mount (unlinked by another process or by a call not traced, a memfd closed, "
-            "a segment removed): not counted as still there."
+            "not on a tmpfs mount, or there before the trace began (opened with O_CREAT, not made: its birth "
+            "time) (unlinked by another process or by a call not traced, a memfd closed, a segment removed): "
+            "not counted as still there."
         )
     if r.cut:
         out.append(f"{fmt_number(r.cut)} paths were longer than the {PATH_BYTES - 1} bytes it keeps: not matched.")

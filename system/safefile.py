@@ -25,8 +25,13 @@ from .arch import syscall_number
 
 # None on a machine memdiag knows no numbers for: the component walk stands in (stricter)
 _SYS_OPENAT2 = syscall_number("openat2")
+RESOLVE_NO_XDEV = 0x01
 RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
 RESOLVE_IN_ROOT = 0x10
+# below a directory, never through a link of any kind, never onto another mount
+RESOLVE_STAY = RESOLVE_BENEATH | RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS | RESOLVE_NO_MAGICLINKS
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY
 
 
@@ -50,10 +55,10 @@ def _syscall():
     return _libc.syscall
 
 
-def _openat2(dirfd: int, path: str, flags: int) -> int:
+def _openat2(dirfd: int, path: str, flags: int, resolve: int = RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS) -> int:
     if _SYS_OPENAT2 is None:
         raise OSError(errno.ENOSYS, "openat2's number is not known on this machine", path)
-    how = _OpenHow(flags, 0, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
+    how = _OpenHow(flags, 0, resolve)
     fd = _syscall()(
         ctypes.c_long(_SYS_OPENAT2),
         ctypes.c_int(dirfd),
@@ -110,6 +115,60 @@ def open_dir_in(root_fd: int, path: str) -> int:
     """A descriptor of a directory inside the root `root_fd` (the target's /tmp), to list it and to
     create, open and remove files in it by name (dir_fd=): what is done there stays inside it."""
     return _resolve(root_fd, path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def open_on_mount(dir_fd: int, path: str, flags: int = os.O_PATH) -> int:
+    """`path` opened below the directory `dir_fd` and on its mount alone (openat2 RESOLVE_BENEATH |
+    RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS): no link followed, `..` never above dir_fd, no other
+    filesystem entered, so none is asked anything (a FUSE daemon the target runs could leave a lookup
+    unanswered for ever). No fallback: without openat2 (before 5.6) it raises ENOSYS."""
+    return _openat2(dir_fd, path.lstrip("/") or ".", flags | os.O_CLOEXEC | os.O_NOFOLLOW, RESOLVE_STAY)
+
+
+class _Timestamp(ctypes.Structure):
+    _fields_ = [("tv_sec", ctypes.c_int64), ("tv_nsec", ctypes.c_uint32), ("_pad", ctypes.c_int32)]
+
+
+class _Statx(ctypes.Structure):
+    _fields_ = [
+        ("stx_mask", ctypes.c_uint32), ("stx_blksize", ctypes.c_uint32), ("stx_attributes", ctypes.c_uint64),
+        ("stx_nlink", ctypes.c_uint32), ("stx_uid", ctypes.c_uint32), ("stx_gid", ctypes.c_uint32),
+        ("stx_mode", ctypes.c_uint16), ("_pad1", ctypes.c_uint16), ("stx_ino", ctypes.c_uint64),
+        ("stx_size", ctypes.c_uint64), ("stx_blocks", ctypes.c_uint64), ("stx_attributes_mask", ctypes.c_uint64),
+        ("stx_atime", _Timestamp), ("stx_btime", _Timestamp), ("stx_ctime", _Timestamp),
+        ("stx_mtime", _Timestamp), ("stx_rdev_major", ctypes.c_uint32), ("stx_rdev_minor", ctypes.c_uint32),
+        ("stx_dev_major", ctypes.c_uint32), ("stx_dev_minor", ctypes.c_uint32), ("_spare", ctypes.c_uint64 * 14),
+    ]  # fmt: skip
+
+
+_AT_EMPTY_PATH = 0x1000
+_AT_STATX_DONT_SYNC = 0x4000
+_STATX_BASIC_STATS = 0x7FF
+_STATX_BTIME = 0x800
+
+
+class Stat(tuple):
+    """What statx says of an open file: (dev, ino, mode, blocks, birth time in ns since the epoch or
+    None where the filesystem keeps none)."""
+
+    dev = property(lambda s: s[0])
+    ino = property(lambda s: s[1])
+    mode = property(lambda s: s[2])
+    blocks = property(lambda s: s[3])
+    born_ns = property(lambda s: s[4])
+
+
+def stat_fd(fd: int) -> Stat:
+    """statx of an open descriptor (an O_PATH one too) with AT_STATX_DONT_SYNC: a network or FUSE
+    filesystem answers from its cache, its server or daemon never asked."""
+    buf = _Statx()
+    _syscall()  # loads libc once
+    r = _libc.statx(fd, b"", _AT_EMPTY_PATH | _AT_STATX_DONT_SYNC, _STATX_BASIC_STATS | _STATX_BTIME, ctypes.byref(buf))
+    if r != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+    born = buf.stx_btime.tv_sec * 1_000_000_000 + buf.stx_btime.tv_nsec if buf.stx_mask & _STATX_BTIME else None
+    return Stat((os.makedev(buf.stx_dev_major, buf.stx_dev_minor), buf.stx_ino, buf.stx_mode, buf.stx_blocks, born))
 
 
 def open_in(root_fd: int, path: str, *, follow_leaf: bool = True, owner: int | None = None) -> int:

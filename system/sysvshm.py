@@ -5,6 +5,7 @@ detach, in the host's Shmem."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ._parse import Fact, read_text
@@ -22,6 +23,12 @@ class ShmSegment(Fact):
     uid: int
     rss: int | None = None  # resident bytes (3.x+; older kernels print no such column)
     swap: int | None = None
+    ctime: int | None = None  # its creation (or last IPC_SET), seconds since the epoch
+
+
+def resident(g: ShmSegment) -> int:
+    """The memory a segment holds: its resident bytes, or its size where the kernel prints no rss."""
+    return g.rss if g.rss is not None else g.size
 
 
 def parse_sysvipc_shm(text: str) -> list[ShmSegment]:
@@ -39,6 +46,7 @@ def parse_sysvipc_shm(text: str) -> list[ShmSegment]:
                     key=int(row["key"]), shmid=int(row["shmid"]), size=int(row["size"]), cpid=int(row["cpid"]),
                     lpid=int(row["lpid"]), nattch=int(row["nattch"]), uid=int(row["uid"]),
                     rss=int(row["rss"]) if "rss" in row else None, swap=int(row["swap"]) if "swap" in row else None,
+                    ctime=int(row["ctime"]) if "ctime" in row else None,
                 )
             )  # fmt: skip
         except (KeyError, ValueError):
@@ -50,3 +58,12 @@ def read_sysv_shm(root: Path = Path("/proc")) -> list[ShmSegment] | None:
     """The host's segments now (memdiag's IPC namespace); None when the file cannot be read."""
     text = read_text(root / "sysvipc" / "shm", 1 << 20)
     return parse_sysvipc_shm(text) if text is not None else None
+
+
+def read_ipc_namespace(pid: int | str, root: Path = Path("/proc")) -> str | None:
+    """A process's IPC namespace (the text of /proc/PID/ns/ipc, never followed: ipc:[4026531839]);
+    None when it cannot be read. /proc/sysvipc/shm lists the segments of the reader's namespace alone."""
+    try:
+        return os.readlink(root / str(pid) / "ns" / "ipc")
+    except OSError:
+        return None

@@ -192,17 +192,23 @@ def _observation(cgroup_version: int) -> Observation:
         target=Target(kind="pid", pid=7, comm="w", cmdline=["w"]), requested_s=3, started=0, ended=2,
         snapshots=[snap(t) for t in range(3)], shm_first=[mount(MiB, 1)], shm_last=[mount(3 * MiB, 3)],
         sockets_first=SocketMemory(sockets=10, buffers=KiB), sockets_last=SocketMemory(sockets=12, buffers=2 * KiB),
-        memfds_last=[("memfd:cache", MiB)], sysv_first=[SEGMENTS[0]], sysv_last=SEGMENTS,
+        memfds_last=[("memfd:cache", MiB)], sysv_first=[SEGMENTS[0]], sysv_last=SEGMENTS, sysv_unread=0,
         closing=_closing(),
     )  # fmt: skip
 
 
-def _segment(shmid: int, cpid: int, size: int, key: int = 0, nattch: int = 0) -> ShmSegment:
-    return ShmSegment(key=key, shmid=shmid, size=size, cpid=cpid, lpid=cpid, nattch=nattch, uid=0, rss=size)
+def _segment(shmid: int, cpid: int, size: int, key: int = 0, nattch: int = 0, rss: int | None = None,
+             ctime: int = 0) -> ShmSegment:  # fmt: skip
+    rss = size if rss is None else rss
+    return ShmSegment(key=key, shmid=shmid, size=size, cpid=cpid, lpid=cpid, nattch=nattch, uid=0, rss=rss, ctime=ctime)
 
 
-# one the target made before the window, two it made in it (one attached), one another process made
-SEGMENTS = [_segment(1, 7, 4 * MiB), _segment(2, 7, MiB), _segment(3, 7, 2 * MiB, 0x2A, 1), _segment(4, 9, 8 * MiB)]
+# one the target made before the window, two it made in it (one attached, half of it touched; one
+# in each half of the window, 0 to 2 s), one another process made
+SEGMENTS = [
+    _segment(1, 7, 4 * MiB), _segment(2, 7, MiB), _segment(3, 7, 2 * MiB, 0x2A, 1, rss=MiB, ctime=2),
+    _segment(4, 9, 8 * MiB),
+]  # fmt: skip
 
 
 def test_the_segments_the_target_made_in_the_window_are_named_by_creator():
@@ -211,7 +217,11 @@ def test_the_segments_the_target_made_in_the_window_are_named_by_creator():
     facts, counters, _t = window_facts(obs, obs.target, 2.0, None, {}, {}, {}, default_classes())
     assert [g.shmid for g in counters.sysv] == [3, 2]
     assert (facts["sysv.new_segments"], facts["sysv.top_creator"], facts["sysv.top_creator_segments"]) == (2, "7", 2)
-    assert (facts["sysv.top_creator_bytes"], facts["sysv.top_creator_unattached"]) == (3 * MiB, 1)
+    # the memory they hold (resident), as the ledger's shmem line counts them: not their size (3 MiB)
+    assert (facts["sysv.top_creator_bytes"], facts["sysv.top_creator_held"]) == (2 * MiB, "resident")
+    assert facts["sysv.top_creator_unattached"] == 1 and facts["sysv.new_bytes"] == 2 * MiB
+    assert (facts["sysv.top_creator_early"], facts["sysv.top_creator_late"]) == (1, 1)
+    assert facts["sysv.unread_processes"] == 0
     assert (facts["sysv.top_key"], facts["sysv.top_size"], facts["sysv.top_shmid"]) == ("0x2a", 2 * MiB, "3")
     whole = obs.model_copy(update={"target": Target(kind="system")})
     assert [g.shmid for g in new_segments(whole)] == [4, 3, 2]  # the whole system's: every creator's
@@ -288,6 +298,7 @@ def test_system_v_segments_and_memfds_are_read_as_the_kernel_lists_them():
     row += "          0          0 1765106000               4194304                     0"
     (seg,) = parse_sysvipc_shm(f"{header}\n{row}\n")  # this machine's 6.18 columns
     assert (seg.key, seg.shmid, seg.size, seg.cpid, seg.nattch, seg.rss) == (0x1234ABCD, 45, 8 * MiB, 23997, 0, 4 * MiB)
+    assert seg.ctime == 1765106000
     fd = os.memfd_create("ledger-test")
     try:
         os.write(fd, b"x" * (3 * 4096))

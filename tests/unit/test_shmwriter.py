@@ -5,6 +5,7 @@ was cut are not still there; the place is the mount and the name's pattern, as s
 import os
 import re
 import shutil
+import time
 import uuid
 from pathlib import Path
 
@@ -41,8 +42,8 @@ def test_the_mount_is_the_longest_tmpfs_prefix():
     assert file_place("/dev/shm/a/job-17.spool", "/dev/shm") == "/dev/shm/a/job-*.spool"
 
 
-def _match(made: list[Made]) -> tuple[dict[tuple, list[There]], int]:
-    with Looker(None) as look:
+def _match(made: list[Made], since: int | None = None) -> tuple[dict[tuple, list[There]], int]:
+    with Looker(None, since=since) as look:
         return match(made, look)
 
 
@@ -66,7 +67,8 @@ def test_only_what_is_still_on_tmpfs_is_matched(folders):
     there = by_key[("a",)]
     assert [t.where for t in there] == [f"/dev/shm/{shm.name}/job-*.spool"] * 3
     assert all(t.bytes >= 8192 and t.mount == "/dev/shm" for t in there)
-    assert shmwriter.files_there(me, f"/dev/shm/{shm.name}/job-*.spool") == 3
+    with Looker(None) as look:
+        assert look.files_there(me, f"/dev/shm/{shm.name}/job-*.spool") == 3
 
 
 def test_a_link_planted_in_place_of_a_file_is_not_followed(folders):
@@ -87,3 +89,53 @@ def test_a_memfd_is_there_while_its_descriptor_is_open():
     finally:
         os.close(fd)
     assert _match([made]) == ({}, 1)  # closed: gone
+
+
+def test_a_link_to_a_folder_on_disk_is_not_followed(folders):
+    """A folder of the path is a link the target planted to a folder of another filesystem: the
+    lookup stays on the tmpfs mount, the disk file is neither matched nor counted (before: matched,
+    its 300 KiB reported as tmpfs memory, and files_there counted it)."""
+    shm, disk = folders
+    (disk / "big-1.dat").write_bytes(b"x" * 300 * 1024)
+    (shm / "link").symlink_to(disk)
+    made = [Made(kind="file", pid=os.getpid(), key=("a",), path=str(shm / "link" / "big-1.dat"))]
+    assert _match(made) == ({}, 1)
+    with Looker(None) as look:
+        assert look.files_there(os.getpid(), f"/dev/shm/{shm.name}/link/big-*.dat") is None
+
+
+def test_a_dotdot_out_of_the_mount_is_not_followed(folders):
+    shm, disk = folders
+    (disk / "big-1.dat").write_bytes(b"x" * 65536)
+    path = f"{shm}/../../../var/tmp/{disk.name}/big-1.dat"  # starts with /dev/shm: the mount is tmpfs's
+    assert _match([Made(kind="file", pid=os.getpid(), key=("a",), path=path)]) == ({}, 1)
+
+
+def test_a_file_there_before_the_trace_is_not_made_by_it(folders):
+    """A file opened with O_CREAT that existed already (a consumer's open(path, "a")) is not one the
+    trace saw made: born before the probe ran, it is not still there as the target's."""
+    shm, _disk = folders
+    old = shm / "job-1.spool"
+    old.write_bytes(b"x" * 8192)
+    time.sleep(0.05)  # past the coarse clock's tick (at most 10 ms): born before, as read
+    since = shmwriter.realtime_coarse()
+    new = shm / "job-2.spool"
+    new.write_bytes(b"x" * 8192)
+    made = [Made(kind="file", pid=os.getpid(), key=(p.name,), path=str(p)) for p in (old, new)]
+    by_key, unmatched = _match(made, since=since)
+    assert set(by_key) == {("job-2.spool",)} and unmatched == 1
+
+
+def test_a_file_named_like_a_memfd_is_not_one():
+    """A descriptor of a disk file at /memfd:NAME has a link text a memfd's would have: it is on no
+    memfd's mount, so not matched (before: its blocks counted as the memfd's)."""
+    name = f"frame-{uuid.uuid4().hex[:8]}"
+    path = Path("/") / f"memfd:{name}"
+    path.write_bytes(b"x" * 65536)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert os.readlink(f"/proc/self/fd/{fd}").startswith(f"/memfd:{name}")
+        assert _match([Made(kind="memfd", pid=os.getpid(), key=("m",), path=name, id=fd)]) == ({}, 1)
+    finally:
+        os.close(fd)
+        path.unlink()
