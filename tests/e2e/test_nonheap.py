@@ -97,15 +97,14 @@ def test_tmpfs_spool_is_named(memdiag, shm_dir, workload, memcg, tmp_path, targe
     _sums(_ledger(rep, "host"))
 
 
-def test_a_tmpfs_spool_beside_a_neighbour_whose_shmem_comes_and_goes(memdiag, shm_dir, workload, memcg, tmp_path):
-    """The host's Shmem is everyone's: a neighbour filling and emptying a 48 MiB file in the same
-    mount every second makes it a sawtooth while the spool fills. The spool's cgroup holds it alone:
-    its own shmem line climbs, and the spool is named (healthy before: the host's line decided)."""
+def test_a_tmpfs_spool_beside_a_neighbour_giving_its_shared_memory_back(memdiag, shm_dir, workload, memcg, tmp_path):
+    """The host's Shmem is everyone's: a neighbour emptying a 96 MiB file of the same mount, 6 MiB a
+    second, makes the host's line fall while the spool fills. The spool's cgroup holds it alone: its
+    own shmem line climbs, and the spool is named (healthy before: the host's line decided)."""
     noise = shm_dir / "buffer"
-    neighbour = subprocess.Popen(
-        [sys.executable, "-c", NEIGHBOUR, str(noise)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-    )
+    neighbour = subprocess.Popen([sys.executable, "-c", NEIGHBOUR, str(noise)], stdout=subprocess.PIPE, text=True)
     try:
+        assert neighbour.stdout.readline().strip() == "full"
         cg = memcg(None)
         w = workload("spooler", str(shm_dir), "50", "65536", "2", cgroup=cg)
         rep = _diagnose(memdiag, tmp_path, "--pid", str(w.pid))
@@ -117,7 +116,7 @@ def test_a_tmpfs_spool_beside_a_neighbour_whose_shmem_comes_and_goes(memdiag, sh
     assert f"the files named /dev/shm/{shm_dir.name}/job-*.spool number" in v["summary"]
     host = _row(_ledger(rep, "host"), "shmem")
     cgroup = _row(_ledger(rep, "cgroup"), "shmem")
-    assert cgroup["shape"] == "climbing" and host["shape"] != "climbing", (host["shape"], cgroup["shape"])
+    assert cgroup["shape"] == "climbing" and host["last"] < host["first"], (host, cgroup["shape"])
 
 
 def test_a_neighbour_s_spool_is_not_the_target_s(memdiag, shm_dir, workload, memcg, tmp_path):
@@ -136,18 +135,18 @@ def test_a_neighbour_s_spool_is_not_the_target_s(memdiag, shm_dir, workload, mem
     assert not any(f["id"] == "tmpfs-files-writer" for f in rep["findings"])
 
 
-# fills a file of the same tmpfs to 48 MiB and empties it, once a second
+# fills a file of the same tmpfs to 96 MiB, says so, then gives 6 MiB of it back each second
 NEIGHBOUR = """
 import os, sys, time
 with open(sys.argv[1], "wb") as f:
-    while True:
-        for _ in range(48):
-            f.write(b"x" * (1 << 20))
-        f.flush()
-        time.sleep(0.5)
-        f.seek(0)
-        f.truncate()
-        time.sleep(0.5)
+    for _ in range(96):
+        f.write(b"x" * (1 << 20))
+    f.flush()
+    print("full", flush=True)
+    for left in range(90, -1, -6):
+        time.sleep(1)
+        f.truncate(left << 20)
+    time.sleep(3600)
 """
 
 
