@@ -52,10 +52,7 @@ NOT_TRACED = (
 
 
 def _target_filter() -> dict[str, str]:
-    """The target's count of raw_syscalls:sys_enter kept to the calls the programs record (an ftrace
-    filter on the syscall's number); none off x86-64, where every call of the target is counted."""
-    numbers = sorted(set(arch.syscall_defines(names=arch.FD_SYSCALLS).values()))
-    return {"raw_syscalls:sys_enter": " || ".join(f"id == {n}" for n in numbers)} if numbers else {}
+    return hostwide.syscall_filter(arch.FD_SYSCALLS)
 
 
 # Priced before it attaches (probes/hostwide.py): both programs run for every syscall of the host.

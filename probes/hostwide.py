@@ -31,6 +31,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from memdiag.system import arch
 from memdiag.system._parse import Model
 from memdiag.system.target import Target
 
@@ -50,6 +51,13 @@ TARGET_SAID = "a prior from BENCHMARKS.md section 9"
 Counter = Callable[
     [tuple[str, ...], float, tuple[int, ...], dict[str, str] | None, tuple[str, ...]], TracepointCount | str
 ]
+
+
+def syscall_filter(names: tuple[str, ...]) -> dict[str, str]:
+    """The target's count of raw_syscalls:sys_enter kept to the calls a program records (an ftrace
+    filter on the syscall's number); none off x86-64, where every call of the target is counted."""
+    numbers = sorted(set(arch.syscall_defines(names=names).values()))
+    return {"raw_syscalls:sys_enter": " || ".join(f"id == {n}" for n in numbers)} if numbers else {}
 
 
 @dataclass(frozen=True)

@@ -118,25 +118,22 @@ class WriterResult(ProbeResult):
 
 
 def _target_filter() -> dict[str, str]:
-    """The target's count of raw_syscalls:sys_enter kept to the calls the program records (an ftrace
-    filter on the syscall's number); none off x86-64, where every call of the target is counted."""
-    numbers = sorted(set(arch.syscall_defines(names=arch.SHM_SYSCALLS).values()))
-    return {"raw_syscalls:sys_enter": " || ".join(f"id == {n}" for n in numbers)} if numbers else {}
+    return hostwide.syscall_filter(arch.SHM_SYSCALLS)
 
 
 # Priced before it attaches (probes/hostwide.py), as fdstack: its program runs for every syscall's exit
 # on the host (counted at the entry: one exit each). What a filtered run costs is fdstack's sys_exit
 # program's, measured by `memdiag prepare` under the same BPF function name (the same tracepoint and
 # the same early return on the syscall's number), else BENCHMARKS.md section 9's 110 ns; what
-# recording one of the target's calls adds is fdstack's 355 ns (a stack walked, books kept) until
-# section 9 measures shmwriter's own (its rows are in scripts/bench_nonheap.py, not yet run).
+# recording one of the target's calls adds is section 9's own figure for shmwriter on the spooler,
+# ~7.5 us a file made (its path read, its stack walked, its books kept; prepare does not measure it).
 PRICING = hostwide.Pricing(
     probe="shmwriter",
     tracepoints=("raw_syscalls:sys_enter",),
     programs={"raw_syscalls:sys_enter": ("raw_tracepoint__sys_exit",)},
     priors_ns={"raw_tracepoint__sys_exit": 110.0},
     recorded=("raw_syscalls:sys_enter",),
-    recorded_ns=355.0,
+    recorded_ns=7500.0,
     recorded_what="file creations, unlinks, memfd_create and shmget calls",
     event_what="syscalls (each runs its sys_exit program)",
     filters=_target_filter,
