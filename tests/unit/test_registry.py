@@ -72,8 +72,8 @@ def test_the_readers_agree_with_the_registry_as_shipped():
 
     names = REGISTRY.names
     assert names == (
-        "faults", "goheap", "memleak", "brkstack", "mmapsnoop", "fdstack", "kmemstack", "sites", "oomkill", "swapin",
-        "vmscan", "drsnoop", "nodeheap", "jfr", "histogram",
+        "faults", "goheap", "memleak", "brkstack", "mmapsnoop", "fdstack", "shmwriter", "kmemstack", "sites", "oomkill",
+        "swapin", "vmscan", "drsnoop", "nodeheap", "jfr", "histogram",
     )  # fmt: skip
     assert ProbeRequest.model_fields["name"].annotation.__args__ == names
     # no BPF program: nothing compiled for them (jfr: the JVM's recorder; histogram: its jcmd)
