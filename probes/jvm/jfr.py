@@ -35,6 +35,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import errno
+import json
 import os
 import re
 import shutil
@@ -47,7 +48,7 @@ from memdiag.system.process import start_ticks
 from memdiag.system.safefile import Unsafe, names_in, open_in
 
 from .attach import AttachRefused, Jvm, jcmd, open_tmp, start_listener
-from .tool import TOOL_FLAGS, Tool, run_confined
+from .tool import TOOL_FLAGS, OutputTooLarge, Tool, run_confined
 
 MID = "mid.jfr"  # the dump of the recording at its first look (Recording.dump)
 # Self-stop margin: the JVM stops the recording itself this long after the time memdiag planned.
@@ -369,23 +370,35 @@ def _first_line(text: str) -> str:
 
 def print_json(tool: Tool, rec: Recording, suffix: str = "jfr", stack_depth: int = 12) -> str:
     """`jfr print --json` of memdiag's events in memdiag's copy of one of the recording's files
-    (RuntimeError with the tool's message on failure)."""
+    (RuntimeError with the tool's message on failure). Where a busy allocator's samples pass the
+    output's bound, the other events (JFR's old-object samples, at most 256, and the heap summaries)
+    are read whole and the allocation samples again with fewer frames each, down to 3."""
     path = rec.copies.get(suffix)
     if path is None:
         raise RuntimeError(f"no copy of the recording's {suffix} to read")
-    cmd = [
-        tool.path,
-        *TOOL_FLAGS,
-        "print",
-        "--json",
-        "--stack-depth",
-        str(stack_depth),
-        "--events",
-        ",".join(EVENTS),
-        str(path),
-    ]
     try:
-        code, out, err = run_confined(cmd)
+        return _print(tool, str(path), EVENTS, stack_depth)
+    except OutputTooLarge:
+        pass
+    rest = json.loads(_print(tool, str(path), tuple(e for e in EVENTS if e != ALLOCATION_SAMPLE), stack_depth))
+    for depth in (6, 3):
+        try:
+            samples = json.loads(_print(tool, str(path), (ALLOCATION_SAMPLE,), depth))
+        except OutputTooLarge:
+            continue
+        events = (rest.get("recording") or {}).get("events") or []
+        events += (samples.get("recording") or {}).get("events") or []
+        return json.dumps({"recording": {"events": events}})
+    return json.dumps(rest)  # the allocation samples alone pass the bound at 3 frames: without them
+
+
+ALLOCATION_SAMPLE = "jdk.ObjectAllocationSample"
+
+
+def _print(tool: Tool, path: str, events: tuple[str, ...], stack_depth: int) -> str:
+    cmd = [tool.path, *TOOL_FLAGS, "print", "--json", "--stack-depth", str(stack_depth), "--events", ",".join(events)]
+    try:
+        code, out, err = run_confined([*cmd, path])
     except OSError as e:
         raise RuntimeError(f"the jfr tool did not run: {e}") from None
     if code != 0:

@@ -195,6 +195,10 @@ def _confine() -> None:
     os.setpriority(os.PRIO_PROCESS, 0, max(TOOL_NICE, os.getpriority(os.PRIO_PROCESS, 0)))
 
 
+class OutputTooLarge(RuntimeError):
+    """The tool's output passed memdiag's bound: it was killed, nothing of it kept."""
+
+
 def run_confined(
     argv: list[str], timeout_s: float = TOOL_TIMEOUT_S, max_out: int = MAX_JSON_BYTES
 ) -> tuple[int, bytes, bytes]:
@@ -234,7 +238,7 @@ def run_confined(
                     continue
                 key.data.extend(chunk)
                 if key.data is out and len(out) > max_out:
-                    raise RuntimeError(f"the jfr tool's output passed {max_out >> 20} MiB: not read further")
+                    raise OutputTooLarge(f"the jfr tool's output passed {max_out >> 20} MiB: not read further")
                 if key.data is err and len(err) > MAX_TOOL_ERROR_BYTES:
                     del err[: len(err) - MAX_TOOL_ERROR_BYTES]
         code = proc.wait(max(0.1, deadline - time.monotonic()))
