@@ -383,17 +383,8 @@ class Looker:
         where = self.folder(m.pid, mount, folder or "/")
         if where is None or not name:
             return None
-        try:
-            fd = open_on_mount(where[0], name)  # O_PATH, the leaf no link
-        except OSError:
-            return None
-        try:
-            st = stat_fd(fd)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        if st.dev != where[1] or not stat.S_ISREG(st.mode):
+        st = _stat_opened(lambda: open_on_mount(where[0], name))  # O_PATH, the leaf no link
+        if st is None or st.dev != where[1] or not stat.S_ISREG(st.mode):
             return None
         if self.since is not None and (st.born_ns is None or st.born_ns < self.since):
             return None  # there before the trace began (opened with O_CREAT, not made), or no birth time to tell
@@ -424,17 +415,8 @@ class Looker:
             return None  # closed, or the number is another file's now
         # the link's text is no proof (a FUSE file may be named /memfd:...): the descriptor is opened
         # O_PATH (no open of the file) and stat'ed from cache, and must be on the memfds' own mount
-        try:
-            fd = os.open(f"{self.proc}/{m.pid}/fd/{m.id}", os.O_PATH | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            st = stat_fd(fd)
-        except OSError:
-            return None
-        finally:
-            os.close(fd)
-        if st.dev != self.shm_dev() or not stat.S_ISREG(st.mode):
+        st = _stat_opened(lambda: os.open(f"{self.proc}/{m.pid}/fd/{m.id}", os.O_PATH | os.O_CLOEXEC))
+        if st is None or st.dev != self.shm_dev() or not stat.S_ISREG(st.mode):
             return None
         return There(where="memfd:" + fs_text(name_pattern(m.path)), bytes=st.blocks * 512)
 
@@ -817,3 +799,17 @@ FACE = Face(
         folded_by="count",
     ),  # fmt: skip
 )
+
+
+def _stat_opened(opener):
+    """stat_fd of what opener() opens (an O_PATH descriptor), closed again; None where either fails."""
+    try:
+        fd = opener()
+    except OSError:
+        return None
+    try:
+        return stat_fd(fd)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
