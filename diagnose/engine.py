@@ -27,7 +27,7 @@ from memdiag.rules.engine import Outcome, run_rules
 from memdiag.rules.model import FrameClass, Rule
 from memdiag.system import clock, identity
 from memdiag.system.process import cpu_seconds
-from memdiag.system.signals import INTERRUPTION, interrupted, phase
+from memdiag.system.signals import INTERRUPTION, interrupted, phase, target_released
 from memdiag.system.target import Target
 
 from . import cycles
@@ -354,6 +354,11 @@ class Engine:
         except KeyboardInterrupt:  # a caller that did not catch signals (memdiag's CLI does)
             sampler.stop()
         rules_cut = interrupted()  # the signal came before the rules had asked for everything
+        if rules_cut:
+            # every probe asked has returned (detached, the scan's stop released): what is left is
+            # reading counters and writing the report, which the stop's short grace does not cover on a
+            # loaded host (CI: a SIGTERM during a reach scan ended memdiag before its partial report)
+            target_released()
         with phase("counters (rest of the window)", holds=False):
             sampler.wait(None, interrupted)  # the counters cover the whole window, probes or not
         sampler.join()

@@ -31,7 +31,7 @@ from ..stacks import Frame, folded, sourced
 from .costs import Costs
 from .meter import CHECK_S, Meter, check_s, detach_seconds
 from .options import build_options, requirements
-from .reach import Blocks, ReachScan, price, scan
+from .reach import Blocks, ReachScan, fitted, price, scan
 from .reach.anchors import v8_namer
 from .result import MemleakResult
 from .tables import BigAllocEvent, big_alloc, key_tuple, leak_stacks, outstanding_blocks, sample_series
@@ -290,6 +290,7 @@ class _Session:
         self.repriced_at = elapsed
         if est is None or est.ms is None:
             return
+        est = fitted(est, self.reach_allowed_ms)  # the scan the stop will run: without the walk where only that fits
         if self.reach_allowed_ms is not None and est.ms > self.reach_allowed_ms:
             self.scan_kept_ns = 0.0  # as the plan does (plan.py): no trace rests on a scan refused
             return

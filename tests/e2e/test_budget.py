@@ -111,14 +111,18 @@ def test_the_target_loses_no_more_than_the_budget(root_required, memdiag, tmp_pa
         assert lost / 1.5 <= reported <= lost * 1.5, (lost, reported)
         assert "leak_bench_records" in rep["verdict"]["summary"], rep["verdict"]
     if decision == "fallback":  # every call is over the budget: only the faulting function's own calls are traced
-        refused = _pause_refused(rep)
-        if rate == 0 and refused is not None:
+        refused, cut = _pause_refused(rep), _cut_at_pause(rep)
+        if rate == 0 and (refused is not None or cut):
             # Flat out, the target grows 1.1 GiB/min and holds 400-650 MiB by the time its calls are
             # traced: whether a scan of that fits 2% of 30 s is this host's memory speed (sampled on the
             # target at 0.76-1.1 GiB/s here on one day). Where it does not, the scan is refused for
-            # its pause, said with both figures, and the function is named by its faults
-            priced_ms, allowed_ms = refused
-            assert priced_ms > allowed_ms, refused
+            # its pause, said with both figures, and the function is named by its faults. A price is
+            # sampled a moment before the stop, and this host's speed moves by up to a third from one
+            # second to the next (CI's alone phase: priced under the 536 ms allowed, 368.5 of 388.9 MiB
+            # read at it): such a scan stops at the pause allowed, concludes nothing, and the same verdict follows
+            if refused is not None:
+                priced_ms, allowed_ms = refused
+                assert priced_ms > allowed_ms, refused
             assert rep["verdict"]["kind"] == "growth" and "leak_bench_records" in rep["verdict"]["summary"], rep[
                 "verdict"
             ]["summary"]
@@ -142,6 +146,13 @@ def test_the_target_loses_no_more_than_the_budget(root_required, memdiag, tmp_pa
     if rate != 100_000 or decision == "fallback":  # tracepoint probes report their BPF run time host-wide
         assert reported <= rep["overhead"]["budget_percent"], rep["probes"]
         assert reported >= lost - max(1.0, noise), (lost, reported)  # never understated beyond the noise
+
+
+def _cut_at_pause(rep: dict) -> bool:
+    """The scan ran and stopped at the pause allowed, resuming the target and concluding nothing."""
+    scan = next((t for t in rep["trail"] if t["kind"] == "scan"), None)
+    why = (scan or {}).get("reason") or ""
+    return scan is not None and scan["state"] == "failed" and "pause allowed, after" in why and "nothing" in why
 
 
 def _pause_refused(rep: dict) -> tuple[float, float] | None:

@@ -39,3 +39,27 @@ def test_two_keys_of_one_stack_add_up_and_keep_the_heavier_anchor():
     same = merged(b, b)
     assert same.anchor == "y" and same.anchor_bytes == 600
     assert merged(None, a) is a and merged(a, None) is a
+
+
+def test_a_scan_whose_walk_of_older_chunks_did_not_fit_runs_without_it_and_says_so():
+    """The walk of glibc's chunks from before the trace is left out where it alone passes the pause
+    allowed (CI: a 5 MiB heap of 12 blocks priced ~31 ms against 23 ms left, the leak unnamed), not
+    where the scan would not fit without it either, nor where it fits whole."""
+    from memdiag.probes.memleak.reach import fitted
+    from memdiag.probes.memleak.reach.pause import Price
+
+    est = Price(5 * MiB, 0, 1.25 * 2**30, fixed_ms=27.0, blocks=12, tls_bytes=0, links=True, links_ms=24.0)
+    assert round(est.ms, 1) == 30.9
+    cut = fitted(est, 23.0)
+    assert (cut.links, cut.links_unpaid_ms, round(cut.ms, 1)) == (False, 24.0, 6.9)
+    assert fitted(est, 40.0) is est and fitted(est, None) is est  # fits whole
+    assert fitted(est, 5.0) is est  # over without it too: refused as before, the walk in its price
+    assert fitted(Price(5 * MiB, 0, 1.25 * 2**30, 27.0, 12, 0), 23.0).links_unpaid_ms is None  # no walk asked
+    scan = ReachScan(
+        status="ran", paused_ms=8.1, priced_ms=7.0, allowed_ms=23.0, scanned_bytes=5 * MiB, regions=3, threads=1,
+        blocks=12, untraced_unpaid_ms=24.0,
+    )  # fmt: skip
+    assert (
+        "; glibc's chunks handed out before memleak attached were not walked (priced 24 ms, past the pause "
+        "allowed): their words counted as roots, so a holder older than the trace is not named through them; "
+    ) in scan.describe()

@@ -45,13 +45,13 @@ from .boost import scan_priority
 from .graph import reachability, stack_figures
 from .match import scan_memory
 from .model import ANCHOR_KIND, TIER_NONE, TIER_UNTRACKED, Blocks, ReachScan, ScanAborted, merged
-from .pause import MAX_SCAN_MAPPINGS, Price, price
+from .pause import MAX_SCAN_MAPPINGS, Price, fitted, price
 from .regions import readable_regions
 from .stop import alive, check_stoppable, stopped
 
 JOIN_TICK_S = 0.05  # how often the waiting thread looks for a signal (the engine's waits tick alike)
 
-__all__ = ["Blocks", "ReachScan", "StackReach", "merged", "price", "scan"]
+__all__ = ["Blocks", "ReachScan", "StackReach", "fitted", "merged", "price", "scan"]
 
 
 def scan(
@@ -89,7 +89,10 @@ def scan(
     est = _priced(pid, read_blocks, allowed_ms, same, links)
     if isinstance(est, ReachScan):
         return est, {}
+    est = fitted(est, allowed_ms)
     info = dict(planned_bytes=est.planned_bytes, priced_ms=est.ms, allowed_ms=allowed_ms)
+    if est.links_unpaid_ms is not None:
+        info["untraced_unpaid_ms"] = est.links_unpaid_ms
     refused = _not_stopped(est, allowed_ms, info)
     if refused is not None:
         return refused, {}

@@ -87,6 +87,7 @@ class ReachScan(Model):
     priority: str = ""  # what memdiag's scan ran at while the target was stopped (boost.py)
     untraced_chunks: int = 0  # chunks glibc handed out before memleak attached, walked as links (untraced.py)
     untraced_as_roots: bool = False  # their references past MAX_UNTRACED_EDGES: their words counted as roots
+    untraced_unpaid_ms: float | None = None  # their walk (priced so) left out: the pause allowed did not pay for it
     buffer_bytes: int = CHUNK
     consistency: str = CONSISTENCY
     roots: str = ROOTS
@@ -115,6 +116,12 @@ class ReachScan(Model):
                 "were found, their words counted as roots (too many references to follow)"
                 if self.untraced_as_roots
                 else "followed as links from the roots"
+            )
+        if self.untraced_unpaid_ms is not None:
+            meta += (
+                f"; glibc's chunks handed out before memleak attached were not walked (priced "
+                f"{fmt_duration(self.untraced_unpaid_ms / 1000)}, past the pause allowed): their words counted as "
+                "roots, so a holder older than the trace is not named through them"
             )
         return (
             f"ran {at}paused the target {self.paused_ms:.1f} ms ({priced}{allowed}) to read "
