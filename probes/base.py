@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from memdiag.system import clock, identity
-from memdiag.system.signals import INTERRUPTION, interrupted, main_thread, signals_caught
+from memdiag.system.signals import INTERRUPTION, interrupted, main_thread, signals_caught, target_released
 from memdiag.system.target import Target
 
 from . import bpfsys as sys_
@@ -359,6 +359,8 @@ def _window(run: Run, bpf: Program, target: Target, mode: int, pids: set[int], d
         detached = time.monotonic()
         detach_all(bpf)  # the counts stop moving before they are read: tables agree
         detach_s = time.monotonic() - detached
+        if stop.interrupted:  # nothing attached nor stopped: what is left of the stop is collecting and the report
+            target_released()
         execd = stop.change is not None and stop.change.kind == "execd"
         fields = {} if execd else run.collect(bpf, elapsed)
         cost = measure_cost(bpf, events=fields.pop("events", 0))

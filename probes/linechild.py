@@ -24,6 +24,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from memdiag.system.signals import interrupted
+
 CHILD_MEMORY = 768 << 20  # the child's address space: Python, pyelftools, sections held (lines.MAX_HELD_BYTES)
 DEADLINE_S = 20.0  # for all the lookups of one set of stacks, children started again included
 MAX_ANSWER = 1 << 20  # bytes of one answer line (a module's lines: file names cut at lines.MAX_FILE_NAME)
@@ -59,6 +61,8 @@ def lookup(requests: list[Request], deadline_s: float = DEADLINE_S, memory: int 
         else:
             todo.append(i)
     end = time.monotonic() + deadline_s
+    while todo and interrupted():  # a stop under way: no child started for lines
+        out[todo.pop()] = Answer(None, f"no source lines ({INTERRUPTED})")
     while todo:
         left = end - time.monotonic()
         if left <= 0:
@@ -71,6 +75,10 @@ def lookup(requests: list[Request], deadline_s: float = DEADLINE_S, memory: int 
             out[i] = answer
         if len(got) == len(todo):
             break
+        if why == INTERRUPTED:  # nothing failed: the rest are not asked
+            for i in todo[len(got) :]:
+                out[i] = Answer(None, f"no source lines ({why})")
+            break
         failed = todo[len(got)]  # the module the child was reading when it ended
         out[failed] = Answer(None, f"no source lines ({why})")
         # not read again by this memdiag: a module that broke its reader, or had at least half of the
@@ -82,6 +90,8 @@ def lookup(requests: list[Request], deadline_s: float = DEADLINE_S, memory: int 
 
 
 TIMED_OUT = "its DWARF took more than memdiag's time for looking lines up"
+INTERRUPTED = "memdiag was interrupted before they were looked up"
+TICK_S = 0.05  # how often the wait for the child's answers looks for a signal (as every wait of memdiag's does)
 
 
 def _child(requests: list[Request], timeout: float, memory: int) -> tuple[list[Answer], str, float]:
@@ -121,9 +131,14 @@ def _child(requests: list[Request], timeout: float, memory: int) -> tuple[list[A
             sel.register(proc.stdout, selectors.EVENT_READ)
             while len(answers) < len(requests):
                 left = end - time.monotonic()
-                if left <= 0 or not sel.select(left):
+                if left <= 0:
                     why = TIMED_OUT
                     break
+                if interrupted():  # asked every tick: a SIGTERM's stop is not held up by lines (CI, under load)
+                    why = INTERRUPTED
+                    break
+                if not sel.select(min(left, TICK_S)):
+                    continue
                 chunk = os.read(proc.stdout.fileno(), 1 << 16)
                 if not chunk:
                     code = proc.wait()
