@@ -61,7 +61,7 @@ RUNTIME = RuntimeFace(
     facts=WINDOW_FACTS,
     facts_of=_facts_of,
     series=_series,
-    labels={"v8_heap": "V8's heap, committed (maps)"},
+    labels={"v8_heap": "V8's heap, committed (maps)", "v8_heap_floor": "V8's heap left after collections (its floor)"},
     perf_map="node --perf-basic-prof",
     resident=_resident,
 )

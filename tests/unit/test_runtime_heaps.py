@@ -139,3 +139,13 @@ def test_v8s_heap_floor_over_the_window_keeps_what_collections_left_and_tells_a_
     # read levelled, yet it grew in each third
     compacted = facts_of(samples([10, 12, 14, 16, 18, 20, 22, 24, 26, 21, 22, 23]), 7)
     assert compacted["node.v8_heap_floor_steady"] is True
+    # collected seldom (CI, a busy host: two collections in 40 s): the middle third held none and the
+    # second collection pinned its floor; what each collection left rose, first half to last third
+    seldom = [9, 14, 15, 15, 15, 26, 27, 12, 16, 16, 21, 21, 21, 22, 34, 36, 36, 36, 36, 36, 36, 57, 57, 57, 57,
+              57, 57, 57, 57, 57, 32, 39, 41, 41, 46, 46, 46, 47, 57, 57, 57]  # fmt: skip
+    assert facts_of(samples(seldom), 7)["node.v8_heap_floor_steady"] is True
+    # not where a third collection kept no more than the second (a young generation's step between them),
+    # nor where the collections were all early
+    assert facts_of(samples(seldom[:38] + [32, 40, 41]), 7)["node.v8_heap_floor_steady"] is False
+    early = [9, 14, 20, 12, 18, 24, 16] + [17] * 14
+    assert facts_of(samples(early), 7)["node.v8_heap_floor_steady"] is False
