@@ -199,7 +199,8 @@ def test_a_bounded_cache_is_not_a_climb(workload):
     # the GC's own counts: exact, where the profile is an estimate
     assert f["go.gogc"] == 100  # the default (the goroutine test runs one set otherwise)
     assert 94 * MiB <= f["go.heap_marked"] < 130 * MiB  # 6,000 values of 16 KiB, the map and its keys
-    assert f["go.heap_marked_trend"] in ("flat", "levelled"), list(zip(r.pacer_times, r.pacer_cycles or [None] * len(r.pacer_times), r.heap_marked))
+    reads = list(zip(r.pacer_times, r.pacer_cycles or [None] * len(r.pacer_times), r.heap_marked, strict=True))
+    assert f["go.heap_marked_trend"] in ("flat", "levelled"), reads  # each read, its GC cycle, what it marked
     # the goal: marked + (marked + stacks + globals) x GOGC/100 (runtime/mgcpacer.go), about twice
     # the live set; the goal read is the one the last GC ended with, the marked count can be a GC
     # newer (the two are not read in one instant): 198,971,880 for 2 x 99,530,976 in one run
