@@ -61,8 +61,10 @@ def lookup(requests: list[Request], deadline_s: float = DEADLINE_S, memory: int 
         else:
             todo.append(i)
     end = time.monotonic() + deadline_s
-    while todo and interrupted():  # a stop under way: no child started for lines
-        out[todo.pop()] = Answer(None, f"no source lines ({INTERRUPTED})")
+    if interrupted():  # a stop under way: no child started for lines
+        for i in todo:
+            out[i] = Answer(None, f"no source lines ({INTERRUPTED})")
+        todo = []
     while todo:
         left = end - time.monotonic()
         if left <= 0:
